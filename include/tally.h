@@ -1,0 +1,223 @@
+/* tally.h -- the whole public contract of libtally, a sharded-counter engine.
+ *
+ * A store holds counters. A counter is a name, a shard count (1..1024), a
+ * shard policy and one signed 64-bit cell per shard; its value is the sum of
+ * its cells. Increments pick one shard by policy and add to it atomically, so
+ * any number of threads (and, for file stores, processes) may increment the
+ * same counter at once.
+ *
+ * Conventions:
+ *  - Functions that can fail return 0 or a negative TALLY_E* code; results
+ *    come back through output pointers, which are untouched on failure.
+ *  - tally_strerror(code) names a code; tally_errmsg() gives the calling
+ *    thread's detailed message for its most recent failure (file names,
+ *    errno text, counter names).
+ *  - The library never prints, exits or aborts.
+ *  - Plain fixed-width types only, so a LuaJIT FFI cdef can bind it as is.
+ *  - Handles: a tally_counter is owned by the caller and must be closed
+ *    before its store. Both may be shared by threads once opened.
+ */
+#ifndef TALLY_H
+#define TALLY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define TALLY_API __attribute__((visibility("default")))
+#else
+#define TALLY_API
+#endif
+
+#define TALLY_VERSION "0.1.0"
+#define TALLY_MAX_SHARDS 1024
+#define TALLY_NAME_MAX 255          /* bytes; names are 1..255 bytes, no NUL */
+#define TALLY_DEFAULT_SHARDS 16
+
+/* Error codes: XX(NAME, code, static message). */
+#define TALLY_ERRNO_MAP(XX)                                                   \
+  XX(EINVAL,    -1, "invalid argument")                                      \
+  XX(ENOMEM,    -2, "out of memory")                                         \
+  XX(ESYS,      -3, "system call failed")                                    \
+  XX(ENOTSTORE, -4, "not a tally store")                                     \
+  XX(EVERSION,  -5, "unsupported tally store version or layout")             \
+  XX(ECORRUPT,  -6, "tally store is corrupt")                                \
+  XX(ENOENT,    -7, "no such counter")                                       \
+  XX(EMISMATCH, -8, "counter exists with different options")                 \
+  XX(EDROPPED,  -9, "counter was dropped")                                   \
+  XX(ERANGE,   -10, "counter value out of range")                            \
+  XX(ESHARDS,  -11, "shard count out of range")                              \
+  XX(ENAME,    -12, "invalid counter name")                                  \
+  XX(EPOLICY,  -13, "invalid shard policy")                                  \
+  XX(EFULL,    -14, "store is full")                                         \
+  XX(EBUSY,    -15, "store is in use")
+
+enum {
+#define TALLY_XX_(name, code, msg) TALLY_##name = code,
+  TALLY_ERRNO_MAP(TALLY_XX_)
+#undef TALLY_XX_
+  TALLY_OK = 0
+};
+
+/* Static text for a code ("unknown error" for codes not listed). */
+TALLY_API const char *tally_strerror(int code);
+/* Symbolic name of a code ("ECORRUPT"), or "UNKNOWN". */
+TALLY_API const char *tally_err_name(int code);
+/* The calling thread's message for its most recent failure, with details,
+ * e.g. "data/x.tly: not a tally store (bad magic)". Never NULL. */
+TALLY_API const char *tally_errmsg(void);
+
+/* Shard policies. CUSTOM means the caller picks the shard itself (through
+ * tally_counter_incr_shard); the Lua binding uses it for Lua functions. */
+typedef enum tally_policy {
+  TALLY_POLICY_THREAD = 0,      /* each thread/process keeps to its own shard */
+  TALLY_POLICY_RANDOM = 1,      /* uniform random shard per increment */
+  TALLY_POLICY_ROUND_ROBIN = 2, /* each thread cycles through the shards */
+  TALLY_POLICY_KEY = 3,         /* hash of a caller-supplied key */
+  TALLY_POLICY_CUSTOM = 4,      /* caller supplies the shard index */
+  TALLY_POLICY_COUNT_ = 5
+} tally_policy;
+
+/* "thread", "random", "round_robin", "key", "custom"; NULL if out of range. */
+TALLY_API const char *tally_policy_name(int policy);
+/* Policy for a name, or TALLY_EPOLICY. */
+TALLY_API int tally_policy_parse(const char *name, size_t len);
+
+/* ---- stores ------------------------------------------------------------ */
+
+typedef struct tally_store tally_store;
+
+typedef struct tally_open_options {
+  uint32_t mode;     /* permission bits for a new file store; 0 means 0600 */
+  uint32_t flags;    /* TALLY_OPEN_* */
+} tally_open_options;
+
+#define TALLY_OPEN_NOCREATE 0x1u  /* file store must already exist */
+
+/* Open a store. spec is NULL, "" or "memory" for a private in-process
+ * store, or "file:PATH" for a memory-mapped file shared by every process
+ * that opens it (created if missing unless TALLY_OPEN_NOCREATE). A file
+ * that is not a tally store, of another version or layout, truncated or
+ * corrupt, is refused (ENOTSTORE, EVERSION, ECORRUPT). opt may be NULL. */
+TALLY_API int tally_store_open(const char *spec, const tally_open_options *opt,
+                               tally_store **out);
+/* Close a store; NULL is allowed. Counters opened on it must be closed
+ * first (their handles become invalid). Never fails. */
+TALLY_API void tally_store_close(tally_store *s);
+/* Flush a file store to disk (msync + fsync); no-op for memory stores. */
+TALLY_API int tally_store_sync(tally_store *s);
+/* "memory" or "file". */
+TALLY_API const char *tally_store_kind(const tally_store *s);
+/* Full consistency check of every structure in the store (headers,
+ * index, records, cell locations, families); 0 or TALLY_ECORRUPT. */
+TALLY_API int tally_store_check(tally_store *s);
+
+typedef struct tally_store_stats {
+  uint64_t counters;       /* live counters */
+  uint64_t file_bytes;     /* bytes the store occupies (file length) */
+  uint64_t used_bytes;     /* bytes allocated inside it */
+  uint64_t retired_bytes;  /* cells left behind by reshard and drop */
+} tally_store_stats;
+
+TALLY_API int tally_store_stats_get(tally_store *s, tally_store_stats *out);
+
+/* ---- counters ---------------------------------------------------------- */
+
+typedef struct tally_counter tally_counter;
+
+typedef struct tally_counter_options {
+  uint32_t shards;   /* 1..TALLY_MAX_SHARDS, or 0 for the family/default */
+  int32_t policy;    /* a tally_policy, or -1 for the family/default */
+} tally_counter_options;
+
+#define TALLY_COUNTER_CREATE 0x1u  /* create the counter if it is absent */
+
+/* Open counter `name` (len bytes). With TALLY_COUNTER_CREATE it is created
+ * if absent, with the options given, else its family's (most recently
+ * defined matching family), else 16 shards and the thread policy. Options
+ * that differ from an existing counter's give TALLY_EMISMATCH. Without
+ * CREATE an absent counter gives TALLY_ENOENT. opt may be NULL. */
+TALLY_API int tally_counter_open(tally_store *s, const char *name, size_t len,
+                                 const tally_counter_options *opt,
+                                 uint32_t flags, tally_counter **out);
+/* Release a handle (not the counter); NULL is allowed. */
+TALLY_API void tally_counter_close(tally_counter *c);
+
+/* Add delta (any int64, negative allowed) to the shard the policy picks.
+ * KEY policy counters need incr_key; CUSTOM ones need incr_shard (both
+ * give TALLY_EPOLICY here). TALLY_ERANGE if the shard would leave
+ * [-2^62, 2^62) (nothing is added); TALLY_EDROPPED if the counter was
+ * dropped. */
+TALLY_API int tally_counter_incr(tally_counter *c, int64_t delta);
+/* Add delta to the shard chosen by hashing key (same key, same shard while
+ * the shard count stays). Works under any policy. */
+TALLY_API int tally_counter_incr_key(tally_counter *c, const void *key,
+                                     size_t len, int64_t delta);
+/* Add delta to shard `shard` (0-based); TALLY_ESHARDS if out of range. */
+TALLY_API int tally_counter_incr_shard(tally_counter *c, uint32_t shard,
+                                       int64_t delta);
+
+/* Exact value: the sum of all shards now. TALLY_ERANGE if the sum does not
+ * fit in int64. */
+TALLY_API int tally_counter_value(tally_counter *c, int64_t *out);
+/* Per-shard values into vals[0..cap); *n receives the shard count (if
+ * cap < count, only cap values are written). */
+TALLY_API int tally_counter_shards(tally_counter *c, int64_t *vals,
+                                   uint32_t cap, uint32_t *n);
+/* Set every shard to zero and return the amount removed. Increments that
+ * race with it either land before (and are in *removed) or after (and
+ * stay in the counter): none is lost or counted twice. */
+TALLY_API int tally_counter_reset(tally_counter *c, int64_t *removed);
+/* Change the shard count online; the value is unchanged and concurrent
+ * increments (from any thread or process) are neither lost nor doubled. */
+TALLY_API int tally_counter_reshard(tally_counter *c, uint32_t shards);
+
+typedef struct tally_counter_info {
+  const char *name;   /* NUL-terminated, valid while the handle is open */
+  uint32_t name_len;
+  uint32_t shards;
+  int32_t policy;
+} tally_counter_info;
+
+TALLY_API int tally_counter_info_get(tally_counter *c, tally_counter_info *out);
+
+/* Drop counter `name`: it disappears from the store; handles to it in any
+ * process get TALLY_EDROPPED. TALLY_ENOENT if absent. */
+TALLY_API int tally_store_drop(tally_store *s, const char *name, size_t len);
+
+/* ---- names, patterns, families ----------------------------------------- */
+
+/* Glob match: '*' matches any run of bytes (even empty), '?' any one byte,
+ * everything else itself. Returns 1 on match, 0 otherwise. */
+TALLY_API int tally_glob_match(const char *pattern, size_t plen,
+                               const char *name, size_t nlen);
+
+/* Call fn for each live counter whose name matches pattern (NULL or "*":
+ * all), in no particular order. fn returns 0 to go on, non-zero to stop
+ * (that value is then returned). */
+typedef int (*tally_name_fn)(void *ud, const char *name, size_t len);
+TALLY_API int tally_store_each(tally_store *s, const char *pattern, size_t plen,
+                               tally_name_fn fn, void *ud);
+
+/* Exact sum over matching counters; *count receives how many matched. */
+TALLY_API int tally_store_sum(tally_store *s, const char *pattern, size_t plen,
+                              int64_t *sum, uint64_t *count);
+
+/* Define a family: counters created later under pattern take opt (fields
+ * left 0 / -1 fall back to the defaults). The most recently defined
+ * matching family wins; defining a pattern again replaces its options.
+ * Families live in the store, so they apply in every process. */
+TALLY_API int tally_family_set(tally_store *s, const char *pattern,
+                               size_t plen, const tally_counter_options *opt);
+/* Options a new counter named name would get (family or defaults). */
+TALLY_API int tally_family_resolve(tally_store *s, const char *name,
+                                   size_t len, tally_counter_options *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* TALLY_H */

@@ -1,0 +1,91 @@
+/* aggregate.c -- questions about many counters: names, sums, counts.
+ *
+ * All of them walk the name index once and read each record in place, with
+ * no handle per counter. A counter created during the walk may or may not
+ * be seen; one dropped during it is skipped once its drop is published.
+ */
+#include "internal.h"
+
+#include <string.h>
+
+struct walk {
+  const char *pattern;
+  size_t plen;
+  tally_name_fn fn;
+  void *ud;
+  __int128 sum;
+  uint64_t count;
+};
+
+static bool live_match(tally_store *s, uint64_t rec_off, struct walk *w) {
+  const struct tally__rec *r = tally__at(s, rec_off);
+  if (atomic_load_explicit(&r->loc, memory_order_acquire) & (1ull << 10))
+    return false; /* dropped a moment ago */
+  return tally_glob_match(w->pattern, w->plen, r->name, r->name_len);
+}
+
+static int name_one(tally_store *s, uint64_t rec_off, void *ud) {
+  struct walk *w = ud;
+  if (!live_match(s, rec_off, w)) return 0;
+  const struct tally__rec *r = tally__at(s, rec_off);
+  return w->fn(w->ud, r->name, r->name_len);
+}
+
+static int sum_one(tally_store *s, uint64_t rec_off, void *ud) {
+  struct walk *w = ud;
+  if (!live_match(s, rec_off, w)) return 0;
+  int64_t v;
+  int rc = tally__rec_value(s, rec_off, &v);
+  if (rc == TALLY_EDROPPED) return 0;
+  if (rc) return rc;
+  w->sum += v;
+  w->count++;
+  return 0;
+}
+
+static void pattern_or_all(struct walk *w, const char *pattern, size_t plen) {
+  w->pattern = pattern && plen ? pattern : "*";
+  w->plen = pattern && plen ? plen : 1;
+}
+
+int tally_store_each(tally_store *s, const char *pattern, size_t plen,
+                     tally_name_fn fn, void *ud) {
+  if (!s || !fn) return tally__fail(TALLY_EINVAL, "tally_store_each: NULL argument");
+  struct walk w = {.fn = fn, .ud = ud};
+  pattern_or_all(&w, pattern, plen);
+  return tally__index_each(s, name_one, &w);
+}
+
+int tally_store_sum(tally_store *s, const char *pattern, size_t plen,
+                    int64_t *sum, uint64_t *count) {
+  if (!s || !sum) return tally__fail(TALLY_EINVAL, "tally_store_sum: NULL argument");
+  struct walk w = {0};
+  pattern_or_all(&w, pattern, plen);
+  int rc = tally__index_each(s, sum_one, &w);
+  if (rc) return rc;
+  if (w.sum > INT64_MAX || w.sum < INT64_MIN)
+    return tally__fail(TALLY_ERANGE, "sum over '%.*s' does not fit in 64 bits",
+                       (int)w.plen, w.pattern);
+  *sum = (int64_t)w.sum;
+  if (count) *count = w.count;
+  return 0;
+}
+
+static int count_one(tally_store *s, uint64_t rec_off, void *ud) {
+  struct walk *w = ud;
+  if (live_match(s, rec_off, w)) w->count++;
+  return 0;
+}
+
+int tally_store_stats_get(tally_store *s, tally_store_stats *out) {
+  if (!s || !out) return tally__fail(TALLY_EINVAL, "tally_store_stats_get: NULL argument");
+  struct walk w = {.pattern = "*", .plen = 1};
+  int rc = tally__index_each(s, count_one, &w);
+  if (rc) return rc;
+  out->counters = w.count;
+  out->used_bytes = atomic_load(&s->hdr->used);
+  out->retired_bytes = atomic_load(&s->hdr->retired);
+  out->file_bytes = atomic_load(&s->hdr->size);
+  if (s->kind != TALLY__FILE) out->file_bytes = out->used_bytes;
+  return 0;
+}

@@ -1,0 +1,38 @@
+/* hash.c -- the one hash function: names, keys and checksums.
+ *
+ * Eight bytes at a time through a multiply-xorshift round, then a 64-bit
+ * finalizer (the avalanche mix from MurmurHash3's fmix64). Fast on short
+ * names, every input bit reaches every output bit, which the index (slot =
+ * high bits) and the checksums rely on. Not for adversarial inputs.
+ */
+#include "internal.h"
+
+#include <string.h>
+
+uint64_t tally__mix(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ull;
+  x ^= x >> 33;
+  return x;
+}
+
+uint64_t tally__hash(const void *data, size_t len, uint64_t seed) {
+  const unsigned char *p = data;
+  uint64_t h = seed ^ (len * 0x9e3779b97f4a7c15ull);
+  while (len >= 8) {
+    uint64_t w;
+    memcpy(&w, p, 8);
+    h = (h ^ tally__mix(w)) * 0x9e3779b97f4a7c15ull;
+    h ^= h >> 29;
+    p += 8;
+    len -= 8;
+  }
+  if (len) {
+    uint64_t w = 0;
+    memcpy(&w, p, len);
+    h = (h ^ tally__mix(w ^ 0xa0761d6478bd642full)) * 0x9e3779b97f4a7c15ull;
+  }
+  return tally__mix(h);
+}

@@ -1,0 +1,226 @@
+/* index.c -- finding a counter record by name.
+ *
+ * An open-addressed hash table of 64-bit entries lives in the arena:
+ * entry = (hash >> 32) << 32 | rec_off >> 3, 0 empty, 1 deleted, probed
+ * linearly from slot (hash >> 32) & (cap - 1). Readers never lock: they load
+ * the table offset from the header and the entries with acquire loads; an
+ * entry is stored only after its record is complete. Writers hold the store
+ * lock. When live + deleted entries pass half the capacity, a new table is
+ * built beside the old one and published with one store to the header; a
+ * reader still probing the old table can at worst miss a counter created
+ * at that instant, and creation re-checks under the lock, so no name is
+ * ever created twice. Old tables are left in place (a bounded cost: they
+ * add up to less than the current one).
+ */
+#include "internal.h"
+
+#include <string.h>
+
+#define MIN_CAP 1024u
+#define EMPTY 0u
+#define DELETED 1u
+
+static const char *store_name(const tally_store *s) {
+  return s->path ? s->path : "memory";
+}
+
+uint32_t tally__rec_checksum(const struct tally__rec *r) {
+  uint64_t h = tally__hash(r->name, r->name_len,
+                           (uint64_t)r->policy << 24 | (uint64_t)r->kind << 16 |
+                               r->name_len);
+  return (uint32_t)(h ^ (h >> 32));
+}
+
+int tally__rec_verify(tally_store *s, uint64_t rec_off) {
+  const struct tally__rec *r = tally__at(s, rec_off);
+  if (rec_off % 8 || !tally__in_arena(s, rec_off, sizeof *r) ||
+      r->kind != TALLY__KIND_COUNTER || r->name_len == 0 ||
+      r->name_len > TALLY_NAME_MAX ||
+      !tally__in_arena(s, rec_off, sizeof *r + r->name_len + 1u) ||
+      r->name[r->name_len] != '\0' || r->policy >= TALLY_POLICY_COUNT_ ||
+      r->check != tally__rec_checksum(r))
+    return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (counter "
+                       "record at offset %llu)", store_name(s),
+                       (unsigned long long)rec_off);
+  return 0;
+}
+
+/* The current table, validated; NULL (with the error set) if damaged. */
+static struct tally__index *table(tally_store *s) {
+  uint64_t off = atomic_load_explicit(&s->hdr->index, memory_order_acquire);
+  struct tally__index *t = tally__at(s, off);
+  if (off % 64 || !tally__in_arena(s, off, sizeof *t) ||
+      t->magic != TALLY__INDEX_MAGIC || t->cap < MIN_CAP ||
+      (t->cap & (t->cap - 1)) || t->cap > (TALLY__MAX_BYTES / 8) ||
+      !tally__in_arena(s, off, sizeof *t + t->cap * 8)) {
+    tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (name index)",
+                store_name(s));
+    return NULL;
+  }
+  return t;
+}
+
+static int new_table(tally_store *s, uint64_t cap, struct tally__index **out,
+                     uint64_t *off) {
+  int rc = tally__alloc(s, sizeof(struct tally__index) + cap * 8, off);
+  if (rc) return rc;
+  struct tally__index *t = tally__at(s, *off);
+  t->magic = TALLY__INDEX_MAGIC;
+  t->cap = cap;
+  *out = t;
+  return 0;
+}
+
+int tally__index_create(tally_store *s) {
+  struct tally__index *t;
+  uint64_t off;
+  int rc = new_table(s, MIN_CAP, &t, &off);
+  if (rc == 0) atomic_store_explicit(&s->hdr->index, off, memory_order_release);
+  return rc;
+}
+
+static inline uint64_t entry_off(uint64_t e) { return (e & 0xffffffffu) << 3; }
+
+int tally__index_find(tally_store *s, const char *name, size_t len,
+                      uint64_t hash, uint64_t *rec_off) {
+  struct tally__index *t = table(s);
+  if (!t) return TALLY_ECORRUPT;
+  uint64_t mask = t->cap - 1, tag = hash >> 32;
+  for (uint64_t i = tag & mask, n = 0; n < t->cap; i = (i + 1) & mask, n++) {
+    uint64_t e = atomic_load_explicit(&t->entries[i], memory_order_acquire);
+    if (e == EMPTY) break;
+    if (e == DELETED || (e >> 32) != tag) continue;
+    uint64_t off = entry_off(e);
+    const struct tally__rec *r = tally__at(s, off);
+    if (off % 8 || !tally__in_arena(s, off, sizeof *r + len + 1))
+      return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (name "
+                         "index entry %llu)", store_name(s),
+                         (unsigned long long)i);
+    if (r->name_len == len && memcmp(r->name, name, len) == 0) {
+      *rec_off = off;
+      return 0;
+    }
+  }
+  return TALLY_ENOENT;
+}
+
+static void place(struct tally__index *t, uint64_t entry) {
+  uint64_t mask = t->cap - 1;
+  uint64_t i = (entry >> 32) & mask;
+  for (;;) {
+    uint64_t e = atomic_load_explicit(&t->entries[i], memory_order_relaxed);
+    if (e == EMPTY || e == DELETED) break;
+    i = (i + 1) & mask;
+  }
+  if (atomic_load_explicit(&t->entries[i], memory_order_relaxed) == DELETED)
+    t->deleted--;
+  atomic_store_explicit(&t->entries[i], entry, memory_order_release);
+  t->live++;
+}
+
+/* Rebuild into a table sized for twice the live entries (dropping deleted
+ * ones) and publish it. */
+static int rebuild(tally_store *s, struct tally__index *old,
+                   struct tally__index **out) {
+  uint64_t cap = MIN_CAP;
+  while (cap < (old->live + 1) * 4) cap *= 2;
+  struct tally__index *t;
+  uint64_t off;
+  int rc = new_table(s, cap, &t, &off);
+  if (rc) return rc;
+  for (uint64_t i = 0; i < old->cap; i++) {
+    uint64_t e = atomic_load_explicit(&old->entries[i], memory_order_relaxed);
+    if (e != EMPTY && e != DELETED) place(t, e);
+  }
+  atomic_store_explicit(&s->hdr->index, off, memory_order_release);
+  *out = t;
+  return 0;
+}
+
+int tally__index_insert(tally_store *s, uint64_t hash, uint64_t rec_off) {
+  struct tally__index *t = table(s);
+  if (!t) return TALLY_ECORRUPT;
+  if ((t->live + t->deleted + 1) * 2 > t->cap) {
+    int rc = rebuild(s, t, &t);
+    if (rc) return rc;
+  }
+  place(t, (hash >> 32) << 32 | rec_off >> 3);
+  return 0;
+}
+
+/* Remove the entry of rec_off if present; idempotent (a move finished
+ * twice after a crash calls it twice). */
+void tally__index_remove(tally_store *s, uint64_t rec_off) {
+  struct tally__index *t = table(s);
+  if (!t) return;
+  const struct tally__rec *r = tally__at(s, rec_off);
+  uint64_t hash = tally__hash(r->name, r->name_len, 0);
+  uint64_t mask = t->cap - 1;
+  for (uint64_t i = (hash >> 32) & mask, n = 0; n < t->cap;
+       i = (i + 1) & mask, n++) {
+    uint64_t e = atomic_load_explicit(&t->entries[i], memory_order_relaxed);
+    if (e == EMPTY) return;
+    if (e != DELETED && entry_off(e) == rec_off) {
+      atomic_store_explicit(&t->entries[i], DELETED, memory_order_release);
+      t->live--;
+      t->deleted++;
+      return;
+    }
+  }
+}
+
+int tally__index_each(tally_store *s, tally__rec_fn fn, void *ud) {
+  struct tally__index *t = table(s);
+  if (!t) return TALLY_ECORRUPT;
+  for (uint64_t i = 0; i < t->cap; i++) {
+    uint64_t e = atomic_load_explicit(&t->entries[i], memory_order_acquire);
+    if (e == EMPTY || e == DELETED) continue;
+    uint64_t off = entry_off(e);
+    int rc = tally__rec_verify(s, off);
+    if (rc == 0) rc = fn(s, off, ud);
+    if (rc) return rc;
+  }
+  return 0;
+}
+
+struct check_state { uint64_t live; };
+
+static int check_one(tally_store *s, uint64_t off, void *ud) {
+  struct check_state *st = ud;
+  const struct tally__rec *r = tally__at(s, off);
+  uint64_t hash = tally__hash(r->name, r->name_len, 0), found;
+  if (tally__index_find(s, r->name, r->name_len, hash, &found) != 0 ||
+      found != off)
+    return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (counter "
+                       "'%s' is not where the index says)", store_name(s),
+                       r->name);
+  uint64_t cells;
+  uint32_t n;
+  bool dropped;
+  int rc = tally__loc_decode(s, off, atomic_load(&r->loc), &cells, &n,
+                             &dropped);
+  if (rc) return rc;
+  if (dropped)
+    return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (dropped "
+                       "counter '%s' is still indexed)", store_name(s), r->name);
+  st->live++;
+  return 0;
+}
+
+/* With live == NULL: the table header only (cheap, done at open).
+ * Otherwise every entry, record and cell location; *live gets the count. */
+int tally__index_check(tally_store *s, uint64_t *live) {
+  struct tally__index *t = table(s);
+  if (!t) return TALLY_ECORRUPT;
+  if (!live) return 0;
+  struct check_state st = {0};
+  int rc = tally__index_each(s, check_one, &st);
+  if (rc) return rc;
+  if (st.live != t->live)
+    return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (name "
+                       "index counts %llu entries, holds %llu)", store_name(s),
+                       (unsigned long long)t->live,
+                       (unsigned long long)st.live);
+  *live = st.live;
+  return 0;
+}

@@ -1,0 +1,218 @@
+/* internal.h -- what the core's files share: the store layout and helpers.
+ *
+ * A store is one contiguous mapping (a shared file, or anonymous memory for
+ * the memory store) addressed by byte offsets, so the same layout works in
+ * every process that maps it:
+ *
+ *   [0, 4096)         header: immutable part (magic, format, layout, salt,
+ *                     checksum) then mutable words on their own lines
+ *   [4096, 20480)     class table: for each shard count n, the chunk being
+ *                     filled and how many of its columns are handed out
+ *   [20480, used)     arena: counter records, index tables, family records
+ *                     and cell chunks, bump-allocated under the store lock
+ *
+ * Cells use a per-CPU-like layout. A chunk of class n holds ROW_CELLS
+ * counters of n shards as n rows; shard s of the counter in column c is
+ * at chunk + s * ROW_BYTES + c * 8. Writers on different shards therefore
+ * never share a cache line, yet a counter costs exactly 8 bytes a shard.
+ * ROW_BYTES is 4096 + 64 so the shards of one counter fall in different
+ * L1 sets when value() walks them.
+ */
+#ifndef TALLY_INTERNAL_H
+#define TALLY_INTERNAL_H
+
+#include "tally.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#define TALLY__MAGIC "\x89TALLY\r\n"
+#define TALLY__FORMAT 1u
+#define TALLY__BYTE_ORDER 0x01020304u
+#define TALLY__HEADER_BYTES 4096u
+#define TALLY__CLASS_OFF 4096u
+#define TALLY__ARENA_OFF (TALLY__CLASS_OFF + TALLY_MAX_SHARDS * 16u)
+#define TALLY__ROW_CELLS 520u
+#define TALLY__ROW_BYTES (TALLY__ROW_CELLS * 8u)
+#define TALLY__MAX_BYTES (32ull << 30) /* offsets >> 3 fit in 32 bits */
+
+/* A cell holds a value in [-2^62, 2^62): bits 63 and 62 agree. Flipping
+ * bit 62 freezes it: the value survives, and writers see that the cell
+ * was retired by a reshard or a drop and go find the new location. */
+#define TALLY__FROZEN_BIT (1ull << 62)
+static inline bool tally__cell_frozen(int64_t v) {
+  return (((uint64_t)v ^ ((uint64_t)v << 1)) >> 63) != 0;
+}
+static inline int64_t tally__cell_thaw(int64_t v) {
+  return tally__cell_frozen(v) ? (int64_t)((uint64_t)v ^ TALLY__FROZEN_BIT) : v;
+}
+
+struct tally__header {
+  char magic[8];
+  uint32_t format;
+  uint32_t header_bytes;
+  uint32_t cell_bytes;
+  uint32_t row_cells;
+  uint32_t max_shards;
+  uint32_t byte_order;
+  uint64_t max_bytes;
+  uint64_t arena_off;
+  uint64_t salt;                /* random per store: seeds location checks */
+  uint64_t check;               /* hash of every byte above */
+  char pad0_[64];
+  /* mutable, written under the store lock (readers load them atomically) */
+  _Atomic uint64_t size;        /* bytes backed by the file */
+  _Atomic uint64_t used;        /* arena bump pointer */
+  _Atomic uint64_t index;       /* offset of the current index table */
+  _Atomic uint64_t families;    /* offset of the newest family record */
+  _Atomic uint64_t retired;     /* bytes of cells left behind */
+  _Atomic uint64_t pend_rec;    /* record whose move is in progress, or 0 */
+  _Atomic uint64_t pend_loc;    /* where it is moving (a loc word) */
+  /* thread tickets: the only word writers touch outside the lock */
+  _Alignas(64) _Atomic uint64_t writers;
+};
+
+struct tally__class {
+  _Atomic uint64_t chunk;       /* offset of the chunk being filled, or 0 */
+  _Atomic uint32_t used_cols;   /* columns handed out in it */
+  uint32_t pad_;
+};
+
+/* A counter record. loc packs where the cells are, so a reshard publishes
+ * cells and shard count with one atomic store:
+ *   bits 0..9 shards-1, bit 10 dropped, bits 11..31 check, 32..63 off>>3. */
+struct tally__rec {
+  _Atomic uint64_t loc;
+  uint32_t check;               /* hash of policy, kind, name_len, name */
+  uint8_t policy;
+  uint8_t kind;                 /* TALLY__KIND_COUNTER */
+  uint16_t name_len;
+  char name[];                  /* name_len bytes and a NUL */
+};
+#define TALLY__KIND_COUNTER 0xC7
+#define TALLY__KIND_FAMILY 0xF4
+
+struct tally__family {
+  uint64_t next;                /* older family, or 0 */
+  uint32_t check;
+  uint8_t policy;               /* 0xFF: unset */
+  uint8_t kind;                 /* TALLY__KIND_FAMILY */
+  uint16_t pattern_len;
+  uint32_t shards;              /* 0: unset */
+  uint32_t pad_;
+  char pattern[];
+};
+
+/* Open-addressed name index: entry = tag (hash >> 32) << 32 | rec_off >> 3;
+ * 0 is empty, 1 is a deleted slot. Slot of a name: tag & (cap - 1). */
+#define TALLY__INDEX_MAGIC 0x5844494f594c4154ull /* "TALYOIDX" */
+struct tally__index {
+  uint64_t magic;
+  uint64_t cap;
+  uint64_t live;
+  uint64_t deleted;
+  _Atomic uint64_t entries[];
+};
+
+enum { TALLY__MEMORY = 0, TALLY__FILE = 1 };
+
+struct tally_store {
+  int kind;
+  int fd;
+  char *path;                   /* file stores; for messages */
+  unsigned char *base;
+  size_t reserved;              /* bytes of address space mapped */
+  struct tally__header *hdr;
+  struct tally__class *classes; /* [0] is class 1 */
+  pthread_mutex_t lock;
+  uint64_t id;                  /* unique in this process (thread tickets) */
+};
+
+struct tally_counter {
+  tally_store *s;
+  struct tally__rec *rec;
+  uint64_t rec_off;
+  _Atomic uint64_t loc;         /* cached copy of rec->loc */
+  int policy;
+};
+
+/* ---- error.c ---- */
+int tally__fail(int code, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+int tally__fail_sys(const char *what, const char *path);
+
+/* ---- hash.c ---- */
+uint64_t tally__hash(const void *data, size_t len, uint64_t seed);
+uint64_t tally__mix(uint64_t x);
+
+/* ---- policy.c ---- */
+/* Per-thread writer state, inline here because picking a shard is on the
+ * increment's hot path. */
+struct tally__writer {
+  uint64_t store_id;  /* store the ticket was drawn from, 0: none */
+  uint64_t ticket;
+  uint64_t rr;        /* round-robin position */
+  uint64_t rng;       /* xorshift64* state, 0: unseeded */
+};
+extern _Thread_local struct tally__writer tally__me
+    __attribute__((tls_model("initial-exec")));
+void tally__draw_ticket(tally_store *s);
+void tally__seed_random(void);
+uint32_t tally__key_shard(const void *key, size_t len, uint32_t nshards);
+void tally__policy_init(void);
+
+static inline uint32_t tally__reduce(uint64_t x, uint32_t n) {
+  return (n & (n - 1)) == 0 ? (uint32_t)(x & (n - 1)) : (uint32_t)(x % n);
+}
+
+static inline uint32_t tally__pick_shard(tally_store *s, int policy,
+                                         uint32_t n) {
+  struct tally__writer *me = &tally__me;
+  if (policy == TALLY_POLICY_RANDOM) {
+    if (__builtin_expect(me->rng == 0, 0)) tally__seed_random();
+    me->rng ^= me->rng >> 12;
+    me->rng ^= me->rng << 25;
+    me->rng ^= me->rng >> 27;
+    return (uint32_t)((((me->rng * 0x2545f4914f6cdd1dull) >> 32) * n) >> 32);
+  }
+  if (__builtin_expect(me->store_id != s->id, 0)) tally__draw_ticket(s);
+  if (policy == TALLY_POLICY_ROUND_ROBIN) return tally__reduce(me->rr++, n);
+  return tally__reduce(me->ticket, n); /* thread */
+}
+
+/* ---- store.c ---- */
+void tally__lock(tally_store *s);       /* also finishes a pending move */
+void tally__unlock(tally_store *s);
+int tally__alloc(tally_store *s, uint64_t bytes, uint64_t *off);
+static inline void *tally__at(const tally_store *s, uint64_t off) {
+  return s->base + off;
+}
+/* Is [off, off + len) inside the allocated arena? */
+bool tally__in_arena(const tally_store *s, uint64_t off, uint64_t len);
+
+/* ---- index.c ---- */
+int tally__index_create(tally_store *s);
+int tally__index_find(tally_store *s, const char *name, size_t len,
+                      uint64_t hash, uint64_t *rec_off);
+int tally__index_insert(tally_store *s, uint64_t hash, uint64_t rec_off);
+void tally__index_remove(tally_store *s, uint64_t rec_off);
+int tally__index_check(tally_store *s, uint64_t *live);
+int tally__rec_verify(tally_store *s, uint64_t rec_off);
+typedef int (*tally__rec_fn)(tally_store *s, uint64_t rec_off, void *ud);
+int tally__index_each(tally_store *s, tally__rec_fn fn, void *ud);
+uint32_t tally__rec_checksum(const struct tally__rec *r);
+
+/* ---- family.c ---- */
+int tally__family_check(tally_store *s);
+
+/* ---- counter.c ---- */
+int tally__loc_decode(tally_store *s, uint64_t rec_off, uint64_t loc,
+                      uint64_t *cells, uint32_t *nshards, bool *dropped);
+uint64_t tally__loc_make(tally_store *s, uint64_t rec_off, uint64_t cells,
+                         uint32_t nshards, bool dropped);
+void tally__finish_move(tally_store *s);
+int tally__rec_value(tally_store *s, uint64_t rec_off, int64_t *out);
+
+#endif

@@ -1,0 +1,346 @@
+/* store.c -- opening, validating, growing, locking and syncing a store.
+ *
+ * Both kinds of store are one mapping of TALLY__MAX_BYTES of address space
+ * made once at open: anonymous memory for "memory", the file itself for
+ * "file". A shared file mapping may be longer than the file; pages become
+ * usable as the file grows, in every process, with no remap. So pointers
+ * into a store never move, and growth is just fallocate + a new `size`.
+ *
+ * Structural changes (create, drop, reshard, family, growth) run under the
+ * store lock: a process mutex plus flock() on the file. flock dies with its
+ * process, and every structural change is written so that a process killed
+ * in the middle leaves either the old state, the new state, or a pending
+ * move that the next lock holder finishes (see counter.c).
+ *
+ * A new file is written in full under a temporary name and link()ed into
+ * place, so no process ever sees a half-written header.
+ */
+#include "internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define GROW_MIN (1u << 20)
+
+static _Atomic uint64_t next_store_id = 1;
+
+static uint64_t header_check(const struct tally__header *h) {
+  return tally__hash(h, offsetof(struct tally__header, check), 0x68647221);
+}
+
+bool tally__in_arena(const tally_store *s, uint64_t off, uint64_t len) {
+  uint64_t used = atomic_load_explicit(&s->hdr->used, memory_order_acquire);
+  return off >= TALLY__ARENA_OFF && len <= used && off <= used - len;
+}
+
+/* ---- locking ------------------------------------------------------------ */
+
+void tally__lock(tally_store *s) {
+  pthread_mutex_lock(&s->lock);
+  if (s->kind == TALLY__FILE)
+    while (flock(s->fd, LOCK_EX) != 0 && errno == EINTR) {}
+  if (atomic_load_explicit(&s->hdr->pend_rec, memory_order_acquire))
+    tally__finish_move(s); /* a holder died mid-move: finish its work */
+}
+
+void tally__unlock(tally_store *s) {
+  if (s->kind == TALLY__FILE) flock(s->fd, LOCK_UN);
+  pthread_mutex_unlock(&s->lock);
+}
+
+/* ---- allocation ----------------------------------------------------------- */
+
+static int grow(tally_store *s, uint64_t need) {
+  struct tally__header *h = s->hdr;
+  uint64_t size = atomic_load_explicit(&h->size, memory_order_relaxed);
+  uint64_t want = size + size / 8; /* 12.5%: file size stays close to use */
+  if (want < need) want = need;
+  want = (want + GROW_MIN - 1) & ~(uint64_t)(GROW_MIN - 1);
+  if (want > TALLY__MAX_BYTES) want = TALLY__MAX_BYTES;
+  if (want < need)
+    return tally__fail(TALLY_EFULL, "%s: store is full (%llu bytes)",
+                       s->path ? s->path : "memory",
+                       (unsigned long long)TALLY__MAX_BYTES);
+  if (s->kind == TALLY__FILE) {
+    /* Reserve real blocks: a sparse file would turn a full disk into
+     * SIGBUS on some later increment instead of an error here. */
+    int rc = posix_fallocate(s->fd, (off_t)size, (off_t)(want - size));
+    if (rc == EOPNOTSUPP || rc == EINVAL) {
+      if (ftruncate(s->fd, (off_t)want) != 0)
+        return tally__fail_sys("ftruncate", s->path);
+    } else if (rc != 0) {
+      errno = rc;
+      return tally__fail_sys("cannot grow store", s->path);
+    }
+  }
+  atomic_store_explicit(&h->size, want, memory_order_release);
+  return 0;
+}
+
+/* Hand out `bytes` zeroed bytes, 64-aligned. Caller holds the lock.
+ * The space past `used` was never handed out, so it must be zero; if it is
+ * not, `used` is damaged and handing it out would overwrite live data. */
+int tally__alloc(tally_store *s, uint64_t bytes, uint64_t *off) {
+  struct tally__header *h = s->hdr;
+  uint64_t used = atomic_load_explicit(&h->used, memory_order_relaxed);
+  uint64_t start = (used + 63) & ~(uint64_t)63;
+  bytes = (bytes + 7) & ~(uint64_t)7;
+  if (bytes > TALLY__MAX_BYTES || start + bytes > TALLY__MAX_BYTES)
+    return tally__fail(TALLY_EFULL, "%s: store is full",
+                       s->path ? s->path : "memory");
+  if (start + bytes > atomic_load_explicit(&h->size, memory_order_relaxed)) {
+    int rc = grow(s, start + bytes);
+    if (rc) return rc;
+  }
+  const uint64_t *p = tally__at(s, start);
+  for (uint64_t i = 0; i < bytes / 8; i++)
+    if (p[i] != 0)
+      return tally__fail(TALLY_ECORRUPT,
+                         "%s: tally store is corrupt (free space at offset "
+                         "%llu is not empty)", s->path ? s->path : "memory",
+                         (unsigned long long)(start + i * 8));
+  atomic_store_explicit(&h->used, start + bytes, memory_order_release);
+  *off = start;
+  return 0;
+}
+
+/* ---- creating and validating --------------------------------------------- */
+
+static void header_init(struct tally__header *h) {
+  memset(h, 0, sizeof *h);
+  memcpy(h->magic, TALLY__MAGIC, 8);
+  h->format = TALLY__FORMAT;
+  h->header_bytes = TALLY__HEADER_BYTES;
+  h->cell_bytes = 8;
+  h->row_cells = TALLY__ROW_CELLS;
+  h->max_shards = TALLY_MAX_SHARDS;
+  h->byte_order = TALLY__BYTE_ORDER;
+  h->max_bytes = TALLY__MAX_BYTES;
+  h->arena_off = TALLY__ARENA_OFF;
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  h->salt = tally__mix((uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 30) ^
+                       ((uint64_t)getpid() << 16) ^ (uint64_t)(uintptr_t)h);
+  h->check = header_check(h);
+  atomic_store(&h->size, TALLY__ARENA_OFF);
+  atomic_store(&h->used, TALLY__ARENA_OFF);
+}
+
+/* Checks of the header as read from disk, before anything is mapped. */
+static int header_validate(const struct tally__header *h, uint64_t file_size,
+                           const char *path) {
+  if (memcmp(h->magic, TALLY__MAGIC, 8) != 0)
+    return tally__fail(TALLY_ENOTSTORE, "%s: not a tally store (bad magic)",
+                       path);
+  if (h->format != TALLY__FORMAT)
+    return tally__fail(TALLY_EVERSION,
+                       "%s: unsupported tally store format %u (this is %u)",
+                       path, h->format, TALLY__FORMAT);
+  if (h->header_bytes != TALLY__HEADER_BYTES || h->cell_bytes != 8 ||
+      h->row_cells != TALLY__ROW_CELLS || h->max_shards != TALLY_MAX_SHARDS ||
+      h->byte_order != TALLY__BYTE_ORDER || h->max_bytes != TALLY__MAX_BYTES ||
+      h->arena_off != TALLY__ARENA_OFF)
+    return tally__fail(TALLY_EVERSION,
+                       "%s: tally store has another layout (built for "
+                       "another version or machine)", path);
+  if (h->check != header_check(h))
+    return tally__fail(TALLY_ECORRUPT,
+                       "%s: tally store is corrupt (header checksum)", path);
+  uint64_t size = atomic_load(&h->size), used = atomic_load(&h->used);
+  if (size > file_size)
+    return tally__fail(TALLY_ECORRUPT,
+                       "%s: tally store is truncated (header says %llu bytes, "
+                       "file has %llu)", path, (unsigned long long)size,
+                       (unsigned long long)file_size);
+  if (used < TALLY__ARENA_OFF || used > size || size > TALLY__MAX_BYTES ||
+      used % 8 != 0)
+    return tally__fail(TALLY_ECORRUPT,
+                       "%s: tally store is corrupt (bad size fields)", path);
+  uint64_t pend = atomic_load(&h->pend_rec);
+  if (pend && (pend < TALLY__ARENA_OFF || pend >= used || pend % 8 != 0))
+    return tally__fail(TALLY_ECORRUPT,
+                       "%s: tally store is corrupt (bad pending move)", path);
+  return 0;
+}
+
+/* Write a fresh store to a temporary file and link it into place. If
+ * another process won the race, use its file. */
+static int create_file(const char *path, mode_t mode) {
+  size_t n = strlen(path) + 32;
+  char *tmp = malloc(n);
+  if (!tmp) return tally__fail(TALLY_ENOMEM, "out of memory");
+  snprintf(tmp, n, "%s.%ld.tmp", path, (long)getpid());
+  int fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, mode);
+  if (fd < 0) {
+    int rc = tally__fail_sys("cannot create", path);
+    free(tmp);
+    return rc;
+  }
+  int rc = 0;
+  struct tally__header h;
+  header_init(&h);
+  unsigned char page[TALLY__ARENA_OFF];
+  memset(page, 0, sizeof page);
+  memcpy(page, &h, sizeof h);
+  if (fchmod(fd, mode) != 0 || pwrite(fd, page, sizeof page, 0) !=
+      (ssize_t)sizeof page || fsync(fd) != 0)
+    rc = tally__fail_sys("cannot write", path);
+  else if (link(tmp, path) != 0 && errno != EEXIST)
+    rc = tally__fail_sys("cannot create", path);
+  unlink(tmp);
+  close(fd);
+  free(tmp);
+  return rc;
+}
+
+static int map_file(tally_store *s, const char *path, const tally_open_options *o) {
+  uint32_t flags = o ? o->flags : 0;
+  mode_t mode = o && o->mode ? (mode_t)(o->mode & 07777) : 0600;
+  int fd = open(path, O_RDWR | O_CLOEXEC);
+  if (fd < 0 && errno == ENOENT && !(flags & TALLY_OPEN_NOCREATE)) {
+    int rc = create_file(path, mode);
+    if (rc) return rc;
+    fd = open(path, O_RDWR | O_CLOEXEC);
+  }
+  if (fd < 0) return tally__fail_sys("cannot open", path);
+  s->fd = fd;
+  struct stat st;
+  if (fstat(fd, &st) != 0) return tally__fail_sys("cannot stat", path);
+  if (!S_ISREG(st.st_mode))
+    return tally__fail(TALLY_ENOTSTORE, "%s: not a tally store (not a "
+                       "regular file)", path);
+  if (st.st_size == 0)
+    return tally__fail(TALLY_ENOTSTORE, "%s: not a tally store (empty file)",
+                       path);
+  struct tally__header h;
+  memset(&h, 0, sizeof h);
+  ssize_t got = pread(fd, &h, sizeof h, 0);
+  if (got < 0) return tally__fail_sys("cannot read", path);
+  if (got < 8 || memcmp(h.magic, TALLY__MAGIC, 8) != 0)
+    return tally__fail(TALLY_ENOTSTORE, "%s: not a tally store (bad magic)",
+                       path);
+  if ((size_t)got < sizeof h || (uint64_t)st.st_size < TALLY__ARENA_OFF)
+    return tally__fail(TALLY_ECORRUPT, "%s: tally store is truncated "
+                       "(%lld bytes)", path, (long long)st.st_size);
+  int rc = header_validate(&h, (uint64_t)st.st_size, path);
+  if (rc) return rc;
+  void *p = mmap(NULL, TALLY__MAX_BYTES, PROT_READ | PROT_WRITE,
+                 MAP_SHARED | MAP_NORESERVE, fd, 0);
+  if (p == MAP_FAILED) return tally__fail_sys("cannot map", path);
+  s->base = p;
+  s->reserved = TALLY__MAX_BYTES;
+  return 0;
+}
+
+static int map_memory(tally_store *s) {
+  void *p = mmap(NULL, TALLY__MAX_BYTES, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) return tally__fail_sys("cannot reserve memory", NULL);
+  s->base = p;
+  s->reserved = TALLY__MAX_BYTES;
+  header_init((struct tally__header *)p);
+  atomic_store(&((struct tally__header *)p)->size, TALLY__MAX_BYTES);
+  return 0;
+}
+
+int tally_store_open(const char *spec, const tally_open_options *opt,
+                     tally_store **out) {
+  if (!out) return tally__fail(TALLY_EINVAL, "tally_store_open: out is NULL");
+  int kind;
+  const char *path = NULL;
+  if (!spec || !*spec || strcmp(spec, "memory") == 0) {
+    kind = TALLY__MEMORY;
+  } else if (strncmp(spec, "file:", 5) == 0 && spec[5]) {
+    kind = TALLY__FILE;
+    path = spec + 5;
+  } else {
+    return tally__fail(TALLY_EINVAL, "unknown store '%s' (expected 'memory' "
+                       "or 'file:PATH')", spec);
+  }
+  tally__policy_init();
+  tally_store *s = calloc(1, sizeof *s);
+  if (!s) return tally__fail(TALLY_ENOMEM, "out of memory");
+  s->kind = kind;
+  s->fd = -1;
+  s->id = atomic_fetch_add(&next_store_id, 1);
+  pthread_mutex_init(&s->lock, NULL);
+  int rc;
+  if (kind == TALLY__FILE) {
+    s->path = strdup(path);
+    rc = s->path ? map_file(s, path, opt) : tally__fail(TALLY_ENOMEM, "out of memory");
+  } else {
+    rc = map_memory(s);
+  }
+  if (rc == 0) {
+    s->hdr = (struct tally__header *)s->base;
+    s->classes = (struct tally__class *)(s->base + TALLY__CLASS_OFF);
+    if (atomic_load(&s->hdr->index) == 0) { /* new store: make its index */
+      tally__lock(s);
+      if (atomic_load(&s->hdr->index) == 0) rc = tally__index_create(s);
+      tally__unlock(s);
+    } else {
+      tally__lock(s); /* finishes a move a dead process left pending */
+      tally__unlock(s);
+      rc = tally__index_check(s, NULL); /* header only: open stays O(1) */
+      if (rc == 0) rc = tally__family_check(s);
+    }
+  }
+  if (rc) {
+    tally_store_close(s);
+    return rc;
+  }
+  *out = s;
+  return 0;
+}
+
+void tally_store_close(tally_store *s) {
+  if (!s) return;
+  if (s->base) munmap(s->base, s->reserved);
+  if (s->fd >= 0) close(s->fd);
+  pthread_mutex_destroy(&s->lock);
+  free(s->path);
+  free(s);
+}
+
+int tally_store_sync(tally_store *s) {
+  if (!s) return tally__fail(TALLY_EINVAL, "tally_store_sync: store is NULL");
+  if (s->kind != TALLY__FILE) return 0;
+  uint64_t used = atomic_load(&s->hdr->used);
+  if (msync(s->base, used, MS_SYNC) != 0) return tally__fail_sys("msync", s->path);
+  if (fsync(s->fd) != 0) return tally__fail_sys("fsync", s->path);
+  return 0;
+}
+
+const char *tally_store_kind(const tally_store *s) {
+  return s && s->kind == TALLY__FILE ? "file" : "memory";
+}
+
+int tally_store_check(tally_store *s) {
+  if (!s) return tally__fail(TALLY_EINVAL, "tally_store_check: store is NULL");
+  const char *name = s->path ? s->path : "memory";
+  if (s->hdr->check != header_check(s->hdr))
+    return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (header "
+                       "checksum)", name);
+  uint64_t used = atomic_load(&s->hdr->used);
+  for (uint32_t n = 1; n <= TALLY_MAX_SHARDS; n++) {
+    struct tally__class *c = &s->classes[n - 1];
+    uint64_t chunk = atomic_load(&c->chunk);
+    if ((chunk && (chunk < TALLY__ARENA_OFF ||
+                   chunk + (uint64_t)n * TALLY__ROW_BYTES > used)) ||
+        atomic_load(&c->used_cols) > TALLY__ROW_CELLS)
+      return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (class "
+                         "table entry %u)", name, n);
+  }
+  uint64_t live = 0;
+  int rc = tally__index_check(s, &live);
+  if (rc) return rc;
+  return tally__family_check(s);
+}
