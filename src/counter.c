@@ -1,26 +1,29 @@
 /* counter.c -- counters: create, increment, read, reset, reshard, drop.
  *
- * Increment: pick a shard, then a compare-and-swap loop on its cell that
- * refuses a frozen cell and a result outside [-2^62, 2^62). The handle
- * caches the cell location, so the hot path touches only the cell.
+ * Increment: pick a shard and fetch-add on its cell; if the old value was
+ * not live (the cell was retired by a move) or the new one left the range,
+ * undo the add and take the slow path. Deltas of 2^32 or more always take
+ * a compare-and-swap loop instead, so an undo can never be needed for them.
+ * The handle caches the cell location, so the hot path touches one cell.
  *
  * Reshard and drop are "moves", always made under the store lock:
- *   1. new cells are allocated (reshard) and the header records the move
- *      (pend_loc, then pend_rec);
- *   2. every old cell is frozen: its value stays, bit 62 flips;
- *   3. the frozen total is written into the new cells, which no one else
- *      touches before step 4, so redoing 2-3 gives the same result;
- *   4. rec->loc is published, then the header's record of the move cleared.
- * A writer that meets a frozen cell reloads rec->loc; if it has not moved
- * yet, it takes the store lock, and the lock finishes any move whose
- * process died (tally__lock). So a move killed at any point is completed
- * by the next process, with nothing lost or counted twice. While a move is
- * pending, every completed increment is still in the old cells, which is
- * why readers may sum frozen and live old cells alike.
+ *   1. new cells are allocated (reshard) and the header records the move:
+ *      pend_done = 0, pend_loc, then pend_rec;
+ *   2. each old cell's value is written to the journal, then the cell is
+ *      swapped to SENTINEL if it still holds that value; pend_done counts
+ *      the cells done;
+ *   3. the journal's total is written into the new cells, which no one
+ *      else touches before step 4, so redoing 2-3 gives the same result;
+ *   4. rec->loc is published, then pend_rec cleared.
+ * A process killed anywhere in 1-4 leaves the move recorded; the next lock
+ * holder redoes it from pend_done (a cell already SENTINEL has its value in
+ * the journal). A writer that meets a retired cell reloads rec->loc; if it
+ * has not moved yet, it takes the store lock, which waits for the mover or
+ * finishes its move. Readers do the same. Nothing is lost or counted twice.
  *
- * Retired cells (after reshard or drop) are never reused: a handle in
- * another process may still hold their location and must find them
- * frozen, not owned by some newer counter.
+ * Retired cells are never reused: a handle in another process may still
+ * hold their location and must find them retired, not owned by some newer
+ * counter.
  */
 #include "internal.h"
 
@@ -66,10 +69,15 @@ int tally__loc_decode(tally_store *s, uint64_t rec_off, uint64_t loc,
   return 0;
 }
 
+static inline _Atomic int64_t *cell_in(unsigned char *base, uint64_t loc,
+                                       uint32_t shard) {
+  return (_Atomic int64_t *)(base + ((loc >> 32) << 3) +
+                             (uint64_t)shard * TALLY__ROW_BYTES);
+}
+
 static inline _Atomic int64_t *cell_at(tally_store *s, uint64_t loc,
                                        uint32_t shard) {
-  return (_Atomic int64_t *)(s->base + ((loc >> 32) << 3) +
-                             (uint64_t)shard * TALLY__ROW_BYTES);
+  return cell_in(s->base, loc, shard);
 }
 
 static inline uint32_t loc_shards(uint64_t loc) {
@@ -78,59 +86,65 @@ static inline uint32_t loc_shards(uint64_t loc) {
 
 /* ---- moves (reshard, drop) ---------------------------------------------- */
 
-static int64_t freeze(_Atomic int64_t *cell) {
-  int64_t v = atomic_load_explicit(cell, memory_order_acquire);
-  while (!tally__cell_frozen(v) &&
-         !atomic_compare_exchange_weak_explicit(
-             cell, &v, (int64_t)((uint64_t)v ^ TALLY__FROZEN_BIT),
-             memory_order_acq_rel, memory_order_acquire)) {}
-  return tally__cell_thaw(v);
-}
-
-static void thaw_all(tally_store *s, uint64_t loc) {
-  for (uint32_t i = 0; i < loc_shards(loc); i++) {
-    _Atomic int64_t *cell = cell_at(s, loc, i);
-    atomic_store_explicit(cell, tally__cell_thaw(atomic_load(cell)),
-                          memory_order_release);
+/* Save cell i's value in the journal and retire the cell. A cell that is
+ * already retired was retired by an earlier, interrupted attempt at this
+ * same move, after its value reached the journal. */
+static void retire(tally_store *s, _Atomic int64_t *cell, uint32_t i) {
+  for (;;) {
+    int64_t v = atomic_load_explicit(cell, memory_order_acquire);
+    if (!tally__cell_live(v)) return;
+    atomic_store_explicit(&s->journal[i], v, memory_order_release);
+    if (atomic_compare_exchange_strong_explicit(cell, &v, TALLY__SENTINEL,
+                                                memory_order_acq_rel,
+                                                memory_order_acquire))
+      return;
   }
 }
 
-/* Spread total over n cells; false if some cell would leave its range. */
+/* Spread total over the cells at loc; false if a cell would leave its range. */
 static bool spread(tally_store *s, uint64_t loc, __int128 total) {
   uint32_t n = loc_shards(loc);
   __int128 q = total / n, r = total % n;
-  __int128 top = q + (r > 0), bottom = q - (r < 0);
-  if (top >= ((__int128)1 << 62) || bottom < -((__int128)1 << 62)) return false;
-  for (uint32_t i = 0; i < n; i++) {
-    __int128 v = q + (i < (r > 0 ? r : -r) ? (r > 0 ? 1 : -1) : 0);
-    atomic_store_explicit(cell_at(s, loc, i), (int64_t)v, memory_order_relaxed);
-  }
+  if (q + (r > 0) >= ((__int128)1 << 62) || q - (r < 0) < -((__int128)1 << 62))
+    return false;
+  __int128 extra = r > 0 ? 1 : -1, left = r > 0 ? r : -r;
+  for (uint32_t i = 0; i < n; i++)
+    atomic_store_explicit(cell_at(s, loc, i),
+                          (int64_t)(q + ((__int128)i < left ? extra : 0)),
+                          memory_order_relaxed);
   return true;
 }
 
 /* Complete the move recorded in the header. Caller holds the lock.
- * Returns TALLY_ERANGE (move undone) if the moved value does not fit. */
+ * TALLY_ERANGE (and the move undone) if the value does not fit the new
+ * shards; a damaged record leaves the move recorded for a repair. */
 static int finish(tally_store *s) {
   struct tally__header *h = s->hdr;
   uint64_t rec_off = atomic_load_explicit(&h->pend_rec, memory_order_acquire);
   uint64_t to = atomic_load_explicit(&h->pend_loc, memory_order_acquire);
   if (!rec_off) return 0;
   int rc = tally__rec_verify(s, rec_off);
-  if (rc) return rc; /* leave the record of the move for a repair tool */
+  if (rc) return rc;
   struct tally__rec *r = tally__at(s, rec_off);
   uint64_t from = atomic_load_explicit(&r->loc, memory_order_acquire);
-  uint64_t to_cells, from_cells;
-  uint32_t to_n, from_n;
-  bool to_dropped, from_dropped;
   if (from != to) {
+    uint64_t to_cells, from_cells;
+    uint32_t to_n, from_n;
+    bool to_dropped, from_dropped;
     rc = tally__loc_decode(s, rec_off, from, &from_cells, &from_n, &from_dropped);
     if (rc == 0)
       rc = tally__loc_decode(s, rec_off, to, &to_cells, &to_n, &to_dropped);
     if (rc) return rc;
+    for (uint32_t i = (uint32_t)atomic_load(&h->pend_done); i < from_n; i++) {
+      retire(s, cell_at(s, from, i), i);
+      atomic_store_explicit(&h->pend_done, i + 1, memory_order_release);
+    }
     __int128 total = 0;
-    for (uint32_t i = 0; i < from_n; i++) total += freeze(cell_at(s, from, i));
+    for (uint32_t i = 0; i < from_n; i++) total += atomic_load(&s->journal[i]);
     if (!to_dropped && !spread(s, to, total)) {
-      thaw_all(s, from);
+      for (uint32_t i = 0; i < from_n; i++) /* put every value back */
+        atomic_fetch_add(cell_at(s, from, i),
+                         atomic_load(&s->journal[i]) - TALLY__SENTINEL);
       atomic_store_explicit(&h->pend_rec, 0, memory_order_release);
       return tally__fail(TALLY_ERANGE, "counter '%s' would overflow a shard "
                          "with %u shards", r->name, to_n);
@@ -146,6 +160,7 @@ static int finish(tally_store *s) {
 void tally__finish_move(tally_store *s) { (void)finish(s); }
 
 static int move(tally_store *s, uint64_t rec_off, uint64_t to) {
+  atomic_store_explicit(&s->hdr->pend_done, 0, memory_order_release);
   atomic_store_explicit(&s->hdr->pend_loc, to, memory_order_release);
   atomic_store_explicit(&s->hdr->pend_rec, rec_off, memory_order_release);
   return finish(s);
@@ -266,6 +281,8 @@ int tally_counter_open(tally_store *s, const char *name, size_t len,
   tally_counter *c = calloc(1, sizeof *c);
   if (!c) return tally__fail(TALLY_ENOMEM, "out of memory");
   c->s = s;
+  c->base = s->base;
+  c->store_id = s->id;
   c->rec = r;
   c->rec_off = rec_off;
   c->policy = r->policy;
@@ -276,51 +293,66 @@ int tally_counter_open(tally_store *s, const char *name, size_t len,
 
 void tally_counter_close(tally_counter *c) { free(c); }
 
-/* ---- increments ----------------------------------------------------------- */
+/* ---- finding the cells again after a move -------------------------------- */
 
-/* The cells at `seen` were frozen: learn where the counter went. Waits for
- * (or finishes, if its process died) a move still in progress. */
-static int refresh(tally_counter *c, uint64_t seen) {
-  for (int round = 0;; round++) {
-    uint64_t loc = atomic_load_explicit(&c->rec->loc, memory_order_acquire);
-    if (loc != seen) {
-      uint64_t cells;
+/* The cells at `seen` were found retired: wait for the move (or finish it,
+ * if its process died; the lock does that) and give the counter's current
+ * location. TALLY_EDROPPED if the move was a drop. */
+static int settle(tally_store *s, uint64_t rec_off, uint64_t seen,
+                  uint64_t *loc) {
+  struct tally__rec *r = tally__at(s, rec_off);
+  for (int round = 0; round < 4; round++) {
+    uint64_t l = atomic_load_explicit(&r->loc, memory_order_acquire), cells;
+    if (l != seen) {
       uint32_t n;
       bool dropped;
-      int rc = tally__loc_decode(c->s, c->rec_off, loc, &cells, &n, &dropped);
+      int rc = tally__loc_decode(s, rec_off, l, &cells, &n, &dropped);
       if (rc) return rc;
       if (dropped)
-        return tally__fail(TALLY_EDROPPED, "counter '%s' was dropped", c->rec->name);
-      atomic_store_explicit(&c->loc, loc, memory_order_relaxed);
+        return tally__fail(TALLY_EDROPPED, "counter '%s' was dropped", r->name);
+      *loc = l;
       return 0;
     }
-    if (round == 2)
-      return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (counter "
-                         "'%s' has frozen cells and no move)", store_name(c->s),
-                         c->rec->name);
-    tally__lock(c->s);
-    tally__unlock(c->s);
+    tally__lock(s);
+    tally__unlock(s);
   }
+  return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (counter '%s' "
+                     "has retired cells and no move)", store_name(s), r->name);
 }
 
-/* 0: added; 1: the cell is frozen; TALLY_ERANGE: would leave the range. */
-static inline int cell_add(_Atomic int64_t *cell, int64_t delta) {
-  int64_t v = atomic_load_explicit(cell, memory_order_relaxed);
-  for (;;) {
-    int64_t nv;
-    if (__builtin_expect(tally__cell_frozen(v), 0)) return 1;
-    if (__builtin_add_overflow(v, delta, &nv) || tally__cell_frozen(nv))
-      return TALLY_ERANGE;
-    if (atomic_compare_exchange_weak_explicit(cell, &v, nv, memory_order_relaxed,
-                                              memory_order_relaxed))
-      return 0;
-  }
+static int refresh(tally_counter *c, uint64_t seen) {
+  uint64_t loc;
+  int rc = settle(c->s, c->rec_off, seen, &loc);
+  if (rc == 0) atomic_store_explicit(&c->loc, loc, memory_order_relaxed);
+  return rc;
 }
+
+/* ---- increments ----------------------------------------------------------- */
 
 static int range_error(tally_counter *c, int64_t delta) {
   return tally__fail(TALLY_ERANGE, "counter '%s': adding %lld would overflow "
                      "a shard (shards hold -2^62 to 2^62-1)", c->rec->name,
                      (long long)delta);
+}
+
+/* 0: added; 1: the cell is retired; TALLY_ERANGE: would leave the range. */
+static inline int cell_add(_Atomic int64_t *cell, int64_t delta) {
+  if (__builtin_expect(delta > -TALLY__FAST_DELTA && delta < TALLY__FAST_DELTA, 1)) {
+    int64_t old = atomic_fetch_add_explicit(cell, delta, memory_order_relaxed);
+    if (__builtin_expect(tally__cell_live(old) && tally__cell_live(old + delta), 1))
+      return 0;
+    atomic_fetch_sub_explicit(cell, delta, memory_order_relaxed); /* undo */
+    return tally__cell_live(old) ? TALLY_ERANGE : 1;
+  }
+  int64_t v = atomic_load_explicit(cell, memory_order_relaxed), nv;
+  for (;;) {
+    if (!tally__cell_live(v)) return 1;
+    if (__builtin_add_overflow(v, delta, &nv) || !tally__cell_live(nv))
+      return TALLY_ERANGE;
+    if (atomic_compare_exchange_weak_explicit(cell, &v, nv, memory_order_relaxed,
+                                              memory_order_relaxed))
+      return 0;
+  }
 }
 
 enum pick { PICK_POLICY, PICK_KEY, PICK_SHARD };
@@ -330,12 +362,12 @@ static int add(tally_counter *c, enum pick how, const void *key, size_t klen,
   for (;;) {
     uint64_t loc = atomic_load_explicit(&c->loc, memory_order_relaxed);
     uint32_t n = loc_shards(loc), i;
-    if (how == PICK_POLICY) i = tally__pick_shard(c->s, c->policy, n);
+    if (how == PICK_POLICY) i = tally__pick_shard(c->s, c->store_id, c->policy, n);
     else if (how == PICK_KEY) i = tally__key_shard(key, klen, n);
     else if (shard < n) i = shard;
     else return tally__fail(TALLY_ESHARDS, "shard %u out of range (counter "
                             "'%s' has %u shards)", shard, c->rec->name, n);
-    int rc = cell_add(cell_at(c->s, loc, i), delta);
+    int rc = cell_add(cell_in(c->base, loc, i), delta);
     if (__builtin_expect(rc == 0, 1)) return 0;
     if (rc < 0) return range_error(c, delta);
     rc = refresh(c, loc);
@@ -343,14 +375,37 @@ static int add(tally_counter *c, enum pick how, const void *key, size_t klen,
   }
 }
 
-int tally_counter_incr(tally_counter *c, int64_t delta) {
+/* Everything but the common case, kept out of line: a locked add waits for
+ * the store buffer to drain, so the fast path must not spill registers. */
+__attribute__((noinline)) static int incr_slow(tally_counter *c, int64_t delta) {
   if (!c) return tally__fail(TALLY_EINVAL, "tally_counter_incr: counter is NULL");
-  if (__builtin_expect(c->policy >= TALLY_POLICY_KEY, 0))
+  if (c->policy >= TALLY_POLICY_KEY)
     return tally__fail(TALLY_EPOLICY, "counter '%s' has the %s policy: use %s",
                        c->rec->name, tally_policy_name(c->policy),
                        c->policy == TALLY_POLICY_KEY ? "tally_counter_incr_key"
                                                      : "tally_counter_incr_shard");
   return add(c, PICK_POLICY, NULL, 0, 0, delta);
+}
+
+int tally_counter_incr(tally_counter *c, int64_t delta) {
+  if (__builtin_expect(c && c->policy <= TALLY_POLICY_RANDOM &&
+                           delta > -TALLY__FAST_DELTA && delta < TALLY__FAST_DELTA, 1)) {
+    uint64_t loc = atomic_load_explicit(&c->loc, memory_order_relaxed);
+    struct tally__writer *me = &tally__me;
+    uint32_t n = loc_shards(loc), i;
+    if (c->policy == TALLY_POLICY_THREAD && __builtin_expect(me->store_id == c->store_id, 1))
+      i = tally__reduce(me->ticket, n);
+    else if (c->policy == TALLY_POLICY_RANDOM && __builtin_expect(me->rng != 0, 1))
+      i = tally__pick_shard(c->s, c->store_id, c->policy, n);
+    else
+      return incr_slow(c, delta);
+    _Atomic int64_t *cell = cell_in(c->base, loc, i);
+    int64_t old = atomic_fetch_add_explicit(cell, delta, memory_order_relaxed);
+    if (__builtin_expect(tally__cell_live(old) && tally__cell_live(old + delta), 1))
+      return 0;
+    atomic_fetch_sub_explicit(cell, delta, memory_order_relaxed); /* undo */
+  }
+  return incr_slow(c, delta);
 }
 
 int tally_counter_incr_key(tally_counter *c, const void *key, size_t len,
@@ -367,29 +422,37 @@ int tally_counter_incr_shard(tally_counter *c, uint32_t shard, int64_t delta) {
 
 /* ---- reading -------------------------------------------------------------- */
 
-/* Sum the cells at loc; *frozen tells whether any was frozen. */
-static __int128 sum_cells(tally_store *s, uint64_t loc, bool *frozen) {
-  __int128 total = 0;
-  bool any = false;
-  for (uint32_t i = 0, n = loc_shards(loc); i < n; i++) {
-    int64_t v = atomic_load_explicit(cell_at(s, loc, i), memory_order_relaxed);
-    any |= tally__cell_frozen(v);
-    total += tally__cell_thaw(v);
+/* Read the cells of a counter, following it through moves: *loc is where
+ * to start and receives where the values were read. vals may be NULL. */
+static int read_cells(tally_store *s, uint64_t rec_off, uint64_t *loc,
+                      int64_t *vals, uint32_t cap, __int128 *total) {
+  for (;;) {
+    __int128 sum = 0;
+    bool live = true;
+    for (uint32_t i = 0, n = loc_shards(*loc); i < n; i++) {
+      int64_t v = atomic_load_explicit(cell_at(s, *loc, i), memory_order_relaxed);
+      live &= tally__cell_live(v);
+      sum += v;
+      if (i < cap) vals[i] = v;
+    }
+    if (__builtin_expect(live, 1)) {
+      *total = sum;
+      return 0;
+    }
+    int rc = settle(s, rec_off, *loc, loc);
+    if (rc) return rc;
   }
-  *frozen = any;
-  return total;
 }
 
-/* Current location of a record, validated, for readers. */
-static int current(tally_store *s, uint64_t rec_off, const char *name,
-                   uint64_t *loc) {
+/* Current location of a record, validated. */
+static int current(tally_store *s, uint64_t rec_off, uint64_t *loc) {
   struct tally__rec *r = tally__at(s, rec_off);
   uint64_t l = atomic_load_explicit(&r->loc, memory_order_acquire), cells;
   uint32_t n;
   bool dropped;
   int rc = tally__loc_decode(s, rec_off, l, &cells, &n, &dropped);
   if (rc) return rc;
-  if (dropped) return tally__fail(TALLY_EDROPPED, "counter '%s' was dropped", name);
+  if (dropped) return tally__fail(TALLY_EDROPPED, "counter '%s' was dropped", r->name);
   *loc = l;
   return 0;
 }
@@ -402,63 +465,43 @@ static int to_int64(__int128 total, const char *name, int64_t *out) {
   return 0;
 }
 
-/* A reader meeting frozen cells re-reads rec->loc: if it moved, it reads
- * the new cells; if not, the move is pending and the old cells (frozen or
- * not) still hold every completed increment. */
 int tally__rec_value(tally_store *s, uint64_t rec_off, int64_t *out) {
-  struct tally__rec *r = tally__at(s, rec_off);
   uint64_t loc;
-  for (;;) {
-    int rc = current(s, rec_off, r->name, &loc);
-    if (rc) return rc;
-    bool frozen;
-    __int128 total = sum_cells(s, loc, &frozen);
-    if (!frozen || atomic_load_explicit(&r->loc, memory_order_acquire) == loc)
-      return to_int64(total, r->name, out);
-  }
+  __int128 total;
+  int rc = current(s, rec_off, &loc);
+  if (rc == 0) rc = read_cells(s, rec_off, &loc, NULL, 0, &total);
+  if (rc) return rc;
+  return to_int64(total, ((struct tally__rec *)tally__at(s, rec_off))->name, out);
 }
 
 int tally_counter_value(tally_counter *c, int64_t *out) {
   if (!c || !out) return tally__fail(TALLY_EINVAL, "tally_counter_value: NULL argument");
   uint64_t loc = atomic_load_explicit(&c->loc, memory_order_relaxed);
-  bool frozen;
-  __int128 total = sum_cells(c->s, loc, &frozen);
-  if (__builtin_expect(!frozen, 1)) return to_int64(total, c->rec->name, out);
-  int64_t v;
-  int rc = tally__rec_value(c->s, c->rec_off, &v);
+  __int128 total;
+  int rc = read_cells(c->s, c->rec_off, &loc, NULL, 0, &total);
   if (rc) return rc;
-  atomic_store_explicit(&c->loc, atomic_load(&c->rec->loc), memory_order_relaxed);
-  *out = v;
-  return 0;
+  atomic_store_explicit(&c->loc, loc, memory_order_relaxed);
+  return to_int64(total, c->rec->name, out);
 }
 
 int tally_counter_shards(tally_counter *c, int64_t *vals, uint32_t cap,
                          uint32_t *n) {
   if (!c || !n || (!vals && cap))
     return tally__fail(TALLY_EINVAL, "tally_counter_shards: NULL argument");
-  for (;;) {
-    uint64_t loc;
-    int rc = current(c->s, c->rec_off, c->rec->name, &loc);
-    if (rc) return rc;
-    uint32_t k = loc_shards(loc);
-    bool frozen = false;
-    for (uint32_t i = 0; i < k && i < cap; i++) {
-      int64_t v = atomic_load_explicit(cell_at(c->s, loc, i), memory_order_relaxed);
-      frozen |= tally__cell_frozen(v);
-      vals[i] = tally__cell_thaw(v);
-    }
-    if (!frozen || atomic_load(&c->rec->loc) == loc) {
-      atomic_store_explicit(&c->loc, loc, memory_order_relaxed);
-      *n = k;
-      return 0;
-    }
-  }
+  uint64_t loc;
+  __int128 total;
+  int rc = current(c->s, c->rec_off, &loc);
+  if (rc == 0) rc = read_cells(c->s, c->rec_off, &loc, vals, cap, &total);
+  if (rc) return rc;
+  atomic_store_explicit(&c->loc, loc, memory_order_relaxed);
+  *n = loc_shards(loc);
+  return 0;
 }
 
 int tally_counter_info_get(tally_counter *c, tally_counter_info *out) {
   if (!c || !out) return tally__fail(TALLY_EINVAL, "tally_counter_info_get: NULL argument");
   uint64_t loc;
-  int rc = current(c->s, c->rec_off, c->rec->name, &loc);
+  int rc = current(c->s, c->rec_off, &loc);
   if (rc) return rc;
   out->name = c->rec->name;
   out->name_len = c->rec->name_len;
@@ -473,12 +516,13 @@ int tally_counter_reset(tally_counter *c, int64_t *removed) {
   if (!c || !removed) return tally__fail(TALLY_EINVAL, "tally_counter_reset: NULL argument");
   int64_t total = 0;
   bool overflow = false;
-  uint64_t loc = atomic_load_explicit(&c->loc, memory_order_relaxed);
+  uint64_t loc;
+  int rc = current(c->s, c->rec_off, &loc);
+  if (rc) return rc;
   for (uint32_t i = 0; i < loc_shards(loc); i++) {
     _Atomic int64_t *cell = cell_at(c->s, loc, i);
     int64_t v = atomic_load_explicit(cell, memory_order_relaxed), sum;
-    for (;;) {
-      if (tally__cell_frozen(v)) break;
+    while (tally__cell_live(v)) {
       if (__builtin_add_overflow(total, v, &sum)) {
         overflow = true; /* leave this shard as it is */
         break;
@@ -489,14 +533,14 @@ int tally_counter_reset(tally_counter *c, int64_t *removed) {
         break;
       }
     }
-    if (tally__cell_frozen(v)) {
-      /* moved: what we took is ours; what is left moved with the counter */
-      int rc = refresh(c, loc);
+    if (!tally__cell_live(v)) {
+      /* moved: what was taken is in total and did not move; the rest did */
+      rc = settle(c->s, c->rec_off, loc, &loc);
       if (rc) return rc;
-      loc = atomic_load_explicit(&c->loc, memory_order_relaxed);
       i = (uint32_t)-1; /* start over on the new cells */
     }
   }
+  atomic_store_explicit(&c->loc, loc, memory_order_relaxed);
   *removed = total;
   if (overflow)
     return tally__fail(TALLY_ERANGE, "counter '%s': the amount to remove does "
@@ -513,7 +557,7 @@ int tally_counter_reshard(tally_counter *c, uint32_t shards) {
   tally_store *s = c->s;
   tally__lock(s);
   uint64_t loc, cells;
-  int rc = current(s, c->rec_off, c->rec->name, &loc);
+  int rc = current(s, c->rec_off, &loc);
   if (rc == 0 && loc_shards(loc) != shards) {
     rc = alloc_cells(s, shards, &cells);
     if (rc == 0) rc = move(s, c->rec_off, tally__loc_make(s, c->rec_off, cells,

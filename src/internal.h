@@ -8,7 +8,8 @@
  *                     checksum) then mutable words on their own lines
  *   [4096, 20480)     class table: for each shard count n, the chunk being
  *                     filled and how many of its columns are handed out
- *   [20480, used)     arena: counter records, index tables, family records
+ *   [20480, 28672)    move journal: old cell values of the move in progress
+ *   [28672, used)     arena: counter records, index tables, family records
  *                     and cell chunks, bump-allocated under the store lock
  *
  * Cells use a per-CPU-like layout. A chunk of class n holds ROW_CELLS
@@ -33,20 +34,23 @@
 #define TALLY__BYTE_ORDER 0x01020304u
 #define TALLY__HEADER_BYTES 4096u
 #define TALLY__CLASS_OFF 4096u
-#define TALLY__ARENA_OFF (TALLY__CLASS_OFF + TALLY_MAX_SHARDS * 16u)
+#define TALLY__JOURNAL_OFF (TALLY__CLASS_OFF + TALLY_MAX_SHARDS * 16u)
+#define TALLY__ARENA_OFF (TALLY__JOURNAL_OFF + TALLY_MAX_SHARDS * 8u)
 #define TALLY__ROW_CELLS 520u
 #define TALLY__ROW_BYTES (TALLY__ROW_CELLS * 8u)
 #define TALLY__MAX_BYTES (32ull << 30) /* offsets >> 3 fit in 32 bits */
 
-/* A cell holds a value in [-2^62, 2^62): bits 63 and 62 agree. Flipping
- * bit 62 freezes it: the value survives, and writers see that the cell
- * was retired by a reshard or a drop and go find the new location. */
-#define TALLY__FROZEN_BIT (1ull << 62)
-static inline bool tally__cell_frozen(int64_t v) {
-  return (((uint64_t)v ^ ((uint64_t)v << 1)) >> 63) != 0;
-}
-static inline int64_t tally__cell_thaw(int64_t v) {
-  return tally__cell_frozen(v) ? (int64_t)((uint64_t)v ^ TALLY__FROZEN_BIT) : v;
+/* A live cell holds a value in [-2^62, 2^62): bits 63 and 62 agree. A move
+ * (reshard, drop) retires a cell by swapping in SENTINEL, deep inside the
+ * other range, after saving its value in the move journal. An increment
+ * is one fetch-add; if the old value was not live, the add is undone and
+ * the writer goes to find the counter's new cells. Small deltas (< 2^32)
+ * added to SENTINEL by racing writers cannot bring it back to the live
+ * range, and their undo makes them vanish again. */
+#define TALLY__SENTINEL (-(INT64_C(3) << 61))
+#define TALLY__FAST_DELTA (INT64_C(1) << 32)
+static inline bool tally__cell_live(int64_t v) {
+  return (((uint64_t)v ^ ((uint64_t)v << 1)) >> 63) == 0;
 }
 
 struct tally__header {
@@ -70,6 +74,7 @@ struct tally__header {
   _Atomic uint64_t retired;     /* bytes of cells left behind */
   _Atomic uint64_t pend_rec;    /* record whose move is in progress, or 0 */
   _Atomic uint64_t pend_loc;    /* where it is moving (a loc word) */
+  _Atomic uint64_t pend_done;   /* old cells retired into the journal */
   /* thread tickets: the only word writers touch outside the lock */
   _Alignas(64) _Atomic uint64_t writers;
 };
@@ -126,16 +131,20 @@ struct tally_store {
   size_t reserved;              /* bytes of address space mapped */
   struct tally__header *hdr;
   struct tally__class *classes; /* [0] is class 1 */
+  _Atomic int64_t *journal;     /* TALLY_MAX_SHARDS saved cell values */
   pthread_mutex_t lock;
   uint64_t id;                  /* unique in this process (thread tickets) */
 };
 
 struct tally_counter {
+  /* the increment's hot path reads only this first line */
+  _Atomic uint64_t loc;         /* cached copy of rec->loc */
+  unsigned char *base;          /* s->base */
   tally_store *s;
+  uint64_t store_id;            /* s->id, for the thread ticket check */
+  int policy;
   struct tally__rec *rec;
   uint64_t rec_off;
-  _Atomic uint64_t loc;         /* cached copy of rec->loc */
-  int policy;
 };
 
 /* ---- error.c ---- */
@@ -167,8 +176,8 @@ static inline uint32_t tally__reduce(uint64_t x, uint32_t n) {
   return (n & (n - 1)) == 0 ? (uint32_t)(x & (n - 1)) : (uint32_t)(x % n);
 }
 
-static inline uint32_t tally__pick_shard(tally_store *s, int policy,
-                                         uint32_t n) {
+static inline uint32_t tally__pick_shard(tally_store *s, uint64_t store_id,
+                                         int policy, uint32_t n) {
   struct tally__writer *me = &tally__me;
   if (policy == TALLY_POLICY_RANDOM) {
     if (__builtin_expect(me->rng == 0, 0)) tally__seed_random();
@@ -177,7 +186,7 @@ static inline uint32_t tally__pick_shard(tally_store *s, int policy,
     me->rng ^= me->rng >> 27;
     return (uint32_t)((((me->rng * 0x2545f4914f6cdd1dull) >> 32) * n) >> 32);
   }
-  if (__builtin_expect(me->store_id != s->id, 0)) tally__draw_ticket(s);
+  if (__builtin_expect(me->store_id != store_id, 0)) tally__draw_ticket(s);
   if (policy == TALLY_POLICY_ROUND_ROBIN) return tally__reduce(me->rr++, n);
   return tally__reduce(me->ticket, n); /* thread */
 }

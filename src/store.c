@@ -165,7 +165,8 @@ static int header_validate(const struct tally__header *h, uint64_t file_size,
     return tally__fail(TALLY_ECORRUPT,
                        "%s: tally store is corrupt (bad size fields)", path);
   uint64_t pend = atomic_load(&h->pend_rec);
-  if (pend && (pend < TALLY__ARENA_OFF || pend >= used || pend % 8 != 0))
+  if ((pend && (pend < TALLY__ARENA_OFF || pend >= used || pend % 8 != 0)) ||
+      atomic_load(&h->pend_done) > TALLY_MAX_SHARDS)
     return tally__fail(TALLY_ECORRUPT,
                        "%s: tally store is corrupt (bad pending move)", path);
   return 0;
@@ -282,6 +283,7 @@ int tally_store_open(const char *spec, const tally_open_options *opt,
   if (rc == 0) {
     s->hdr = (struct tally__header *)s->base;
     s->classes = (struct tally__class *)(s->base + TALLY__CLASS_OFF);
+    s->journal = (_Atomic int64_t *)(s->base + TALLY__JOURNAL_OFF);
     if (atomic_load(&s->hdr->index) == 0) { /* new store: make its index */
       tally__lock(s);
       if (atomic_load(&s->hdr->index) == 0) rc = tally__index_create(s);
