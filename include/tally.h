@@ -170,7 +170,8 @@ TALLY_API int tally_counter_shards(tally_counter *c, int64_t *vals,
                                    uint32_t cap, uint32_t *n);
 /* Set every shard to zero and return the amount removed. Increments that
  * race with it either land before (and are in *removed) or after (and
- * stay in the counter): none is lost or counted twice. */
+ * stay in the counter): none is lost or counted twice. TALLY_ERANGE if the
+ * amount does not fit in int64; then nothing is removed. */
 TALLY_API int tally_counter_reset(tally_counter *c, int64_t *removed);
 /* Change the shard count online; the value is unchanged and concurrent
  * increments (from any thread or process) are neither lost nor doubled. */
@@ -208,7 +209,7 @@ TALLY_API int tally_store_sum(tally_store *s, const char *pattern, size_t plen,
                               int64_t *sum, uint64_t *count);
 
 /* Define a family: counters created later under pattern take opt (fields
- * left 0 / -1 fall back to the defaults). The most recently defined
+ * left 0 / -1, or opt NULL, fall back to the defaults). The most recently defined
  * matching family wins; defining a pattern again replaces its options.
  * Families live in the store, so they apply in every process. */
 TALLY_API int tally_family_set(tally_store *s, const char *pattern,

@@ -303,13 +303,13 @@ static int settle(tally_store *s, uint64_t rec_off, uint64_t seen,
   struct tally__rec *r = tally__at(s, rec_off);
   for (int round = 0; round < 4; round++) {
     uint64_t l = atomic_load_explicit(&r->loc, memory_order_acquire), cells;
+    uint32_t n;
+    bool dropped;
+    int rc = tally__loc_decode(s, rec_off, l, &cells, &n, &dropped);
+    if (rc) return rc;
+    if (dropped)
+      return tally__fail(TALLY_EDROPPED, "counter '%s' was dropped", r->name);
     if (l != seen) {
-      uint32_t n;
-      bool dropped;
-      int rc = tally__loc_decode(s, rec_off, l, &cells, &n, &dropped);
-      if (rc) return rc;
-      if (dropped)
-        return tally__fail(TALLY_EDROPPED, "counter '%s' was dropped", r->name);
       *loc = l;
       return 0;
     }
@@ -512,23 +512,35 @@ int tally_counter_info_get(tally_counter *c, tally_counter_info *out) {
 
 /* ---- reset, reshard, drop ------------------------------------------------- */
 
+/* Take every shard's value, one CAS each. If the total stops fitting in
+ * int64, everything taken is added back (as if it were concurrent
+ * increments) and nothing is removed. */
+static void give_back(tally_store *s, uint64_t loc, const int64_t *taken,
+                      uint32_t upto) {
+  for (uint32_t i = 0; i < upto; i++)
+    if (taken[i]) atomic_fetch_add(cell_at(s, loc, i), taken[i]);
+}
+
 int tally_counter_reset(tally_counter *c, int64_t *removed) {
   if (!c || !removed) return tally__fail(TALLY_EINVAL, "tally_counter_reset: NULL argument");
-  int64_t total = 0;
-  bool overflow = false;
+  int64_t total = 0, taken[TALLY_MAX_SHARDS];
   uint64_t loc;
   int rc = current(c->s, c->rec_off, &loc);
   if (rc) return rc;
   for (uint32_t i = 0; i < loc_shards(loc); i++) {
     _Atomic int64_t *cell = cell_at(c->s, loc, i);
     int64_t v = atomic_load_explicit(cell, memory_order_relaxed), sum;
+    taken[i] = 0;
     while (tally__cell_live(v)) {
       if (__builtin_add_overflow(total, v, &sum)) {
-        overflow = true; /* leave this shard as it is */
-        break;
+        give_back(c->s, loc, taken, i);
+        return tally__fail(TALLY_ERANGE, "counter '%s': the amount to remove "
+                           "does not fit in 64 bits; nothing was removed",
+                           c->rec->name);
       }
       if (atomic_compare_exchange_weak_explicit(cell, &v, 0, memory_order_relaxed,
                                                 memory_order_relaxed)) {
+        taken[i] = v;
         total = sum;
         break;
       }
@@ -542,10 +554,6 @@ int tally_counter_reset(tally_counter *c, int64_t *removed) {
   }
   atomic_store_explicit(&c->loc, loc, memory_order_relaxed);
   *removed = total;
-  if (overflow)
-    return tally__fail(TALLY_ERANGE, "counter '%s': the amount to remove does "
-                       "not fit in 64 bits; %lld removed, the rest kept",
-                       c->rec->name, (long long)total);
   return 0;
 }
 
@@ -564,7 +572,8 @@ int tally_counter_reshard(tally_counter *c, uint32_t shards) {
                                                           shards, false));
   }
   tally__unlock(s);
-  atomic_store_explicit(&c->loc, atomic_load(&c->rec->loc), memory_order_relaxed);
+  if (rc == 0) atomic_store_explicit(&c->loc, atomic_load(&c->rec->loc),
+                                     memory_order_relaxed);
   return rc;
 }
 

@@ -58,8 +58,10 @@ int tally__family_check(tally_store *s) {
 
 int tally_family_set(tally_store *s, const char *pattern, size_t plen,
                      const tally_counter_options *opt) {
-  if (!s || !pattern || !opt)
+  static const tally_counter_options defaults = {0, -1};
+  if (!s || !pattern)
     return tally__fail(TALLY_EINVAL, "tally_family_set: NULL argument");
+  if (!opt) opt = &defaults;
   if (plen == 0 || plen > TALLY_NAME_MAX || memchr(pattern, 0, plen))
     return tally__fail(TALLY_ENAME, "invalid family pattern (1 to %d bytes, "
                        "no NUL)", TALLY_NAME_MAX);
@@ -90,6 +92,9 @@ int tally_family_resolve(tally_store *s, const char *name, size_t len,
                          tally_counter_options *out) {
   if (!s || !name || !out)
     return tally__fail(TALLY_EINVAL, "tally_family_resolve: NULL argument");
+  if (len == 0 || len > TALLY_NAME_MAX || memchr(name, 0, len))
+    return tally__fail(TALLY_ENAME, "invalid counter name (1 to %d bytes, "
+                       "no NUL)", TALLY_NAME_MAX);
   tally_counter_options o = {TALLY_DEFAULT_SHARDS, TALLY_POLICY_THREAD};
   uint64_t off = atomic_load_explicit(&s->hdr->families, memory_order_acquire);
   for (uint32_t n = 0; off && n < MAX_FAMILIES; n++) {

@@ -252,6 +252,23 @@ static int map_memory(tally_store *s) {
   return 0;
 }
 
+/* The class table: every chunk inside the arena. 16 KiB, cheap enough for
+ * open, and it catches a damaged `used` that would hide live cells. */
+static int classes_check(tally_store *s) {
+  uint64_t used = atomic_load(&s->hdr->used);
+  for (uint32_t n = 1; n <= TALLY_MAX_SHARDS; n++) {
+    struct tally__class *c = &s->classes[n - 1];
+    uint64_t chunk = atomic_load(&c->chunk);
+    if ((chunk && (chunk < TALLY__ARENA_OFF || chunk % 64 ||
+                   chunk + (uint64_t)n * TALLY__ROW_BYTES > used)) ||
+        atomic_load(&c->used_cols) > TALLY__ROW_CELLS ||
+        (!chunk && atomic_load(&c->used_cols)))
+      return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (class "
+                         "table entry %u)", s->path ? s->path : "memory", n);
+  }
+  return 0;
+}
+
 int tally_store_open(const char *spec, const tally_open_options *opt,
                      tally_store **out) {
   if (!out) return tally__fail(TALLY_EINVAL, "tally_store_open: out is NULL");
@@ -292,6 +309,7 @@ int tally_store_open(const char *spec, const tally_open_options *opt,
       tally__lock(s); /* finishes a move a dead process left pending */
       tally__unlock(s);
       rc = tally__index_check(s, NULL); /* header only: open stays O(1) */
+      if (rc == 0) rc = classes_check(s);
       if (rc == 0) rc = tally__family_check(s);
     }
   }
@@ -331,18 +349,10 @@ int tally_store_check(tally_store *s) {
   if (s->hdr->check != header_check(s->hdr))
     return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (header "
                        "checksum)", name);
-  uint64_t used = atomic_load(&s->hdr->used);
-  for (uint32_t n = 1; n <= TALLY_MAX_SHARDS; n++) {
-    struct tally__class *c = &s->classes[n - 1];
-    uint64_t chunk = atomic_load(&c->chunk);
-    if ((chunk && (chunk < TALLY__ARENA_OFF ||
-                   chunk + (uint64_t)n * TALLY__ROW_BYTES > used)) ||
-        atomic_load(&c->used_cols) > TALLY__ROW_CELLS)
-      return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (class "
-                         "table entry %u)", name, n);
-  }
+  int rc = classes_check(s);
+  if (rc) return rc;
   uint64_t live = 0;
-  int rc = tally__index_check(s, &live);
+  rc = tally__index_check(s, &live);
   if (rc) return rc;
   return tally__family_check(s);
 }
