@@ -1,206 +1,27 @@
-/* counter.c -- counters: create, increment, read, reset, reshard, drop.
+/* counter.c -- counters: open, increment, read, reset.
  *
  * Increment: pick a shard and fetch-add on its cell; if the old value was
- * not live (the cell was retired by a move) or the new one left the range,
- * undo the add and take the slow path. Deltas of 2^32 or more always take
- * a compare-and-swap loop instead, so an undo can never be needed for them.
- * The handle caches the cell location, so the hot path touches one cell.
+ * not live (the cell was retired by a move, see move.c) or the new one
+ * left the range, undo the add and take the slow path. Deltas of 2^32 or
+ * more always take a compare-and-swap loop instead, so an undo can never
+ * be needed for them. The handle caches the cell location, so the hot path
+ * touches one cell.
  *
- * Reshard and drop are "moves", always made under the store lock:
- *   1. new cells are allocated (reshard) and the header records the move:
- *      pend_done = 0, pend_loc, then pend_rec;
- *   2. each old cell's value is written to the journal, then the cell is
- *      swapped to SENTINEL if it still holds that value; pend_done counts
- *      the cells done;
- *   3. the journal's total is written into the new cells, which no one
- *      else touches before step 4, so redoing 2-3 gives the same result;
- *   4. rec->loc is published, then pend_rec cleared.
- * A process killed anywhere in 1-4 leaves the move recorded; the next lock
- * holder redoes it from pend_done (a cell already SENTINEL has its value in
- * the journal). A writer that meets a retired cell reloads rec->loc; if it
- * has not moved yet, it takes the store lock, which waits for the mover or
- * finishes its move. Readers do the same. Nothing is lost or counted twice.
- *
- * Retired cells are never reused: a handle in another process may still
- * hold their location and must find them retired, not owned by some newer
- * counter.
+ * Anyone who meets a retired cell reloads the counter's location; if it has
+ * not moved yet, the store lock waits for the mover, or finishes the move
+ * if its process died (settle()).
  */
 #include "internal.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-#define LOC_SHARDS_MASK 0x3ffull
-#define LOC_DROPPED (1ull << 10)
-#define LOC_CHECK_SHIFT 11
-#define LOC_CHECK_MASK 0x1fffffull
-
-static const char *store_name(const tally_store *s) {
-  return s->path ? s->path : "memory";
-}
-
-static uint64_t loc_check(tally_store *s, uint64_t rec_off, uint64_t cells,
-                          uint32_t n, bool dropped) {
-  uint64_t h = tally__mix(s->hdr->salt ^ rec_off ^ (cells << 21) ^
-                          ((uint64_t)n << 1) ^ dropped);
-  return h & LOC_CHECK_MASK;
-}
-
-uint64_t tally__loc_make(tally_store *s, uint64_t rec_off, uint64_t cells,
-                         uint32_t n, bool dropped) {
-  return (cells >> 3) << 32 |
-         loc_check(s, rec_off, cells, n, dropped) << LOC_CHECK_SHIFT |
-         (dropped ? LOC_DROPPED : 0) | (uint64_t)(n - 1);
-}
-
-int tally__loc_decode(tally_store *s, uint64_t rec_off, uint64_t loc,
-                      uint64_t *cells, uint32_t *n, bool *dropped) {
-  uint64_t c = (loc >> 32) << 3;
-  uint32_t k = (uint32_t)(loc & LOC_SHARDS_MASK) + 1;
-  bool d = (loc & LOC_DROPPED) != 0;
-  if (((loc >> LOC_CHECK_SHIFT) & LOC_CHECK_MASK) != loc_check(s, rec_off, c, k, d) ||
-      !tally__in_arena(s, c, (uint64_t)(k - 1) * TALLY__ROW_BYTES + 8))
-    return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (cell "
-                       "location of the counter at offset %llu)", store_name(s),
-                       (unsigned long long)rec_off);
-  *cells = c;
-  *n = k;
-  *dropped = d;
-  return 0;
-}
-
-static inline _Atomic int64_t *cell_in(unsigned char *base, uint64_t loc,
-                                       uint32_t shard) {
-  return (_Atomic int64_t *)(base + ((loc >> 32) << 3) +
-                             (uint64_t)shard * TALLY__ROW_BYTES);
-}
-
-static inline _Atomic int64_t *cell_at(tally_store *s, uint64_t loc,
-                                       uint32_t shard) {
-  return cell_in(s->base, loc, shard);
-}
-
-static inline uint32_t loc_shards(uint64_t loc) {
-  return (uint32_t)(loc & LOC_SHARDS_MASK) + 1;
-}
-
-/* ---- moves (reshard, drop) ---------------------------------------------- */
-
-/* Save cell i's value in the journal and retire the cell. A cell that is
- * already retired was retired by an earlier, interrupted attempt at this
- * same move, after its value reached the journal. */
-static void retire(tally_store *s, _Atomic int64_t *cell, uint32_t i) {
-  for (;;) {
-    int64_t v = atomic_load_explicit(cell, memory_order_acquire);
-    if (!tally__cell_live(v)) return;
-    atomic_store_explicit(&s->journal[i], v, memory_order_release);
-    if (atomic_compare_exchange_strong_explicit(cell, &v, TALLY__SENTINEL,
-                                                memory_order_acq_rel,
-                                                memory_order_acquire))
-      return;
-  }
-}
-
-/* Spread total over the cells at loc; false if a cell would leave its range. */
-static bool spread(tally_store *s, uint64_t loc, __int128 total) {
-  uint32_t n = loc_shards(loc);
-  __int128 q = total / n, r = total % n;
-  if (q + (r > 0) >= ((__int128)1 << 62) || q - (r < 0) < -((__int128)1 << 62))
-    return false;
-  __int128 extra = r > 0 ? 1 : -1, left = r > 0 ? r : -r;
-  for (uint32_t i = 0; i < n; i++)
-    atomic_store_explicit(cell_at(s, loc, i),
-                          (int64_t)(q + ((__int128)i < left ? extra : 0)),
-                          memory_order_relaxed);
-  return true;
-}
-
-/* Complete the move recorded in the header. Caller holds the lock.
- * TALLY_ERANGE (and the move undone) if the value does not fit the new
- * shards; a damaged record leaves the move recorded for a repair. */
-static int finish(tally_store *s) {
-  struct tally__header *h = s->hdr;
-  uint64_t rec_off = atomic_load_explicit(&h->pend_rec, memory_order_acquire);
-  uint64_t to = atomic_load_explicit(&h->pend_loc, memory_order_acquire);
-  if (!rec_off) return 0;
-  int rc = tally__rec_verify(s, rec_off);
-  if (rc) return rc;
-  struct tally__rec *r = tally__at(s, rec_off);
-  uint64_t from = atomic_load_explicit(&r->loc, memory_order_acquire);
-  if (from != to) {
-    uint64_t to_cells, from_cells;
-    uint32_t to_n, from_n;
-    bool to_dropped, from_dropped;
-    rc = tally__loc_decode(s, rec_off, from, &from_cells, &from_n, &from_dropped);
-    if (rc == 0)
-      rc = tally__loc_decode(s, rec_off, to, &to_cells, &to_n, &to_dropped);
-    if (rc) return rc;
-    for (uint32_t i = (uint32_t)atomic_load(&h->pend_done); i < from_n; i++) {
-      retire(s, cell_at(s, from, i), i);
-      atomic_store_explicit(&h->pend_done, i + 1, memory_order_release);
-    }
-    __int128 total = 0;
-    for (uint32_t i = 0; i < from_n; i++) total += atomic_load(&s->journal[i]);
-    if (!to_dropped && !spread(s, to, total)) {
-      for (uint32_t i = 0; i < from_n; i++) /* put every value back */
-        atomic_fetch_add(cell_at(s, from, i),
-                         atomic_load(&s->journal[i]) - TALLY__SENTINEL);
-      atomic_store_explicit(&h->pend_rec, 0, memory_order_release);
-      return tally__fail(TALLY_ERANGE, "counter '%s' would overflow a shard "
-                         "with %u shards", r->name, to_n);
-    }
-    atomic_store_explicit(&r->loc, to, memory_order_release);
-    atomic_fetch_add(&h->retired, (uint64_t)from_n * 8);
-  }
-  if (to & LOC_DROPPED) tally__index_remove(s, rec_off); /* idempotent */
-  atomic_store_explicit(&h->pend_rec, 0, memory_order_release);
-  return 0;
-}
-
-void tally__finish_move(tally_store *s) { (void)finish(s); }
-
-static int move(tally_store *s, uint64_t rec_off, uint64_t to) {
-  atomic_store_explicit(&s->hdr->pend_done, 0, memory_order_release);
-  atomic_store_explicit(&s->hdr->pend_loc, to, memory_order_release);
-  atomic_store_explicit(&s->hdr->pend_rec, rec_off, memory_order_release);
-  return finish(s);
-}
-
 /* ---- creation ------------------------------------------------------------- */
-
-/* A fresh column of cells for a counter of n shards. Caller holds the lock. */
-static int alloc_cells(tally_store *s, uint32_t n, uint64_t *out) {
-  struct tally__class *k = &s->classes[n - 1];
-  uint64_t chunk = atomic_load(&k->chunk);
-  uint32_t cols = atomic_load(&k->used_cols);
-  uint64_t chunk_bytes = (uint64_t)n * TALLY__ROW_BYTES;
-  if (chunk && (!tally__in_arena(s, chunk, chunk_bytes) ||
-                cols > TALLY__ROW_CELLS))
-    return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (class "
-                       "table entry %u)", store_name(s), n);
-  if (!chunk || cols == TALLY__ROW_CELLS) {
-    int rc = tally__alloc(s, chunk_bytes, &chunk);
-    if (rc) return rc;
-    /* chunk first: a crash between the two stores wastes a chunk rather
-     * than handing out columns of the old one twice */
-    atomic_store(&k->chunk, chunk);
-    atomic_store(&k->used_cols, 0);
-    cols = 0;
-  }
-  uint64_t off = chunk + (uint64_t)cols * 8;
-  for (uint32_t i = 0; i < n; i++)
-    if (atomic_load((_Atomic int64_t *)(s->base + off + (uint64_t)i * TALLY__ROW_BYTES)))
-      return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (class "
-                         "table entry %u hands out used cells)", store_name(s), n);
-  atomic_store(&k->used_cols, cols + 1);
-  *out = off;
-  return 0;
-}
 
 static int create(tally_store *s, const char *name, size_t len, uint64_t hash,
                   const tally_counter_options *o, uint64_t *rec_off) {
   uint64_t cells, off;
-  int rc = alloc_cells(s, o->shards, &cells);
+  int rc = tally__cells_alloc(s, o->shards, &cells);
   if (rc == 0) rc = tally__alloc(s, sizeof(struct tally__rec) + len + 1, &off);
   if (rc) return rc;
   struct tally__rec *r = tally__at(s, off);
@@ -216,7 +37,7 @@ static int create(tally_store *s, const char *name, size_t len, uint64_t hash,
   return rc;
 }
 
-static int check_name(const char *name, size_t len) {
+int tally__check_name(const char *name, size_t len) {
   if (!name || len == 0 || len > TALLY_NAME_MAX || memchr(name, 0, len))
     return tally__fail(TALLY_ENAME, "invalid counter name (1 to %d bytes, "
                        "no NUL)", TALLY_NAME_MAX);
@@ -237,7 +58,7 @@ int tally_counter_open(tally_store *s, const char *name, size_t len,
                        const tally_counter_options *opt, uint32_t flags,
                        tally_counter **out) {
   if (!s || !out) return tally__fail(TALLY_EINVAL, "tally_counter_open: NULL argument");
-  int rc = check_name(name, len);
+  int rc = tally__check_name(name, len);
   if (rc == 0) rc = check_options(opt);
   if (rc) return rc;
   uint64_t hash = tally__hash(name, len, 0), rec_off = 0, loc = 0;
@@ -272,7 +93,7 @@ int tally_counter_open(tally_store *s, const char *name, size_t len,
                          (int)len, name);
   }
   struct tally__rec *r = tally__at(s, rec_off);
-  uint32_t n = loc_shards(loc);
+  uint32_t n = tally__loc_shards(loc);
   if (opt && ((opt->shards && opt->shards != n) ||
               (opt->policy >= 0 && opt->policy != r->policy)))
     return tally__fail(TALLY_EMISMATCH, "counter '%.*s' exists with %u shards "
@@ -317,7 +138,7 @@ static int settle(tally_store *s, uint64_t rec_off, uint64_t seen,
     tally__unlock(s);
   }
   return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (counter '%s' "
-                     "has retired cells and no move)", store_name(s), r->name);
+                     "has retired cells and no move)", tally__store_name(s), r->name);
 }
 
 static int refresh(tally_counter *c, uint64_t seen) {
@@ -361,13 +182,13 @@ static int add(tally_counter *c, enum pick how, const void *key, size_t klen,
                uint32_t shard, int64_t delta) {
   for (;;) {
     uint64_t loc = atomic_load_explicit(&c->loc, memory_order_relaxed);
-    uint32_t n = loc_shards(loc), i;
+    uint32_t n = tally__loc_shards(loc), i;
     if (how == PICK_POLICY) i = tally__pick_shard(c->s, c->store_id, c->policy, n);
     else if (how == PICK_KEY) i = tally__key_shard(key, klen, n);
     else if (shard < n) i = shard;
     else return tally__fail(TALLY_ESHARDS, "shard %u out of range (counter "
                             "'%s' has %u shards)", shard, c->rec->name, n);
-    int rc = cell_add(cell_in(c->base, loc, i), delta);
+    int rc = cell_add(tally__cell_in(c->base, loc, i), delta);
     if (__builtin_expect(rc == 0, 1)) return 0;
     if (rc < 0) return range_error(c, delta);
     rc = refresh(c, loc);
@@ -392,14 +213,14 @@ int tally_counter_incr(tally_counter *c, int64_t delta) {
                            delta > -TALLY__FAST_DELTA && delta < TALLY__FAST_DELTA, 1)) {
     uint64_t loc = atomic_load_explicit(&c->loc, memory_order_relaxed);
     struct tally__writer *me = &tally__me;
-    uint32_t n = loc_shards(loc), i;
+    uint32_t n = tally__loc_shards(loc), i;
     if (c->policy == TALLY_POLICY_THREAD && __builtin_expect(me->store_id == c->store_id, 1))
       i = tally__reduce(me->ticket, n);
     else if (c->policy == TALLY_POLICY_RANDOM && __builtin_expect(me->rng != 0, 1))
       i = tally__pick_shard(c->s, c->store_id, c->policy, n);
     else
       return incr_slow(c, delta);
-    _Atomic int64_t *cell = cell_in(c->base, loc, i);
+    _Atomic int64_t *cell = tally__cell_in(c->base, loc, i);
     int64_t old = atomic_fetch_add_explicit(cell, delta, memory_order_relaxed);
     if (__builtin_expect(tally__cell_live(old) && tally__cell_live(old + delta), 1))
       return 0;
@@ -429,8 +250,8 @@ static int read_cells(tally_store *s, uint64_t rec_off, uint64_t *loc,
   for (;;) {
     __int128 sum = 0;
     bool live = true;
-    for (uint32_t i = 0, n = loc_shards(*loc); i < n; i++) {
-      int64_t v = atomic_load_explicit(cell_at(s, *loc, i), memory_order_relaxed);
+    for (uint32_t i = 0, n = tally__loc_shards(*loc); i < n; i++) {
+      int64_t v = atomic_load_explicit(tally__cell_at(s, *loc, i), memory_order_relaxed);
       live &= tally__cell_live(v);
       sum += v;
       if (i < cap) vals[i] = v;
@@ -445,7 +266,7 @@ static int read_cells(tally_store *s, uint64_t rec_off, uint64_t *loc,
 }
 
 /* Current location of a record, validated. */
-static int current(tally_store *s, uint64_t rec_off, uint64_t *loc) {
+int tally__current(tally_store *s, uint64_t rec_off, uint64_t *loc) {
   struct tally__rec *r = tally__at(s, rec_off);
   uint64_t l = atomic_load_explicit(&r->loc, memory_order_acquire), cells;
   uint32_t n;
@@ -468,7 +289,7 @@ static int to_int64(__int128 total, const char *name, int64_t *out) {
 int tally__rec_value(tally_store *s, uint64_t rec_off, int64_t *out) {
   uint64_t loc;
   __int128 total;
-  int rc = current(s, rec_off, &loc);
+  int rc = tally__current(s, rec_off, &loc);
   if (rc == 0) rc = read_cells(s, rec_off, &loc, NULL, 0, &total);
   if (rc) return rc;
   return to_int64(total, ((struct tally__rec *)tally__at(s, rec_off))->name, out);
@@ -490,22 +311,22 @@ int tally_counter_shards(tally_counter *c, int64_t *vals, uint32_t cap,
     return tally__fail(TALLY_EINVAL, "tally_counter_shards: NULL argument");
   uint64_t loc;
   __int128 total;
-  int rc = current(c->s, c->rec_off, &loc);
+  int rc = tally__current(c->s, c->rec_off, &loc);
   if (rc == 0) rc = read_cells(c->s, c->rec_off, &loc, vals, cap, &total);
   if (rc) return rc;
   atomic_store_explicit(&c->loc, loc, memory_order_relaxed);
-  *n = loc_shards(loc);
+  *n = tally__loc_shards(loc);
   return 0;
 }
 
 int tally_counter_info_get(tally_counter *c, tally_counter_info *out) {
   if (!c || !out) return tally__fail(TALLY_EINVAL, "tally_counter_info_get: NULL argument");
   uint64_t loc;
-  int rc = current(c->s, c->rec_off, &loc);
+  int rc = tally__current(c->s, c->rec_off, &loc);
   if (rc) return rc;
   out->name = c->rec->name;
   out->name_len = c->rec->name_len;
-  out->shards = loc_shards(loc);
+  out->shards = tally__loc_shards(loc);
   out->policy = c->policy;
   return 0;
 }
@@ -518,17 +339,17 @@ int tally_counter_info_get(tally_counter *c, tally_counter_info *out) {
 static void give_back(tally_store *s, uint64_t loc, const int64_t *taken,
                       uint32_t upto) {
   for (uint32_t i = 0; i < upto; i++)
-    if (taken[i]) atomic_fetch_add(cell_at(s, loc, i), taken[i]);
+    if (taken[i]) atomic_fetch_add(tally__cell_at(s, loc, i), taken[i]);
 }
 
 int tally_counter_reset(tally_counter *c, int64_t *removed) {
   if (!c || !removed) return tally__fail(TALLY_EINVAL, "tally_counter_reset: NULL argument");
   int64_t total = 0, taken[TALLY_MAX_SHARDS];
   uint64_t loc;
-  int rc = current(c->s, c->rec_off, &loc);
+  int rc = tally__current(c->s, c->rec_off, &loc);
   if (rc) return rc;
-  for (uint32_t i = 0; i < loc_shards(loc); i++) {
-    _Atomic int64_t *cell = cell_at(c->s, loc, i);
+  for (uint32_t i = 0; i < tally__loc_shards(loc); i++) {
+    _Atomic int64_t *cell = tally__cell_at(c->s, loc, i);
     int64_t v = atomic_load_explicit(cell, memory_order_relaxed), sum;
     taken[i] = 0;
     while (tally__cell_live(v)) {
@@ -557,43 +378,3 @@ int tally_counter_reset(tally_counter *c, int64_t *removed) {
   return 0;
 }
 
-int tally_counter_reshard(tally_counter *c, uint32_t shards) {
-  if (!c) return tally__fail(TALLY_EINVAL, "tally_counter_reshard: counter is NULL");
-  if (shards < 1 || shards > TALLY_MAX_SHARDS)
-    return tally__fail(TALLY_ESHARDS, "shard count %u out of range (1 to %d)",
-                       shards, TALLY_MAX_SHARDS);
-  tally_store *s = c->s;
-  tally__lock(s);
-  uint64_t loc, cells;
-  int rc = current(s, c->rec_off, &loc);
-  if (rc == 0 && loc_shards(loc) != shards) {
-    rc = alloc_cells(s, shards, &cells);
-    if (rc == 0) rc = move(s, c->rec_off, tally__loc_make(s, c->rec_off, cells,
-                                                          shards, false));
-  }
-  tally__unlock(s);
-  if (rc == 0) atomic_store_explicit(&c->loc, atomic_load(&c->rec->loc),
-                                     memory_order_relaxed);
-  return rc;
-}
-
-int tally_store_drop(tally_store *s, const char *name, size_t len) {
-  if (!s) return tally__fail(TALLY_EINVAL, "tally_store_drop: store is NULL");
-  int rc = check_name(name, len);
-  if (rc) return rc;
-  uint64_t hash = tally__hash(name, len, 0), rec_off, loc, cells;
-  uint32_t n;
-  bool dropped;
-  tally__lock(s);
-  rc = tally__index_find(s, name, len, hash, &rec_off);
-  if (rc == TALLY_ENOENT)
-    rc = tally__fail(TALLY_ENOENT, "no such counter '%.*s'", (int)len, name);
-  if (rc == 0) rc = tally__rec_verify(s, rec_off);
-  if (rc == 0) {
-    loc = atomic_load(&((struct tally__rec *)tally__at(s, rec_off))->loc);
-    rc = tally__loc_decode(s, rec_off, loc, &cells, &n, &dropped);
-  }
-  if (rc == 0) rc = move(s, rec_off, tally__loc_make(s, rec_off, cells, n, true));
-  tally__unlock(s);
-  return rc;
-}

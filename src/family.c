@@ -13,10 +13,6 @@
 #define POLICY_UNSET 0xFFu
 #define MAX_FAMILIES 100000u /* bounds every walk, even over a damaged list */
 
-static const char *store_name(const tally_store *s) {
-  return s->path ? s->path : "memory";
-}
-
 static uint32_t family_checksum(const struct tally__family *f) {
   uint64_t h = tally__hash(f->pattern, f->pattern_len,
                            f->next ^ ((uint64_t)f->shards << 32) ^
@@ -33,7 +29,7 @@ static int family_at(tally_store *s, uint64_t off,
       !tally__in_arena(s, off, sizeof *f + f->pattern_len + 1u) ||
       f->check != family_checksum(f))
     return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (family "
-                       "record at offset %llu)", store_name(s),
+                       "record at offset %llu)", tally__store_name(s),
                        (unsigned long long)off);
   *out = f;
   return 0;
@@ -45,12 +41,12 @@ int tally__family_check(tally_store *s) {
     const struct tally__family *f;
     if (n == MAX_FAMILIES)
       return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (family "
-                         "list loops)", store_name(s));
+                         "list loops)", tally__store_name(s));
     int rc = family_at(s, off, &f);
     if (rc) return rc;
     if (f->next >= off)  /* always points back to an older record */
       return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (family "
-                         "list order)", store_name(s));
+                         "list order)", tally__store_name(s));
     off = f->next;
   }
   return 0;

@@ -20,10 +20,6 @@
 #define EMPTY 0u
 #define DELETED 1u
 
-static const char *store_name(const tally_store *s) {
-  return s->path ? s->path : "memory";
-}
-
 uint32_t tally__rec_checksum(const struct tally__rec *r) {
   uint64_t h = tally__hash(r->name, r->name_len,
                            (uint64_t)r->policy << 24 | (uint64_t)r->kind << 16 |
@@ -40,7 +36,7 @@ int tally__rec_verify(tally_store *s, uint64_t rec_off) {
       r->name[r->name_len] != '\0' || r->policy >= TALLY_POLICY_COUNT_ ||
       r->check != tally__rec_checksum(r))
     return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (counter "
-                       "record at offset %llu)", store_name(s),
+                       "record at offset %llu)", tally__store_name(s),
                        (unsigned long long)rec_off);
   return 0;
 }
@@ -54,7 +50,7 @@ static struct tally__index *table(tally_store *s) {
       (t->cap & (t->cap - 1)) || t->cap > (TALLY__MAX_BYTES / 8) ||
       !tally__in_arena(s, off, sizeof *t + t->cap * 8)) {
     tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (name index)",
-                store_name(s));
+                tally__store_name(s));
     return NULL;
   }
   return t;
@@ -94,7 +90,7 @@ int tally__index_find(tally_store *s, const char *name, size_t len,
     const struct tally__rec *r = tally__at(s, off);
     if (off % 8 || !tally__in_arena(s, off, sizeof *r + len + 1))
       return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (name "
-                         "index entry %llu)", store_name(s),
+                         "index entry %llu)", tally__store_name(s),
                          (unsigned long long)i);
     if (r->name_len == len && memcmp(r->name, name, len) == 0) {
       *rec_off = off;
@@ -192,7 +188,7 @@ static int check_one(tally_store *s, uint64_t off, void *ud) {
   if (tally__index_find(s, r->name, r->name_len, hash, &found) != 0 ||
       found != off)
     return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (counter "
-                       "'%s' is not where the index says)", store_name(s),
+                       "'%s' is not where the index says)", tally__store_name(s),
                        r->name);
   uint64_t cells;
   uint32_t n;
@@ -202,7 +198,7 @@ static int check_one(tally_store *s, uint64_t off, void *ud) {
   if (rc) return rc;
   if (dropped)
     return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (dropped "
-                       "counter '%s' is still indexed)", store_name(s), r->name);
+                       "counter '%s' is still indexed)", tally__store_name(s), r->name);
   st->live++;
   return 0;
 }
@@ -218,7 +214,7 @@ int tally__index_check(tally_store *s, uint64_t *live) {
   if (rc) return rc;
   if (st.live != t->live)
     return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (name "
-                       "index counts %llu entries, holds %llu)", store_name(s),
+                       "index counts %llu entries, holds %llu)", tally__store_name(s),
                        (unsigned long long)t->live,
                        (unsigned long long)st.live);
   *live = st.live;

@@ -192,6 +192,7 @@ static inline uint32_t tally__pick_shard(tally_store *s, uint64_t store_id,
 }
 
 /* ---- store.c ---- */
+const char *tally__store_name(const tally_store *s); /* for messages */
 void tally__lock(tally_store *s);       /* also finishes a pending move */
 void tally__unlock(tally_store *s);
 int tally__alloc(tally_store *s, uint64_t bytes, uint64_t *off);
@@ -216,12 +217,36 @@ uint32_t tally__rec_checksum(const struct tally__rec *r);
 /* ---- family.c ---- */
 int tally__family_check(tally_store *s);
 
-/* ---- counter.c ---- */
-int tally__loc_decode(tally_store *s, uint64_t rec_off, uint64_t loc,
-                      uint64_t *cells, uint32_t *nshards, bool *dropped);
+/* ---- cells.c ---- */
+#define TALLY__LOC_SHARDS_MASK 0x3ffull
+#define TALLY__LOC_DROPPED (1ull << 10)
+#define TALLY__LOC_CHECK_SHIFT 11
+#define TALLY__LOC_CHECK_MASK 0x1fffffull
 uint64_t tally__loc_make(tally_store *s, uint64_t rec_off, uint64_t cells,
                          uint32_t nshards, bool dropped);
-void tally__finish_move(tally_store *s);
+int tally__loc_decode(tally_store *s, uint64_t rec_off, uint64_t loc,
+                      uint64_t *cells, uint32_t *nshards, bool *dropped);
+int tally__cells_alloc(tally_store *s, uint32_t nshards, uint64_t *cells);
+
+static inline uint32_t tally__loc_shards(uint64_t loc) {
+  return (uint32_t)(loc & TALLY__LOC_SHARDS_MASK) + 1;
+}
+static inline _Atomic int64_t *tally__cell_in(unsigned char *base, uint64_t loc,
+                                              uint32_t shard) {
+  return (_Atomic int64_t *)(base + ((loc >> 32) << 3) +
+                             (uint64_t)shard * TALLY__ROW_BYTES);
+}
+static inline _Atomic int64_t *tally__cell_at(tally_store *s, uint64_t loc,
+                                              uint32_t shard) {
+  return tally__cell_in(s->base, loc, shard);
+}
+
+/* ---- counter.c ---- */
+int tally__current(tally_store *s, uint64_t rec_off, uint64_t *loc);
+int tally__check_name(const char *name, size_t len);
 int tally__rec_value(tally_store *s, uint64_t rec_off, int64_t *out);
+
+/* ---- move.c ---- */
+void tally__finish_move(tally_store *s);
 
 #endif

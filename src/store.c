@@ -32,6 +32,10 @@
 
 static _Atomic uint64_t next_store_id = 1;
 
+const char *tally__store_name(const tally_store *s) {
+  return s->path ? s->path : "memory";
+}
+
 static uint64_t header_check(const struct tally__header *h) {
   return tally__hash(h, offsetof(struct tally__header, check), 0x68647221);
 }
@@ -67,7 +71,7 @@ static int grow(tally_store *s, uint64_t need) {
   if (want > TALLY__MAX_BYTES) want = TALLY__MAX_BYTES;
   if (want < need)
     return tally__fail(TALLY_EFULL, "%s: store is full (%llu bytes)",
-                       s->path ? s->path : "memory",
+                       tally__store_name(s),
                        (unsigned long long)TALLY__MAX_BYTES);
   if (s->kind == TALLY__FILE) {
     /* Reserve real blocks: a sparse file would turn a full disk into
@@ -95,7 +99,7 @@ int tally__alloc(tally_store *s, uint64_t bytes, uint64_t *off) {
   bytes = (bytes + 7) & ~(uint64_t)7;
   if (bytes > TALLY__MAX_BYTES || start + bytes > TALLY__MAX_BYTES)
     return tally__fail(TALLY_EFULL, "%s: store is full",
-                       s->path ? s->path : "memory");
+                       tally__store_name(s));
   if (start + bytes > atomic_load_explicit(&h->size, memory_order_relaxed)) {
     int rc = grow(s, start + bytes);
     if (rc) return rc;
@@ -105,7 +109,7 @@ int tally__alloc(tally_store *s, uint64_t bytes, uint64_t *off) {
     if (p[i] != 0)
       return tally__fail(TALLY_ECORRUPT,
                          "%s: tally store is corrupt (free space at offset "
-                         "%llu is not empty)", s->path ? s->path : "memory",
+                         "%llu is not empty)", tally__store_name(s),
                          (unsigned long long)(start + i * 8));
   atomic_store_explicit(&h->used, start + bytes, memory_order_release);
   *off = start;
@@ -264,7 +268,7 @@ static int classes_check(tally_store *s) {
         atomic_load(&c->used_cols) > TALLY__ROW_CELLS ||
         (!chunk && atomic_load(&c->used_cols)))
       return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (class "
-                         "table entry %u)", s->path ? s->path : "memory", n);
+                         "table entry %u)", tally__store_name(s), n);
   }
   return 0;
 }
@@ -345,7 +349,7 @@ const char *tally_store_kind(const tally_store *s) {
 
 int tally_store_check(tally_store *s) {
   if (!s) return tally__fail(TALLY_EINVAL, "tally_store_check: store is NULL");
-  const char *name = s->path ? s->path : "memory";
+  const char *name = tally__store_name(s);
   if (s->hdr->check != header_check(s->hdr))
     return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (header "
                        "checksum)", name);

@@ -1,0 +1,145 @@
+/* move.c -- reshard and drop: moving a counter's value while it is written.
+ *
+ * Both are "moves", always made under the store lock:
+ *   1. new cells are allocated (reshard) and the header records the move:
+ *      pend_done = 0, pend_loc, then pend_rec;
+ *   2. each old cell's value is written to the journal, then the cell is
+ *      swapped to SENTINEL if it still holds that value; pend_done counts
+ *      the cells done;
+ *   3. the journal's total is written into the new cells, which no one
+ *      else touches before step 4, so redoing 2-3 gives the same result;
+ *   4. rec->loc is published, then pend_rec cleared.
+ * A process killed anywhere in 1-4 leaves the move recorded; the next lock
+ * holder redoes it from pend_done (a cell already SENTINEL has its value in
+ * the journal). Writers and readers that meet a retired cell follow the
+ * counter to its new location (counter.c). Nothing is lost or counted
+ * twice.
+ *
+ * Retired cells are never reused: a handle in another process may still
+ * hold their location and must find them retired, not owned by some newer
+ * counter.
+ */
+#include "internal.h"
+
+#include <string.h>
+
+/* Save cell i's value in the journal and retire the cell. A cell that is
+ * already retired was retired by an earlier, interrupted attempt at this
+ * same move, after its value reached the journal. */
+static void retire(tally_store *s, _Atomic int64_t *cell, uint32_t i) {
+  for (;;) {
+    int64_t v = atomic_load_explicit(cell, memory_order_acquire);
+    if (!tally__cell_live(v)) return;
+    atomic_store_explicit(&s->journal[i], v, memory_order_release);
+    if (atomic_compare_exchange_strong_explicit(cell, &v, TALLY__SENTINEL,
+                                                memory_order_acq_rel,
+                                                memory_order_acquire))
+      return;
+  }
+}
+
+/* Spread total over the cells at loc; false if a cell would leave its range. */
+static bool spread(tally_store *s, uint64_t loc, __int128 total) {
+  uint32_t n = tally__loc_shards(loc);
+  __int128 q = total / n, r = total % n;
+  if (q + (r > 0) >= ((__int128)1 << 62) || q - (r < 0) < -((__int128)1 << 62))
+    return false;
+  __int128 extra = r > 0 ? 1 : -1, left = r > 0 ? r : -r;
+  for (uint32_t i = 0; i < n; i++)
+    atomic_store_explicit(tally__cell_at(s, loc, i),
+                          (int64_t)(q + ((__int128)i < left ? extra : 0)),
+                          memory_order_relaxed);
+  return true;
+}
+
+/* Complete the move recorded in the header. Caller holds the lock.
+ * TALLY_ERANGE (and the move undone) if the value does not fit the new
+ * shards; a damaged record leaves the move recorded for a repair. */
+static int finish(tally_store *s) {
+  struct tally__header *h = s->hdr;
+  uint64_t rec_off = atomic_load_explicit(&h->pend_rec, memory_order_acquire);
+  uint64_t to = atomic_load_explicit(&h->pend_loc, memory_order_acquire);
+  if (!rec_off) return 0;
+  int rc = tally__rec_verify(s, rec_off);
+  if (rc) return rc;
+  struct tally__rec *r = tally__at(s, rec_off);
+  uint64_t from = atomic_load_explicit(&r->loc, memory_order_acquire);
+  if (from != to) {
+    uint64_t to_cells, from_cells;
+    uint32_t to_n, from_n;
+    bool to_dropped, from_dropped;
+    rc = tally__loc_decode(s, rec_off, from, &from_cells, &from_n, &from_dropped);
+    if (rc == 0)
+      rc = tally__loc_decode(s, rec_off, to, &to_cells, &to_n, &to_dropped);
+    if (rc) return rc;
+    for (uint32_t i = (uint32_t)atomic_load(&h->pend_done); i < from_n; i++) {
+      retire(s, tally__cell_at(s, from, i), i);
+      atomic_store_explicit(&h->pend_done, i + 1, memory_order_release);
+    }
+    __int128 total = 0;
+    for (uint32_t i = 0; i < from_n; i++) total += atomic_load(&s->journal[i]);
+    if (!to_dropped && !spread(s, to, total)) {
+      for (uint32_t i = 0; i < from_n; i++) /* put every value back */
+        atomic_fetch_add(tally__cell_at(s, from, i),
+                         atomic_load(&s->journal[i]) - TALLY__SENTINEL);
+      atomic_store_explicit(&h->pend_rec, 0, memory_order_release);
+      return tally__fail(TALLY_ERANGE, "counter '%s' would overflow a shard "
+                         "with %u shards", r->name, to_n);
+    }
+    atomic_store_explicit(&r->loc, to, memory_order_release);
+    atomic_fetch_add(&h->retired, (uint64_t)from_n * 8);
+  }
+  if (to & TALLY__LOC_DROPPED) tally__index_remove(s, rec_off); /* idempotent */
+  atomic_store_explicit(&h->pend_rec, 0, memory_order_release);
+  return 0;
+}
+
+void tally__finish_move(tally_store *s) { (void)finish(s); }
+
+static int move(tally_store *s, uint64_t rec_off, uint64_t to) {
+  atomic_store_explicit(&s->hdr->pend_done, 0, memory_order_release);
+  atomic_store_explicit(&s->hdr->pend_loc, to, memory_order_release);
+  atomic_store_explicit(&s->hdr->pend_rec, rec_off, memory_order_release);
+  return finish(s);
+}
+
+int tally_counter_reshard(tally_counter *c, uint32_t shards) {
+  if (!c) return tally__fail(TALLY_EINVAL, "tally_counter_reshard: counter is NULL");
+  if (shards < 1 || shards > TALLY_MAX_SHARDS)
+    return tally__fail(TALLY_ESHARDS, "shard count %u out of range (1 to %d)",
+                       shards, TALLY_MAX_SHARDS);
+  tally_store *s = c->s;
+  tally__lock(s);
+  uint64_t loc, cells;
+  int rc = tally__current(s, c->rec_off, &loc);
+  if (rc == 0 && tally__loc_shards(loc) != shards) {
+    rc = tally__cells_alloc(s, shards, &cells);
+    if (rc == 0) rc = move(s, c->rec_off, tally__loc_make(s, c->rec_off, cells,
+                                                          shards, false));
+  }
+  tally__unlock(s);
+  if (rc == 0) atomic_store_explicit(&c->loc, atomic_load(&c->rec->loc),
+                                     memory_order_relaxed);
+  return rc;
+}
+
+int tally_store_drop(tally_store *s, const char *name, size_t len) {
+  if (!s) return tally__fail(TALLY_EINVAL, "tally_store_drop: store is NULL");
+  int rc = tally__check_name(name, len);
+  if (rc) return rc;
+  uint64_t hash = tally__hash(name, len, 0), rec_off, loc, cells;
+  uint32_t n;
+  bool dropped;
+  tally__lock(s);
+  rc = tally__index_find(s, name, len, hash, &rec_off);
+  if (rc == TALLY_ENOENT)
+    rc = tally__fail(TALLY_ENOENT, "no such counter '%.*s'", (int)len, name);
+  if (rc == 0) rc = tally__rec_verify(s, rec_off);
+  if (rc == 0) {
+    loc = atomic_load(&((struct tally__rec *)tally__at(s, rec_off))->loc);
+    rc = tally__loc_decode(s, rec_off, loc, &cells, &n, &dropped);
+  }
+  if (rc == 0) rc = move(s, rec_off, tally__loc_make(s, rec_off, cells, n, true));
+  tally__unlock(s);
+  return rc;
+}
