@@ -17,23 +17,30 @@ struct walk {
   uint64_t count;
 };
 
-static bool live_match(tally_store *s, uint64_t rec_off, struct walk *w) {
+/* 1: a live counter matching the pattern; 0: not; < 0: a damaged record. */
+static int live_match(tally_store *s, uint64_t rec_off, struct walk *w) {
   const struct tally__rec *r = tally__at(s, rec_off);
-  if (atomic_load_explicit(&r->loc, memory_order_acquire) & (1ull << 10))
-    return false; /* dropped a moment ago */
-  return tally_glob_match(w->pattern, w->plen, r->name, r->name_len);
+  uint64_t cells;
+  uint32_t n;
+  bool dropped;
+  int rc = tally__loc_decode(s, rec_off, atomic_load_explicit(&r->loc, memory_order_acquire),
+                             &cells, &n, &dropped);
+  if (rc) return rc;
+  return !dropped && tally_glob_match(w->pattern, w->plen, r->name, r->name_len);
 }
 
 static int name_one(tally_store *s, uint64_t rec_off, void *ud) {
   struct walk *w = ud;
-  if (!live_match(s, rec_off, w)) return 0;
+  int m = live_match(s, rec_off, w);
+  if (m <= 0) return m;
   const struct tally__rec *r = tally__at(s, rec_off);
   return w->fn(w->ud, r->name, r->name_len);
 }
 
 static int sum_one(tally_store *s, uint64_t rec_off, void *ud) {
   struct walk *w = ud;
-  if (!live_match(s, rec_off, w)) return 0;
+  int m = live_match(s, rec_off, w);
+  if (m <= 0) return m;
   int64_t v;
   int rc = tally__rec_value(s, rec_off, &v);
   if (rc == TALLY_EDROPPED) return 0;
@@ -73,8 +80,9 @@ int tally_store_sum(tally_store *s, const char *pattern, size_t plen,
 
 static int count_one(tally_store *s, uint64_t rec_off, void *ud) {
   struct walk *w = ud;
-  if (live_match(s, rec_off, w)) w->count++;
-  return 0;
+  int m = live_match(s, rec_off, w);
+  if (m > 0) w->count++;
+  return m < 0 ? m : 0;
 }
 
 int tally_store_stats_get(tally_store *s, tally_store_stats *out) {

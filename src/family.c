@@ -35,14 +35,22 @@ static int family_at(tally_store *s, uint64_t off,
   return 0;
 }
 
+static int head(tally_store *s, uint64_t *off) {
+  return tally__unseal(s, TALLY__SEAL_FAMILIES,
+                       atomic_load_explicit(&s->hdr->families, memory_order_acquire),
+                       0, off);
+}
+
 int tally__family_check(tally_store *s) {
-  uint64_t off = atomic_load_explicit(&s->hdr->families, memory_order_acquire);
+  uint64_t off;
+  int rc = head(s, &off);
+  if (rc) return rc;
   for (uint32_t n = 0; off; n++) {
     const struct tally__family *f;
     if (n == MAX_FAMILIES)
       return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (family "
                          "list loops)", tally__store_name(s));
-    int rc = family_at(s, off, &f);
+    rc = family_at(s, off, &f);
     if (rc) return rc;
     if (f->next >= off)  /* always points back to an older record */
       return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (family "
@@ -71,14 +79,17 @@ int tally_family_set(tally_store *s, const char *pattern, size_t plen,
   int rc = tally__alloc(s, sizeof(struct tally__family) + plen + 1, &off);
   if (rc == 0) {
     struct tally__family *f = tally__at(s, off);
-    f->next = atomic_load_explicit(&s->hdr->families, memory_order_relaxed);
+    rc = head(s, &f->next);
     f->shards = opt->shards;
     f->policy = opt->policy < 0 ? POLICY_UNSET : (uint8_t)opt->policy;
     f->kind = TALLY__KIND_FAMILY;
     f->pattern_len = (uint16_t)plen;
     memcpy(f->pattern, pattern, plen);
     f->check = family_checksum(f);
-    atomic_store_explicit(&s->hdr->families, off, memory_order_release);
+    if (rc == 0)
+      atomic_store_explicit(&s->hdr->families,
+                            tally__seal(s, TALLY__SEAL_FAMILIES, off, 0),
+                            memory_order_release);
   }
   tally__unlock(s);
   return rc;
@@ -92,10 +103,12 @@ int tally_family_resolve(tally_store *s, const char *name, size_t len,
     return tally__fail(TALLY_ENAME, "invalid counter name (1 to %d bytes, "
                        "no NUL)", TALLY_NAME_MAX);
   tally_counter_options o = {TALLY_DEFAULT_SHARDS, TALLY_POLICY_THREAD};
-  uint64_t off = atomic_load_explicit(&s->hdr->families, memory_order_acquire);
+  uint64_t off;
+  int rc = head(s, &off);
+  if (rc) return rc;
   for (uint32_t n = 0; off && n < MAX_FAMILIES; n++) {
     const struct tally__family *f;
-    int rc = family_at(s, off, &f);
+    rc = family_at(s, off, &f);
     if (rc) return rc;
     if (tally_glob_match(f->pattern, f->pattern_len, name, len)) {
       if (f->shards) o.shards = f->shards;

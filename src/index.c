@@ -1,24 +1,47 @@
 /* index.c -- finding a counter record by name.
  *
  * An open-addressed hash table of 64-bit entries lives in the arena:
- * entry = (hash >> 32) << 32 | rec_off >> 3, 0 empty, 1 deleted, probed
- * linearly from slot (hash >> 32) & (cap - 1). Readers never lock: they load
- * the table offset from the header and the entries with acquire loads; an
- * entry is stored only after its record is complete. Writers hold the store
- * lock. When live + deleted entries pass half the capacity, a new table is
- * built beside the old one and published with one store to the header; a
+ *   bits 0..31 record offset >> 3, bits 32..43 a check keyed by the store's
+ *   salt, bits 44..63 a tag (hash >> 44)
+ * 0 is an empty slot, DELETED a dropped one; a name's probe starts at slot
+ * (hash >> 32) & (cap - 1) and goes on linearly. Every entry is checked
+ * when it is read, so a damaged one is ECORRUPT, not a counter that seems
+ * absent. Readers never lock: they load the sealed table offset from the
+ * header and the entries with acquire loads; an entry is stored only after
+ * its record is complete. Writers hold the store lock. When live + deleted
+ * entries pass half the capacity, a new table is built beside the old one
+ * (rehashing the names) and published with one store to the header; a
  * reader still probing the old table can at worst miss a counter created
  * at that instant, and creation re-checks under the lock, so no name is
- * ever created twice. Old tables are left in place (a bounded cost: they
- * add up to less than the current one).
+ * ever created twice. Old tables are left in place (together smaller than
+ * the current one).
  */
 #include "internal.h"
 
 #include <string.h>
 
 #define MIN_CAP 1024u
-#define EMPTY 0u
-#define DELETED 1u
+#define EMPTY 0ull
+#define DELETED 0xffffffff00000000ull /* no single bit flip makes it valid */
+
+static uint64_t entry_make(const tally_store *s, uint64_t hash, uint64_t off) {
+  uint64_t tag = hash >> 44, o = off >> 3;
+  uint64_t check = tally__mix(s->hdr->salt ^ tag << 32 ^ o) & 0xfff;
+  return tag << 44 | check << 32 | o;
+}
+
+static inline uint64_t entry_off(uint64_t e) { return (e & 0xffffffffu) << 3; }
+
+static bool entry_ok(const tally_store *s, uint64_t e) {
+  uint64_t o = e & 0xffffffffu;
+  return o >= TALLY__ARENA_OFF / 8 &&
+         ((e >> 32) & 0xfff) == (tally__mix(s->hdr->salt ^ (e >> 44) << 32 ^ o) & 0xfff);
+}
+
+static int bad_entry(const tally_store *s, uint64_t slot) {
+  return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (name index "
+                     "entry %llu)", tally__store_name(s), (unsigned long long)slot);
+}
 
 uint32_t tally__rec_checksum(const struct tally__rec *r) {
   uint64_t h = tally__hash(r->name, r->name_len,
@@ -43,7 +66,11 @@ int tally__rec_verify(tally_store *s, uint64_t rec_off) {
 
 /* The current table, validated; NULL (with the error set) if damaged. */
 static struct tally__index *table(tally_store *s) {
-  uint64_t off = atomic_load_explicit(&s->hdr->index, memory_order_acquire);
+  uint64_t off;
+  if (tally__unseal(s, TALLY__SEAL_INDEX,
+                    atomic_load_explicit(&s->hdr->index, memory_order_acquire),
+                    0, &off))
+    return NULL;
   struct tally__index *t = tally__at(s, off);
   if (off % 64 || !tally__in_arena(s, off, sizeof *t) ||
       t->magic != TALLY__INDEX_MAGIC || t->cap < MIN_CAP ||
@@ -71,38 +98,41 @@ int tally__index_create(tally_store *s) {
   struct tally__index *t;
   uint64_t off;
   int rc = new_table(s, MIN_CAP, &t, &off);
-  if (rc == 0) atomic_store_explicit(&s->hdr->index, off, memory_order_release);
+  if (rc == 0)
+    atomic_store_explicit(&s->hdr->index, tally__seal(s, TALLY__SEAL_INDEX, off, 0),
+                          memory_order_release);
   return rc;
 }
-
-static inline uint64_t entry_off(uint64_t e) { return (e & 0xffffffffu) << 3; }
 
 int tally__index_find(tally_store *s, const char *name, size_t len,
                       uint64_t hash, uint64_t *rec_off) {
   struct tally__index *t = table(s);
   if (!t) return TALLY_ECORRUPT;
-  uint64_t mask = t->cap - 1, tag = hash >> 32;
-  for (uint64_t i = tag & mask, n = 0; n < t->cap; i = (i + 1) & mask, n++) {
+  uint64_t mask = t->cap - 1, tag = hash >> 44;
+  for (uint64_t i = (hash >> 32) & mask, n = 0; n < t->cap; i = (i + 1) & mask, n++) {
     uint64_t e = atomic_load_explicit(&t->entries[i], memory_order_acquire);
     if (e == EMPTY) break;
-    if (e == DELETED || (e >> 32) != tag) continue;
+    if (e == DELETED) continue;
+    if (!entry_ok(s, e)) return bad_entry(s, i);
+    if ((e >> 44) != tag) continue;
     uint64_t off = entry_off(e);
     const struct tally__rec *r = tally__at(s, off);
-    if (off % 8 || !tally__in_arena(s, off, sizeof *r + len + 1))
-      return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (name "
-                         "index entry %llu)", tally__store_name(s),
-                         (unsigned long long)i);
+    if (!tally__in_arena(s, off, sizeof *r + len + 1)) return bad_entry(s, i);
     if (r->name_len == len && memcmp(r->name, name, len) == 0) {
       *rec_off = off;
       return 0;
     }
+    /* same 20-bit tag, other name: rare (1 in a million) unless the record
+     * is damaged, which must not pass for "no such counter" */
+    int rc = tally__rec_verify(s, off);
+    if (rc) return rc;
   }
   return TALLY_ENOENT;
 }
 
-static void place(struct tally__index *t, uint64_t entry) {
+static void place(struct tally__index *t, uint64_t hash, uint64_t entry) {
   uint64_t mask = t->cap - 1;
-  uint64_t i = (entry >> 32) & mask;
+  uint64_t i = (hash >> 32) & mask;
   for (;;) {
     uint64_t e = atomic_load_explicit(&t->entries[i], memory_order_relaxed);
     if (e == EMPTY || e == DELETED) break;
@@ -114,8 +144,12 @@ static void place(struct tally__index *t, uint64_t entry) {
   t->live++;
 }
 
+static uint64_t name_hash(const struct tally__rec *r) {
+  return tally__hash(r->name, r->name_len, 0);
+}
+
 /* Rebuild into a table sized for twice the live entries (dropping deleted
- * ones) and publish it. */
+ * ones) and publish it. The slot needs the name's hash: read the records. */
 static int rebuild(tally_store *s, struct tally__index *old,
                    struct tally__index **out) {
   uint64_t cap = MIN_CAP;
@@ -126,9 +160,13 @@ static int rebuild(tally_store *s, struct tally__index *old,
   if (rc) return rc;
   for (uint64_t i = 0; i < old->cap; i++) {
     uint64_t e = atomic_load_explicit(&old->entries[i], memory_order_relaxed);
-    if (e != EMPTY && e != DELETED) place(t, e);
+    if (e == EMPTY || e == DELETED) continue;
+    if (!entry_ok(s, e)) return bad_entry(s, i);
+    if ((rc = tally__rec_verify(s, entry_off(e)))) return rc;
+    place(t, name_hash(tally__at(s, entry_off(e))), e);
   }
-  atomic_store_explicit(&s->hdr->index, off, memory_order_release);
+  atomic_store_explicit(&s->hdr->index, tally__seal(s, TALLY__SEAL_INDEX, off, 0),
+                        memory_order_release);
   *out = t;
   return 0;
 }
@@ -140,7 +178,7 @@ int tally__index_insert(tally_store *s, uint64_t hash, uint64_t rec_off) {
     int rc = rebuild(s, t, &t);
     if (rc) return rc;
   }
-  place(t, (hash >> 32) << 32 | rec_off >> 3);
+  place(t, hash, entry_make(s, hash, rec_off));
   return 0;
 }
 
@@ -150,13 +188,13 @@ void tally__index_remove(tally_store *s, uint64_t rec_off) {
   struct tally__index *t = table(s);
   if (!t) return;
   const struct tally__rec *r = tally__at(s, rec_off);
-  uint64_t hash = tally__hash(r->name, r->name_len, 0);
+  uint64_t hash = name_hash(r);
   uint64_t mask = t->cap - 1;
   for (uint64_t i = (hash >> 32) & mask, n = 0; n < t->cap;
        i = (i + 1) & mask, n++) {
     uint64_t e = atomic_load_explicit(&t->entries[i], memory_order_relaxed);
     if (e == EMPTY) return;
-    if (e != DELETED && entry_off(e) == rec_off) {
+    if (e != DELETED && entry_ok(s, e) && entry_off(e) == rec_off) {
       atomic_store_explicit(&t->entries[i], DELETED, memory_order_release);
       t->live--;
       t->deleted++;
@@ -171,6 +209,7 @@ int tally__index_each(tally_store *s, tally__rec_fn fn, void *ud) {
   for (uint64_t i = 0; i < t->cap; i++) {
     uint64_t e = atomic_load_explicit(&t->entries[i], memory_order_acquire);
     if (e == EMPTY || e == DELETED) continue;
+    if (!entry_ok(s, e)) return bad_entry(s, i);
     uint64_t off = entry_off(e);
     int rc = tally__rec_verify(s, off);
     if (rc == 0) rc = fn(s, off, ud);
@@ -184,7 +223,7 @@ struct check_state { uint64_t live; };
 static int check_one(tally_store *s, uint64_t off, void *ud) {
   struct check_state *st = ud;
   const struct tally__rec *r = tally__at(s, off);
-  uint64_t hash = tally__hash(r->name, r->name_len, 0), found;
+  uint64_t hash = name_hash(r), found;
   if (tally__index_find(s, r->name, r->name_len, hash, &found) != 0 ||
       found != off)
     return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (counter "

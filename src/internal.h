@@ -69,10 +69,10 @@ struct tally__header {
   /* mutable, written under the store lock (readers load them atomically) */
   _Atomic uint64_t size;        /* bytes backed by the file */
   _Atomic uint64_t used;        /* arena bump pointer */
-  _Atomic uint64_t index;       /* offset of the current index table */
-  _Atomic uint64_t families;    /* offset of the newest family record */
+  _Atomic uint64_t index;       /* sealed offset of the current index table */
+  _Atomic uint64_t families;    /* sealed offset of the newest family, or 0 */
   _Atomic uint64_t retired;     /* bytes of cells left behind */
-  _Atomic uint64_t pend_rec;    /* record whose move is in progress, or 0 */
+  _Atomic uint64_t pend_rec;    /* sealed record offset (extra: pend_loc), or 0 */
   _Atomic uint64_t pend_loc;    /* where it is moving (a loc word) */
   _Atomic uint64_t pend_done;   /* old cells retired into the journal */
   /* thread tickets: the only word writers touch outside the lock */
@@ -110,8 +110,7 @@ struct tally__family {
   char pattern[];
 };
 
-/* Open-addressed name index: entry = tag (hash >> 32) << 32 | rec_off >> 3;
- * 0 is empty, 1 is a deleted slot. Slot of a name: tag & (cap - 1). */
+/* Open-addressed name index; see index.c for the entry format. */
 #define TALLY__INDEX_MAGIC 0x5844494f594c4154ull /* "TALYOIDX" */
 struct tally__index {
   uint64_t magic;
@@ -192,6 +191,13 @@ static inline uint32_t tally__pick_shard(tally_store *s, uint64_t store_id,
 }
 
 /* ---- store.c ---- */
+/* A sealed word: an arena offset with a 32-bit check keyed by the store's
+ * salt, the field it lives in and `extra`, so a damaged pointer is caught
+ * even when it lands on another valid record. 0 stays 0 ("none"). */
+enum { TALLY__SEAL_INDEX = 1, TALLY__SEAL_FAMILIES = 2, TALLY__SEAL_MOVE = 3 };
+uint64_t tally__seal(const tally_store *s, int field, uint64_t off, uint64_t extra);
+int tally__unseal(const tally_store *s, int field, uint64_t word, uint64_t extra,
+                  uint64_t *off);
 const char *tally__store_name(const tally_store *s); /* for messages */
 void tally__lock(tally_store *s);       /* also finishes a pending move */
 void tally__unlock(tally_store *s);
@@ -247,6 +253,6 @@ int tally__check_name(const char *name, size_t len);
 int tally__rec_value(tally_store *s, uint64_t rec_off, int64_t *out);
 
 /* ---- move.c ---- */
-void tally__finish_move(tally_store *s);
+int tally__finish_move(tally_store *s); /* caller holds the lock */
 
 #endif

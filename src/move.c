@@ -57,10 +57,12 @@ static bool spread(tally_store *s, uint64_t loc, __int128 total) {
  * shards; a damaged record leaves the move recorded for a repair. */
 static int finish(tally_store *s) {
   struct tally__header *h = s->hdr;
-  uint64_t rec_off = atomic_load_explicit(&h->pend_rec, memory_order_acquire);
+  uint64_t word = atomic_load_explicit(&h->pend_rec, memory_order_acquire);
   uint64_t to = atomic_load_explicit(&h->pend_loc, memory_order_acquire);
-  if (!rec_off) return 0;
-  int rc = tally__rec_verify(s, rec_off);
+  uint64_t rec_off;
+  if (!word) return 0;
+  int rc = tally__unseal(s, TALLY__SEAL_MOVE, word, to, &rec_off);
+  if (rc == 0) rc = tally__rec_verify(s, rec_off);
   if (rc) return rc;
   struct tally__rec *r = tally__at(s, rec_off);
   uint64_t from = atomic_load_explicit(&r->loc, memory_order_acquire);
@@ -94,12 +96,14 @@ static int finish(tally_store *s) {
   return 0;
 }
 
-void tally__finish_move(tally_store *s) { (void)finish(s); }
+int tally__finish_move(tally_store *s) { return finish(s); }
 
 static int move(tally_store *s, uint64_t rec_off, uint64_t to) {
   atomic_store_explicit(&s->hdr->pend_done, 0, memory_order_release);
   atomic_store_explicit(&s->hdr->pend_loc, to, memory_order_release);
-  atomic_store_explicit(&s->hdr->pend_rec, rec_off, memory_order_release);
+  atomic_store_explicit(&s->hdr->pend_rec,
+                        tally__seal(s, TALLY__SEAL_MOVE, rec_off, to),
+                        memory_order_release);
   return finish(s);
 }
 

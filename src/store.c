@@ -40,6 +40,25 @@ static uint64_t header_check(const struct tally__header *h) {
   return tally__hash(h, offsetof(struct tally__header, check), 0x68647221);
 }
 
+uint64_t tally__seal(const tally_store *s, int field, uint64_t off,
+                     uint64_t extra) {
+  if (!off) return 0;
+  uint64_t check = tally__mix(s->hdr->salt ^ (uint64_t)field << 56 ^ off ^
+                              tally__mix(extra)) >> 32;
+  return (off >> 3) << 32 | check;
+}
+
+int tally__unseal(const tally_store *s, int field, uint64_t word,
+                  uint64_t extra, uint64_t *off) {
+  uint64_t o = (word >> 32) << 3;
+  if (word && tally__seal(s, field, o, extra) != word)
+    return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (%s pointer)",
+                       tally__store_name(s), field == TALLY__SEAL_INDEX ? "index"
+                       : field == TALLY__SEAL_FAMILIES ? "family" : "move");
+  *off = word ? o : 0;
+  return 0;
+}
+
 bool tally__in_arena(const tally_store *s, uint64_t off, uint64_t len) {
   uint64_t used = atomic_load_explicit(&s->hdr->used, memory_order_acquire);
   return off >= TALLY__ARENA_OFF && len <= used && off <= used - len;
@@ -52,7 +71,8 @@ void tally__lock(tally_store *s) {
   if (s->kind == TALLY__FILE)
     while (flock(s->fd, LOCK_EX) != 0 && errno == EINTR) {}
   if (atomic_load_explicit(&s->hdr->pend_rec, memory_order_acquire))
-    tally__finish_move(s); /* a holder died mid-move: finish its work */
+    (void)tally__finish_move(s); /* a holder died mid-move: finish its work
+                                    (a damaged move record is reported at open) */
 }
 
 void tally__unlock(tally_store *s) {
@@ -168,9 +188,7 @@ static int header_validate(const struct tally__header *h, uint64_t file_size,
       used % 8 != 0)
     return tally__fail(TALLY_ECORRUPT,
                        "%s: tally store is corrupt (bad size fields)", path);
-  uint64_t pend = atomic_load(&h->pend_rec);
-  if ((pend && (pend < TALLY__ARENA_OFF || pend >= used || pend % 8 != 0)) ||
-      atomic_load(&h->pend_done) > TALLY_MAX_SHARDS)
+  if (atomic_load(&h->pend_done) > TALLY_MAX_SHARDS)
     return tally__fail(TALLY_ECORRUPT,
                        "%s: tally store is corrupt (bad pending move)", path);
   return 0;
@@ -311,8 +329,9 @@ int tally_store_open(const char *spec, const tally_open_options *opt,
       tally__unlock(s);
     } else {
       tally__lock(s); /* finishes a move a dead process left pending */
+      rc = tally__finish_move(s);
       tally__unlock(s);
-      rc = tally__index_check(s, NULL); /* header only: open stays O(1) */
+      if (rc == 0) rc = tally__index_check(s, NULL); /* header only: O(1) */
       if (rc == 0) rc = classes_check(s);
       if (rc == 0) rc = tally__family_check(s);
     }
