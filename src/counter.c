@@ -144,7 +144,7 @@ static int settle(tally_store *s, uint64_t rec_off, uint64_t seen,
 static int refresh(tally_counter *c, uint64_t seen) {
   uint64_t loc;
   int rc = settle(c->s, c->rec_off, seen, &loc);
-  if (rc == 0) atomic_store_explicit(&c->loc, loc, memory_order_relaxed);
+  if (rc == 0) atomic_store_explicit(&c->loc, loc, memory_order_release);
   return rc;
 }
 
@@ -181,7 +181,7 @@ enum pick { PICK_POLICY, PICK_KEY, PICK_SHARD };
 static int add(tally_counter *c, enum pick how, const void *key, size_t klen,
                uint32_t shard, int64_t delta) {
   for (;;) {
-    uint64_t loc = atomic_load_explicit(&c->loc, memory_order_relaxed);
+    uint64_t loc = atomic_load_explicit(&c->loc, memory_order_acquire);
     uint32_t n = tally__loc_shards(loc), i;
     if (how == PICK_POLICY) i = tally__pick_shard(c->s, c->store_id, c->policy, n);
     else if (how == PICK_KEY) i = tally__key_shard(key, klen, n);
@@ -211,7 +211,7 @@ __attribute__((noinline)) static int incr_slow(tally_counter *c, int64_t delta) 
 int tally_counter_incr(tally_counter *c, int64_t delta) {
   if (__builtin_expect(c && c->policy <= TALLY_POLICY_RANDOM &&
                            delta > -TALLY__FAST_DELTA && delta < TALLY__FAST_DELTA, 1)) {
-    uint64_t loc = atomic_load_explicit(&c->loc, memory_order_relaxed);
+    uint64_t loc = atomic_load_explicit(&c->loc, memory_order_acquire);
     struct tally__writer *me = &tally__me;
     uint32_t n = tally__loc_shards(loc), i;
     if (c->policy == TALLY_POLICY_THREAD && __builtin_expect(me->store_id == c->store_id, 1))
@@ -297,11 +297,11 @@ int tally__rec_value(tally_store *s, uint64_t rec_off, int64_t *out) {
 
 int tally_counter_value(tally_counter *c, int64_t *out) {
   if (!c || !out) return tally__fail(TALLY_EINVAL, "tally_counter_value: NULL argument");
-  uint64_t loc = atomic_load_explicit(&c->loc, memory_order_relaxed);
+  uint64_t loc = atomic_load_explicit(&c->loc, memory_order_acquire);
   __int128 total;
   int rc = read_cells(c->s, c->rec_off, &loc, NULL, 0, &total);
   if (rc) return rc;
-  atomic_store_explicit(&c->loc, loc, memory_order_relaxed);
+  atomic_store_explicit(&c->loc, loc, memory_order_release);
   return to_int64(total, c->rec->name, out);
 }
 
@@ -314,7 +314,7 @@ int tally_counter_shards(tally_counter *c, int64_t *vals, uint32_t cap,
   int rc = tally__current(c->s, c->rec_off, &loc);
   if (rc == 0) rc = read_cells(c->s, c->rec_off, &loc, vals, cap, &total);
   if (rc) return rc;
-  atomic_store_explicit(&c->loc, loc, memory_order_relaxed);
+  atomic_store_explicit(&c->loc, loc, memory_order_release);
   *n = tally__loc_shards(loc);
   return 0;
 }
@@ -373,7 +373,7 @@ int tally_counter_reset(tally_counter *c, int64_t *removed) {
       i = (uint32_t)-1; /* start over on the new cells */
     }
   }
-  atomic_store_explicit(&c->loc, loc, memory_order_relaxed);
+  atomic_store_explicit(&c->loc, loc, memory_order_release);
   *removed = total;
   return 0;
 }

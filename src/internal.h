@@ -137,7 +137,8 @@ struct tally_store {
 
 struct tally_counter {
   /* the increment's hot path reads only this first line */
-  _Atomic uint64_t loc;         /* cached copy of rec->loc */
+  _Atomic uint64_t loc;         /* cached copy of rec->loc (acquire/release:
+                                   free on x86, and it orders the cells) */
   unsigned char *base;          /* s->base */
   tally_store *s;
   uint64_t store_id;            /* s->id, for the thread ticket check */

@@ -123,7 +123,7 @@ int tally_counter_reshard(tally_counter *c, uint32_t shards) {
   }
   tally__unlock(s);
   if (rc == 0) atomic_store_explicit(&c->loc, atomic_load(&c->rec->loc),
-                                     memory_order_relaxed);
+                                     memory_order_release);
   return rc;
 }
 
