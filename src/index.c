@@ -104,6 +104,10 @@ int tally__index_create(tally_store *s) {
   return rc;
 }
 
+static uint64_t name_hash(const struct tally__rec *r) {
+  return tally__hash(r->name, r->name_len, 0);
+}
+
 int tally__index_find(tally_store *s, const char *name, size_t len,
                       uint64_t hash, uint64_t *rec_off) {
   struct tally__index *t = table(s);
@@ -123,9 +127,10 @@ int tally__index_find(tally_store *s, const char *name, size_t len,
       return 0;
     }
     /* same 20-bit tag, other name: rare (1 in a million) unless the record
-     * is damaged, which must not pass for "no such counter" */
+     * or the entry is damaged, which must not pass for "no such counter" */
     int rc = tally__rec_verify(s, off);
     if (rc) return rc;
+    if ((name_hash(r) >> 44) != tag) return bad_entry(s, i);
   }
   return TALLY_ENOENT;
 }
@@ -142,10 +147,6 @@ static void place(struct tally__index *t, uint64_t hash, uint64_t entry) {
     t->deleted--;
   atomic_store_explicit(&t->entries[i], entry, memory_order_release);
   t->live++;
-}
-
-static uint64_t name_hash(const struct tally__rec *r) {
-  return tally__hash(r->name, r->name_len, 0);
 }
 
 /* Rebuild into a table sized for twice the live entries (dropping deleted
@@ -212,6 +213,8 @@ int tally__index_each(tally_store *s, tally__rec_fn fn, void *ud) {
     if (!entry_ok(s, e)) return bad_entry(s, i);
     uint64_t off = entry_off(e);
     int rc = tally__rec_verify(s, off);
+    if (rc == 0 && (name_hash(tally__at(s, off)) >> 44) != (e >> 44))
+      rc = bad_entry(s, i); /* points at some other counter's record */
     if (rc == 0) rc = fn(s, off, ud);
     if (rc) return rc;
   }

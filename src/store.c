@@ -294,6 +294,9 @@ static int classes_check(tally_store *s) {
 int tally_store_open(const char *spec, const tally_open_options *opt,
                      tally_store **out) {
   if (!out) return tally__fail(TALLY_EINVAL, "tally_store_open: out is NULL");
+  if (opt && (opt->flags & ~TALLY_OPEN_NOCREATE))
+    return tally__fail(TALLY_EINVAL, "tally_store_open: unknown flags 0x%x",
+                       opt->flags & ~TALLY_OPEN_NOCREATE);
   int kind;
   const char *path = NULL;
   if (!spec || !*spec || strcmp(spec, "memory") == 0) {

@@ -1,0 +1,358 @@
+/* bench_tally.c -- the C side of scripts/bench.
+ *
+ * Each subcommand measures one thing and prints "RESULT key value" lines
+ * (medians of `reps` runs) for scripts/bench to put in one table:
+ *
+ *   bench_tally incr SECS REPS        increments/s, 1 and 2 threads: tally
+ *                                     thread and random policies (16 shards,
+ *                                     one shared handle) against one shared
+ *                                     atomic, a mutex-protected counter and
+ *                                     ideal per-thread cells on own lines
+ *   bench_tally value REPS            value() cost for 1/16/256/1024 shards
+ *   bench_tally create PATH N         N counters x 16 shards into a new file
+ *   bench_tally open PATH             open it (run in a fresh process), then
+ *                                     read every value; time and memory
+ *   bench_tally procs PATH SECS REPS  1 and 2 processes incrementing one
+ *                                     file store counter (thread policy)
+ *
+ * Timing is CLOCK_MONOTONIC; nothing is pinned. Threads run until the main
+ * thread raises a stop flag, checking it every 256 operations.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "tally.h"
+
+static double now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void die(const char *what, int rc) {
+  fprintf(stderr, "bench_tally: %s: %s (%s)\n", what, tally_err_name(rc), tally_errmsg());
+  exit(1);
+}
+
+static int cmp_d(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n) {
+  qsort(v, (size_t)n, sizeof *v, cmp_d);
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/* ---- incr ---------------------------------------------------------------- */
+
+enum { IMPL_THREAD, IMPL_RANDOM, IMPL_ATOMIC, IMPL_MUTEX, IMPL_IDEAL, IMPL_N };
+static const char *impl_names[] = {"thread", "random", "atomic", "mutex", "ideal"};
+
+typedef struct { _Alignas(64) _Atomic int64_t v; char pad[56]; } padded;
+
+static struct {
+  tally_counter *c;
+  _Alignas(64) _Atomic int64_t shared;
+  _Alignas(64) pthread_mutex_t mu;
+  int64_t mu_val;
+  padded cells[8];
+  _Alignas(64) atomic_int go;
+  _Alignas(64) atomic_int stop;
+} B;
+
+typedef struct { int impl, id; uint64_t ops; } worker;
+
+#define LOOP(body)                                                            \
+  while (!atomic_load_explicit(&B.stop, memory_order_relaxed)) {              \
+    for (int k_ = 0; k_ < 256; k_++) { body; }                                \
+    ops += 256;                                                               \
+  }
+
+static void *worker_main(void *arg) {
+  worker *w = arg;
+  uint64_t ops = 0;
+  while (!atomic_load_explicit(&B.go, memory_order_acquire)) {}
+  switch (w->impl) {
+    case IMPL_THREAD:
+    case IMPL_RANDOM:
+      LOOP(if (tally_counter_incr(B.c, 1) != 0) abort());
+      break;
+    case IMPL_ATOMIC:
+      LOOP(atomic_fetch_add_explicit(&B.shared, 1, memory_order_relaxed));
+      break;
+    case IMPL_MUTEX:
+      LOOP(pthread_mutex_lock(&B.mu); B.mu_val++; pthread_mutex_unlock(&B.mu));
+      break;
+    case IMPL_IDEAL: {
+      _Atomic int64_t *cell = &B.cells[w->id].v;
+      LOOP(atomic_fetch_add_explicit(cell, 1, memory_order_relaxed));
+      break;
+    }
+  }
+  w->ops = ops;
+  return NULL;
+}
+
+static double run_incr(tally_store *s, int impl, int nthreads, double secs) {
+  pthread_t th[8];
+  worker w[8];
+  int rc;
+  B.c = NULL;
+  if (impl == IMPL_THREAD || impl == IMPL_RANDOM) {
+    tally_counter_options o = {16, impl == IMPL_THREAD ? TALLY_POLICY_THREAD : TALLY_POLICY_RANDOM};
+    const char *name = impl_names[impl];
+    if ((rc = tally_counter_open(s, name, strlen(name), &o, TALLY_COUNTER_CREATE, &B.c))) die("counter", rc);
+  }
+  atomic_store(&B.go, 0);
+  atomic_store(&B.stop, 0);
+  for (int i = 0; i < nthreads; i++) {
+    w[i] = (worker){impl, i, 0};
+    pthread_create(&th[i], NULL, worker_main, &w[i]);
+  }
+  usleep(20000);
+  double t0 = now();
+  atomic_store_explicit(&B.go, 1, memory_order_release);
+  usleep((useconds_t)(secs * 1e6));
+  atomic_store(&B.stop, 1);
+  uint64_t total = 0;
+  for (int i = 0; i < nthreads; i++) {
+    pthread_join(th[i], NULL);
+    total += w[i].ops;
+  }
+  double t1 = now();
+  if (B.c) tally_counter_close(B.c);
+  return (double)total / (t1 - t0);
+}
+
+static int cmd_incr(double secs, int reps) {
+  tally_store *s = NULL;
+  int rc = tally_store_open("memory", NULL, &s);
+  if (rc) die("open", rc);
+  pthread_mutex_init(&B.mu, NULL);
+  for (int impl = 0; impl < IMPL_N; impl++)
+    for (int t = 1; t <= 2; t++) {
+      double v[32];
+      for (int r = 0; r < reps; r++) v[r] = run_incr(s, impl, t, secs);
+      printf("RESULT incr.%s.%dt %.0f\n", impl_names[impl], t, median(v, reps));
+      fflush(stdout);
+    }
+  tally_store_close(s);
+  return 0;
+}
+
+/* ---- value --------------------------------------------------------------- */
+
+static int cmd_value(int reps) {
+  static const uint32_t sizes[] = {1, 16, 256, 1024};
+  tally_store *s = NULL;
+  int rc = tally_store_open("memory", NULL, &s);
+  if (rc) die("open", rc);
+  for (int k = 0; k < 4; k++) {
+    tally_counter *c = NULL;
+    char name[32];
+    tally_counter_options o = {sizes[k], TALLY_POLICY_CUSTOM};
+    snprintf(name, sizeof name, "v%u", sizes[k]);
+    if ((rc = tally_counter_open(s, name, strlen(name), &o, TALLY_COUNTER_CREATE, &c))) die("counter", rc);
+    for (uint32_t i = 0; i < sizes[k]; i++) tally_counter_incr_shard(c, i, (int64_t)i + 1);
+    double v[32];
+    int64_t sink = 0;
+    for (int r = 0; r < reps; r++) {
+      long n = 0;
+      double t0 = now(), t1;
+      do {
+        for (int i = 0; i < 1000; i++) {
+          int64_t x;
+          if (tally_counter_value(c, &x) != 0) abort();
+          sink += x;
+        }
+        n += 1000;
+        t1 = now();
+      } while (t1 - t0 < 0.1);
+      v[r] = (t1 - t0) * 1e9 / (double)n;
+    }
+    if (sink == 42) printf("#\n");
+    printf("RESULT value.%u %.2f\n", sizes[k], median(v, reps));
+    tally_counter_close(c);
+  }
+  tally_store_close(s);
+  return 0;
+}
+
+/* ---- a million counters --------------------------------------------------- */
+
+static long status_kb(const char *field) {
+  FILE *f = fopen("/proc/self/status", "r");
+  char line[256];
+  long kb = -1;
+  size_t n = strlen(field);
+  if (!f) return -1;
+  while (fgets(line, sizeof line, f))
+    if (strncmp(line, field, n) == 0 && line[n] == ':') kb = atol(line + n + 1);
+  fclose(f);
+  return kb;
+}
+
+static int cmd_create(const char *path, long n) {
+  char spec[4200];
+  tally_store *s = NULL;
+  snprintf(spec, sizeof spec, "file:%s", path);
+  unlink(path);
+  double t0 = now();
+  int rc = tally_store_open(spec, NULL, &s);
+  if (rc) die("open", rc);
+  tally_counter_options o = {16, TALLY_POLICY_THREAD};
+  for (long i = 0; i < n; i++) {
+    char name[48];
+    tally_counter *c;
+    int len = snprintf(name, sizeof name, "post:%ld:likes", i);
+    if ((rc = tally_counter_open(s, name, (size_t)len, &o, TALLY_COUNTER_CREATE, &c))) die("create", rc);
+    tally_counter_close(c);
+  }
+  tally_store_close(s);
+  double t1 = now();
+  struct stat st;
+  stat(path, &st);
+  printf("RESULT create.secs %.3f\n", t1 - t0);
+  printf("RESULT create.file_bytes %lld\n", (long long)st.st_size);
+  printf("RESULT create.disk_bytes %lld\n", (long long)st.st_blocks * 512);
+  return 0;
+}
+
+static int cmd_open(const char *path) {
+  char spec[4200];
+  tally_store *s = NULL;
+  long rss0 = status_kb("VmRSS");
+  snprintf(spec, sizeof spec, "file:%s", path);
+  double t0 = now();
+  int rc = tally_store_open(spec, NULL, &s);
+  double t1 = now();
+  if (rc) die("open", rc);
+  tally_counter *c = NULL;
+  /* first lookup, too: what a user waits for before the first read */
+  if ((rc = tally_counter_open(s, "post:0:likes", 12, NULL, 0, &c))) die("lookup", rc);
+  tally_counter_close(c);
+  double t2 = now();
+  long rss_open = status_kb("VmRSS");
+  tally_store_stats st;
+  tally_store_stats_get(s, &st);
+  int64_t total = 0;
+  double t3 = now();
+  for (uint64_t i = 0; i < st.counters; i++) {
+    char name[48];
+    int64_t v;
+    int len = snprintf(name, sizeof name, "post:%llu:likes", (unsigned long long)i);
+    if ((rc = tally_counter_open(s, name, (size_t)len, NULL, 0, &c))) die("lookup", rc);
+    if ((rc = tally_counter_value(c, &v))) die("value", rc);
+    total += v;
+    tally_counter_close(c);
+  }
+  double t4 = now();
+  long rss_all = status_kb("VmRSS"), anon_all = status_kb("RssAnon");
+  printf("RESULT open.ms %.3f\n", (t1 - t0) * 1e3);
+  printf("RESULT open.first_ms %.3f\n", (t2 - t0) * 1e3);
+  printf("RESULT open.rss_before_kb %ld\n", rss0);
+  printf("RESULT open.rss_kb %ld\n", rss_open);
+  printf("RESULT open.readall_secs %.3f\n", t4 - t3);
+  printf("RESULT open.rss_all_kb %ld\n", rss_all);
+  printf("RESULT open.anon_all_kb %ld\n", anon_all);
+  printf("RESULT open.counters %llu\n", (unsigned long long)st.counters);
+  tally_store_close(s);
+  (void)total;
+  return 0;
+}
+
+/* ---- processes ------------------------------------------------------------ */
+
+typedef struct { atomic_int go, stop; _Alignas(64) uint64_t ops[8]; } proc_page;
+
+static int cmd_procs(const char *path, double secs, int reps) {
+  char spec[4200];
+  tally_store *s = NULL;
+  tally_counter *c = NULL;
+  snprintf(spec, sizeof spec, "file:%s", path);
+  unlink(path);
+  int rc = tally_store_open(spec, NULL, &s);
+  if (rc) die("open", rc);
+  tally_counter_options o = {16, TALLY_POLICY_THREAD};
+  if ((rc = tally_counter_open(s, "hot", 3, &o, TALLY_COUNTER_CREATE, &c))) die("counter", rc);
+  tally_counter_close(c);
+  tally_store_close(s);
+  proc_page *pg = mmap(NULL, sizeof *pg, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  for (int np = 1; np <= 2; np++) {
+    double v[32];
+    for (int r = 0; r < reps; r++) {
+      pid_t pids[8];
+      memset(pg, 0, sizeof *pg);
+      for (int i = 0; i < np; i++) {
+        fflush(stdout);
+        pids[i] = fork();
+        if (pids[i] == 0) {
+          tally_store *cs = NULL;
+          tally_counter *cc = NULL;
+          alarm(60);
+          if (tally_store_open(spec, NULL, &cs) || tally_counter_open(cs, "hot", 3, NULL, 0, &cc)) _exit(2);
+          uint64_t ops = 0;
+          while (!atomic_load(&pg->go)) {}
+          while (!atomic_load_explicit(&pg->stop, memory_order_relaxed)) {
+            for (int k = 0; k < 256; k++)
+              if (tally_counter_incr(cc, 1)) _exit(3);
+            ops += 256;
+          }
+          pg->ops[i] = ops;
+          tally_counter_close(cc);
+          tally_store_close(cs);
+          _exit(0);
+        }
+      }
+      usleep(50000);
+      double t0 = now();
+      atomic_store(&pg->go, 1);
+      usleep((useconds_t)(secs * 1e6));
+      atomic_store(&pg->stop, 1);
+      uint64_t total = 0;
+      for (int i = 0; i < np; i++) {
+        int stt;
+        waitpid(pids[i], &stt, 0);
+        if (!WIFEXITED(stt) || WEXITSTATUS(stt)) {
+          fprintf(stderr, "bench_tally: child failed\n");
+          return 1;
+        }
+        total += pg->ops[i];
+      }
+      v[r] = (double)total / (now() - t0);
+    }
+    printf("RESULT procs.%d %.0f\n", np, median(v, reps));
+    fflush(stdout);
+  }
+  /* the value is exact */
+  if ((rc = tally_store_open(spec, NULL, &s))) die("open", rc);
+  tally_store_close(s);
+  munmap(pg, sizeof *pg);
+  unlink(path);
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  if (argc >= 4 && strcmp(argv[1], "incr") == 0) return cmd_incr(atof(argv[2]), atoi(argv[3]));
+  if (argc >= 3 && strcmp(argv[1], "value") == 0) return cmd_value(atoi(argv[2]));
+  if (argc >= 4 && strcmp(argv[1], "create") == 0) return cmd_create(argv[2], atol(argv[3]));
+  if (argc >= 3 && strcmp(argv[1], "open") == 0) return cmd_open(argv[2]);
+  if (argc >= 5 && strcmp(argv[1], "procs") == 0) return cmd_procs(argv[2], atof(argv[3]), atoi(argv[4]));
+  fprintf(stderr, "usage: bench_tally incr SECS REPS | value REPS | create PATH N | open PATH | procs PATH SECS REPS\n");
+  return 2;
+}

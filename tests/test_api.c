@@ -1,0 +1,1055 @@
+/* test_api.c -- every function of the C API, with its error codes.
+ *
+ * Runs the same suite against a memory store and a file store, then the
+ * file-only parts: modes, NOCREATE, reopen, 200k counters (index and file
+ * growth) and a final tally_store_check.
+ */
+#include <fcntl.h>
+#include <sys/stat.h>
+
+#include "testutil.h"
+
+#define P62 ((int64_t)1 << 62)
+
+static char g_dir[1024];
+
+/* ---- errors, policies, glob --------------------------------------------- */
+
+static void test_errors(void) {
+  static const struct { int code; const char *name, *msg; } tab[] = {
+#define XX(n, c, m) {c, #n, m},
+      TALLY_ERRNO_MAP(XX)
+#undef XX
+  };
+  for (size_t i = 0; i < sizeof tab / sizeof tab[0]; i++) {
+    EXPECT_STR(tab[i].msg, tally_strerror(tab[i].code));
+    EXPECT_STR(tab[i].name, tally_err_name(tab[i].code));
+  }
+  EXPECT_STR("unknown error", tally_strerror(-12345));
+  EXPECT_STR("unknown error", tally_strerror(77));
+  EXPECT_STR("UNKNOWN", tally_err_name(-12345));
+  EXPECT(tally_errmsg() != NULL);
+  EXPECT_I64(-1, TALLY_EINVAL);
+  EXPECT_I64(-15, TALLY_EBUSY);
+}
+
+static void test_policies(void) {
+  static const char *names[] = {"thread", "random", "round_robin", "key", "custom"};
+  for (int p = 0; p < TALLY_POLICY_COUNT_; p++) {
+    EXPECT_STR(names[p], tally_policy_name(p));
+    EXPECT_I64(p, tally_policy_parse(names[p], strlen(names[p])));
+  }
+  EXPECT(tally_policy_name(-1) == NULL);
+  EXPECT(tally_policy_name(TALLY_POLICY_COUNT_) == NULL);
+  EXPECT_RC(TALLY_EPOLICY, tally_policy_parse("bogus", 5));
+  EXPECT_RC(TALLY_EPOLICY, tally_policy_parse("", 0));
+  EXPECT_RC(TALLY_EPOLICY, tally_policy_parse("thread", 5));     /* "threa" */
+  EXPECT_RC(TALLY_EPOLICY, tally_policy_parse("thread\0x", 8));  /* embedded NUL */
+  EXPECT_RC(TALLY_EPOLICY, tally_policy_parse("THREAD", 6));
+  /* len is honoured: "keyboard" cut to 3 bytes is "key" */
+  EXPECT_I64(TALLY_POLICY_KEY, tally_policy_parse("keyboard", 3));
+}
+
+static void test_glob(void) {
+  static const struct { const char *pat, *name; int want; } tab[] = {
+      {"*", "", 1},           {"*", "abc", 1},          {"", "", 1},
+      {"", "a", 0},           {"abc", "abc", 1},        {"abc", "abd", 0},
+      {"abc", "ab", 0},       {"ab", "abc", 0},         {"a*c", "ac", 1},
+      {"a*c", "abbbc", 1},    {"a*c", "abbbd", 0},      {"a?c", "abc", 1},
+      {"a?c", "ac", 0},       {"?", "", 0},             {"??", "ab", 1},
+      {"post:*:likes", "post:123:likes", 1},            {"post:*:likes", "post::likes", 1},
+      {"post:*:likes", "post:1:likesx", 0},             {"post:*", "post:", 1},
+      {"post:*", "pos", 0},   {"**", "x", 1},           {"*a*a*", "banana", 1},
+      {"*a*a*a*a", "banana", 0}, {"*x", "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", 0},
+      {"a*b*c*d*e*f*g", "aXbXcXdXeXfXg", 1},             {"*?", "", 0},
+      {"*?", "z", 1},         {"[a]", "[a]", 1},        {"[a]", "a", 0},
+      {"\\*", "\\x", 1},
+  };
+  for (size_t i = 0; i < sizeof tab / sizeof tab[0]; i++) {
+    int got = tally_glob_match(tab[i].pat, strlen(tab[i].pat), tab[i].name,
+                               strlen(tab[i].name));
+    atomic_fetch_add(&tu_checks, 1);
+    if (got != tab[i].want)
+      TU_FAIL("tally_glob_match(\"%s\", \"%s\") = %d, expected %d", tab[i].pat,
+              tab[i].name, got, tab[i].want);
+  }
+  /* lengths are honoured, bytes are bytes */
+  EXPECT_I64(1, tally_glob_match("abXYZ", 2, "abQ", 2));
+  EXPECT_I64(1, tally_glob_match("a?c", 3, "a\0c", 3));
+  EXPECT_I64(1, tally_glob_match("a*", 2, "a\xff\xfe", 3));
+  EXPECT_I64(0, tally_glob_match("a\0", 2, "a", 1));
+}
+
+/* ---- store-independent counter behaviour -------------------------------- */
+
+struct each_ctx { int n; int stop_at; char seen[64][32]; };
+
+static int each_cb(void *ud, const char *name, size_t len) {
+  struct each_ctx *e = ud;
+  if (e->n < 64 && len < 32) {
+    memcpy(e->seen[e->n], name, len);
+    e->seen[e->n][len] = 0;
+  }
+  e->n++;
+  if (e->stop_at && e->n == e->stop_at) return 42;
+  return 0;
+}
+
+static int seen(const struct each_ctx *e, const char *name) {
+  for (int i = 0; i < e->n && i < 64; i++)
+    if (strcmp(e->seen[i], name) == 0) return 1;
+  return 0;
+}
+
+static void test_open_errors(tally_store *s) {
+  tally_counter *c = (tally_counter *)0x1;  /* must stay untouched on failure */
+  tally_counter_options o = {4, TALLY_POLICY_RANDOM};
+  char big[300];
+  memset(big, 'n', sizeof big);
+
+  EXPECT_RC(TALLY_EINVAL, tally_counter_open(NULL, "x", 1, &o, TALLY_COUNTER_CREATE, &c));
+  EXPECT_RC(TALLY_EINVAL, tally_counter_open(s, "x", 1, &o, TALLY_COUNTER_CREATE, NULL));
+  {
+    int rc = tally_counter_open(s, NULL, 1, &o, TALLY_COUNTER_CREATE, &c);
+    atomic_fetch_add(&tu_checks, 1);
+    if (rc != TALLY_EINVAL && rc != TALLY_ENAME)
+      TU_FAIL("counter_open(name NULL) -> %d %s, expected EINVAL or ENAME", rc,
+              tally_err_name(rc));
+  }
+  EXPECT_RC(TALLY_ENAME, tally_counter_open(s, "", 0, &o, TALLY_COUNTER_CREATE, &c));
+  EXPECT_RC(TALLY_ENAME, tally_counter_open(s, big, 256, &o, TALLY_COUNTER_CREATE, &c));
+  EXPECT_RC(TALLY_ENAME, tally_counter_open(s, big, 300, &o, TALLY_COUNTER_CREATE, &c));
+  EXPECT_RC(TALLY_ENAME, tally_counter_open(s, "a\0b", 3, &o, TALLY_COUNTER_CREATE, &c));
+  EXPECT_RC(TALLY_ENAME, tally_counter_open(s, "\0", 1, &o, TALLY_COUNTER_CREATE, &c));
+  o.shards = 1025;
+  EXPECT_RC(TALLY_ESHARDS, tally_counter_open(s, "x", 1, &o, TALLY_COUNTER_CREATE, &c));
+  o.shards = 0xFFFFFFFFu;
+  EXPECT_RC(TALLY_ESHARDS, tally_counter_open(s, "x", 1, &o, TALLY_COUNTER_CREATE, &c));
+  o.shards = 4;
+  o.policy = TALLY_POLICY_COUNT_;
+  EXPECT_RC(TALLY_EPOLICY, tally_counter_open(s, "x", 1, &o, TALLY_COUNTER_CREATE, &c));
+  o.policy = 99;
+  EXPECT_RC(TALLY_EPOLICY, tally_counter_open(s, "x", 1, &o, TALLY_COUNTER_CREATE, &c));
+  o.policy = -2;
+  EXPECT_RC(TALLY_EPOLICY, tally_counter_open(s, "x", 1, &o, TALLY_COUNTER_CREATE, &c));
+  EXPECT_RC(TALLY_ENOENT, tally_counter_open(s, "absent", 6, NULL, 0, &c));
+  EXPECT(c == (tally_counter *)0x1);
+  /* none of these created anything */
+  EXPECT_RC(TALLY_ENOENT, tally_counter_open(s, "x", 1, NULL, 0, &c));
+  EXPECT(c == (tally_counter *)0x1);
+
+  /* the longest name works, and round-trips through info */
+  tally_counter *lc = NULL;
+  EXPECT_OK(tally_counter_open(s, big, 255, NULL, TALLY_COUNTER_CREATE, &lc));
+  if (lc) {
+    tally_counter_info inf;
+    EXPECT_OK(tally_counter_info_get(lc, &inf));
+    EXPECT_I64(255, inf.name_len);
+    EXPECT(memcmp(inf.name, big, 255) == 0 && inf.name[255] == 0);
+    tally_counter_close(lc);
+    EXPECT_OK(tally_store_drop(s, big, 255));
+  }
+  /* names with arbitrary bytes (not NUL) are fine */
+  EXPECT_OK(tally_counter_open(s, "\xff\x01 \t:*?", 7, NULL, TALLY_COUNTER_CREATE, &lc));
+  tally_counter_close(lc);
+  EXPECT_OK(tally_store_drop(s, "\xff\x01 \t:*?", 7));
+  tally_counter_close(NULL);
+}
+
+static void test_incr_and_range(tally_store *s) {
+  tally_counter *c = NULL;
+  int64_t v;
+
+  REQUIRE_OK(tu_counter(s, "range1", 1, TALLY_POLICY_THREAD, TALLY_COUNTER_CREATE, &c));
+  EXPECT_RC(TALLY_ERANGE, tally_counter_incr(c, P62));
+  EXPECT_I64(0, tu_value(c));
+  EXPECT_RC(TALLY_ERANGE, tally_counter_incr(c, INT64_MAX));
+  EXPECT_RC(TALLY_ERANGE, tally_counter_incr(c, INT64_MIN));
+  EXPECT_RC(TALLY_ERANGE, tally_counter_incr(c, -P62 - 1));
+  EXPECT_I64(0, tu_value(c));
+  EXPECT_OK(tally_counter_incr(c, P62 - 1));
+  EXPECT_I64(P62 - 1, tu_value(c));
+  EXPECT_RC(TALLY_ERANGE, tally_counter_incr(c, 1));
+  EXPECT_RC(TALLY_ERANGE, tally_counter_incr_shard(c, 0, 1));
+  EXPECT_RC(TALLY_ERANGE, tally_counter_incr_key(c, "k", 1, 1));
+  EXPECT_I64(P62 - 1, tu_value(c));
+  EXPECT_OK(tally_counter_incr(c, -(P62 - 1)));
+  EXPECT_OK(tally_counter_incr(c, -P62));          /* exactly -2^62 is a value */
+  EXPECT_I64(-P62, tu_value(c));
+  EXPECT_RC(TALLY_ERANGE, tally_counter_incr(c, -1));
+  EXPECT_I64(-P62, tu_value(c));
+  EXPECT_OK(tally_counter_incr(c, P62 - 1));
+  EXPECT_I64(-1, tu_value(c));
+  EXPECT_OK(tally_counter_incr(c, 0));
+  EXPECT_I64(-1, tu_value(c));
+  EXPECT_OK(tally_counter_reset(c, &v));
+  EXPECT_I64(-1, v);
+  tally_counter_close(c);
+
+  /* sums past int64: 3 cells at 2^62-1 */
+  REQUIRE_OK(tu_counter(s, "range3", 3, TALLY_POLICY_CUSTOM, TALLY_COUNTER_CREATE, &c));
+  EXPECT_RC(TALLY_EPOLICY, tally_counter_incr(c, 1));
+  EXPECT_OK(tally_counter_incr_shard(c, 0, P62 - 1));
+  EXPECT_OK(tally_counter_incr_shard(c, 1, P62 - 1));
+  EXPECT_I64(2 * (P62 - 1), tu_value(c));
+  EXPECT_OK(tally_counter_incr_shard(c, 2, P62 - 1));
+  v = 12345;
+  EXPECT_RC(TALLY_ERANGE, tally_counter_value(c, &v));
+  EXPECT_I64(12345, v);  /* untouched on failure */
+  {
+    int64_t sh[3] = {0, 0, 0};
+    uint32_t n = 0;
+    EXPECT_OK(tally_counter_shards(c, sh, 3, &n));
+    EXPECT_I64(3, n);
+    EXPECT_I64(P62 - 1, sh[0]);
+    EXPECT_I64(P62 - 1, sh[2]);
+  }
+  /* reset of an unrepresentable total must not silently lose it */
+  v = 777;
+  {
+    int rc = tally_counter_reset(c, &v);
+    atomic_fetch_add(&tu_checks, 1);
+    if (rc == 0)
+      TU_FAIL("reset of a counter whose total does not fit int64 returned 0 "
+              "(removed=%lld): the removed amount cannot be reported",
+              (long long)v);
+    else if (rc != TALLY_ERANGE)
+      TU_FAIL("reset of unrepresentable total -> %d %s, expected ERANGE", rc,
+              tally_err_name(rc));
+  }
+  {
+    /* whatever reset did, the cells must still add up: bring them back to
+     * {2^62-1, 0, 0} for what follows */
+    int64_t sh[3] = {0, 0, 0};
+    uint32_t n = 0;
+    EXPECT_OK(tally_counter_shards(c, sh, 3, &n));
+    atomic_fetch_add(&tu_checks, 1);
+    if (sh[0] != P62 - 1 || sh[1] != P62 - 1 || sh[2] != P62 - 1)
+      TU_FAIL("reset that failed with ERANGE changed the shards: now {%lld, %lld, %lld}, "
+              "were 3 x 2^62-1 (lost without being reported)",
+              (long long)sh[0], (long long)sh[1], (long long)sh[2]);
+    EXPECT_OK(tally_counter_incr_shard(c, 0, (P62 - 1) - sh[0]));
+    EXPECT_OK(tally_counter_incr_shard(c, 1, -sh[1]));
+    EXPECT_OK(tally_counter_incr_shard(c, 2, -sh[2]));
+  }
+  EXPECT_I64(P62 - 1, tu_value(c));
+  /* negative side: -2^62 * 3 < INT64_MIN */
+  EXPECT_OK(tally_counter_incr_shard(c, 0, -(P62 - 1)));
+  EXPECT_OK(tally_counter_incr_shard(c, 0, -P62));
+  EXPECT_OK(tally_counter_incr_shard(c, 1, -P62));
+  EXPECT_I64(INT64_MIN, tu_value(c));        /* -2^63 fits exactly */
+  EXPECT_OK(tally_counter_incr_shard(c, 2, -1));
+  EXPECT_RC(TALLY_ERANGE, tally_counter_value(c, &v));
+  EXPECT_RC(TALLY_ESHARDS, tally_counter_incr_shard(c, 3, 1));
+  EXPECT_RC(TALLY_ESHARDS, tally_counter_incr_shard(c, 0xFFFFFFFFu, 1));
+  /* reshard to fewer shards than the total needs: would overflow a cell */
+  {
+    int rc = tally_counter_reshard(c, 1);
+    atomic_fetch_add(&tu_checks, 1);
+    if (rc != TALLY_ERANGE)
+      TU_FAIL("reshard(1) of a counter at ~-2^63 -> %d %s, expected ERANGE", rc,
+              tally_err_name(rc));
+    uint32_t n = 0;
+    EXPECT_OK(tally_counter_shards(c, NULL, 0, &n));
+    EXPECT_I64(3, n);
+  }
+  tally_counter_close(c);
+  EXPECT_OK(tally_store_drop(s, "range3", 6));
+  EXPECT_OK(tally_store_drop(s, "range1", 6));
+}
+
+static void test_policies_incr(tally_store *s) {
+  for (int p = 0; p < TALLY_POLICY_COUNT_; p++) {
+    char name[32];
+    tally_counter *c = NULL;
+    snprintf(name, sizeof name, "pol:%s", tally_policy_name(p));
+    REQUIRE_OK(tu_counter(s, name, 8, p, TALLY_COUNTER_CREATE, &c));
+    int64_t want = 0;
+    for (int i = 0; i < 1000; i++) {
+      int64_t d = (i % 7) - 2;
+      if (p == TALLY_POLICY_KEY) {
+        if (i == 0) EXPECT_RC(TALLY_EPOLICY, tally_counter_incr(c, 1));
+      } else if (p == TALLY_POLICY_CUSTOM) {
+        if (i == 0) EXPECT_RC(TALLY_EPOLICY, tally_counter_incr(c, 1));
+      } else {
+        EXPECT_OK(tally_counter_incr(c, d));
+        want += d;
+      }
+      EXPECT_OK(tally_counter_incr_key(c, &i, sizeof i, d));
+      EXPECT_OK(tally_counter_incr_shard(c, (uint32_t)i % 8, d));
+      want += 2 * d;
+    }
+    EXPECT_I64(want, tu_value(c));
+    /* the same key lands on the same shard */
+    {
+      int64_t a[8], b[8];
+      uint32_t n;
+      EXPECT_OK(tally_counter_shards(c, a, 8, &n));
+      for (int i = 0; i < 10; i++) EXPECT_OK(tally_counter_incr_key(c, "same-key", 8, 3));
+      EXPECT_OK(tally_counter_shards(c, b, 8, &n));
+      int changed = 0;
+      for (int i = 0; i < 8; i++)
+        if (a[i] != b[i]) {
+          changed++;
+          EXPECT_I64(a[i] + 30, b[i]);
+        }
+      EXPECT_I64(1, changed);
+      /* empty key is allowed and deterministic too */
+      EXPECT_OK(tally_counter_incr_key(c, "", 0, 1));
+      EXPECT_RC(TALLY_EINVAL, tally_counter_incr_key(c, NULL, 3, 1));
+      want += 31;
+    }
+    /* round_robin visits every shard */
+    if (p == TALLY_POLICY_ROUND_ROBIN) {
+      int64_t a[8], b[8];
+      uint32_t n;
+      EXPECT_OK(tally_counter_shards(c, a, 8, &n));
+      for (int i = 0; i < 8; i++) EXPECT_OK(tally_counter_incr(c, 1));
+      EXPECT_OK(tally_counter_shards(c, b, 8, &n));
+      for (int i = 0; i < 8; i++) EXPECT_I64(a[i] + 1, b[i]);
+      want += 8;
+    }
+    /* thread policy: one thread keeps to one shard */
+    if (p == TALLY_POLICY_THREAD) {
+      int64_t a[8], b[8];
+      uint32_t n;
+      EXPECT_OK(tally_counter_shards(c, a, 8, &n));
+      for (int i = 0; i < 100; i++) EXPECT_OK(tally_counter_incr(c, 1));
+      EXPECT_OK(tally_counter_shards(c, b, 8, &n));
+      int changed = 0;
+      for (int i = 0; i < 8; i++) changed += a[i] != b[i];
+      EXPECT_I64(1, changed);
+      want += 100;
+    }
+    /* random spreads */
+    if (p == TALLY_POLICY_RANDOM) {
+      int64_t a[8], b[8];
+      uint32_t n;
+      EXPECT_OK(tally_counter_shards(c, a, 8, &n));
+      for (int i = 0; i < 800; i++) EXPECT_OK(tally_counter_incr(c, 1));
+      EXPECT_OK(tally_counter_shards(c, b, 8, &n));
+      int changed = 0;
+      for (int i = 0; i < 8; i++) changed += a[i] != b[i];
+      EXPECT(changed >= 6);
+      want += 800;
+    }
+    EXPECT_I64(want, tu_value(c));
+    tally_counter_info inf;
+    EXPECT_OK(tally_counter_info_get(c, &inf));
+    EXPECT_STR(name, inf.name);
+    EXPECT_I64(strlen(name), inf.name_len);
+    EXPECT_I64(8, inf.shards);
+    EXPECT_I64(p, inf.policy);
+    tally_counter_close(c);
+  }
+}
+
+static void test_null_handles(void) {
+  int64_t v = 5;
+  uint32_t n = 9;
+  tally_counter_info inf;
+  tally_store_stats st;
+  EXPECT_RC(TALLY_EINVAL, tally_counter_incr(NULL, 1));
+  EXPECT_RC(TALLY_EINVAL, tally_counter_incr_key(NULL, "k", 1, 1));
+  EXPECT_RC(TALLY_EINVAL, tally_counter_incr_shard(NULL, 0, 1));
+  EXPECT_RC(TALLY_EINVAL, tally_counter_value(NULL, &v));
+  EXPECT_RC(TALLY_EINVAL, tally_counter_shards(NULL, &v, 1, &n));
+  EXPECT_RC(TALLY_EINVAL, tally_counter_reset(NULL, &v));
+  EXPECT_RC(TALLY_EINVAL, tally_counter_reshard(NULL, 4));
+  EXPECT_RC(TALLY_EINVAL, tally_counter_info_get(NULL, &inf));
+  EXPECT_RC(TALLY_EINVAL, tally_store_drop(NULL, "x", 1));
+  EXPECT_RC(TALLY_EINVAL, tally_store_sync(NULL));
+  EXPECT_RC(TALLY_EINVAL, tally_store_check(NULL));
+  EXPECT_RC(TALLY_EINVAL, tally_store_stats_get(NULL, &st));
+  EXPECT_RC(TALLY_EINVAL, tally_store_each(NULL, NULL, 0, each_cb, NULL));
+  EXPECT_RC(TALLY_EINVAL, tally_store_sum(NULL, NULL, 0, &v, NULL));
+  EXPECT_RC(TALLY_EINVAL, tally_family_set(NULL, "x*", 2, NULL));
+  EXPECT_RC(TALLY_EINVAL, tally_family_resolve(NULL, "x", 1, NULL));
+  EXPECT_RC(TALLY_EINVAL, tally_store_open("memory", NULL, NULL));
+  EXPECT_I64(5, v);
+  EXPECT_I64(9, n);
+  tally_store_close(NULL);
+}
+
+static void test_counter_ops(tally_store *s) {
+  tally_counter *c = NULL, *c2 = NULL;
+  tally_counter_options o = {10, TALLY_POLICY_RANDOM};
+  int64_t v = 0;
+  uint32_t n = 0;
+
+  REQUIRE_OK(tally_counter_open(s, "post:1:likes", 12, &o, TALLY_COUNTER_CREATE, &c));
+  /* same options, none, or "defaults" (0/-1) on an existing counter: fine */
+  EXPECT_OK(tally_counter_open(s, "post:1:likes", 12, &o, TALLY_COUNTER_CREATE, &c2));
+  tally_counter_close(c2);
+  c2 = NULL;
+  EXPECT_OK(tally_counter_open(s, "post:1:likes", 12, NULL, 0, &c2));
+  tally_counter_close(c2);
+  c2 = NULL;
+  EXPECT_OK(tally_counter_open(s, "post:1:likes", 12, NULL, TALLY_COUNTER_CREATE, &c2));
+  tally_counter_close(c2);
+  c2 = NULL;
+  /* different options: EMISMATCH, with or without CREATE */
+  tally_counter_options bad = {11, TALLY_POLICY_RANDOM};
+  EXPECT_RC(TALLY_EMISMATCH, tally_counter_open(s, "post:1:likes", 12, &bad, TALLY_COUNTER_CREATE, &c2));
+  EXPECT_RC(TALLY_EMISMATCH, tally_counter_open(s, "post:1:likes", 12, &bad, 0, &c2));
+  bad.shards = 10;
+  bad.policy = TALLY_POLICY_THREAD;
+  EXPECT_RC(TALLY_EMISMATCH, tally_counter_open(s, "post:1:likes", 12, &bad, TALLY_COUNTER_CREATE, &c2));
+  EXPECT(c2 == NULL);
+  EXPECT(strstr(tally_errmsg(), "post:1:likes") != NULL);
+
+  EXPECT_OK(tally_counter_incr(c, 5));
+  EXPECT_OK(tally_counter_incr(c, -2));
+  EXPECT_OK(tally_counter_value(c, &v));
+  EXPECT_I64(3, v);
+
+  /* shards(): per-shard values, cap, n */
+  EXPECT_OK(tally_counter_reset(c, &v));
+  EXPECT_I64(3, v);
+  for (uint32_t i = 0; i < 10; i++) EXPECT_OK(tally_counter_incr_shard(c, i, (int64_t)i * 100 - 300));
+  {
+    int64_t sh[12];
+    for (int i = 0; i < 12; i++) sh[i] = -7;
+    EXPECT_OK(tally_counter_shards(c, sh, 12, &n));
+    EXPECT_I64(10, n);
+    for (int i = 0; i < 10; i++) EXPECT_I64((int64_t)i * 100 - 300, sh[i]);
+    EXPECT_I64(-7, sh[10]);
+    for (int i = 0; i < 12; i++) sh[i] = -7;
+    n = 0;
+    EXPECT_OK(tally_counter_shards(c, sh, 4, &n));
+    EXPECT_I64(10, n);
+    EXPECT_I64(0, sh[3]);
+    EXPECT_I64(-7, sh[4]);
+    n = 0;
+    EXPECT_OK(tally_counter_shards(c, NULL, 0, &n));
+    EXPECT_I64(10, n);
+    EXPECT_RC(TALLY_EINVAL, tally_counter_shards(c, NULL, 4, &n));
+  }
+  EXPECT_I64(4500 - 3000, tu_value(c));
+  EXPECT_RC(TALLY_EINVAL, tally_counter_value(c, NULL));
+
+  /* reset returns what it removed */
+  v = 0;
+  EXPECT_OK(tally_counter_reset(c, &v));
+  EXPECT_I64(1500, v);
+  EXPECT_I64(0, tu_value(c));
+  EXPECT_OK(tally_counter_reset(c, &v));
+  EXPECT_I64(0, v);
+  EXPECT_OK(tally_counter_incr(c, -9));
+  EXPECT_OK(tally_counter_reset(c, &v));
+  EXPECT_I64(-9, v);
+  {
+    int rc = tally_counter_reset(c, NULL);  /* NULL out: allowed or EINVAL */
+    atomic_fetch_add(&tu_checks, 1);
+    if (rc != 0 && rc != TALLY_EINVAL) TU_FAIL("reset(NULL) -> %d", rc);
+  }
+
+  /* reshard: keeps the value; grow and shrink across 1..1024 */
+  {
+    static const uint32_t sizes[] = {1, 2, 3, 16, 17, 64, 1000, 1024, 513, 7, 1, 1024, 2, 16};
+    uint64_t rng = 42;
+    int64_t want = 0;
+    for (int i = 0; i < 200; i++) {
+      int64_t d = (int64_t)(tu_rng(&rng) % 2000001) - 1000000;
+      EXPECT_OK(tally_counter_incr_shard(c, (uint32_t)(tu_rng(&rng) % 10), d));
+      want += d;
+    }
+    EXPECT_I64(want, tu_value(c));
+    for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+      EXPECT_OK(tally_counter_reshard(c, sizes[k]));
+      EXPECT_I64(want, tu_value(c));
+      tally_counter_info inf;
+      EXPECT_OK(tally_counter_info_get(c, &inf));
+      EXPECT_I64(sizes[k], inf.shards);
+      EXPECT_I64(TALLY_POLICY_RANDOM, inf.policy);
+      int64_t *sh = calloc(1024, sizeof *sh);
+      EXPECT_OK(tally_counter_shards(c, sh, 1024, &n));
+      EXPECT_I64(sizes[k], n);
+      int64_t sum = 0;
+      for (uint32_t i = 0; i < n; i++) sum += sh[i];
+      EXPECT_I64(want, sum);
+      free(sh);
+      /* increments land in the new layout */
+      for (int i = 0; i < 50; i++) EXPECT_OK(tally_counter_incr(c, 1));
+      EXPECT_OK(tally_counter_incr_shard(c, sizes[k] - 1, 2));
+      EXPECT_RC(TALLY_ESHARDS, tally_counter_incr_shard(c, sizes[k], 2));
+      want += 52;
+      EXPECT_I64(want, tu_value(c));
+      /* a second handle opened earlier sees it too */
+    }
+    EXPECT_RC(TALLY_ESHARDS, tally_counter_reshard(c, 0));
+    EXPECT_RC(TALLY_ESHARDS, tally_counter_reshard(c, 1025));
+    EXPECT_I64(want, tu_value(c));
+    EXPECT_OK(tally_counter_reshard(c, 16));   /* same count again is fine */
+    EXPECT_OK(tally_counter_reshard(c, 16));
+    EXPECT_I64(want, tu_value(c));
+    /* the other handle, opened now with the new options, agrees */
+    tally_counter_options now = {16, TALLY_POLICY_RANDOM};
+    EXPECT_OK(tally_counter_open(s, "post:1:likes", 12, &now, 0, &c2));
+    if (c2) {
+      EXPECT_I64(want, tu_value(c2));
+      EXPECT_OK(tally_counter_reshard(c2, 5));
+      EXPECT_I64(want, tu_value(c));     /* the first handle follows */
+      EXPECT_OK(tally_counter_incr(c, 1));
+      EXPECT_I64(want + 1, tu_value(c2));
+      tally_counter_info inf;
+      EXPECT_OK(tally_counter_info_get(c, &inf));
+      EXPECT_I64(5, inf.shards);
+      tally_counter_close(c2);
+      c2 = NULL;
+    }
+    EXPECT_OK(tally_counter_reset(c, &v));
+    EXPECT_I64(want + 1, v);
+  }
+
+  /* drop: second handle gets EDROPPED; name is free again */
+  EXPECT_OK(tally_counter_open(s, "post:1:likes", 12, NULL, 0, &c2));
+  EXPECT_OK(tally_counter_incr(c2, 4));
+  EXPECT_OK(tally_store_drop(s, "post:1:likes", 12));
+  EXPECT_RC(TALLY_ENOENT, tally_store_drop(s, "post:1:likes", 12));
+  EXPECT_RC(TALLY_ENAME, tally_store_drop(s, "", 0));
+  EXPECT_RC(TALLY_EDROPPED, tally_counter_incr(c2, 1));
+  EXPECT_RC(TALLY_EDROPPED, tally_counter_incr(c, 1));
+  EXPECT_RC(TALLY_EDROPPED, tally_counter_incr_shard(c, 0, 1));
+  EXPECT_RC(TALLY_EDROPPED, tally_counter_incr_key(c, "k", 1, 1));
+  v = 99;
+  EXPECT_RC(TALLY_EDROPPED, tally_counter_value(c2, &v));
+  EXPECT_RC(TALLY_EDROPPED, tally_counter_reset(c2, &v));
+  EXPECT_RC(TALLY_EDROPPED, tally_counter_reshard(c2, 3));
+  EXPECT_RC(TALLY_EDROPPED, tally_counter_shards(c2, &v, 1, &n));
+  EXPECT_I64(99, v);
+  EXPECT_RC(TALLY_ENOENT, tally_counter_open(s, "post:1:likes", 12, NULL, 0, &c));
+  {
+    tally_counter *c3 = NULL;
+    EXPECT_OK(tally_counter_open(s, "post:1:likes", 12, NULL, TALLY_COUNTER_CREATE, &c3));
+    if (c3) {
+      EXPECT_I64(0, tu_value(c3));
+      EXPECT_OK(tally_counter_incr(c3, 1));
+      /* old handles stay dropped even though the name lives again */
+      EXPECT_RC(TALLY_EDROPPED, tally_counter_incr(c2, 1));
+      EXPECT_RC(TALLY_EDROPPED, tally_counter_value(c, &v));
+      EXPECT_I64(1, tu_value(c3));
+      tally_counter_close(c3);
+    }
+    EXPECT_OK(tally_store_drop(s, "post:1:likes", 12));
+  }
+  tally_counter_close(c2);
+  tally_counter_close(c);
+}
+
+static void test_families(tally_store *s) {
+  tally_counter_options o, fam;
+  tally_counter *c = NULL;
+  tally_counter_info inf;
+
+  /* defaults */
+  EXPECT_OK(tally_family_resolve(s, "nofam", 5, &o));
+  EXPECT_I64(TALLY_DEFAULT_SHARDS, o.shards);
+  EXPECT_I64(TALLY_POLICY_THREAD, o.policy);
+  EXPECT_RC(TALLY_ENAME, tally_family_resolve(s, "", 0, &o));
+  EXPECT_RC(TALLY_EINVAL, tally_family_resolve(s, "x", 1, NULL));
+
+  fam = (tally_counter_options){8, TALLY_POLICY_RANDOM};
+  EXPECT_OK(tally_family_set(s, "fam:*:likes", 11, &fam));
+  fam = (tally_counter_options){1025, TALLY_POLICY_RANDOM};
+  EXPECT_RC(TALLY_ESHARDS, tally_family_set(s, "bad:*", 5, &fam));
+  fam = (tally_counter_options){4, 17};
+  EXPECT_RC(TALLY_EPOLICY, tally_family_set(s, "bad:*", 5, &fam));
+  EXPECT_FAILS(tally_family_set(s, "", 0, &fam));
+  EXPECT_OK(tally_family_resolve(s, "bad:1", 5, &o));
+  EXPECT_I64(TALLY_DEFAULT_SHARDS, o.shards);
+
+  EXPECT_OK(tally_family_resolve(s, "fam:1:likes", 11, &o));
+  EXPECT_I64(8, o.shards);
+  EXPECT_I64(TALLY_POLICY_RANDOM, o.policy);
+  EXPECT_OK(tally_family_resolve(s, "fam:1:views", 11, &o));
+  EXPECT_I64(TALLY_DEFAULT_SHARDS, o.shards);
+
+  /* a later, broader family wins where both match */
+  fam = (tally_counter_options){4, TALLY_POLICY_ROUND_ROBIN};
+  EXPECT_OK(tally_family_set(s, "fam:*", 5, &fam));
+  EXPECT_OK(tally_family_resolve(s, "fam:1:likes", 11, &o));
+  EXPECT_I64(4, o.shards);
+  EXPECT_I64(TALLY_POLICY_ROUND_ROBIN, o.policy);
+  EXPECT_OK(tally_family_resolve(s, "fam:1:views", 11, &o));
+  EXPECT_I64(4, o.shards);
+
+  /* a later, narrower one wins for what it matches */
+  fam = (tally_counter_options){2, TALLY_POLICY_KEY};
+  EXPECT_OK(tally_family_set(s, "fam:9*", 6, &fam));
+  EXPECT_OK(tally_family_resolve(s, "fam:99:likes", 12, &o));
+  EXPECT_I64(2, o.shards);
+  EXPECT_I64(TALLY_POLICY_KEY, o.policy);
+  EXPECT_OK(tally_family_resolve(s, "fam:1:likes", 11, &o));
+  EXPECT_I64(4, o.shards);
+
+  /* counters created under a family take its options */
+  EXPECT_OK(tally_counter_open(s, "fam:99:x", 8, NULL, TALLY_COUNTER_CREATE, &c));
+  if (c) {
+    EXPECT_OK(tally_counter_info_get(c, &inf));
+    EXPECT_I64(2, inf.shards);
+    EXPECT_I64(TALLY_POLICY_KEY, inf.policy);
+    tally_counter_close(c);
+    c = NULL;
+  }
+  o = (tally_counter_options){0, -1};
+  EXPECT_OK(tally_counter_open(s, "fam:5:x", 7, &o, TALLY_COUNTER_CREATE, &c));
+  if (c) {
+    EXPECT_OK(tally_counter_info_get(c, &inf));
+    EXPECT_I64(4, inf.shards);
+    EXPECT_I64(TALLY_POLICY_ROUND_ROBIN, inf.policy);
+    tally_counter_close(c);
+    c = NULL;
+  }
+  /* explicit options beat the family */
+  o = (tally_counter_options){3, TALLY_POLICY_RANDOM};
+  EXPECT_OK(tally_counter_open(s, "fam:6:x", 7, &o, TALLY_COUNTER_CREATE, &c));
+  if (c) {
+    EXPECT_OK(tally_counter_info_get(c, &inf));
+    EXPECT_I64(3, inf.shards);
+    EXPECT_I64(TALLY_POLICY_RANDOM, inf.policy);
+    tally_counter_close(c);
+    c = NULL;
+  }
+
+  /* redefining replaces; fields left 0/-1 fall back to the defaults */
+  fam = (tally_counter_options){3, TALLY_POLICY_KEY};
+  EXPECT_OK(tally_family_set(s, "solo:*", 6, &fam));
+  EXPECT_OK(tally_family_resolve(s, "solo:a", 6, &o));
+  EXPECT_I64(3, o.shards);
+  EXPECT_I64(TALLY_POLICY_KEY, o.policy);
+  fam = (tally_counter_options){5, -1};
+  EXPECT_OK(tally_family_set(s, "solo:*", 6, &fam));
+  EXPECT_OK(tally_family_resolve(s, "solo:a", 6, &o));
+  EXPECT_I64(5, o.shards);
+  EXPECT_I64(TALLY_POLICY_THREAD, o.policy);
+  fam = (tally_counter_options){0, TALLY_POLICY_RANDOM};
+  EXPECT_OK(tally_family_set(s, "solo:*", 6, &fam));
+  EXPECT_OK(tally_family_resolve(s, "solo:a", 6, &o));
+  EXPECT_I64(TALLY_DEFAULT_SHARDS, o.shards);
+  EXPECT_I64(TALLY_POLICY_RANDOM, o.policy);
+  {
+    /* NULL options: refused, or taken as all defaults */
+    int rc = tally_family_set(s, "solo:*", 6, NULL);
+    atomic_fetch_add(&tu_checks, 1);
+    if (rc != 0 && rc != TALLY_EINVAL) TU_FAIL("family_set(NULL opt) -> %s", tally_err_name(rc));
+    EXPECT_OK(tally_family_resolve(s, "solo:a", 6, &o));
+    EXPECT_I64(TALLY_DEFAULT_SHARDS, o.shards);
+    EXPECT_I64(rc == 0 ? TALLY_POLICY_THREAD : TALLY_POLICY_RANDOM, o.policy);
+  }
+
+  /* many families (more than a small fixed table) */
+  for (int i = 0; i < 300; i++) {
+    char pat[32];
+    int len = snprintf(pat, sizeof pat, "many:%d:*", i);
+    fam = (tally_counter_options){(uint32_t)(i % 1024) + 1, i % 4};
+    EXPECT_OK(tally_family_set(s, pat, (size_t)len, &fam));
+  }
+  for (int i = 0; i < 300; i += 37) {
+    char nm[32];
+    int len = snprintf(nm, sizeof nm, "many:%d:q", i);
+    EXPECT_OK(tally_family_resolve(s, nm, (size_t)len, &o));
+    EXPECT_I64(i % 1024 + 1, o.shards);
+    EXPECT_I64(i % 4, o.policy);
+  }
+  for (int i = 0; i < 3; i++) {
+    EXPECT_OK(tally_store_drop(s, i == 0 ? "fam:99:x" : i == 1 ? "fam:5:x" : "fam:6:x", i == 0 ? 8 : 7));
+  }
+}
+
+static void test_each_sum(tally_store *s) {
+  tally_counter *c;
+  int64_t sum = -1;
+  uint64_t count = 99;
+  for (int i = 1; i <= 5; i++) {
+    char nm[32];
+    snprintf(nm, sizeof nm, "es:%d:likes", i);
+    REQUIRE_OK(tu_counter(s, nm, (uint32_t)i, TALLY_POLICY_RANDOM, TALLY_COUNTER_CREATE, &c));
+    EXPECT_OK(tally_counter_incr(c, i * 10));
+    tally_counter_close(c);
+    snprintf(nm, sizeof nm, "es:%d:views", i);
+    REQUIRE_OK(tu_counter(s, nm, 2, TALLY_POLICY_RANDOM, TALLY_COUNTER_CREATE, &c));
+    EXPECT_OK(tally_counter_incr(c, -i));
+    tally_counter_close(c);
+  }
+  EXPECT_OK(tally_store_sum(s, "es:*:likes", 10, &sum, &count));
+  EXPECT_I64(150, sum);
+  EXPECT_I64(5, count);
+  EXPECT_OK(tally_store_sum(s, "es:*", 4, &sum, &count));
+  EXPECT_I64(150 - 15, sum);
+  EXPECT_I64(10, count);
+  EXPECT_OK(tally_store_sum(s, "es:?:views", 10, &sum, NULL));
+  EXPECT_I64(-15, sum);
+  EXPECT_OK(tally_store_sum(s, "nomatch*", 8, &sum, &count));
+  EXPECT_I64(0, sum);
+  EXPECT_I64(0, count);
+  EXPECT_RC(TALLY_EINVAL, tally_store_sum(s, "es:*", 4, NULL, &count));
+
+  struct each_ctx e;
+  memset(&e, 0, sizeof e);
+  EXPECT_OK(tally_store_each(s, "es:*:likes", 10, each_cb, &e));
+  EXPECT_I64(5, e.n);
+  EXPECT(seen(&e, "es:1:likes") && seen(&e, "es:5:likes") && !seen(&e, "es:1:views"));
+  memset(&e, 0, sizeof e);
+  e.stop_at = 3;
+  EXPECT_RC(42, tally_store_each(s, "es:*", 4, each_cb, &e));
+  EXPECT_I64(3, e.n);
+  memset(&e, 0, sizeof e);
+  EXPECT_OK(tally_store_each(s, "es:3:*", 6, each_cb, &e));
+  EXPECT_I64(2, e.n);
+  EXPECT_RC(TALLY_EINVAL, tally_store_each(s, "*", 1, NULL, &e));
+
+  /* NULL and "*" list everything; equal to stats.counters */
+  tally_store_stats st;
+  EXPECT_OK(tally_store_stats_get(s, &st));
+  memset(&e, 0, sizeof e);
+  EXPECT_OK(tally_store_each(s, NULL, 0, each_cb, &e));
+  EXPECT_I64(st.counters, e.n);
+  memset(&e, 0, sizeof e);
+  EXPECT_OK(tally_store_each(s, "*", 1, each_cb, &e));
+  EXPECT_I64(st.counters, e.n);
+
+  /* dropped counters disappear from each/sum */
+  EXPECT_OK(tally_store_drop(s, "es:5:likes", 10));
+  EXPECT_OK(tally_store_sum(s, "es:*:likes", 10, &sum, &count));
+  EXPECT_I64(100, sum);
+  EXPECT_I64(4, count);
+  for (int i = 1; i <= 5; i++) {
+    char nm[32];
+    int len = snprintf(nm, sizeof nm, "es:%d:views", i);
+    EXPECT_OK(tally_store_drop(s, nm, (size_t)len));
+    len = snprintf(nm, sizeof nm, "es:%d:likes", i);
+    if (i < 5) EXPECT_OK(tally_store_drop(s, nm, (size_t)len));
+  }
+  EXPECT_OK(tally_store_sum(s, "es:*", 4, &sum, &count));
+  EXPECT_I64(0, count);
+}
+
+static void test_stats(tally_store *s, int is_file) {
+  tally_store_stats a, b;
+  tally_counter *c;
+  EXPECT_RC(TALLY_EINVAL, tally_store_stats_get(s, NULL));
+  EXPECT_OK(tally_store_stats_get(s, &a));
+  /* shard counts no other test uses, so new chunks are needed */
+  REQUIRE_OK(tu_counter(s, "stats:a", 77, TALLY_POLICY_THREAD, TALLY_COUNTER_CREATE, &c));
+  EXPECT_OK(tally_store_stats_get(s, &b));
+  EXPECT_I64(a.counters + 1, b.counters);
+  if (is_file) {
+    EXPECT(b.used_bytes >= a.used_bytes + 77 * 8);
+    EXPECT(b.file_bytes >= b.used_bytes);
+    EXPECT(b.file_bytes > 0);
+  }
+  EXPECT_OK(tally_counter_reshard(c, 99));
+  EXPECT_OK(tally_store_stats_get(s, &a));
+  EXPECT_I64(b.counters, a.counters);
+  if (is_file) EXPECT(a.retired_bytes >= b.retired_bytes + 77 * 8);
+  tally_counter_close(c);
+  EXPECT_OK(tally_store_drop(s, "stats:a", 7));
+  EXPECT_OK(tally_store_stats_get(s, &b));
+  EXPECT_I64(a.counters - 1, b.counters);
+  if (is_file) EXPECT(b.retired_bytes >= a.retired_bytes + 99 * 8);
+}
+
+static void suite(tally_store *s, int is_file) {
+  test_open_errors(s);
+  test_incr_and_range(s);
+  test_policies_incr(s);
+  test_counter_ops(s);
+  test_families(s);
+  test_each_sum(s);
+  test_stats(s, is_file);
+  EXPECT_OK(tally_store_sync(s));
+  EXPECT_OK(tally_store_check(s));
+}
+
+/* ---- store open ---------------------------------------------------------- */
+
+static void test_store_kinds(void) {
+  tally_store *s = NULL;
+  const char *specs[] = {NULL, "", "memory"};
+  for (int i = 0; i < 3; i++) {
+    s = NULL;
+    EXPECT_OK(tally_store_open(specs[i], NULL, &s));
+    if (s) {
+      EXPECT_STR("memory", tally_store_kind(s));
+      EXPECT_OK(tally_store_sync(s));
+      EXPECT_OK(tally_store_check(s));
+      tally_store_close(s);
+    }
+  }
+  s = (tally_store *)0x1;
+  EXPECT_RC(TALLY_EINVAL, tally_store_open("bogus:xyz", NULL, &s));
+  EXPECT(strstr(tally_errmsg(), "bogus") != NULL);
+  EXPECT_RC(TALLY_EINVAL, tally_store_open("file:", NULL, &s));
+  EXPECT_RC(TALLY_EINVAL, tally_store_open("memoryx", NULL, &s));
+  EXPECT(s == (tally_store *)0x1);
+  /* missing directory: ESYS with the file name */
+  char spec[1200];
+  snprintf(spec, sizeof spec, "file:%s/no/such/dir/x.tly", g_dir);
+  EXPECT_RC(TALLY_ESYS, tally_store_open(spec, NULL, &s));
+  EXPECT(strstr(tally_errmsg(), "no/such/dir/x.tly") != NULL);
+  EXPECT(s == (tally_store *)0x1);
+  /* a directory is not a store */
+  snprintf(spec, sizeof spec, "file:%s", g_dir);
+  {
+    int rc = tally_store_open(spec, NULL, &s);
+    atomic_fetch_add(&tu_checks, 1);
+    if (rc == 0) {
+      TU_FAIL("opening a directory as a store succeeded");
+      tally_store_close(s);
+    }
+  }
+}
+
+static void test_file_open_options(void) {
+  char spec[1200], path[1200];
+  tally_store *s = NULL;
+  struct stat st;
+  tally_open_options oo = {0, 0};
+  mode_t old = umask(022);
+
+  tu_spec(spec, sizeof spec, path, sizeof path, g_dir, "mode-default.tly");
+  EXPECT_OK(tally_store_open(spec, NULL, &s));
+  tally_store_close(s);
+  EXPECT(stat(path, &st) == 0 && (st.st_mode & 0777) == 0600);
+
+  tu_spec(spec, sizeof spec, path, sizeof path, g_dir, "mode-zero.tly");
+  s = NULL;
+  EXPECT_OK(tally_store_open(spec, &oo, &s));
+  tally_store_close(s);
+  EXPECT(stat(path, &st) == 0 && (st.st_mode & 0777) == 0600);
+
+  tu_spec(spec, sizeof spec, path, sizeof path, g_dir, "mode-0640.tly");
+  oo.mode = 0640;
+  s = NULL;
+  EXPECT_OK(tally_store_open(spec, &oo, &s));
+  tally_store_close(s);
+  EXPECT(stat(path, &st) == 0 && (st.st_mode & 0777) == 0640);
+  /* mode does not change an existing file */
+  oo.mode = 0600;
+  s = NULL;
+  EXPECT_OK(tally_store_open(spec, &oo, &s));
+  tally_store_close(s);
+  EXPECT(stat(path, &st) == 0 && (st.st_mode & 0777) == 0640);
+
+  /* NOCREATE */
+  tu_spec(spec, sizeof spec, path, sizeof path, g_dir, "nocreate.tly");
+  oo = (tally_open_options){0, TALLY_OPEN_NOCREATE};
+  s = (tally_store *)0x1;
+  {
+    int rc = tally_store_open(spec, &oo, &s);
+    atomic_fetch_add(&tu_checks, 1);
+    if (rc >= 0) TU_FAIL("NOCREATE on a missing file -> %d", rc);
+  }
+  EXPECT(strstr(tally_errmsg(), "nocreate.tly") != NULL);
+  EXPECT(s == (tally_store *)0x1);
+  EXPECT(stat(path, &st) != 0 && errno == ENOENT);
+  /* unknown flags are refused, not ignored, and create nothing */
+  oo = (tally_open_options){0, 0x80};
+  EXPECT_RC(TALLY_EINVAL, tally_store_open(spec, &oo, &s));
+  EXPECT(s == (tally_store *)0x1);
+  EXPECT(stat(path, &st) != 0 && errno == ENOENT);
+  oo = (tally_open_options){0, TALLY_OPEN_NOCREATE};
+  tu_spec(spec, sizeof spec, path, sizeof path, g_dir, "mode-default.tly");
+  s = NULL;
+  EXPECT_OK(tally_store_open(spec, &oo, &s));
+  if (s) EXPECT_STR("file", tally_store_kind(s));
+  tally_store_close(s);
+  umask(old);
+
+  /* permission denied gives ESYS with the file name (skipped as root) */
+  if (geteuid() != 0) {
+    tu_spec(spec, sizeof spec, path, sizeof path, g_dir, "mode-0640.tly");
+    chmod(path, 0);
+    EXPECT_RC(TALLY_ESYS, tally_store_open(spec, NULL, &s));
+    EXPECT(strstr(tally_errmsg(), "mode-0640.tly") != NULL);
+  }
+}
+
+struct big_ctx { uint64_t n; };
+static int count_cb(void *ud, const char *name, size_t len) {
+  (void)name;
+  (void)len;
+  ((struct big_ctx *)ud)->n++;
+  return 0;
+}
+
+static void test_file_reopen_and_many(void) {
+  char spec[1200], path[1200];
+  tally_store *s = NULL, *s2 = NULL;
+  tally_counter *c = NULL, *c2 = NULL;
+  tu_spec(spec, sizeof spec, path, sizeof path, g_dir, "reopen.tly");
+
+  REQUIRE_OK(tally_store_open(spec, NULL, &s));
+  tally_counter_options fam = {7, TALLY_POLICY_ROUND_ROBIN};
+  EXPECT_OK(tally_family_set(s, "r:*", 3, &fam));
+  REQUIRE_OK(tu_counter(s, "keep", 32, TALLY_POLICY_RANDOM, TALLY_COUNTER_CREATE, &c));
+  EXPECT_OK(tally_counter_incr(c, 123456789));
+  EXPECT_OK(tally_counter_reshard(c, 3));
+  EXPECT_OK(tally_counter_incr(c, -9));
+
+  /* a second open in the same process sees the same counters live */
+  EXPECT_OK(tally_store_open(spec, NULL, &s2));
+  if (s2) {
+    EXPECT_OK(tu_counter(s2, "keep", 0, -1, 0, &c2));
+    if (c2) {
+      EXPECT_I64(123456780, tu_value(c2));
+      EXPECT_OK(tally_counter_incr(c2, 20));
+      EXPECT_I64(123456800, tu_value(c));
+      tally_counter_close(c2);
+    }
+    EXPECT_OK(tally_store_drop(s2, "keep", 4));
+    tally_store_close(s2);
+  }
+  /* we just dropped it through s2: the handle on s sees EDROPPED */
+  EXPECT_RC(TALLY_EDROPPED, tally_counter_incr(c, 1));
+  tally_counter_close(c);
+  REQUIRE_OK(tu_counter(s, "keep", 32, TALLY_POLICY_RANDOM, TALLY_COUNTER_CREATE, &c));
+  EXPECT_OK(tally_counter_incr(c, 123456800));
+  tally_counter_close(c);
+
+  /* many counters: index growth and file growth */
+  const int N = 200000;
+  tally_store_stats st0, st1;
+  EXPECT_OK(tally_store_stats_get(s, &st0));
+  double t0 = tu_now();
+  int created = 0;
+  for (int i = 0; i < N && tu_now() - t0 < 120; i++) {
+    char nm[32];
+    int len = snprintf(nm, sizeof nm, "m:%d", i);
+    tally_counter_options o = {(uint32_t)(i % 4 == 0 ? 16 : 1 + i % 3), TALLY_POLICY_RANDOM};
+    int rc = tally_counter_open(s, nm, (size_t)len, &o, TALLY_COUNTER_CREATE, &c);
+    if (rc != 0) {
+      TU_FAIL("creating counter %d of %d -> %d %s (%s)", i, N, rc, tally_err_name(rc), tally_errmsg());
+      break;
+    }
+    rc = tally_counter_incr(c, i);
+    if (rc != 0) TU_FAIL("incr m:%d -> %s", i, tally_err_name(rc));
+    tally_counter_close(c);
+    created++;
+  }
+  double t1 = tu_now();
+  EXPECT_I64(N, created);
+  EXPECT_OK(tally_store_stats_get(s, &st1));
+  EXPECT_I64(st0.counters + (uint64_t)created, st1.counters);
+  EXPECT(st1.file_bytes > st0.file_bytes);
+  printf("  file store: created %d counters in %.2f s; file %llu -> %llu bytes, used %llu\n",
+         created, t1 - t0, (unsigned long long)st0.file_bytes,
+         (unsigned long long)st1.file_bytes, (unsigned long long)st1.used_bytes);
+  /* lookups of every one */
+  int bad = 0;
+  for (int i = 0; i < created; i++) {
+    char nm[32];
+    int len = snprintf(nm, sizeof nm, "m:%d", i);
+    int64_t v = -1;
+    if (tally_counter_open(s, nm, (size_t)len, NULL, 0, &c) != 0 ||
+        tally_counter_value(c, &v) != 0 || v != i) {
+      if (bad++ < 5) TU_FAIL("m:%d reads %lld (%s)", i, (long long)v, tally_errmsg());
+    } else {
+      tally_counter_close(c);
+    }
+  }
+  EXPECT_I64(0, bad);
+  EXPECT_OK(tally_store_sync(s));
+  EXPECT_OK(tally_store_check(s));
+  tally_store_close(s);
+  {
+    struct stat fst;
+    EXPECT(stat(path, &fst) == 0 && (uint64_t)fst.st_size == st1.file_bytes);
+  }
+
+  /* reopen: the data, the families, the index are all there */
+  s = NULL;
+  t0 = tu_now();
+  REQUIRE_OK(tally_store_open(spec, NULL, &s));
+  printf("  reopen of %d counters took %.3f ms\n", created, (tu_now() - t0) * 1e3);
+  EXPECT_STR("file", tally_store_kind(s));
+  EXPECT_OK(tally_store_check(s));
+  REQUIRE_OK(tu_counter(s, "keep", 0, -1, 0, &c));
+  EXPECT_I64(123456800, tu_value(c));
+  tally_counter_info inf;
+  EXPECT_OK(tally_counter_info_get(c, &inf));
+  EXPECT_I64(32, inf.shards);
+  EXPECT_I64(TALLY_POLICY_RANDOM, inf.policy);
+  tally_counter_close(c);
+  tally_counter_options o;
+  EXPECT_OK(tally_family_resolve(s, "r:x", 3, &o));
+  EXPECT_I64(7, o.shards);
+  EXPECT_I64(TALLY_POLICY_ROUND_ROBIN, o.policy);
+  bad = 0;
+  for (int i = 0; i < created; i += 7) {
+    char nm[32];
+    int len = snprintf(nm, sizeof nm, "m:%d", i);
+    int64_t v = -1;
+    if (tally_counter_open(s, nm, (size_t)len, NULL, 0, &c) != 0 ||
+        tally_counter_value(c, &v) != 0 || v != i) {
+      if (bad++ < 5) TU_FAIL("after reopen m:%d reads %lld (%s)", i, (long long)v, tally_errmsg());
+    } else {
+      tally_counter_close(c);
+    }
+  }
+  EXPECT_I64(0, bad);
+  int64_t sum = 0;
+  uint64_t count = 0;
+  EXPECT_OK(tally_store_sum(s, "m:*", 3, &sum, &count));
+  EXPECT_I64((int64_t)created * (created - 1) / 2, sum);
+  EXPECT_I64(created, count);
+  struct big_ctx bc = {0};
+  EXPECT_OK(tally_store_each(s, "m:1*", 4, count_cb, &bc));
+  {
+    uint64_t want = 0;
+    for (int i = 0; i < created; i++) {
+      char nm[32];
+      snprintf(nm, sizeof nm, "%d", i);
+      want += nm[0] == '1';
+    }
+    EXPECT_I64(want, bc.n);
+  }
+  /* drop half, check, reopen again */
+  for (int i = 0; i < created; i += 2) {
+    char nm[32];
+    int len = snprintf(nm, sizeof nm, "m:%d", i);
+    int rc = tally_store_drop(s, nm, (size_t)len);
+    if (rc != 0) {
+      TU_FAIL("drop m:%d -> %s", i, tally_err_name(rc));
+      break;
+    }
+  }
+  EXPECT_OK(tally_store_check(s));
+  tally_store_close(s);
+  s = NULL;
+  REQUIRE_OK(tally_store_open(spec, NULL, &s));
+  EXPECT_OK(tally_store_sum(s, "m:*", 3, &sum, &count));
+  EXPECT_I64(created / 2, count);
+  EXPECT_OK(tally_store_check(s));
+  tally_store_close(s);
+}
+
+int main(void) {
+  tally_store *s = NULL;
+  char spec[1200];
+  snprintf(g_dir, sizeof g_dir, "%s", tu_tmpdir("api"));
+
+  test_errors();
+  test_policies();
+  test_glob();
+  test_null_handles();
+  test_store_kinds();
+
+  REQUIRE_OK(tally_store_open("memory", NULL, &s));
+  suite(s, 0);
+  tally_store_close(s);
+  printf("  memory store suite done (%d failures so far)\n", atomic_load(&tu_failures));
+
+  tu_spec(spec, sizeof spec, NULL, 0, g_dir, "suite.tly");
+  REQUIRE_OK(tally_store_open(spec, NULL, &s));
+  EXPECT_STR("file", tally_store_kind(s));
+  suite(s, 1);
+  tally_store_close(s);
+  printf("  file store suite done (%d failures so far)\n", atomic_load(&tu_failures));
+
+  test_file_open_options();
+  test_file_reopen_and_many();
+  tu_rmrf(g_dir);
+  return tu_finish("test_api");
+}

@@ -1,0 +1,157 @@
+/* testutil.h -- tiny helpers shared by the C tests (not part of libtally).
+ *
+ * Every check prints file:line, the expression, the code it got (with its
+ * symbolic name) and tally_errmsg(), counts a failure and goes on, so one run
+ * shows every broken thing. A test's main returns tu_finish(name).
+ */
+#ifndef TALLY_TESTUTIL_H
+#define TALLY_TESTUTIL_H
+
+#include <errno.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "tally.h"
+
+static atomic_int tu_failures;
+static atomic_int tu_checks;
+
+#define TU_FAIL(...)                                                          \
+  do {                                                                        \
+    atomic_fetch_add(&tu_failures, 1);                                        \
+    fprintf(stderr, "%s:%d: FAIL: ", __FILE__, __LINE__);                     \
+    fprintf(stderr, __VA_ARGS__);                                             \
+    fputc('\n', stderr);                                                      \
+  } while (0)
+
+/* Expect a tally call to return `want` (0 or a TALLY_E* code). */
+#define EXPECT_RC(want, call)                                                 \
+  do {                                                                        \
+    int tu_rc_ = (call);                                                      \
+    atomic_fetch_add(&tu_checks, 1);                                          \
+    if (tu_rc_ != (want))                                                     \
+      TU_FAIL("%s -> %d %s, expected %d %s (errmsg: %s)", #call, tu_rc_,      \
+              tally_err_name(tu_rc_), (int)(want), tally_err_name(want),      \
+              tally_errmsg());                                                \
+  } while (0)
+
+#define EXPECT_OK(call) EXPECT_RC(0, call)
+
+/* Expect a tally call to fail (any negative code). */
+#define EXPECT_FAILS(call)                                                    \
+  do {                                                                        \
+    int tu_rc_ = (call);                                                      \
+    atomic_fetch_add(&tu_checks, 1);                                          \
+    if (tu_rc_ >= 0) TU_FAIL("%s -> %d, expected an error", #call, tu_rc_);   \
+  } while (0)
+
+#define EXPECT(cond)                                                          \
+  do {                                                                        \
+    atomic_fetch_add(&tu_checks, 1);                                          \
+    if (!(cond)) TU_FAIL("expected %s", #cond);                               \
+  } while (0)
+
+#define EXPECT_I64(want, got)                                                 \
+  do {                                                                        \
+    long long tu_w_ = (long long)(want), tu_g_ = (long long)(got);            \
+    atomic_fetch_add(&tu_checks, 1);                                          \
+    if (tu_w_ != tu_g_)                                                       \
+      TU_FAIL("%s == %s: expected %lld, got %lld", #got, #want, tu_w_, tu_g_); \
+  } while (0)
+
+#define EXPECT_STR(want, got)                                                 \
+  do {                                                                        \
+    const char *tu_w_ = (want), *tu_g_ = (got);                               \
+    atomic_fetch_add(&tu_checks, 1);                                          \
+    if (!tu_g_ || strcmp(tu_w_, tu_g_) != 0)                                  \
+      TU_FAIL("%s: expected \"%s\", got \"%s\"", #got, tu_w_,                 \
+              tu_g_ ? tu_g_ : "(null)");                                      \
+  } while (0)
+
+/* Abort the test program when going on makes no sense (setup failed). */
+#define REQUIRE_OK(call)                                                      \
+  do {                                                                        \
+    int tu_rc_ = (call);                                                      \
+    if (tu_rc_ != 0) {                                                        \
+      fprintf(stderr, "%s:%d: FATAL: %s -> %d %s (%s)\n", __FILE__, __LINE__, \
+              #call, tu_rc_, tally_err_name(tu_rc_), tally_errmsg());         \
+      exit(1);                                                                \
+    }                                                                         \
+  } while (0)
+
+static inline double tu_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Scratch directory: $TALLY_TEST_TMP/<sub>-<pid>, created (mkdir -p). */
+static inline const char *tu_tmpdir(const char *sub) {
+  static char dir[1024];
+  const char *base = getenv("TALLY_TEST_TMP");
+  char cmd[1200];
+  if (!base || !*base) base = "/tmp/tally-test-tmp";
+  snprintf(dir, sizeof dir, "%s/%s-%ld", base, sub, (long)getpid());
+  snprintf(cmd, sizeof cmd, "mkdir -p '%s'", dir);
+  if (system(cmd) != 0) {
+    fprintf(stderr, "cannot create %s\n", dir);
+    exit(1);
+  }
+  return dir;
+}
+
+/* "file:<dir>/<name>" into buf, and the plain path into path (if not NULL). */
+static inline void tu_spec(char *buf, size_t cap, char *path, size_t pcap,
+                           const char *dir, const char *name) {
+  snprintf(buf, cap, "file:%s/%s", dir, name);
+  if (path) snprintf(path, pcap, "%s/%s", dir, name);
+}
+
+static inline void tu_rmrf(const char *dir) {
+  char cmd[1200];
+  if (getenv("TALLY_TEST_KEEP")) return;
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  if (system(cmd) != 0) fprintf(stderr, "warning: cannot remove %s\n", dir);
+}
+
+/* Open counter by C string name. */
+static inline int tu_counter(tally_store *s, const char *name, uint32_t shards,
+                             int policy, uint32_t flags, tally_counter **out) {
+  tally_counter_options o = {shards, policy};
+  return tally_counter_open(s, name, strlen(name), &o, flags, out);
+}
+
+static inline int64_t tu_value(tally_counter *c) {
+  int64_t v = INT64_MIN;
+  int rc = tally_counter_value(c, &v);
+  if (rc != 0) {
+    TU_FAIL("tally_counter_value -> %d %s (%s)", rc, tally_err_name(rc),
+            tally_errmsg());
+  }
+  return v;
+}
+
+static inline uint64_t tu_rng(uint64_t *s) { /* xorshift64* */
+  uint64_t x = *s;
+  x ^= x >> 12;
+  x ^= x << 25;
+  x ^= x >> 27;
+  *s = x;
+  return x * 2685821657736338717ull;
+}
+
+static inline int tu_finish(const char *name) {
+  int f = atomic_load(&tu_failures);
+  printf("%s: %d checks, %d failures: %s\n", name, atomic_load(&tu_checks), f,
+         f ? "FAIL" : "ok");
+  fflush(stdout);
+  return f ? 1 : 0;
+}
+
+#endif /* TALLY_TESTUTIL_H */
