@@ -214,6 +214,8 @@ int tally_counter_incr(tally_counter *c, int64_t delta) {
     uint64_t loc = atomic_load_explicit(&c->loc, memory_order_acquire);
     struct tally__writer *me = &tally__me;
     uint32_t n = tally__loc_shards(loc), i;
+    /* no calls on this path: a call would make the function save registers,
+     * and a locked add waits for those stores to drain */
     if (c->policy == TALLY_POLICY_THREAD && __builtin_expect(me->store_id == c->store_id, 1))
       i = tally__reduce(me->ticket, n);
     else if (c->policy == TALLY_POLICY_RANDOM && __builtin_expect(me->rng != 0, 1))
@@ -345,7 +347,7 @@ static void give_back(tally_store *s, uint64_t loc, const int64_t *taken,
 int tally_counter_reset(tally_counter *c, int64_t *removed) {
   if (!c || !removed) return tally__fail(TALLY_EINVAL, "tally_counter_reset: NULL argument");
   int64_t total = 0, taken[TALLY_MAX_SHARDS];
-  uint64_t loc;
+  uint64_t loc = 0;
   int rc = tally__current(c->s, c->rec_off, &loc);
   if (rc) return rc;
   for (uint32_t i = 0; i < tally__loc_shards(loc); i++) {
