@@ -60,8 +60,8 @@ static double median(double *v, int n) {
 
 /* ---- incr ---------------------------------------------------------------- */
 
-enum { IMPL_THREAD, IMPL_RANDOM, IMPL_ATOMIC, IMPL_MUTEX, IMPL_IDEAL, IMPL_N };
-static const char *impl_names[] = {"thread", "random", "atomic", "mutex", "ideal"};
+enum { IMPL_THREAD, IMPL_RANDOM, IMPL_ATOMIC, IMPL_MUTEX, IMPL_IDEAL, IMPL_IDEAL_CALL, IMPL_N };
+static const char *impl_names[] = {"thread", "random", "atomic", "mutex", "ideal", "ideal_call"};
 
 typedef struct { _Alignas(64) _Atomic int64_t v; char pad[56]; } padded;
 
@@ -76,6 +76,15 @@ static struct {
 } B;
 
 typedef struct { int impl, id; uint64_t ops; } worker;
+
+/* Ideal cells behind the same call shape as tally_counter_incr: a function
+ * the compiler cannot inline, given a handle, finding the calling thread's
+ * cell through thread-local state. The floor for any library API. */
+static _Thread_local int ideal_slot;
+__attribute__((noinline)) static int ideal_incr(padded *cells, int64_t delta) {
+  atomic_fetch_add_explicit(&cells[ideal_slot].v, delta, memory_order_relaxed);
+  return 0;
+}
 
 #define LOOP(body)                                                            \
   while (!atomic_load_explicit(&B.stop, memory_order_relaxed)) {              \
@@ -97,6 +106,10 @@ static void *worker_main(void *arg) {
       break;
     case IMPL_MUTEX:
       LOOP(pthread_mutex_lock(&B.mu); B.mu_val++; pthread_mutex_unlock(&B.mu));
+      break;
+    case IMPL_IDEAL_CALL:
+      ideal_slot = w->id;
+      LOOP(if (ideal_incr(B.cells, 1) != 0) abort());
       break;
     case IMPL_IDEAL: {
       _Atomic int64_t *cell = &B.cells[w->id].v;

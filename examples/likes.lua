@@ -41,7 +41,7 @@ end
 
 local path = arg[1]
 local procs = math.tointeger(tonumber(arg[2] or 4))
-local likes = math.tointeger(tonumber(arg[3] or 100000))
+local likes = math.tointeger(tonumber(arg[3] or 1000000))
 if not procs or procs < 1 or not likes or likes < 0 then
   io.stderr:write("usage: tally examples/likes.lua [store-path] [procs] [likes-per-proc]\n")
   os.exit(2)
