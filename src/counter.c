@@ -91,6 +91,8 @@ int tally_counter_open(tally_store *s, const char *name, size_t len,
     if (attempt == 8) /* dropped again and again under us */
       return tally__fail(TALLY_EDROPPED, "counter '%.*s' was dropped",
                          (int)len, name);
+    tally__lock(s); /* a drop is finishing: wait for it, then look again */
+    tally__unlock(s);
   }
   struct tally__rec *r = tally__at(s, rec_off);
   uint32_t n = tally__loc_shards(loc);
