@@ -42,22 +42,44 @@ int tally__loc_decode(tally_store *s, uint64_t rec_off, uint64_t loc,
 }
 
 /* A fresh column of cells for a counter of n shards. Caller holds the lock. */
-int tally__cells_alloc(tally_store *s, uint32_t n, uint64_t *out) {
-  struct tally__class *k = &s->classes[n - 1];
-  uint64_t chunk = atomic_load(&k->chunk);
-  uint32_t cols = atomic_load(&k->used_cols);
-  uint64_t chunk_bytes = (uint64_t)n * TALLY__ROW_BYTES;
-  if (chunk && (!tally__in_arena(s, chunk, chunk_bytes) ||
-                cols > TALLY__ROW_CELLS))
+static uint64_t class_word(const tally_store *s, uint32_t n, uint64_t chunk,
+                           uint32_t cols) {
+  uint64_t check = tally__mix(s->hdr->salt ^ (uint64_t)n << 48 ^ chunk ^
+                              (uint64_t)cols << 36) & 0x1ffffff;
+  return (chunk >> 6) << 35 | (uint64_t)cols << 25 | check;
+}
+
+/* Class n's chunk being filled (0: none) and its used columns, checked. */
+static int class_get(tally_store *s, uint32_t n, uint64_t *chunk, uint32_t *cols) {
+  uint64_t w = atomic_load_explicit(&s->classes[n - 1].word, memory_order_acquire);
+  uint64_t c = (w >> 35) << 6;
+  uint32_t k = (uint32_t)(w >> 25) & 0x3ff;
+  if (w && (class_word(s, n, c, k) != w || k > TALLY__ROW_CELLS ||
+            !tally__in_arena(s, c, (uint64_t)n * TALLY__ROW_BYTES)))
     return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (class "
                        "table entry %u)", tally__store_name(s), n);
-  if (!chunk || cols == TALLY__ROW_CELLS) {
-    int rc = tally__alloc(s, chunk_bytes, &chunk);
+  *chunk = w ? c : 0;
+  *cols = w ? k : 0;
+  return 0;
+}
+
+int tally__classes_check(tally_store *s) {
+  uint64_t chunk;
+  uint32_t cols;
+  for (uint32_t n = 1; n <= TALLY_MAX_SHARDS; n++) {
+    int rc = class_get(s, n, &chunk, &cols);
     if (rc) return rc;
-    /* chunk first: a crash between the two stores wastes a chunk rather
-     * than handing out columns of the old one twice */
-    atomic_store(&k->chunk, chunk);
-    atomic_store(&k->used_cols, 0);
+  }
+  return 0;
+}
+
+int tally__cells_alloc(tally_store *s, uint32_t n, uint64_t *out) {
+  uint64_t chunk;
+  uint32_t cols;
+  int rc = class_get(s, n, &chunk, &cols);
+  if (rc) return rc;
+  if (!chunk || cols == TALLY__ROW_CELLS) {
+    if ((rc = tally__alloc(s, (uint64_t)n * TALLY__ROW_BYTES, &chunk))) return rc;
     cols = 0;
   }
   uint64_t off = chunk + (uint64_t)cols * 8;
@@ -65,7 +87,9 @@ int tally__cells_alloc(tally_store *s, uint32_t n, uint64_t *out) {
     if (atomic_load((_Atomic int64_t *)(s->base + off + (uint64_t)i * TALLY__ROW_BYTES)))
       return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (class "
                          "table entry %u hands out used cells)", tally__store_name(s), n);
-  atomic_store(&k->used_cols, cols + 1);
+  /* one store: a crash before it leaks at most this chunk or column */
+  atomic_store_explicit(&s->classes[n - 1].word, class_word(s, n, chunk, cols + 1),
+                        memory_order_release);
   *out = off;
   return 0;
 }

@@ -65,7 +65,7 @@ int tally_counter_open(tally_store *s, const char *name, size_t len,
   for (int attempt = 0;; attempt++) {
     rc = tally__index_find(s, name, len, hash, &rec_off);
     if (rc == TALLY_ENOENT && (flags & TALLY_COUNTER_CREATE)) {
-      tally__lock(s);
+      if ((rc = tally__lock(s))) return rc;
       rc = tally__index_find(s, name, len, hash, &rec_off);
       if (rc == TALLY_ENOENT) {
         tally_counter_options o;
@@ -91,7 +91,7 @@ int tally_counter_open(tally_store *s, const char *name, size_t len,
     if (attempt == 8) /* dropped again and again under us */
       return tally__fail(TALLY_EDROPPED, "counter '%.*s' was dropped",
                          (int)len, name);
-    tally__lock(s); /* a drop is finishing: wait for it, then look again */
+    if ((rc = tally__lock(s))) return rc; /* a drop is finishing: wait for it */
     tally__unlock(s);
   }
   struct tally__rec *r = tally__at(s, rec_off);
@@ -118,9 +118,18 @@ void tally_counter_close(tally_counter *c) { free(c); }
 
 /* ---- finding the cells again after a move -------------------------------- */
 
+static bool all_live(tally_store *s, uint64_t loc) {
+  for (uint32_t i = 0, n = tally__loc_shards(loc); i < n; i++)
+    if (!tally__cell_live(atomic_load_explicit(tally__cell_at(s, loc, i),
+                                               memory_order_acquire)))
+      return false;
+  return true;
+}
+
 /* The cells at `seen` were found retired: wait for the move (or finish it,
  * if its process died; the lock does that) and give the counter's current
- * location. TALLY_EDROPPED if the move was a drop. */
+ * location, which is `seen` again if the move was undone (ERANGE).
+ * TALLY_EDROPPED if the move was a drop. */
 static int settle(tally_store *s, uint64_t rec_off, uint64_t seen,
                   uint64_t *loc) {
   struct tally__rec *r = tally__at(s, rec_off);
@@ -132,11 +141,11 @@ static int settle(tally_store *s, uint64_t rec_off, uint64_t seen,
     if (rc) return rc;
     if (dropped)
       return tally__fail(TALLY_EDROPPED, "counter '%s' was dropped", r->name);
-    if (l != seen) {
+    if (l != seen || (round > 0 && all_live(s, l))) {
       *loc = l;
       return 0;
     }
-    tally__lock(s);
+    if ((rc = tally__lock(s))) return rc;
     tally__unlock(s);
   }
   return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (counter '%s' "

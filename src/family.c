@@ -74,9 +74,10 @@ int tally_family_set(tally_store *s, const char *pattern, size_t plen,
                        opt->shards, TALLY_MAX_SHARDS);
   if (opt->policy < -1 || opt->policy >= TALLY_POLICY_COUNT_)
     return tally__fail(TALLY_EPOLICY, "invalid shard policy %d", opt->policy);
-  tally__lock(s);
+  int rc = tally__lock(s);
+  if (rc) return rc;
   uint64_t off;
-  int rc = tally__alloc(s, sizeof(struct tally__family) + plen + 1, &off);
+  rc = tally__alloc(s, sizeof(struct tally__family) + plen + 1, &off);
   if (rc == 0) {
     struct tally__family *f = tally__at(s, off);
     rc = head(s, &f->next);

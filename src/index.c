@@ -135,26 +135,33 @@ int tally__index_find(tally_store *s, const char *name, size_t len,
   return TALLY_ENOENT;
 }
 
-static void place(struct tally__index *t, uint64_t hash, uint64_t entry) {
+/* Store entry in its first free slot; false if there is none (the
+ * counts that keep the table half empty were damaged). */
+static bool place(struct tally__index *t, uint64_t hash, uint64_t entry) {
   uint64_t mask = t->cap - 1;
-  uint64_t i = (hash >> 32) & mask;
-  for (;;) {
+  uint64_t i = (hash >> 32) & mask, n = 0;
+  for (;; i = (i + 1) & mask) {
     uint64_t e = atomic_load_explicit(&t->entries[i], memory_order_relaxed);
     if (e == EMPTY || e == DELETED) break;
-    i = (i + 1) & mask;
+    if (++n == t->cap) return false;
   }
   if (atomic_load_explicit(&t->entries[i], memory_order_relaxed) == DELETED)
     t->deleted--;
   atomic_store_explicit(&t->entries[i], entry, memory_order_release);
   t->live++;
+  return true;
 }
 
 /* Rebuild into a table sized for twice the live entries (dropping deleted
  * ones) and publish it. The slot needs the name's hash: read the records. */
 static int rebuild(tally_store *s, struct tally__index *old,
                    struct tally__index **out) {
-  uint64_t cap = MIN_CAP;
-  while (cap < (old->live + 1) * 4) cap *= 2;
+  uint64_t live = 0, cap = MIN_CAP;
+  for (uint64_t i = 0; i < old->cap; i++) { /* recount: the counts are hints */
+    uint64_t e = atomic_load_explicit(&old->entries[i], memory_order_relaxed);
+    live += e != EMPTY && e != DELETED;
+  }
+  while (cap < (live + 1) * 4) cap *= 2;
   struct tally__index *t;
   uint64_t off;
   int rc = new_table(s, cap, &t, &off);
@@ -164,7 +171,7 @@ static int rebuild(tally_store *s, struct tally__index *old,
     if (e == EMPTY || e == DELETED) continue;
     if (!entry_ok(s, e)) return bad_entry(s, i);
     if ((rc = tally__rec_verify(s, entry_off(e)))) return rc;
-    place(t, name_hash(tally__at(s, entry_off(e))), e);
+    place(t, name_hash(tally__at(s, entry_off(e))), e); /* 4x room: never full */
   }
   atomic_store_explicit(&s->hdr->index, tally__seal(s, TALLY__SEAL_INDEX, off, 0),
                         memory_order_release);
@@ -179,7 +186,9 @@ int tally__index_insert(tally_store *s, uint64_t hash, uint64_t rec_off) {
     int rc = rebuild(s, t, &t);
     if (rc) return rc;
   }
-  place(t, hash, entry_make(s, hash, rec_off));
+  if (!place(t, hash, entry_make(s, hash, rec_off)))
+    return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (name index "
+                       "full)", tally__store_name(s));
   return 0;
 }
 
@@ -254,11 +263,7 @@ int tally__index_check(tally_store *s, uint64_t *live) {
   struct check_state st = {0};
   int rc = tally__index_each(s, check_one, &st);
   if (rc) return rc;
-  if (st.live != t->live)
-    return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (name "
-                       "index counts %llu entries, holds %llu)", tally__store_name(s),
-                       (unsigned long long)t->live,
-                       (unsigned long long)st.live);
-  *live = st.live;
+  *live = st.live; /* t->live is only a hint (a writer killed between storing
+                      an entry and counting it leaves it one off) */
   return 0;
 }

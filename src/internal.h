@@ -79,10 +79,12 @@ struct tally__header {
   _Alignas(64) _Atomic uint64_t writers;
 };
 
+/* One word, so a chunk and its count of used columns change together and
+ * a damaged entry is caught: chunk >> 6 in bits 35..63, used columns in
+ * 25..34, a check in 0..24; 0 means no chunk yet. See cells.c. */
 struct tally__class {
-  _Atomic uint64_t chunk;       /* offset of the chunk being filled, or 0 */
-  _Atomic uint32_t used_cols;   /* columns handed out in it */
-  uint32_t pad_;
+  _Atomic uint64_t word;
+  uint64_t reserved_;
 };
 
 /* A counter record. loc packs where the cells are, so a reshard publishes
@@ -132,7 +134,9 @@ struct tally_store {
   struct tally__class *classes; /* [0] is class 1 */
   _Atomic int64_t *journal;     /* TALLY_MAX_SHARDS saved cell values */
   pthread_mutex_t lock;
+  bool lock_stale;              /* forked: fd's flock is shared with the parent */
   uint64_t id;                  /* unique in this process (thread tickets) */
+  tally_store *prev, *next;     /* open stores, for fork handling */
 };
 
 struct tally_counter {
@@ -200,7 +204,7 @@ uint64_t tally__seal(const tally_store *s, int field, uint64_t off, uint64_t ext
 int tally__unseal(const tally_store *s, int field, uint64_t word, uint64_t extra,
                   uint64_t *off);
 const char *tally__store_name(const tally_store *s); /* for messages */
-void tally__lock(tally_store *s);       /* also finishes a pending move */
+int tally__lock(tally_store *s);        /* also finishes a pending move */
 void tally__unlock(tally_store *s);
 int tally__alloc(tally_store *s, uint64_t bytes, uint64_t *off);
 static inline void *tally__at(const tally_store *s, uint64_t off) {
@@ -234,6 +238,7 @@ uint64_t tally__loc_make(tally_store *s, uint64_t rec_off, uint64_t cells,
 int tally__loc_decode(tally_store *s, uint64_t rec_off, uint64_t loc,
                       uint64_t *cells, uint32_t *nshards, bool *dropped);
 int tally__cells_alloc(tally_store *s, uint32_t nshards, uint64_t *cells);
+int tally__classes_check(tally_store *s);
 
 static inline uint32_t tally__loc_shards(uint64_t loc) {
   return (uint32_t)(loc & TALLY__LOC_SHARDS_MASK) + 1;

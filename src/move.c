@@ -38,12 +38,30 @@ static void retire(tally_store *s, _Atomic int64_t *cell, uint32_t i) {
   }
 }
 
+/* Undo retire(): give cell i its journalled value back. Idempotent, so an
+ * undo killed half way is simply redone: a live cell was restored already.
+ * Writers may be adding to a retired cell and about to subtract again;
+ * the swap keeps their amounts, so their undo still balances. */
+static void restore(tally_store *s, _Atomic int64_t *cell, uint32_t i) {
+  int64_t v = atomic_load_explicit(cell, memory_order_acquire);
+  int64_t saved = atomic_load_explicit(&s->journal[i], memory_order_acquire);
+  while (!tally__cell_live(v) &&
+         !atomic_compare_exchange_weak_explicit(cell, &v, saved + (v - TALLY__SENTINEL),
+                                                memory_order_acq_rel,
+                                                memory_order_acquire)) {}
+}
+
+/* Can total be spread over n cells of [-2^62, 2^62)? */
+static bool fits(__int128 total, uint32_t n) {
+  __int128 q = total / n, r = total % n;
+  return q + (r > 0) < ((__int128)1 << 62) && q - (r < 0) >= -((__int128)1 << 62);
+}
+
 /* Spread total over the cells at loc; false if a cell would leave its range. */
 static bool spread(tally_store *s, uint64_t loc, __int128 total) {
   uint32_t n = tally__loc_shards(loc);
   __int128 q = total / n, r = total % n;
-  if (q + (r > 0) >= ((__int128)1 << 62) || q - (r < 0) < -((__int128)1 << 62))
-    return false;
+  if (!fits(total, n)) return false;
   __int128 extra = r > 0 ? 1 : -1, left = r > 0 ? r : -r;
   for (uint32_t i = 0; i < n; i++)
     atomic_store_explicit(tally__cell_at(s, loc, i),
@@ -81,9 +99,8 @@ static int finish(tally_store *s) {
     __int128 total = 0;
     for (uint32_t i = 0; i < from_n; i++) total += atomic_load(&s->journal[i]);
     if (!to_dropped && !spread(s, to, total)) {
-      for (uint32_t i = 0; i < from_n; i++) /* put every value back */
-        atomic_fetch_add(tally__cell_at(s, from, i),
-                         atomic_load(&s->journal[i]) - TALLY__SENTINEL);
+      for (uint32_t i = 0; i < from_n; i++)
+        restore(s, tally__cell_at(s, from, i), i);
       atomic_store_explicit(&h->pend_rec, 0, memory_order_release);
       return tally__fail(TALLY_ERANGE, "counter '%s' would overflow a shard "
                          "with %u shards", r->name, to_n);
@@ -113,11 +130,17 @@ int tally_counter_reshard(tally_counter *c, uint32_t shards) {
     return tally__fail(TALLY_ESHARDS, "shard count %u out of range (1 to %d)",
                        shards, TALLY_MAX_SHARDS);
   tally_store *s = c->s;
-  tally__lock(s);
+  int rc = tally__lock(s);
+  if (rc) return rc;
   uint64_t loc, cells;
-  int rc = tally__current(s, c->rec_off, &loc);
+  rc = tally__current(s, c->rec_off, &loc);
+  int64_t value = 0;
   if (rc == 0 && tally__loc_shards(loc) != shards) {
-    rc = tally__cells_alloc(s, shards, &cells);
+    rc = tally__rec_value(s, c->rec_off, &value);
+    if (rc == 0 && !fits(value, shards)) /* refuse before retiring anything */
+      rc = tally__fail(TALLY_ERANGE, "counter '%s' would overflow a shard with "
+                       "%u shards", c->rec->name, shards);
+    if (rc == 0) rc = tally__cells_alloc(s, shards, &cells);
     if (rc == 0) rc = move(s, c->rec_off, tally__loc_make(s, c->rec_off, cells,
                                                           shards, false));
   }
@@ -134,7 +157,7 @@ int tally_store_drop(tally_store *s, const char *name, size_t len) {
   uint64_t hash = tally__hash(name, len, 0), rec_off, loc, cells;
   uint32_t n;
   bool dropped;
-  tally__lock(s);
+  if ((rc = tally__lock(s))) return rc;
   rc = tally__index_find(s, name, len, hash, &rec_off);
   if (rc == TALLY_ENOENT)
     rc = tally__fail(TALLY_ENOENT, "no such counter '%.*s'", (int)len, name);

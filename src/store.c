@@ -66,13 +66,78 @@ bool tally__in_arena(const tally_store *s, uint64_t off, uint64_t len) {
 
 /* ---- locking ------------------------------------------------------------ */
 
-void tally__lock(tally_store *s) {
+/* flock() belongs to the open file, which a forked child shares with its
+ * parent: both would "hold" the lock at once. So fork() is bracketed: no
+ * store lock is held across it, and a child gives each store's descriptor
+ * an open file of its own before it next locks. */
+static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
+static tally_store *registry;
+
+static void fork_prepare(void) {
+  pthread_mutex_lock(&registry_lock);
+  for (tally_store *s = registry; s; s = s->next) pthread_mutex_lock(&s->lock);
+}
+
+static void fork_parent(void) {
+  for (tally_store *s = registry; s; s = s->next) pthread_mutex_unlock(&s->lock);
+  pthread_mutex_unlock(&registry_lock);
+}
+
+static void fork_child(void) {
+  for (tally_store *s = registry; s; s = s->next) {
+    s->lock_stale = s->kind == TALLY__FILE;
+    pthread_mutex_unlock(&s->lock);
+  }
+  pthread_mutex_unlock(&registry_lock);
+}
+
+static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+static void fork_init(void) { pthread_atfork(fork_prepare, fork_parent, fork_child); }
+
+static void registry_add(tally_store *s) {
+  pthread_once(&fork_once, fork_init);
+  pthread_mutex_lock(&registry_lock);
+  s->next = registry;
+  if (registry) registry->prev = s;
+  registry = s;
+  pthread_mutex_unlock(&registry_lock);
+}
+
+static void registry_remove(tally_store *s) {
+  pthread_mutex_lock(&registry_lock);
+  if (s->prev) s->prev->next = s->next;
+  else if (registry == s) registry = s->next;
+  if (s->next) s->next->prev = s->prev;
+  pthread_mutex_unlock(&registry_lock);
+}
+
+/* In a forked child: the same file, through a new open file (same fd). */
+static int own_open_file(tally_store *s) {
+  char proc[64];
+  snprintf(proc, sizeof proc, "/proc/self/fd/%d", s->fd);
+  int fd = open(proc, O_RDWR | O_CLOEXEC);
+  if (fd < 0) return tally__fail_sys("cannot reopen after fork", s->path);
+  int rc = dup3(fd, s->fd, O_CLOEXEC) < 0 ? tally__fail_sys("dup3", s->path) : 0;
+  close(fd);
+  if (rc == 0) s->lock_stale = false;
+  return rc;
+}
+
+int tally__lock(tally_store *s) {
   pthread_mutex_lock(&s->lock);
-  if (s->kind == TALLY__FILE)
-    while (flock(s->fd, LOCK_EX) != 0 && errno == EINTR) {}
+  if (s->kind == TALLY__FILE) {
+    int rc = s->lock_stale ? own_open_file(s) : 0;
+    while (rc == 0 && flock(s->fd, LOCK_EX) != 0)
+      if (errno != EINTR) rc = tally__fail_sys("cannot lock", s->path);
+    if (rc) {
+      pthread_mutex_unlock(&s->lock);
+      return rc;
+    }
+  }
   if (atomic_load_explicit(&s->hdr->pend_rec, memory_order_acquire))
     (void)tally__finish_move(s); /* a holder died mid-move: finish its work
                                     (a damaged move record is reported at open) */
+  return 0;
 }
 
 void tally__unlock(tally_store *s) {
@@ -197,11 +262,11 @@ static int header_validate(const struct tally__header *h, uint64_t file_size,
 /* Write a fresh store to a temporary file and link it into place. If
  * another process won the race, use its file. */
 static int create_file(const char *path, mode_t mode) {
-  size_t n = strlen(path) + 32;
+  size_t n = strlen(path) + 16;
   char *tmp = malloc(n);
   if (!tmp) return tally__fail(TALLY_ENOMEM, "out of memory");
-  snprintf(tmp, n, "%s.%ld.tmp", path, (long)getpid());
-  int fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, mode);
+  snprintf(tmp, n, "%s.tmp.XXXXXX", path);  /* unique even after a crash */
+  int fd = mkostemp(tmp, O_CLOEXEC);
   if (fd < 0) {
     int rc = tally__fail_sys("cannot create", path);
     free(tmp);
@@ -235,18 +300,20 @@ static int map_file(tally_store *s, const char *path, const tally_open_options *
   }
   if (fd < 0) return tally__fail_sys("cannot open", path);
   s->fd = fd;
+  /* the header first, then the length: a store only grows, so a length
+   * read after the header is never smaller than the header says */
+  struct tally__header h;
+  memset(&h, 0, sizeof h);
+  ssize_t got = pread(fd, &h, sizeof h, 0);
   struct stat st;
   if (fstat(fd, &st) != 0) return tally__fail_sys("cannot stat", path);
   if (!S_ISREG(st.st_mode))
     return tally__fail(TALLY_ENOTSTORE, "%s: not a tally store (not a "
                        "regular file)", path);
+  if (got < 0) return tally__fail_sys("cannot read", path);
   if (st.st_size == 0)
     return tally__fail(TALLY_ENOTSTORE, "%s: not a tally store (empty file)",
                        path);
-  struct tally__header h;
-  memset(&h, 0, sizeof h);
-  ssize_t got = pread(fd, &h, sizeof h, 0);
-  if (got < 0) return tally__fail_sys("cannot read", path);
   if (got < 8 || memcmp(h.magic, TALLY__MAGIC, 8) != 0)
     return tally__fail(TALLY_ENOTSTORE, "%s: not a tally store (bad magic)",
                        path);
@@ -274,22 +341,6 @@ static int map_memory(tally_store *s) {
   return 0;
 }
 
-/* The class table: every chunk inside the arena. 16 KiB, cheap enough for
- * open, and it catches a damaged `used` that would hide live cells. */
-static int classes_check(tally_store *s) {
-  uint64_t used = atomic_load(&s->hdr->used);
-  for (uint32_t n = 1; n <= TALLY_MAX_SHARDS; n++) {
-    struct tally__class *c = &s->classes[n - 1];
-    uint64_t chunk = atomic_load(&c->chunk);
-    if ((chunk && (chunk < TALLY__ARENA_OFF || chunk % 64 ||
-                   chunk + (uint64_t)n * TALLY__ROW_BYTES > used)) ||
-        atomic_load(&c->used_cols) > TALLY__ROW_CELLS ||
-        (!chunk && atomic_load(&c->used_cols)))
-      return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (class "
-                         "table entry %u)", tally__store_name(s), n);
-  }
-  return 0;
-}
 
 int tally_store_open(const char *spec, const tally_open_options *opt,
                      tally_store **out) {
@@ -326,29 +377,29 @@ int tally_store_open(const char *spec, const tally_open_options *opt,
     s->hdr = (struct tally__header *)s->base;
     s->classes = (struct tally__class *)(s->base + TALLY__CLASS_OFF);
     s->journal = (_Atomic int64_t *)(s->base + TALLY__JOURNAL_OFF);
-    if (atomic_load(&s->hdr->index) == 0) { /* new store: make its index */
-      tally__lock(s);
-      if (atomic_load(&s->hdr->index) == 0) rc = tally__index_create(s);
+    if ((rc = tally__lock(s)) == 0) {
+      if (atomic_load(&s->hdr->index) == 0) /* new store: make its index */
+        rc = tally__index_create(s);
+      else /* the lock finished a move a dead process left; a damaged one fails */
+        rc = tally__finish_move(s);
       tally__unlock(s);
-    } else {
-      tally__lock(s); /* finishes a move a dead process left pending */
-      rc = tally__finish_move(s);
-      tally__unlock(s);
-      if (rc == 0) rc = tally__index_check(s, NULL); /* header only: O(1) */
-      if (rc == 0) rc = classes_check(s);
-      if (rc == 0) rc = tally__family_check(s);
     }
+    if (rc == 0) rc = tally__index_check(s, NULL); /* header only: O(1) */
+    if (rc == 0) rc = tally__classes_check(s);
+    if (rc == 0) rc = tally__family_check(s);
   }
   if (rc) {
     tally_store_close(s);
     return rc;
   }
+  registry_add(s);
   *out = s;
   return 0;
 }
 
 void tally_store_close(tally_store *s) {
   if (!s) return;
+  registry_remove(s);
   if (s->base) munmap(s->base, s->reserved);
   if (s->fd >= 0) close(s->fd);
   pthread_mutex_destroy(&s->lock);
@@ -371,14 +422,15 @@ const char *tally_store_kind(const tally_store *s) {
 
 int tally_store_check(tally_store *s) {
   if (!s) return tally__fail(TALLY_EINVAL, "tally_store_check: store is NULL");
-  const char *name = tally__store_name(s);
   if (s->hdr->check != header_check(s->hdr))
     return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (header "
-                       "checksum)", name);
-  int rc = classes_check(s);
+                       "checksum)", tally__store_name(s));
+  int rc = tally__lock(s); /* a consistent view: no create or drop meanwhile */
   if (rc) return rc;
   uint64_t live = 0;
-  rc = tally__index_check(s, &live);
-  if (rc) return rc;
-  return tally__family_check(s);
+  rc = tally__classes_check(s);
+  if (rc == 0) rc = tally__index_check(s, &live);
+  if (rc == 0) rc = tally__family_check(s);
+  tally__unlock(s);
+  return rc;
 }
