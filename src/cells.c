@@ -11,6 +11,9 @@
  */
 #include "internal.h"
 
+#include <sched.h>
+#include <time.h>
+
 static uint64_t loc_check(tally_store *s, uint64_t rec_off, uint64_t cells,
                           uint32_t n, bool dropped) {
   uint64_t h = tally__mix(s->hdr->salt ^ rec_off ^ (cells << 21) ^
@@ -92,4 +95,16 @@ int tally__cells_alloc(tally_store *s, uint32_t n, uint64_t *out) {
                         memory_order_release);
   *out = off;
   return 0;
+}
+
+int64_t tally__cell_wait(_Atomic int64_t *cell, int64_t v) {
+  struct timespec t0, t;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  while (!tally__cell_live(v) && !tally__cell_retired(v)) {
+    sched_yield(); /* a preempted writer needs the CPU to finish its undo */
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    if (t.tv_sec - t0.tv_sec >= 2) break; /* it died between add and undo */
+    v = atomic_load_explicit(cell, memory_order_acquire);
+  }
+  return v;
 }

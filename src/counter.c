@@ -118,10 +118,10 @@ void tally_counter_close(tally_counter *c) { free(c); }
 
 /* ---- finding the cells again after a move -------------------------------- */
 
-static bool all_live(tally_store *s, uint64_t loc) {
+static bool none_retired(tally_store *s, uint64_t loc) {
   for (uint32_t i = 0, n = tally__loc_shards(loc); i < n; i++)
-    if (!tally__cell_live(atomic_load_explicit(tally__cell_at(s, loc, i),
-                                               memory_order_acquire)))
+    if (tally__cell_retired(atomic_load_explicit(tally__cell_at(s, loc, i),
+                                                 memory_order_acquire)))
       return false;
   return true;
 }
@@ -141,7 +141,7 @@ static int settle(tally_store *s, uint64_t rec_off, uint64_t seen,
     if (rc) return rc;
     if (dropped)
       return tally__fail(TALLY_EDROPPED, "counter '%s' was dropped", r->name);
-    if (l != seen || (round > 0 && all_live(s, l))) {
+    if (l != seen || (round > 0 && none_retired(s, l))) {
       *loc = l;
       return 0;
     }
@@ -167,18 +167,21 @@ static int range_error(tally_counter *c, int64_t delta) {
                      (long long)delta);
 }
 
-/* 0: added; 1: the cell is retired; TALLY_ERANGE: would leave the range. */
+/* 0: added; 1: the cell is retired; 2: another writer's add is in flight
+ * past the range, try again; TALLY_ERANGE: this add would leave the range. */
 static inline int cell_add(_Atomic int64_t *cell, int64_t delta) {
   if (__builtin_expect(delta > -TALLY__FAST_DELTA && delta < TALLY__FAST_DELTA, 1)) {
     int64_t old = atomic_fetch_add_explicit(cell, delta, memory_order_relaxed);
     if (__builtin_expect(tally__cell_live(old) && tally__cell_live(old + delta), 1))
       return 0;
+    if (tally__cell_retired(old)) return 1; /* no undo: see internal.h */
     atomic_fetch_sub_explicit(cell, delta, memory_order_relaxed); /* undo */
-    return tally__cell_live(old) ? TALLY_ERANGE : 1;
+    return tally__cell_live(old) ? TALLY_ERANGE : 2;
   }
   int64_t v = atomic_load_explicit(cell, memory_order_relaxed), nv;
   for (;;) {
-    if (!tally__cell_live(v)) return 1;
+    if (tally__cell_retired(v)) return 1;
+    if (!tally__cell_live(v)) return 2;
     if (__builtin_add_overflow(v, delta, &nv) || !tally__cell_live(nv))
       return TALLY_ERANGE;
     if (atomic_compare_exchange_weak_explicit(cell, &v, nv, memory_order_relaxed,
@@ -199,9 +202,16 @@ static int add(tally_counter *c, enum pick how, const void *key, size_t klen,
     else if (shard < n) i = shard;
     else return tally__fail(TALLY_ESHARDS, "shard %u out of range (counter "
                             "'%s' has %u shards)", shard, c->rec->name, n);
-    int rc = cell_add(tally__cell_in(c->base, loc, i), delta);
+    _Atomic int64_t *cell = tally__cell_in(c->base, loc, i);
+    int rc = cell_add(cell, delta);
     if (__builtin_expect(rc == 0, 1)) return 0;
     if (rc < 0) return range_error(c, delta);
+    if (rc == 2) { /* wait for the other add to be undone; if it never is, */
+      int64_t v = tally__cell_wait(cell, atomic_load(cell)); /* the cell is */
+      if (!tally__cell_live(v) && !tally__cell_retired(v))   /* at the bound */
+        return range_error(c, delta);
+      continue;
+    }
     rc = refresh(c, loc);
     if (rc) return rc;
   }
@@ -237,7 +247,8 @@ int tally_counter_incr(tally_counter *c, int64_t delta) {
     int64_t old = atomic_fetch_add_explicit(cell, delta, memory_order_relaxed);
     if (__builtin_expect(tally__cell_live(old) && tally__cell_live(old + delta), 1))
       return 0;
-    atomic_fetch_sub_explicit(cell, delta, memory_order_relaxed); /* undo */
+    if (!tally__cell_retired(old)) /* out of range: undo; retired: see internal.h */
+      atomic_fetch_sub_explicit(cell, delta, memory_order_relaxed);
   }
   return incr_slow(c, delta);
 }
@@ -264,8 +275,13 @@ static int read_cells(tally_store *s, uint64_t rec_off, uint64_t *loc,
     __int128 sum = 0;
     bool live = true;
     for (uint32_t i = 0, n = tally__loc_shards(*loc); i < n; i++) {
-      int64_t v = atomic_load_explicit(tally__cell_at(s, *loc, i), memory_order_relaxed);
-      live &= tally__cell_live(v);
+      _Atomic int64_t *cell = tally__cell_at(s, *loc, i);
+      int64_t v = atomic_load_explicit(cell, memory_order_relaxed);
+      if (__builtin_expect(!tally__cell_live(v), 0)) {
+        v = tally__cell_wait(cell, v);
+        if (tally__cell_retired(v)) live = false;
+        else v = tally__cell_clamp(v);
+      }
       sum += v;
       if (i < cap) vals[i] = v;
     }
@@ -363,23 +379,26 @@ int tally_counter_reset(tally_counter *c, int64_t *removed) {
   if (rc) return rc;
   for (uint32_t i = 0; i < tally__loc_shards(loc); i++) {
     _Atomic int64_t *cell = tally__cell_at(c->s, loc, i);
-    int64_t v = atomic_load_explicit(cell, memory_order_relaxed), sum;
+    int64_t raw = tally__cell_wait(cell, atomic_load_explicit(cell, memory_order_relaxed));
     taken[i] = 0;
-    while (tally__cell_live(v)) {
+    while (!tally__cell_retired(raw)) {
+      int64_t v = tally__cell_clamp(raw), sum; /* a dead writer's add past the
+                                                  bound is dropped */
       if (__builtin_add_overflow(total, v, &sum)) {
         give_back(c->s, loc, taken, i);
         return tally__fail(TALLY_ERANGE, "counter '%s': the amount to remove "
                            "does not fit in 64 bits; nothing was removed",
                            c->rec->name);
       }
-      if (atomic_compare_exchange_weak_explicit(cell, &v, 0, memory_order_relaxed,
+      if (atomic_compare_exchange_weak_explicit(cell, &raw, 0, memory_order_relaxed,
                                                 memory_order_relaxed)) {
         taken[i] = v;
         total = sum;
         break;
       }
+      raw = tally__cell_wait(cell, raw);
     }
-    if (!tally__cell_live(v)) {
+    if (tally__cell_retired(raw)) {
       /* moved: what was taken is in total and did not move; the rest did */
       rc = settle(c->s, c->rec_off, loc, &loc);
       if (rc) return rc;

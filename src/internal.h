@@ -43,14 +43,35 @@
 /* A live cell holds a value in [-2^62, 2^62): bits 63 and 62 agree. A move
  * (reshard, drop) retires a cell by swapping in SENTINEL, deep inside the
  * other range, after saving its value in the move journal. An increment
- * is one fetch-add; if the old value was not live, the add is undone and
- * the writer goes to find the counter's new cells. Small deltas (< 2^32)
- * added to SENTINEL by racing writers cannot bring it back to the live
- * range, and their undo makes them vanish again. */
+ * is one fetch-add. If the old value was retired, the add is not undone:
+ * a retired cell's content no longer counts (the journal has its value,
+ * and an undone move writes that back), and an undo could land after the
+ * cell was restored and journalled again. The writer goes to find the
+ * counter's new cells. Stale writers add at most 2^32 each, so a retired
+ * cell stays within 2^60 of SENTINEL. If the new value left the range,
+ * the add is undone. */
 #define TALLY__SENTINEL (-(INT64_C(3) << 61))
 #define TALLY__FAST_DELTA (INT64_C(1) << 32)
 static inline bool tally__cell_live(int64_t v) {
   return (((uint64_t)v ^ ((uint64_t)v << 1)) >> 63) == 0;
+}
+/* Retired: within 2^60 of SENTINEL. A cell that is neither live nor retired
+ * holds a live value that a writer's add just pushed out of range; the
+ * writer is about to undo it (tally__cell_settle waits for that). */
+static inline bool tally__cell_retired(int64_t v) {
+  return (uint64_t)v - (uint64_t)TALLY__SENTINEL + (UINT64_C(1) << 60) <
+         (UINT64_C(1) << 61);
+}
+/* Wait out an add in flight past the range: re-read the cell (v is what
+ * was read) until it is live or retired, for about 2 s at most, and
+ * return the last value read. It is neither only if the writer died
+ * between its add and its undo; tally__cell_clamp then gives the value to
+ * use: that add was never acknowledged, and the value before it was within
+ * 2^32 of the bound. */
+int64_t tally__cell_wait(_Atomic int64_t *cell, int64_t v);
+static inline int64_t tally__cell_clamp(int64_t v) {
+  if (tally__cell_live(v)) return v;
+  return v < 0 ? -(INT64_C(1) << 62) : (INT64_C(1) << 62) - 1;
 }
 
 struct tally__header {

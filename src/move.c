@@ -25,13 +25,14 @@
 
 /* Save cell i's value in the journal and retire the cell. A cell that is
  * already retired was retired by an earlier, interrupted attempt at this
- * same move, after its value reached the journal. */
+ * same move, after its value reached the journal; one that is just out of
+ * range has a writer's add in flight, which is waited out. */
 static void retire(tally_store *s, _Atomic int64_t *cell, uint32_t i) {
   for (;;) {
-    int64_t v = atomic_load_explicit(cell, memory_order_acquire);
-    if (!tally__cell_live(v)) return;
-    atomic_store_explicit(&s->journal[i], v, memory_order_release);
-    if (atomic_compare_exchange_strong_explicit(cell, &v, TALLY__SENTINEL,
+    int64_t raw = tally__cell_wait(cell, atomic_load_explicit(cell, memory_order_acquire));
+    if (tally__cell_retired(raw)) return;
+    atomic_store_explicit(&s->journal[i], tally__cell_clamp(raw), memory_order_release);
+    if (atomic_compare_exchange_strong_explicit(cell, &raw, TALLY__SENTINEL,
                                                 memory_order_acq_rel,
                                                 memory_order_acquire))
       return;
@@ -40,14 +41,13 @@ static void retire(tally_store *s, _Atomic int64_t *cell, uint32_t i) {
 
 /* Undo retire(): give cell i its journalled value back. Idempotent, so an
  * undo killed half way is simply redone: a live cell was restored already.
- * Writers may be adding to a retired cell and about to subtract again;
- * the swap keeps their amounts, so their undo still balances. */
+ * What writers added to the retired cell is dropped: none of them counted
+ * it, they retry once they see the counter settled. */
 static void restore(tally_store *s, _Atomic int64_t *cell, uint32_t i) {
   int64_t v = atomic_load_explicit(cell, memory_order_acquire);
   int64_t saved = atomic_load_explicit(&s->journal[i], memory_order_acquire);
-  while (!tally__cell_live(v) &&
-         !atomic_compare_exchange_weak_explicit(cell, &v, saved + (v - TALLY__SENTINEL),
-                                                memory_order_acq_rel,
+  while (tally__cell_retired(v) &&
+         !atomic_compare_exchange_weak_explicit(cell, &v, saved, memory_order_acq_rel,
                                                 memory_order_acquire)) {}
 }
 
@@ -134,10 +134,14 @@ int tally_counter_reshard(tally_counter *c, uint32_t shards) {
   if (rc) return rc;
   uint64_t loc, cells;
   rc = tally__current(s, c->rec_off, &loc);
-  int64_t value = 0;
   if (rc == 0 && tally__loc_shards(loc) != shards) {
-    rc = tally__rec_value(s, c->rec_off, &value);
-    if (rc == 0 && !fits(value, shards)) /* refuse before retiring anything */
+    /* refuse before retiring anything if the value cannot fit (a raw sum:
+     * under the lock no move is pending, and a reader's wait for one here
+     * would wait for ourselves) */
+    __int128 value = 0;
+    for (uint32_t i = 0; i < tally__loc_shards(loc); i++)
+      value += atomic_load_explicit(tally__cell_at(s, loc, i), memory_order_relaxed);
+    if (!fits(value, shards))
       rc = tally__fail(TALLY_ERANGE, "counter '%s' would overflow a shard with "
                        "%u shards", c->rec->name, shards);
     if (rc == 0) rc = tally__cells_alloc(s, shards, &cells);

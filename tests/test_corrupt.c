@@ -578,6 +578,73 @@ static void test_meta_flips(const char *store_path, const char *other_path, cons
   unlink(path);
 }
 
+/* Every bit of every class table entry in use: a damaged entry must be
+ * refused (at open, or when a counter of that shard count is created),
+ * never hand out cells an existing counter owns. Each of the 10 counters
+ * per class holds its own value, so a shared column shows. */
+static void test_class_flips(void) {
+  char path[1200], spec[1300];
+  static const uint32_t classes[] = {1, 5, 16};
+  snprintf(path, sizeof path, "%s/classes.tly", g_dir);
+  snprintf(spec, sizeof spec, "file:%s", path);
+  unlink(path);
+  tally_store *s = NULL;
+  REQUIRE_OK(tally_store_open(spec, NULL, &s));
+  for (int k = 0; k < 3; k++)
+    for (int i = 0; i < 10; i++) {
+      char nm[32];
+      tally_counter *c = NULL;
+      snprintf(nm, sizeof nm, "k%u:%d", classes[k], i);
+      REQUIRE_OK(tu_counter(s, nm, classes[k], 0, TALLY_COUNTER_CREATE, &c));
+      EXPECT_OK(tally_counter_incr_shard(c, 0, i + 1));
+      tally_counter_close(c);
+    }
+  tally_store_close(s);
+  int fd = open(path, O_RDWR);
+  int refused = 0, harmless = 0;
+  for (int k = 0; k < 3; k++)
+    for (int bit = 0; bit < 128; bit++) {
+      off_t off = 4096 + (off_t)(classes[k] - 1) * 16 + bit / 8;
+      unsigned char b, f;
+      if (pread(fd, &b, 1, off) != 1) TU_FAIL("pread");
+      f = b ^ (unsigned char)(1u << (bit % 8));
+      if (pwrite(fd, &f, 1, off) != 1) TU_FAIL("pwrite");
+      int rc = tally_store_open(spec, NULL, &s), created = 0;
+      if (rc == 0) {
+        tally_counter *c = NULL;
+        rc = tu_counter(s, "newcomer", classes[k], 0, TALLY_COUNTER_CREATE, &c);
+        if (rc == 0) {
+          created = 1;
+          EXPECT_OK(tally_counter_incr_shard(c, 0, 1000));
+          tally_counter_close(c);
+          for (int i = 0; i < 10; i++) { /* the others are untouched */
+            char nm[32];
+            snprintf(nm, sizeof nm, "k%u:%d", classes[k], i);
+            if (tu_counter(s, nm, 0, -1, 0, &c) == 0) {
+              int64_t v = tu_value(c);
+              if (v != i + 1)
+                TU_FAIL("class %u bit %d: %s reads %lld after a flip", classes[k], bit,
+                        nm, (long long)v);
+              tally_counter_close(c);
+            }
+          }
+          EXPECT_OK(tally_store_drop(s, "newcomer", 8));
+        }
+        tally_store_close(s);
+      }
+      if (rc != 0 && rc != TALLY_ECORRUPT)
+        TU_FAIL("class %u bit %d: %s, expected ECORRUPT", classes[k], bit, tally_err_name(rc));
+      if (rc != 0) refused++;
+      else if (created) harmless++;
+      if (pwrite(fd, &b, 1, off) != 1) TU_FAIL("pwrite");
+    }
+  close(fd);
+  /* the first 8 bytes of an entry are the checked word: all of them refused */
+  EXPECT(refused >= 3 * 64);
+  printf("  class table flips: %d refused, %d harmless (unused bytes)\n", refused,
+         harmless);
+}
+
 int main(void) {
   char small[1200], big[1200], big2[1200];
   static ref rs, rb;
@@ -592,6 +659,7 @@ int main(void) {
   build(small, 12, cls_small, 4, 12345, &rs);
   test_foreign_and_truncated(small);
   test_header_flips(small, &rs);
+  test_class_flips();
 
   /* a store dense in metadata for the rest: full chunks of small classes */
   snprintf(big, sizeof big, "%s/meta-a.tly", g_dir);

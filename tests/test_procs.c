@@ -473,6 +473,58 @@ static void test_kill_resharder(tally_store *s) {
   tally_counter_close(c);
 }
 
+/* A store opened before fork(): parent and child share its open file, so
+ * the store lock must still keep their creates apart. Both create 20000
+ * counters of one shard count at once (half the names shared) and add i+1
+ * to counter i; a column handed out twice shows as a wrong value. */
+static void test_forked_store(void) {
+  char spec[1200];
+  tally_store *s = NULL;
+  tu_spec(spec, sizeof spec, NULL, 0, g_dir, "forked.tly");
+  REQUIRE_OK(tally_store_open(spec, NULL, &s));
+  enum { N = 20000 };
+  pid_t pid = fork();
+  if (pid < 0) {
+    TU_FAIL("fork: %s", strerror(errno));
+    return;
+  }
+  int me = pid == 0 ? 1 : 0, bad = 0;
+  if (pid == 0) alarm(60);
+  for (int i = 0; i < N; i++) {
+    char name[32];
+    /* even i: a name both create; odd i: a name of one's own */
+    snprintf(name, sizeof name, i % 2 ? "p%d:%d" : "shared:%d", i % 2 ? me : i, i);
+    tally_counter *c = NULL;
+    if (tu_counter(s, name, 0, -1, TALLY_COUNTER_CREATE, &c) != 0 ||
+        tally_counter_incr(c, i + 1) != 0)
+      bad++;
+    tally_counter_close(c);
+  }
+  if (pid == 0) _exit(bad ? 1 : 0);
+  int st = 0;
+  waitpid(pid, &st, 0);
+  EXPECT(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  EXPECT_I64(0, bad);
+  for (int i = 0; i < N; i++) {
+    char name[32];
+    for (int who = 0; who < 2; who++) {
+      if (i % 2 == 0 && who) continue;
+      snprintf(name, sizeof name, i % 2 ? "p%d:%d" : "shared:%d", i % 2 ? who : i, i);
+      tally_counter *c = NULL;
+      if (tu_counter(s, name, 0, -1, 0, &c) != 0) {
+        TU_FAIL("forked store: %s missing (%s)", name, tally_errmsg());
+        continue;
+      }
+      int64_t v = tu_value(c);
+      if (v != (int64_t)(i + 1) * (i % 2 ? 1 : 2))
+        TU_FAIL("forked store: %s = %lld", name, (long long)v);
+      tally_counter_close(c);
+    }
+  }
+  EXPECT_OK(tally_store_check(s));
+  tally_store_close(s);
+}
+
 int main(void) {
   tally_store *s = NULL;
   if (getenv("TALLY_TEST_SECS")) g_secs = atof(getenv("TALLY_TEST_SECS"));
@@ -498,6 +550,7 @@ int main(void) {
     tally_store_close(g);
     snprintf(g_spec, sizeof g_spec, "%s", keep);
   }
+  test_forked_store();
   test_kill(s);
   test_kill_resharder(s);
   EXPECT_OK(tally_store_check(s));

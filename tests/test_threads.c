@@ -6,6 +6,7 @@
  * store and on a file store. Meant for the TSan build too.
  */
 #include <pthread.h>
+#include <unistd.h>
 
 #include "testutil.h"
 
@@ -304,6 +305,82 @@ static void *creator_main(void *arg) {
   return NULL;
 }
 
+/* tally_store_check() while creators run: it must see a consistent store. */
+typedef struct { tally_store *s; atomic_int *stop; int runs, bad; } checker;
+
+static void *checker_main(void *arg) {
+  checker *k = arg;
+  while (!atomic_load(k->stop)) {
+    int rc = tally_store_check(k->s);
+    k->runs++;
+    if (rc != 0 && k->bad++ == 0)
+      TU_FAIL("check during creates -> %s (%s)", tally_err_name(rc), tally_errmsg());
+    usleep(2000); /* check holds the store lock: leave the creators room */
+  }
+  return NULL;
+}
+
+/* A counter at the edge of the shard range: its total is 2^62-1, or 2^62
+ * while a writer's +1 stands, so a reshard to 1 shard fits, or is refused,
+ * or is found not to fit only after its cells were retired and must put
+ * them back. Writers and readers racing with all that must never get
+ * anything but success or ERANGE, and no increment may be lost. */
+typedef struct { tally_counter *c; atomic_int *stop; int64_t net; int bad; } edge;
+
+static void *edge_writer(void *arg) {
+  edge *e = arg;
+  while (!atomic_load(e->stop)) {
+    int64_t d = e->net == 0 ? 1 : -1;
+    int rc = tally_counter_incr_shard(e->c, 0, d);
+    if (rc == 0) e->net += d;
+    else if (rc != TALLY_ERANGE && e->bad++ == 0)
+      TU_FAIL("edge writer -> %s (%s)", tally_err_name(rc), tally_errmsg());
+  }
+  return NULL;
+}
+
+static void *edge_reader(void *arg) {
+  edge *e = arg;
+  int64_t v;
+  while (!atomic_load(e->stop)) {
+    int rc = tally_counter_value(e->c, &v);
+    if (rc != 0 && e->bad++ == 0)
+      TU_FAIL("edge reader -> %s (%s)", tally_err_name(rc), tally_errmsg());
+  }
+  return NULL;
+}
+
+static void test_edge_reshard(tally_store *s) {
+  const int64_t half = INT64_C(1) << 61;
+  tally_counter *c = NULL;
+  REQUIRE_OK(tu_counter(s, "edge", 2, TALLY_POLICY_CUSTOM, TALLY_COUNTER_CREATE, &c));
+  EXPECT_OK(tally_counter_incr_shard(c, 0, half));
+  EXPECT_OK(tally_counter_incr_shard(c, 1, half - 1));
+  atomic_int stop = 0;
+  edge w = {c, &stop, 0, 0}, r = {c, &stop, 0, 0};
+  pthread_t tw, tr;
+  pthread_create(&tw, NULL, edge_writer, &w);
+  pthread_create(&tr, NULL, edge_reader, &r);
+  int done = 0, refused = 0, other = 0;
+  double end = tu_now() + g_phase_secs;
+  for (int i = 0; tu_now() < end && i < 200000; i++) {
+    int rc = tally_counter_reshard(c, i % 2 ? 2 : 1);
+    if (rc == 0) done++;
+    else if (rc == TALLY_ERANGE) refused++;
+    else if (other++ == 0)
+      TU_FAIL("edge reshard -> %s (%s)", tally_err_name(rc), tally_errmsg());
+  }
+  atomic_store(&stop, 1);
+  pthread_join(tw, NULL);
+  pthread_join(tr, NULL);
+  EXPECT_I64(2 * half - 1 + w.net, tu_value(c));
+  EXPECT(refused > 0 && done > 0);
+  printf("  %-6s edge reshards: %d done, %d refused with ERANGE, writers and "
+         "readers never failed otherwise\n", tally_store_kind(s), done, refused);
+  tally_counter_close(c);
+  EXPECT_OK(tally_store_drop(s, "edge", 4));
+}
+
 static void test_create(tally_store *s) {
   enum { NT = 4, SAME = 300, OWN = 3000 };
   pthread_t th[NT];
@@ -312,11 +389,18 @@ static void test_create(tally_store *s) {
   tally_store_stats st0, st1;
   EXPECT_OK(tally_store_stats_get(s, &st0));
   pthread_barrier_init(&bar, NULL, NT);
+  atomic_int stop = 0;
+  checker k = {s, &stop, 0, 0};
+  pthread_t tk;
+  pthread_create(&tk, NULL, checker_main, &k);
   for (int i = 0; i < NT; i++) {
     cr[i] = (creator){s, i, SAME, OWN, &bar, 0};
     pthread_create(&th[i], NULL, creator_main, &cr[i]);
   }
   for (int i = 0; i < NT; i++) pthread_join(th[i], NULL);
+  atomic_store(&stop, 1);
+  pthread_join(tk, NULL);
+  EXPECT(k.runs > 0);
   pthread_barrier_destroy(&bar);
   EXPECT_OK(tally_store_stats_get(s, &st1));
   EXPECT_I64(st0.counters + SAME + NT * OWN, st1.counters);
@@ -356,6 +440,7 @@ int main(void) {
   REQUIRE_OK(tally_store_open("memory", NULL, &s));
   test_policies(s);
   test_reset_reshard(s);
+  test_edge_reshard(s);
   test_create(s);
   tally_store_close(s);
 
@@ -363,6 +448,7 @@ int main(void) {
   REQUIRE_OK(tally_store_open(spec, NULL, &s));
   test_policies(s);
   test_reset_reshard(s);
+  test_edge_reshard(s);
   test_create(s);
   EXPECT_OK(tally_store_check(s));
   tally_store_close(s);
