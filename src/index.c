@@ -1,8 +1,8 @@
 /* index.c -- finding a counter record by name.
  *
  * An open-addressed hash table of 64-bit entries lives in the arena:
- *   bits 0..31 record offset >> 3, bits 32..43 a check keyed by the store's
- *   salt, bits 44..63 a tag (hash >> 44)
+ *   bits 0..31 record offset >> 3, bits 32..55 a check keyed by the store's
+ *   salt, bits 56..63 a tag (hash >> 56)
  * 0 is an empty slot, DELETED a dropped one; a name's probe starts at slot
  * (hash >> 32) & (cap - 1) and goes on linearly. Every entry is checked
  * when it is read, so a damaged one is ECORRUPT, not a counter that seems
@@ -25,9 +25,9 @@
 #define DELETED 0xffffffff00000000ull /* no single bit flip makes it valid */
 
 static uint64_t entry_make(const tally_store *s, uint64_t hash, uint64_t off) {
-  uint64_t tag = hash >> 44, o = off >> 3;
-  uint64_t check = tally__mix(s->hdr->salt ^ tag << 32 ^ o) & 0xfff;
-  return tag << 44 | check << 32 | o;
+  uint64_t tag = hash >> 56, o = off >> 3;
+  uint64_t check = tally__mix(s->hdr->salt ^ tag << 32 ^ o) & 0xffffff;
+  return tag << 56 | check << 32 | o;
 }
 
 static inline uint64_t entry_off(uint64_t e) { return (e & 0xffffffffu) << 3; }
@@ -35,7 +35,7 @@ static inline uint64_t entry_off(uint64_t e) { return (e & 0xffffffffu) << 3; }
 static bool entry_ok(const tally_store *s, uint64_t e) {
   uint64_t o = e & 0xffffffffu;
   return o >= TALLY__ARENA_OFF / 8 &&
-         ((e >> 32) & 0xfff) == (tally__mix(s->hdr->salt ^ (e >> 44) << 32 ^ o) & 0xfff);
+         ((e >> 32) & 0xffffff) == (tally__mix(s->hdr->salt ^ (e >> 56) << 32 ^ o) & 0xffffff);
 }
 
 static int bad_entry(const tally_store *s, uint64_t slot) {
@@ -112,13 +112,13 @@ int tally__index_find(tally_store *s, const char *name, size_t len,
                       uint64_t hash, uint64_t *rec_off) {
   struct tally__index *t = table(s);
   if (!t) return TALLY_ECORRUPT;
-  uint64_t mask = t->cap - 1, tag = hash >> 44;
+  uint64_t mask = t->cap - 1, tag = hash >> 56;
   for (uint64_t i = (hash >> 32) & mask, n = 0; n < t->cap; i = (i + 1) & mask, n++) {
     uint64_t e = atomic_load_explicit(&t->entries[i], memory_order_acquire);
     if (e == EMPTY) break;
     if (e == DELETED) continue;
     if (!entry_ok(s, e)) return bad_entry(s, i);
-    if ((e >> 44) != tag) continue;
+    if ((e >> 56) != tag) continue;
     uint64_t off = entry_off(e);
     const struct tally__rec *r = tally__at(s, off);
     if (!tally__in_arena(s, off, sizeof *r + len + 1)) return bad_entry(s, i);
@@ -126,11 +126,11 @@ int tally__index_find(tally_store *s, const char *name, size_t len,
       *rec_off = off;
       return 0;
     }
-    /* same 20-bit tag, other name: rare (1 in a million) unless the record
-     * or the entry is damaged, which must not pass for "no such counter" */
+    /* same 8-bit tag, other name: 1 probe in 256, or a damaged record or
+     * entry, which must not pass for "no such counter" */
     int rc = tally__rec_verify(s, off);
     if (rc) return rc;
-    if ((name_hash(r) >> 44) != tag) return bad_entry(s, i);
+    if ((name_hash(r) >> 56) != tag) return bad_entry(s, i);
   }
   return TALLY_ENOENT;
 }
@@ -222,7 +222,7 @@ int tally__index_each(tally_store *s, tally__rec_fn fn, void *ud) {
     if (!entry_ok(s, e)) return bad_entry(s, i);
     uint64_t off = entry_off(e);
     int rc = tally__rec_verify(s, off);
-    if (rc == 0 && (name_hash(tally__at(s, off)) >> 44) != (e >> 44))
+    if (rc == 0 && (name_hash(tally__at(s, off)) >> 56) != (e >> 56))
       rc = bad_entry(s, i); /* points at some other counter's record */
     if (rc == 0) rc = fn(s, off, ud);
     if (rc) return rc;
