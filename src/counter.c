@@ -1,8 +1,9 @@
 /* counter.c -- counters: open, increment, read, reset.
  *
- * Increment: pick a shard and fetch-add on its cell; if the old value was
- * not live (the cell was retired by a move, see move.c) or the new one
- * left the range, undo the add and take the slow path. Deltas of 2^32 or
+ * Increment: pick a shard and fetch-add on its cell. If the cell was
+ * retired by a move (move.c), the add is left there (it no longer counts)
+ * and the slow path follows the counter; if the new value left the range,
+ * the add is undone. Deltas of 2^32 or
  * more always take a compare-and-swap loop instead, so an undo can never
  * be needed for them. The handle caches the cell location, so the hot path
  * touches one cell.
