@@ -3,9 +3,9 @@
  * Increment: pick a shard and fetch-add on its cell. If the cell was
  * retired by a move (move.c), the add is left there (it no longer counts)
  * and the slow path follows the counter; if the new value left the range,
- * the add is undone. Deltas of 2^32 or
- * more always take a compare-and-swap loop instead, so an undo can never
- * be needed for them. The handle caches the cell location, so the hot path
+ * the add is undone. Deltas of 2^32 or more always take a compare-and-swap
+ * loop instead, so they never need an undo and never push a retired cell
+ * far from SENTINEL. The handle caches the cell location, so the hot path
  * touches one cell.
  *
  * Anyone who meets a retired cell reloads the counter's location; if it has
