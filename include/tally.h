@@ -54,7 +54,9 @@ extern "C" {
   XX(ENAME,    -12, "invalid counter name")                                  \
   XX(EPOLICY,  -13, "invalid shard policy")                                  \
   XX(EFULL,    -14, "store is full")                                         \
-  XX(EBUSY,    -15, "store is in use")
+  XX(EBUSY,    -15, "store is in use")                                     \
+  XX(ETIMEDOUT, -16, "timed out")                                            \
+  XX(ENOROLLUP, -17, "no rollup for this counter")
 
 enum {
 #define TALLY_XX_(name, code, msg) TALLY_##name = code,
@@ -217,6 +219,150 @@ TALLY_API int tally_family_set(tally_store *s, const char *pattern,
 /* Options a new counter named name would get (family or defaults). */
 TALLY_API int tally_family_resolve(tally_store *s, const char *name,
                                    size_t len, tally_counter_options *out);
+
+/* ---- rollups ----------------------------------------------------------- */
+
+/* A schedule rolls up every counter matching a pattern once per period:
+ * it sums the counter's shards into a rollup record (value, time, delta
+ * and rate since the previous rollup) kept in the store beside the
+ * counter, and appends the value to the counter's history rings. Periods
+ * are aligned to the epoch (period = floor(now / every)), so every process
+ * that defines the same schedule agrees on them; in a file store each
+ * period is rolled up by exactly one process (a lease in the store).
+ *
+ * A ring keeps the last `len` buckets of `res_s` seconds; a bucket holds
+ * the counter's value at the last rollup inside it. Buckets are aligned to
+ * the epoch too, so a coarse bucket equals the last fine bucket inside it
+ * and resolutions never drift apart. A counter's rings are the union of
+ * the rings of the schedules that cover it (the longest length for each
+ * resolution); every rollup of the counter, by any schedule, updates all
+ * of them. Counters no schedule covers have no rollup storage at all. */
+
+#define TALLY_RINGS_MAX 8             /* resolutions per counter */
+#define TALLY_RING_LEN_MAX 100000     /* buckets per ring */
+#define TALLY_RING_RES_MAX (366u * 86400u) /* seconds per bucket */
+
+typedef struct tally_ring {
+  uint32_t res_s;   /* bucket width in seconds, 1..TALLY_RING_RES_MAX */
+  uint32_t len;     /* buckets kept, 1..TALLY_RING_LEN_MAX */
+} tally_ring;
+
+typedef struct tally_rollup {
+  int64_t value;       /* the counter's exact value when rolled */
+  int64_t at_ms;       /* when, in milliseconds of the caller's clock */
+  int64_t delta;       /* value minus the previous rollup's value (0 first) */
+  int64_t prev_at_ms;  /* the previous rollup's time, or 0 for the first */
+  uint64_t count;      /* rollups of this counter so far */
+} tally_rollup;
+
+/* delta per second between the two rollups, or 0 for the first. */
+TALLY_API double tally_rollup_rate(const tally_rollup *r);
+
+typedef struct tally_schedule tally_schedule;
+
+/* A schedule over counters matching pattern (glob, see tally_glob_match),
+ * every every_ms milliseconds (>= 1), keeping nrings rings (0 is allowed:
+ * records only). Rings must have distinct resolutions. The schedule is
+ * this process's object; its identity in the store is (pattern, every_ms),
+ * so processes defining the same schedule share its periods. */
+TALLY_API int tally_schedule_new(tally_store *s, const char *pattern,
+                                 size_t plen, int64_t every_ms,
+                                 const tally_ring *rings, uint32_t nrings,
+                                 tally_schedule **out);
+/* Free a schedule; NULL is allowed. Before its store is closed. */
+TALLY_API void tally_schedule_free(tally_schedule *sch);
+
+enum {
+  TALLY_TICK_RAN = 0,      /* this call rolled up the period */
+  TALLY_TICK_NOT_DUE = 1,  /* the period was already rolled up (by anyone) */
+  TALLY_TICK_BUSY = 2,     /* another process holds the rollup lease */
+  TALLY_TICK_LOST = 3      /* the lease was taken over during the run
+                              (this process stalled past it); the new
+                              holder finishes the period */
+};
+
+typedef struct tally_tick_result {
+  int64_t period;      /* floor(now_ms / every_ms) */
+  int32_t status;      /* TALLY_TICK_* */
+  uint32_t pad_;
+  uint64_t counters;   /* counters rolled up by this call */
+} tally_tick_result;
+
+/* Called once per counter rolled up, after its record is stored. name is
+ * valid while the store is open. Must not call back into this store's
+ * rollup functions. */
+typedef void (*tally_rollup_fn)(void *ud, const char *name, size_t len,
+                                const tally_rollup *r);
+
+/* Roll up the current period if it is due at now_ms (the caller's clock,
+ * milliseconds since the epoch; >= 0). fn may be NULL. A process that
+ * dies holding the lease is replaced at once (its pid is gone); one that
+ * stalls loses the lease after one period. */
+TALLY_API int tally_schedule_tick(tally_schedule *sch, int64_t now_ms,
+                                  tally_rollup_fn fn, void *ud,
+                                  tally_tick_result *out);
+
+/* The counter's latest rollup record; TALLY_ENOROLLUP if it has none. */
+TALLY_API int tally_counter_rolled(tally_counter *c, tally_rollup *out);
+
+typedef struct tally_bucket {
+  int64_t t;       /* bucket start, seconds since the epoch */
+  int64_t value;   /* value at the last rollup inside the bucket */
+} tally_bucket;
+
+/* The ring of resolution res_s, oldest bucket first, buckets with no
+ * rollup left out: up to cap buckets into out, *n receives how many the
+ * ring holds. TALLY_ENOROLLUP if the counter keeps no such ring. */
+TALLY_API int tally_counter_history(tally_counter *c, uint32_t res_s,
+                                    tally_bucket *out, uint32_t cap,
+                                    uint32_t *n);
+/* The counter's rings (resolution and length), up to cap; *n the count. */
+TALLY_API int tally_counter_rings(tally_counter *c, tally_ring *out,
+                                  uint32_t cap, uint32_t *n);
+
+/* ---- HTTP sender ------------------------------------------------------- */
+
+/* A background thread that delivers request bodies to one URL with
+ * libcurl, so a slow or dead HTTP sink never blocks the caller. Bodies
+ * wait in a bounded queue (counted in records, the unit the caller gives
+ * each body); a failed request (no connection, timeout, non-2xx status) is
+ * retried with exponential backoff, oldest body first. When a new body
+ * does not fit, the oldest bodies are dropped to make room, and counted. */
+typedef struct tally_sender tally_sender;
+
+typedef struct tally_sender_options {
+  const char *url;             /* http:// or https:// */
+  const char *method;          /* "POST" (NULL) or "PUT" */
+  const char *const *headers;  /* "Name: value" strings, NULL-terminated; may be NULL */
+  uint32_t timeout_ms;         /* whole request; 0 means 5000 */
+  uint32_t max_queue;          /* records waiting at most; 0 means 100000 */
+  uint32_t backoff_ms;         /* first retry delay; 0 means 100 */
+  uint32_t max_backoff_ms;     /* retry delay cap; 0 means 5000 */
+} tally_sender_options;
+
+typedef struct tally_sender_stats {
+  uint64_t sent;        /* records delivered (2xx answers) */
+  uint64_t requests;    /* requests that succeeded */
+  uint64_t failures;    /* requests that failed (each retry counts) */
+  uint64_t dropped;     /* records dropped: queue full, too big, or closed */
+  uint64_t queued;      /* records waiting now */
+  int32_t last_status;  /* HTTP status of the last answer, 0 if none */
+  uint32_t pad_;
+  char last_error[256]; /* the last failure, "" if none */
+} tally_sender_stats;
+
+TALLY_API int tally_sender_open(const tally_sender_options *o,
+                                tally_sender **out);
+/* Queue a copy of body (records: how many records it carries, >= 1).
+ * Never waits for the network. */
+TALLY_API int tally_sender_post(tally_sender *s, const void *body, size_t len,
+                                uint32_t records);
+/* Wait until the queue is empty: 0, or TALLY_ETIMEDOUT after timeout_ms. */
+TALLY_API int tally_sender_flush(tally_sender *s, uint32_t timeout_ms);
+TALLY_API void tally_sender_stats_get(tally_sender *s, tally_sender_stats *out);
+/* Deliver what is queued for up to drain_ms, then stop the thread; what is
+ * still queued is counted as dropped. NULL is allowed. */
+TALLY_API void tally_sender_close(tally_sender *s, uint32_t drain_ms);
 
 #ifdef __cplusplus
 }

@@ -459,6 +459,27 @@ static int tl_counter_reset(lua_State *L) {
   return 1;
 }
 
+/* c:add_shard(i, n): add n to shard i (1-based) whatever the policy; for
+ * restoring exact per-shard values (db:import) and for callers that place
+ * increments themselves. */
+static int tl_counter_add_shard(lua_State *L) {
+  tl_counter *h = tl_tocounter(L);
+  tally_counter_info info;
+  int isnum, rc;
+  lua_Integer i = lua_tointegerx(L, 2, &isnum);
+  lua_Integer n = tl_checkdelta(L, 3);
+  rc = tally_counter_info_get(h->c, &info);
+  if (rc < 0) return tl_incr_fail(L, h, rc);
+  if (!isnum || i < 1 || i > (lua_Integer)info.shards)
+    return luaL_argerror(L, 2, lua_pushfstring(L,
+        "shard must be an integer from 1 to %d, got %s", (int)info.shards,
+        tl_describe(L, 2)));
+  rc = tally_counter_incr_shard(h->c, (uint32_t)(i - 1), (int64_t)n);
+  if (rc < 0) return tl_incr_fail(L, h, rc);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
 static int tl_counter_reshard(lua_State *L) {
   tl_counter *h = tl_tocounter(L);
   uint32_t n = tl_checkshards(L, 2, 2);
@@ -928,6 +949,7 @@ static const luaL_Reg tl_counter_methods[] = {
   { "shards", tl_counter_shards },
   { "reset", tl_counter_reset },
   { "reshard", tl_counter_reshard },
+  { "add_shard", tl_counter_add_shard },
   { "info", tl_counter_info },
   { "name", tl_counter_name },
   { "close", tl_counter_close },
