@@ -189,6 +189,7 @@ int tally__index_insert(tally_store *s, uint64_t hash, uint64_t rec_off) {
   if (!place(t, hash, entry_make(s, hash, rec_off)))
     return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (name index "
                        "full)", tally__store_name(s));
+  atomic_fetch_add_explicit(&s->hdr->generation, 1, memory_order_release);
   return 0;
 }
 
@@ -208,6 +209,7 @@ void tally__index_remove(tally_store *s, uint64_t rec_off) {
       atomic_store_explicit(&t->entries[i], DELETED, memory_order_release);
       t->live--;
       t->deleted++;
+      atomic_fetch_add_explicit(&s->hdr->generation, 1, memory_order_release);
       return;
     }
   }
@@ -250,6 +252,7 @@ static int check_one(tally_store *s, uint64_t off, void *ud) {
   if (dropped)
     return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (dropped "
                        "counter '%s' is still indexed)", tally__store_name(s), r->name);
+  if ((rc = tally__rollups_check(s, off))) return rc;
   st->live++;
   return 0;
 }

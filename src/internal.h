@@ -30,7 +30,7 @@
 #include <stdint.h>
 
 #define TALLY__MAGIC "\x89TALLY\r\n"
-#define TALLY__FORMAT 1u
+#define TALLY__FORMAT 2u
 #define TALLY__BYTE_ORDER 0x01020304u
 #define TALLY__HEADER_BYTES 4096u
 #define TALLY__CLASS_OFF 4096u
@@ -96,6 +96,8 @@ struct tally__header {
   _Atomic uint64_t pend_rec;    /* sealed record offset (extra: pend_loc), or 0 */
   _Atomic uint64_t pend_loc;    /* where it is moving (a loc word) */
   _Atomic uint64_t pend_done;   /* old cells retired into the journal */
+  _Atomic uint64_t rollups;     /* sealed offset of the rollup table, or 0 */
+  _Atomic uint64_t generation;  /* bumped by every create and drop */
   /* thread tickets: the only word writers touch outside the lock */
   _Alignas(64) _Atomic uint64_t writers;
 };
@@ -113,6 +115,7 @@ struct tally__class {
  *   bits 0..9 shards-1, bit 10 dropped, bits 11..31 check, 32..63 off>>3. */
 struct tally__rec {
   _Atomic uint64_t loc;
+  _Atomic uint64_t rollup;      /* sealed offset of its rollup block, or 0 */
   uint32_t check;               /* hash of policy, kind, name_len, name */
   uint8_t policy;
   uint8_t kind;                 /* TALLY__KIND_COUNTER */
@@ -220,7 +223,8 @@ static inline uint32_t tally__pick_shard(tally_store *s, uint64_t store_id,
 /* A sealed word: an arena offset with a 32-bit check keyed by the store's
  * salt, the field it lives in and `extra`, so a damaged pointer is caught
  * even when it lands on another valid record. 0 stays 0 ("none"). */
-enum { TALLY__SEAL_INDEX = 1, TALLY__SEAL_FAMILIES = 2, TALLY__SEAL_MOVE = 3 };
+enum { TALLY__SEAL_INDEX = 1, TALLY__SEAL_FAMILIES = 2, TALLY__SEAL_MOVE = 3,
+       TALLY__SEAL_ROLLUPS = 4, TALLY__SEAL_ROLLUP = 5 };
 uint64_t tally__seal(const tally_store *s, int field, uint64_t off, uint64_t extra);
 int tally__unseal(const tally_store *s, int field, uint64_t word, uint64_t extra,
                   uint64_t *off);
@@ -281,5 +285,8 @@ int tally__rec_value(tally_store *s, uint64_t rec_off, int64_t *out);
 
 /* ---- move.c ---- */
 int tally__finish_move(tally_store *s); /* caller holds the lock */
+
+/* ---- rollup.c ---- */
+int tally__rollups_check(tally_store *s, uint64_t rec_off); /* one record's block */
 
 #endif

@@ -20,9 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "lua.h"
-#include "lauxlib.h"
-#include "tally.h"
+#include "lua_tally.h"
 
 #if defined(__GNUC__)
 #define TL_LIKELY(x) __builtin_expect(!!(x), 1)
@@ -33,37 +31,6 @@
 #define TL_UNLIKELY(x) (x)
 #define TL_EXPORT
 #endif
-
-#define TL_STORE_MT "tally.store"
-#define TL_COUNTER_MT "tally.counter"
-
-/* Salts for the self-pointers: a counter never passes for a store. */
-#define TL_STORE_SALT ((uintptr_t)0x5a17e5u)
-#define TL_COUNTER_SALT ((uintptr_t)0xc0417e5u)
-
-enum { TL_SUV_CACHE = 1, TL_SUV_FAMILIES = 2, TL_SUV_N = 2 };  /* store */
-enum { TL_CUV_STORE = 1, TL_CUV_POLICY = 2, TL_CUV_N = 2 };    /* counter */
-
-typedef struct tl_counter tl_counter;
-
-typedef struct tl_store {
-  uintptr_t key;          /* (uintptr_t)self ^ TL_STORE_SALT */
-  tally_store *store;     /* NULL once closed */
-  tl_counter *counters;   /* open counter handles made on this store */
-  size_t speclen;
-  char spec[];            /* "memory" or "file:PATH" */
-} tl_store;
-
-struct tl_counter {
-  uintptr_t key;          /* (uintptr_t)self ^ TL_COUNTER_SALT */
-  tally_counter *c;       /* NULL once closed (also when its store closes) */
-  tl_store *db;           /* kept alive through user value TL_CUV_STORE */
-  tl_counter *prev, *next;
-  int32_t policy;         /* the stored policy */
-  int hasfn;              /* CUSTOM with a Lua function in TL_CUV_POLICY */
-  size_t namelen;
-  char name[];
-};
 
 static const char *const tl_policy_names[] = {
   "thread", "random", "round_robin", "key", NULL
@@ -133,8 +100,7 @@ static int tl_typeerror(lua_State *L, int arg, const char *tname) {
                        lua_pushfstring(L, "%s expected, got %s", tname, got));
 }
 
-/* nil, message, code name: the environment-failure convention. */
-static int tl_fail(lua_State *L, int rc) {
+int tl_fail(lua_State *L, int rc) {
   lua_pushnil(L);
   lua_pushstring(L, tally_errmsg());
   lua_pushstring(L, tally_err_name(rc));
@@ -229,11 +195,12 @@ static void tl_checkcounteropts(lua_State *L, int arg, tally_counter_options *o)
 
 /* ---- handles ----------------------------------------------------------------- */
 
-static tl_store *tl_tostore_slow(lua_State *L) {
-  tl_store *d = (tl_store *)luaL_checkudata(L, 1, TL_STORE_MT);
+tl_store *tl_checkstore(lua_State *L, int idx) {
+  tl_store *d = (tl_store *)luaL_checkudata(L, idx, TL_STORE_MT);
   if (d->store == NULL) luaL_error(L, "attempt to use a closed store");
   return d;
 }
+static tl_store *tl_tostore_slow(lua_State *L) { return tl_checkstore(L, 1); }
 
 /* The store at argument 1, open; raises otherwise. */
 static tl_store *tl_tostore(lua_State *L) {
@@ -244,7 +211,7 @@ static tl_store *tl_tostore(lua_State *L) {
   return d;
 }
 
-static tl_counter *tl_tocounter_slow(lua_State *L, int idx) {
+tl_counter *tl_checkcounter(lua_State *L, int idx) {
   tl_counter *h = (tl_counter *)luaL_checkudata(L, idx, TL_COUNTER_MT);
   if (h->db->store == NULL) luaL_error(L, "attempt to use a closed store");
   if (h->c == NULL) luaL_error(L, "attempt to use a closed counter");
@@ -256,7 +223,7 @@ static tl_counter *tl_tocounter(lua_State *L) {
   tl_counter *h = (tl_counter *)lua_touserdata(L, 1);
   if (TL_UNLIKELY(h == NULL || lua_type(L, 1) != LUA_TUSERDATA ||
                   h->key != ((uintptr_t)h ^ TL_COUNTER_SALT) || h->c == NULL))
-    return tl_tocounter_slow(L, 1);
+    return tl_checkcounter(L, 1);
   return h;
 }
 
@@ -429,7 +396,9 @@ static int tl_counter_nop(lua_State *L) { (void)L; return 0; }
 static int tl_counter_value(lua_State *L) {
   tl_counter *h = tl_tocounter(L);
   int64_t v;
-  int rc = tally_counter_value(h->c, &v);
+  int rc;
+  if (TL_UNLIKELY(lua_gettop(L) >= 2 && !lua_isnil(L, 2))) return tl_counter_value_opts(L);
+  rc = tally_counter_value(h->c, &v);
   if (rc < 0) return tl_incr_fail(L, h, rc);
   lua_pushinteger(L, (lua_Integer)v);
   return 1;
@@ -1018,5 +987,6 @@ TL_EXPORT int luaopen_tally_core(lua_State *L) {
   lua_setfield(L, -2, "NAME_MAX");
   lua_pushinteger(L, TALLY_DEFAULT_SHARDS);
   lua_setfield(L, -2, "DEFAULT_SHARDS");
+  tl_rollup_register(L);
   return 1;
 }

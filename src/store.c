@@ -54,7 +54,9 @@ int tally__unseal(const tally_store *s, int field, uint64_t word,
   if (word && tally__seal(s, field, o, extra) != word)
     return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (%s pointer)",
                        tally__store_name(s), field == TALLY__SEAL_INDEX ? "index"
-                       : field == TALLY__SEAL_FAMILIES ? "family" : "move");
+                       : field == TALLY__SEAL_FAMILIES ? "family"
+                       : field == TALLY__SEAL_MOVE ? "move"
+                       : field == TALLY__SEAL_ROLLUPS ? "rollup table" : "rollup");
   *off = word ? o : 0;
   return 0;
 }

@@ -1,0 +1,724 @@
+/* rollup.c -- rollup records, history rings, and the schedules that fill them.
+ *
+ * A counter a schedule covers gets a rollup block in the arena, linked from
+ * its record by a sealed word:
+ *
+ *   64 bytes   seq (a seqlock: odd while written), check, ring count, the
+ *              record (value, at, delta, prev_at, count)
+ *   16 * r     ring headers: resolution, length, newest bucket + 1
+ *   8 * sum    the ring slots, ring after ring; INT64_MIN marks an empty one
+ *
+ * The store holds one rollup table (allocated on first use): a lease word
+ * and, per schedule identity (pattern, every), the last period done and the
+ * period in progress. Only the lease holder writes blocks, so a block has
+ * one writer and readers need no lock: they retry on the seqlock. The lease
+ * is taken under the store lock, once per tick; the holder renews it as it
+ * goes and stops if it was taken over. A holder whose pid is gone loses it
+ * at once; a live one after one period without renewal.
+ *
+ * A period whose run was interrupted (its holder died) is finished by the
+ * next holder, which skips the counters already rolled inside the period,
+ * so no counter is rolled twice for one period. */
+#include "internal.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define ROLLUPS_MAGIC 0x5350554c4c4f5254ull /* "TROLLUPS" */
+#define SCHED_SLOTS 256
+#define EMPTY_SLOT INT64_MIN
+#define RENEW_EVERY 1024u   /* counters rolled between lease checks */
+
+struct sched_slot {
+  _Atomic uint64_t id;       /* hash of (pattern, every_ms); 0: free */
+  _Atomic int64_t done;      /* last period rolled up, + 1; 0: none */
+  _Atomic int64_t running;   /* period being rolled up, + 1; 0: none */
+  uint64_t reserved_;
+};
+
+struct rollup_table {
+  uint64_t magic;
+  uint64_t check;                 /* keyed by the store's salt */
+  _Atomic uint64_t lease_owner;   /* pid << 32 | token; 0: free */
+  _Atomic int64_t lease_until;    /* CLOCK_MONOTONIC milliseconds */
+  uint64_t reserved_[4];
+  struct sched_slot slot[SCHED_SLOTS];
+};
+
+struct ring_hdr {
+  uint32_t res_s;
+  uint32_t len;
+  _Atomic int64_t head;           /* newest bucket number + 1; 0: empty */
+};
+
+struct block {
+  _Atomic uint64_t seq;
+  uint32_t check;                 /* salt, record, rings: see block_check */
+  uint32_t nrings;
+  _Atomic int64_t value, at_ms, delta, prev_at_ms;
+  _Atomic uint64_t count;
+  uint64_t reserved_;
+  struct ring_hdr ring[];
+};
+
+struct tally_schedule {
+  tally_store *s;
+  char *pattern;
+  size_t plen;
+  int64_t every_ms;
+  uint64_t id;
+  tally_ring rings[TALLY_RINGS_MAX];
+  uint32_t nrings;
+  uint64_t *members;              /* record offsets, in cell order */
+  size_t nmembers, cap;
+  uint64_t generation;            /* of the store when members was built */
+  bool built;
+};
+
+/* ---- small helpers -------------------------------------------------------- */
+
+static int64_t mono_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static uint64_t table_check(const tally_store *s) {
+  return tally__mix(s->hdr->salt ^ ROLLUPS_MAGIC);
+}
+
+static uint64_t slots_of(const struct block *b) {
+  uint64_t n = 0;
+  for (uint32_t i = 0; i < b->nrings; i++) n += b->ring[i].len;
+  return n;
+}
+
+static _Atomic int64_t *slots_at(struct block *b) {
+  return (_Atomic int64_t *)(void *)&b->ring[b->nrings];
+}
+
+static uint64_t block_bytes(uint32_t nrings, uint64_t nslots) {
+  return sizeof(struct block) + nrings * sizeof(struct ring_hdr) + nslots * 8;
+}
+
+static uint32_t block_check(const tally_store *s, uint64_t rec_off,
+                            const struct block *b) {
+  uint64_t h = tally__mix(s->hdr->salt ^ rec_off ^ (uint64_t)b->nrings << 48);
+  for (uint32_t i = 0; i < b->nrings; i++)
+    h = tally__mix(h ^ ((uint64_t)b->ring[i].res_s << 32 | b->ring[i].len));
+  return (uint32_t)(h >> 32);
+}
+
+static int ring_ok(const tally_ring *r) {
+  return r->res_s >= 1 && r->res_s <= TALLY_RING_RES_MAX && r->len >= 1 &&
+         r->len <= TALLY_RING_LEN_MAX;
+}
+
+static int corrupt_block(tally_store *s, const struct tally__rec *r) {
+  return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (rollup of "
+                     "counter '%s')", tally__store_name(s), r->name);
+}
+
+/* The record's block, validated; *out NULL if it has none. */
+static int block_of(tally_store *s, uint64_t rec_off, struct block **out) {
+  struct tally__rec *r = tally__at(s, rec_off);
+  uint64_t off;
+  int rc = tally__unseal(s, TALLY__SEAL_ROLLUP,
+                         atomic_load_explicit(&r->rollup, memory_order_acquire),
+                         rec_off, &off);
+  if (rc) return rc;
+  if (!off) {
+    *out = NULL;
+    return 0;
+  }
+  struct block *b = tally__at(s, off);
+  if (off % 64 || !tally__in_arena(s, off, sizeof *b) ||
+      b->nrings > TALLY_RINGS_MAX ||
+      !tally__in_arena(s, off, block_bytes(b->nrings, 0)))
+    return corrupt_block(s, r);
+  for (uint32_t i = 0; i < b->nrings; i++) {
+    tally_ring spec = {b->ring[i].res_s, b->ring[i].len};
+    if (!ring_ok(&spec)) return corrupt_block(s, r);
+  }
+  if (!tally__in_arena(s, off, block_bytes(b->nrings, slots_of(b))) ||
+      b->check != block_check(s, rec_off, b))
+    return corrupt_block(s, r);
+  *out = b;
+  return 0;
+}
+
+int tally__rollups_check(tally_store *s, uint64_t rec_off) {
+  struct block *b;
+  return block_of(s, rec_off, &b);
+}
+
+/* The store's rollup table, created if `create` (caller holds the lock);
+ * *out NULL if there is none yet. */
+static int table_of(tally_store *s, bool create, struct rollup_table **out) {
+  uint64_t off;
+  int rc = tally__unseal(s, TALLY__SEAL_ROLLUPS,
+                         atomic_load_explicit(&s->hdr->rollups, memory_order_acquire),
+                         0, &off);
+  if (rc) return rc;
+  if (!off) {
+    *out = NULL;
+    if (!create) return 0;
+    if ((rc = tally__alloc(s, sizeof(struct rollup_table), &off))) return rc;
+    struct rollup_table *t = tally__at(s, off);
+    t->magic = ROLLUPS_MAGIC;
+    t->check = table_check(s);
+    atomic_store_explicit(&s->hdr->rollups, tally__seal(s, TALLY__SEAL_ROLLUPS, off, 0),
+                          memory_order_release);
+  }
+  struct rollup_table *t = tally__at(s, off);
+  if (off % 64 || !tally__in_arena(s, off, sizeof *t) ||
+      t->magic != ROLLUPS_MAGIC || t->check != table_check(s))
+    return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (rollup "
+                       "table)", tally__store_name(s));
+  *out = t;
+  return 0;
+}
+
+/* ---- schedules --------------------------------------------------------------- */
+
+int tally_schedule_new(tally_store *s, const char *pattern, size_t plen,
+                       int64_t every_ms, const tally_ring *rings,
+                       uint32_t nrings, tally_schedule **out) {
+  if (!s || !pattern || !out || (nrings && !rings))
+    return tally__fail(TALLY_EINVAL, "tally_schedule_new: NULL argument");
+  if (plen == 0 || plen > TALLY_NAME_MAX || memchr(pattern, 0, plen))
+    return tally__fail(TALLY_EINVAL, "rollup pattern must be 1 to %d bytes, "
+                       "no NUL", TALLY_NAME_MAX);
+  if (every_ms < 1 || every_ms > (int64_t)TALLY_RING_RES_MAX * 1000)
+    return tally__fail(TALLY_EINVAL, "rollup period must be from 1 ms to 366 "
+                       "days, got %lld ms", (long long)every_ms);
+  if (nrings > TALLY_RINGS_MAX)
+    return tally__fail(TALLY_EINVAL, "at most %d history resolutions, got %u",
+                       TALLY_RINGS_MAX, nrings);
+  for (uint32_t i = 0; i < nrings; i++) {
+    if (!ring_ok(&rings[i]))
+      return tally__fail(TALLY_EINVAL, "history of %u buckets of %u s is out "
+                         "of range (1 to %d buckets of 1 s to 366 days)",
+                         rings[i].len, rings[i].res_s, TALLY_RING_LEN_MAX);
+    for (uint32_t j = 0; j < i; j++)
+      if (rings[j].res_s == rings[i].res_s)
+        return tally__fail(TALLY_EINVAL, "history resolution %u s given twice",
+                           rings[i].res_s);
+  }
+  tally_schedule *sch = calloc(1, sizeof *sch);
+  if (sch) sch->pattern = malloc(plen + 1);
+  if (!sch || !sch->pattern) {
+    free(sch);
+    return tally__fail(TALLY_ENOMEM, "out of memory");
+  }
+  memcpy(sch->pattern, pattern, plen);
+  sch->pattern[plen] = '\0';
+  sch->plen = plen;
+  sch->s = s;
+  sch->every_ms = every_ms;
+  sch->id = tally__hash(pattern, plen, (uint64_t)every_ms) | 1; /* never 0 */
+  if (nrings) memcpy(sch->rings, rings, nrings * sizeof *rings);
+  sch->nrings = nrings;
+  *out = sch;
+  return 0;
+}
+
+void tally_schedule_free(tally_schedule *sch) {
+  if (!sch) return;
+  free(sch->members);
+  free(sch->pattern);
+  free(sch);
+}
+
+/* The slot of sch's identity, claimed if absent. Caller holds the lock. */
+static int slot_of(tally_schedule *sch, struct rollup_table *t,
+                   struct sched_slot **out) {
+  struct sched_slot *free_slot = NULL;
+  for (int i = 0; i < SCHED_SLOTS; i++) {
+    uint64_t id = atomic_load_explicit(&t->slot[i].id, memory_order_relaxed);
+    if (id == sch->id) {
+      *out = &t->slot[i];
+      return 0;
+    }
+    if (id == 0 && !free_slot) free_slot = &t->slot[i];
+  }
+  if (!free_slot)
+    return tally__fail(TALLY_EFULL, "%s: too many rollup schedules (%d)",
+                       tally__store_name(sch->s), SCHED_SLOTS);
+  atomic_store_explicit(&free_slot->id, sch->id, memory_order_release);
+  *out = free_slot;
+  return 0;
+}
+
+/* ---- the lease ----------------------------------------------------------------- */
+
+/* Is the process that holds a lease gone? A zombie counts as gone: it will
+ * never renew, even before its parent reaps it. */
+static bool pid_gone(pid_t pid) {
+  if (pid == getpid()) return false;
+  if (kill(pid, 0) != 0) return errno == ESRCH;
+  char path[64], buf[256];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  FILE *f = fopen(path, "re");
+  if (!f) return false;
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = '\0';
+  const char *p = strrchr(buf, ')');   /* the state follows "(comm)" */
+  return p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X');
+}
+
+static uint64_t lease_me(void) {
+  static _Atomic uint32_t tokens;
+  uint32_t token = atomic_fetch_add(&tokens, 1) + 1;
+  return (uint64_t)(uint32_t)getpid() << 32 | token;
+}
+
+/* How long a lease lasts without renewal: one period, but not so short
+ * that a holder busy with a large store loses it between renewals. */
+static int64_t lease_span(const tally_schedule *sch) {
+  return sch->every_ms > 500 ? sch->every_ms : 500;
+}
+
+/* Caller holds the store lock. */
+static bool lease_take(struct rollup_table *t, uint64_t me, int64_t span) {
+  uint64_t owner = atomic_load_explicit(&t->lease_owner, memory_order_acquire);
+  int64_t now = mono_ms();
+  if (owner && now < atomic_load(&t->lease_until) &&
+      !pid_gone((pid_t)(owner >> 32)))
+    return false;
+  atomic_store(&t->lease_until, now + span);
+  atomic_store_explicit(&t->lease_owner, me, memory_order_release);
+  return true;
+}
+
+static bool lease_renew(struct rollup_table *t, uint64_t me, int64_t span) {
+  if (atomic_load_explicit(&t->lease_owner, memory_order_acquire) != me) return false;
+  atomic_store(&t->lease_until, mono_ms() + span);
+  return true;
+}
+
+/* ---- blocks ---------------------------------------------------------------------- */
+
+static void ring_clear(_Atomic int64_t *slot, uint32_t len) {
+  for (uint32_t i = 0; i < len; i++)
+    atomic_store_explicit(&slot[i], EMPTY_SLOT, memory_order_relaxed);
+}
+
+/* Record value v at at_ms in one ring. Buckets are epoch-aligned; a bucket
+ * keeps the last value rolled inside it; the buckets skipped since the
+ * newest are emptied. A time before the newest bucket changes nothing. */
+static void ring_put(struct ring_hdr *r, _Atomic int64_t *slot, int64_t at_ms,
+                     int64_t v) {
+  int64_t b = at_ms / ((int64_t)r->res_s * 1000);
+  int64_t head = atomic_load_explicit(&r->head, memory_order_relaxed);
+  if (head == 0) {
+    ring_clear(slot, r->len);
+  } else if (b + 1 > head) {
+    int64_t gap = b - head;  /* buckets strictly between newest and b */
+    if (gap >= r->len) ring_clear(slot, r->len);
+    else
+      for (int64_t k = head; k < b; k++)
+        atomic_store_explicit(&slot[k % r->len], EMPTY_SLOT, memory_order_relaxed);
+  } else if (b + 1 < head) {
+    return;
+  }
+  atomic_store_explicit(&slot[b % r->len], v, memory_order_relaxed);
+  atomic_store_explicit(&r->head, b + 1, memory_order_relaxed);
+}
+
+/* Copy ring `from` (with its slots) into the empty ring `to`, bucket by
+ * bucket: slot positions depend on the length. */
+static void ring_copy(struct ring_hdr *to, _Atomic int64_t *to_slot,
+                      const struct ring_hdr *from, _Atomic int64_t *from_slot) {
+  ring_clear(to_slot, to->len);
+  int64_t head = atomic_load(&from->head);
+  atomic_store(&to->head, head);
+  if (head == 0) return;
+  uint32_t keep = from->len < to->len ? from->len : to->len;
+  for (int64_t b = head - 1; b >= 0 && b > head - 1 - keep; b--)
+    atomic_store(&to_slot[b % to->len], atomic_load(&from_slot[b % from->len]));
+}
+
+/* Does block b have every ring of sch, at least as long? */
+static bool block_covers(const struct block *b, const tally_schedule *sch) {
+  for (uint32_t i = 0; i < sch->nrings; i++) {
+    uint32_t j = 0;
+    while (j < b->nrings && b->ring[j].res_s != sch->rings[i].res_s) j++;
+    if (j == b->nrings || b->ring[j].len < sch->rings[i].len) return false;
+  }
+  return true;
+}
+
+/* Give record rec_off a block with the union of its current rings and
+ * sch's, carrying its record and history over. Caller holds the store lock
+ * and the lease (no one else writes blocks). */
+static int block_grow(tally_schedule *sch, uint64_t rec_off, struct block *old) {
+  tally_store *s = sch->s;
+  tally_ring want[2 * TALLY_RINGS_MAX];
+  uint32_t n = 0;
+  for (uint32_t i = 0; old && i < old->nrings; i++)
+    want[n++] = (tally_ring){old->ring[i].res_s, old->ring[i].len};
+  for (uint32_t i = 0; i < sch->nrings; i++) {
+    uint32_t j = 0;
+    while (j < n && want[j].res_s != sch->rings[i].res_s) j++;
+    if (j == n) want[n++] = sch->rings[i];
+    else if (want[j].len < sch->rings[i].len) want[j].len = sch->rings[i].len;
+  }
+  if (n > TALLY_RINGS_MAX)
+    return tally__fail(TALLY_EINVAL, "counter '%s' would keep %u history "
+                       "resolutions (at most %d)",
+                       ((struct tally__rec *)tally__at(s, rec_off))->name, n,
+                       TALLY_RINGS_MAX);
+  for (uint32_t i = 1; i < n; i++)  /* finest first: insertion sort */
+    for (uint32_t j = i; j > 0 && want[j - 1].res_s > want[j].res_s; j--) {
+      tally_ring t = want[j];
+      want[j] = want[j - 1];
+      want[j - 1] = t;
+    }
+  uint64_t nslots = 0, off;
+  for (uint32_t i = 0; i < n; i++) nslots += want[i].len;
+  int rc = tally__alloc(s, block_bytes(n, nslots), &off);
+  if (rc) return rc;
+  struct block *b = tally__at(s, off);
+  b->nrings = n;
+  for (uint32_t i = 0; i < n; i++) {
+    b->ring[i].res_s = want[i].res_s;
+    b->ring[i].len = want[i].len;
+  }
+  b->check = block_check(s, rec_off, b);
+  _Atomic int64_t *slot = slots_at(b);
+  for (uint32_t i = 0; i < n; i++) {
+    const struct ring_hdr *from = NULL;
+    _Atomic int64_t *from_slot = old ? slots_at(old) : NULL;
+    for (uint32_t j = 0; old && j < old->nrings; j++) {
+      if (old->ring[j].res_s == want[i].res_s) {
+        from = &old->ring[j];
+        break;
+      }
+      from_slot += old->ring[j].len;
+    }
+    if (from) ring_copy(&b->ring[i], slot, from, from_slot);
+    slot += want[i].len;
+  }
+  if (old) {
+    atomic_store(&b->value, atomic_load(&old->value));
+    atomic_store(&b->at_ms, atomic_load(&old->at_ms));
+    atomic_store(&b->delta, atomic_load(&old->delta));
+    atomic_store(&b->prev_at_ms, atomic_load(&old->prev_at_ms));
+    atomic_store(&b->count, atomic_load(&old->count));
+    atomic_fetch_add(&s->hdr->retired,
+                     block_bytes(old->nrings, slots_of(old)));
+  }
+  struct tally__rec *r = tally__at(s, rec_off);
+  atomic_store_explicit(&r->rollup, tally__seal(s, TALLY__SEAL_ROLLUP, off, rec_off),
+                        memory_order_release);
+  return 0;
+}
+
+static int64_t sub_sat(int64_t a, int64_t b) {
+  int64_t d;
+  if (!__builtin_sub_overflow(a, b, &d)) return d;
+  return b < 0 ? INT64_MAX : INT64_MIN;
+}
+
+/* Roll one counter up at now_ms: its record, then every ring. */
+static void block_roll(struct block *b, int64_t v, int64_t now_ms, tally_rollup *r) {
+  uint64_t seq = atomic_load_explicit(&b->seq, memory_order_relaxed);
+  /* odd already: a writer died mid-write; this write makes it whole */
+  atomic_store_explicit(&b->seq, seq | 1, memory_order_relaxed);
+  atomic_thread_fence(memory_order_release);
+  uint64_t count = atomic_load_explicit(&b->count, memory_order_relaxed);
+  r->value = v;
+  r->at_ms = now_ms;
+  r->delta = count ? sub_sat(v, atomic_load_explicit(&b->value, memory_order_relaxed)) : 0;
+  r->prev_at_ms = count ? atomic_load_explicit(&b->at_ms, memory_order_relaxed) : 0;
+  r->count = count + 1;
+  atomic_store_explicit(&b->value, r->value, memory_order_relaxed);
+  atomic_store_explicit(&b->at_ms, r->at_ms, memory_order_relaxed);
+  atomic_store_explicit(&b->delta, r->delta, memory_order_relaxed);
+  atomic_store_explicit(&b->prev_at_ms, r->prev_at_ms, memory_order_relaxed);
+  atomic_store_explicit(&b->count, r->count, memory_order_relaxed);
+  _Atomic int64_t *slot = slots_at(b);
+  for (uint32_t i = 0; i < b->nrings; i++) {
+    ring_put(&b->ring[i], slot, now_ms, v);
+    slot += b->ring[i].len;
+  }
+  atomic_store_explicit(&b->seq, (seq | 1) + 1, memory_order_release);
+}
+
+/* ---- members ------------------------------------------------------------------- */
+
+struct gather {
+  tally_schedule *sch;
+  uint64_t *v;
+  size_t n, cap;
+};
+
+static int gather_one(tally_store *s, uint64_t rec_off, void *ud) {
+  struct gather *g = ud;
+  const struct tally__rec *r = tally__at(s, rec_off);
+  if (!tally_glob_match(g->sch->pattern, g->sch->plen, r->name, r->name_len))
+    return 0;
+  if (atomic_load(&r->loc) & TALLY__LOC_DROPPED) return 0;
+  if (g->n == g->cap) {
+    size_t cap = g->cap ? g->cap * 2 : 64;
+    uint64_t *v = realloc(g->v, cap * sizeof *v);
+    if (!v) return tally__fail(TALLY_ENOMEM, "out of memory");
+    g->v = v;
+    g->cap = cap;
+  }
+  g->v[g->n++] = rec_off;
+  return 0;
+}
+
+static tally_store *sort_store;  /* qsort has no context argument */
+static int by_cells(const void *pa, const void *pb) {
+  uint64_t a = *(const uint64_t *)pa, b = *(const uint64_t *)pb;
+  uint64_t la = atomic_load(&((struct tally__rec *)tally__at(sort_store, a))->loc) >> 32;
+  uint64_t lb = atomic_load(&((struct tally__rec *)tally__at(sort_store, b))->loc) >> 32;
+  return la < lb ? -1 : la > lb;
+}
+static pthread_mutex_t sort_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* Rebuild the member list if counters were created or dropped since, and
+ * give every member a block covering the schedule's rings. Called with the
+ * lease held. Members are kept in cell order, so a tick reads the cells
+ * row by row instead of at random. */
+static int members_refresh(tally_schedule *sch) {
+  tally_store *s = sch->s;
+  uint64_t gen = atomic_load_explicit(&s->hdr->generation, memory_order_acquire);
+  if (sch->built && gen == sch->generation) return 0;
+  struct gather g = {.sch = sch};
+  int rc = tally__index_each(s, gather_one, &g);
+  if (rc) {
+    free(g.v);
+    return rc;
+  }
+  pthread_mutex_lock(&sort_lock);
+  sort_store = s;
+  qsort(g.v, g.n, sizeof *g.v, by_cells);
+  pthread_mutex_unlock(&sort_lock);
+  bool locked = false;
+  for (size_t i = 0; i < g.n && rc == 0; i++) {
+    struct block *b;
+    if ((rc = block_of(s, g.v[i], &b))) break;
+    if (b && block_covers(b, sch)) continue;
+    if (!locked && (rc = tally__lock(s))) break;
+    locked = true;
+    rc = block_grow(sch, g.v[i], b);
+  }
+  if (locked) tally__unlock(s);
+  if (rc) {
+    free(g.v);
+    return rc;
+  }
+  free(sch->members);
+  sch->members = g.v;
+  sch->nmembers = g.n;
+  sch->cap = g.cap;
+  sch->generation = gen;
+  sch->built = true;
+  return 0;
+}
+
+/* ---- ticking ------------------------------------------------------------------- */
+
+struct run {
+  tally_schedule *sch;
+  struct rollup_table *t;
+  uint64_t me;
+  int64_t now_ms, period_start_ms;
+  bool resume;
+  tally_rollup_fn fn;
+  void *ud;
+  uint64_t rolled;
+};
+
+/* Roll every member; 1 if the lease was lost on the way. */
+static int roll_members(struct run *u) {
+  tally_schedule *sch = u->sch;
+  tally_store *s = sch->s;
+  for (size_t i = 0; i < sch->nmembers; i++) {
+    if (i % RENEW_EVERY == RENEW_EVERY - 1 && !lease_renew(u->t, u->me, lease_span(sch)))
+      return 1;
+    uint64_t rec_off = sch->members[i];
+    struct block *b;
+    int64_t v;
+    if (block_of(s, rec_off, &b) || !b) continue;  /* damaged: check() reports it */
+    int64_t last = atomic_load_explicit(&b->at_ms, memory_order_relaxed);
+    if (atomic_load_explicit(&b->count, memory_order_relaxed) &&
+        (last > u->now_ms || (u->resume && last >= u->period_start_ms)))
+      continue;  /* never back in time; done by the holder that died */
+    if (tally__rec_value(s, rec_off, &v)) {
+      sch->built = false;  /* dropped meanwhile, or out of range */
+      continue;
+    }
+    tally_rollup r;
+    block_roll(b, v, u->now_ms, &r);
+    u->rolled++;
+    if (u->fn) {
+      const struct tally__rec *rec = tally__at(s, rec_off);
+      u->fn(u->ud, rec->name, rec->name_len, &r);
+    }
+  }
+  return 0;
+}
+
+int tally_schedule_tick(tally_schedule *sch, int64_t now_ms, tally_rollup_fn fn,
+                        void *ud, tally_tick_result *out) {
+  if (!sch || !out) return tally__fail(TALLY_EINVAL, "tally_schedule_tick: NULL argument");
+  if (now_ms < 0)
+    return tally__fail(TALLY_EINVAL, "rollup time must not be before the epoch");
+  tally_store *s = sch->s;
+  int64_t period = now_ms / sch->every_ms;
+  *out = (tally_tick_result){.period = period, .status = TALLY_TICK_NOT_DUE};
+
+  struct rollup_table *t;
+  struct sched_slot *slot;
+  int rc = tally__lock(s);
+  if (rc) return rc;
+  rc = table_of(s, true, &t);
+  if (rc == 0) rc = slot_of(sch, t, &slot);
+  if (rc) {
+    tally__unlock(s);
+    return rc;
+  }
+  if (atomic_load(&slot->done) > period) {
+    tally__unlock(s);
+    return 0;
+  }
+  struct run u = {.sch = sch, .t = t, .me = lease_me(), .now_ms = now_ms,
+                  .period_start_ms = period * sch->every_ms, .fn = fn, .ud = ud};
+  if (!lease_take(t, u.me, lease_span(sch))) {
+    tally__unlock(s);
+    out->status = TALLY_TICK_BUSY;
+    return 0;
+  }
+  u.resume = atomic_load(&slot->running) == period + 1;
+  atomic_store(&slot->running, period + 1);
+  tally__unlock(s);
+
+  rc = members_refresh(sch);
+  int lost = rc ? 0 : roll_members(&u);
+  out->counters = u.rolled;
+
+  int lrc = tally__lock(s);
+  if (lrc) return rc ? rc : lrc;
+  if (atomic_load(&t->lease_owner) == u.me) {
+    if (rc == 0) {
+      atomic_store(&slot->done, period + 1);
+      atomic_store(&slot->running, 0);
+    }
+    atomic_store_explicit(&t->lease_owner, 0, memory_order_release);
+  } else {
+    lost = 1;
+  }
+  tally__unlock(s);
+  if (rc) return rc;
+  out->status = lost ? TALLY_TICK_LOST : TALLY_TICK_RAN;
+  return 0;
+}
+
+/* ---- reading --------------------------------------------------------------------- */
+
+double tally_rollup_rate(const tally_rollup *r) {
+  if (!r || !r->prev_at_ms || r->at_ms <= r->prev_at_ms) return 0.0;
+  return (double)r->delta * 1000.0 / (double)(r->at_ms - r->prev_at_ms);
+}
+
+/* Seqlock read: copy runs `copy` until it saw no write in between. A
+ * writer that died mid-write leaves seq odd until the next rollup. */
+#define SEQ_TRIES 100000
+static int block_for_read(tally_counter *c, struct block **b) {
+  if (!c) return tally__fail(TALLY_EINVAL, "NULL counter");
+  int rc = tally__current(c->s, c->rec_off, &(uint64_t){0});
+  if (rc == 0) rc = block_of(c->s, c->rec_off, b);
+  if (rc) return rc;
+  if (!*b)
+    return tally__fail(TALLY_ENOROLLUP, "counter '%s' has no rollup (no "
+                       "schedule has rolled it up)", c->rec->name);
+  return 0;
+}
+
+static int busy(tally_counter *c) {
+  return tally__fail(TALLY_EBUSY, "counter '%s': rollup record is being "
+                     "written (or its writer died; the next rollup repairs it)",
+                     c->rec->name);
+}
+
+int tally_counter_rolled(tally_counter *c, tally_rollup *out) {
+  struct block *b;
+  if (!out) return tally__fail(TALLY_EINVAL, "tally_counter_rolled: NULL argument");
+  int rc = block_for_read(c, &b);
+  if (rc) return rc;
+  for (int i = 0; i < SEQ_TRIES; i++) {
+    uint64_t s1 = atomic_load_explicit(&b->seq, memory_order_acquire);
+    if (s1 & 1) continue;
+    tally_rollup r = {
+      .value = atomic_load_explicit(&b->value, memory_order_relaxed),
+      .at_ms = atomic_load_explicit(&b->at_ms, memory_order_relaxed),
+      .delta = atomic_load_explicit(&b->delta, memory_order_relaxed),
+      .prev_at_ms = atomic_load_explicit(&b->prev_at_ms, memory_order_relaxed),
+      .count = atomic_load_explicit(&b->count, memory_order_relaxed)};
+    atomic_thread_fence(memory_order_acquire);
+    if (atomic_load_explicit(&b->seq, memory_order_relaxed) != s1) continue;
+    if (r.count == 0)
+      return tally__fail(TALLY_ENOROLLUP, "counter '%s' has not been rolled "
+                         "up yet", c->rec->name);
+    *out = r;
+    return 0;
+  }
+  return busy(c);
+}
+
+int tally_counter_rings(tally_counter *c, tally_ring *out, uint32_t cap,
+                        uint32_t *n) {
+  struct block *b;
+  if (!n || (!out && cap)) return tally__fail(TALLY_EINVAL, "tally_counter_rings: NULL argument");
+  int rc = block_for_read(c, &b);
+  if (rc) return rc;
+  for (uint32_t i = 0; i < b->nrings && i < cap; i++)
+    out[i] = (tally_ring){b->ring[i].res_s, b->ring[i].len};
+  *n = b->nrings;
+  return 0;
+}
+
+int tally_counter_history(tally_counter *c, uint32_t res_s, tally_bucket *out,
+                          uint32_t cap, uint32_t *n) {
+  struct block *b;
+  if (!n || (!out && cap))
+    return tally__fail(TALLY_EINVAL, "tally_counter_history: NULL argument");
+  int rc = block_for_read(c, &b);
+  if (rc) return rc;
+  _Atomic int64_t *slot = slots_at(b);
+  uint32_t i = 0;
+  while (i < b->nrings && b->ring[i].res_s != res_s) slot += b->ring[i++].len;
+  if (i == b->nrings)
+    return tally__fail(TALLY_ENOROLLUP, "counter '%s' keeps no history at "
+                       "%u s resolution", c->rec->name, res_s);
+  struct ring_hdr *r = &b->ring[i];
+  for (int tries = 0; tries < SEQ_TRIES; tries++) {
+    uint64_t s1 = atomic_load_explicit(&b->seq, memory_order_acquire);
+    if (s1 & 1) continue;
+    int64_t head = atomic_load_explicit(&r->head, memory_order_relaxed);
+    uint32_t k = 0;
+    for (int64_t bk = head - (int64_t)r->len; head && bk < head; bk++) {
+      if (bk < 0) continue;
+      int64_t v = atomic_load_explicit(&slot[bk % r->len], memory_order_relaxed);
+      if (v == EMPTY_SLOT) continue;
+      if (k < cap) out[k] = (tally_bucket){bk * (int64_t)r->res_s, v};
+      k++;
+    }
+    atomic_thread_fence(memory_order_acquire);
+    if (atomic_load_explicit(&b->seq, memory_order_relaxed) != s1) continue;
+    *n = k;
+    return 0;
+  }
+  return busy(c);
+}
