@@ -14,6 +14,12 @@
  *                                     read every value; time and memory
  *   bench_tally procs PATH SECS REPS  1 and 2 processes incrementing one
  *                                     file store counter (thread policy)
+ *   bench_tally rollup PATH N SECS REPS  one rollup tick over N counters x 16
+ *                                     shards in a file store (first tick and
+ *                                     later ones), history bytes per counter,
+ *                                     against summing the same cells; and a
+ *                                     writer's increments/s with and without
+ *                                     a concurrent ticker
  *
  * Timing is CLOCK_MONOTONIC; nothing is pinned. Threads run until the main
  * thread raises a stop flag, checking it every 256 operations.
@@ -360,12 +366,155 @@ static int cmd_procs(const char *path, double secs, int reps) {
   return 0;
 }
 
+/* ---- rollup ---------------------------------------------------------------- */
+
+static struct {
+  tally_schedule *sch;
+  tally_counter *hot;
+  _Atomic int64_t period;
+  atomic_int stop;
+  _Atomic uint64_t ticks;
+} R;
+
+static void *ticker_main(void *arg) {
+  (void)arg;
+  tally_tick_result res;
+  while (!atomic_load(&R.stop)) {
+    int64_t p = atomic_fetch_add(&R.period, 1);
+    int rc = tally_schedule_tick(R.sch, p * 1000, NULL, NULL, &res);
+    if (rc) die("tick", rc);
+    atomic_fetch_add(&R.ticks, 1);
+  }
+  return NULL;
+}
+
+static void *hot_writer(void *arg) {
+  uint64_t *ops = arg, n = 0;
+  while (!atomic_load_explicit(&R.stop, memory_order_relaxed)) {
+    for (int i = 0; i < 256; i++) tally_counter_incr(R.hot, 1);
+    n += 256;
+  }
+  *ops = n;
+  return NULL;
+}
+
+/* Increments/s of one writer thread for secs, with a ticker thread
+ * rolling the whole store over and over if `ticking`. */
+static double writer_rate(double secs, int ticking, double *ticks_per_s) {
+  pthread_t w, t;
+  uint64_t ops = 0;
+  atomic_store(&R.stop, 0);
+  atomic_store(&R.ticks, 0);
+  double t0 = now();
+  pthread_create(&w, NULL, hot_writer, &ops);
+  if (ticking) pthread_create(&t, NULL, ticker_main, NULL);
+  usleep((useconds_t)(secs * 1e6));
+  atomic_store(&R.stop, 1);
+  pthread_join(w, NULL);
+  if (ticking) pthread_join(t, NULL);
+  double dt = now() - t0;
+  if (ticks_per_s) *ticks_per_s = (double)atomic_load(&R.ticks) / dt;
+  return (double)ops / dt;
+}
+
+static int cmd_rollup(const char *path, long n, double secs, int reps) {
+  char spec[4096];
+  snprintf(spec, sizeof spec, "file:%s", path);
+  unlink(path);
+  tally_store *s;
+  int rc = tally_store_open(spec, NULL, &s);
+  if (rc) die("open", rc);
+  tally_counter_options o = {16, TALLY_POLICY_RANDOM};
+  char name[32];
+  for (long i = 0; i < n; i++) {
+    tally_counter *c;
+    int len = snprintf(name, sizeof name, "c:%ld", i);
+    if ((rc = tally_counter_open(s, name, (size_t)len, &o, TALLY_COUNTER_CREATE, &c)))
+      die("create", rc);
+    tally_counter_incr(c, i);
+    tally_counter_close(c);
+  }
+  double v[64];
+  if (reps > 64) reps = 64;
+  /* baseline: the exact sum of every counter, walking the index */
+  for (int r = 0; r < reps; r++) {
+    int64_t sum;
+    uint64_t cnt;
+    double t0 = now();
+    if ((rc = tally_store_sum(s, "*", 1, &sum, &cnt))) die("sum", rc);
+    v[r] = (now() - t0) * 1e3;
+  }
+  printf("RESULT rollup.sum_ms %.2f\n", median(v, reps));
+  /* baseline: summing as many int64 as there are cells, in one array */
+  size_t cells = (size_t)n * 16;
+  int64_t *arr = malloc(cells * sizeof *arr);
+  if (!arr) return 1;
+  for (size_t i = 0; i < cells; i++) arr[i] = (int64_t)i;
+  for (int r = 0; r < reps; r++) {
+    volatile int64_t sink;
+    int64_t sum = 0;
+    double t0 = now();
+    for (size_t i = 0; i < cells; i++) sum += arr[i];
+    sink = sum;
+    (void)sink;
+    v[r] = (now() - t0) * 1e3;
+  }
+  free(arr);
+  printf("RESULT rollup.array_ms %.2f\n", median(v, reps));
+
+  static const tally_ring keep[] = {{1, 60}, {60, 60}, {3600, 24}};
+  if ((rc = tally_schedule_new(s, "*", 1, 1000, keep, 3, &R.sch))) die("schedule", rc);
+  tally_store_stats st0, st1;
+  tally_store_stats_get(s, &st0);
+  tally_tick_result res;
+  int64_t t = 1763769600;  /* a whole day: ticks start on a bucket edge */
+  double t0 = now();
+  if ((rc = tally_schedule_tick(R.sch, t++ * 1000, NULL, NULL, &res))) die("tick", rc);
+  printf("RESULT rollup.first_ms %.2f\n", (now() - t0) * 1e3);
+  tally_store_stats_get(s, &st1);
+  printf("RESULT rollup.bytes_per_counter %.1f\n",
+         (double)(st1.used_bytes - st0.used_bytes) / (double)n);
+  if (res.counters != (uint64_t)n) {
+    fprintf(stderr, "bench_tally: tick rolled %llu of %ld counters\n",
+            (unsigned long long)res.counters, n);
+    return 1;
+  }
+  for (int r = 0; r < reps; r++) {
+    t0 = now();
+    if ((rc = tally_schedule_tick(R.sch, t++ * 1000, NULL, NULL, &res))) die("tick", rc);
+    v[r] = (now() - t0) * 1e3;
+  }
+  printf("RESULT rollup.tick_ms %.2f\n", median(v, reps));
+
+  /* a writer on one hot counter (thread policy), with and without ticks */
+  tally_counter_options ho = {16, TALLY_POLICY_THREAD};
+  if ((rc = tally_counter_open(s, "hot", 3, &ho, TALLY_COUNTER_CREATE, &R.hot)))
+    die("hot", rc);
+  atomic_store(&R.period, t);
+  double with[64], without[64], tps[64];
+  for (int r = 0; r < reps; r++) {
+    without[r] = writer_rate(secs, 0, NULL);
+    with[r] = writer_rate(secs, 1, &tps[r]);
+  }
+  printf("RESULT rollup.incr_alone %.0f\n", median(without, reps));
+  printf("RESULT rollup.incr_ticking %.0f\n", median(with, reps));
+  printf("RESULT rollup.ticks_per_s %.2f\n", median(tps, reps));
+  tally_counter_close(R.hot);
+  tally_schedule_free(R.sch);
+  tally_store_close(s);
+  unlink(path);
+  return 0;
+}
+
 int main(int argc, char **argv) {
   if (argc >= 4 && strcmp(argv[1], "incr") == 0) return cmd_incr(atof(argv[2]), atoi(argv[3]));
   if (argc >= 3 && strcmp(argv[1], "value") == 0) return cmd_value(atoi(argv[2]));
   if (argc >= 4 && strcmp(argv[1], "create") == 0) return cmd_create(argv[2], atol(argv[3]));
   if (argc >= 3 && strcmp(argv[1], "open") == 0) return cmd_open(argv[2]);
   if (argc >= 5 && strcmp(argv[1], "procs") == 0) return cmd_procs(argv[2], atof(argv[3]), atoi(argv[4]));
-  fprintf(stderr, "usage: bench_tally incr SECS REPS | value REPS | create PATH N | open PATH | procs PATH SECS REPS\n");
+  if (argc >= 6 && strcmp(argv[1], "rollup") == 0)
+    return cmd_rollup(argv[2], atol(argv[3]), atof(argv[4]), atoi(argv[5]));
+  fprintf(stderr, "usage: bench_tally incr SECS REPS | value REPS | create PATH N | "
+          "open PATH | procs PATH SECS REPS | rollup PATH N SECS REPS\n");
   return 2;
 }

@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "lua_tally.h"
+#include "lua_sender.h"
 
 #if defined(__GNUC__)
 #define TL_LIKELY(x) __builtin_expect(!!(x), 1)
@@ -479,6 +480,13 @@ static int tl_counter_name(lua_State *L) {
   return 1;
 }
 
+/* c:store(): the store handle the counter was opened on. */
+static int tl_counter_store(lua_State *L) {
+  tl_tocounter(L);
+  tl_getuv(L, 1, TL_CUV_STORE);
+  return 1;
+}
+
 static int tl_counter_close(lua_State *L) {
   tl_counter *h = (tl_counter *)luaL_checkudata(L, 1, TL_COUNTER_MT);
   tl_counter_release(h);
@@ -921,6 +929,7 @@ static const luaL_Reg tl_counter_methods[] = {
   { "add_shard", tl_counter_add_shard },
   { "info", tl_counter_info },
   { "name", tl_counter_name },
+  { "store", tl_counter_store },
   { "close", tl_counter_close },
   { "_nop", tl_counter_nop },
   { NULL, NULL }
@@ -988,5 +997,6 @@ TL_EXPORT int luaopen_tally_core(lua_State *L) {
   lua_pushinteger(L, TALLY_DEFAULT_SHARDS);
   lua_setfield(L, -2, "DEFAULT_SHARDS");
   tl_rollup_register(L);
+  tl_sender_register(L);
   return 1;
 }

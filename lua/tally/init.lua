@@ -27,25 +27,42 @@ _M.counter_methods = core.counter_methods
 
 local store = core.store_methods
 
--- db:top(n [, pattern]) -> { { name = , value = }, ... }
--- The n matching counters with the largest values, largest first (ties by
--- name). Exact: every matching counter is summed now.
-function store:top(n, pattern)
+-- db:top([pattern,] n [, by]) -> { { name = , value = , rate = }, ... }
+-- The n matching counters with the largest values (by = "value", exact:
+-- every matching counter is summed now) or the largest rates of their last
+-- rollup (by = "rate"; counters never rolled up come last), largest first,
+-- ties by name. db:top(n, pattern) is accepted too.
+function store:top(pattern, n, by)
+  if type(pattern) == "number" then pattern, n = n, pattern end
   local k = tointeger(n)
   if not k or k < 0 then
-    error("bad argument #1 to 'top' (non-negative integer expected, got "
+    error("bad argument #2 to 'top' (non-negative integer expected, got "
           .. (type(n) == "number" and n or type(n)) .. ")", 2)
   end
   if pattern ~= nil and type(pattern) ~= "string" then
-    error("bad argument #2 to 'top' (string expected, got " .. type(pattern) .. ")", 2)
+    error("bad argument #1 to 'top' (string expected, got " .. type(pattern) .. ")", 2)
+  end
+  by = by or "value"
+  if by ~= "value" and by ~= "rate" then
+    error("bad argument #3 to 'top' (\"value\" or \"rate\" expected, got " .. tostring(by) .. ")", 2)
   end
   local rows = {}
   for _, name in ipairs(self:names(pattern)) do
-    local v = self:value(name)
-    if v then rows[#rows + 1] = { name = name, value = v } end -- skip races with drop
+    local c = self:counter(name)
+    local v = c and c:value()
+    if v then  -- skip races with drop
+      local r = c:rolled()
+      rows[#rows + 1] = { name = name, value = v, rate = r and r.rate }
+    end
   end
+  local key = by
   sort(rows, function(a, b)
-    if a.value ~= b.value then return a.value > b.value end
+    local x, y = a[key], b[key]
+    if x ~= y then
+      if x == nil then return false end
+      if y == nil then return true end
+      return x > y
+    end
     return a.name < b.name
   end)
   for i = #rows, k + 1, -1 do rows[i] = nil end
@@ -60,5 +77,29 @@ function store:values(pattern)
   end
   return out
 end
+
+local counter = core.counter_methods
+
+-- c:skew() -> { shards =, min =, max =, mean =, spread =, ratio =, hot = }
+-- How evenly the counter's increments spread over its shards: spread is
+-- max - min, ratio is max / mean (1 is perfectly even; near `shards` means
+-- one shard takes everything, so more shards buy nothing), hot the 1-based
+-- index of the fullest shard. ratio is nil while the counter is empty.
+function counter:skew()
+  local vals, err, code = self:shards()
+  if not vals then return nil, err, code end
+  local min, max, sum, hot = vals[1], vals[1], 0, 1
+  for i, v in ipairs(vals) do
+    if v < min then min = v end
+    if v > max then max, hot = v, i end
+    sum = sum + v
+  end
+  local mean = sum / #vals
+  return { shards = #vals, min = min, max = max, mean = mean, spread = max - min,
+           ratio = mean > 0 and max / mean or nil, hot = hot }
+end
+
+-- rollups, sinks, reads that choose their cost (tally/rollup.lua)
+require("tally.rollup").install(_M)
 
 return _M

@@ -1,0 +1,273 @@
+-- tally.sink: where rollup records go.
+--
+--   tally.sink.file{ path = , max_queue = }          JSON lines, appended
+--   tally.sink.http{ url = , format = "json" | "prometheus" | "influx",
+--                    headers = , timeout = , max_queue = , batch = ,
+--                    measurement = , precision = }     via libcurl
+--   tally.sink.fn(f [, { max_queue = }])  or a plain function: f(record)
+--
+-- Every sink takes every record of its schedule, in order, and never blocks
+-- a tick for long: HTTP bodies go to a background thread (core.sender);
+-- file and function sinks deliver at the tick and keep what failed for the
+-- next one. Each sink holds at most max_queue records (default 100000);
+-- past that the oldest are dropped and counted. sink:stats() gives
+-- { sent, failures, dropped, queued, last_error }.
+
+local core = require "tally.core"
+-- tally.format is loaded on first use: sinks that never format need not
+-- pay for lua-cjson.
+local format = setmetatable({}, { __index = function(t, k)
+  local m = require "tally.format"
+  setmetatable(t, { __index = m })
+  return m[k]
+end })
+
+local type, error, pcall, tostring, pairs, ipairs = type, error, pcall, tostring, pairs, ipairs
+local concat = table.concat
+local fmt = string.format
+
+local _M = {}
+
+local DEFAULT_QUEUE = 100000
+
+local function check_opts(opts, allowed, what, level)
+  if type(opts) ~= "table" then
+    error(fmt("bad argument #1 to '%s' (options table expected, got %s)", what, type(opts)), level + 1)
+  end
+  for k in pairs(opts) do
+    if not allowed[k] then
+      local names = {}
+      for n in pairs(allowed) do names[#names + 1] = n end
+      table.sort(names)
+      error(fmt("bad argument #1 to '%s' (unknown option '%s'; expected %s)", what,
+                tostring(k), concat(names, ", ")), level + 1)
+    end
+  end
+end
+
+local function check_count(v, name, what, default, level)
+  if v == nil then return default end
+  local n = math.tointeger(v)
+  if not n or n < 1 then
+    error(fmt("bad argument #1 to '%s' (%s must be a positive integer, got %s)", what, name,
+              tostring(v)), level + 1)
+  end
+  return n
+end
+
+-- ---- sinks delivered from Lua: a bounded queue ----------------------------------
+
+local Queued = {}
+Queued.__index = Queued
+
+local function queued(kind, deliver, max_queue)
+  return setmetatable({ kind = kind, deliver = deliver, max_queue = max_queue,
+                        q = {}, head = 1, tail = 0, sent = 0, failures = 0,
+                        dropped = 0, last_error = "" }, Queued)
+end
+
+function Queued:push(recs)
+  local q = self.q
+  for i = 1, #recs do
+    self.tail = self.tail + 1
+    q[self.tail] = recs[i]
+  end
+  local over = (self.tail - self.head + 1) - self.max_queue
+  if over > 0 then  -- drop the oldest: the newest values matter most
+    for i = self.head, self.head + over - 1 do q[i] = nil end
+    self.head = self.head + over
+    self.dropped = self.dropped + over
+  end
+  self:pump()
+end
+
+-- Deliver what is queued, oldest first: deliver(q, from, to) returns how
+-- many records went through and, if it stopped early, why. The rest wait
+-- for the next tick.
+function Queued:pump()
+  if self.head > self.tail then return true end
+  local ok, n, err = pcall(self.deliver, self.q, self.head, self.tail)
+  if not ok then n, err = 0, n end
+  for i = self.head, self.head + n - 1 do self.q[i] = nil end
+  self.head = self.head + n
+  self.sent = self.sent + n
+  if err ~= nil then
+    self.failures = self.failures + 1
+    self.last_error = tostring(err)
+  end
+  if self.head > self.tail then self.head, self.tail = 1, 0 end
+  return err == nil
+end
+
+function Queued:flush()
+  return self:pump() and self.head > self.tail
+end
+
+function Queued:stats()
+  return { kind = self.kind, sent = self.sent, failures = self.failures,
+           dropped = self.dropped, queued = self.tail - self.head + 1,
+           last_error = self.last_error }
+end
+
+function Queued:close()
+  self:pump()
+  local left = self.tail - self.head + 1
+  self.dropped = self.dropped + left
+  self.q, self.head, self.tail = {}, 1, 0
+end
+
+-- tally.sink.fn(f [, { max_queue = }]): f(record) for each record. If f
+-- raises, that record and the ones after it wait for the next tick.
+function _M.fn(f, opts)
+  if type(f) ~= "function" then
+    error("bad argument #1 to 'fn' (function expected, got " .. type(f) .. ")", 2)
+  end
+  opts = opts or {}
+  check_opts(opts, { max_queue = true }, "fn", 2)
+  local max_queue = check_count(opts.max_queue, "max_queue", "fn", DEFAULT_QUEUE, 2)
+  return queued("function", function(q, from, to)
+    for i = from, to do
+      local ok, err = pcall(f, q[i])
+      if not ok then return i - from, err end
+    end
+    return to - from + 1
+  end, max_queue)
+end
+
+-- tally.sink.file{ path = [, max_queue = ] } or tally.sink.file(path):
+-- one JSON object per line, appended; the file is opened for each batch so
+-- it can be rotated underneath.
+function _M.file(opts)
+  if type(opts) == "string" then opts = { path = opts } end
+  check_opts(opts, { path = true, max_queue = true }, "file", 2)
+  if type(opts.path) ~= "string" or #opts.path == 0 then
+    error("bad argument #1 to 'file' (path must be a non-empty string, got "
+          .. tostring(opts.path) .. ")", 2)
+  end
+  local path = opts.path
+  local max_queue = check_count(opts.max_queue, "max_queue", "file", DEFAULT_QUEUE, 2)
+  local s = queued("file", function(q, from, to)
+    local lines = {}
+    for i = from, to do lines[#lines + 1] = format.json(q[i]) end
+    lines[#lines + 1] = ""
+    local f, err = io.open(path, "a")
+    if not f then return 0, err end
+    local ok, werr = f:write(concat(lines, "\n"))
+    local cok, cerr = f:close()
+    if not ok or not cok then return 0, werr or cerr end
+    return to - from + 1
+  end, max_queue)
+  s.path = path
+  return s
+end
+
+-- ---- HTTP ------------------------------------------------------------------------------
+
+local Http = {}
+Http.__index = Http
+
+local CONTENT_TYPE = {
+  json = "application/json",
+  prometheus = "text/plain; version=0.0.4",
+  influx = "text/plain; charset=utf-8",
+}
+
+local HTTP_OPTIONS = { url = true, format = true, headers = true, timeout = true,
+                       max_queue = true, batch = true, measurement = true,
+                       precision = true, method = true }
+
+-- tally.sink.http{ url = , format = "json" | "prometheus" | "influx", ... }
+--   json:       POST a JSON array of records (a webhook)
+--   prometheus: POST text exposition (a Pushgateway group URL,
+--               http://host:9091/metrics/job/NAME[/label/value...])
+--   influx:     POST line protocol (http://host:8086/write?db=NAME)
+function _M.http(opts)
+  check_opts(opts, HTTP_OPTIONS, "http", 2)
+  local fmt_name = opts.format or "json"
+  if not CONTENT_TYPE[fmt_name] then
+    error("bad argument #1 to 'http' (format must be json, prometheus or influx, got "
+          .. tostring(fmt_name) .. ")", 2)
+  end
+  if type(opts.url) ~= "string" or not opts.url:match("^https?://.") then
+    error("bad argument #1 to 'http' (url must be an http:// or https:// URL, got "
+          .. tostring(opts.url) .. ")", 2)
+  end
+  local batch = check_count(opts.batch, "batch", "http", 1000, 2)
+  local headers = { "Content-Type: " .. CONTENT_TYPE[fmt_name] }
+  if opts.headers ~= nil then
+    if type(opts.headers) ~= "table" then
+      error("bad argument #1 to 'http' (headers must be a table, got " .. type(opts.headers) .. ")", 2)
+    end
+    for k, v in pairs(opts.headers) do
+      if type(k) == "string" and type(v) == "string" then
+        headers[#headers + 1] = k .. ": " .. v
+      elseif type(k) == "number" and type(v) == "string" then
+        headers[#headers + 1] = v
+      else
+        error("bad argument #1 to 'http' (headers must map names to strings)", 2)
+      end
+    end
+  end
+  if fmt_name == "influx" and opts.precision ~= nil and not opts.url:find("precision=", 1, true) then
+    error("bad argument #1 to 'http' (the url must carry precision=" .. tostring(opts.precision)
+          .. " too, so InfluxDB reads the timestamps as sent)", 2)
+  end
+  local ok, sender = pcall(core.sender, {
+    url = opts.url, method = opts.method, headers = headers, timeout = opts.timeout,
+    max_queue = opts.max_queue,
+  })
+  if not ok then error(sender, 2) end
+  local precision = opts.precision
+  if fmt_name == "influx" and not precision then
+    precision = opts.url:match("[?&]precision=(%a+)") or "ns"
+  end
+  return setmetatable({ kind = "http", format = fmt_name, url = opts.url, batch = batch,
+                        sender = sender, measurement = opts.measurement,
+                        precision = precision }, Http)
+end
+
+function Http:body(recs, from, to, db)
+  local part = {}
+  for i = from, to do part[#part + 1] = recs[i] end
+  if self.format == "json" then return format.json_array(part) end
+  if self.format == "influx" then
+    return format.influx(part, { measurement = self.measurement, precision = self.precision })
+  end
+  return format.prometheus(part, db and format.mapping_of and format.mapping_of(db))
+end
+
+function Http:push(recs, db)
+  for from = 1, #recs, self.batch do
+    local to = math.min(from + self.batch - 1, #recs)
+    self.sender:post(self:body(recs, from, to, db), to - from + 1)
+  end
+end
+
+function Http:pump() return true end  -- the sender thread retries by itself
+
+function Http:flush(timeout)
+  return self.sender:flush(timeout or 5)
+end
+
+function Http:stats()
+  local st = self.sender:stats()
+  st.kind = "http"
+  return st
+end
+
+function Http:close(drain)
+  self.sender:close(drain or 0)
+end
+
+-- A sink as given in a schedule's sinks list (the i-th): a sink object or
+-- a plain function.
+function _M.wrap(s, i)
+  if type(s) == "function" then return _M.fn(s) end
+  if type(s) == "table" and type(s.push) == "function" and type(s.stats) == "function" then
+    return s
+  end
+  error(fmt("bad argument #2 to 'rollup' (sinks[%d] must be a sink (tally.sink.file, "
+            .. "tally.sink.http, tally.sink.fn) or a function, got %s)", i, type(s)), 3)
+end
+
+return _M
