@@ -30,6 +30,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -388,6 +389,24 @@ static void *ticker_main(void *arg) {
   return NULL;
 }
 
+/* Baseline neighbour: streams through a large array, as a tick does, but
+ * touches nothing of tally's. */
+static int64_t *stream_arr;
+static size_t stream_len;
+static void *streamer_main(void *arg) {
+  (void)arg;
+  volatile int64_t sink;
+  while (!atomic_load(&R.stop)) {
+    int64_t sum = 0;
+    for (size_t i = 0; i < stream_len; i++) sum += stream_arr[i];
+    for (size_t i = 0; i < stream_len; i += 8) stream_arr[i] = sum;  /* dirty lines too */
+    sink = sum;
+    atomic_fetch_add(&R.ticks, 1);
+  }
+  (void)sink;
+  return NULL;
+}
+
 static void *hot_writer(void *arg) {
   uint64_t *ops = arg, n = 0;
   while (!atomic_load_explicit(&R.stop, memory_order_relaxed)) {
@@ -398,8 +417,9 @@ static void *hot_writer(void *arg) {
   return NULL;
 }
 
-/* Increments/s of one writer thread for secs, with a ticker thread
- * rolling the whole store over and over if `ticking`. */
+/* Increments/s of one writer thread for secs, with a neighbour thread:
+ * none (0), a ticker rolling the whole store over and over (1), or a
+ * streamer touching as much memory outside tally (2). */
 static double writer_rate(double secs, int ticking, double *ticks_per_s) {
   pthread_t w, t;
   uint64_t ops = 0;
@@ -407,7 +427,7 @@ static double writer_rate(double secs, int ticking, double *ticks_per_s) {
   atomic_store(&R.ticks, 0);
   double t0 = now();
   pthread_create(&w, NULL, hot_writer, &ops);
-  if (ticking) pthread_create(&t, NULL, ticker_main, NULL);
+  if (ticking) pthread_create(&t, NULL, ticking == 1 ? ticker_main : streamer_main, NULL);
   usleep((useconds_t)(secs * 1e6));
   atomic_store(&R.stop, 1);
   pthread_join(w, NULL);
@@ -419,8 +439,9 @@ static double writer_rate(double secs, int ticking, double *ticks_per_s) {
 
 static int cmd_rollup(const char *path, long n, double secs, int reps) {
   char spec[4096];
-  snprintf(spec, sizeof spec, "file:%s", path);
-  unlink(path);
+  bool memory = strcmp(path, "-") == 0;  /* "-": a memory store */
+  snprintf(spec, sizeof spec, memory ? "memory" : "file:%s", path);
+  if (!memory) unlink(path);
   tally_store *s;
   int rc = tally_store_open(spec, NULL, &s);
   if (rc) die("open", rc);
@@ -491,18 +512,25 @@ static int cmd_rollup(const char *path, long n, double secs, int reps) {
   if ((rc = tally_counter_open(s, "hot", 3, &ho, TALLY_COUNTER_CREATE, &R.hot)))
     die("hot", rc);
   atomic_store(&R.period, t);
-  double with[64], without[64], tps[64];
+  stream_len = (size_t)n * 16;  /* as many words as the store has cells */
+  stream_arr = calloc(stream_len, sizeof *stream_arr);
+  if (!stream_arr) return 1;
+  double with[64], without[64], streaming[64], tps[64], sps[64];
   for (int r = 0; r < reps; r++) {
     without[r] = writer_rate(secs, 0, NULL);
     with[r] = writer_rate(secs, 1, &tps[r]);
+    streaming[r] = writer_rate(secs, 2, &sps[r]);
   }
+  free(stream_arr);
   printf("RESULT rollup.incr_alone %.0f\n", median(without, reps));
   printf("RESULT rollup.incr_ticking %.0f\n", median(with, reps));
+  printf("RESULT rollup.incr_streaming %.0f\n", median(streaming, reps));
   printf("RESULT rollup.ticks_per_s %.2f\n", median(tps, reps));
+  printf("RESULT rollup.streams_per_s %.2f\n", median(sps, reps));
   tally_counter_close(R.hot);
   tally_schedule_free(R.sch);
   tally_store_close(s);
-  unlink(path);
+  if (!memory) unlink(path);
   return 0;
 }
 

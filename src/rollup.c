@@ -66,6 +66,14 @@ struct block {
   struct ring_hdr ring[];
 };
 
+/* A counter the schedule covers, with its block as last seen: the sealed
+ * word tells when another process gave it a new one. */
+struct member {
+  uint64_t rec_off;
+  uint64_t word;                  /* rec->rollup when `b` was resolved */
+  struct block *b;
+};
+
 struct tally_schedule {
   tally_store *s;
   char *pattern;
@@ -74,8 +82,8 @@ struct tally_schedule {
   uint64_t id;
   tally_ring rings[TALLY_RINGS_MAX];
   uint32_t nrings;
-  uint64_t *members;              /* record offsets, in cell order */
-  size_t nmembers, cap;
+  struct member *members;         /* in cell order */
+  size_t nmembers;
   uint64_t generation;            /* of the store when members was built */
   bool built;
 };
@@ -507,21 +515,29 @@ static int members_refresh(tally_schedule *sch) {
   bool locked = false;
   for (size_t i = 0; i < g.n && rc == 0; i++) {
     struct block *b;
-    if ((rc = block_of(s, g.v[i], &b))) break;
+    if (block_of(s, g.v[i], &b)) continue;  /* damaged: check() reports it */
     if (b && block_covers(b, sch)) continue;
     if (!locked && (rc = tally__lock(s))) break;
     locked = true;
     rc = block_grow(sch, g.v[i], b);
   }
   if (locked) tally__unlock(s);
+  struct member *m = rc ? NULL : malloc((g.n ? g.n : 1) * sizeof *m);
+  if (!m && rc == 0) rc = tally__fail(TALLY_ENOMEM, "out of memory");
+  for (size_t i = 0; i < g.n && rc == 0; i++) {
+    struct tally__rec *r = tally__at(s, g.v[i]);
+    m[i].rec_off = g.v[i];
+    m[i].word = atomic_load_explicit(&r->rollup, memory_order_acquire);
+    if (block_of(s, g.v[i], &m[i].b)) m[i].b = NULL;  /* skipped, see above */
+  }
+  free(g.v);
   if (rc) {
-    free(g.v);
+    free(m);
     return rc;
   }
   free(sch->members);
-  sch->members = g.v;
+  sch->members = m;
   sch->nmembers = g.n;
-  sch->cap = g.cap;
   sch->generation = gen;
   sch->built = true;
   return 0;
@@ -540,32 +556,58 @@ struct run {
   uint64_t rolled;
 };
 
+/* Where the current bucket of each ring of b lives: prefetched ahead,
+ * since a tick is bound by cache misses, not by arithmetic. */
+static void prefetch_slots(struct block *b, int64_t now_ms) {
+  _Atomic int64_t *slot = slots_at(b);
+  for (uint32_t i = 0; i < b->nrings; i++) {
+    int64_t k = now_ms / ((int64_t)b->ring[i].res_s * 1000);
+    __builtin_prefetch(&slot[k % b->ring[i].len], 1);
+    slot += b->ring[i].len;
+  }
+}
+
+#define AHEAD 16  /* members prefetched ahead: record and block, then slots */
+
 /* Roll every member; 1 if the lease was lost on the way. */
 static int roll_members(struct run *u) {
   tally_schedule *sch = u->sch;
   tally_store *s = sch->s;
-  for (size_t i = 0; i < sch->nmembers; i++) {
+  struct member *m = sch->members;
+  size_t n = sch->nmembers;
+  for (size_t i = 0; i < n; i++) {
     if (i % RENEW_EVERY == RENEW_EVERY - 1 && !lease_renew(u->t, u->me, lease_span(sch)))
       return 1;
-    uint64_t rec_off = sch->members[i];
-    struct block *b;
+    if (i + AHEAD < n) {
+      __builtin_prefetch(tally__at(s, m[i + AHEAD].rec_off));
+      if (m[i + AHEAD].b) {
+        __builtin_prefetch(m[i + AHEAD].b, 1);
+        __builtin_prefetch((char *)m[i + AHEAD].b + 64);
+      }
+    }
+    if (i + AHEAD / 2 < n && m[i + AHEAD / 2].b)
+      prefetch_slots(m[i + AHEAD / 2].b, u->now_ms);
+    struct tally__rec *rec = tally__at(s, m[i].rec_off);
+    uint64_t word = atomic_load_explicit(&rec->rollup, memory_order_acquire);
+    if (word != m[i].word || !m[i].b) {  /* another process gave it a new block */
+      if (block_of(s, m[i].rec_off, &m[i].b)) m[i].b = NULL;
+      m[i].word = word;
+    }
+    struct block *b = m[i].b;
     int64_t v;
-    if (block_of(s, rec_off, &b) || !b) continue;  /* damaged: check() reports it */
+    if (!b) continue;  /* damaged: check() reports it */
     int64_t last = atomic_load_explicit(&b->at_ms, memory_order_relaxed);
     if (atomic_load_explicit(&b->count, memory_order_relaxed) &&
         (last > u->now_ms || (u->resume && last >= u->period_start_ms)))
       continue;  /* never back in time; done by the holder that died */
-    if (tally__rec_value(s, rec_off, &v)) {
+    if (tally__rec_value(s, m[i].rec_off, &v)) {
       sch->built = false;  /* dropped meanwhile, or out of range */
       continue;
     }
     tally_rollup r;
     block_roll(b, v, u->now_ms, &r);
     u->rolled++;
-    if (u->fn) {
-      const struct tally__rec *rec = tally__at(s, rec_off);
-      u->fn(u->ud, rec->name, rec->name_len, &r);
-    }
+    if (u->fn) u->fn(u->ud, rec->name, rec->name_len, &r);
   }
   return 0;
 }
