@@ -22,6 +22,7 @@
 #include "internal.h"
 
 #include <errno.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -315,7 +316,7 @@ static bool lease_renew(struct rollup_table *t, uint64_t me, int64_t span) {
 
 static void ring_clear(_Atomic int64_t *slot, uint32_t len) {
   for (uint32_t i = 0; i < len; i++)
-    atomic_store_explicit(&slot[i], EMPTY_SLOT, memory_order_relaxed);
+    atomic_store_explicit(&slot[i], EMPTY_SLOT, memory_order_release);
 }
 
 /* Record value v at at_ms in one ring. Buckets are epoch-aligned; a bucket
@@ -332,12 +333,12 @@ static void ring_put(struct ring_hdr *r, _Atomic int64_t *slot, int64_t at_ms,
     if (gap >= r->len) ring_clear(slot, r->len);
     else
       for (int64_t k = head; k < b; k++)
-        atomic_store_explicit(&slot[k % r->len], EMPTY_SLOT, memory_order_relaxed);
+        atomic_store_explicit(&slot[k % r->len], EMPTY_SLOT, memory_order_release);
   } else if (b + 1 < head) {
     return;
   }
-  atomic_store_explicit(&slot[b % r->len], v, memory_order_relaxed);
-  atomic_store_explicit(&r->head, b + 1, memory_order_relaxed);
+  atomic_store_explicit(&slot[b % r->len], v, memory_order_release);
+  atomic_store_explicit(&r->head, b + 1, memory_order_release);
 }
 
 /* Copy ring `from` (with its slots) into the empty ring `to`, bucket by
@@ -438,20 +439,22 @@ static int64_t sub_sat(int64_t a, int64_t b) {
 /* Roll one counter up at now_ms: its record, then every ring. */
 static void block_roll(struct block *b, int64_t v, int64_t now_ms, tally_rollup *r) {
   uint64_t seq = atomic_load_explicit(&b->seq, memory_order_relaxed);
-  /* odd already: a writer died mid-write; this write makes it whole */
+  /* odd already: a writer died mid-write; this write makes it whole.
+   * The stores below are release stores, so none is seen before the odd
+   * seq (a fence would do, but ThreadSanitizer does not model fences; on
+   * x86 both are plain moves). */
   atomic_store_explicit(&b->seq, seq | 1, memory_order_relaxed);
-  atomic_thread_fence(memory_order_release);
   uint64_t count = atomic_load_explicit(&b->count, memory_order_relaxed);
   r->value = v;
   r->at_ms = now_ms;
   r->delta = count ? sub_sat(v, atomic_load_explicit(&b->value, memory_order_relaxed)) : 0;
   r->prev_at_ms = count ? atomic_load_explicit(&b->at_ms, memory_order_relaxed) : 0;
   r->count = count + 1;
-  atomic_store_explicit(&b->value, r->value, memory_order_relaxed);
-  atomic_store_explicit(&b->at_ms, r->at_ms, memory_order_relaxed);
-  atomic_store_explicit(&b->delta, r->delta, memory_order_relaxed);
-  atomic_store_explicit(&b->prev_at_ms, r->prev_at_ms, memory_order_relaxed);
-  atomic_store_explicit(&b->count, r->count, memory_order_relaxed);
+  atomic_store_explicit(&b->value, r->value, memory_order_release);
+  atomic_store_explicit(&b->at_ms, r->at_ms, memory_order_release);
+  atomic_store_explicit(&b->delta, r->delta, memory_order_release);
+  atomic_store_explicit(&b->prev_at_ms, r->prev_at_ms, memory_order_release);
+  atomic_store_explicit(&b->count, r->count, memory_order_release);
   _Atomic int64_t *slot = slots_at(b);
   for (uint32_t i = 0; i < b->nrings; i++) {
     ring_put(&b->ring[i], slot, now_ms, v);
@@ -496,9 +499,12 @@ static pthread_mutex_t sort_lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* Rebuild the member list if counters were created or dropped since, and
  * give every member a block covering the schedule's rings. Called with the
- * lease held. Members are kept in cell order, so a tick reads the cells
+ * lease held; 1 if it was lost meanwhile. Members are kept in cell order, so a tick reads the cells
  * row by row instead of at random. */
-static int members_refresh(tally_schedule *sch) {
+struct run;
+static bool run_renew(struct run *u);
+
+static int members_refresh(tally_schedule *sch, struct run *u) {
   tally_store *s = sch->s;
   uint64_t gen = atomic_load_explicit(&s->hdr->generation, memory_order_acquire);
   if (sch->built && gen == sch->generation) return 0;
@@ -515,6 +521,14 @@ static int members_refresh(tally_schedule *sch) {
   bool locked = false;
   for (size_t i = 0; i < g.n && rc == 0; i++) {
     struct block *b;
+    if (i % RENEW_EVERY == 0) {
+      if (locked) tally__unlock(s);  /* let creators in now and then */
+      locked = false;
+      if (!run_renew(u)) {
+        rc = 1;  /* lost the lease */
+        break;
+      }
+    }
     if (block_of(s, g.v[i], &b)) continue;  /* damaged: check() reports it */
     if (b && block_covers(b, sch)) continue;
     if (!locked && (rc = tally__lock(s))) break;
@@ -569,6 +583,10 @@ static void prefetch_slots(struct block *b, int64_t now_ms) {
 
 #define AHEAD 16  /* members prefetched ahead: record and block, then slots */
 
+static bool run_renew(struct run *u) {
+  return lease_renew(u->t, u->me, lease_span(u->sch));
+}
+
 /* Roll every member; 1 if the lease was lost on the way. */
 static int roll_members(struct run *u) {
   tally_schedule *sch = u->sch;
@@ -576,8 +594,7 @@ static int roll_members(struct run *u) {
   struct member *m = sch->members;
   size_t n = sch->nmembers;
   for (size_t i = 0; i < n; i++) {
-    if (i % RENEW_EVERY == RENEW_EVERY - 1 && !lease_renew(u->t, u->me, lease_span(sch)))
-      return 1;
+    if (i % RENEW_EVERY == 0 && !run_renew(u)) return 1;
     if (i + AHEAD < n) {
       __builtin_prefetch(tally__at(s, m[i + AHEAD].rec_off));
       if (m[i + AHEAD].b) {
@@ -646,8 +663,9 @@ int tally_schedule_tick(tally_schedule *sch, int64_t now_ms, tally_rollup_fn fn,
   atomic_store(&slot->running, period + 1);
   tally__unlock(s);
 
-  rc = members_refresh(sch);
-  int lost = rc ? 0 : roll_members(&u);
+  rc = members_refresh(sch, &u);
+  int lost = rc == 1 ? 1 : rc ? 0 : roll_members(&u);
+  if (rc == 1) rc = 0;
   out->counters = u.rolled;
 
   int lrc = tally__lock(s);
@@ -674,9 +692,20 @@ double tally_rollup_rate(const tally_rollup *r) {
   return (double)r->delta * 1000.0 / (double)(r->at_ms - r->prev_at_ms);
 }
 
-/* Seqlock read: copy runs `copy` until it saw no write in between. A
- * writer that died mid-write leaves seq odd until the next rollup. */
-#define SEQ_TRIES 100000
+/* Seqlock reads: acquire loads (so the second seq load cannot move above
+ * them), retried until no write came in between. A writer that died
+ * mid-write leaves seq odd until the next rollup. */
+/* Give up after about a second of seeing a write in progress; yield now
+ * and then, in case the writer shares this CPU. */
+static bool seq_wait(int tries, double *deadline) {
+  if (tries % 64 != 63) return true;
+  sched_yield();
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  double t = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+  if (*deadline == 0) *deadline = t + 1.0;
+  return t < *deadline;
+}
 static int block_for_read(tally_counter *c, struct block **b) {
   if (!c) return tally__fail(TALLY_EINVAL, "NULL counter");
   int rc = tally__current(c->s, c->rec_off, &(uint64_t){0});
@@ -699,16 +728,16 @@ int tally_counter_rolled(tally_counter *c, tally_rollup *out) {
   if (!out) return tally__fail(TALLY_EINVAL, "tally_counter_rolled: NULL argument");
   int rc = block_for_read(c, &b);
   if (rc) return rc;
-  for (int i = 0; i < SEQ_TRIES; i++) {
+  double deadline = 0;
+  for (int i = 0; seq_wait(i, &deadline); i++) {
     uint64_t s1 = atomic_load_explicit(&b->seq, memory_order_acquire);
     if (s1 & 1) continue;
     tally_rollup r = {
-      .value = atomic_load_explicit(&b->value, memory_order_relaxed),
-      .at_ms = atomic_load_explicit(&b->at_ms, memory_order_relaxed),
-      .delta = atomic_load_explicit(&b->delta, memory_order_relaxed),
-      .prev_at_ms = atomic_load_explicit(&b->prev_at_ms, memory_order_relaxed),
-      .count = atomic_load_explicit(&b->count, memory_order_relaxed)};
-    atomic_thread_fence(memory_order_acquire);
+      .value = atomic_load_explicit(&b->value, memory_order_acquire),
+      .at_ms = atomic_load_explicit(&b->at_ms, memory_order_acquire),
+      .delta = atomic_load_explicit(&b->delta, memory_order_acquire),
+      .prev_at_ms = atomic_load_explicit(&b->prev_at_ms, memory_order_acquire),
+      .count = atomic_load_explicit(&b->count, memory_order_acquire)};
     if (atomic_load_explicit(&b->seq, memory_order_relaxed) != s1) continue;
     if (r.count == 0)
       return tally__fail(TALLY_ENOROLLUP, "counter '%s' has not been rolled "
@@ -745,19 +774,19 @@ int tally_counter_history(tally_counter *c, uint32_t res_s, tally_bucket *out,
     return tally__fail(TALLY_ENOROLLUP, "counter '%s' keeps no history at "
                        "%u s resolution", c->rec->name, res_s);
   struct ring_hdr *r = &b->ring[i];
-  for (int tries = 0; tries < SEQ_TRIES; tries++) {
+  double deadline = 0;
+  for (int tries = 0; seq_wait(tries, &deadline); tries++) {
     uint64_t s1 = atomic_load_explicit(&b->seq, memory_order_acquire);
     if (s1 & 1) continue;
-    int64_t head = atomic_load_explicit(&r->head, memory_order_relaxed);
+    int64_t head = atomic_load_explicit(&r->head, memory_order_acquire);
     uint32_t k = 0;
     for (int64_t bk = head - (int64_t)r->len; head && bk < head; bk++) {
       if (bk < 0) continue;
-      int64_t v = atomic_load_explicit(&slot[bk % r->len], memory_order_relaxed);
+      int64_t v = atomic_load_explicit(&slot[bk % r->len], memory_order_acquire);
       if (v == EMPTY_SLOT) continue;
       if (k < cap) out[k] = (tally_bucket){bk * (int64_t)r->res_s, v};
       k++;
     }
-    atomic_thread_fence(memory_order_acquire);
     if (atomic_load_explicit(&b->seq, memory_order_relaxed) != s1) continue;
     *n = k;
     return 0;

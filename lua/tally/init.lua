@@ -33,14 +33,15 @@ local store = core.store_methods
 -- rollup (by = "rate"; counters never rolled up come last), largest first,
 -- ties by name. db:top(n, pattern) is accepted too.
 function store:top(pattern, n, by)
-  if type(pattern) == "number" then pattern, n = n, pattern end
+  local narg = 2
+  if type(pattern) == "number" then pattern, n, narg = n, pattern, 1 end
   local k = tointeger(n)
   if not k or k < 0 then
-    error("bad argument #2 to 'top' (non-negative integer expected, got "
+    error("bad argument #" .. narg .. " to 'top' (non-negative integer expected, got "
           .. (type(n) == "number" and n or type(n)) .. ")", 2)
   end
   if pattern ~= nil and type(pattern) ~= "string" then
-    error("bad argument #1 to 'top' (string expected, got " .. type(pattern) .. ")", 2)
+    error("bad argument #" .. (3 - narg) .. " to 'top' (string expected, got " .. type(pattern) .. ")", 2)
   end
   by = by or "value"
   if by ~= "value" and by ~= "rate" then
@@ -101,5 +102,12 @@ end
 
 -- rollups, sinks, reads that choose their cost (tally/rollup.lua)
 require("tally.rollup").install(_M)
+
+-- prometheus, export, import (tally/format.lua, tally/prometheus.lua,
+-- tally/export.lua): wraps db:family (metric mappings), adds db:mappings,
+-- db:export, db:import
+_M.format = require "tally.format"
+_M.prometheus = require("tally.prometheus").prometheus
+require "tally.export"
 
 return _M
