@@ -288,5 +288,6 @@ int tally__finish_move(tally_store *s); /* caller holds the lock */
 
 /* ---- rollup.c ---- */
 int tally__rollups_check(tally_store *s, uint64_t rec_off); /* one record's block */
+int tally__rollup_table_check(tally_store *s);
 
 #endif

@@ -166,6 +166,13 @@ int tally__rollups_check(tally_store *s, uint64_t rec_off) {
   return block_of(s, rec_off, &b);
 }
 
+static int table_of(tally_store *s, bool create, struct rollup_table **out);
+
+int tally__rollup_table_check(tally_store *s) {
+  struct rollup_table *t;
+  return table_of(s, false, &t);
+}
+
 /* The store's rollup table, created if `create` (caller holds the lock);
  * *out NULL if there is none yet. */
 static int table_of(tally_store *s, bool create, struct rollup_table **out) {

@@ -433,6 +433,7 @@ int tally_store_check(tally_store *s) {
   rc = tally__classes_check(s);
   if (rc == 0) rc = tally__index_check(s, &live);
   if (rc == 0) rc = tally__family_check(s);
+  if (rc == 0) rc = tally__rollup_table_check(s);
   tally__unlock(s);
   return rc;
 }
