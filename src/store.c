@@ -389,6 +389,7 @@ int tally_store_open(const char *spec, const tally_open_options *opt,
     if (rc == 0) rc = tally__index_check(s, NULL); /* header only: O(1) */
     if (rc == 0) rc = tally__classes_check(s);
     if (rc == 0) rc = tally__family_check(s);
+    if (rc == 0) rc = tally__rollup_table_check(s);
   }
   if (rc) {
     tally_store_close(s);

@@ -1,0 +1,378 @@
+-- tally.export: db:export() and db:import(), counters as JSON in the Cloud
+-- Firestore distributed-counter layout.
+--
+--   { "counters": { "<name>": { "num_shards": N, "policy": "thread",
+--       "shards": { "0": { "count": n }, "1": { "count": n }, ... } } } }
+--
+-- One object per counter (the counters/{ID} document) with its shards
+-- keyed by their 0-based id as a string (the shards/{N} documents). Export
+-- sorts names bytewise and writes shards in order, one counter per line,
+-- so equal stores give equal text. Counts are exact: a count within
+-- +-(2^53-1) is a JSON number, any other is a decimal string ("count":
+-- "9007199254740993"), because a JSON reader holds numbers as doubles.
+-- Import validates the whole document before it changes anything.
+
+local core = require "tally.core"
+local format = require "tally.format"
+local prom = require "tally.prometheus"
+
+local type, error, pairs, ipairs, next, tostring, pcall =
+      type, error, pairs, ipairs, next, tostring, pcall
+local fmt, find, match, gsub = string.format, string.find, string.match, string.gsub
+local concat, sort = table.concat, table.sort
+local mtype, tointeger, huge = math.type, math.tointeger, math.huge
+
+local describe, is_store, typename = format._describe, prom.is_store, prom.typename
+
+-- lua-cjson, a private instance loaded on first use (require "tally" does
+-- not load it): strings are escaped with it and documents decoded, numbers
+-- are written here, exactly.
+local cjson, json
+local function load_json()
+  if not json then
+    cjson = require "cjson"
+    json = cjson.new()
+    json.decode_invalid_numbers(false)   -- no NaN, Infinity or hex numbers
+    json.decode_max_depth(64)
+  end
+  return json
+end
+
+local store = core.store_methods
+
+local SAFE = 2^53 - 1                    -- the largest count a double holds exactly, and its neighbours
+local SHARD_MIN, SHARD_MAX = -(1 << 62), (1 << 62) - 1
+local POLICIES = { thread = true, random = true, round_robin = true, key = true, ["function"] = true }
+
+local function count_text(n)
+  if n >= -SAFE and n <= SAFE then return fmt("%d", n) end
+  return fmt('"%d"', n)
+end
+
+-- shard ids "0", "1", ..., and '"0":{"count":' ... for each
+local SHARD_ID, SHARD_HEAD = {}, {}
+for i = 1, core.MAX_SHARDS do
+  SHARD_ID[i] = fmt("%d", i - 1)
+  SHARD_HEAD[i] = fmt('"%d":{"count":', i - 1)
+end
+
+-- db:export([pattern]) -> JSON text of the matching counters, exact per
+-- shard; nil, msg, code if reading one fails (a damaged store).
+function store:export(pattern)
+  if not is_store(self) then
+    error("calling 'export' on bad self (tally.store expected, got " .. typename(self) .. ")", 2)
+  end
+  if pattern ~= nil and type(pattern) ~= "string" then
+    error("bad argument #1 to 'export' (string expected, got " .. typename(pattern) .. ")", 2)
+  end
+  local json = load_json()
+  local out = {}
+  for _, name in ipairs(self:names(pattern)) do
+    -- db:counter() would create a counter dropped since names() listed it
+    -- (a value out of int64's range is ERANGE: the counter is there)
+    local _, msg, code = self:value(name)
+    if code ~= nil and code ~= "ENOENT" and code ~= "ERANGE" then return nil, msg, code end
+    if code ~= "ENOENT" then
+      local c = self:counter(name)
+      local info, shards
+      info, msg, code = c:info()
+      if info then shards, msg, code = c:shards() end
+      if not shards and code ~= "EDROPPED" then return nil, msg, code end
+      if shards then                    -- else dropped meanwhile: left out
+        local parts = {}
+        for i = 1, #shards do parts[i] = SHARD_HEAD[i] .. count_text(shards[i]) .. "}" end
+        out[#out + 1] = fmt('%s:{"num_shards":%d,"policy":%s,"shards":{%s}}',
+                            json.encode(name), #shards, json.encode(info.policy),
+                            concat(parts, ","))
+      end
+    end
+  end
+  if #out == 0 then return '{"counters":{}}\n' end
+  return '{"counters":{\n' .. concat(out, ",\n") .. "\n}}\n"
+end
+
+-- ---- import -----------------------------------------------------------------
+
+-- A JSON value described for messages (decoded by cjson: null is a
+-- light userdata, objects and arrays are tables).
+local function jdescribe(v)
+  if v == nil then return "nothing" end
+  if v == cjson.null then return "null" end
+  if type(v) == "table" then
+    local k = next(v)
+    if k == nil then return "an empty object" end
+    return type(k) == "string" and "an object" or "an array"
+  end
+  if type(v) == "string" then return "'" .. v .. "'" end
+  if mtype(v) == "float" and tointeger(v) then return fmt("%d", tointeger(v)) end
+  return tostring(v)
+end
+
+local function is_object(v)
+  if type(v) ~= "table" then return false end
+  for k in pairs(v) do
+    if type(k) ~= "string" then return false end
+  end
+  return true
+end
+
+-- The exact integer a count stands for, or nil and why not.
+local function parse_count(v)
+  if type(v) == "number" then
+    if v ~= v or v == huge or v == -huge then return nil, "must be a finite integer" end
+    local n = tointeger(v)
+    if not n then return nil, "must be an integer, got " .. jdescribe(v) end
+    if n > SAFE or n < -SAFE then
+      return nil, fmt("%s is beyond +-(2^53-1), where a JSON number is not exact: "
+                      .. "write it as a decimal string", jdescribe(v))
+    end
+    return n
+  end
+  if type(v) == "string" then
+    local sign, digits = match(v, "^(%-?)0*(%d+)$")
+    if not digits then
+      return nil, "must be an integer or a decimal string, got " .. jdescribe(v)
+    end
+    local n = tointeger(sign .. digits)
+    if not n or fmt("%d", n) ~= (digits == "0" and "0" or sign .. digits) then
+      return nil, v .. " is out of a shard's range (-2^62 to 2^62-1)"
+    end
+    return n
+  end
+  return nil, "must be an integer or a decimal string, got " .. jdescribe(v)
+end
+
+local function shard_id_ok(k, n)
+  if not find(k, "^%d+$") or (#k > 1 and find(k, "^0")) then return nil end
+  local i = tointeger(k)
+  return i and i < n and i or nil
+end
+
+-- Check one counter of the document; returns its plan { name=, shards=,
+-- policy=, counts={...} }, or raises { msg = what is wrong }.
+local function raise_msg(msg) error({ msg = msg }) end
+
+local function check_counter(name, doc)
+  local raise = raise_msg
+  if #name < 1 or #name > core.NAME_MAX or find(name, "\0", 1, true) then
+    raise(fmt("counter name '%s' must be 1 to %d bytes without NUL", name, core.NAME_MAX))
+  end
+  local function bad(msg) raise(fmt("counter '%s': %s", name, msg)) end
+  if not is_object(doc) or next(doc) == nil then
+    bad("must be an object with num_shards and shards, got " .. jdescribe(doc))
+  end
+  for k in pairs(doc) do
+    if k ~= "num_shards" and k ~= "shards" and k ~= "policy" then
+      bad("unknown field '" .. k .. "' (expected num_shards, shards and policy)")
+    end
+  end
+  local n = type(doc.num_shards) == "number" and tointeger(doc.num_shards)
+  if not n or n < 1 or n > core.MAX_SHARDS then
+    bad(fmt("num_shards must be an integer from 1 to %d, got %s",
+            core.MAX_SHARDS, jdescribe(doc.num_shards)))
+  end
+  local policy = doc.policy
+  if policy ~= nil and (type(policy) ~= "string" or not POLICIES[policy]) then
+    bad("policy must be thread, random, round_robin, key or function, got " .. jdescribe(policy))
+  end
+  local shards = doc.shards
+  local given = 0
+  if type(shards) == "table" then
+    for k in pairs(shards) do
+      if type(k) ~= "string" then given = -1; break end
+      given = given + 1
+    end
+  end
+  if given <= 0 then
+    bad("shards must be an object of shard ids \"0\" to \"" .. (n - 1) .. "\", got "
+        .. jdescribe(shards))
+  end
+  local complete = given == n
+  for i = 1, complete and n or 0 do
+    if shards[SHARD_ID[i]] == nil then complete = false; break end
+  end
+  if not complete then                  -- say what is wrong
+    for k in pairs(shards) do
+      if not shard_id_ok(k, n) then
+        bad(fmt("shards has id '%s' (expected \"0\" to \"%d\" for num_shards %d)", k, n - 1, n))
+      end
+    end
+    bad(fmt("num_shards is %d but %d shards are given", n, given))
+  end
+  local counts = {}
+  for i = 1, n do
+    local id = SHARD_ID[i]
+    local s = shards[id]
+    if type(s) ~= "table" then
+      bad(fmt('shards["%s"] must be an object with a count, got %s', id, jdescribe(s)))
+    end
+    for k in pairs(s) do
+      if k ~= "count" then
+        if type(k) ~= "string" then
+          bad(fmt('shards["%s"] must be an object with a count, got %s', id, jdescribe(s)))
+        end
+        bad(fmt('shards["%s"] has unknown field \'%s\'', id, k))
+      end
+    end
+    local v, why = parse_count(s.count)
+    if v == nil then bad(fmt('shards["%s"].count %s', id, why)) end
+    if v < SHARD_MIN or v > SHARD_MAX then
+      bad(fmt('shards["%s"].count %d is out of a shard\'s range (-2^62 to 2^62-1)', id, v))
+    end
+    counts[i] = v
+  end
+  return { name = name, shards = n, policy = policy, counts = counts }
+end
+
+-- Undo what an import applied: the log holds the adds (counter handle,
+-- shard, amount in three arrays), undone newest first; then the counters
+-- it created are dropped. Only runs when another process changed or
+-- dropped a counter under the import.
+local function undo(db, log, created)
+  local hs, ss, ns = log[1], log[2], log[3]
+  for i = #hs, 1, -1 do pcall(hs[i].add_shard, hs[i], ss[i], -ns[i]) end
+  for i = #created, 1, -1 do db:drop(created[i]) end
+end
+
+-- db:import(json [, { mode = "replace" | "add" }]) -> number of counters.
+function store:import(text, opts)
+  if not is_store(self) then
+    error("calling 'import' on bad self (tally.store expected, got " .. typename(self) .. ")", 2)
+  end
+  if type(text) ~= "string" then
+    error("bad argument #1 to 'import' (string expected, got " .. typename(text) .. ")", 2)
+  end
+  local mode = "replace"
+  if opts ~= nil then
+    if type(opts) ~= "table" then
+      error("bad argument #2 to 'import' (table expected, got " .. typename(opts) .. ")", 2)
+    end
+    for k, v in pairs(opts) do
+      if k ~= "mode" then
+        error("bad argument #2 to 'import' (unknown option " .. describe(k) .. ")", 2)
+      end
+      if v ~= "replace" and v ~= "add" then
+        error("bad argument #2 to 'import' (mode must be 'replace' or 'add', got "
+              .. describe(v) .. ")", 2)
+      end
+      mode = v
+    end
+  end
+  local function raise(msg) error("import: " .. msg, 3) end
+  self:stats()                           -- raises now if the store is closed
+
+  local ok, doc = pcall(load_json().decode, text)
+  if not ok then raise("malformed JSON: " .. gsub(tostring(doc), "^.-:%d+: ", "")) end
+  if not is_object(doc) or doc.counters == nil then
+    raise("the document must be an object with \"counters\", got " .. jdescribe(doc))
+  end
+  for k in pairs(doc) do
+    if k ~= "counters" then raise("unknown top-level field '" .. k .. "' (expected counters)") end
+  end
+  local counters = doc.counters
+  if not is_object(counters) then
+    raise("\"counters\" must be an object of counters by name, got " .. jdescribe(counters))
+  end
+  local names = {}
+  for name in pairs(counters) do names[#names + 1] = name end
+  sort(names)
+
+  -- 1. validate everything, against the store as it is
+  local plan = {}
+  for i, name in ipairs(names) do
+    local cok, p = pcall(check_counter, name, counters[name])
+    if not cok then
+      if type(p) == "table" then raise(p.msg) end
+      error(p, 0)
+    end
+    local v, _, code = self:value(name)
+    if v ~= nil or code ~= "ENOENT" then     -- ERANGE: a sum beyond int64, but there
+      local c = self:counter(name)
+      local info, imsg, icode = c:info()
+      if not info then return nil, imsg, icode end
+      if info.shards ~= p.shards then
+        raise(fmt("counter '%s': num_shards is %d but the counter exists with %d shards",
+                  name, p.shards, info.shards))
+      end
+      if p.policy and p.policy ~= info.policy then
+        raise(fmt("counter '%s': policy is %s but the counter exists with policy %s",
+                  name, p.policy, info.policy))
+      end
+      if mode == "add" then
+        local now, smsg, scode = c:shards()
+        if not now then return nil, smsg, scode end
+        for s = 1, p.shards do
+          local sum = now[s] + p.counts[s]     -- both within +-2^62: no overflow
+          if sum < SHARD_MIN or sum > SHARD_MAX then
+            raise(fmt('counter \'%s\': shards["%d"].count %d would take the shard '
+                      .. "(now %d) out of its range (-2^62 to 2^62-1)",
+                      name, s - 1, p.counts[s], now[s]))
+          end
+        end
+      end
+      p.c = c
+    elseif p.policy == "function" then
+      raise(fmt("counter '%s': policy function cannot be created by an import: create the "
+                .. "counter first with db:counter(name, { shards = %d, policy = fn })",
+                name, p.shards))
+    end
+    plan[i] = p
+  end
+
+  -- 2. create the counters that do not exist
+  local created = {}
+  for _, p in ipairs(plan) do
+    if not p.c then
+      local cok, c, msg, code = pcall(self.counter, self, p.name,
+                                      { shards = p.shards, policy = p.policy })
+      if not cok or not c then
+        undo(self, { {}, {}, {} }, created)
+        if not cok then error(c, 0) end
+        return nil, msg, code
+      end
+      created[#created + 1] = p.name
+      p.c = c
+    end
+  end
+
+  -- 3. apply, shard by shard: "replace" adds the difference between the
+  -- imported count and the shard as read just before, "add" the count. An
+  -- increment another writer makes meanwhile stays in either way (as with
+  -- c:reset(), which cannot serve here: it refuses a counter whose sum is
+  -- beyond int64), and every add can be undone exactly.
+  local log = { {}, {}, {} }
+  local hs, ss, ns, k = log[1], log[2], log[3], 0
+  for _, p in ipairs(plan) do
+    local c = p.c
+    local now, msg, code = c:shards()
+    if now and #now ~= p.shards then
+      now, msg, code = nil, fmt("counter '%s' was resharded to %d shards during the import",
+                                p.name, #now), "EMISMATCH"
+    end
+    if not now then
+      undo(self, log, created)
+      return nil, msg, code
+    end
+    for s = 1, p.shards do
+      local n = p.counts[s]
+      if mode == "replace" then n = n - now[s] end  -- both within +-2^62: no overflow
+      if n ~= 0 then
+        local cok, aok
+        cok, aok, msg, code = pcall(c.add_shard, c, s, n)  -- raises if resharded just now
+        if not cok then
+          aok, msg, code = nil, fmt("counter '%s' was resharded during the import", p.name),
+                           "EMISMATCH"
+        end
+        if not aok then
+          undo(self, log, created)
+          return nil, msg, code
+        end
+        k = k + 1
+        hs[k], ss[k], ns[k] = c, s, n
+      end
+    end
+  end
+  return #plan
+end
+
+return { export = store.export, import = store.import }

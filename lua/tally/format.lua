@@ -1,0 +1,581 @@
+-- tally.format: text encoders for rollup records and counter values.
+--
+-- JSON (one object, or an array), InfluxDB line protocol and the Prometheus
+-- text exposition format 0.0.4. Every integer is written with
+-- string.format("%d"), so any int64 survives exactly: lua-cjson 2.1.0 writes
+-- numbers with 14 significant digits, so it is used here only to escape
+-- strings. Floats are written with the fewest digits that read back as the
+-- same double, and never as nan or inf, which none of these formats has.
+--
+-- A record is { name = string, value = integer, at = seconds since the
+-- epoch (ms precision), delta = integer, rate = number }; name and value
+-- are required, the others are written when present. Misuse raises
+-- "bad argument #1 to 'json' (record.value must be an integer, got 1.5)".
+
+local type, error, ipairs, pairs, tostring, tonumber =
+      type, error, ipairs, pairs, tostring, tonumber
+local fmt, byte, find, sub, gsub = string.format, string.byte, string.find,
+      string.sub, string.gsub
+local concat, sort = table.concat, table.sort
+local mtype, tointeger, floor, huge = math.type, math.tointeger, math.floor, math.huge
+local utf8len = utf8.len
+
+-- lua-cjson, a private instance loaded on first use: only JSON needs it.
+local json
+local function quote(s)
+  if not json then json = require("cjson").new() end
+  return json.encode(s)
+end
+
+local _M = { _VERSION = require("tally.core").version }
+
+-- ---- helpers -----------------------------------------------------------------
+
+-- A short description of a value for messages, like the C side's: 'str', 12.
+local function describe(v)
+  if type(v) == "string" then return "'" .. v .. "'" end
+  if type(v) == "number" or type(v) == "boolean" then return tostring(v) end
+  if v == nil then return "nil" end
+  return type(v)
+end
+_M._describe = describe
+
+-- The decimal text of an integer (or of a float with an exact integer
+-- value), or nil.
+local function int_text(v)
+  if mtype(v) == "integer" then return fmt("%d", v) end
+  local i = mtype(v) == "float" and tointeger(v)
+  if i then return fmt("%d", i) end
+  return nil
+end
+
+local function finite(x)
+  return type(x) == "number" and x == x and x ~= huge and x ~= -huge
+end
+
+-- The shortest of %.15g, %.16g, %.17g that reads back as x (x finite).
+local function float_text(x)
+  if mtype(x) == "integer" then return fmt("%d", x) end
+  local s = fmt("%.15g", x)
+  if tonumber(s) ~= x then
+    s = fmt("%.16g", x)
+    if tonumber(s) ~= x then s = fmt("%.17g", x) end
+  end
+  return s
+end
+
+-- at (seconds) rounded to an integer count of units per second (1000 for
+-- milliseconds), or nil if it is not a finite number that fits.
+local function scaled(at, per)
+  if not finite(at) then return nil end
+  local x = at * per + 0.5
+  if x >= 2^63 or x < -2^63 then return nil end
+  return floor(x)
+end
+
+-- at as seconds with exactly three decimals: "1700000000.123".
+local function at_text(at)
+  local ms = scaled(at, 1000)
+  if not ms then return nil end
+  local sign = ""
+  if ms < 0 then sign, ms = "-", -ms end
+  return fmt("%s%d.%03d", sign, ms // 1000, ms % 1000)
+end
+
+-- ---- JSON --------------------------------------------------------------------
+
+-- The JSON text of record r, or nil and what is wrong (naming it as `what`).
+local function record_json(r, what)
+  if type(r) ~= "table" then return nil, what .. " must be a table, got " .. describe(r) end
+  if type(r.name) ~= "string" then
+    return nil, what .. ".name must be a string, got " .. describe(r.name)
+  end
+  local value = int_text(r.value)
+  if not value then return nil, what .. ".value must be an integer, got " .. describe(r.value) end
+  local out = { '{"name":', quote(r.name), ',"value":', value }
+  if r.at ~= nil then
+    local at = at_text(r.at)
+    if not at then return nil, what .. ".at must be a finite number, got " .. describe(r.at) end
+    out[#out + 1] = ',"at":' .. at
+  end
+  if r.delta ~= nil then
+    local delta = int_text(r.delta)
+    if not delta then return nil, what .. ".delta must be an integer, got " .. describe(r.delta) end
+    out[#out + 1] = ',"delta":' .. delta
+  end
+  if r.rate ~= nil then
+    if type(r.rate) ~= "number" then
+      return nil, what .. ".rate must be a number, got " .. describe(r.rate)
+    end
+    out[#out + 1] = ',"rate":' .. (finite(r.rate) and float_text(r.rate) or "null")
+  end
+  out[#out + 1] = "}"
+  return concat(out)
+end
+
+-- format.json(record) -> '{"name":"x","value":6,"at":1700000000.123,"delta":1,"rate":0.1}'
+-- Keys in that order; value and delta exact; at with three decimals; a
+-- rate that is nan or infinite is written as null.
+function _M.json(record)
+  local s, msg = record_json(record, "record")
+  if not s then error("bad argument #1 to 'json' (" .. msg .. ")", 2) end
+  return s
+end
+
+-- format.json_array(records) -> "[{...},{...}]" ("[]" when empty).
+function _M.json_array(records)
+  if type(records) ~= "table" then
+    error("bad argument #1 to 'json_array' (table expected, got " .. describe(records) .. ")", 2)
+  end
+  local out = {}
+  for i, r in ipairs(records) do
+    local s, msg = record_json(r, "records[" .. i .. "]")
+    if not s then error("bad argument #1 to 'json_array' (" .. msg .. ")", 2) end
+    out[i] = s
+  end
+  return "[" .. concat(out, ",") .. "]"
+end
+
+-- ---- InfluxDB line protocol ---------------------------------------------------
+
+-- Measurements escape comma and space; tag keys and values also '='. A
+-- backslash is doubled, so a name ending in one cannot escape the separator.
+local function influx_escape(s, eq)
+  return (gsub(s, eq and "[\\, =]" or "[\\, ]", "\\%0"))
+end
+
+-- the precisions InfluxDB takes (1.x: ns, u, ms, s, m, h; 2.x: us for u)
+local PRECISION = { h = true, m = true, s = true, ms = true, u = true, us = true, ns = true }
+local MS_PER = { h = 3600000, m = 60000, s = 1000 }
+
+-- format.influx(records [, opts]) -> one line per record, each ending in "\n":
+--   tally,name=post:1:likes value=6i,delta=1i,rate=0.1 1700000000123
+-- opts.measurement (default "tally"), opts.precision "s", "ms" (default),
+-- "u" (or "us") or "ns" (also "m" and "h"; whole units, rounded down). delta and rate are left out when absent (rate
+-- also when nan or infinite), the timestamp when `at` is absent. Line
+-- protocol cannot carry a newline in a tag: such a name raises.
+function _M.influx(records, opts)
+  if type(records) ~= "table" then
+    error("bad argument #1 to 'influx' (table expected, got " .. describe(records) .. ")", 2)
+  end
+  local measurement, precision = "tally", "ms"
+  if opts ~= nil then
+    if type(opts) ~= "table" then
+      error("bad argument #2 to 'influx' (table expected, got " .. describe(opts) .. ")", 2)
+    end
+    for k, v in pairs(opts) do
+      if k == "measurement" then
+        if type(v) ~= "string" or v == "" or find(v, "[\n\r]") then
+          error("bad argument #2 to 'influx' (measurement must be a non-empty string "
+                .. "without newlines, got " .. describe(v) .. ")", 2)
+        end
+        measurement = v
+      elseif k == "precision" then
+        if not PRECISION[v] then
+          error("bad argument #2 to 'influx' (precision must be 's', 'ms', 'u', 'ns', 'm' or 'h', got "
+                .. describe(v) .. ")", 2)
+        end
+        precision = v
+      else
+        error("bad argument #2 to 'influx' (unknown option " .. describe(k) .. ")", 2)
+      end
+    end
+  end
+  local head = influx_escape(measurement, false) .. ",name="
+  local out = {}
+  for i, r in ipairs(records) do
+    local what = "records[" .. i .. "]"
+    local function bad(msg) error("bad argument #1 to 'influx' (" .. what .. msg .. ")", 3) end
+    if type(r) ~= "table" then bad(" must be a table, got " .. describe(r)) end
+    local name = r.name
+    if type(name) ~= "string" then bad(".name must be a string, got " .. describe(name)) end
+    if find(name, "[\n\r]") then
+      bad(".name " .. describe(name) .. " has a newline, which line protocol cannot carry in a tag")
+    end
+    local value = int_text(r.value)
+    if not value then bad(".value must be an integer, got " .. describe(r.value)) end
+    local line = { head, influx_escape(name, true), " value=", value, "i" }
+    if r.delta ~= nil then
+      local delta = int_text(r.delta)
+      if not delta then bad(".delta must be an integer, got " .. describe(r.delta)) end
+      line[#line + 1] = ",delta=" .. delta .. "i"
+    end
+    if r.rate ~= nil then
+      if type(r.rate) ~= "number" then bad(".rate must be a number, got " .. describe(r.rate)) end
+      if finite(r.rate) then line[#line + 1] = ",rate=" .. float_text(r.rate) end
+    end
+    if r.at ~= nil then
+      local t
+      if precision == "ms" then t = scaled(r.at, 1000)
+      elseif MS_PER[precision] then t = scaled(r.at, 1000); t = t and t // MS_PER[precision]
+      else
+        t = scaled(r.at, 1000000)    -- microseconds: exact for ms-precision times
+        if t and precision == "ns" then
+          t = (t < 9223372036854775 and t > -9223372036854775) and t * 1000 or nil
+        end
+      end
+      if not t then bad(".at must be a finite number of seconds that fits, got " .. describe(r.at)) end
+      line[#line + 1] = " " .. fmt("%d", t)
+    end
+    line[#line + 1] = "\n"
+    out[i] = concat(line)
+  end
+  return concat(out)
+end
+
+-- ---- Prometheus text exposition (0.0.4) -----------------------------------------
+
+-- Metric names: [a-zA-Z_:][a-zA-Z0-9_:]*; label names: [a-zA-Z_][a-zA-Z0-9_]*.
+-- Every other byte becomes '_', and a leading digit gets a '_' in front.
+function _M.metric_name(s)
+  s = gsub(s, "[^a-zA-Z0-9_:]", "_")
+  if s == "" or find(s, "^[0-9]") then s = "_" .. s end
+  return s
+end
+
+function _M.label_name(s)
+  s = gsub(s, "[^a-zA-Z0-9_]", "_")
+  if s == "" or find(s, "^[0-9]") then s = "_" .. s end
+  return s
+end
+
+local LABEL_ESC = { ["\\"] = "\\\\", ['"'] = '\\"', ["\n"] = "\\n" }
+local HELP_ESC = { ["\\"] = "\\\\", ["\n"] = "\\n" }
+
+local function label_value(s)
+  if not find(s, '[\\"\n]') then return s end  -- the usual case: no copy
+  return (gsub(s, '[\\"\n]', LABEL_ESC))
+end
+local function help_text(s) return (gsub(s, "[\\\n]", HELP_ESC)) end
+
+local function hex(s)
+  return (gsub(s, ".", function(c) return fmt("%02x", byte(c)) end))
+end
+
+-- The metric of counters no mapping claims. A counter name can hold any
+-- bytes, so it goes into a label value, which carries them all exactly:
+-- no two names collide, and there is one metric family however many
+-- counters there are (a metric name per counter would defeat Prometheus's
+-- per-metric indexing, and sanitising names into metric names merges
+-- "a:b" with "a_b"). A gauge, because a tally counter can go down (decr,
+-- reset), and a Prometheus counter that goes down reads as a restart to
+-- rate(). Label values must be UTF-8: a name that is not is written as the
+-- hex of its bytes in a label of another name, so it cannot collide either.
+_M.DEFAULT_METRIC = "tally_value"
+_M.DEFAULT_LABEL = "counter"
+_M.DEFAULT_HEX_LABEL = "counter_hex"
+_M.DEFAULT_HELP = "Exact value of a tally counter (the sum of its shards), by counter name."
+
+local TYPES = { counter = true, gauge = true, untyped = true }
+_M.TYPES = TYPES
+
+-- A name pattern ('*' any run of bytes, '?' one byte, as db:family) split
+-- into the literal pieces between its stars. Each piece is fixed length
+-- ('?' matches one byte), so placing every middle piece at its leftmost
+-- occurrence is a correct match, and gives each '*' its shortest run.
+local function glob_compile(pattern)
+  local pieces, nwild = {}, 0
+  local start = 1
+  repeat
+    local star = find(pattern, "*", start, true) or #pattern + 1
+    local lit = sub(pattern, start, star - 1)
+    local qs = {}                              -- offsets of '?' in the piece
+    local p = 0
+    while true do
+      p = find(lit, "?", p + 1, true)
+      if not p then break end
+      qs[#qs + 1] = p - 1
+    end
+    local lua = gsub(lit, "[^%w]", function(c) return c == "?" and "." or "%" .. c end)
+    pieces[#pieces + 1] = { len = #lit, pat = "^" .. lua, free = #qs == 0 and lit or nil,
+                            unanchored = lua, qs = qs }
+    nwild = nwild + #qs
+    start = star + 1
+  until star > #pattern
+  return { pieces = pieces, nwild = nwild + #pieces - 1 }
+end
+_M._glob_compile = glob_compile
+
+-- The parts of name that the wildcards of compiled glob g matched, in the
+-- order of the wildcards, or nil if name does not match.
+local function glob_captures(g, name)
+  local pieces, n = g.pieces, #name
+  local first, k = pieces[1], #pieces
+  local flen = first.len
+  if k == 1 then                               -- no star: the whole name
+    if n ~= flen or not find(name, first.pat) then return nil end
+  elseif flen > n or (flen > 0 and not find(name, first.pat)) then
+    return nil
+  end
+  local caps, nc = {}, 0
+  local qs = first.qs
+  for j = 1, #qs do
+    nc = nc + 1
+    caps[nc] = sub(name, qs[j] + 1, qs[j] + 1)
+  end
+  if k == 1 then return caps end
+  local pos = flen + 1
+  local last = pieces[k]
+  local last_at = n - last.len + 1
+  if last_at < pos then return nil end
+  for i = 2, k - 1 do
+    local piece = pieces[i]
+    local a = pos
+    if piece.len > 0 then
+      if piece.free then a = find(name, piece.free, pos, true)
+      else a = find(name, piece.unanchored, pos) end
+      if not a or a + piece.len > last_at then return nil end
+    end
+    nc = nc + 1
+    caps[nc] = sub(name, pos, a - 1)
+    qs = piece.qs
+    for j = 1, #qs do
+      nc = nc + 1
+      caps[nc] = sub(name, a + qs[j], a + qs[j])
+    end
+    pos = a + piece.len
+  end
+  if last.len > 0 and not find(name, last.pat, last_at) then return nil end
+  nc = nc + 1
+  caps[nc] = sub(name, pos, last_at - 1)
+  qs = last.qs
+  for j = 1, #qs do
+    nc = nc + 1
+    caps[nc] = sub(name, last_at + qs[j], last_at + qs[j])
+  end
+  return caps
+end
+_M._glob_captures = glob_captures
+
+-- Compile a mapping (an array of { pattern=, metric=, labels=, type=,
+-- help= }, oldest first, as db:mappings() returns) into { entries
+-- (newest first), families = { [metric] = { type=, help= } } }, or nil and
+-- what is wrong. Metric and label names are sanitised here; db:family()
+-- refuses invalid ones instead.
+local COMPILED = {}                 -- marks compiled mappings
+
+local function compile_mapping(mapping)
+  if mapping == nil then mapping = {} end
+  if type(mapping) == "table" and mapping[COMPILED] then return mapping end
+  if type(mapping) ~= "table" then return nil, "table expected, got " .. describe(mapping) end
+  local entries, families = {}, {}
+  families[_M.DEFAULT_METRIC] = { type = "gauge", help = _M.DEFAULT_HELP, by = "the default" }
+  local n = #mapping
+  for i = 1, n do
+    local m = mapping[i]
+    local what = "mapping[" .. i .. "]"
+    if type(m) ~= "table" then return nil, what .. " must be a table, got " .. describe(m) end
+    if type(m.pattern) ~= "string" or m.pattern == "" then
+      return nil, what .. ".pattern must be a non-empty string, got " .. describe(m.pattern)
+    end
+    if type(m.metric) ~= "string" or m.metric == "" then
+      return nil, what .. ".metric must be a non-empty string, got " .. describe(m.metric)
+    end
+    local mtype_ = m.type == nil and "gauge" or m.type
+    if not TYPES[mtype_] then
+      return nil, what .. ".type must be 'counter', 'gauge' or 'untyped', got " .. describe(m.type)
+    end
+    if m.help ~= nil and (type(m.help) ~= "string" or not utf8len(m.help)) then
+      return nil, what .. ".help must be a UTF-8 string, got " .. describe(m.help)
+    end
+    local g = glob_compile(m.pattern)
+    local labels, seen = {}, {}
+    if m.labels ~= nil and type(m.labels) ~= "table" then
+      return nil, what .. ".labels must be a table, got " .. describe(m.labels)
+    end
+    for j, l in ipairs(m.labels or {}) do
+      if type(l) ~= "string" then
+        return nil, what .. ".labels[" .. j .. "] must be a string, got " .. describe(l)
+      end
+      l = _M.label_name(l)
+      if seen[l] then return nil, what .. ".labels has '" .. l .. "' twice" end
+      seen[l] = true
+      labels[j] = l
+    end
+    if #labels ~= g.nwild then
+      return nil, fmt("%s.labels has %d name%s but '%s' has %d wildcard%s", what, #labels,
+                      #labels == 1 and "" or "s", m.pattern, g.nwild, g.nwild == 1 and "" or "s")
+    end
+    local metric = _M.metric_name(m.metric)
+    local fam = families[metric]
+    if fam and fam.type ~= mtype_ then
+      return nil, fmt("metric '%s' is a %s in %s and a %s in %s",
+                      metric, fam.type, fam.by, mtype_, what)
+    end
+    if not fam then
+      fam = { type = mtype_, by = what }
+      families[metric] = fam
+    end
+    if m.help ~= nil then fam.help = m.help end       -- the newest help wins
+    local prefixes = {}
+    local ordered = true                -- labels already in the order of series keys
+    for j, l in ipairs(labels) do
+      prefixes[j] = (j == 1 and "{" or ",") .. l .. '="'
+      if j > 1 and labels[j - 1] .. '="' > l .. '="' then ordered = false end
+    end
+    entries[n - i + 1] = { glob = g, metric = metric, prefixes = prefixes, ordered = ordered,
+                           bare = metric .. "{}" }
+  end
+  return { [COMPILED] = true, entries = entries, families = families }
+end
+
+-- format.compile_mapping(mapping) -> the mapping compiled, to pass to
+-- format.prometheus() in its place when it serves many calls.
+function _M.compile_mapping(mapping)
+  local c, msg = compile_mapping(mapping)
+  if not c then error("bad argument #1 to 'compile_mapping' (" .. msg .. ")", 2) end
+  return c
+end
+
+-- The series of counter name under compiled mapping c: its metric, the
+-- series text ('likes_total{post="1"}') and a key that is equal for two
+-- series exactly when Prometheus sees one series (labels sorted, empty
+-- values dropped, as Prometheus treats them).
+local DEFAULT_PREFIX = _M.DEFAULT_METRIC .. "{" .. _M.DEFAULT_LABEL .. '="'
+local DEFAULT_HEX_PREFIX = _M.DEFAULT_METRIC .. "{" .. _M.DEFAULT_HEX_LABEL .. '="'
+
+local function series_of(c, name)
+  local entries = c.entries
+  for i = 1, #entries do
+    local e = entries[i]
+    local caps = glob_captures(e.glob, name)
+    if caps then
+      local nc, plain = #caps, e.ordered
+      for j = 1, nc do
+        local cap = caps[j]
+        if not utf8len(cap) then nc = -1; break end
+        if cap == "" then plain = false end
+      end
+      if nc == 0 then return e.metric, e.metric, e.bare end
+      if nc > 0 then                   -- else not UTF-8: the default metric, below
+        local p, series = e.prefixes, nil
+        if nc == 1 then
+          series = e.metric .. p[1] .. label_value(caps[1]) .. '"}'
+        else
+          local parts = { e.metric }
+          for j = 1, nc do parts[j + 1] = p[j] .. label_value(caps[j]) .. '"' end
+          parts[nc + 2] = "}"
+          series = concat(parts)
+        end
+        if plain then return e.metric, series, series end
+        local keys = {}
+        for j = 1, nc do
+          if caps[j] ~= "" then keys[#keys + 1] = sub(p[j], 2) .. label_value(caps[j]) .. '"' end
+        end
+        sort(keys)
+        return e.metric, series, e.metric .. "{" .. concat(keys, ",") .. "}"
+      end
+      break
+    end
+  end
+  local s
+  if utf8len(name) then s = DEFAULT_PREFIX .. label_value(name) .. '"}'
+  else s = DEFAULT_HEX_PREFIX .. hex(name) .. '"}' end
+  return _M.DEFAULT_METRIC, s, s
+end
+
+local function value_text(v)
+  if mtype(v) == "integer" then return fmt("%d", v) end
+  if v ~= v then return "NaN" end
+  if v == huge then return "+Inf" end
+  if v == -huge then return "-Inf" end
+  return float_text(v)
+end
+
+-- The exposition text of samples (an array of { name=, value= }, or a
+-- table { [name] = value } with names, the sorted array of its names)
+-- under mapping; or nil, what is wrong, and 1 or 2 (the argument at
+-- fault) or 0 (two counters map to one series).
+function _M._render_prometheus(samples, mapping, names)
+  if type(samples) ~= "table" then return nil, "table expected, got " .. describe(samples), 1 end
+  local c, msg = compile_mapping(mapping)
+  if not c then return nil, msg, 2 end
+  if not names then
+    local values = {}
+    names = {}
+    if samples[1] ~= nil then          -- records: the last one of a name wins
+      for i, s in ipairs(samples) do
+        if type(s) ~= "table" then
+          return nil, "samples[" .. i .. "] must be a table, got " .. describe(s), 1
+        end
+        local name, v = s.name, s.value
+        if type(name) ~= "string" then
+          return nil, "samples[" .. i .. "].name must be a string, got " .. describe(name), 1
+        end
+        if type(v) ~= "number" then
+          return nil, "samples[" .. i .. "].value must be a number, got " .. describe(v), 1
+        end
+        if values[name] == nil then names[#names + 1] = name end
+        values[name] = v
+      end
+    else
+      for name, v in pairs(samples) do
+        if type(name) ~= "string" then
+          return nil, "samples must be an array of { name =, value = } or a table of "
+                      .. "values by name", 1
+        end
+        if type(v) ~= "number" then
+          return nil, "samples[" .. describe(name) .. "] must be a number, got " .. describe(v), 1
+        end
+        names[#names + 1] = name
+        values[name] = v
+      end
+    end
+    sort(names)
+    samples = values
+  end
+  local lines, owner = {}, {}            -- metric -> lines; series key -> name
+  for i = 1, #names do
+    local name = names[i]
+    local v = samples[name]
+    if v ~= nil then
+      local metric, series, key = series_of(c, name)
+      local other = owner[key]
+      if other then
+        return nil, fmt("counters '%s' and '%s' both map to the series %s", other, name, series), 0
+      end
+      owner[key] = name
+      local l = lines[metric]
+      if not l then l = {}; lines[metric] = l end
+      l[#l + 1] = series .. " " .. value_text(v) .. "\n"
+    end
+  end
+  local metrics = {}
+  for metric in pairs(lines) do metrics[#metrics + 1] = metric end
+  sort(metrics)
+  local out = {}
+  for _, metric in ipairs(metrics) do
+    local fam = c.families[metric]
+    if fam.help then out[#out + 1] = "# HELP " .. metric .. " " .. help_text(fam.help) .. "\n" end
+    out[#out + 1] = "# TYPE " .. metric .. " " .. fam.type .. "\n"
+    out[#out + 1] = concat(lines[metric])
+  end
+  return concat(out)
+end
+
+-- format.prometheus(samples [, mapping]) -> exposition text (format 0.0.4).
+-- samples: an array of { name = counter name, value = number } (rollup
+-- records qualify) or a table { [name] = value }. mapping: an array of
+-- { pattern=, metric=, labels=, type=, help= } as db:mappings() returns,
+-- or the result of format.compile_mapping();
+-- for each name the newest (last) matching entry wins, and names no entry
+-- claims go to tally_value{counter="<name>"}. Families are sorted by
+-- metric name, series in counter-name order (bytewise); # HELP (when there
+-- is one) and # TYPE come once per family. Raises if two names map to one
+-- series, or if two entries give one metric different types. A counter
+-- named more than once (records of several rollups) is written once, with
+-- its last value.
+function _M.prometheus(samples, mapping)
+  local text, msg, arg = _M._render_prometheus(samples, mapping)
+  if text then return text end
+  if arg == 0 then error("prometheus: " .. msg, 2) end
+  error("bad argument #" .. arg .. " to 'prometheus' (" .. msg .. ")", 2)
+end
+
+-- format.mapping_of(db) -> the compiled mapping of the metric mappings
+-- defined through store handle db (db:family with metric = ...), for sinks.
+function _M.mapping_of(db)
+  return require("tally.prometheus").mapping_of(db)
+end
+
+return _M

@@ -1,0 +1,224 @@
+-- tally.prometheus: metric mappings for families, and the Prometheus
+-- exposition of a store's counters.
+--
+-- db:family(pattern, opts) is wrapped here: the C method takes only shards
+-- and policy, and this layer takes metric, labels, type and help off the
+-- options, validates them and records the mapping for the store handle
+-- (process-local, like a function policy: other processes and other
+-- handles to the same file do not see it). tally.prometheus(db [, pattern])
+-- reads the matching counters' exact values in one pass over db:names()
+-- and renders them with tally.format.prometheus, the newest matching
+-- mapping deciding each counter's series.
+
+local core = require "tally.core"
+local format = require "tally.format"
+
+local type, error, pairs, ipairs, pcall, getmetatable, rawget =
+      type, error, pairs, ipairs, pcall, getmetatable, rawget
+local mtype = math.type
+local find, gsub, fmt = string.find, string.gsub, string.format
+local pack, unpack = table.pack, table.unpack
+local utf8len = utf8.len
+local describe = format._describe
+
+local _M = {}
+
+local store = core.store_methods
+-- The C method. Kept in the methods table so that loading this module
+-- again (busted re-runs it for every spec file) does not wrap the wrapper.
+local c_family = rawget(store, "_family_c") or store.family
+store._family_c = c_family
+local c_stats = store.stats
+
+-- Store handle -> its mappings, oldest first. An array is never changed
+-- once published (a new family makes a new one), so its compiled form can
+-- be kept beside it.
+local registry = setmetatable({}, { __mode = "k" })
+local compiled = setmetatable({}, { __mode = "k" })
+local NONE = {}
+
+local function is_store(db)
+  local mt = type(db) == "userdata" and getmetatable(db)
+  return mt and mt.__name == "tally.store" or false
+end
+_M.is_store = is_store
+
+local function typename(v)
+  local mt = type(v) == "userdata" and getmetatable(v)
+  if mt and type(mt.__name) == "string" then return mt.__name end
+  return type(v)
+end
+_M.typename = typename
+
+-- Call a C store method f as method fname, raising its errors as the
+-- method call db:fname(...) would: the C side, called through pcall,
+-- counts the store as argument #1 and does not know its own name.
+local function call_c(fname, f, ...)
+  local r = pack(pcall(f, ...))
+  if r[1] then return unpack(r, 2, r.n) end
+  local msg = r[2]
+  if type(msg) == "string" then
+    msg = gsub(msg, "^bad argument #(%d+) to '[^']*'", function(n)
+      n = n - 1
+      if n == 0 then return "calling '" .. fname .. "' on bad self" end
+      return "bad argument #" .. n .. " to '" .. fname .. "'"
+    end)
+  end
+  error(msg, 0)
+end
+_M.call_c = call_c
+
+local METRIC_KEYS = { metric = true, labels = true, type = true, help = true }
+
+local function valid_pattern(p)
+  return type(p) == "string" and #p >= 1 and #p <= core.NAME_MAX and not find(p, "\0", 1, true)
+end
+
+-- The mapping entry for pattern from opts (which has a metric key), or
+-- nil and what is wrong.
+local function check_mapping(db, pattern, opts)
+  local metric, labels, kind, help = opts.metric, opts.labels, opts.type, opts.help
+  if type(metric) ~= "string" or not find(metric, "^[a-zA-Z_:][a-zA-Z0-9_:]*$") then
+    return nil, "metric must be a Prometheus metric name ([a-zA-Z_:][a-zA-Z0-9_:]*), got "
+                .. describe(metric)
+  end
+  if metric == format.DEFAULT_METRIC then
+    return nil, "metric '" .. metric .. "' is reserved for counters without a mapping"
+  end
+  local nwild = format._glob_compile(pattern).nwild
+  if labels == nil then labels = {} end
+  if type(labels) ~= "table" then
+    return nil, "labels must be a table of label names, got " .. describe(labels)
+  end
+  local copy, seen = {}, {}
+  for k in pairs(labels) do
+    if mtype(k) ~= "integer" or k < 1 or k > #labels then
+      return nil, "labels must be an array of label names"
+    end
+  end
+  for i, l in ipairs(labels) do
+    if type(l) ~= "string" or not find(l, "^[a-zA-Z_][a-zA-Z0-9_]*$") or find(l, "^__") then
+      return nil, "labels[" .. i .. "] must be a Prometheus label name "
+                  .. "([a-zA-Z_][a-zA-Z0-9_]*, not starting with __), got " .. describe(l)
+    end
+    if seen[l] then return nil, "labels has '" .. l .. "' twice" end
+    seen[l] = true
+    copy[i] = l
+  end
+  if #copy ~= nwild then
+    return nil, fmt("labels must name the %d wildcard%s of '%s' in order, got %d name%s",
+                    nwild, nwild == 1 and "" or "s", pattern, #copy, #copy == 1 and "" or "s")
+  end
+  if kind == nil then kind = "gauge" end
+  if not format.TYPES[kind] then
+    return nil, "type must be 'counter', 'gauge' or 'untyped', got " .. describe(kind)
+  end
+  if help ~= nil and (type(help) ~= "string" or not utf8len(help)) then
+    return nil, "help must be a UTF-8 string, got " .. describe(help)
+  end
+  for _, e in ipairs(registry[db] or {}) do
+    if e.metric == metric and e.type ~= kind and e.pattern ~= pattern then
+      return nil, fmt("metric '%s' is a %s (family '%s'), not a %s",
+                      metric, e.type, e.pattern, kind)
+    end
+  end
+  return { pattern = pattern, metric = metric, labels = copy, type = kind, help = help }
+end
+
+-- db:family(pattern, opts): the C method, plus opts.metric, opts.labels,
+-- opts.type and opts.help, which record how counters under pattern are
+-- exposed to Prometheus. Only shards and policy reach the C side; a call
+-- with metric options only leaves the family's shard options alone.
+function store:family(pattern, opts)
+  if type(opts) ~= "table" then return call_c("family", c_family, self, pattern, opts) end
+  local has_metric, copts = false, nil
+  for k, v in pairs(opts) do
+    if METRIC_KEYS[k] then
+      has_metric = true
+    else
+      copts = copts or {}
+      copts[k] = v                      -- unknown keys too: the C side names them
+    end
+  end
+  if not has_metric then return call_c("family", c_family, self, pattern, opts) end
+  if not valid_pattern(pattern) or not is_store(self) then
+    call_c("family", c_family, self, pattern, {})   -- raises, and changes nothing
+  end
+  if opts.metric == nil then
+    error("bad argument #2 to 'family' (labels, type and help need a metric)", 2)
+  end
+  local entry, msg = check_mapping(self, pattern, opts)
+  if not entry then error("bad argument #2 to 'family' (" .. msg .. ")", 2) end
+  if copts then
+    local ok, emsg, code = call_c("family", c_family, self, pattern, copts)
+    if not ok then return ok, emsg, code end
+  else
+    call_c("family", c_stats, self)     -- raises if the store is closed
+  end
+  local list = {}
+  for _, e in ipairs(registry[self] or {}) do
+    if e.pattern ~= pattern then list[#list + 1] = e end
+  end
+  list[#list + 1] = entry
+  registry[self] = list
+  return true
+end
+
+-- db:mappings() -> { { pattern=, metric=, labels={...}, type=, help= }, ... }
+-- the metric mappings defined through this store handle, oldest first
+-- (copies), in the shape tally.format.prometheus() takes.
+function store:mappings()
+  if not is_store(self) then
+    error("calling 'mappings' on bad self (tally.store expected, got " .. typename(self) .. ")", 2)
+  end
+  local out = {}
+  for i, e in ipairs(registry[self] or {}) do
+    local labels = {}
+    for j, l in ipairs(e.labels) do labels[j] = l end
+    out[i] = { pattern = e.pattern, metric = e.metric, labels = labels, type = e.type,
+               help = e.help }
+  end
+  return out
+end
+
+-- The compiled mapping of store handle db (compiled once per change).
+function _M.mapping_of(db)
+  local list = registry[db] or NONE
+  local c = compiled[list]
+  if not c then
+    c = format.compile_mapping(list)
+    compiled[list] = c
+  end
+  return c
+end
+
+-- tally.prometheus(db [, pattern]) -> exposition text of the matching
+-- counters' exact values, or nil, msg, code if reading one fails.
+function _M.prometheus(db, pattern)
+  if not is_store(db) then
+    error("bad argument #1 to 'prometheus' (tally.store expected, got " .. typename(db) .. ")", 2)
+  end
+  if pattern ~= nil and type(pattern) ~= "string" then
+    error("bad argument #2 to 'prometheus' (string expected, got " .. typename(pattern) .. ")", 2)
+  end
+  local c = _M.mapping_of(db)
+  local values, names = {}, db:names(pattern)
+  for _, name in ipairs(names) do
+    local v, msg, code = db:value(name)
+    if code == "ERANGE" then           -- the sum does not fit int64: as a float
+      v = 0.0
+      for _, s in ipairs(db:counter(name):shards() or {}) do v = v + s end
+    elseif v == nil and code ~= "ENOENT" then
+      return nil, msg, code            -- a damaged store; ENOENT: dropped meanwhile
+    end
+    values[name] = v
+  end
+  local text, msg, arg = format._render_prometheus(values, c, names)
+  if not text then
+    if arg == 0 then error("prometheus: " .. msg, 2) end
+    error(msg, 2)                       -- not reached: the values are all numbers
+  end
+  return text
+end
+
+return _M
