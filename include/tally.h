@@ -263,8 +263,13 @@ typedef struct tally_schedule tally_schedule;
 /* A schedule over counters matching pattern (glob, see tally_glob_match),
  * every every_ms milliseconds (>= 1), keeping nrings rings (0 is allowed:
  * records only). Rings must have distinct resolutions. The schedule is
- * this process's object; its identity in the store is (pattern, every_ms),
- * so processes defining the same schedule share its periods. */
+ * this process's object, for one thread at a time; its identity in the
+ * store is (pattern, every_ms), so processes defining the same schedule
+ * share its periods and its lease (two schedules of one identity in one
+ * process share them too: only one of them runs each period). A counter
+ * keeps at most TALLY_RINGS_MAX rings: a schedule whose rings would take
+ * it past that still rolls it up, with the rings it has. Up to 256
+ * identities per store; they are never removed. */
 TALLY_API int tally_schedule_new(tally_store *s, const char *pattern,
                                  size_t plen, int64_t every_ms,
                                  const tally_ring *rings, uint32_t nrings,
@@ -275,7 +280,7 @@ TALLY_API void tally_schedule_free(tally_schedule *sch);
 enum {
   TALLY_TICK_RAN = 0,      /* this call rolled up the period */
   TALLY_TICK_NOT_DUE = 1,  /* the period was already rolled up (by anyone) */
-  TALLY_TICK_BUSY = 2,     /* another process holds the rollup lease */
+  TALLY_TICK_BUSY = 2,     /* another process holds this schedule's lease */
   TALLY_TICK_LOST = 3      /* the lease was taken over during the run
                               (this process stalled past it); the new
                               holder finishes the period */
@@ -284,7 +289,9 @@ enum {
 typedef struct tally_tick_result {
   int64_t period;      /* floor(now_ms / every_ms) */
   int32_t status;      /* TALLY_TICK_* */
-  uint32_t pad_;
+  uint32_t skipped;    /* covered counters not rolled up: a damaged rollup
+                          block (tally_store_check reports it), a value out
+                          of int64, or a record newer than now_ms */
   uint64_t counters;   /* counters rolled up by this call */
 } tally_tick_result;
 
@@ -295,9 +302,13 @@ typedef void (*tally_rollup_fn)(void *ud, const char *name, size_t len,
                                 const tally_rollup *r);
 
 /* Roll up the current period if it is due at now_ms (the caller's clock,
- * milliseconds since the epoch; >= 0). fn may be NULL. A process that
- * dies holding the lease is replaced at once (its pid is gone); one that
- * stalls loses the lease after one period. */
+ * milliseconds since the epoch; >= 0). fn may be NULL. Each schedule
+ * identity has its own lease, so a slow schedule never holds up another;
+ * schedules that cover the same counter take turns on its block. A
+ * process that dies holding a lease is replaced at once (its pid is gone:
+ * processes sharing a file must share a pid namespace); one that stalls
+ * loses the lease after one period (at least 0.5 s) without renewal. The
+ * next holder finishes an interrupted period from where it stopped. */
 TALLY_API int tally_schedule_tick(tally_schedule *sch, int64_t now_ms,
                                   tally_rollup_fn fn, void *ud,
                                   tally_tick_result *out);

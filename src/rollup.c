@@ -8,17 +8,22 @@
  *   16 * r     ring headers: resolution, length, newest bucket + 1
  *   8 * sum    the ring slots, ring after ring; INT64_MIN marks an empty one
  *
- * The store holds one rollup table (allocated on first use): a lease word
- * and, per schedule identity (pattern, every), the last period done and the
- * period in progress. Only the lease holder writes blocks, so a block has
- * one writer and readers need no lock: they retry on the seqlock. The lease
- * is taken under the store lock, once per tick; the holder renews it as it
- * goes and stops if it was taken over. A holder whose pid is gone loses it
- * at once; a live one after one period without renewal.
+ * The store holds one rollup table (allocated on first use): per schedule
+ * identity (pattern, every), the last period done, the period in progress,
+ * how far it got, and a lease. The lease makes one process at a time run a
+ * schedule, and the period record makes each period run once. A lease is
+ * taken under the store lock, once per tick; the holder renews it as it
+ * goes and stops as soon as it was taken over. A holder whose pid is gone
+ * loses it at once; a live one after one period without renewal.
+ *
+ * Schedules that cover the same counter may run at once (in two processes,
+ * under two leases), so a writer claims a block by turning its seq odd
+ * with a compare-and-swap; readers need no lock and retry on the seqlock.
  *
  * A period whose run was interrupted (its holder died) is finished by the
- * next holder, which skips the counters already rolled inside the period,
- * so no counter is rolled twice for one period. */
+ * next holder: members are rolled in a fixed order (by cell offset) and
+ * the slot records the sort key of the last one done, so the next holder
+ * starts after it and no counter is rolled twice for one period. */
 #include "internal.h"
 
 #include <errno.h>
@@ -35,19 +40,21 @@
 #define EMPTY_SLOT INT64_MIN
 #define RENEW_EVERY 1024u   /* counters rolled between lease checks */
 
-struct sched_slot {
-  _Atomic uint64_t id;       /* hash of (pattern, every_ms); 0: free */
-  _Atomic int64_t done;      /* last period rolled up, + 1; 0: none */
-  _Atomic int64_t running;   /* period being rolled up, + 1; 0: none */
-  uint64_t reserved_;
+struct sched_slot {              /* one cache line */
+  _Atomic uint64_t id;            /* hash of (pattern, every_ms); 0: free */
+  _Atomic int64_t done;           /* last period rolled up, + 1; 0: none */
+  _Atomic int64_t running;        /* period being rolled up, + 1; 0: none */
+  _Atomic uint64_t cursor;        /* of `running`: sort key of the last
+                                     member rolled, + 1; 0: none yet */
+  _Atomic uint64_t owner;         /* lease: pid << 32 | token; 0: free */
+  _Atomic int64_t until;          /* lease expiry, CLOCK_MONOTONIC ms */
+  uint64_t reserved_[2];
 };
 
 struct rollup_table {
   uint64_t magic;
   uint64_t check;                 /* keyed by the store's salt */
-  _Atomic uint64_t lease_owner;   /* pid << 32 | token; 0: free */
-  _Atomic int64_t lease_until;    /* CLOCK_MONOTONIC milliseconds */
-  uint64_t reserved_[4];
+  uint64_t reserved_[6];
   struct sched_slot slot[SCHED_SLOTS];
 };
 
@@ -71,6 +78,7 @@ struct block {
  * word tells when another process gave it a new one. */
 struct member {
   uint64_t rec_off;
+  uint64_t key;                   /* cell offset when listed: the roll order */
   uint64_t word;                  /* rec->rollup when `b` was resolved */
   struct block *b;
 };
@@ -302,20 +310,20 @@ static int64_t lease_span(const tally_schedule *sch) {
 }
 
 /* Caller holds the store lock. */
-static bool lease_take(struct rollup_table *t, uint64_t me, int64_t span) {
-  uint64_t owner = atomic_load_explicit(&t->lease_owner, memory_order_acquire);
+static bool lease_take(struct sched_slot *slot, uint64_t me, int64_t span) {
+  uint64_t owner = atomic_load_explicit(&slot->owner, memory_order_acquire);
   int64_t now = mono_ms();
-  if (owner && now < atomic_load(&t->lease_until) &&
+  if (owner && now < atomic_load(&slot->until) &&
       !pid_gone((pid_t)(owner >> 32)))
     return false;
-  atomic_store(&t->lease_until, now + span);
-  atomic_store_explicit(&t->lease_owner, me, memory_order_release);
+  atomic_store(&slot->until, now + span);
+  atomic_store_explicit(&slot->owner, me, memory_order_release);
   return true;
 }
 
-static bool lease_renew(struct rollup_table *t, uint64_t me, int64_t span) {
-  if (atomic_load_explicit(&t->lease_owner, memory_order_acquire) != me) return false;
-  atomic_store(&t->lease_until, mono_ms() + span);
+static bool lease_renew(struct sched_slot *slot, uint64_t me, int64_t span) {
+  if (atomic_load_explicit(&slot->owner, memory_order_acquire) != me) return false;
+  atomic_store(&slot->until, mono_ms() + span);
   return true;
 }
 
@@ -348,6 +356,36 @@ static void ring_put(struct ring_hdr *r, _Atomic int64_t *slot, int64_t at_ms,
   atomic_store_explicit(&r->head, b + 1, memory_order_release);
 }
 
+/* Claim b for writing: turn its seq odd. Another writer (a schedule
+ * covering the same counter, in another process) holds it for a moment
+ * at most; a seq that stays odd for CLAIM_WAIT_MS was left by a writer
+ * that died mid-write, and is taken over as it is: this write makes the
+ * block whole again. Returns the odd seq to release with. */
+#define CLAIM_WAIT_MS 100
+static uint64_t block_claim(struct block *b) {
+  uint64_t s = atomic_load_explicit(&b->seq, memory_order_acquire);
+  int64_t give_up = 0;
+  for (unsigned spins = 0;; spins++) {
+    if (!(s & 1)) {
+      if (atomic_compare_exchange_weak_explicit(&b->seq, &s, s | 1, memory_order_acquire,
+                                                memory_order_acquire))
+        return s | 1;
+      continue;
+    }
+    if ((spins & 255) == 255) {
+      int64_t now = mono_ms();
+      if (!give_up) give_up = now + CLAIM_WAIT_MS;
+      else if (now >= give_up) return s;
+      sched_yield();
+    }
+    s = atomic_load_explicit(&b->seq, memory_order_acquire);
+  }
+}
+
+static void block_release(struct block *b, uint64_t odd) {
+  atomic_store_explicit(&b->seq, odd + 1, memory_order_release);
+}
+
 /* Copy ring `from` (with its slots) into the empty ring `to`, bucket by
  * bucket: slot positions depend on the length. */
 static void ring_copy(struct ring_hdr *to, _Atomic int64_t *to_slot,
@@ -373,7 +411,7 @@ static bool block_covers(const struct block *b, const tally_schedule *sch) {
 
 /* Give record rec_off a block with the union of its current rings and
  * sch's, carrying its record and history over. Caller holds the store lock
- * and the lease (no one else writes blocks). */
+ * (no one else grows blocks); the old block is claimed while it is copied. */
 static int block_grow(tally_schedule *sch, uint64_t rec_off, struct block *old) {
   tally_store *s = sch->s;
   tally_ring want[2 * TALLY_RINGS_MAX];
@@ -408,6 +446,7 @@ static int block_grow(tally_schedule *sch, uint64_t rec_off, struct block *old) 
     b->ring[i].len = want[i].len;
   }
   b->check = block_check(s, rec_off, b);
+  uint64_t old_seq = old ? block_claim(old) : 0;  /* no write while copying */
   _Atomic int64_t *slot = slots_at(b);
   for (uint32_t i = 0; i < n; i++) {
     const struct ring_hdr *from = NULL;
@@ -434,6 +473,7 @@ static int block_grow(tally_schedule *sch, uint64_t rec_off, struct block *old) 
   struct tally__rec *r = tally__at(s, rec_off);
   atomic_store_explicit(&r->rollup, tally__seal(s, TALLY__SEAL_ROLLUP, off, rec_off),
                         memory_order_release);
+  if (old) block_release(old, old_seq);  /* writers waiting on it look again */
   return 0;
 }
 
@@ -443,14 +483,11 @@ static int64_t sub_sat(int64_t a, int64_t b) {
   return b < 0 ? INT64_MAX : INT64_MIN;
 }
 
-/* Roll one counter up at now_ms: its record, then every ring. */
+/* Roll one claimed counter up at now_ms: its record, then every ring. The
+ * stores are release stores, so none is seen before the odd seq (a fence
+ * would do, but ThreadSanitizer does not model fences; on x86 both are
+ * plain moves). */
 static void block_roll(struct block *b, int64_t v, int64_t now_ms, tally_rollup *r) {
-  uint64_t seq = atomic_load_explicit(&b->seq, memory_order_relaxed);
-  /* odd already: a writer died mid-write; this write makes it whole.
-   * The stores below are release stores, so none is seen before the odd
-   * seq (a fence would do, but ThreadSanitizer does not model fences; on
-   * x86 both are plain moves). */
-  atomic_store_explicit(&b->seq, seq | 1, memory_order_relaxed);
   uint64_t count = atomic_load_explicit(&b->count, memory_order_relaxed);
   r->value = v;
   r->at_ms = now_ms;
@@ -467,7 +504,6 @@ static void block_roll(struct block *b, int64_t v, int64_t now_ms, tally_rollup 
     ring_put(&b->ring[i], slot, now_ms, v);
     slot += b->ring[i].len;
   }
-  atomic_store_explicit(&b->seq, (seq | 1) + 1, memory_order_release);
 }
 
 /* ---- members ------------------------------------------------------------------- */
@@ -511,6 +547,7 @@ static pthread_mutex_t sort_lock = PTHREAD_MUTEX_INITIALIZER;
 struct run;
 static bool run_renew(struct run *u);
 
+
 static int members_refresh(tally_schedule *sch, struct run *u) {
   tally_store *s = sch->s;
   uint64_t gen = atomic_load_explicit(&s->hdr->generation, memory_order_acquire);
@@ -540,7 +577,10 @@ static int members_refresh(tally_schedule *sch, struct run *u) {
     if (b && block_covers(b, sch)) continue;
     if (!locked && (rc = tally__lock(s))) break;
     locked = true;
+    /* again under the lock: another schedule may have grown it meanwhile */
+    if (block_of(s, g.v[i], &b) || (b && block_covers(b, sch))) continue;
     rc = block_grow(sch, g.v[i], b);
+    if (rc == TALLY_EINVAL) rc = 0;  /* too many rings: rolled with those it has */
   }
   if (locked) tally__unlock(s);
   struct member *m = rc ? NULL : malloc((g.n ? g.n : 1) * sizeof *m);
@@ -548,6 +588,7 @@ static int members_refresh(tally_schedule *sch, struct run *u) {
   for (size_t i = 0; i < g.n && rc == 0; i++) {
     struct tally__rec *r = tally__at(s, g.v[i]);
     m[i].rec_off = g.v[i];
+    m[i].key = atomic_load_explicit(&r->loc, memory_order_acquire) >> 32;
     m[i].word = atomic_load_explicit(&r->rollup, memory_order_acquire);
     if (block_of(s, g.v[i], &m[i].b)) m[i].b = NULL;  /* skipped, see above */
   }
@@ -568,13 +609,13 @@ static int members_refresh(tally_schedule *sch, struct run *u) {
 
 struct run {
   tally_schedule *sch;
-  struct rollup_table *t;
+  struct sched_slot *slot;
   uint64_t me;
-  int64_t now_ms, period_start_ms;
-  bool resume;
+  int64_t now_ms;
+  uint64_t resume_after;          /* members with key + 1 <= this are done */
   tally_rollup_fn fn;
   void *ud;
-  uint64_t rolled;
+  uint64_t rolled, skipped;
 };
 
 /* Where the current bucket of each ring of b lives: prefetched ahead,
@@ -591,7 +632,23 @@ static void prefetch_slots(struct block *b, int64_t now_ms) {
 #define AHEAD 16  /* members prefetched ahead: record and block, then slots */
 
 static bool run_renew(struct run *u) {
-  return lease_renew(u->t, u->me, lease_span(u->sch));
+  return lease_renew(u->slot, u->me, lease_span(u->sch));
+}
+
+/* Claim member i's current block: *b NULL if it has none (damaged). */
+static uint64_t member_claim(tally_store *s, struct member *m, struct block **b) {
+  struct tally__rec *rec = tally__at(s, m->rec_off);
+  for (;;) {
+    uint64_t word = atomic_load_explicit(&rec->rollup, memory_order_acquire);
+    if (word != m->word || !m->b) {  /* another process gave it a new block */
+      if (block_of(s, m->rec_off, &m->b)) m->b = NULL;
+      m->word = word;
+    }
+    if (!(*b = m->b)) return 0;
+    uint64_t odd = block_claim(m->b);
+    if (atomic_load_explicit(&rec->rollup, memory_order_acquire) == m->word) return odd;
+    block_release(m->b, odd);  /* replaced while we waited: look again */
+  }
 }
 
 /* Roll every member; 1 if the lease was lost on the way. */
@@ -601,6 +658,8 @@ static int roll_members(struct run *u) {
   struct member *m = sch->members;
   size_t n = sch->nmembers;
   for (size_t i = 0; i < n; i++) {
+    /* a holder taken over stops at once: the new one goes on from the cursor */
+    if (atomic_load_explicit(&u->slot->owner, memory_order_acquire) != u->me) return 1;
     if (i % RENEW_EVERY == 0 && !run_renew(u)) return 1;
     if (i + AHEAD < n) {
       __builtin_prefetch(tally__at(s, m[i + AHEAD].rec_off));
@@ -611,27 +670,30 @@ static int roll_members(struct run *u) {
     }
     if (i + AHEAD / 2 < n && m[i + AHEAD / 2].b)
       prefetch_slots(m[i + AHEAD / 2].b, u->now_ms);
-    struct tally__rec *rec = tally__at(s, m[i].rec_off);
-    uint64_t word = atomic_load_explicit(&rec->rollup, memory_order_acquire);
-    if (word != m[i].word || !m[i].b) {  /* another process gave it a new block */
-      if (block_of(s, m[i].rec_off, &m[i].b)) m[i].b = NULL;
-      m[i].word = word;
-    }
-    struct block *b = m[i].b;
+    if (m[i].key + 1 <= u->resume_after) continue;  /* the dead holder did it */
+    struct block *b;
     int64_t v;
-    if (!b) continue;  /* damaged: check() reports it */
-    int64_t last = atomic_load_explicit(&b->at_ms, memory_order_relaxed);
-    if (atomic_load_explicit(&b->count, memory_order_relaxed) &&
-        (last > u->now_ms || (u->resume && last >= u->period_start_ms)))
-      continue;  /* never back in time; done by the holder that died */
-    if (tally__rec_value(s, m[i].rec_off, &v)) {
-      sch->built = false;  /* dropped meanwhile, or out of range */
+    uint64_t odd = member_claim(s, &m[i], &b);
+    if (!b) {
+      u->skipped++;  /* damaged: check() reports it */
+      continue;
+    }
+    int rc = tally__rec_value(s, m[i].rec_off, &v);
+    if (rc || atomic_load_explicit(&b->at_ms, memory_order_relaxed) > u->now_ms) {
+      block_release(b, odd);
+      if (rc == TALLY_EDROPPED) sch->built = false;  /* list it anew */
+      else u->skipped++;  /* out of range, or never back in time */
       continue;
     }
     tally_rollup r;
     block_roll(b, v, u->now_ms, &r);
+    block_release(b, odd);
+    atomic_store_explicit(&u->slot->cursor, m[i].key + 1, memory_order_relaxed);
     u->rolled++;
-    if (u->fn) u->fn(u->ud, rec->name, rec->name_len, &r);
+    if (u->fn) {
+      const struct tally__rec *rec = tally__at(s, m[i].rec_off);
+      u->fn(u->ud, rec->name, rec->name_len, &r);
+    }
   }
   return 0;
 }
@@ -646,43 +708,48 @@ int tally_schedule_tick(tally_schedule *sch, int64_t now_ms, tally_rollup_fn fn,
   *out = (tally_tick_result){.period = period, .status = TALLY_TICK_NOT_DUE};
 
   struct rollup_table *t;
-  struct sched_slot *slot;
+  struct run u = {.sch = sch, .me = lease_me(), .now_ms = now_ms, .fn = fn, .ud = ud};
   int rc = tally__lock(s);
   if (rc) return rc;
   rc = table_of(s, true, &t);
-  if (rc == 0) rc = slot_of(sch, t, &slot);
+  if (rc == 0) rc = slot_of(sch, t, &u.slot);
   if (rc) {
     tally__unlock(s);
     return rc;
   }
-  if (atomic_load(&slot->done) > period) {
+  if (atomic_load(&u.slot->done) > period) {
     tally__unlock(s);
     return 0;
   }
-  struct run u = {.sch = sch, .t = t, .me = lease_me(), .now_ms = now_ms,
-                  .period_start_ms = period * sch->every_ms, .fn = fn, .ud = ud};
-  if (!lease_take(t, u.me, lease_span(sch))) {
+  if (!lease_take(u.slot, u.me, lease_span(sch))) {
     tally__unlock(s);
     out->status = TALLY_TICK_BUSY;
     return 0;
   }
-  u.resume = atomic_load(&slot->running) == period + 1;
-  atomic_store(&slot->running, period + 1);
+  if (atomic_load(&u.slot->running) == period + 1) {
+    u.resume_after = atomic_load(&u.slot->cursor);  /* a holder died in it */
+  } else {
+    atomic_store(&u.slot->cursor, 0);
+    atomic_store(&u.slot->running, period + 1);
+  }
   tally__unlock(s);
 
   rc = members_refresh(sch, &u);
   int lost = rc == 1 ? 1 : rc ? 0 : roll_members(&u);
   if (rc == 1) rc = 0;
   out->counters = u.rolled;
+  out->skipped = (uint32_t)(u.skipped > UINT32_MAX ? UINT32_MAX : u.skipped);
 
   int lrc = tally__lock(s);
-  if (lrc) return rc ? rc : lrc;
-  if (atomic_load(&t->lease_owner) == u.me) {
-    if (rc == 0) {
-      atomic_store(&slot->done, period + 1);
-      atomic_store(&slot->running, 0);
+  if (lrc) {  /* the lease runs out by itself */
+    return rc ? rc : lrc;
+  }
+  if (atomic_load(&u.slot->owner) == u.me) {
+    if (rc == 0 && !lost) {
+      atomic_store(&u.slot->done, period + 1);
+      atomic_store(&u.slot->running, 0);
     }
-    atomic_store_explicit(&t->lease_owner, 0, memory_order_release);
+    atomic_store_explicit(&u.slot->owner, 0, memory_order_release);
   } else {
     lost = 1;
   }
