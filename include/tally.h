@@ -337,9 +337,11 @@ TALLY_API int tally_counter_rings(tally_counter *c, tally_ring *out,
  * libcurl, so a slow or dead HTTP sink never blocks the caller. Bodies
  * wait in a bounded queue (counted in records, the unit the caller gives
  * each body) and are sent one at a time, in the order posted, over a kept-
- * alive connection. A failed request (no connection, timeout, non-2xx
- * status) is retried with exponential backoff, oldest body first; a
- * success resets the backoff. When a new body does not fit, the oldest
+ * alive connection. A failed request (no connection, timeout, a 5xx, 408
+ * or 429 status) is retried with exponential backoff, oldest body first; a
+ * success resets the backoff. A body the peer refuses (any other 4xx) is
+ * dropped and counted as rejected: sent again it would fail again, and
+ * hold up every body behind it. When a new body does not fit, the oldest
  * waiting bodies are dropped to make room, and counted. Requests carry the
  * caller's headers and those libcurl adds (Host, Content-Length, and a
  * Content-Type of application/x-www-form-urlencoded unless one is given);
@@ -362,9 +364,12 @@ typedef struct tally_sender_stats {
   uint64_t sent;        /* records delivered (2xx answers) */
   uint64_t requests;    /* requests that succeeded */
   uint64_t failures;    /* requests that failed (each retry counts) */
-  uint64_t dropped;     /* records dropped: queue full, too big, or closed */
+  uint64_t dropped;     /* records dropped: queue full, too big, refused by
+                           the peer, or closed */
   uint64_t queued;      /* records not yet delivered nor dropped (waiting or
                            in flight) */
+  uint64_t rejected;    /* of dropped: refused by the peer with a 4xx status
+                           other than 408 and 429, so never retried */
   int32_t last_status;  /* HTTP status of the last request's answer, 0 if it
                            got none (connection failed, timed out) */
   uint32_t pad_;

@@ -66,7 +66,7 @@ struct tally_sender {
   bool stopping;
   int64_t stop_at_ms;             /* end of close()'s drain */
   bool finished;                  /* the thread is about to return */
-  uint64_t sent, requests, failures, dropped;
+  uint64_t sent, requests, failures, dropped, rejected;
   int32_t last_status;
   char last_error[256];
 };
@@ -235,6 +235,15 @@ static void *sender_main(void *arg) {
       free(b);
     } else if (result == SEND_ABORTED) {
       s->dropped += b->records;
+      free(b);
+    } else if (status >= 400 && status < 500 && status != 408 && status != 429) {
+      /* the peer refuses this body (bad request, not found, too large):
+       * sending it again would fail again and hold up everything behind it */
+      s->failures++;
+      s->rejected += b->records;
+      s->dropped += b->records;
+      s->last_status = status;
+      memcpy(s->last_error, err, sizeof s->last_error);
       free(b);
     } else {
       s->failures++;
@@ -453,6 +462,7 @@ void tally_sender_stats_get(tally_sender *s, tally_sender_stats *out) {
   out->requests = s->requests;
   out->failures = s->failures;
   out->dropped = s->dropped;
+  out->rejected = s->rejected;
   out->queued = s->waiting + (s->in_flight ? s->in_flight->records : 0);
   out->last_status = s->last_status;
   memcpy(out->last_error, s->last_error, sizeof out->last_error);

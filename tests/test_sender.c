@@ -18,7 +18,7 @@
 
 #include "testutil.h"
 
-enum { ANSWER_NONE = 0, ANSWER_OK = 200, ANSWER_ERROR = 500 };
+enum { ANSWER_NONE = 0, ANSWER_OK = 200, ANSWER_REFUSED = 400, ANSWER_ERROR = 500 };
 
 #define SRV_MAX_REQS 1024
 #define SRV_MAX_CONNS 64
@@ -155,6 +155,8 @@ static void *srv_conn_main(void *arg) {
     }
     if (srv_send(c->fd, answer == ANSWER_OK
                             ? "HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nok\n"
+                        : answer == ANSWER_REFUSED
+                            ? "HTTP/1.1 400 Bad Request\r\nContent-Length: 4\r\n\r\nbad\n"
                             : "HTTP/1.1 500 Internal Server Error\r\n"
                               "Content-Length: 5\r\n\r\nfail\n") != 0)
       goto out;
@@ -549,6 +551,31 @@ static void test_retry_500(void) {
   server_stop(srv);
 }
 
+/* A 400 is the peer refusing the body: dropped at once and counted as
+ * rejected, never retried, so the bodies behind it still go through. */
+static void test_refused(void) {
+  static const char *const want[] = {"r1", "r2"};
+  server *srv = server_start(ANSWER_REFUSED);
+  tally_sender *s = open_sender(srv->url, NULL, NULL, 2000, 0, 40, 1000);
+  EXPECT_OK(post_str(s, "r0", 3));
+  wait_requests(srv, ANSWER_REFUSED, 1, 3.0);
+  EXPECT_OK(tally_sender_flush(s, 3000));  /* nothing waits: it was dropped */
+  tally_sender_stats st = stats_of(s);
+  EXPECT_I64(3, st.rejected);
+  EXPECT_I64(3, st.dropped);
+  EXPECT_I64(1, st.failures);
+  EXPECT_I64(400, st.last_status);
+  EXPECT_STR("HTTP 400", st.last_error);
+  EXPECT_I64(1, server_count(srv, ANSWER_REFUSED));  /* not retried */
+  atomic_store(&srv->answer, ANSWER_OK);
+  EXPECT_OK(post_str(s, "r1", 1));
+  EXPECT_OK(post_str(s, "r2", 1));
+  EXPECT_OK(tally_sender_flush(s, 3000));
+  expect_delivered(srv, want, 2, "refused");
+  tally_sender_close(s, 0);
+  server_stop(srv);
+}
+
 /* A server slower than the timeout: failures with a timeout message, and
  * post() never waits for the network. */
 static void test_slow_server(void) {
@@ -725,6 +752,7 @@ int main(void) {
   test_delivery();
   test_concurrent_posts();
   test_retry_500();
+  test_refused();
   test_slow_server();
   test_dead_port();
   test_overflow();
