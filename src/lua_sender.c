@@ -7,7 +7,7 @@
  *   sender:post(body [, records]) -> true          (records defaults to 1)
  *   sender:flush([timeout_s]) -> true, or nil, "timed out", "ETIMEDOUT"
  *                                  (timeout_s defaults to the sender's timeout)
- *   sender:stats() -> { sent, requests, failures, dropped, queued,
+ *   sender:stats() -> { sent, requests, failures, dropped, rejected, queued,
  *                       last_status, last_error }   (last_error "" if none)
  *   sender:close([drain_s])                         (drain_s defaults to 0)
  *
@@ -240,6 +240,7 @@ static int tl_sender_stats(lua_State *L) {
   tl_setcount(L, "requests", st.requests);
   tl_setcount(L, "failures", st.failures);
   tl_setcount(L, "dropped", st.dropped);
+  tl_setcount(L, "rejected", st.rejected);
   tl_setcount(L, "queued", st.queued);
   lua_pushinteger(L, (lua_Integer)st.last_status);
   lua_setfield(L, -2, "last_status");
