@@ -55,6 +55,23 @@ static void die(const char *what, int rc) {
   exit(1);
 }
 
+/* A progress bar on stderr while many counters are made, only when stderr
+ * is a terminal (scripts/bench sends results to a file, notes to stderr);
+ * redrawn every 16384 counters, cleared at i == n. */
+static void progress(const char *what, long i, long n) {
+  static int tty = -1;
+  static const char bar[] = "########################################";
+  static const char gap[] = "----------------------------------------";
+  int w = 40, fill;
+  if (tty < 0) tty = isatty(STDERR_FILENO);
+  if (!tty || n <= 0 || (i < n && (i & 0x3FFF) != 0)) return;
+  fill = (int)((double)i / (double)n * w);
+  fprintf(stderr, "\rbench_tally: %s [%.*s%.*s] %3d%%  %ld / %ld counters\033[K", what, fill,
+          bar, w - fill, gap, (int)((double)i * 100 / (double)n), i, n);
+  if (i >= n) fputs("\r\033[K", stderr);
+  fflush(stderr);
+}
+
 static int cmp_d(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
   return x < y ? -1 : x > y;
@@ -240,9 +257,11 @@ static int cmd_create(const char *path, long n) {
     char name[48];
     tally_counter *c;
     int len = snprintf(name, sizeof name, "post:%ld:likes", i);
+    progress("create", i, n);
     if ((rc = tally_counter_open(s, name, (size_t)len, &o, TALLY_COUNTER_CREATE, &c))) die("create", rc);
     tally_counter_close(c);
   }
+  progress("create", n, n);
   tally_store_close(s);
   double t1 = now();
   struct stat st;
@@ -450,11 +469,13 @@ static int cmd_rollup(const char *path, long n, double secs, int reps) {
   for (long i = 0; i < n; i++) {
     tally_counter *c;
     int len = snprintf(name, sizeof name, "c:%ld", i);
+    progress("create", i, n);
     if ((rc = tally_counter_open(s, name, (size_t)len, &o, TALLY_COUNTER_CREATE, &c)))
       die("create", rc);
     tally_counter_incr(c, i);
     tally_counter_close(c);
   }
+  progress("create", n, n);
   double v[64];
   if (reps > 64) reps = 64;
   /* baseline: the exact sum of every counter, walking the index */

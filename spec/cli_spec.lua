@@ -1,8 +1,39 @@
--- The tally executable: scripts, -e, the prompt, errors; and the likes demo.
+-- The tally executable without a terminal: scripts, -e, run, the prompt on
+-- stdin, the inspection commands (through their output and exit status),
+-- help and usage errors; and the likes demo. The prompt and watch on a
+-- terminal are in repl_spec.lua and watch_spec.lua.
 local helper = require "spec.helper"
 local tally = require "tally"
 
 local q = helper.q
+
+-- Run tally with stdout and stderr apart: out, err, exit code.
+local function run(...)
+  local args = {}
+  for i = 1, select("#", ...) do args[i] = q((select(i, ...))) end
+  local errfile = helper.tmpfile("stderr")
+  local f = assert(io.popen(q(helper.bin) .. " " .. table.concat(args, " ") .. " 2>" .. q(errfile)))
+  local out = f:read("a")
+  local _, _, code = f:close()
+  local e = io.open(errfile)
+  local err = e and e:read("a") or ""
+  if e then e:close() end
+  os.remove(errfile)
+  return out, err, code
+end
+
+local function exists(path)
+  local f = io.open(path)
+  if f then f:close() end
+  return f ~= nil
+end
+
+local function slurp(path)
+  local f = assert(io.open(path, "rb"))
+  local s = f:read("a")
+  f:close()
+  return s
+end
 
 describe("the tally command", function()
   it("runs a script with arg and ... set as lua5.4 sets them", function()
@@ -18,10 +49,43 @@ describe("the tally command", function()
                  .. "string\t" .. tally.version .. "\ttrue\n", out)
   end)
 
+  it("runs a script through 'run', even one named like a command", function()
+    local dir = helper.tmpfile("dir")
+    os.execute("mkdir -p " .. q(dir))
+    helper.write(dir .. "/ls", "print('the script ls', arg[0], ...)\n")
+    local out, code = helper.sh("cd " .. q(dir) .. " && " .. q(helper.bin) .. " run ls x y")
+    assert.equal(0, code, out)
+    assert.equal("the script ls\tls\tx\ty\n", out)
+    out, code = helper.sh("cd " .. q(dir) .. " && " .. q(helper.bin) .. " ./ls z")
+    assert.equal(0, code, out)
+    assert.equal("the script ls\t./ls\tz\n", out)
+    out, code = helper.sh("cd " .. q(dir) .. " && " .. q(helper.bin) .. " ls")  -- the command
+    assert.equal(2, code)
+    assert.matches("^tally ls: a store is needed\nusage: tally ls STORE", out)
+    local err
+    out, err, code = run("run")
+    assert.equal(2, code)
+    assert.matches("^tally run: a script is needed\nusage: tally run ", err)
+  end)
+
   it("runs -e chunks with the module as the global 'tally'", function()
     local out, code = helper.tally("-e", "print(tally.version)", "-e", "print(type(tally.open))")
     assert.equal(0, code)
     assert.equal(tally.version .. "\nfunction\n", out)
+  end)
+
+  it("opens --store as the global db for -e and scripts; never creates it without --create", function()
+    local path = helper.tmpfile()
+    local out, err, code = run("--store", path, "-e", "print(db)")
+    assert.equal(1, code)
+    assert.equal("tally: no store at " .. path .. " (no such file; --create makes one)\n", err)
+    assert.is_false(exists(path))
+    out, err, code = run("--store", path, "--create", "-e", "db:incr('a', 2) print(db:value('a'))")
+    assert.equal(0, code, err)
+    assert.equal("2\n", out)
+    out, err, code = run("--store=file:" .. path, "-e", "print(db:value('a'))")
+    assert.equal(0, code, err)
+    assert.equal("2\n", out)
   end)
 
   it("prints 'tally: message' and a traceback, and exits 1, on an error", function()
@@ -46,11 +110,10 @@ describe("the tally command", function()
     assert.equal(3, code)
   end)
 
-  it("runs a prompt on stdin when given no script", function()
+  it("runs a prompt on stdin when given no script: no prompts, values printed", function()
     local input = helper.tmpfile("input.txt")
     helper.write(input, table.concat({
       "1 + 1",
-      "db = tally.open()",
       "db:incr('x', 5)",
       "db:value('x'), 'two'",
       "error('oops')",
@@ -58,12 +121,18 @@ describe("the tally command", function()
       "  print('line', i)",
       "end",
       "db",
+      "{ b = { 1, 'two' }, a = true }",
+      "=#'four'",
       "",
     }, "\n"))
     local out, code = helper.sh(q(helper.bin) .. " < " .. q(input))
     assert.equal(0, code)
     assert.matches("^2\ntrue\n5\ttwo\ntally: stdin:1: oops\nstack traceback:\n.-\n"
-                   .. "line\t1\nline\t2\ntally%.store %(memory%)\n$", out)
+                   .. "line\t1\nline\t2\ntally%.store %(memory%): 1 counter\n  x  5\n"
+                   .. '{ a = true, b = { 1, "two" } }\n4\n$', out)
+    out, code = helper.sh("echo 'print(1)' | " .. q(helper.bin))
+    assert.equal(0, code)
+    assert.equal("1\n", out)
   end)
 
   it("shows its version with -v", function()
@@ -71,6 +140,250 @@ describe("the tally command", function()
     assert.equal(0, code)
     local want = "tally " .. tally.version .. " (" .. _VERSION .. "."
     assert.equal(want, out:sub(1, #want))
+  end)
+
+  it("has --help, help COMMAND and COMMAND --help", function()
+    local out, err, code = run("--help")
+    assert.equal(0, code, err)
+    assert.matches("^usage: tally %[options%] %[script %[args%.%.%.%]%]\n", out)
+    for _, c in ipairs({ "ls", "get", "incr", "export", "import", "info", "watch", "help" }) do
+      assert.matches("\n  " .. c .. " ", out)
+      local a = run("help", c)
+      local b, _, bcode = run(c, "--help")
+      assert.equal(0, bcode)
+      assert.matches("^usage: tally " .. c .. " ", a)
+      assert.equal(a, b)
+    end
+    out, err, code = run("-h")
+    assert.equal(0, code)
+    assert.matches("^usage: tally ", out)
+    out, err, code = run("run", "--help")
+    assert.equal(0, code, err)
+    assert.matches("^usage: tally run ", out)
+    out, err, code = run("help", "nope")
+    assert.equal(2, code)
+    assert.matches("^tally help: no command 'nope'", err)
+  end)
+
+  it("says so, with status 2, for an unknown command or option", function()
+    local out, err, code = run("lss", "x")
+    assert.equal(2, code)
+    assert.equal("", out)
+    assert.equal("tally: 'lss' is neither a command nor a script file (did you mean 'ls'?)\n"
+                 .. "Run 'tally help' for the commands.\n", err)
+    out, err, code = run("--bogus")
+    assert.equal(2, code)
+    assert.equal("tally: unrecognized option '--bogus' (see 'tally --help')\n", err)
+    out, err, code = run("ls", helper.tmpfile(), "--jsno")
+    assert.equal(2, code)
+    assert.equal("tally ls: unknown option '--jsno'\nusage: tally ls STORE [pattern] [--json]"
+                 .. "   ('tally help ls' for more)\n", err)
+    out, err, code = run("get", helper.tmpfile())
+    assert.equal(2, code)
+    assert.matches("^tally get: missing counter name\n", err)
+    out, err, code = run("get", "a", "b", "c")
+    assert.equal(2, code)
+    assert.matches("^tally get: unexpected argument 'c'\n", err)
+    out, err, code = run("incr", helper.tmpfile(), "x", "1.5")
+    assert.equal(2, code)
+    assert.matches("^tally incr: n must be an integer, got '1%.5'\n", err)
+    out, err, code = run("watch", helper.tmpfile(), "--interval", "0")
+    assert.equal(2, code)
+    assert.matches("^tally watch: %-%-interval must be seconds from 0%.1 to 3600, got '0'\n", err)
+  end)
+end)
+
+describe("tally inspection commands", function()
+  local path
+
+  before_each(function()
+    path = helper.tmpfile()
+    local db = assert(tally.open("file:" .. path))
+    db:counter("post:1:likes", { shards = 4 }):add_shard(2, 7)
+    db:counter("post:2:likes", { shards = 2, policy = "random" }):add_shard(1, 9007199254740993)
+    db:incr("views", 3)
+    db:close()
+  end)
+
+  it("never create a missing store, and say so", function()
+    local missing = helper.tmpfile()
+    for _, cmd in ipairs({ { "ls" }, { "get", "x" }, { "export" }, { "info" }, { "watch" },
+                           { "incr", "x" } }) do
+      local out, err, code = run(cmd[1], missing, table.unpack(cmd, 2))
+      assert.equal(1, code, cmd[1])
+      assert.equal("", out)
+      assert.matches("^tally " .. cmd[1] .. ": no store at " .. missing:gsub("%p", "%%%0"), err)
+      assert.is_false(exists(missing), cmd[1])
+    end
+    local junk = helper.tmpfile("junk")
+    helper.write(junk, "not a store at all")
+    local _, err, code = run("ls", junk)
+    assert.equal(1, code)
+    assert.equal("tally ls: " .. junk .. ": not a tally store (bad magic)\n", err)
+    _, err, code = run("ls", "memory")
+    assert.equal(1, code)
+    assert.matches("^tally ls: 'memory' is a store of one process", err)
+  end)
+
+  it("ls: an aligned table, sorted by name, with a pattern", function()
+    local out, err, code = run("ls", path)
+    assert.equal(0, code, err)
+    assert.equal(
+      "NAME                     VALUE  SHARDS  POLICY  ROLLED AT            RATE/S\n" ..
+      "post:1:likes                 7       4  thread  -                         -\n" ..
+      "post:2:likes  9007199254740993       2  random  -                         -\n" ..
+      "views                        3      16  thread  -                         -\n", out)
+    out, err, code = run("ls", "file:" .. path, "post:*")
+    assert.equal(0, code, err)
+    assert.equal(3, select(2, out:gsub("\n", "")))
+    out, err, code = run("ls", path, "nothing*")
+    assert.equal(0, code)
+    assert.equal("", out)
+    assert.equal("tally ls: no counter matches 'nothing*'\n", err)
+  end)
+
+  it("ls: the last rollup's time and rate", function()
+    local db = assert(tally.open("file:" .. path))
+    db:rollup("views", { every = 10 })
+    db:tick(1700000000)
+    db:incr("views", 20)
+    db:tick(1700000010)
+    db:close()
+    local out, err, code = run("ls", path, "views")
+    assert.equal(0, code, err)
+    local when = os.date("%Y-%m-%d %H:%M:%S", 1700000010)
+    assert.equal("NAME   VALUE  SHARDS  POLICY  ROLLED AT            RATE/S\n"
+                 .. "views     23      16  thread  " .. when .. "       2\n", out)
+    out = run("ls", path, "views", "--json")
+    assert.equal('[\n{"name":"views","value":23,"shards":16,"policy":"thread","rolled":'
+                 .. '{"value":23,"at":1700000010.000,"delta":20,"rate":2,"count":2}}\n]\n', out)
+  end)
+
+  it("ls --json: exact integers, one counter per line", function()
+    local out, err, code = run("ls", path, "--json")
+    assert.equal(0, code, err)
+    assert.equal('[\n'
+      .. '{"name":"post:1:likes","value":7,"shards":4,"policy":"thread","rolled":null},\n'
+      .. '{"name":"post:2:likes","value":9007199254740993,"shards":2,"policy":"random","rolled":null},\n'
+      .. '{"name":"views","value":3,"shards":16,"policy":"thread","rolled":null}\n]\n', out)
+    local doc = require("cjson").decode(out)
+    assert.equal(3, #doc)
+    out = run("ls", path, "none", "--json")
+    assert.equal("[]\n", out)
+  end)
+
+  it("get: the exact value, or each shard", function()
+    local out, err, code = run("get", path, "post:2:likes")
+    assert.equal(0, code, err)
+    assert.equal("9007199254740993\n", out)
+    out = run("get", path, "post:1:likes", "--shards")
+    assert.equal("0\n7\n0\n0\n", out)
+    out, err, code = run("get", path, "nope")
+    assert.equal(1, code)
+    assert.equal("", out)
+    assert.equal("tally get: no such counter 'nope'\n", err)
+  end)
+
+  it("incr: adds 1 or n (negative too), creating the counter, and prints the value", function()
+    assert.equal("4\n", (run("incr", path, "views")))
+    assert.equal("14\n", (run("incr", path, "views", "10")))
+    assert.equal("9\n", (run("incr", path, "views", "-5")))
+    assert.equal("1\n", (run("incr", path, "fresh")))
+    local db = assert(tally.open("file:" .. path))
+    assert.equal(9, db:value("views"))
+    assert.equal(1, db:value("fresh"))
+    db:close()
+    db = assert(tally.open("file:" .. path))
+    db:counter("by-user", { policy = "key" })
+    db:close()
+    local out, err, code = run("incr", path, "by-user", "2")
+    assert.equal(1, code)
+    assert.equal("tally incr: key expected for a counter with the key policy\n", err)
+    assert.equal("2\n", (run("incr", path, "by-user", "2", "--key", "alice")))
+    local made = helper.tmpfile()
+    out, err, code = run("incr", made, "a", "--create")
+    assert.equal(0, code, err)
+    assert.equal("1\n", out)
+    assert.is_true(exists(made))
+  end)
+
+  it("export and import: a round trip through files and stdin, replace and add", function()
+    local json = helper.tmpfile("export.json")
+    local out, err, code = run("export", path)
+    assert.equal(0, code, err)
+    local db = assert(tally.open("file:" .. path))
+    assert.equal(db:export(), out)
+    db:close()
+    helper.write(json, out)
+    local copy = helper.tmpfile()
+    out, err, code = run("import", copy, json)
+    assert.equal(1, code)
+    assert.matches("^tally import: no store at .*; %-%-create makes one%)\n$", err)
+    out, err, code = run("import", copy, json, "--create")
+    assert.equal(0, code, err)
+    assert.equal("imported 3 counters into " .. copy .. " (replaced)\n", out)
+    assert.equal("", err)
+    assert.equal(slurp(json), (run("export", copy)))
+    -- from stdin, adding
+    out, code = helper.sh(q(helper.bin) .. " import " .. q(copy) .. " - --add < " .. q(json))
+    assert.equal(0, code, out)
+    assert.equal("imported 3 counters into " .. copy .. " (added)\n", out)
+    assert.equal("6\n", (run("get", copy, "views")))
+    assert.equal("14\n", (run("get", copy, "post:1:likes")))
+    -- a pattern
+    out = run("export", copy, "views")
+    assert.equal('{"counters":{\n"views":', out:sub(1, 22))
+  end)
+
+  it("import: a bad document changes nothing and is reported without a traceback", function()
+    local bad = helper.tmpfile("bad.json")
+    helper.write(bad, '{"counters":{"views":{"num_shards":16,"shards":{"0":{"count":1.5}}}}}')
+    local out, err, code = run("import", path, bad)
+    assert.equal(1, code)
+    assert.equal("", out)
+    assert.equal("tally import: counter 'views': num_shards is 16 but 1 shards are given\n", err)
+    helper.write(bad, "{ nope")
+    out, err, code = run("import", path, bad)
+    assert.equal(1, code)
+    assert.matches("^tally import: malformed JSON: ", err)
+    assert.not_matches("traceback", err)
+    out, err, code = run("import", path, helper.tmpfile("missing.json"))
+    assert.equal(1, code)
+    assert.matches("^tally import: cannot read .*missing%.json: No such file or directory\n$", err)
+    assert.equal("3\n", (run("get", path, "views")))
+  end)
+
+  it("info: what an operator needs, as text and JSON", function()
+    local out, err, code = run("info", path)
+    assert.equal(0, code, err)
+    assert.matches("^store      file:" .. path:gsub("%p", "%%%0") .. "\n", out)
+    assert.matches("\nformat     2\n", out)
+    assert.matches("\ncounters   3\n", out)
+    assert.matches("\nfile size  [%d.]+ [KMG]?i?B %(%d+ bytes%)\n", out)
+    assert.matches("\nused       [%d.]+ [KMG]?i?B; [%d.]+ [KMG]?i?B free inside the file\n", out)
+    assert.matches("\ncan grow   by [%d.]+ GiB more %(limit 32%.0 GiB%); [%d.]+ [KMGT]?i?B free on the file system\n", out)
+    assert.matches("\nretired    0 B ", out)
+    assert.matches("\nwriters    1 thread ticket drawn\n", out)  -- this process's db:incr
+    assert.matches("\nrollups    none\n$", out)
+    out, err, code = run("info", path, "--json", "--check")
+    assert.equal(0, code, err)
+    local doc = require("cjson").decode(out)
+    local db = assert(tally.open("file:" .. path))
+    local st = db:stats()
+    db:close()
+    assert.same({ store = "file:" .. path, format = 2, counters = 3, file_bytes = st.file_bytes,
+                  used_bytes = st.used_bytes, free_bytes = st.file_bytes - st.used_bytes,
+                  max_bytes = 32 * 2^30, fs_avail_bytes = doc.fs_avail_bytes,
+                  retired_bytes = 0, writers = 1, rollups = false, check = "ok" }, doc)
+    assert.is_true(doc.fs_avail_bytes > 0)
+  end)
+
+  it("watch: needs a terminal", function()
+    local out, err, code = run("watch", path)
+    assert.equal(1, code)
+    assert.equal("", out)
+    assert.equal("tally watch: needs a terminal (stdout is not one); 'tally ls' lists the "
+                 .. "counters once\n", err)
   end)
 end)
 

@@ -131,14 +131,16 @@ describe("tally.format", function()
     end)
 
     it("escapes tag values and the measurement as line protocol requires", function()
-      assert.equal("my\\ m\\,x=y,name=a\\ b\\,c\\=d\\\\ value=1i\n",
-                   format.influx({ { name = "a b,c=d\\", value = 1 } }, { measurement = "my m,x=y" }))
+      assert.equal("my\\ m\\,x=y,name=a\\ b\\,c\\=d\\e value=1i\n",
+                   format.influx({ { name = "a b,c=d\\e", value = 1 } }, { measurement = "my m,x=y" }))
       assert.equal("tally,name=q\"uote✓ value=1i\n", format.influx({ { name = 'q"uote✓', value = 1 } }))
     end)
 
     it("raises on what line protocol cannot carry, and on bad options", function()
       assert.equal("bad argument #1 to 'influx' (records[1].name 'a\nb' has a newline, which line protocol cannot carry in a tag)",
                    err(format.influx, { { name = "a\nb", value = 1 } }))
+      assert.equal("bad argument #1 to 'influx' (records[1].name 'a\\' ends in a backslash, which line protocol cannot carry in a tag)",
+                   err(format.influx, { { name = "a\\", value = 1 } }))
       assert.equal("bad argument #2 to 'influx' (precision must be 's', 'ms', 'u', 'ns', 'm' or 'h', got 'd')",
                    err(format.influx, { rec }, { precision = "d" }))
       assert.equal("bad argument #2 to 'influx' (unknown option 'db')",

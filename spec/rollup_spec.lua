@@ -33,6 +33,7 @@ describe("db:rollup", function()
       assert.is_string(msg)
       assert.matches(case[2], msg)
     end
+    assert.matches("sinks must be a list, got number", helper.err(db.rollup, db, "x", { every = 1, sinks = 5 }))
     assert.matches("pattern string expected", helper.err(db.rollup, db, "", { every = 1 }))
     assert.matches("options table expected", helper.err(db.rollup, db, "x"))
     local nine = {}
@@ -47,7 +48,7 @@ describe("db:rollup", function()
     db:rollup("post:*:likes", { every = 10 })
     assert.is_nil(c:rolled())
     assert.same({ { pattern = "post:*:likes", every = 10, status = "ran",
-                    period = T0 // 10, counters = 1 } }, db:tick(T0))
+                    period = T0 // 10, counters = 1, skipped = 0 } }, db:tick(T0))
     assert.same({ value = 10, at = T0, delta = 0, rate = 0.0, count = 1 }, c:rolled())
     c:incr(25)
     assert.same({}, db:tick(T0 + 9.5))        -- same period: nothing due
@@ -106,6 +107,8 @@ describe("db:rollup", function()
     assert.equal(5, #c:history("1m"))
     assert.matches("resolution like '1m'", helper.err(c.history, c, "soon"))
     assert.matches("resolution like '1m'", helper.err(c.history, c, 0))
+    assert.matches("resolution like '1m'", helper.err(c.history, c, 1e20))
+    assert.matches("resolution like '1m'", helper.err(c.history, c, "99999999999999999999s"))
     local none, msg = c:history("1h")
     assert.is_nil(none)
     assert.matches("no history at 3600 s", msg)
@@ -147,6 +150,39 @@ describe("db:rollup", function()
     assert.equal(1, slow:stats().runs)
   end)
 
+  it("refuses a second schedule of the same pattern and period on one handle", function()
+    db:rollup("d:*", { every = 5, keep = { "10x1s" } })
+    assert.matches("a schedule for 'd:%*' every 5 s already exists",
+                   helper.err(db.rollup, db, "d:*", { every = 5, keep = { "10x1m" } }))
+    db:rollup("d:*", { every = 6 })   -- another period is another schedule
+    assert.equal(2, #db:schedules())
+  end)
+
+  it("still rolls a counter whose schedules would give it more than 8 resolutions", function()
+    local c = db:counter("many")
+    local keep1, keep2 = {}, {}
+    for i = 1, 5 do keep1[i] = "10x" .. i .. "s" end
+    for i = 1, 5 do keep2[i] = "10x" .. (10 + i) .. "s" end
+    db:rollup("many", { every = 1, keep = keep1 })
+    db:rollup("m*", { every = 2, keep = keep2 })
+    local done = db:tick(T0)
+    assert.equal(2, #done)
+    for _, d in ipairs(done) do assert.equal("ran", d.status) end
+    assert.equal(2, c:rolled().count)
+    assert.equal(5, #c:keeps())
+  end)
+
+  it("skips and counts a counter whose value leaves int64, and rolls the others", function()
+    local big, ok = db:counter("r:big", { shards = 4, policy = "round_robin" }), db:counter("r:ok")
+    for _ = 1, 4 do big:incr((1 << 62) - 1) end   -- the shards sum past int64
+    ok:incr(1)
+    db:rollup("r:*", { every = 1 })
+    local d = db:tick(T0)[1]
+    assert.same({ "ran", 1, 1 }, { d.status, d.counters, d.skipped })
+    assert.equal(1, ok:rolled().value)
+    assert.is_nil(big:rolled())
+  end)
+
   it("bounds history memory by keep, and spends none on counters no schedule covers", function()
     for i = 1, 100 do db:counter("cold:" .. i) end
     db:rollup("hot:*", { every = 1, keep = { "60x1s", "60x1m", "24x1h" } })
@@ -160,7 +196,7 @@ describe("db:rollup", function()
     -- 64 bytes of record, 16 per ring, 8 per bucket (+ alignment)
     assert.is_true(per >= 64 + 3 * 16 + 144 * 8, tostring(per))
     assert.is_true(per <= 64 + 3 * 16 + 144 * 8 + 64, tostring(per))
-    assert.is_true(table_bytes < 16384, tostring(table_bytes))
+    assert.is_true(table_bytes <= 64 * 258, tostring(table_bytes))  -- 256 schedule slots
     for t = 2, 500 do db:tick(T0 + t) end
     assert.equal(before + 100 * per, db:stats().used_bytes)  -- no growth with time
   end)
@@ -359,6 +395,11 @@ describe("rollups in a file store", function()
     local t = tally.now()
     local done = db:tick(T0 + 1)     -- same period: it finishes what the dead one began
     assert.is_true(tally.now() - t < 5)
+    if #done == 0 then  -- killed after its run, before it printed: nothing to finish
+      db:close()
+      pending("the child finished its run before it was killed; the machine is fast")
+      return
+    end
     assert.equal("ran", done[1].status)
     assert.is_true(done[1].counters > 0 and done[1].counters < N,
                    "the dead holder had rolled some counters: " .. done[1].counters)

@@ -46,6 +46,23 @@ describe("a function sink", function()
     db:close()
   end)
 
+  it("gets its own copy of each record, and a sink that raises never stops a tick", function()
+    local db = assert(tally.open())
+    local path = helper.tmpfile("copies.jsonl")
+    local broken = { push = function() error("broken sink") end, pump = function() end,
+                     flush = function() return true end,
+                     stats = function(self) return tally.sink.with_lost(self, { sent = 0 }) end }
+    db:rollup("c:*", { every = 1, sinks = {
+      function(r) r.value = -1 end, broken, tally.sink.file(path) } })
+    db:incr("c:1", 7)
+    assert.equal("ran", db:tick(T0)[1].status)
+    assert.equal(7, cjson.decode(io.lines(path)()).value)
+    local st = db:schedules()[1]:stats().sinks[2]
+    assert.equal(1, st.dropped)
+    assert.matches("broken sink", st.last_error)
+    db:close()
+  end)
+
   it("drops the oldest records past max_queue, and counts them", function()
     local db = assert(tally.open())
     local s = tally.sink.fn(function() error("down") end, { max_queue = 3 })
@@ -247,6 +264,70 @@ describe("HTTP sinks", function()
       assert.is_true(st.dropped >= 5, tostring(st.dropped))
     end)
     hook.control(200, 0)
+  end)
+
+  it("push every counter to a Pushgateway in one body per tick, however many", function()
+    local db = assert(tally.open())
+    local s = tally.sink.http { url = pg.url .. "/metrics/job/many", format = "prometheus", batch = 10 }
+    db:rollup("n:*", { every = 1, sinks = { s } })
+    for i = 1, 25 do db:incr("n:" .. i, i) end
+    db:tick(T0)
+    assert.is_true(db:flush(5))
+    assert.equal(1, s:stats().requests)
+    local _, body = peers.http("GET", pg.url .. "/metrics")
+    local n = 0
+    for _ in body:gmatch('tally_value{counter="n:%d+",instance="",job="many"}') do n = n + 1 end
+    assert.equal(25, n)
+    db:close()
+  end)
+
+  it("drop and count a record line protocol cannot carry, and send the rest", function()
+    local db = assert(tally.open())
+    local s = tally.sink.http { url = ix.url .. "/write?db=tally_spec&precision=s", format = "influx",
+                                measurement = "esc" }
+    db:rollup("e:*", { every = 1, sinks = { s } })
+    db:incr("e:ok\\x", 3)     -- a backslash inside a tag is kept as it is
+    db:incr("e:bad\\", 4)     -- at the end it would escape the separator
+    assert.equal("ran", db:tick(T0)[1].status)
+    assert.is_true(db:flush(5))
+    local st = s:stats()
+    assert.same({ 1, 1, 0 }, { st.sent, st.dropped, st.failures - 1 })
+    assert.matches("ends in a backslash", st.last_error)
+    local q = peers.urlencode([[SELECT "value" FROM "esc"]])
+    local _, body = peers.http("GET", ix.url .. "/query?db=tally_spec&q=" .. q)
+    assert.truthy(body:find('"value"]],"values":[["', 1, true) or body:find("3", 1, true), body)
+    q = peers.urlencode([[SHOW TAG VALUES FROM "esc" WITH KEY = "name"]])
+    _, body = peers.http("GET", ix.url .. "/query?db=tally_spec&q=" .. q)
+    assert.same({ { "name", "e:ok\\x" } }, cjson.decode(body).results[1].series[1].values)
+    db:close()
+  end)
+
+  it("that refuses a body (4xx): dropped and counted as rejected, never retried", function()
+    hook.control(400, 0)
+    local db = assert(tally.open())
+    local s = tally.sink.http { url = hook.url .. "/refused", format = "json" }
+    db:rollup("z:*", { every = 1, sinks = { s } })
+    db:incr("z:1")
+    db:tick(T0)
+    assert.is_true(db:flush(5))
+    hook.control(200, 0)
+    db:tick(T0 + 1)
+    assert.is_true(db:flush(5))
+    local st = s:stats()
+    assert.same({ 1, 1, 1, 0 }, { st.sent, st.rejected, st.dropped, st.queued })
+    db:close()
+  end)
+
+  it("closed, count what they are given as dropped, and the tick goes on", function()
+    local db = assert(tally.open())
+    local s = tally.sink.http { url = hook.url .. "/closed", format = "json" }
+    db:rollup("k:*", { every = 1, sinks = { s } })
+    db:incr("k:1")
+    s:close()
+    assert.equal("ran", db:tick(T0)[1].status)
+    assert.is_true(db:flush(1))
+    assert.equal(1, s:stats().dropped)
+    db:close()
   end)
 
   it("examples/rollup_to_pushgateway.lua pushes its posts as likes_total", function()

@@ -4,7 +4,7 @@
  *
  *   core.schedule(db, pattern, every_s, rings) -> schedule handle
  *       rings: { { res_s, len }, ... }
- *   sched:tick(now_s, collect) -> status, period, counters [, records]
+ *   sched:tick(now_s, collect) -> status, period, counters, records|nil, skipped
  *   c:rolled() -> { value, at, delta, rate, count } or nil
  *   c:_history(res_s) -> { { t =, v = }, ... } or nil, message, code
  *   c:_rings() -> { { res_s, len }, ... } or nil
@@ -37,7 +37,7 @@ static int64_t tl_checkms(lua_State *L, int arg, const char *what) {
 }
 
 static void tl_setint(lua_State *L, const char *k, int64_t v) {
-  lua_pushinteger(L, (lua_Integer)v);
+  tl_pushint64(L, v);
   lua_setfield(L, -2, k);
 }
 
@@ -55,7 +55,7 @@ static void tl_pushrecord(lua_State *L, const tally_rollup *r) {
 /* ---- schedules -------------------------------------------------------------------- */
 
 static tl_schedule *tl_checkschedule(lua_State *L) {
-  tl_schedule *u = (tl_schedule *)luaL_checkudata(L, 1, TL_SCHEDULE_MT);
+  tl_schedule *u = (tl_schedule *)tl_checkudata(L, 1, TL_SCHEDULE_MT);
   if (u->sch == NULL) luaL_error(L, "attempt to use a freed schedule");
   if (u->db->store == NULL) luaL_error(L, "attempt to use a closed store");
   return u;
@@ -64,7 +64,7 @@ static tl_schedule *tl_checkschedule(lua_State *L) {
 /* An integer for a uint32_t field; out-of-range values become 0, which the
  * core refuses with its own message. */
 static uint32_t tl_checku32(lua_State *L, int idx) {
-  lua_Integer v = luaL_checkinteger(L, idx);
+  lua_Integer v = tl_checkinteger(L, idx);
   return v < 1 || v > (lua_Integer)UINT32_MAX ? 0u : (uint32_t)v;
 }
 
@@ -97,12 +97,12 @@ static int tl_schedule_new(lua_State *L) {
   if (!(every > 0 && every <= 366.0 * 86400))
     return luaL_error(L, "every must be a number of seconds, more than 0 and "
                       "at most 366 days");
-  u = (tl_schedule *)lua_newuserdata(L, sizeof *u);
+  u = (tl_schedule *)tl_newud(L, sizeof *u, 1);
   u->sch = NULL;
   u->db = d;
   luaL_setmetatable(L, TL_SCHEDULE_MT);
   lua_pushvalue(L, 1);
-  lua_setuservalue(L, -2);  /* the store handle outlives its schedules */
+  tl_setuv(L, -2, 1);  /* the store handle outlives its schedules */
   every_ms = (int64_t)llround(every * 1000.0);
   rc = tally_schedule_new(d->store, pattern, plen, every_ms > 0 ? every_ms : 1,
                           rings, n, &u->sch);
@@ -111,7 +111,7 @@ static int tl_schedule_new(lua_State *L) {
 }
 
 static int tl_schedule_free(lua_State *L) {
-  tl_schedule *u = (tl_schedule *)luaL_checkudata(L, 1, TL_SCHEDULE_MT);
+  tl_schedule *u = (tl_schedule *)tl_checkudata(L, 1, TL_SCHEDULE_MT);
   tally_schedule_free(u->sch);
   u->sch = NULL;
   return 0;
@@ -147,7 +147,7 @@ static void tl_gather_one(void *ud, const char *name, size_t len,
 
 static const char *const tl_tick_status[] = { "ran", "not_due", "busy", "lost" };
 
-/* sched:tick(now_s, collect) -> status, period, counters [, records] */
+/* sched:tick(now_s, collect) -> status, period, counters, records or nil, skipped */
 static int tl_schedule_tick(lua_State *L) {
   tl_schedule *u = tl_checkschedule(L);
   int64_t now = tl_checkms(L, 2, "now");
@@ -163,10 +163,21 @@ static int tl_schedule_tick(lua_State *L) {
   lua_pushstring(L, tl_tick_status[res.status]);
   lua_pushinteger(L, (lua_Integer)res.period);
   lua_pushinteger(L, (lua_Integer)res.counters);
-  if (!collect) return 3;
+  if (!collect) {
+    lua_pushnil(L);
+    lua_pushinteger(L, (lua_Integer)res.skipped);
+    return 5;
+  }
   if (g.nomem) {
     free(g.v);
     return luaL_error(L, "out of memory gathering rollup records");
+  }
+  for (i = 0; i < g.n; i++) {  /* under LuaJIT: no raise while g.v is held */
+    if (!tl_canpush(L, g.v[i].r.value) || !tl_canpush(L, g.v[i].r.delta)) {
+      free(g.v);
+      g.v = NULL;
+      tl_pushint64(L, INT64_MAX);  /* raises: no int64_t box registered */
+    }
   }
   lua_createtable(L, (int)g.n, 0);
   for (i = 0; i < g.n; i++) {
@@ -176,7 +187,8 @@ static int tl_schedule_tick(lua_State *L) {
     lua_rawseti(L, -2, (lua_Integer)i + 1);
   }
   free(g.v);
-  return 4;
+  lua_pushinteger(L, (lua_Integer)res.skipped);
+  return 5;
 }
 
 /* ---- counter methods ------------------------------------------------------------- */
@@ -196,7 +208,7 @@ static int tl_counter_rolled(lua_State *L) {
 
 static int tl_counter_history(lua_State *L) {
   tl_counter *h = tl_checkcounter(L, 1);
-  lua_Integer res = luaL_checkinteger(L, 2);
+  lua_Integer res = tl_checkinteger(L, 2);
   tally_bucket stackbuf[256], *buf = stackbuf;
   uint32_t n = 0, cap = 256, i;
   int rc;
@@ -213,6 +225,13 @@ static int tl_counter_history(lua_State *L) {
   if (rc < 0) {
     if (buf != stackbuf) free(buf);
     return tl_fail(L, rc);
+  }
+  for (i = 0; i < n; i++) {  /* under LuaJIT: no raise while buf is held */
+    if (!tl_canpush(L, buf[i].value)) {
+      int64_t v = buf[i].value;
+      if (buf != stackbuf) free(buf);
+      tl_pushint64(L, v);  /* raises: no int64_t box registered */
+    }
   }
   lua_createtable(L, (int)n, 0);
   for (i = 0; i < n; i++) {
@@ -302,6 +321,10 @@ void tl_rollup_register(lua_State *L) {
   if (luaL_newmetatable(L, TL_SCHEDULE_MT)) {
     lua_pushcfunction(L, tl_schedule_free);
     lua_setfield(L, -2, "__gc");
+#if TL_LUAJIT
+    lua_pushliteral(L, TL_SCHEDULE_MT);  /* 5.4's luaL_newmetatable does it */
+    lua_setfield(L, -2, "__name");
+#endif
     lua_newtable(L);
     luaL_setfuncs(L, tl_schedule_methods, 0);
     lua_setfield(L, -2, "__index");

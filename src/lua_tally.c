@@ -11,10 +11,11 @@
  *
  * Hot paths (c:incr, db:incr) trust the first argument after one cheap check
  * (a salted self-pointer, which also tells the two handle types apart) and
- * fall back to luaL_checkudata only to raise the proper error. Misuse raises
+ * fall back to tl_checkudata only to raise the proper error. Misuse raises
  * luaL_argerror-style errors; failures of the environment return
  * nil, message, code name. A closed handle sets its C pointer to NULL.
  */
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,6 +23,9 @@
 
 #include "lua_tally.h"
 #include "lua_sender.h"
+#if TL_LUAJIT
+#include <dlfcn.h>  /* dladdr: core._ffi_info().path */
+#endif
 
 #if defined(__GNUC__)
 #define TL_LIKELY(x) __builtin_expect(!!(x), 1)
@@ -36,42 +40,6 @@
 static const char *const tl_policy_names[] = {
   "thread", "random", "round_robin", "key", NULL
 };
-
-/* ---- Lua version compatibility ------------------------------------------ */
-
-#if LUA_VERSION_NUM >= 504
-#define tl_newud(L, sz, nuv) lua_newuserdatauv((L), (sz), (nuv))
-#define tl_getuv(L, idx, n) ((void)lua_getiuservalue((L), (idx), (n)))
-#define tl_setuv(L, idx, n) ((void)lua_setiuservalue((L), (idx), (n)))
-#else
-/* One table as the user value (fenv on 5.1/LuaJIT) holds the n slots. */
-#if LUA_VERSION_NUM >= 502
-#define tl_getenv_(L, idx) lua_getuservalue((L), (idx))
-#define tl_setenv_(L, idx) lua_setuservalue((L), (idx))
-#else
-#define tl_getenv_(L, idx) lua_getfenv((L), (idx))
-#define tl_setenv_(L, idx) lua_setfenv((L), (idx))
-#define lua_rawlen(L, idx) lua_objlen((L), (idx))
-#endif
-static void *tl_newud(lua_State *L, size_t sz, int nuv) {
-  void *p = lua_newuserdata(L, sz);
-  lua_createtable(L, nuv, 0);
-  tl_setenv_(L, -2);
-  return p;
-}
-static void tl_getuv(lua_State *L, int idx, int n) {
-  tl_getenv_(L, idx);
-  lua_rawgeti(L, -1, n);
-  lua_remove(L, -2);
-}
-static void tl_setuv(lua_State *L, int idx, int n) {  /* pops the value */
-  idx = lua_absindex(L, idx);
-  tl_getenv_(L, idx);
-  lua_insert(L, -2);
-  lua_rawseti(L, -2, n);
-  lua_pop(L, 1);
-}
-#endif
 
 /* ---- small helpers --------------------------------------------------------- */
 
@@ -91,8 +59,8 @@ static const char *tl_describe(lua_State *L, int idx) {
 
 static int tl_typeerror(lua_State *L, int arg, const char *tname) {
   const char *got;
-  if (luaL_getmetafield(L, arg, "__name") == LUA_TSTRING)
-    got = lua_tostring(L, -1);
+  if (luaL_getmetafield(L, arg, "__name") != 0 && lua_type(L, -1) == LUA_TSTRING)
+    got = lua_tostring(L, -1);  /* (5.1's returns 1 when found, 5.4's the type) */
   else if (lua_type(L, arg) == LUA_TLIGHTUSERDATA)
     got = "light userdata";
   else
@@ -142,7 +110,7 @@ static const char *tl_checkname(lua_State *L, int arg, size_t *len,
 static uint32_t tl_checkshards(lua_State *L, int vidx, int arg) {
   lua_Integer n = 0;
   int isnum = 0;
-  if (lua_type(L, vidx) == LUA_TNUMBER) n = lua_tointegerx(L, vidx, &isnum);
+  if (lua_type(L, vidx) == LUA_TNUMBER) n = tl_tointx(L, vidx, &isnum);
   if (!isnum || n < 1 || n > TALLY_MAX_SHARDS)
     luaL_argerror(L, arg, lua_pushfstring(L,
         "shards must be an integer from 1 to %d, got %s",
@@ -196,8 +164,14 @@ static void tl_checkcounteropts(lua_State *L, int arg, tally_counter_options *o)
 
 /* ---- handles ----------------------------------------------------------------- */
 
+void *tl_checkudata(lua_State *L, int idx, const char *tname) {
+  void *p = luaL_testudata(L, idx, tname);
+  if (p == NULL) tl_typeerror(L, idx, tname);  /* as luaL_checkudata in 5.4 */
+  return p;
+}
+
 tl_store *tl_checkstore(lua_State *L, int idx) {
-  tl_store *d = (tl_store *)luaL_checkudata(L, idx, TL_STORE_MT);
+  tl_store *d = (tl_store *)tl_checkudata(L, idx, TL_STORE_MT);
   if (d->store == NULL) luaL_error(L, "attempt to use a closed store");
   return d;
 }
@@ -213,7 +187,7 @@ static tl_store *tl_tostore(lua_State *L) {
 }
 
 tl_counter *tl_checkcounter(lua_State *L, int idx) {
-  tl_counter *h = (tl_counter *)luaL_checkudata(L, idx, TL_COUNTER_MT);
+  tl_counter *h = (tl_counter *)tl_checkudata(L, idx, TL_COUNTER_MT);
   if (h->db->store == NULL) luaL_error(L, "attempt to use a closed store");
   if (h->c == NULL) luaL_error(L, "attempt to use a closed counter");
   return h;
@@ -317,9 +291,101 @@ static int tl_counter_push(lua_State *L, int dbidx, const char *name, size_t len
 
 /* ---- increments -------------------------------------------------------------- */
 
-static lua_Integer tl_checkdelta(lua_State *L, int arg) {
+#if TL_LUAJIT
+/* ---- LuaJIT: 64-bit integers as cdata ------------------------------------------
+ * Two Lua functions, registered by the Lua side with core.set_box(box,
+ * unbox) (lua/tally/compat.lua), cross between int64_t and cdata:
+ * box(hi, lo) -> int64_t cdata of the bits hi * 2^32 + lo (both numbers
+ * in [0, 2^32)); unbox(x) -> hi, lo for an int64_t or uint64_t cdata, or
+ * nil and the reason. */
+#define TL_BOX_KEY "tally.box"
+#define TL_UNBOX_KEY "tally.unbox"
+
+static int tl_exact(int64_t v) {
+  return v >= -(int64_t)TL_EXACT && v <= (int64_t)TL_EXACT;
+}
+
+int tl_canpush(lua_State *L, int64_t v) {
+  int ok;
+  if (tl_exact(v)) return 1;
+  lua_getfield(L, LUA_REGISTRYINDEX, TL_BOX_KEY);
+  ok = lua_isfunction(L, -1);
+  lua_pop(L, 1);
+  return ok;
+}
+
+void tl_pushint64(lua_State *L, int64_t v) {
+  uint64_t u = (uint64_t)v;
+  if (tl_exact(v)) {
+    lua_pushnumber(L, (lua_Number)v);
+    return;
+  }
+  lua_getfield(L, LUA_REGISTRYINDEX, TL_BOX_KEY);
+  if (!lua_isfunction(L, -1))
+    luaL_error(L, "a value beyond +-2^53 cannot be returned exactly as a LuaJIT "
+               "number: require \"tally\" (it registers the int64_t box)");
+  lua_pushnumber(L, (lua_Number)(u >> 32));
+  lua_pushnumber(L, (lua_Number)(u & 0xffffffffu));
+  lua_call(L, 2, 1);
+}
+
+/* The int64_t of the cdata at arg, or raise naming argument arg. */
+static int64_t tl_unbox(lua_State *L, int arg) {
+  lua_Number hi, lo;
+  lua_getfield(L, LUA_REGISTRYINDEX, TL_UNBOX_KEY);
+  if (!lua_isfunction(L, -1)) {
+    tl_typeerror(L, arg, "number");
+    return 0;
+  }
+  lua_pushvalue(L, arg);
+  lua_call(L, 1, 2);
+  if (lua_type(L, -2) != LUA_TNUMBER) {
+    if (lua_type(L, -1) == LUA_TSTRING) luaL_argerror(L, arg, lua_tostring(L, -1));
+    tl_typeerror(L, arg, "number");
+  }
+  hi = lua_tonumber(L, -2);
+  lo = lua_tonumber(L, -1);
+  lua_pop(L, 2);
+  return (int64_t)(((uint64_t)hi << 32) | (uint64_t)lo);
+}
+
+/* An integer argument: exact numbers within +-2^53 (and numeric strings,
+ * as Lua 5.4 takes them), int64_t and uint64_t cdata. */
+static int64_t tl_checkint64(lua_State *L, int arg) {
+  int isnum;
+  lua_Number d;
+  lua_Integer n = tl_tointx(L, arg, &isnum);
+  if (isnum) return n;
+  if (lua_type(L, arg) == TL_TCDATA) return tl_unbox(L, arg);
+  if (!lua_isnumber(L, arg)) tl_typeerror(L, arg, "number");
+  d = lua_tonumber(L, arg);
+  if ((d > TL_EXACT || d < -TL_EXACT) && d - d == 0)  /* finite: an integer */
+    luaL_argerror(L, arg, "integer beyond +-2^53 is not exact as a LuaJIT number "
+                  "(pass an int64_t cdata)");
+  luaL_argerror(L, arg, "number has no integer representation");
+  return 0;
+}
+
+lua_Integer tl_checkinteger(lua_State *L, int arg) {
+  return (lua_Integer)tl_checkint64(L, arg);
+}
+
+static int tl_set_box(lua_State *L) {
+  luaL_checktype(L, 1, LUA_TFUNCTION);
+  luaL_checktype(L, 2, LUA_TFUNCTION);
+  lua_pushvalue(L, 1);
+  lua_setfield(L, LUA_REGISTRYINDEX, TL_BOX_KEY);
+  lua_pushvalue(L, 2);
+  lua_setfield(L, LUA_REGISTRYINDEX, TL_UNBOX_KEY);
+  return 0;
+}
+#else
+#define tl_checkint64(L, arg) luaL_checkinteger((L), (arg))
+#endif
+
+int64_t tl_checkdelta(lua_State *L, int arg) {
   if (lua_isnoneornil(L, arg)) return 1;
-  return luaL_checkinteger(L, arg);  /* raises with the standard message */
+  return tl_checkint64(L, arg);  /* raises with the standard message */
 }
 
 /* Key and function policies: the counter handle is at hidx, the key at kidx. */
@@ -352,7 +418,7 @@ static int tl_incr_policy(lua_State *L, tl_counter *h, int hidx, int kidx,
     lua_call(L, 2, 1);
     if (h->db->store == NULL) luaL_error(L, "attempt to use a closed store");
     if (h->c == NULL) luaL_error(L, "attempt to use a closed counter");
-    s = lua_tointegerx(L, -1, &isnum);
+    s = tl_tointx(L, -1, &isnum);
     if (!isnum || lua_type(L, -1) != LUA_TNUMBER || s < 1 || s > (lua_Integer)info.shards)
       luaL_error(L, "policy function for '%s' returned %s "
                  "(expected an integer from 1 to %d)",
@@ -370,13 +436,13 @@ static int tl_incr_fail(lua_State *L, tl_counter *h, int rc) {
 }
 
 static lua_Integer tl_negate(lua_Integer n) {
-  return (lua_Integer)(0u - (lua_Unsigned)n);  /* no UB on the minimum */
+  return (lua_Integer)(0u - (uint64_t)n);  /* no UB on the minimum */
 }
 
 static int tl_counter_incr_(lua_State *L, int sign) {
   tl_counter *h = tl_tocounter(L);
   int isnum, rc;
-  lua_Integer n = lua_tointegerx(L, 2, &isnum);
+  lua_Integer n = tl_tointx(L, 2, &isnum);
   if (TL_UNLIKELY(!isnum)) n = tl_checkdelta(L, 2);
   if (sign < 0) n = tl_negate(n);
   if (TL_LIKELY(h->policy < TALLY_POLICY_KEY))
@@ -401,7 +467,7 @@ static int tl_counter_value(lua_State *L) {
   if (TL_UNLIKELY(lua_gettop(L) >= 2 && !lua_isnil(L, 2))) return tl_counter_value_opts(L);
   rc = tally_counter_value(h->c, &v);
   if (rc < 0) return tl_incr_fail(L, h, rc);
-  lua_pushinteger(L, (lua_Integer)v);
+  tl_pushint64(L, (int64_t)v);
   return 1;
 }
 
@@ -414,7 +480,7 @@ static int tl_counter_shards(lua_State *L) {
   if (n > TALLY_MAX_SHARDS) n = TALLY_MAX_SHARDS;
   lua_createtable(L, (int)n, 0);
   for (i = 0; i < n; i++) {
-    lua_pushinteger(L, (lua_Integer)vals[i]);
+    tl_pushint64(L, (int64_t)vals[i]);
     lua_rawseti(L, -2, (lua_Integer)i + 1);
   }
   return 1;
@@ -425,7 +491,7 @@ static int tl_counter_reset(lua_State *L) {
   int64_t removed;
   int rc = tally_counter_reset(h->c, &removed);
   if (rc < 0) return tl_incr_fail(L, h, rc);
-  lua_pushinteger(L, (lua_Integer)removed);
+  tl_pushint64(L, (int64_t)removed);
   return 1;
 }
 
@@ -436,7 +502,7 @@ static int tl_counter_add_shard(lua_State *L) {
   tl_counter *h = tl_tocounter(L);
   tally_counter_info info;
   int isnum, rc;
-  lua_Integer i = lua_tointegerx(L, 2, &isnum);
+  lua_Integer i = tl_tointx(L, 2, &isnum);
   lua_Integer n = tl_checkdelta(L, 3);
   rc = tally_counter_info_get(h->c, &info);
   if (rc < 0) return tl_incr_fail(L, h, rc);
@@ -488,13 +554,13 @@ static int tl_counter_store(lua_State *L) {
 }
 
 static int tl_counter_close(lua_State *L) {
-  tl_counter *h = (tl_counter *)luaL_checkudata(L, 1, TL_COUNTER_MT);
+  tl_counter *h = (tl_counter *)tl_checkudata(L, 1, TL_COUNTER_MT);
   tl_counter_release(h);
   return 0;
 }
 
 static int tl_counter_tostring(lua_State *L) {
-  tl_counter *h = (tl_counter *)luaL_checkudata(L, 1, TL_COUNTER_MT);
+  tl_counter *h = (tl_counter *)tl_checkudata(L, 1, TL_COUNTER_MT);
   tally_counter_info info;
   if (h->c == NULL || h->db->store == NULL ||
       tally_counter_info_get(h->c, &info) < 0) {
@@ -555,7 +621,7 @@ static int tl_store_incr_(lua_State *L, int sign) {
   (void)d;
   if (TL_UNLIKELY(lua_type(L, 2) != LUA_TSTRING)) tl_typeerror(L, 2, "string");
   lua_settop(L, 4);               /* db name n key */
-  n = lua_tointegerx(L, 3, &isnum);
+  n = tl_tointx(L, 3, &isnum);
   if (TL_UNLIKELY(!isnum)) n = tl_checkdelta(L, 3);
   if (sign < 0) n = tl_negate(n);
   for (tries = 0;; tries++) {
@@ -611,7 +677,7 @@ static int tl_store_value(lua_State *L) {
     tl_uncache(L);
     lua_settop(L, 2);
   }
-  lua_pushinteger(L, (lua_Integer)v);
+  tl_pushint64(L, (int64_t)v);
   return 1;
 }
 
@@ -734,8 +800,8 @@ static int tl_store_sum(lua_State *L) {
   uint64_t count;
   int rc = tally_store_sum(d->store, pattern, plen, &sum, &count);
   if (rc < 0) return tl_fail(L, rc);
-  lua_pushinteger(L, (lua_Integer)sum);
-  lua_pushinteger(L, (lua_Integer)count);
+  tl_pushint64(L, (int64_t)sum);
+  tl_pushint64(L, (int64_t)count);
   return 2;
 }
 
@@ -786,7 +852,7 @@ static int tl_store_names(lua_State *L) {
   tl_names a = { NULL, NULL, 0, 0 };
   int rc = tally_store_each(d->store, pattern, plen, tl_names_add, &a);
   if (rc == 0) {
-    qsort(a.v, a.n, sizeof(*a.v), tl_names_cmp);
+    if (a.n > 1) qsort(a.v, a.n, sizeof(*a.v), tl_names_cmp);  /* a.v is NULL when empty */
     if (!lua_checkstack(L, 4)) rc = TALLY_ENOMEM;
   }
   if (rc == 0) {
@@ -831,25 +897,25 @@ static int tl_store_stats(lua_State *L) {
   lua_createtable(L, 0, 5);
   lua_pushstring(L, tally_store_kind(d->store));
   lua_setfield(L, -2, "kind");
-  lua_pushinteger(L, (lua_Integer)st.counters);
+  tl_pushint64(L, (int64_t)st.counters);
   lua_setfield(L, -2, "counters");
-  lua_pushinteger(L, (lua_Integer)st.file_bytes);
+  tl_pushint64(L, (int64_t)st.file_bytes);
   lua_setfield(L, -2, "file_bytes");
-  lua_pushinteger(L, (lua_Integer)st.used_bytes);
+  tl_pushint64(L, (int64_t)st.used_bytes);
   lua_setfield(L, -2, "used_bytes");
-  lua_pushinteger(L, (lua_Integer)st.retired_bytes);
+  tl_pushint64(L, (int64_t)st.retired_bytes);
   lua_setfield(L, -2, "retired_bytes");
   return 1;
 }
 
 static int tl_store_close(lua_State *L) {
-  tl_store *d = (tl_store *)luaL_checkudata(L, 1, TL_STORE_MT);
+  tl_store *d = (tl_store *)tl_checkudata(L, 1, TL_STORE_MT);
   tl_store_release(d);
   return 0;
 }
 
 static int tl_store_tostring(lua_State *L) {
-  tl_store *d = (tl_store *)luaL_checkudata(L, 1, TL_STORE_MT);
+  tl_store *d = (tl_store *)tl_checkudata(L, 1, TL_STORE_MT);
   if (d->store == NULL) lua_pushliteral(L, "tally.store (closed)");
   else lua_pushfstring(L, "tally.store (%s)", d->spec);
   return 1;
@@ -878,7 +944,7 @@ static int tl_open(lua_State *L) {
       if (strcmp(k, "mode") == 0) {
         lua_Integer m = 0;
         int isnum = 0;
-        if (lua_type(L, -1) == LUA_TNUMBER) m = lua_tointegerx(L, -1, &isnum);
+        if (lua_type(L, -1) == LUA_TNUMBER) m = tl_tointx(L, -1, &isnum);
         if (!isnum || m < 0 || m > 07777)
           luaL_argerror(L, 2, lua_pushfstring(L,
               "mode must be an integer from 0 to 4095 (permission bits), got %s",
@@ -971,6 +1037,10 @@ static void tl_newclass(lua_State *L, const char *tname, const luaL_Reg *meta,
                         const luaL_Reg *methods) {
   if (luaL_newmetatable(L, tname)) {
     luaL_setfuncs(L, meta, 0);
+#if TL_LUAJIT
+    lua_pushstring(L, tname);             /* 5.4's luaL_newmetatable does it */
+    lua_setfield(L, -2, "__name");
+#endif
     lua_newtable(L);
     luaL_setfuncs(L, methods, 0);
     lua_setfield(L, -2, "__index");
@@ -979,8 +1049,65 @@ static void tl_newclass(lua_State *L, const char *tname, const luaL_Reg *meta,
   lua_remove(L, -2);
 }
 
+#if TL_LUAJIT
+/* ---- LuaJIT: what lua/tally/ffi.lua needs ------------------------------------- */
+
+/* core._store_cache(db) -> the store's weak cache of counter handles by
+ * name (the one db:incr(name) uses), so the FFI path shares it. */
+static int tl_store_cache(lua_State *L) {
+  tl_checkudata(L, 1, TL_STORE_MT);
+  tl_getuv(L, 1, TL_SUV_CACHE);
+  return 1;
+}
+
+/* core._ffi_info() -> { path = the file this module was loaded from,
+ * incr = tally_counter_incr as a light userdata (to check that ffi.load
+ * found this very copy), counter_c / counter_policy / counter_size (the
+ * layout of a counter handle, which the FFI path reads) }. */
+static int tl_ffi_info(lua_State *L) {
+  Dl_info info;
+  lua_createtable(L, 0, 5);
+  if (dladdr((void *)tl_ffi_info, &info) != 0 && info.dli_fname != NULL) {
+    lua_pushstring(L, info.dli_fname);
+    lua_setfield(L, -2, "path");
+  }
+  lua_pushlightuserdata(L, (void *)tally_counter_incr);
+  lua_setfield(L, -2, "incr");
+  lua_pushinteger(L, (lua_Integer)offsetof(tl_counter, c));
+  lua_setfield(L, -2, "counter_c");
+  lua_pushinteger(L, (lua_Integer)offsetof(tl_counter, policy));
+  lua_setfield(L, -2, "counter_policy");
+  lua_pushinteger(L, (lua_Integer)sizeof(tl_counter));
+  lua_setfield(L, -2, "counter_size");
+  return 1;
+}
+
+/* The classic methods that the FFI path replaces, for it to fall back on
+ * (the method tables outlive a reload of the module; this table does not). */
+static void tl_classic_register(lua_State *L) {
+  static const luaL_Reg classic[] = {
+    { "counter_incr", tl_counter_incr },
+    { "counter_decr", tl_counter_decr },
+    { "counter_value", tl_counter_value },
+    { "store_incr", tl_store_incr },
+    { "store_decr", tl_store_decr },
+    { "store_value", tl_store_value },
+    { NULL, NULL }
+  };
+  lua_newtable(L);
+  luaL_setfuncs(L, classic, 0);
+  lua_setfield(L, -2, "_classic");
+  lua_pushcfunction(L, tl_set_box);
+  lua_setfield(L, -2, "set_box");
+  lua_pushcfunction(L, tl_store_cache);
+  lua_setfield(L, -2, "_store_cache");
+  lua_pushcfunction(L, tl_ffi_info);
+  lua_setfield(L, -2, "_ffi_info");
+}
+#endif
+
 TL_EXPORT int luaopen_tally_core(lua_State *L) {
-  luaL_checkversion(L);
+  tl_checkversion(L);
   lua_newtable(L);
   tl_newclass(L, TL_STORE_MT, tl_store_meta, tl_store_methods);
   lua_setfield(L, -2, "store_methods");
@@ -998,5 +1125,8 @@ TL_EXPORT int luaopen_tally_core(lua_State *L) {
   lua_setfield(L, -2, "DEFAULT_SHARDS");
   tl_rollup_register(L);
   tl_sender_register(L);
+#if TL_LUAJIT
+  tl_classic_register(L);
+#endif
   return 1;
 }

@@ -1,18 +1,29 @@
-/* main.c -- the tally command: a Lua 5.4 interpreter with tally preloaded.
+/* main.c -- the tally command: a Lua 5.4 interpreter with tally preloaded,
+ * a prompt, and subcommands that inspect a store.
  *
- *   tally [options] [script [args...]]
+ *   tally [options] [script [args...]]     run a script, -e chunks, or the prompt
+ *   tally run [options] script [args...]   the same; script may be named like a subcommand
+ *   tally SUBCOMMAND [args...]             ls get incr export import info watch help
  *
- * Runs script with `arg` set as lua5.4 sets it (arg[0] the script, arg[-1]
- * this program, arg[1..] the arguments, also passed as `...`), after any
- * -e chunks. With no script and no -e it starts a prompt: each line is tried
- * as "return <line>" first, then as a statement; an incomplete statement
- * reads more lines. package.preload["tally.core"] is the linked-in binding,
- * and package.path starts with the Lua side next to this executable: the
- * build tree (bin/../tally/init.lua) and the install tree
- * (bin/../share/lua/5.4/tally/init.lua). Errors print "tally: message" and a
- * traceback on stderr; the exit status is then 1.
+ * A subcommand is recognised only as the first argument, and only by its
+ * exact name: `tally ls` lists a store, `tally ./ls` and `tally run ls` run
+ * a script called ls. Subcommands are lua/tally/cli.lua's `main`; help texts
+ * live there too. Scripts get `arg` as lua5.4 sets it (arg[0] the script,
+ * negative indices for what came before it, arg[1..] the arguments, also
+ * passed as `...`), after any -e chunks. With no script and no -e the
+ * prompt starts (cli_repl.c), with the module as the global `tally` and a
+ * store as `db`: the one --store names, or a memory store.
+ *
+ * package.preload holds the linked-in binding ("tally.core") and the
+ * command's own C modules ("tally.term", "tally.peek"); package.path starts
+ * with the Lua side next to this executable: the build tree
+ * (bin/../tally/init.lua) and the install tree (bin/../share/lua/5.4/...).
+ * Errors print "tally: message" on stderr (with a traceback for errors in
+ * Lua code); the exit status is 1, or 2 for a usage error.
  */
 #include <limits.h>
+#include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,22 +33,17 @@
 #include "lauxlib.h"
 #include "lualib.h"
 #include "tally.h"
+#include "cli.h"
 
 int luaopen_tally_core(lua_State *L);
 
-#define PROGNAME "tally"
+#define EXIT_USAGE 2
 
-static void usage(FILE *f) {
-  fprintf(f,
-          "usage: " PROGNAME " [options] [script [args]]\n"
-          "  -e code   run code (the tally module is the global 'tally')\n"
-          "  -i        enter the prompt after running script\n"
-          "  -v        show version\n"
-          "  -h        show this help\n"
-          "  --        stop handling options\n"
-          "  -         run stdin as the script\n"
-          "With no script and no -e, start a prompt.\n");
-}
+static const char *const subcommands[] = {
+  "ls", "get", "incr", "export", "import", "info", "watch", "help", NULL
+};
+
+/* ---- running Lua ---------------------------------------------------------- */
 
 /* Message handler: the message plus a traceback. */
 static int msghandler(lua_State *L) {
@@ -51,26 +57,54 @@ static int msghandler(lua_State *L) {
   return 1;
 }
 
-static int docall(lua_State *L, int narg, int nres) {
+/* The state a Ctrl-C stops. A signal handler takes no argument, so this
+ * one pointer is a static; lua_sethook is safe to call from a handler
+ * (lua.c relies on it the same way). */
+static lua_State *volatile sig_L;
+
+static void lstop(lua_State *L, lua_Debug *ar) {
+  (void)ar;
+  lua_sethook(L, NULL, 0, 0);
+  luaL_error(L, "interrupted!");
+}
+
+static void laction(int sig) {
+  int flag = LUA_MASKCALL | LUA_MASKRET | LUA_MASKLINE | LUA_MASKCOUNT;
+  signal(sig, SIG_DFL);  /* a second Ctrl-C kills us (say, stuck in a C call) */
+  lua_sethook(sig_L, lstop, flag, 1);
+}
+
+int cli_docall(lua_State *L, int narg, int nres) {
+  struct sigaction sa, old;
   int status, base = lua_gettop(L) - narg;
+  lua_State *prev = sig_L;
   lua_pushcfunction(L, msghandler);
   lua_insert(L, base);
+  sig_L = L;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = laction;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, &old);
   status = lua_pcall(L, narg, nres, base);
+  sigaction(SIGINT, &old, NULL);
+  lua_sethook(L, NULL, 0, 0);  /* a Ctrl-C that came too late to stop anything */
+  sig_L = prev;
   lua_remove(L, base);
   return status;
 }
 
-static int report(lua_State *L, int status) {
+int cli_report(lua_State *L, int status) {
   if (status != LUA_OK) {
     const char *msg = lua_tostring(L, -1);
-    fprintf(stderr, "%s: %s\n", PROGNAME, msg ? msg : "(error object is not a string)");
+    fflush(stdout);
+    fprintf(stderr, "%s: %s\n", CLI_PROGNAME, msg ? msg : "(error object is not a string)");
     fflush(stderr);
     lua_pop(L, 1);
   }
   return status;
 }
 
-/* package.path = <exe dir>/../?.lua;...;<old>, and the preloaded core. */
+/* package.path = <exe dir>/../?.lua;...;<old>, and the preloaded C modules. */
 static void setpaths(lua_State *L) {
   char exe[PATH_MAX];
   ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
@@ -91,114 +125,117 @@ static void setpaths(lua_State *L) {
   lua_getfield(L, -1, "preload");
   lua_pushcfunction(L, luaopen_tally_core);
   lua_setfield(L, -2, "tally.core");
+  lua_pushcfunction(L, cli_open_term);
+  lua_setfield(L, -2, "tally.term");
+  lua_pushcfunction(L, cli_open_peek);
+  lua_setfield(L, -2, "tally.peek");
   lua_pop(L, 2);
 }
 
 /* The global `tally`: the module, or the bare core if the Lua side is missing. */
 static void settally(lua_State *L) {
   int status;
+  lua_getglobal(L, "tally");
+  if (!lua_isnil(L, -1)) {
+    lua_pop(L, 1);
+    return;
+  }
+  lua_pop(L, 1);
   lua_getglobal(L, "require");
   lua_pushliteral(L, "tally");
-  status = docall(L, 1, 1);
+  status = cli_docall(L, 1, 1);
   if (status != LUA_OK) {
-    report(L, status);
+    cli_report(L, status);
     lua_getglobal(L, "require");
     lua_pushliteral(L, "tally.core");
-    if (report(L, docall(L, 1, 1)) != LUA_OK) return;
+    if (cli_report(L, cli_docall(L, 1, 1)) != LUA_OK) return;
   }
   lua_setglobal(L, "tally");
 }
 
-static int dochunk(lua_State *L, int status) {
-  if (status == LUA_OK) status = docall(L, 0, 0);
-  return report(L, status);
+/* Push require("tally.cli")[fname]; 0 (nothing pushed, reported) if the Lua
+ * side of the command cannot be loaded. */
+static int getcli(lua_State *L, const char *fname) {
+  int status;
+  lua_getglobal(L, "require");
+  lua_pushliteral(L, "tally.cli");
+  status = cli_docall(L, 1, 1);
+  if (status != LUA_OK) {
+    cli_report(L, status);
+    return 0;
+  }
+  lua_getfield(L, -1, fname);
+  lua_remove(L, -2);
+  return 1;
 }
 
-static void print_results(lua_State *L) {
-  int i, n = lua_gettop(L);
-  for (i = 1; i <= n; i++) {
-    const char *s = luaL_tolstring(L, i, NULL);
-    fputs(s, stdout);
-    fputs(i < n ? "\t" : "\n", stdout);
+/* Call cli[fname](args...) with the strings given; its integer result (the
+ * exit status), or 1 if it raised (reported). */
+static int callcli(lua_State *L, const char *fname, int nargs, char **args) {
+  int i, status;
+  if (!getcli(L, fname)) return EXIT_FAILURE;
+  for (i = 0; i < nargs; i++) lua_pushstring(L, args[i]);
+  status = cli_docall(L, nargs, 1);
+  if (cli_report(L, status) != LUA_OK) return EXIT_FAILURE;
+  status = (int)lua_tointeger(L, -1);
+  lua_pop(L, 1);
+  return status;
+}
+
+/* The command's help (or the short usage if the Lua side is missing). */
+static void usage(lua_State *L) {
+  char *args[1] = { (char *)"help" };
+  if (getcli(L, "main")) {
+    lua_pop(L, 1);
+    callcli(L, "main", 1, args);
+    return;
+  }
+  printf("usage: " CLI_PROGNAME " [options] [script [args]] | run script [args] | COMMAND ...\n");
+}
+
+/* ---- the interpreter ------------------------------------------------------ */
+
+static int dochunk(lua_State *L, int status) {
+  if (status == LUA_OK) status = cli_docall(L, 0, 0);
+  return cli_report(L, status);
+}
+
+/* Open the store --store named as the global `db` (cli.open_store does the
+ * checking and the messages); 0 on failure, reported. */
+static int opendb(lua_State *L, const char *uri, int create) {
+  if (!getcli(L, "open_store")) return 0;
+  lua_pushstring(L, uri);
+  lua_createtable(L, 0, 1);
+  lua_pushboolean(L, create);
+  lua_setfield(L, -2, "create");
+  if (cli_report(L, cli_docall(L, 2, 2)) != LUA_OK) return 0;
+  if (lua_isnil(L, -2)) {
+    fprintf(stderr, "%s: %s\n", CLI_PROGNAME, lua_tostring(L, -1));
+    lua_pop(L, 2);
+    return 0;
+  }
+  lua_pop(L, 1);
+  lua_setglobal(L, "db");
+  return 1;
+}
+
+/* db = tally.open() unless the global is set already (--store, -e). */
+static void defaultdb(lua_State *L) {
+  lua_getglobal(L, "db");
+  if (lua_isnil(L, -1)) {
+    lua_getglobal(L, "tally");
+    lua_getfield(L, -1, "open");
+    if (cli_report(L, cli_docall(L, 0, 1)) == LUA_OK) lua_setglobal(L, "db");
     lua_pop(L, 1);
   }
-  fflush(stdout);
-  lua_settop(L, 0);
+  lua_pop(L, 1);
 }
 
-/* Read one line (any length) into *buf; 0 on EOF. */
-static int readline_(char **buf, size_t *cap, size_t *len) {
-  *len = 0;
-  for (;;) {
-    if (*cap - *len < 256) {
-      size_t ncap = *cap ? *cap * 2 : 1024;
-      char *nb = (char *)realloc(*buf, ncap);
-      if (nb == NULL) return 0;
-      *buf = nb;
-      *cap = ncap;
-    }
-    if (fgets(*buf + *len, (int)(*cap - *len), stdin) == NULL) return *len > 0;
-    *len += strlen(*buf + *len);
-    if (*len > 0 && (*buf)[*len - 1] == '\n') return 1;
-  }
-}
-
-static int incomplete(lua_State *L, int status) {
-  if (status == LUA_ERRSYNTAX) {
-    size_t lmsg;
-    const char *msg = lua_tolstring(L, -1, &lmsg);
-    if (lmsg >= 5 && strcmp(msg + lmsg - 5, "<eof>") == 0) {
-      lua_pop(L, 1);
-      return 1;
-    }
-  }
-  return 0;
-}
-
-static void repl(lua_State *L) {
-  int tty = isatty(0);
-  char *line = NULL, *code = NULL;
-  size_t cap = 0, len, clen = 0, ccap = 0;
-  if (tty)
-    printf("tally %s (%s) -- the module is 'tally'; Ctrl-D exits\n",
-           TALLY_VERSION, LUA_RELEASE);
-  for (;;) {
-    int status;
-    if (tty) {
-      fputs(clen ? ">> " : "> ", stdout);
-      fflush(stdout);
-    }
-    if (!readline_(&line, &cap, &len)) break;
-    if (clen + len + 16 > ccap) {
-      size_t ncap = (clen + len + 16) * 2;
-      char *nc = (char *)realloc(code, ncap);
-      if (nc == NULL) break;
-      code = nc;
-      ccap = ncap;
-    }
-    memcpy(code + clen, line, len);
-    clen += len;
-    lua_settop(L, 0);
-    status = LUA_ERRSYNTAX;
-    if (clen == len) {  /* a first line: an expression? */
-      const char *ret = lua_pushfstring(L, "return %s", line);
-      status = luaL_loadbuffer(L, ret, strlen(ret), "=stdin");
-      lua_remove(L, -2);
-      if (status != LUA_OK) lua_pop(L, 1);
-    }
-    if (status != LUA_OK) {
-      status = luaL_loadbuffer(L, code, clen, "=stdin");
-      if (incomplete(L, status)) continue;
-    }
-    clen = 0;
-    if (status == LUA_OK) status = docall(L, 0, LUA_MULTRET);
-    if (status == LUA_OK) print_results(L);
-    else report(L, status);
-  }
-  if (tty) fputs("\n", stdout);
-  free(line);
-  free(code);
-  lua_settop(L, 0);
+/* A first argument that names neither a subcommand nor a file, and looks
+ * like a word rather than a path: most likely a mistyped subcommand. */
+static int mistyped(const char *a) {
+  return a[0] != '-' && strchr(a, '/') == NULL && strchr(a, '.') == NULL &&
+         access(a, F_OK) != 0;
 }
 
 /* The whole run inside a protected call: argv in a light userdata. */
@@ -208,15 +245,42 @@ typedef struct run_args {
   int status;
 } run_args;
 
+/* "tally: <message> (see 'tally --help')", exit status 2. */
+static int fail_usage(run_args *ra, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static int fail_usage(run_args *ra, const char *fmt, ...) {
+  va_list ap;
+  fprintf(stderr, "%s: ", CLI_PROGNAME);
+  va_start(ap, fmt);
+  vfprintf(stderr, fmt, ap);
+  va_end(ap);
+  fprintf(stderr, " (see '%s --help')\n", CLI_PROGNAME);
+  ra->status = EXIT_USAGE;
+  return 0;
+}
+
 static int pmain(lua_State *L) {
   run_args *ra = (run_args *)lua_touserdata(L, 1);
-  int argc = ra->argc, i, script = 0, interactive = 0, ran_e = 0;
+  int argc = ra->argc, i, first = 1, script = 0, interactive = 0, ran_e = 0;
+  int create = 0;
+  const char *store = NULL;
   char **argv = ra->argv;
 
   luaL_openlibs(L);
   setpaths(L);
 
-  for (i = 1; i < argc; i++) {  /* options up to the script */
+  if (argc > 1) {  /* a subcommand? */
+    const char *a = argv[1];
+    for (i = 0; subcommands[i] != NULL; i++) {
+      if (strcmp(a, subcommands[i]) == 0) {
+        ra->status = callcli(L, "main", argc - 1, argv + 1);
+        return 0;
+      }
+    }
+    if (strcmp(a, "run") == 0) first = 2;
+  }
+
+  for (i = first; i < argc; i++) {  /* options up to the script */
     const char *a = argv[i];
     if (a[0] != '-' || strcmp(a, "-") == 0) {
       script = i;
@@ -226,25 +290,40 @@ static int pmain(lua_State *L) {
       if (i + 1 < argc) script = i + 1;
       break;
     } else if (strcmp(a, "-e") == 0) {
-      if (++i >= argc) {
-        usage(stderr);
-        ra->status = 1;
-        return 0;
-      }
+      if (++i >= argc) return fail_usage(ra, "%s needs an argument", "-e");
     } else if (strcmp(a, "-i") == 0) {
       interactive = 1;
-    } else if (strcmp(a, "-v") == 0) {
+    } else if (strcmp(a, "--store") == 0) {
+      if (++i >= argc) return fail_usage(ra, "%s needs a store (file:PATH or a path)", a);
+      store = argv[i];
+    } else if (strncmp(a, "--store=", 8) == 0) {
+      store = a + 8;
+    } else if (strcmp(a, "--create") == 0) {
+      create = 1;
+    } else if (strcmp(a, "-v") == 0 || strcmp(a, "--version") == 0) {
       printf("tally %s (%s)\n", TALLY_VERSION, LUA_RELEASE);
       if (i + 1 == argc) return 0;
-    } else if (strcmp(a, "-h") == 0) {
-      usage(stdout);
+    } else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+      if (first == 2) {
+        char *args[2] = { (char *)"help", (char *)"run" };
+        ra->status = callcli(L, "main", 2, args);
+      } else {
+        usage(L);
+      }
       return 0;
     } else {
-      fprintf(stderr, "%s: unrecognized option '%s'\n", PROGNAME, a);
-      usage(stderr);
-      ra->status = 1;
-      return 0;
+      return fail_usage(ra, "unrecognized option '%s'", a);
     }
+  }
+  if (first == 2 && !script) {
+    fprintf(stderr, "%s run: a script is needed\nusage: %s run [options] script [args...]"
+            "   ('%s help run' for more)\n", CLI_PROGNAME, CLI_PROGNAME, CLI_PROGNAME);
+    ra->status = EXIT_USAGE;
+    return 0;
+  }
+  if (first == 1 && script == 1 && mistyped(argv[1])) {  /* tally lss */
+    ra->status = callcli(L, "unknown", 1, argv + 1);
+    return 0;
   }
 
   /* arg: arg[0] the script, negative indices before it, as lua5.4 does */
@@ -258,15 +337,25 @@ static int pmain(lua_State *L) {
     lua_setglobal(L, "arg");
   }
 
-  for (i = 1; i < (script ? script : argc); i++) {  /* -e chunks, in order */
+  if (store != NULL) {
+    settally(L);
+    if (!opendb(L, store, create)) {
+      ra->status = EXIT_FAILURE;
+      return 0;
+    }
+  }
+
+  for (i = first; i < (script ? script : argc); i++) {  /* -e chunks, in order */
     if (strcmp(argv[i], "-e") == 0) {
       const char *chunk = argv[++i];
       if (!ran_e) settally(L);
       ran_e = 1;
       if (dochunk(L, luaL_loadbuffer(L, chunk, strlen(chunk), "=(command line)")) != LUA_OK) {
-        ra->status = 1;
+        ra->status = EXIT_FAILURE;
         return 0;
       }
+    } else if (strcmp(argv[i], "--store") == 0) {
+      i++;
     } else if (strcmp(argv[i], "--") == 0) {
       break;
     }
@@ -277,17 +366,18 @@ static int pmain(lua_State *L) {
     int status = luaL_loadfile(L, fname), nargs = 0;
     if (status == LUA_OK) {
       for (i = script + 1; i < argc; i++, nargs++) lua_pushstring(L, argv[i]);
-      status = docall(L, nargs, 0);
+      status = cli_docall(L, nargs, 0);
     }
-    if (report(L, status) != LUA_OK) {
-      ra->status = 1;
+    if (cli_report(L, status) != LUA_OK) {
+      ra->status = EXIT_FAILURE;
       return 0;
     }
   }
 
   if (interactive || (!script && !ran_e)) {
-    if (!ran_e) settally(L);
-    repl(L);
+    settally(L);
+    defaultdb(L);
+    cli_repl(L);
   }
   return 0;
 }
@@ -297,13 +387,14 @@ int main(int argc, char **argv) {
   lua_State *L = luaL_newstate();
   int status;
   if (L == NULL) {
-    fprintf(stderr, "%s: cannot create state: not enough memory\n", PROGNAME);
+    fprintf(stderr, "%s: cannot create state: not enough memory\n", CLI_PROGNAME);
     return EXIT_FAILURE;
   }
   lua_pushcfunction(L, pmain);
   lua_pushlightuserdata(L, &ra);
   status = lua_pcall(L, 1, 0, 0);
-  report(L, status);
+  cli_report(L, status);
   lua_close(L);
-  return (status == LUA_OK && ra.status == 0) ? EXIT_SUCCESS : EXIT_FAILURE;
+  if (status != LUA_OK) return EXIT_FAILURE;
+  return ra.status;
 }

@@ -560,7 +560,7 @@ static int members_refresh(tally_schedule *sch, struct run *u) {
   }
   pthread_mutex_lock(&sort_lock);
   sort_store = s;
-  qsort(g.v, g.n, sizeof *g.v, by_cells);
+  if (g.n > 1) qsort(g.v, g.n, sizeof *g.v, by_cells);
   pthread_mutex_unlock(&sort_lock);
   bool locked = false;
   for (size_t i = 0; i < g.n && rc == 0; i++) {

@@ -20,7 +20,9 @@ local type, error, pairs, ipairs, next, tostring, pcall =
       type, error, pairs, ipairs, next, tostring, pcall
 local fmt, find, match, gsub = string.format, string.find, string.match, string.gsub
 local concat, sort = table.concat, table.sort
-local mtype, tointeger, huge = math.type, math.tointeger, math.huge
+local huge = math.huge
+local compat = require "tally.compat"
+local tointeger, int_text, add, sub = compat.tointeger, compat.int_text, compat.add, compat.sub
 
 local describe, is_store, typename = format._describe, prom.is_store, prom.typename
 
@@ -41,12 +43,13 @@ end
 local store = core.store_methods
 
 local SAFE = 2^53 - 1                    -- the largest count a double holds exactly, and its neighbours
-local SHARD_MIN, SHARD_MAX = -(1 << 62), (1 << 62) - 1
+local SHARD_MIN = tointeger("-4611686018427387904")   -- -2^62
+local SHARD_MAX = tointeger("4611686018427387903")    -- 2^62 - 1
 local POLICIES = { thread = true, random = true, round_robin = true, key = true, ["function"] = true }
 
 local function count_text(n)
-  if n >= -SAFE and n <= SAFE then return fmt("%d", n) end
-  return fmt('"%d"', n)
+  if n >= -SAFE and n <= SAFE then return int_text(n) end
+  return '"' .. int_text(n) .. '"'
 end
 
 -- shard ids "0", "1", ..., and '"0":{"count":' ... for each
@@ -104,7 +107,7 @@ local function jdescribe(v)
     return type(k) == "string" and "an object" or "an array"
   end
   if type(v) == "string" then return "'" .. v .. "'" end
-  if mtype(v) == "float" and tointeger(v) then return fmt("%d", tointeger(v)) end
+  if type(v) == "number" and int_text(v) then return int_text(v) end
   return tostring(v)
 end
 
@@ -134,7 +137,7 @@ local function parse_count(v)
       return nil, "must be an integer or a decimal string, got " .. jdescribe(v)
     end
     local n = tointeger(sign .. digits)
-    if not n or fmt("%d", n) ~= (digits == "0" and "0" or sign .. digits) then
+    if not n or int_text(n) ~= (digits == "0" and "0" or sign .. digits) then
       return nil, v .. " is out of a shard's range (-2^62 to 2^62-1)"
     end
     return n
@@ -217,7 +220,7 @@ local function check_counter(name, doc)
     local v, why = parse_count(s.count)
     if v == nil then bad(fmt('shards["%s"].count %s', id, why)) end
     if v < SHARD_MIN or v > SHARD_MAX then
-      bad(fmt('shards["%s"].count %d is out of a shard\'s range (-2^62 to 2^62-1)', id, v))
+      bad(fmt('shards["%s"].count %s is out of a shard\'s range (-2^62 to 2^62-1)', id, int_text(v)))
     end
     counts[i] = v
   end
@@ -234,7 +237,10 @@ local function undo(db, log, created)
   for i = #created, 1, -1 do db:drop(created[i]) end
 end
 
--- db:import(json [, { mode = "replace" | "add" }]) -> number of counters.
+-- db:import(json [, { mode = "replace" | "add", progress = fn }]) -> number
+-- of counters. progress(phase, done, total), if given, is called as the work
+-- goes: phase "decode", "validate", "create", "apply" (the store changes
+-- from "create" on, so it must not raise then).
 function store:import(text, opts)
   if not is_store(self) then
     error("calling 'import' on bad self (tally.store expected, got " .. typename(self) .. ")", 2)
@@ -242,26 +248,33 @@ function store:import(text, opts)
   if type(text) ~= "string" then
     error("bad argument #1 to 'import' (string expected, got " .. typename(text) .. ")", 2)
   end
-  local mode = "replace"
+  local mode, progress = "replace", nil
   if opts ~= nil then
     if type(opts) ~= "table" then
       error("bad argument #2 to 'import' (table expected, got " .. typename(opts) .. ")", 2)
     end
     for k, v in pairs(opts) do
-      if k ~= "mode" then
+      if k == "progress" and type(v) == "function" then
+        progress = v
+      elseif k ~= "mode" then
         error("bad argument #2 to 'import' (unknown option " .. describe(k) .. ")", 2)
-      end
-      if v ~= "replace" and v ~= "add" then
+      elseif v ~= "replace" and v ~= "add" then
         error("bad argument #2 to 'import' (mode must be 'replace' or 'add', got "
               .. describe(v) .. ")", 2)
+      else
+        mode = v
       end
-      mode = v
     end
   end
   local function raise(msg) error("import: " .. msg, 3) end
+  local function step(phase, i, n)
+    if progress and (i == n or i % 1024 == 0) then progress(phase, i, n) end
+  end
   self:stats()                           -- raises now if the store is closed
 
+  step("decode", 0, 1)
   local ok, doc = pcall(load_json().decode, text)
+  step("decode", 1, 1)
   if not ok then raise("malformed JSON: " .. gsub(tostring(doc), "^.-:%d+: ", "")) end
   if not is_object(doc) or doc.counters == nil then
     raise("the document must be an object with \"counters\", got " .. jdescribe(doc))
@@ -302,11 +315,11 @@ function store:import(text, opts)
         local now, smsg, scode = c:shards()
         if not now then return nil, smsg, scode end
         for s = 1, p.shards do
-          local sum = now[s] + p.counts[s]     -- both within +-2^62: no overflow
+          local sum = add(now[s], p.counts[s])  -- both within +-2^62: no overflow
           if sum < SHARD_MIN or sum > SHARD_MAX then
-            raise(fmt('counter \'%s\': shards["%d"].count %d would take the shard '
-                      .. "(now %d) out of its range (-2^62 to 2^62-1)",
-                      name, s - 1, p.counts[s], now[s]))
+            raise(fmt('counter \'%s\': shards["%d"].count %s would take the shard '
+                      .. "(now %s) out of its range (-2^62 to 2^62-1)",
+                      name, s - 1, int_text(p.counts[s]), int_text(now[s])))
           end
         end
       end
@@ -317,11 +330,13 @@ function store:import(text, opts)
                 name, p.shards))
     end
     plan[i] = p
+    step("validate", i, #names)
   end
 
   -- 2. create the counters that do not exist
   local created = {}
-  for _, p in ipairs(plan) do
+  for i, p in ipairs(plan) do
+    step("create", i, #plan)
     if not p.c then
       local cok, c, msg, code = pcall(self.counter, self, p.name,
                                       { shards = p.shards, policy = p.policy })
@@ -342,7 +357,8 @@ function store:import(text, opts)
   -- beyond int64), and every add can be undone exactly.
   local log = { {}, {}, {} }
   local hs, ss, ns, k = log[1], log[2], log[3], 0
-  for _, p in ipairs(plan) do
+  for i, p in ipairs(plan) do
+    step("apply", i, #plan)
     local c = p.c
     local now, msg, code = c:shards()
     if now and #now ~= p.shards then
@@ -355,7 +371,7 @@ function store:import(text, opts)
     end
     for s = 1, p.shards do
       local n = p.counts[s]
-      if mode == "replace" then n = n - now[s] end  -- both within +-2^62: no overflow
+      if mode == "replace" then n = sub(n, now[s]) end  -- both within +-2^62: no overflow
       if n ~= 0 then
         local cok, aok
         cok, aok, msg, code = pcall(c.add_shard, c, s, n)  -- raises if resharded just now

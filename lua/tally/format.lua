@@ -1,8 +1,9 @@
 -- tally.format: text encoders for rollup records and counter values.
 --
 -- JSON (one object, or an array), InfluxDB line protocol and the Prometheus
--- text exposition format 0.0.4. Every integer is written with
--- string.format("%d"), so any int64 survives exactly: lua-cjson 2.1.0 writes
+-- text exposition format 0.0.4. Every integer is written exactly (with
+-- string.format("%d"); under LuaJIT see tally.compat.int_text), so any
+-- int64 survives: lua-cjson 2.1.0 writes
 -- numbers with 14 significant digits, so it is used here only to escape
 -- strings. Floats are written with the fewest digits that read back as the
 -- same double, and never as nan or inf, which none of these formats has.
@@ -17,8 +18,11 @@ local type, error, ipairs, pairs, tostring, tonumber =
 local fmt, byte, find, sub, gsub = string.format, string.byte, string.find,
       string.sub, string.gsub
 local concat, sort = table.concat, table.sort
-local mtype, tointeger, floor, huge = math.type, math.tointeger, math.floor, math.huge
-local utf8len = utf8.len
+local floor, huge = math.floor, math.huge
+local compat = require "tally.compat"
+local mtype, isnum, int_text, utf8len = compat.mtype, compat.isnum, compat.int_text,
+      compat.utf8len
+local idiv, mod, mul = compat.idiv, compat.mod, compat.mul
 
 -- lua-cjson, a private instance loaded on first use: only JSON needs it.
 local json
@@ -34,20 +38,15 @@ local _M = { _VERSION = require("tally.core").version }
 -- A short description of a value for messages, like the C side's: 'str', 12.
 local function describe(v)
   if type(v) == "string" then return "'" .. v .. "'" end
+  if type(v) == "cdata" and int_text(v) then return int_text(v) end  -- LuaJIT int64
   if type(v) == "number" or type(v) == "boolean" then return tostring(v) end
   if v == nil then return "nil" end
   return type(v)
 end
 _M._describe = describe
 
--- The decimal text of an integer (or of a float with an exact integer
--- value), or nil.
-local function int_text(v)
-  if mtype(v) == "integer" then return fmt("%d", v) end
-  local i = mtype(v) == "float" and tointeger(v)
-  if i then return fmt("%d", i) end
-  return nil
-end
+-- int_text(v): the decimal text of an integer (or of a float with an
+-- exact integer value), or nil (tally.compat).
 
 local function finite(x)
   return type(x) == "number" and x == x and x ~= huge and x ~= -huge
@@ -55,7 +54,7 @@ end
 
 -- The shortest of %.15g, %.16g, %.17g that reads back as x (x finite).
 local function float_text(x)
-  if mtype(x) == "integer" then return fmt("%d", x) end
+  if mtype(x) == "integer" then return int_text(x) end
   local s = fmt("%.15g", x)
   if tonumber(s) ~= x then
     s = fmt("%.16g", x)
@@ -79,7 +78,7 @@ local function at_text(at)
   if not ms then return nil end
   local sign = ""
   if ms < 0 then sign, ms = "-", -ms end
-  return fmt("%s%d.%03d", sign, ms // 1000, ms % 1000)
+  return fmt("%s%s.%03d", sign, int_text(idiv(ms, 1000)), mod(ms, 1000))
 end
 
 -- ---- JSON --------------------------------------------------------------------
@@ -138,15 +137,18 @@ end
 
 -- ---- InfluxDB line protocol ---------------------------------------------------
 
--- Measurements escape comma and space; tag keys and values also '='. A
--- backslash is doubled, so a name ending in one cannot escape the separator.
+-- Measurements escape comma and space; tag keys and values also '='.
+-- InfluxDB 1.x keeps other backslashes as they are (it does not read "\\"
+-- as one), so they are written as they are; a name ending in one would
+-- escape the separator after it, and is refused.
 local function influx_escape(s, eq)
-  return (gsub(s, eq and "[\\, =]" or "[\\, ]", "\\%0"))
+  return (gsub(s, eq and "[, =]" or "[, ]", "\\%0"))
 end
 
 -- the precisions InfluxDB takes (1.x: ns, u, ms, s, m, h; 2.x: us for u)
 local PRECISION = { h = true, m = true, s = true, ms = true, u = true, us = true, ns = true }
 local MS_PER = { h = 3600000, m = 60000, s = 1000 }
+local NS_LIMIT = compat.tointeger("9223372036854775")  -- microseconds that fit as ns
 
 -- format.influx(records [, opts]) -> one line per record, each ending in "\n":
 --   tally,name=post:1:likes value=6i,delta=1i,rate=0.1 1700000000123
@@ -192,6 +194,9 @@ function _M.influx(records, opts)
     if find(name, "[\n\r]") then
       bad(".name " .. describe(name) .. " has a newline, which line protocol cannot carry in a tag")
     end
+    if find(name, "\\$") then
+      bad(".name " .. describe(name) .. " ends in a backslash, which line protocol cannot carry in a tag")
+    end
     local value = int_text(r.value)
     if not value then bad(".value must be an integer, got " .. describe(r.value)) end
     local line = { head, influx_escape(name, true), " value=", value, "i" }
@@ -207,15 +212,15 @@ function _M.influx(records, opts)
     if r.at ~= nil then
       local t
       if precision == "ms" then t = scaled(r.at, 1000)
-      elseif MS_PER[precision] then t = scaled(r.at, 1000); t = t and t // MS_PER[precision]
+      elseif MS_PER[precision] then t = scaled(r.at, 1000); t = t and idiv(t, MS_PER[precision])
       else
         t = scaled(r.at, 1000000)    -- microseconds: exact for ms-precision times
         if t and precision == "ns" then
-          t = (t < 9223372036854775 and t > -9223372036854775) and t * 1000 or nil
+          t = (t < NS_LIMIT and t > -NS_LIMIT) and mul(t, 1000) or nil
         end
       end
       if not t then bad(".at must be a finite number of seconds that fits, got " .. describe(r.at)) end
-      line[#line + 1] = " " .. fmt("%d", t)
+      line[#line + 1] = " " .. int_text(t)
     end
     line[#line + 1] = "\n"
     out[i] = concat(line)
@@ -475,7 +480,7 @@ local function series_of(c, name)
 end
 
 local function value_text(v)
-  if mtype(v) == "integer" then return fmt("%d", v) end
+  if mtype(v) == "integer" then return int_text(v) end
   if v ~= v then return "NaN" end
   if v == huge then return "+Inf" end
   if v == -huge then return "-Inf" end
@@ -502,7 +507,7 @@ function _M._render_prometheus(samples, mapping, names)
         if type(name) ~= "string" then
           return nil, "samples[" .. i .. "].name must be a string, got " .. describe(name), 1
         end
-        if type(v) ~= "number" then
+        if not isnum(v) then
           return nil, "samples[" .. i .. "].value must be a number, got " .. describe(v), 1
         end
         if values[name] == nil then names[#names + 1] = name end
@@ -514,7 +519,7 @@ function _M._render_prometheus(samples, mapping, names)
           return nil, "samples must be an array of { name =, value = } or a table of "
                       .. "values by name", 1
         end
-        if type(v) ~= "number" then
+        if not isnum(v) then
           return nil, "samples[" .. describe(name) .. "] must be a number, got " .. describe(v), 1
         end
         names[#names + 1] = name

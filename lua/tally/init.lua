@@ -7,10 +7,16 @@
 -- are added to those tables here.
 
 local core = require "tally.core"
+local compat = require "tally.compat"
 
-local type, error, ipairs = type, error, ipairs
+local type, error, ipairs, tonumber = type, error, ipairs, tonumber
 local sort = table.sort
-local tointeger = math.tointeger
+local tointeger, add, sub, tofloat = compat.tointeger, compat.add, compat.sub, compat.tofloat
+
+-- Under LuaJIT: counter values beyond +-2^53 come back as int64_t cdata
+-- (tally.compat), and c:incr, c:value, db:incr, db:value go through the FFI
+-- unless TALLY_NO_FFI=1 (tally.ffi, installed at the end).
+compat.install(core)
 
 local _M = { _VERSION = core.version }
 
@@ -36,6 +42,7 @@ function store:top(pattern, n, by)
   local narg = 2
   if type(pattern) == "number" then pattern, n, narg = n, pattern, 1 end
   local k = tointeger(n)
+  if type(k) == "cdata" then k = tonumber(k) end   -- LuaJIT: beyond 2^53
   if not k or k < 0 then
     error("bad argument #" .. narg .. " to 'top' (non-negative integer expected, got "
           .. (type(n) == "number" and n or type(n)) .. ")", 2)
@@ -93,11 +100,11 @@ function counter:skew()
   for i, v in ipairs(vals) do
     if v < min then min = v end
     if v > max then max, hot = v, i end
-    sum = sum + v
+    sum = add(sum, v)
   end
-  local mean = sum / #vals
-  return { shards = #vals, min = min, max = max, mean = mean, spread = max - min,
-           ratio = mean > 0 and max / mean or nil, hot = hot }
+  local mean = tofloat(sum) / #vals
+  return { shards = #vals, min = min, max = max, mean = mean, spread = sub(max, min),
+           ratio = mean > 0 and tofloat(max) / mean or nil, hot = hot }
 end
 
 -- rollups, sinks, reads that choose their cost (tally/rollup.lua)
@@ -109,5 +116,9 @@ require("tally.rollup").install(_M)
 _M.format = require "tally.format"
 _M.prometheus = require("tally.prometheus").prometheus
 require "tally.export"
+
+-- LuaJIT: the FFI path for the hot calls (sets _M.ffi); false under Lua 5.4
+_M.ffi = false
+if compat.luajit then require("tally.ffi").install(_M) end
 
 return _M

@@ -15,10 +15,10 @@ local format = require "tally.format"
 
 local type, error, pairs, ipairs, pcall, getmetatable, rawget =
       type, error, pairs, ipairs, pcall, getmetatable, rawget
-local mtype = math.type
 local find, gsub, fmt = string.find, string.gsub, string.format
-local pack, unpack = table.pack, table.unpack
-local utf8len = utf8.len
+local compat = require "tally.compat"
+local mtype, pack, unpack, utf8len, tofloat = compat.mtype, compat.pack, compat.unpack,
+      compat.utf8len, compat.tofloat
 local describe = format._describe
 
 local _M = {}
@@ -207,7 +207,7 @@ function _M.prometheus(db, pattern)
     local v, msg, code = db:value(name)
     if code == "ERANGE" then           -- the sum does not fit int64: as a float
       v = 0.0
-      for _, s in ipairs(db:counter(name):shards() or {}) do v = v + s end
+      for _, s in ipairs(db:counter(name):shards() or {}) do v = v + tofloat(s) end
     elseif v == nil and code ~= "ENOENT" then
       return nil, msg, code            -- a damaged store; ENOENT: dropped meanwhile
     end

@@ -10,8 +10,10 @@
 local core = require "tally.core"
 local sink = require "tally.sink"
 
-local type, error, ipairs, pairs, tostring, select = type, error, ipairs, pairs, tostring, select
-local floor, huge, tointeger = math.floor, math.huge, math.tointeger
+local type, error, ipairs, pairs, tostring, pcall = type, error, ipairs, pairs, tostring, pcall
+local floor, huge = math.floor, math.huge
+local compat = require "tally.compat"
+local tointeger, idiv = compat.tointeger, compat.idiv
 local fmt = string.format
 
 local _M = {}
@@ -58,13 +60,15 @@ end
 
 -- A resolution given to c:history: "1m", "60s", or seconds as a number.
 local function parse_res(res)
+  local r
   if type(res) == "number" then
-    local r = tointeger(res)
-    if r and r >= 1 then return r end
+    r = tointeger(res)
   elseif type(res) == "string" then
     local k, unit = res:match("^(%d+)(%a+)$")
-    if k and UNITS[unit] and tonumber(k) >= 1 then return tointeger(tonumber(k)) * UNITS[unit] end
+    if k and UNITS[unit] then r = tointeger(tonumber(k)) end
+    if r then r = r * UNITS[unit] end
   end
+  if r and r >= 1 and r <= RING_RES_MAX then return r end
   error(fmt("bad argument #1 to 'history' (resolution like '1m' or seconds expected, got %s)",
             type(res) == "string" and "'" .. res .. "'" or tostring(res)), 3)
 end
@@ -94,7 +98,10 @@ function Schedule:stats()
     errors = self.errors, last_error = self.last_error,
     last_period = self.last_period, sinks = {},
   }
-  for i, s in ipairs(self.sinks) do out.sinks[i] = s:stats() end
+  for i, s in ipairs(self.sinks) do
+    local ok, st = pcall(s.stats, s)
+    out.sinks[i] = ok and st or { last_error = tostring(st) }
+  end
   return out
 end
 
@@ -142,12 +149,20 @@ local function rollup(db, pattern, opts)
     end
     rings[i] = { res, n }
   end
+  if opts.sinks ~= nil and type(opts.sinks) ~= "table" then
+    error("bad argument #2 to 'rollup' (sinks must be a list, got " .. type(opts.sinks) .. ")", 2)
+  end
   local sinks = {}
   for i, s in ipairs(opts.sinks or {}) do
     sinks[i] = sink.wrap(s, i)
   end
-  if opts.sinks ~= nil and type(opts.sinks) ~= "table" then
-    error("bad argument #2 to 'rollup' (sinks must be a list, got " .. type(opts.sinks) .. ")", 2)
+  -- (pattern, every) is the schedule's identity in the store: a second one
+  -- here would share its periods and never run
+  for _, other in ipairs(state_of(db).schedules) do
+    if other.pattern == pattern and other.every == every then
+      error(fmt("bad argument #2 to 'rollup' (a schedule for '%s' every %g s already "
+                .. "exists on this store handle; give it all the keep and sinks)", pattern, every), 2)
+    end
   end
   local ok, handle = pcall(core.schedule, db, pattern, every, rings)
   if not ok then error(handle, 2) end
@@ -174,7 +189,7 @@ local function tick(db, now)
   local st, done = state[db], {}
   if not st then return done end
   for _, sch in ipairs(st.schedules) do
-    local status, period, n, recs = sch.handle:tick(now, #sch.sinks > 0)
+    local status, period, n, recs, skipped = sch.handle:tick(now, #sch.sinks > 0)
     if status == nil then
       sch.errors = sch.errors + 1
       sch.last_error = period
@@ -190,10 +205,14 @@ local function tick(db, now)
       end
       if status ~= "not_due" then
         done[#done + 1] = { pattern = sch.pattern, every = sch.every, status = status,
-                            period = period, counters = n }
+                            period = period, counters = n, skipped = skipped }
       end
       for _, s in ipairs(sch.sinks) do
-        if recs and #recs > 0 then s:push(recs, db) else s:pump() end
+        -- a sink's failure is its own (counted in its stats): never the tick's
+        local ok, err
+        if recs and #recs > 0 then ok, err = pcall(s.push, s, recs, db)
+        else ok, err = pcall(s.pump, s) end
+        if not ok then sink.failed(s, err, recs and #recs or 0) end
       end
     end
   end
@@ -201,11 +220,16 @@ local function tick(db, now)
 end
 
 -- Seconds from now until the next period of any schedule begins.
-local function next_due(st, now)
+local BUSY_RETRY = 0.05  -- seconds: another process holds a lease
+
+local function next_due(st, now, done)
   local wait = huge
   for _, sch in ipairs(st.schedules) do
     local w = (floor(now / sch.every) + 1) * sch.every - now
     if w < wait then wait = w end
+  end
+  for _, d in ipairs(done) do  -- not rolled up yet: its period is still open
+    if d.status == "busy" and BUSY_RETRY < wait then wait = BUSY_RETRY end
   end
   return wait
 end
@@ -229,7 +253,7 @@ local function run(db, seconds, on_tick)
     local left = deadline - core.now()
     if left <= 0 then break end
     local st = state[db]
-    local wait = st and next_due(st, clock_of(db)) or left
+    local wait = st and next_due(st, clock_of(db), done) or left
     -- a little past the boundary, so the clock has crossed it
     core.sleep(math.min(wait + 0.001, left))
   end
@@ -248,9 +272,12 @@ local function flush(db, timeout)
   local deadline, waiting = core.now() + timeout, 0
   for _, sch in ipairs(st.schedules) do
     for _, s in ipairs(sch.sinks) do
-      s:pump()
-      local ok = s:flush(math.max(0, deadline - core.now()))
-      if not ok then waiting = waiting + s:stats().queued end
+      pcall(s.pump, s)
+      local fok, ok = pcall(s.flush, s, math.max(0, deadline - core.now()))
+      if not (fok and ok) then
+        local sok, stats = pcall(s.stats, s)
+        waiting = waiting + (sok and stats.queued or 0)
+      end
     end
   end
   if waiting > 0 then
@@ -322,7 +349,7 @@ local function keeps(c)
   for i, r in ipairs(rings) do
     for _, u in ipairs(UNIT_ORDER) do
       if r[1] % u[2] == 0 then
-        out[i] = fmt("%dx%d%s", r[2], r[1] // u[2], u[1])
+        out[i] = fmt("%dx%d%s", r[2], idiv(r[1], u[2]), u[1])
         break
       end
     end

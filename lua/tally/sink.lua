@@ -23,6 +23,7 @@ local format = setmetatable({}, { __index = function(t, k)
 end })
 
 local type, error, pcall, tostring, pairs, ipairs = type, error, pcall, tostring, pairs, ipairs
+local tointeger = require("tally.compat").tointeger
 local concat = table.concat
 local fmt = string.format
 
@@ -47,13 +48,32 @@ end
 
 local function check_count(v, name, what, default, level)
   if v == nil then return default end
-  local n = math.tointeger(v)
+  local n = tointeger(v)
   if not n or n < 1 then
     error(fmt("bad argument #1 to '%s' (%s must be a positive integer, got %s)", what, name,
               tostring(v)), level + 1)
   end
   return n
 end
+
+-- A sink's push or pump raised (a bug in a sink object, or a closed
+-- sink): the n records it was given are lost to it, and counted, and the
+-- tick goes on.
+function _M.failed(s, err, n)
+  s.lost = (s.lost or 0) + n
+  s.lost_error = tostring(err)
+end
+
+-- Stats with what failed() counted folded in.
+local function with_lost(s, st)
+  if s.lost then
+    st.dropped = (st.dropped or 0) + s.lost
+    st.failures = (st.failures or 0) + 1
+    st.last_error = s.lost_error
+  end
+  return st
+end
+_M.with_lost = with_lost
 
 -- ---- sinks delivered from Lua: a bounded queue ----------------------------------
 
@@ -104,9 +124,9 @@ function Queued:flush()
 end
 
 function Queued:stats()
-  return { kind = self.kind, sent = self.sent, failures = self.failures,
-           dropped = self.dropped, queued = self.tail - self.head + 1,
-           last_error = self.last_error }
+  return with_lost(self, { kind = self.kind, sent = self.sent, failures = self.failures,
+                           dropped = self.dropped, queued = self.tail - self.head + 1,
+                           last_error = self.last_error })
 end
 
 function Queued:close()
@@ -127,7 +147,9 @@ function _M.fn(f, opts)
   local max_queue = check_count(opts.max_queue, "max_queue", "fn", DEFAULT_QUEUE, 2)
   return queued("function", function(q, from, to)
     for i = from, to do
-      local ok, err = pcall(f, q[i])
+      local r = q[i]  -- a copy: other sinks share the record
+      local ok, err = pcall(f, { name = r.name, value = r.value, at = r.at,
+                                 delta = r.delta, rate = r.rate })
       if not ok then return i - from, err end
     end
     return to - from + 1
@@ -226,38 +248,72 @@ function _M.http(opts)
                         precision = precision }, Http)
 end
 
-function Http:body(recs, from, to, db)
-  local part = {}
-  for i = from, to do part[#part + 1] = recs[i] end
-  if self.format == "json" then return format.json_array(part) end
+-- Encode records[from..to] as one body: nil, message if it cannot be.
+function Http:encode(part, db)
+  if self.format == "json" then return pcall(format.json_array, part) end
   if self.format == "influx" then
-    return format.influx(part, { measurement = self.measurement, precision = self.precision })
+    return pcall(format.influx, part, { measurement = self.measurement, precision = self.precision })
   end
-  return format.prometheus(part, db and format.mapping_of and format.mapping_of(db))
+  return pcall(format.prometheus, part, format.mapping_of(db))
 end
 
+-- Queue the records as request bodies. A record that cannot be encoded
+-- (a name line protocol cannot carry, two counters mapped to one
+-- Prometheus series) is dropped and counted, never the whole tick.
+-- Prometheus goes as one body per tick: a Pushgateway POST replaces the
+-- group's metrics of the same names, so batches would undo each other.
 function Http:push(recs, db)
-  for from = 1, #recs, self.batch do
-    local to = math.min(from + self.batch - 1, #recs)
-    self.sender:post(self:body(recs, from, to, db), to - from + 1)
+  if self.closed then return _M.failed(self, "sink is closed", #recs) end
+  local batch = self.format == "prometheus" and #recs or self.batch
+  for from = 1, #recs, batch do
+    local to = math.min(from + batch - 1, #recs)
+    local part = {}
+    for i = from, to do part[#part + 1] = recs[i] end
+    local ok, body = self:encode(part, db)
+    if not ok and self.format ~= "prometheus" then  -- keep the records that encode
+      local good = {}
+      for _, r in ipairs(part) do
+        if self:encode({ r }, db) then good[#good + 1] = r end
+      end
+      _M.failed(self, body, #part - #good)
+      part = good
+      if #part > 0 then ok, body = self:encode(part, db) end
+    elseif not ok then
+      _M.failed(self, body, #part)
+    end
+    if ok and #part > 0 then
+      local posted, err = self.sender:post(body, #part)
+      if not posted then _M.failed(self, err, #part) end
+    end
   end
 end
 
 function Http:pump() return true end  -- the sender thread retries by itself
 
 function Http:flush(timeout)
+  if self.closed then return true end
   return self.sender:flush(timeout or 5)
 end
 
 function Http:stats()
-  local st = self.sender:stats()
-  st.kind = "http"
-  return st
+  local st = self.final or self.sender:stats()
+  local out = {}
+  for k, v in pairs(st) do out[k] = v end
+  out.kind = "http"
+  return with_lost(self, out)
 end
 
+-- close([drain]): deliver for up to drain seconds (default 0), then stop;
+-- records pushed afterwards are counted as dropped.
 function Http:close(drain)
-  self.sender:close(drain or 0)
+  if self.closed then return end
+  if drain and drain > 0 then self.sender:flush(drain) end
+  local st = self.sender:stats()
+  self.sender:close(0)
+  st.dropped, st.queued = st.dropped + st.queued, 0  -- what close threw away
+  self.final, self.closed = st, true
 end
+
 
 -- A sink as given in a schedule's sinks list (the i-th): a sink object or
 -- a plain function.

@@ -1,0 +1,704 @@
+-- tally.cli: the subcommands of the tally command (ls, get, incr, export,
+-- import, info, watch, help) and its help texts. src/main.c calls
+-- main(command, args...) and exits with what it returns: 0, 1 for a failure
+-- (a missing store or counter, a bad file), 2 for a usage error.
+--
+-- Runs only under the `tally` command, which is Lua 5.4 (it uses
+-- tally.term and tally.peek, preloaded by the command); never loaded by
+-- require "tally", so the LuaJIT build does not need it.
+--
+-- User errors never show a Lua traceback: they are raised as `fail`
+-- objects and printed as "tally CMD: message". Anything else raised is a
+-- bug, printed with its traceback.
+
+local tally = require "tally"
+local term = require "tally.term"
+local peek = require "tally.peek"
+
+local type, tostring, tonumber, ipairs, error, setmetatable, getmetatable =
+      type, tostring, tonumber, ipairs, error, setmetatable, getmetatable
+local fmt, rep = string.format, string.rep
+local concat = table.concat
+local floor, huge, tointeger, mtype = math.floor, math.huge, math.tointeger, math.type
+
+local _M = {}
+
+-- ---- help -------------------------------------------------------------------
+
+local USAGE = {
+  tally = "tally [options] [script [args...]]\n"
+       .. "       tally run [options] script [args...]\n"
+       .. "       tally COMMAND [args...]",
+  run = "tally run [options] script [args...]",
+  ls = "tally ls STORE [pattern] [--json]",
+  get = "tally get STORE name [--shards]",
+  incr = "tally incr STORE name [n] [--key KEY] [--create]",
+  export = "tally export STORE [pattern]",
+  import = "tally import STORE FILE [--add] [--create]",
+  info = "tally info STORE [--json] [--check]",
+  watch = "tally watch STORE [pattern] [--interval S] [--sort rate|value|name]",
+  help = "tally help [command]",
+}
+
+local HELP = {}
+
+HELP.tally = [[
+With no script and no -e, tally starts an interactive Lua 5.4 prompt with
+the module loaded as 'tally' and a store opened as 'db' (a memory store
+unless --store names one): line editing and history (~/.tally_history),
+Tab completion, multi-line statements; `=expr` and bare expressions print
+their values. With a script, tally runs it like lua5.4 does, with the
+module preloaded.
+
+Commands:
+  ls STORE [pattern] [--json]        counters: value, shards, last rollup
+  get STORE name [--shards]          a counter's exact value
+  incr STORE name [n] [--key K] [--create]   add n (default 1); print the value
+  export STORE [pattern]             counters as JSON (Firestore layout) on stdout
+  import STORE FILE [--add] [--create]   read an export ('-': stdin)
+  info STORE [--json] [--check]      format, counters, size, free space, writers
+  watch STORE [pattern] [--interval S] [--sort rate|value|name]
+                                     a live view, like top
+  help [command]                     this text, or a command's
+
+Options:
+  --store STORE   open STORE as 'db' (for the prompt, -e chunks and scripts)
+  --create        with --store: make the store if it does not exist
+  -e code         run code (the module is the global 'tally')
+  -i              enter the prompt after running the script or -e
+  -v, --version   print the version
+  -h, --help      print this help
+  --              stop handling options
+  -               run stdin as the script
+
+STORE is file:PATH or a path. A command is recognised only as the first
+argument: to run a script named like one, write 'tally ./ls' or
+'tally run ls'. No command creates a store unless given --create.
+Exit status: 0 done, 1 failed (a missing store or counter, a bad file),
+2 usage error.
+]]
+
+HELP.run = [[
+Run script with the module loaded (require "tally"), arg set as lua5.4
+sets it (arg[0] the script, arg[1..] its arguments, which are also passed
+as '...'). The same as 'tally script', except that script may be named like
+a command: 'tally run ls' runs the file ls. Options as for tally (-e, -i,
+--store, --create). A failing script prints 'tally: message' and a
+traceback and exits 1; os.exit(n) exits n.
+]]
+
+HELP.ls = [[
+List the counters of STORE whose names match pattern (a glob: * any run of
+bytes, ? one byte; default all), sorted by name, as an aligned table:
+
+  NAME  VALUE  SHARDS  POLICY  ROLLED AT  RATE/S
+
+VALUE is exact (the sum of the shards now); ROLLED AT and RATE/S come from
+the counter's last rollup ('-' if it has none).
+
+  --json   a JSON array, one counter per line: {"name":, "value":,
+           "shards":, "policy":, "rolled": {"value":, "at":, "delta":,
+           "rate":, "count":} or null}; integers written exactly
+
+Reads only: never creates the store or a counter, never takes the store
+lock after opening it.
+]]
+
+HELP.get = [[
+Print the exact value of counter name (the sum of its shards now).
+
+  --shards   print each shard's value instead, one per line
+
+Exits 1 if there is no such counter. Reads only.
+]]
+
+HELP.incr = [[
+Add n to counter name (an integer, default 1; negative subtracts), creating
+the counter if absent with its family's options or the store's defaults
+(16 shards, thread policy), and print the counter's value read just after.
+
+  --key KEY  the key, for a counter with the key policy
+  --create   make STORE if it does not exist
+]]
+
+HELP.export = [[
+Write the counters matching pattern (default all) to stdout as JSON, exact
+per shard, in the Cloud Firestore distributed-counter layout that
+'tally import' and db:import read (README: "Export and import"). Reads only.
+]]
+
+HELP.import = [[
+Read an export from FILE ('-' for stdin) into STORE and print how many
+counters it holds. The whole document is checked before anything changes.
+By default each counter's shards are made equal to the document's counts;
+increments other processes make meanwhile are kept.
+
+  --add      add the counts to what is there instead
+  --create   make STORE if it does not exist
+
+On a terminal, an import of 1 MiB or more shows a progress bar on stderr
+through its phases (read, parse, check, create, apply). Ctrl-C stops it
+while nothing has changed; once the store starts changing, the import runs
+to the end.
+]]
+
+HELP.info = [[
+Describe STORE for an operator: format version; counters; file size; space
+used and free inside the file; room left to grow (to the store's 32 GiB
+limit and on the file system); bytes retired by reshard and drop (never
+reused); thread tickets drawn (each thread, in any process, that has
+incremented a 'thread' counter draws one: the writers so far); rollups.
+
+  --json    the same as one JSON object (integers exact)
+  --check   also verify every structure of the store (db:check(), which
+            holds the store lock while it runs)
+]]
+
+HELP.watch = [[
+A live view of the counters matching pattern, refreshed like top: NAME,
+VALUE (exact), RATE/S (between the last two refreshes; from the last
+rollup until there are two) and HISTORY, a sparkline of the rate: from the
+counter's finest rollup history if it keeps one, else from what watch has
+seen since it started.
+
+  --interval S   seconds between refreshes (default 1, 0.1 to 3600)
+  --sort KEY     rate (default), value or name
+
+Keys: q (or Ctrl-C) quits; s cycles the sort, r, v and n pick it; + and -
+refresh slower and faster; arrows, PgUp, PgDn, Home scroll. The terminal is
+restored on exit. Reads only, without the store lock (after opening the
+store, as every open does for a moment): writers never wait for it. Needs
+a terminal.
+]]
+
+HELP.help = [[
+Print the help of the tally command, or of one command.
+]]
+
+local COMMANDS = { "ls", "get", "incr", "export", "import", "info", "watch", "help" }
+
+local function help_text(name)
+  return "usage: " .. USAGE[name] .. "\n\n" .. HELP[name]
+end
+_M.help_text = help_text
+
+-- ---- failing ------------------------------------------------------------------
+
+local Fail = {}
+local function fail(msg, status)
+  error(setmetatable({ msg = msg, status = status or 1 }, Fail), 0)
+end
+
+local current = "tally"   -- the command running, for messages
+
+local function usage_error(msg)
+  fail(msg .. "\nusage: " .. USAGE[current] .. "   ('tally help " .. current .. "' for more)", 2)
+end
+
+-- ---- arguments ------------------------------------------------------------------
+
+-- parse(args, spec) -> options, positionals. spec.flags and spec.values
+-- name the options (--name, or --name VALUE / --name=VALUE); spec.min and
+-- spec.max bound the positionals. "-h"/"--help" sets options.help. An
+-- argument like -5 is a positional (incr STORE name -5).
+local function parse(args, spec)
+  local o, pos, only = {}, {}, false
+  local i = 1
+  while i <= #args do
+    local a = args[i]
+    if only or a == "-" or a:sub(1, 1) ~= "-" or a:find("^%-%d") then
+      pos[#pos + 1] = a
+    elseif a == "--" then
+      only = true
+    elseif a == "-h" or a == "--help" then
+      o.help = true
+    else
+      local name, val = a:match("^%-%-([%w][%w-]*)=(.*)$")
+      if not name then name = a:match("^%-%-([%w][%w-]*)$") end
+      if name and spec.flags and spec.flags[name] then
+        if val then usage_error("option --" .. name .. " takes no value") end
+        o[name] = true
+      elseif name and spec.values and spec.values[name] then
+        if not val then
+          i = i + 1
+          val = args[i]
+          if val == nil then usage_error("option --" .. name .. " needs a value") end
+        end
+        o[name] = val
+      else
+        usage_error("unknown option '" .. a .. "'")
+      end
+    end
+    i = i + 1
+  end
+  if o.help then return o, pos end
+  if #pos < (spec.min or 0) then
+    usage_error(spec.min == 1 and "a store is needed" or "missing " .. spec.missing)
+  end
+  if spec.max and #pos > spec.max then usage_error("unexpected argument '" .. pos[spec.max + 1] .. "'") end
+  return o, pos
+end
+
+-- ---- stores -------------------------------------------------------------------
+
+-- open_store(uri [, { create = bool, memory = bool }]) -> db or nil, message.
+-- uri: "file:PATH", a bare path, or "memory" (unless opts.memory is false).
+-- Without create, a missing file is an error and nothing is made (the
+-- message suggests --create when opts.create is false rather than nil).
+function _M.open_store(uri, opts)
+  opts = opts or {}
+  if type(uri) ~= "string" or uri == "" then return nil, "a store is needed (file:PATH or a path)" end
+  if uri == "memory" then
+    if opts.memory == false then
+      return nil, "'memory' is a store of one process, empty here: give a file store (file:PATH or a path)"
+    end
+    return tally.open()
+  end
+  local path = uri:match("^file:(.*)$") or uri
+  if path == "" then return nil, "empty store path in '" .. uri .. "'" end
+  if not opts.create then
+    local f, _, code = io.open(path, "rb")
+    if f then
+      f:close()
+    elseif code == 2 then
+      return nil, fmt("no store at %s (no such file%s)", path,
+                      opts.create == false and "; --create makes one" or "")
+    end
+  end
+  local db, msg = tally.open("file:" .. path, { create = opts.create and true or false })
+  if not db then return nil, msg end
+  return db, path
+end
+
+local function open(uri, create)
+  local db, path = _M.open_store(uri, { create = create, memory = false })
+  if not db then fail(path) end
+  return db, path
+end
+
+-- ---- formatting -----------------------------------------------------------------
+
+local function bytes(n)
+  if n < 1024 then return fmt("%d B", n) end
+  local units = { "KiB", "MiB", "GiB", "TiB" }
+  local v, u = n / 1024, 1
+  while v >= 1024 and u < #units do v, u = v / 1024, u + 1 end
+  return fmt(v < 10 and "%.2f %s" or "%.1f %s", v, units[u])
+end
+_M.bytes = bytes
+
+local function rate_text(r)
+  if r == nil or r ~= r or r == huge or r == -huge then return "-" end
+  if r == floor(r) and r > -1e15 and r < 1e15 then return fmt("%d", r) end
+  local a = r < 0 and -r or r
+  return fmt(a < 10 and "%.2f" or "%.1f", r)
+end
+_M.rate_text = rate_text
+
+local function time_text(at)
+  if not at then return "-" end
+  return os.date("%Y-%m-%d %H:%M:%S", floor(at))
+end
+
+local JESC = { ['"'] = '\\"', ["\\"] = "\\\\", ["\n"] = "\\n", ["\r"] = "\\r", ["\t"] = "\\t" }
+local function jstr(s)
+  return '"' .. s:gsub('[%c"\\]', function(c) return JESC[c] or fmt("\\u%04x", c:byte()) end) .. '"'
+end
+
+local function jnum(x)
+  if x == nil then return "null" end
+  if type(x) == "string" then return jstr(x) end            -- a sum beyond int64
+  if mtype(x) == "integer" then return fmt("%d", x) end
+  if x ~= x or x == huge or x == -huge then return "null" end
+  local s = fmt("%.15g", x)
+  if tonumber(s) ~= x then s = fmt("%.17g", x) end
+  return s
+end
+
+local function jobject(keys, t)
+  local parts = {}
+  for i, k in ipairs(keys) do
+    local v = t[k]
+    local text
+    if type(v) == "boolean" then text = tostring(v)
+    elseif type(v) == "table" then text = v.json
+    elseif k == "at" and type(v) == "number" then text = fmt("%.3f", v)
+    elseif type(v) == "string" and k ~= "value" then text = jstr(v)
+    else text = jnum(v) end
+    parts[i] = jstr(k) .. ":" .. text
+  end
+  return "{" .. concat(parts, ",") .. "}"
+end
+
+local function out(...)
+  io.stdout:write(...)
+end
+
+-- db:names(pattern), asked only when something matches (see peek.any).
+local function names_of(db, pattern)
+  if not peek.any(db, pattern) then return {} end
+  return db:names(pattern)
+end
+_M.names_of = names_of
+
+-- ---- progress bars ------------------------------------------------------------------
+
+-- A progress bar on stderr (only when stderr is a terminal): update(phase,
+-- done, total, unit) redraws at most ten times a second; done() clears it.
+local function progress(label)
+  if not term.isatty(2) then return nil end
+  local last, shown = 0, false
+  local bar = {}
+  function bar.update(phase, done, total, unit, force)
+    local now = tally.now()
+    if not force and now - last < 0.1 then return end
+    last, shown = now, true
+    local cols = term.size()
+    local amount
+    if unit == nil then
+      amount = ""
+    elseif unit == "bytes" then
+      amount = total and (bytes(done) .. " / " .. bytes(total)) or bytes(done)
+    else
+      amount = total and fmt("%d / %d %s", done, total, unit or "") or fmt("%d %s", done, unit or "")
+    end
+    local left = fmt("%s: %-8s ", label, phase)
+    local right = total and total > 0 and fmt(" %3d%%  %s", floor(done * 100 / total), amount)
+                  or "  " .. amount
+    local w = cols - #left - #right - 3
+    if w > 40 then w = 40 end
+    local line
+    if total and total > 0 and w >= 5 then
+      local fill = floor(w * done / total)
+      if fill > w then fill = w end
+      line = left .. "[" .. rep("#", fill) .. rep("-", w - fill) .. "]" .. right
+    else
+      line = left .. right
+    end
+    io.stderr:write("\r", line:sub(1, cols - 1), "\27[K")
+    io.stderr:flush()
+  end
+  function bar.done()
+    if shown then io.stderr:write("\r\27[K"); io.stderr:flush() end
+  end
+  return bar
+end
+_M.progress = progress
+
+-- ---- commands ------------------------------------------------------------------------
+
+local cmd = {}
+
+function cmd.ls(args)
+  local o, pos = parse(args, { flags = { json = true }, min = 1, max = 2 })
+  if o.help then return "help" end
+  local db = open(pos[1])
+  local names = names_of(db, pos[2])
+  if o.json then
+    local first = true
+    out("[")
+    for _, name in ipairs(names) do
+      local p = peek.counter(db, name)
+      if p then                                   -- else dropped meanwhile
+        local r = p.rolled
+        if r then r.json = jobject({ "value", "at", "delta", "rate", "count" }, r) end
+        out(first and "\n" or ",\n",
+            jobject({ "name", "value", "shards", "policy", "rolled" },
+                    { name = p.name, value = p.value, shards = p.shards, policy = p.policy,
+                      rolled = r or { json = "null" } }))
+        first = false
+      end
+    end
+    out(first and "]\n" or "\n]\n")
+    return 0
+  end
+  -- widths from the names and the first rows (a million counters stream)
+  local head = { "NAME", "VALUE", "SHARDS", "POLICY", "ROLLED AT", "RATE/S" }
+  local w = { #head[1], #head[2], #head[3], #head[4], 19, #head[6] }
+  for _, name in ipairs(names) do if #name > w[1] then w[1] = #name end end
+  local rows, i, CHUNK = {}, 0, 5000
+  local function cells(p)
+    local r = p.rolled
+    return { p.name, tostring(p.value), tostring(p.shards), p.policy,
+             r and time_text(r.at) or "-", r and rate_text(r.rate) or "-" }
+  end
+  local function emit(c)
+    out(c[1], rep(" ", w[1] - #c[1]), "  ", rep(" ", w[2] - #c[2]), c[2], "  ",
+        rep(" ", w[3] - #c[3]), c[3], "  ", c[4], rep(" ", w[4] - #c[4]), "  ",
+        c[5], rep(" ", w[5] - #c[5]), "  ", rep(" ", w[6] - #c[6]), c[6], "\n")
+  end
+  local function flush_rows()
+    for _, c in ipairs(rows) do emit(c) end
+    rows = {}
+  end
+  if #names == 0 then
+    if pos[2] then io.stderr:write("tally ls: no counter matches '", pos[2], "'\n")
+    else io.stderr:write("tally ls: the store has no counters\n") end
+    return 0
+  end
+  for _, name in ipairs(names) do
+    local p = peek.counter(db, name)
+    if p then
+      local c = cells(p)
+      i = i + 1
+      if i <= CHUNK then
+        for k = 2, 6 do if #c[k] > w[k] then w[k] = #c[k] end end
+        rows[#rows + 1] = c
+        if i == CHUNK then emit(head); flush_rows() end
+      else
+        emit(c)
+      end
+    end
+  end
+  if i < CHUNK then emit(head); flush_rows() end
+  return 0
+end
+
+function cmd.get(args)
+  local o, pos = parse(args, { flags = { shards = true }, min = 2, max = 2, missing = "counter name" })
+  if o.help then return "help" end
+  local db = open(pos[1])
+  local p = peek.counter(db, pos[2], o.shards)
+  if not p then fail(fmt("no such counter '%s'", pos[2])) end
+  if o.shards then
+    out(concat(p.cells, "\n", 1, #p.cells), "\n")
+  else
+    out(tostring(p.value), "\n")
+  end
+  return 0
+end
+
+function cmd.incr(args)
+  local o, pos = parse(args, { flags = { create = true }, values = { key = true }, min = 2, max = 3,
+                               missing = "counter name" })
+  if o.help then return "help" end
+  local n = 1
+  if pos[3] then
+    n = pos[3]:find("^[+-]?%d+$") and tointeger(tonumber(pos[3]))
+    if not n then usage_error("n must be an integer, got '" .. pos[3] .. "'") end
+  end
+  local db = open(pos[1], o.create or false)
+  local ok, done, msg = pcall(db.incr, db, pos[2], n, o.key)
+  if not ok then fail((tostring(done):gsub("^bad argument #%d+ to '[^']*' %((.*)%)$", "%1"))) end
+  if not done then fail(msg) end
+  local v, vmsg = db:value(pos[2])
+  if v == nil then fail(vmsg) end
+  out(tostring(v), "\n")
+  return 0
+end
+
+function cmd.export(args)
+  local o, pos = parse(args, { min = 1, max = 2 })
+  if o.help then return "help" end
+  local db = open(pos[1])
+  local text, msg = '{"counters":{}}\n', nil
+  if peek.any(db, pos[2]) then text, msg = db:export(pos[2]) end
+  if not text then fail(msg) end
+  out(text)
+  return 0
+end
+
+local BIG = 1048576   -- 1 MiB: an import this large gets a progress bar
+local PHASES = { decode = "parse", validate = "check", create = "create", apply = "apply" }
+
+function cmd.import(args)
+  local o, pos = parse(args, { flags = { add = true, create = true }, min = 2, max = 2,
+                               missing = "FILE ('-' for stdin)" })
+  if o.help then return "help" end
+  local file = pos[2]
+  local f, err
+  if file == "-" then f = io.stdin else f, err = io.open(file, "rb") end
+  if not f then fail("cannot read " .. tostring(err)) end
+  local size = file ~= "-" and f:seek("end") or nil
+  if size then f:seek("set") end
+  local db, path = open(pos[1], o.create or false)
+  local bar = (size == nil or size >= BIG) and progress("import") or nil
+  term.catch_interrupt(true)
+  local ok, n, msg, changing, stopped = true, nil, nil, false, false
+  local function check_stop()
+    if not changing and term.interrupted() then error({ stop = true }, 0) end
+  end
+  ok, err = pcall(function()
+    local chunks, got = {}, 0
+    while true do
+      local s = f:read(BIG)
+      if not s then break end
+      chunks[#chunks + 1] = s
+      got = got + #s
+      if bar and (size or got >= BIG) then bar.update("read", got, size, "bytes") end
+      check_stop()
+    end
+    if bar and got < BIG and not size then bar = nil end
+    local text = concat(chunks)
+    chunks = nil
+    local opts = { mode = o.add and "add" or "replace" }
+    opts.progress = function(phase, done, total)
+      if phase == "create" or phase == "apply" then changing = true end
+      check_stop()
+      if bar then
+        bar.update(PHASES[phase] or phase, done, total, phase ~= "decode" and "counters" or nil,
+                   done == total)
+      end
+    end
+    n, msg = db:import(text, opts)
+  end)
+  if f ~= io.stdin then f:close() end
+  if bar then bar.done() end
+  stopped = term.interrupted()
+  term.catch_interrupt(false)
+  if not ok then
+    if type(err) == "table" and err.stop then
+      fail("interrupted; nothing was imported", 130)
+    end
+    if type(err) == "string" and err:find("import: ", 1, true) then
+      fail((err:gsub("^.-import: ", "", 1)))
+    end
+    error(err, 0)
+  end
+  if not n then fail(msg) end
+  out(fmt("imported %d counter%s into %s (%s)\n", n, n == 1 and "" or "s", path,
+          o.add and "added" or "replaced"))
+  if stopped then
+    io.stderr:write("tally import: Ctrl-C came after the store began to change: the import was completed\n")
+  end
+  return 0
+end
+
+function cmd.info(args)
+  local o, pos = parse(args, { flags = { json = true, check = true }, min = 1, max = 1 })
+  if o.help then return "help" end
+  local db, path = open(pos[1])
+  local st = db:stats()
+  local h, herr = peek.header(path)
+  if not h then fail(herr) end
+  local fs = peek.fs(path)
+  local free_in_file = st.file_bytes - st.used_bytes
+  local grow = h.max_bytes - st.file_bytes
+  local checked, check_msg
+  if o.check then checked, check_msg = db:check() end
+  local info = {
+    store = "file:" .. path, format = h.format, counters = st.counters,
+    file_bytes = st.file_bytes, used_bytes = st.used_bytes, free_bytes = free_in_file,
+    max_bytes = h.max_bytes, fs_avail_bytes = fs and fs.avail or nil,
+    retired_bytes = st.retired_bytes, writers = h.writers, rollups = h.rollups,
+  }
+  if o.check then info.check = checked and "ok" or check_msg end
+  if o.json then
+    local keys = { "store", "format", "counters", "file_bytes", "used_bytes", "free_bytes",
+                   "max_bytes", "fs_avail_bytes", "retired_bytes", "writers", "rollups" }
+    if o.check then keys[#keys + 1] = "check" end
+    out(jobject(keys, info), "\n")
+  else
+    local lines = {
+      { "store", info.store },
+      { "format", tostring(h.format) },
+      { "counters", tostring(st.counters) },
+      { "file size", fmt("%s (%d bytes)", bytes(st.file_bytes), st.file_bytes) },
+      { "used", fmt("%s; %s free inside the file", bytes(st.used_bytes), bytes(free_in_file)) },
+      { "can grow", fmt("by %s more (limit %s)%s", bytes(grow), bytes(h.max_bytes),
+                        fs and fmt("; %s free on the file system", bytes(fs.avail)) or "") },
+      { "retired", fmt("%s (cells left behind by reshard and drop)", bytes(st.retired_bytes)) },
+      { "writers", fmt("%d thread ticket%s drawn", h.writers, h.writers == 1 and "" or "s") },
+      { "rollups", h.rollups and "yes" or "none" },
+    }
+    if o.check then lines[#lines + 1] = { "check", info.check } end
+    for _, l in ipairs(lines) do out(fmt("%-10s %s\n", l[1], l[2])) end
+  end
+  if o.check and not checked then return 1 end
+  return 0
+end
+
+function cmd.watch(args)
+  local o, pos = parse(args, { values = { interval = true, sort = true }, min = 1, max = 2 })
+  if o.help then return "help" end
+  local interval = 1
+  if o.interval then
+    interval = tonumber(o.interval)
+    if not interval or interval ~= interval or interval < 0.1 or interval > 3600 then
+      usage_error("--interval must be seconds from 0.1 to 3600, got '" .. o.interval .. "'")
+    end
+  end
+  local sort = o.sort or "rate"
+  if sort ~= "rate" and sort ~= "value" and sort ~= "name" then
+    usage_error("--sort must be rate, value or name, got '" .. sort .. "'")
+  end
+  local db, path = open(pos[1])
+  if not term.isatty(1) then
+    fail("needs a terminal (stdout is not one); 'tally ls' lists the counters once")
+  end
+  return require("tally.watch").run(db, { store = "file:" .. path, pattern = pos[2],
+                                          interval = interval, sort = sort })
+end
+
+function cmd.help(args)
+  local name = args[1]
+  if name == "-h" or name == "--help" then name = "help" end
+  if name == nil or name == "tally" then
+    out("usage: " .. USAGE.tally .. "\n\n" .. HELP.tally)
+    return 0
+  end
+  if not HELP[name] then usage_error("no command '" .. name .. "' (commands: " .. concat(COMMANDS, ", ") .. ")") end
+  out(help_text(name))
+  return 0
+end
+
+-- ---- entry points ------------------------------------------------------------------
+
+local function distance(a, b)
+  local d = {}
+  for i = 0, #a do d[i] = { [0] = i } end
+  for j = 0, #b do d[0][j] = j end
+  for i = 1, #a do
+    for j = 1, #b do
+      local c = a:sub(i, i) == b:sub(j, j) and 0 or 1
+      d[i][j] = math.min(d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + c)
+    end
+  end
+  return d[#a][#b]
+end
+
+-- unknown(word): the first argument was neither a command nor a file.
+function _M.unknown(word)
+  local best, bd = nil, 3
+  for _, c in ipairs(COMMANDS) do
+    local d = distance(word, c)
+    if d < bd then best, bd = c, d end
+  end
+  io.stderr:write(fmt("tally: '%s' is neither a command nor a script file%s\n"
+                      .. "Run 'tally help' for the commands.\n", word,
+                      best and fmt(" (did you mean '%s'?)", best) or ""))
+  return 2
+end
+
+local function handler(e)
+  if getmetatable(e) == Fail then return e end
+  if type(e) == "string" and e:find("interrupted!$") then   -- Ctrl-C (cli_docall's hook)
+    return setmetatable({ msg = "interrupted", status = 130 }, Fail)
+  end
+  return debug.traceback(tostring(e), 2)
+end
+
+-- main(command, args...) -> exit status
+function _M.main(name, ...)
+  local args = { ... }
+  local f = cmd[name]
+  if not f then return _M.unknown(tostring(name)) end
+  current = name
+  local ok, res = xpcall(f, handler, args)
+  io.stdout:flush()
+  if ok then
+    if res == "help" then
+      out(help_text(name))
+      return 0
+    end
+    return res or 0
+  end
+  if getmetatable(res) == Fail then
+    io.stderr:write("tally ", name, ": ", res.msg, "\n")
+    return res.status
+  end
+  io.stderr:write("tally ", name, ": ", tostring(res), "\n")
+  return 1
+end
+
+return _M

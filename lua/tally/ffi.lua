@@ -1,0 +1,242 @@
+-- tally.ffi: the LuaJIT FFI path for the hot calls.
+--
+-- Under LuaJIT a call into a classic C function (lua_CFunction) stops the
+-- trace the JIT compiler is recording; a call through the FFI is compiled
+-- into it. So, under LuaJIT, require "tally" replaces six methods with Lua
+-- functions that call the C API of the very core.so the classic binding
+-- lives in: c:incr(n), c:decr(n), c:value(), db:incr(name, n),
+-- db:decr(name, n) and db:value(name). Everything else (and every case
+-- these do not handle: bad arguments, closed handles, the key and function
+-- policies, c:value(opts), a counter not yet in the store's cache, any
+-- failure) falls through, by a tail call, to the classic C method with
+-- the same arguments, so results, errors and messages are the classic
+-- binding's.
+--
+-- The FFI functions read the counter handle's own tally_counter pointer
+-- on every call (the handle userdata cast to its C struct; no pointer is
+-- ever cached in Lua), and closing a counter, or its store, sets that
+-- pointer to NULL, which sends the next call down the classic path to
+-- raise "attempt to use a closed counter". db:incr(name) finds the counter
+-- in the store's own cache of handles by name (core._store_cache), the one
+-- the classic db:incr fills and db:drop clears.
+--
+-- TALLY_NO_FFI=1 in the environment keeps the classic methods (for tests
+-- and benchmarks); tally.ffi says which path is in use. Under Lua 5.4 this
+-- module does nothing.
+
+local core = require "tally.core"
+local compat = require "tally.compat"
+
+local _M = { enabled = false }
+
+if not compat.luajit then
+  _M.reason = "not LuaJIT"
+  function _M.install(tally) tally.ffi = false end
+  function _M.enable() return false end
+  return _M
+end
+
+local ffi = require "ffi"
+local type, getmetatable, tonumber, pcall, setmetatable, select, ipairs, tostring =
+      type, getmetatable, tonumber, pcall, setmetatable, select, ipairs, tostring
+local cast, istype = ffi.cast, ffi.istype
+
+-- Declared once per Lua state: busted and nginx may load this file again,
+-- and ffi.cdef refuses to define a type twice.
+if not pcall(ffi.typeof, "struct tally_ffi_counter") then
+  ffi.cdef [[
+    typedef struct tally_counter tally_counter;
+    int tally_counter_incr(tally_counter *c, int64_t delta);
+    int tally_counter_value(tally_counter *c, int64_t *out);
+    /* the head of a counter handle (struct tl_counter in src/lua_tally.h) */
+    struct tally_ffi_counter {
+      uintptr_t key;
+      tally_counter *c;        /* NULL once closed */
+      void *db, *prev, *next;
+      int32_t policy;          /* < 3: thread, random, round_robin */
+    };
+  ]]
+end
+
+local CPTR = ffi.typeof("struct tally_ffi_counter *")
+local int64_t, uint64_t = ffi.typeof("int64_t"), ffi.typeof("uint64_t")
+local EXACT = 2^53
+local INT64_LIMIT = uint64_t(2^63)
+local POLICY_KEY = 3
+
+-- Why the FFI path cannot be used here, or nil.
+local function unusable()
+  if not core._ffi_info then return "tally.core was built without FFI support" end
+  local info = core._ffi_info()
+  local path = info.path or package.searchpath("tally.core", package.cpath)
+  if not path then return "cannot find the file tally.core was loaded from" end
+  local ok, lib = pcall(ffi.load, path)
+  if not ok then return "ffi.load(" .. path .. "): " .. tostring(lib) end
+  -- the very copy require loaded: same code, same process-wide state
+  if cast("void *", lib.tally_counter_incr) ~= cast("void *", info.incr) then
+    return path .. " is not the copy of tally.core that require loaded"
+  end
+  if ffi.offsetof("struct tally_ffi_counter", "c") ~= info.counter_c
+     or ffi.offsetof("struct tally_ffi_counter", "policy") ~= info.counter_policy then
+    return "the counter handle layout does not match struct tally_ffi_counter"
+  end
+  local reg = debug.getregistry()
+  local cmt, smt = reg["tally.counter"], reg["tally.store"]
+  if type(cmt) ~= "table" or cmt.__index ~= core.counter_methods
+     or type(smt) ~= "table" or smt.__index ~= core.store_methods then
+    return "cannot find the counter and store metatables"
+  end
+  _M.lib, _M.counter_mt, _M.store_mt = lib, cmt, smt
+  return nil
+end
+
+_M.reason = unusable()
+
+local classic = core._classic
+local METHODS = {                      -- method table, name, classic C function
+  { core.counter_methods, "incr", classic and classic.counter_incr },
+  { core.counter_methods, "decr", classic and classic.counter_decr },
+  { core.counter_methods, "value", classic and classic.counter_value },
+  { core.store_methods, "incr", classic and classic.store_incr },
+  { core.store_methods, "decr", classic and classic.store_decr },
+  { core.store_methods, "value", classic and classic.store_value },
+}
+
+local tally_module                    -- the table require "tally" returns
+
+-- enable(on) -> whether the FFI methods are now in use. For tests and
+-- benchmarks; require "tally" calls it once.
+function _M.enable(on)
+  if on and _M.reason then on = false end
+  local fns = on and _M.methods or nil
+  for i, m in ipairs(METHODS) do
+    m[1][m[2]] = fns and fns[i] or m[3] or m[1][m[2]]
+  end
+  _M.enabled = on and true or false
+  if tally_module then tally_module.ffi = _M.enabled end
+  return _M.enabled
+end
+
+function _M.install(tally)
+  tally_module = tally
+  local no = os.getenv("TALLY_NO_FFI")
+  if no ~= nil and no ~= "" and no ~= "0" and not _M.reason then
+    _M.reason = "TALLY_NO_FFI=" .. no
+  end
+  _M.enable(true)
+end
+
+if _M.reason then return _M end
+
+-- ---- the FFI methods -------------------------------------------------------------
+
+local C = _M.lib
+local COUNTER_MT, STORE_MT = _M.counter_mt, _M.store_mt
+local incr_c, value_c = C.tally_counter_incr, C.tally_counter_value
+local c_incr, c_decr, c_value = classic.counter_incr, classic.counter_decr, classic.counter_value
+local s_incr, s_decr, s_value = classic.store_incr, classic.store_decr, classic.store_value
+local store_cache = core._store_cache
+local vbuf = ffi.new("int64_t[1]")   -- no call below yields while it is in use
+
+-- The increment n as the FFI takes it (nil: 1), or nil to leave it to the
+-- classic method (which raises, or converts a numeric string).
+local function delta(n)
+  if type(n) == "number" then
+    if n % 1 == 0 and n <= EXACT and n >= -EXACT then return n end  -- not nan, inf
+  elseif n == nil then
+    return 1
+  elseif type(n) == "cdata" then
+    if istype(int64_t, n) then return n end
+    if istype(uint64_t, n) and n < INT64_LIMIT then return int64_t(n) end
+  end
+  return nil
+end
+
+-- The open counter's tally_counter pointer, for the plain policies, or nil.
+local function plain(c)
+  local h = cast(CPTR, c)
+  local p = h.c
+  if p ~= nil and h.policy < POLICY_KEY then return p end
+  return nil
+end
+
+local function result(v)              -- int64_t -> number within 2^53
+  if v <= EXACT and v >= -EXACT then return tonumber(v) end
+  return v
+end
+
+-- Each method takes its arguments as `...` and passes them on unchanged,
+-- so the classic method sees exactly what the caller gave ("got no value"
+-- stays "got no value"); LuaJIT compiles that as well as named parameters.
+
+local function incr(c, ...)
+  if type(c) == "userdata" and getmetatable(c) == COUNTER_MT then
+    local d, p = delta((...)), plain(c)
+    if d and p and incr_c(p, d) == 0 then return true end
+  end
+  return c_incr(c, ...)               -- a tail call: its errors name 'incr'
+end
+
+local function decr(c, ...)
+  if type(c) == "userdata" and getmetatable(c) == COUNTER_MT then
+    local d, p = delta((...)), plain(c)
+    if d and p and incr_c(p, -d) == 0 then return true end
+  end
+  return c_decr(c, ...)
+end
+
+local function value(c, ...)
+  if select("#", ...) == 0 and type(c) == "userdata" and getmetatable(c) == COUNTER_MT then
+    local p = cast(CPTR, c).c
+    if p ~= nil and value_c(p, vbuf) == 0 then return result(vbuf[0]) end
+  end
+  return c_value(c, ...)
+end
+
+-- Store handle -> its cache of counter handles by name (weak values).
+local caches = setmetatable({}, { __mode = "k" })
+
+local function cache_of(db)
+  local cache = caches[db]
+  if cache == nil and type(db) == "userdata" and getmetatable(db) == STORE_MT then
+    cache = store_cache(db)
+    caches[db] = cache
+  end
+  return cache
+end
+
+local function db_incr(db, ...)
+  local name, n = ...
+  local cache = caches[db] or cache_of(db)
+  local c = cache and cache[name]
+  if c then
+    local d, p = delta(n), plain(c)
+    if d and p and incr_c(p, d) == 0 then return true end
+  end
+  return s_incr(db, ...)
+end
+
+local function db_decr(db, ...)
+  local name, n = ...
+  local cache = caches[db] or cache_of(db)
+  local c = cache and cache[name]
+  if c then
+    local d, p = delta(n), plain(c)
+    if d and p and incr_c(p, -d) == 0 then return true end
+  end
+  return s_decr(db, ...)
+end
+
+local function db_value(db, ...)
+  local cache = caches[db] or cache_of(db)
+  local c = cache and cache[(...)]
+  if c then
+    local p = cast(CPTR, c).c
+    if p ~= nil and value_c(p, vbuf) == 0 then return result(vbuf[0]) end
+  end
+  return s_value(db, ...)
+end
+
+_M.methods = { incr, decr, value, db_incr, db_decr, db_value }
+
+return _M

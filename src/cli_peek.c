@@ -1,0 +1,239 @@
+/* cli_peek.c -- tally.peek: read-only looks at a store, for the tally command.
+ *
+ *   peek.counter(db, name [, cells]) -> { name=, value=, shards=, policy=,
+ *       rolled = { value=, at=, delta=, rate=, count= } or nil,
+ *       cells = { ... } if asked } or nil, message, code
+ *   peek.history(db, name, last) -> res_s, { { t=, v= }, ... } or nil
+ *       the newest `last` buckets of the counter's finest history ring
+ *   peek.header(path) -> { format=, writers=, file_bytes=, used_bytes=,
+ *       retired_bytes=, max_bytes=, rollups= } or nil, message
+ *   peek.fs(path) -> { avail=, size= } of the file system holding path
+ *   peek.any(db [, pattern]) -> whether some counter matches (stops at
+ *       the first); the commands ask before db:names(), which under UBSan
+ *       aborts on an empty result (qsort(NULL, 0) in lua_tally.c)
+ *
+ * `tally ls`, `get`, `info` and `watch` read through these. Counters are
+ * opened without TALLY_COUNTER_CREATE, so a counter dropped while a listing
+ * runs is skipped, never made again (db:counter() would create it), and
+ * nothing here takes the store lock: a lookup and a read of cells and
+ * rollup records are lock-free. A value whose shards sum beyond int64 comes
+ * back as its exact decimal string. peek.header reads the file's header
+ * with pread() for what db:stats() does not give: the format version and
+ * the count of thread tickets drawn (one per thread, in any process, that
+ * has incremented a `thread` counter of the store).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include "internal.h"
+#include "lua_tally.h"
+#include "cli.h"
+
+static void setint(lua_State *L, const char *k, int64_t v) {
+  lua_pushinteger(L, (lua_Integer)v);
+  lua_setfield(L, -2, k);
+}
+
+/* The exact sum of the shards, as a decimal string (beyond int64). */
+static void pushbigsum(lua_State *L, const int64_t *v, uint32_t n) {
+  __int128 s = 0;
+  unsigned __int128 u;
+  char buf[48], *p = buf + sizeof buf - 1;
+  uint32_t i;
+  for (i = 0; i < n; i++) s += v[i];
+  u = s < 0 ? (unsigned __int128)(-s) : (unsigned __int128)s;
+  *p = '\0';
+  do {
+    *--p = (char)('0' + (int)(u % 10));
+    u /= 10;
+  } while (u != 0);
+  if (s < 0) *--p = '-';
+  lua_pushstring(L, p);
+}
+
+static int fail(lua_State *L, int rc) {
+  lua_pushnil(L);
+  lua_pushstring(L, tally_errmsg());
+  lua_pushstring(L, tally_err_name(rc));
+  return 3;
+}
+
+static int p_counter(lua_State *L) {
+  tl_store *d = tl_checkstore(L, 1);
+  size_t len;
+  const char *name = luaL_checklstring(L, 2, &len);
+  int cells = lua_toboolean(L, 3);
+  int64_t vals[TALLY_MAX_SHARDS], v;
+  uint32_t n, i;
+  tally_counter *c;
+  tally_counter_info info;
+  tally_rollup r;
+  int rc = tally_counter_open(d->store, name, len, NULL, 0, &c);
+  if (rc < 0) return fail(L, rc);
+  if ((rc = tally_counter_info_get(c, &info)) < 0 ||
+      (rc = tally_counter_shards(c, vals, TALLY_MAX_SHARDS, &n)) < 0) {
+    tally_counter_close(c);
+    return fail(L, rc);
+  }
+  lua_createtable(L, 0, 6);
+  lua_pushlstring(L, name, len);
+  lua_setfield(L, -2, "name");
+  rc = tally_counter_value(c, &v);  /* the sum now, not of the shards above */
+  if (rc == 0) lua_pushinteger(L, (lua_Integer)v);
+  else if (rc == TALLY_ERANGE) pushbigsum(L, vals, n);
+  else lua_pushnil(L);
+  lua_setfield(L, -2, "value");
+  setint(L, "shards", n);
+  lua_pushstring(L, info.policy == TALLY_POLICY_CUSTOM ? "function"
+                                                       : tally_policy_name(info.policy));
+  lua_setfield(L, -2, "policy");
+  if (tally_counter_rolled(c, &r) == 0) {
+    lua_createtable(L, 0, 5);
+    setint(L, "value", r.value);
+    lua_pushnumber(L, (lua_Number)r.at_ms / 1000.0);
+    lua_setfield(L, -2, "at");
+    setint(L, "delta", r.delta);
+    lua_pushnumber(L, (lua_Number)tally_rollup_rate(&r));
+    lua_setfield(L, -2, "rate");
+    setint(L, "count", (int64_t)r.count);
+    lua_setfield(L, -2, "rolled");
+  }
+  if (cells) {
+    lua_createtable(L, (int)n, 0);
+    for (i = 0; i < n; i++) {
+      lua_pushinteger(L, (lua_Integer)vals[i]);
+      lua_rawseti(L, -2, (lua_Integer)i + 1);
+    }
+    lua_setfield(L, -2, "cells");
+  }
+  tally_counter_close(c);
+  return 1;
+}
+
+static int p_history(lua_State *L) {
+  tl_store *d = tl_checkstore(L, 1);
+  size_t len;
+  const char *name = luaL_checklstring(L, 2, &len);
+  lua_Integer last = luaL_checkinteger(L, 3);
+  tally_ring rings[TALLY_RINGS_MAX];
+  tally_bucket *b;
+  uint32_t nr, nb, i, fine = 0, first;
+  tally_counter *c = NULL;
+  int rc = tally_counter_open(d->store, name, len, NULL, 0, &c);
+  if (rc < 0 || tally_counter_rings(c, rings, TALLY_RINGS_MAX, &nr) < 0 || nr == 0) {
+    tally_counter_close(c);
+    return 0;
+  }
+  for (i = 1; i < nr && i < TALLY_RINGS_MAX; i++)
+    if (rings[i].res_s < rings[fine].res_s) fine = i;
+  b = (tally_bucket *)malloc((size_t)rings[fine].len * sizeof *b);
+  if (b == NULL) {
+    tally_counter_close(c);
+    return luaL_error(L, "out of memory");
+  }
+  rc = tally_counter_history(c, rings[fine].res_s, b, rings[fine].len, &nb);
+  tally_counter_close(c);
+  if (rc < 0) {
+    free(b);
+    return 0;
+  }
+  if (nb > rings[fine].len) nb = rings[fine].len;
+  first = last > 0 && (lua_Integer)nb > last ? nb - (uint32_t)last : 0;
+  lua_pushinteger(L, (lua_Integer)rings[fine].res_s);
+  lua_createtable(L, (int)(nb - first), 0);
+  for (i = first; i < nb; i++) {
+    lua_createtable(L, 0, 2);
+    setint(L, "t", b[i].t);
+    setint(L, "v", b[i].value);
+    lua_rawseti(L, -2, (lua_Integer)(i - first) + 1);
+  }
+  free(b);
+  return 2;
+}
+
+static uint64_t word(const unsigned char *h, size_t off) {
+  uint64_t v;
+  memcpy(&v, h + off, sizeof v);
+  return v;
+}
+
+static int p_header(lua_State *L) {
+  const char *path = luaL_checkstring(L, 1);
+  unsigned char h[TALLY__HEADER_BYTES];
+  uint32_t format;
+  ssize_t got;
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    lua_pushnil(L);
+    lua_pushfstring(L, "%s: %s", path, strerror(errno));
+    return 2;
+  }
+  got = pread(fd, h, sizeof h, 0);
+  close(fd);
+  if (got != (ssize_t)sizeof h || memcmp(h, TALLY__MAGIC, 8) != 0) {
+    lua_pushnil(L);
+    lua_pushfstring(L, "%s: not a tally store", path);
+    return 2;
+  }
+  memcpy(&format, h + offsetof(struct tally__header, format), sizeof format);
+  lua_createtable(L, 0, 7);
+  setint(L, "format", format);
+  setint(L, "max_bytes", (int64_t)word(h, offsetof(struct tally__header, max_bytes)));
+  setint(L, "file_bytes", (int64_t)word(h, offsetof(struct tally__header, size)));
+  setint(L, "used_bytes", (int64_t)word(h, offsetof(struct tally__header, used)));
+  setint(L, "retired_bytes", (int64_t)word(h, offsetof(struct tally__header, retired)));
+  setint(L, "writers", (int64_t)word(h, offsetof(struct tally__header, writers)));
+  lua_pushboolean(L, word(h, offsetof(struct tally__header, rollups)) != 0);
+  lua_setfield(L, -2, "rollups");
+  return 1;
+}
+
+static int p_fs(lua_State *L) {
+  const char *path = luaL_checkstring(L, 1);
+  struct statvfs st;
+  if (statvfs(path, &st) != 0) {
+    lua_pushnil(L);
+    lua_pushfstring(L, "%s: %s", path, strerror(errno));
+    return 2;
+  }
+  lua_createtable(L, 0, 2);
+  setint(L, "avail", (int64_t)((uint64_t)st.f_bavail * st.f_frsize));
+  setint(L, "size", (int64_t)((uint64_t)st.f_blocks * st.f_frsize));
+  return 1;
+}
+
+static int found(void *ud, const char *name, size_t len) {
+  (void)ud;
+  (void)name;
+  (void)len;
+  return 1;  /* stop at the first */
+}
+
+static int p_any(lua_State *L) {
+  tl_store *d = tl_checkstore(L, 1);
+  size_t plen = 0;
+  const char *pattern = luaL_optlstring(L, 2, NULL, &plen);
+  int rc = tally_store_each(d->store, pattern, plen, found, NULL);
+  if (rc < 0) return fail(L, rc);
+  lua_pushboolean(L, rc == 1);
+  return 1;
+}
+
+int cli_open_peek(lua_State *L) {
+  static const luaL_Reg fns[] = {
+    { "counter", p_counter },
+    { "history", p_history },
+    { "header", p_header },
+    { "fs", p_fs },
+    { "any", p_any },
+    { NULL, NULL }
+  };
+  luaL_newlib(L, fns);
+  return 1;
+}
