@@ -4,10 +4,14 @@
  * so every process sees every family and the newest matching one wins. A
  * family is never changed in place: defining a pattern again prepends a
  * new record that shadows the old one, and a reader walking the list never
- * sees a half-written family.
+ * sees a half-written family. Defining it again with the options it has
+ * already adds nothing (unless a newer overlapping family would lose its
+ * precedence), so the list does not grow with every process start.
  */
 #include "internal.h"
 
+#include <stdbool.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define POLICY_UNSET 0xFFu
@@ -60,6 +64,52 @@ int tally__family_check(tally_store *s) {
   return 0;
 }
 
+/* Can globs a and b match one same name? A walk over both at once: a '*'
+ * either ends or takes the other pattern's next item; '?' meets any byte.
+ * m[i][j]: can a[i..] and b[j..] match one name, filled from the ends. If
+ * there is no memory for the table, say yes (the safe answer). */
+static bool globs_overlap(const char *a, size_t na, const char *b, size_t nb) {
+  size_t w = nb + 1;
+  bool *m = malloc((na + 1) * w);
+  if (!m) return true;
+  for (size_t i = na + 1; i-- > 0;)
+    for (size_t j = nb + 1; j-- > 0;) {
+      bool r;
+      if (i == na && j == nb) r = true;
+      else if (i < na && a[i] == '*') r = m[(i + 1) * w + j] || (j < nb && m[i * w + j + 1]);
+      else if (j < nb && b[j] == '*') r = m[i * w + j + 1] || (i < na && m[(i + 1) * w + j]);
+      else if (i == na || j == nb) r = false;
+      else r = (a[i] == '?' || b[j] == '?' || a[i] == b[j]) && m[(i + 1) * w + j + 1];
+      m[i * w + j] = r;
+    }
+  bool r = m[0];
+  free(m);
+  return r;
+}
+
+/* Would defining pattern with these options change nothing? True when the
+ * newest record of the same pattern has the same options and no newer
+ * record could shadow it for some name. Processes that define their
+ * families at every start (nginx workers at every reload) then add no
+ * records. Caller holds the lock. */
+static int redundant(tally_store *s, const char *pattern, size_t plen,
+                     uint32_t shards, uint8_t policy, bool *out) {
+  uint64_t off;
+  int rc = head(s, &off);
+  *out = false;
+  for (uint32_t n = 0; rc == 0 && off && n < MAX_FAMILIES; n++) {
+    const struct tally__family *f;
+    if ((rc = family_at(s, off, &f))) break;
+    if (f->pattern_len == plen && memcmp(f->pattern, pattern, plen) == 0) {
+      *out = f->shards == shards && f->policy == policy;
+      break;
+    }
+    if (globs_overlap(f->pattern, f->pattern_len, pattern, plen)) break;
+    off = f->next;
+  }
+  return rc;
+}
+
 int tally_family_set(tally_store *s, const char *pattern, size_t plen,
                      const tally_counter_options *opt) {
   static const tally_counter_options defaults = {0, -1};
@@ -76,13 +126,20 @@ int tally_family_set(tally_store *s, const char *pattern, size_t plen,
     return tally__fail(TALLY_EPOLICY, "invalid shard policy %d", opt->policy);
   int rc = tally__lock(s);
   if (rc) return rc;
+  uint8_t policy = opt->policy < 0 ? POLICY_UNSET : (uint8_t)opt->policy;
+  bool same;
+  rc = redundant(s, pattern, plen, opt->shards, policy, &same);
+  if (rc || same) {
+    tally__unlock(s);
+    return rc;
+  }
   uint64_t off;
   rc = tally__alloc(s, sizeof(struct tally__family) + plen + 1, &off);
   if (rc == 0) {
     struct tally__family *f = tally__at(s, off);
     rc = head(s, &f->next);
     f->shards = opt->shards;
-    f->policy = opt->policy < 0 ? POLICY_UNSET : (uint8_t)opt->policy;
+    f->policy = policy;
     f->kind = TALLY__KIND_FAMILY;
     f->pattern_len = (uint16_t)plen;
     memcpy(f->pattern, pattern, plen);

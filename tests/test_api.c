@@ -583,6 +583,35 @@ static void test_families(tally_store *s) {
   EXPECT_OK(tally_family_resolve(s, "fam:1:likes", 11, &o));
   EXPECT_I64(4, o.shards);
 
+  /* defining a family again with the options it has adds no record,
+   * unless a newer overlapping family would lose its precedence */
+  {
+    tally_store_stats st0, st1;
+    fam = (tally_counter_options){3, TALLY_POLICY_RANDOM};
+    EXPECT_OK(tally_family_set(s, "solo:*", 6, &fam));
+    EXPECT_OK(tally_store_stats_get(s, &st0));
+    for (int i = 0; i < 100; i++) EXPECT_OK(tally_family_set(s, "solo:*", 6, &fam));
+    fam = (tally_counter_options){2, TALLY_POLICY_KEY};
+    EXPECT_OK(tally_family_set(s, "fam:9*", 6, &fam));   /* newer, no overlap */
+    fam = (tally_counter_options){3, TALLY_POLICY_RANDOM};
+    EXPECT_OK(tally_family_set(s, "solo:*", 6, &fam));
+    EXPECT_OK(tally_store_stats_get(s, &st1));
+    EXPECT_I64(st0.used_bytes, st1.used_bytes);
+    fam = (tally_counter_options){5, TALLY_POLICY_RANDOM};
+    EXPECT_OK(tally_family_set(s, "solo:a*", 7, &fam));  /* newer, overlapping */
+    fam = (tally_counter_options){3, TALLY_POLICY_RANDOM};
+    EXPECT_OK(tally_family_set(s, "solo:*", 6, &fam));   /* takes precedence back */
+    EXPECT_OK(tally_family_resolve(s, "solo:ab", 7, &o));
+    EXPECT_I64(3, o.shards);
+    EXPECT_OK(tally_store_stats_get(s, &st0));
+    EXPECT(st0.used_bytes > st1.used_bytes);
+    /* the same options under another policy are not the same */
+    fam = (tally_counter_options){3, TALLY_POLICY_THREAD};
+    EXPECT_OK(tally_family_set(s, "solo:*", 6, &fam));
+    EXPECT_OK(tally_family_resolve(s, "solo:x", 6, &o));
+    EXPECT_I64(TALLY_POLICY_THREAD, o.policy);
+  }
+
   /* counters created under a family take its options */
   EXPECT_OK(tally_counter_open(s, "fam:99:x", 8, NULL, TALLY_COUNTER_CREATE, &c));
   if (c) {

@@ -1,0 +1,412 @@
+-- tally.openresty: tally inside nginx with the Lua module (OpenResty, or
+-- Debian's nginx + libnginx-mod-http-lua), under LuaJIT.
+--
+--   init_worker_by_lua_block {
+--     require("tally.openresty").init_worker {
+--       store    = "file:data/tally.tly",   -- relative paths: to the nginx prefix (-p)
+--       families = { { "http:*", metric = "http_requests_total", labels = { "path" },
+--                      type = "counter" } },
+--       rollups  = { { "http:*", every = 10, keep = { "60x10s", "48x1h" } } },
+--     }
+--   }
+--   access_by_lua_block { require("tally.openresty").incr("http:" .. ngx.var.uri) }
+--   location = /metrics { content_by_lua_block { require("tally.openresty").metrics() } }
+--
+-- How it works. Every worker opens the file store itself in init_worker
+-- (a store opened in init_by_lua would be mapped by the master and
+-- inherited by every worker; it is refused here), so each worker is one
+-- writer of the `thread` policy and keeps to its own shard of every
+-- counter. Increments go straight into the shared file mapping: once
+-- incr() returns, the count is in the file, whatever happens to the
+-- worker next (a reload, a crash, SIGKILL). Every worker runs db:tick()
+-- from ngx.timer.every; the store's rollup lease makes exactly one of them
+-- roll up each period (the others see the period done, or the lease busy).
+-- On shutdown (a reload's old workers, or a stop) the timer fires once
+-- prematurely and stops; the store is left to the process exit, since
+-- requests still being served keep counting into it.
+--
+-- Runs under LuaJIT (Lua 5.1 syntax) and Lua 5.4.
+
+local tally = require "tally"
+
+local type, error, pairs, ipairs, pcall, tostring = type, error, pairs, ipairs, pcall, tostring
+local fmt, sub, find = string.format, string.sub, string.find
+
+local ngx = ngx  -- nil outside nginx: init_worker says so
+
+local _M = { _VERSION = tally.version }
+
+-- This worker's state. db is nil until init_worker succeeds; reason says
+-- why when it failed.
+local st = {
+  db = nil,
+  reason = "init_worker was not called in this worker",
+  store = nil,          -- the spec as opened (relative path resolved)
+  tick_every = nil,     -- seconds between ticks, or nil (no timer)
+  ticks = 0,            -- timer runs that ticked
+  tick_errors = 0,      -- ticks that raised
+  last_tick_error = nil,
+  on_tick = nil,
+  flush_on_exit = 1,
+  exited = false,       -- the timer saw the worker exiting
+}
+
+-- Sink -> what its stats were at the last tick, and when its failure was
+-- last logged (weak keys).
+local sink_seen = setmetatable({}, { __mode = "k" })
+local SINK_LOG_EVERY = 60   -- seconds between two logs of one failing sink
+
+local function log(level, ...)
+  if ngx then ngx.log(level, "tally.openresty: ", ...) end
+end
+
+-- A path relative to the nginx prefix (what nginx does with relative
+-- paths in its own directives); absolute paths are returned as they are.
+function _M.path(p)
+  if type(p) ~= "string" or p == "" then
+    error("bad argument #1 to 'path' (non-empty string expected, got " .. type(p) .. ")", 2)
+  end
+  if sub(p, 1, 1) == "/" or not ngx then return p end
+  local prefix = ngx.config.prefix()
+  if sub(prefix, -1) ~= "/" then prefix = prefix .. "/" end
+  return prefix .. p
+end
+
+-- Split { "pattern", k = v, ... } into pattern, { k = v, ... }.
+local function split_entry(what, i, e)
+  if type(e) ~= "table" or type(e[1]) ~= "string" then
+    error(fmt("bad %s entry #%d (table like { \"pattern\", ... } expected, got %s)",
+              what, i, type(e) == "table" and "a table without a pattern string first" or type(e)), 4)
+  end
+  local opts = {}
+  for k, v in pairs(e) do
+    if k ~= 1 then
+      if type(k) == "number" then
+        error(fmt("bad %s entry #%d (only the pattern goes at position 1; options are named)", what, i), 4)
+      end
+      opts[k] = v
+    end
+  end
+  return e[1], opts
+end
+
+local function check_opts(opts)
+  if type(opts) ~= "table" then
+    error("bad argument #1 to 'init_worker' (options table expected, got " .. type(opts) .. ")", 3)
+  end
+  local known = { store = true, open = true, families = true, rollups = true, tick = true,
+                  on_tick = true, flush_on_exit = true }
+  for k in pairs(opts) do
+    if not known[k] then
+      error("bad argument #1 to 'init_worker' (unknown option '" .. tostring(k)
+            .. "'; expected store, open, families, rollups, tick, on_tick, flush_on_exit)", 3)
+    end
+  end
+  local spec = opts.store
+  if type(spec) ~= "string" or sub(spec, 1, 5) ~= "file:" or #spec == 5 then
+    error("bad argument #1 to 'init_worker' (store must be \"file:PATH\", got "
+          .. (type(spec) == "string" and "'" .. spec .. "'" or type(spec))
+          .. "; a memory store would be private to each worker)", 3)
+  end
+  for _, k in ipairs({ "open", "families", "rollups" }) do
+    if opts[k] ~= nil and type(opts[k]) ~= "table" then
+      error("bad argument #1 to 'init_worker' (" .. k .. " must be a table, got " .. type(opts[k]) .. ")", 3)
+    end
+  end
+  local t = opts.tick
+  if t ~= nil and t ~= false and (type(t) ~= "number" or t ~= t or t < 0.001 or t > 3600) then
+    error("bad argument #1 to 'init_worker' (tick must be seconds from 0.001 to 3600, or false, got "
+          .. tostring(t) .. ")", 3)
+  end
+  if opts.on_tick ~= nil and type(opts.on_tick) ~= "function" then
+    error("bad argument #1 to 'init_worker' (on_tick must be a function, got " .. type(opts.on_tick) .. ")", 3)
+  end
+  local f = opts.flush_on_exit
+  if f ~= nil and (type(f) ~= "number" or f ~= f or f < 0) then
+    error("bad argument #1 to 'init_worker' (flush_on_exit must be seconds >= 0, got " .. tostring(f) .. ")", 3)
+  end
+end
+
+-- Tick once now in this worker: db:tick() with the results logged
+-- (ran: info, lost: warn, error: err; a sink that fails: err, at most
+-- once a minute). Returns the results, or nil and the
+-- message if the tick raised (also logged). Called by the timer.
+function _M.tick()
+  local db = st.db
+  if not db then return nil, st.reason end
+  if ngx then ngx.update_time() end  -- ngx.now() is cached per event loop turn
+  local ok, res = pcall(db.tick, db)
+  if not ok then
+    st.tick_errors = st.tick_errors + 1
+    st.last_tick_error = tostring(res)
+    log(ngx and ngx.ERR, "tick failed: ", tostring(res))
+    return nil, tostring(res)
+  end
+  st.ticks = st.ticks + 1
+  for _, r in ipairs(res) do
+    if r.status == "error" then
+      log(ngx and ngx.ERR, "rollup '", r.pattern, "' every ", r.every, "s failed: ", tostring(r.error))
+    elseif r.status == "lost" then
+      log(ngx and ngx.WARN, "rollup '", r.pattern, "' every ", r.every, "s: lost the lease in period ",
+          tostring(r.period), " (this worker stalled; another finishes the period)")
+    elseif r.status == "ran" then
+      log(ngx and ngx.INFO, "rolled up '", r.pattern, "' every ", r.every, "s, period ",
+          tostring(r.period), ": ", tostring(r.counters), " counters")
+    end
+  end
+  -- Sinks fail quietly (they keep the records, retry and count): log a
+  -- failing sink when it starts failing, then at most every SINK_LOG_EVERY
+  -- seconds while it goes on, and once when it delivers again.
+  local now = ngx and ngx.now() or 0
+  for _, sch in ipairs(db:schedules()) do
+    for i, sk in ipairs(sch.sinks or {}) do
+      local ok, ss = pcall(sk.stats, sk)
+      if ok and type(ss) == "table" then
+        local seen = sink_seen[sk]
+        if not seen then
+          seen = { failures = 0, dropped = 0, sent = 0, at = nil }
+          sink_seen[sk] = seen
+        end
+        local f, d, sent = ss.failures or 0, ss.dropped or 0, ss.sent or 0
+        local what = fmt("sink #%d of rollup '%s' every %ss", i, sch.pattern, tostring(sch.every))
+        if f > seen.failures or d > seen.dropped then
+          if not seen.at or now - seen.at >= SINK_LOG_EVERY then
+            log(ngx and ngx.ERR, what, ": ", tostring(ss.last_error), " (", f, " failures, ", d,
+                " records dropped so far; ", ss.queued or 0, " queued)")
+            seen.at = now
+          end
+        elseif seen.at and sent > seen.sent then
+          log(ngx and ngx.NOTICE, what, ": delivering again (", sent, " records sent so far)")
+          seen.at = nil
+        end
+        seen.failures, seen.dropped, seen.sent = f, d, sent
+      end
+    end
+  end
+  if st.on_tick and #res > 0 then
+    local cok, err = pcall(st.on_tick, res)
+    if not cok then log(ngx and ngx.ERR, "on_tick raised: ", tostring(err)) end
+  end
+  return res
+end
+
+local function on_timer(premature)
+  if premature or ngx.worker.exiting() then
+    -- shutting down (reload or stop): the timer stops here. Give sinks a
+    -- moment to deliver what this worker rolled up; the store stays open
+    -- for the requests still being served.
+    if not st.exited then
+      st.exited = true
+      local db = st.db
+      if db and st.flush_on_exit > 0 then
+        local ok, fok, ferr = pcall(db.flush, db, st.flush_on_exit)
+        if not ok or not fok then
+          log(ngx.WARN, "at exit: ", tostring(ok and ferr or fok))
+        end
+      end
+    end
+    return
+  end
+  _M.tick()
+end
+
+-- The shortest `every` of the rollups, halved (so that no period is
+-- missed between two ticks), at most 1 s.
+local function default_tick(rollups)
+  local t
+  for _, r in ipairs(rollups) do
+    local e = type(r) == "table" and r.every
+    if type(e) == "number" and e > 0 and (not t or e / 2 < t) then t = e / 2 end
+  end
+  if not t then return nil end
+  if t > 1 then t = 1 end
+  if t < 0.001 then t = 0.001 end
+  return t
+end
+
+-- init_worker(opts) -> db, or nil, message (also logged at error level)
+-- From init_worker_by_lua*. Opens opts.store in this worker, defines
+-- opts.families and opts.rollups on it, uses ngx.now as its clock and
+-- starts a timer that ticks the rollups every opts.tick seconds (default:
+-- half the shortest `every`, at most 1 s; false: no timer, call .tick()
+-- yourself). Options:
+--   store          "file:PATH"; a relative PATH is relative to the nginx prefix
+--   open           options for tally.open ({ mode = 384 (0600), create = false })
+--   families       { { "pattern", shards =, policy =, metric =, labels =, type =, help = }, ... }
+--   rollups        { { "pattern", every =, keep =, sinks = }, ... }
+--   tick           seconds between ticks, or false
+--   on_tick        function(results), after each tick that did something
+--   flush_on_exit  seconds a stopping worker waits for its sinks (default 1; 0: none)
+-- Misuse (bad options, called outside init_worker) raises; failures of the
+-- environment (the store cannot be opened, ...) are logged and returned,
+-- and counting stays off in this worker: incr() returns nil, message.
+function _M.init_worker(opts)
+  check_opts(opts)
+  if not ngx then
+    error("tally.openresty.init_worker: not inside nginx (no ngx table)", 2)
+  end
+  local phase = ngx.get_phase()
+  if phase ~= "init_worker" then
+    error("tally.openresty.init_worker must be called from init_worker_by_lua*, not "
+          .. phase .. (phase == "init"
+            and " (a store opened by the master would be inherited by every worker)" or ""), 2)
+  end
+  if st.db then
+    error("tally.openresty.init_worker: already called in this worker", 2)
+  end
+  local pok, process = pcall(require, "ngx.process")
+  if pok and process.type() == "helper" then
+    return nil, "not a worker (cache helper process)"
+  end
+  local spec = "file:" .. _M.path(sub(opts.store, 6))
+  st.store = spec
+  local db, msg, code = tally.open(spec, opts.open)
+  if not db then
+    st.reason = fmt("cannot open %s: %s", spec, tostring(msg))
+    if find(tostring(msg), "ermission denied", 1, true) then
+      st.reason = st.reason .. " (workers run as the user of nginx's `user` directive,"
+                  .. " nobody by default when started as root: that user must be able to"
+                  .. " read and write the file and create it in its directory)"
+    end
+    log(ngx.ERR, st.reason, "; counting is off in this worker")
+    return nil, st.reason, code
+  end
+  db:clock(ngx.now)
+  for i, e in ipairs(opts.families or {}) do
+    local pattern, fopts = split_entry("families", i, e)
+    local ok, fok, fmsg = pcall(db.family, db, pattern, fopts)
+    if not ok then      -- misuse: say which entry
+      db:close()
+      error(fmt("tally.openresty.init_worker: families entry #%d ('%s'): %s", i, pattern,
+                tostring(fok)), 2)
+    end
+    if not fok then
+      st.reason = fmt("family '%s' on %s: %s", pattern, spec, tostring(fmsg))
+      log(ngx.ERR, st.reason, "; counting is off in this worker")
+      db:close()
+      return nil, st.reason
+    end
+  end
+  local rollups = opts.rollups or {}
+  for i, e in ipairs(rollups) do
+    local pattern, ropts = split_entry("rollups", i, e)
+    local ok, err = pcall(db.rollup, db, pattern, ropts)
+    if not ok then
+      db:close()
+      error(fmt("tally.openresty.init_worker: rollups entry #%d ('%s'): %s", i, pattern,
+                tostring(err)), 2)
+    end
+  end
+  st.db, st.reason = db, nil
+  st.on_tick = opts.on_tick
+  st.flush_on_exit = opts.flush_on_exit or 1
+  local every = opts.tick
+  if every == nil then every = default_tick(rollups) end
+  if every then
+    local ok, err = ngx.timer.every(every, on_timer)
+    if not ok then
+      log(ngx.ERR, "cannot start the rollup timer: ", tostring(err), "; rollups are off in this worker")
+    else
+      st.tick_every = every
+    end
+  end
+  return db
+end
+
+-- db() -> this worker's store, or nil, message
+function _M.db()
+  local db = st.db
+  if db then return db end
+  return nil, "tally.openresty: no store in this worker (" .. st.reason .. ")"
+end
+
+-- incr(name [, n [, key]]) -> true, or nil, message [, code]
+-- db:incr on this worker's store; counting a request never raises for a
+-- store that could not be opened (init_worker logged why).
+function _M.incr(name, n, key)
+  local db = st.db
+  if db then
+    if key == nil then return db:incr(name, n or 1) end
+    return db:incr(name, n or 1, key)
+  end
+  return nil, "tally.openresty: no store in this worker (" .. st.reason .. ")"
+end
+
+-- counter(name [, opts]) -> this worker's handle to the counter (cache it
+-- in a module-level local for the cheapest increments), or nil, message
+function _M.counter(name, opts)
+  local db = st.db
+  if not db then return nil, "tally.openresty: no store in this worker (" .. st.reason .. ")" end
+  return db:counter(name, opts)
+end
+
+local PROM_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+local function fail(status, msg)
+  log(ngx.ERR, msg)
+  ngx.status = status
+  ngx.header["Content-Type"] = "text/plain; charset=utf-8"
+  ngx.say(msg)
+  return ngx.exit(status)
+end
+
+-- metrics([pattern]): content handler writing the exact values of the
+-- matching counters (default: all) in Prometheus text format 0.0.4, with
+-- the families' metric mappings; 503 if this worker has no store, 500 if
+-- rendering fails (both logged).
+function _M.metrics(pattern)
+  local db = st.db
+  if not db then return fail(503, "tally.openresty: no store in this worker (" .. st.reason .. ")") end
+  local ok, text, err = pcall(tally.prometheus, db, pattern)
+  if not ok or not text then
+    return fail(500, "tally.openresty: /metrics: " .. tostring(ok and err or text))
+  end
+  ngx.header["Content-Type"] = PROM_TYPE
+  ngx.print(text)
+  return ngx.exit(200)
+end
+
+-- stats() -> this worker's view: { pid =, worker =, store =, tick =,
+-- ticks =, tick_errors =, last_tick_error =, counters =, file_bytes =,
+-- schedules = { { pattern =, every =, runs =, counters =, busy =, lost =,
+-- errors =, last_error =, last_period =, sinks = { sink:stats(), ... } },
+-- ... } }; error = why there is no store.
+function _M.stats()
+  local out = {
+    pid = ngx and ngx.worker.pid(), worker = ngx and ngx.worker.id(),
+    store = st.store, tick = st.tick_every, ticks = st.ticks,
+    tick_errors = st.tick_errors, last_tick_error = st.last_tick_error,
+    schedules = {},
+  }
+  local db = st.db
+  if not db then
+    out.error = st.reason
+    return out
+  end
+  local s = db:stats()
+  if s then out.counters, out.file_bytes = s.counters, s.file_bytes end
+  for i, sch in ipairs(db:schedules()) do
+    local x = sch:stats()
+    out.schedules[i] = {
+      pattern = x.pattern, every = x.every, runs = x.runs, counters = x.counters,
+      busy = x.busy, lost = x.lost, errors = x.errors, last_error = x.last_error,
+      last_period = x.last_period, sinks = x.sinks,
+    }
+  end
+  return out
+end
+
+-- status(): content handler writing stats() as JSON (lua-cjson).
+function _M.status()
+  local cjson = require "cjson.safe"
+  local s = _M.stats()
+  if #s.schedules == 0 then s.schedules = cjson.empty_array end  -- nil (left out) in plain lua-cjson
+  local body = cjson.encode(s)
+  if not body then return fail(500, "tally.openresty: status: cannot encode") end
+  ngx.status = s.error and 503 or 200
+  ngx.header["Content-Type"] = "application/json"
+  ngx.say(body)
+  return ngx.exit(ngx.status)
+end
+
+return _M
