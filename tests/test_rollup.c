@@ -262,9 +262,7 @@ static void test_stalled_holder(void) {
      * lease), even if the stopped child holds one of their blocks */
     tally_ring other_rings[] = {{60, 4}};
     tally_schedule *other = schedule(s, "l:*", 1000, other_rings, 1);
-    double t_other = tu_now();
-    EXPECT_I64(TALLY_TICK_RAN, tick(other, T0 + 1).status);
-    EXPECT(tu_now() - t_other < 5);
+    EXPECT_I64(TALLY_TICK_RAN, tick(other, T0 + 1).status);  /* not BUSY */
     tally_schedule_free(other);
     usleep(700 * 1000);  /* past one period without renewal */
     t = tick(sch, T0 + 2);
