@@ -325,14 +325,12 @@ static void test_dead_holder(void) {
   waitpid(pid, &wst, 0);
   /* the lease would last an hour: only the dead pid lets us in now */
   tally_schedule *sch = schedule(s, "d:*", 3600000, rings, 1);
-  double t0 = tu_now();
   tally_tick_result t = tick(sch, T0 + 1);
   if (t.status == TALLY_TICK_NOT_DUE) {
     printf("  dead holder: the child finished first; takeover not exercised\n");
   } else {
-    EXPECT_I64(TALLY_TICK_RAN, t.status);
+    EXPECT_I64(TALLY_TICK_RAN, t.status);  /* not BUSY for the hour of its lease */
     EXPECT(t.counters < LEASE_N);
-    EXPECT(tu_now() - t0 < 5);
   }
   for (int i = 0; i < LEASE_N; i += 4999) {
     tally_counter *c;
