@@ -192,6 +192,7 @@ describe("tally.openresty in nginx, 2 workers", function()
     assert.equal(2, n, "could not reach both workers")
     local runs = 0
     for _, s in pairs(workers) do
+      assert.is_true(s.ffi, "the FFI path is not in use: " .. tostring(s.ffi_reason))
       assert.is_true(s.ticks >= 3, "a worker ticked " .. s.ticks .. " times")
       assert.equal(0, s.tick_errors)
       assert.equal(1, #s.schedules)

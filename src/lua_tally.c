@@ -135,7 +135,10 @@ static int32_t tl_checkpolicy(lua_State *L, int vidx, int arg) {
 
 /* Parse counter/family options at arg (nil or a table). Leaves the policy
  * value (a function, or nil) on top of the stack. */
-static void tl_checkcounteropts(lua_State *L, int arg, tally_counter_options *o) {
+/* Counter options at arg: shards, policy, and (if create is not NULL, for
+ * db:counter) create = false, which opens an existing counter only. */
+static void tl_checkcounteropts(lua_State *L, int arg, tally_counter_options *o,
+                                int *create) {
   o->shards = 0;
   o->policy = -1;
   if (lua_isnoneornil(L, arg)) {
@@ -149,9 +152,14 @@ static void tl_checkcounteropts(lua_State *L, int arg, tally_counter_options *o)
   lua_pushnil(L);
   while (lua_next(L, arg) != 0) {
     const char *k = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : NULL;
-    if (k == NULL || (strcmp(k, "shards") != 0 && strcmp(k, "policy") != 0))
+    if (k != NULL && create != NULL && strcmp(k, "create") == 0) {
+      if (lua_type(L, -1) != LUA_TBOOLEAN)
+        luaL_argerror(L, arg, "create must be a boolean");
+      *create = lua_toboolean(L, -1);
+    } else if (k == NULL || (strcmp(k, "shards") != 0 && strcmp(k, "policy") != 0)) {
       luaL_argerror(L, arg, lua_pushfstring(L, "unknown option %s",
                                             tl_describe(L, -2)));
+    }
     lua_pop(L, 1);
   }
   lua_getfield(L, arg, "policy");
@@ -710,13 +718,14 @@ static int tl_store_counter(lua_State *L) {
   tally_counter_options o;
   size_t len;
   const char *name = tl_checkname(L, 2, &len, "name");
-  int rc, fnidx;
+  int rc, fnidx, create = 1;
   tl_counter *h, *old;
   lua_settop(L, 3);
-  tl_checkcounteropts(L, 3, &o);   /* 4: policy function or nil */
+  tl_checkcounteropts(L, 3, &o, &create);   /* 4: policy function or nil */
   fnidx = lua_isnil(L, 4) ? 0 : 4;
-  rc = tl_counter_push(L, 1, name, len, &o, TALLY_COUNTER_CREATE, fnidx);
+  rc = tl_counter_push(L, 1, name, len, &o, create ? TALLY_COUNTER_CREATE : 0, fnidx);
   if (rc == TALLY_EMISMATCH) return tl_mismatch(L, d, name, len, &o);
+  if (rc == TALLY_ENOENT) return tl_no_such(L, rc);
   if (rc < 0) return tl_fail(L, rc);
   h = (tl_counter *)lua_touserdata(L, -1);
   /* db:incr(name) uses this handle too, unless a better one is cached */
@@ -753,7 +762,7 @@ static int tl_store_family(lua_State *L) {
   lua_Integer i, j, n;
   int rc;
   lua_settop(L, 3);
-  tl_checkcounteropts(L, 3, &o);   /* 4: policy function or nil */
+  tl_checkcounteropts(L, 3, &o, NULL);   /* 4: policy function or nil */
   rc = tally_family_set(d->store, pattern, plen, &o);
   if (rc < 0) return tl_fail(L, rc);
   /* the store's function families: { pattern1, fn1, pattern2, fn2, ... } */

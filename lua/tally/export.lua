@@ -71,12 +71,10 @@ function store:export(pattern)
   local json = load_json()
   local out = {}
   for _, name in ipairs(self:names(pattern)) do
-    -- db:counter() would create a counter dropped since names() listed it
-    -- (a value out of int64's range is ERANGE: the counter is there)
-    local _, msg, code = self:value(name)
-    if code ~= nil and code ~= "ENOENT" and code ~= "ERANGE" then return nil, msg, code end
-    if code ~= "ENOENT" then
-      local c = self:counter(name)
+    -- create = false: a counter dropped since names() listed it is left out
+    local c, msg, code = self:counter(name, { create = false })
+    if not c and code ~= "ENOENT" then return nil, msg, code end
+    if c then
       local info, shards
       info, msg, code = c:info()
       if info then shards, msg, code = c:shards() end

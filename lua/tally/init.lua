@@ -56,7 +56,7 @@ function store:top(pattern, n, by)
   end
   local rows = {}
   for _, name in ipairs(self:names(pattern)) do
-    local c = self:counter(name)
+    local c = self:counter(name, { create = false })  -- nil if dropped meanwhile
     local v = c and c:value()
     if v then  -- skip races with drop
       local r = c:rolled()

@@ -47,7 +47,7 @@ local st = {
   tick_errors = 0,      -- ticks that raised
   last_tick_error = nil,
   on_tick = nil,
-  flush_on_exit = 1,
+  flush_on_exit = 0.2,
   exited = false,       -- the timer saw the worker exiting
 }
 
@@ -236,7 +236,8 @@ end
 --   rollups        { { "pattern", every =, keep =, sinks = }, ... }
 --   tick           seconds between ticks, or false
 --   on_tick        function(results), after each tick that did something
---   flush_on_exit  seconds a stopping worker waits for its sinks (default 1; 0: none)
+--   flush_on_exit  seconds a stopping worker waits for its sinks (default 0.2; 0: none):
+--                  the worker's last requests wait that long at most
 -- Misuse (bad options, called outside init_worker) raises; failures of the
 -- environment (the store cannot be opened, ...) are logged and returned,
 -- and counting stays off in this worker: incr() returns nil, message.
@@ -299,7 +300,7 @@ function _M.init_worker(opts)
   end
   st.db, st.reason = db, nil
   st.on_tick = opts.on_tick
-  st.flush_on_exit = opts.flush_on_exit or 1
+  st.flush_on_exit = opts.flush_on_exit or 0.2
   local every = opts.tick
   if every == nil then every = default_tick(rollups) end
   if every then
@@ -376,6 +377,7 @@ function _M.stats()
     pid = ngx and ngx.worker.pid(), worker = ngx and ngx.worker.id(),
     store = st.store, tick = st.tick_every, ticks = st.ticks,
     tick_errors = st.tick_errors, last_tick_error = st.last_tick_error,
+    ffi = tally.ffi, ffi_reason = require("tally.ffi").reason,  -- the hot path in use
     schedules = {},
   }
   local db = st.db

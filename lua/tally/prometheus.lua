@@ -207,7 +207,8 @@ function _M.prometheus(db, pattern)
     local v, msg, code = db:value(name)
     if code == "ERANGE" then           -- the sum does not fit int64: as a float
       v = 0.0
-      for _, s in ipairs(db:counter(name):shards() or {}) do v = v + tofloat(s) end
+      local c = db:counter(name, { create = false })
+      for _, s in ipairs(c and c:shards() or {}) do v = v + tofloat(s) end
     elseif v == nil and code ~= "ENOENT" then
       return nil, msg, code            -- a damaged store; ENOENT: dropped meanwhile
     end
