@@ -135,6 +135,21 @@ describe("the tally command", function()
     assert.equal("1\n", out)
   end)
 
+  it("reports a statement left unfinished at the end of stdin, as lua5.4 would", function()
+    local out, code = helper.sh("printf 'print(0)\\nfor i=1,3 do\\nprint(i)\\n' | " .. q(helper.bin))
+    assert.equal(0, code, out)      -- as for every error in piped input: the status is 0
+    assert.equal("0\ntally: stdin:2: 'end' expected (to close 'for' at line 1) near <eof>\n", out)
+    out, code = helper.sh("printf 'x = { 1,\\n2' | " .. q(helper.bin))   -- an expression, no last newline
+    assert.equal(0, code, out)
+    assert.equal("tally: stdin:2: '}' expected (to close '{' at line 1) near <eof>\n", out)
+    out, code = helper.sh("printf '=f(1,' | " .. q(helper.bin))
+    assert.equal("tally: stdin:1: unexpected symbol near <eof>\n", out)
+    -- a whole chunk followed by nothing unfinished says nothing more
+    out, code = helper.sh("printf 'for i=1,2 do\\nprint(i)\\nend\\n\\n' | " .. q(helper.bin))
+    assert.equal(0, code, out)
+    assert.equal("1\n2\n", out)
+  end)
+
   it("shows its version with -v", function()
     local out, code = helper.tally("-v")
     assert.equal(0, code)
@@ -186,7 +201,7 @@ describe("the tally command", function()
     assert.matches("^tally get: unexpected argument 'c'\n", err)
     out, err, code = run("incr", helper.tmpfile(), "x", "1.5")
     assert.equal(2, code)
-    assert.matches("^tally incr: n must be an integer, got '1%.5'\n", err)
+    assert.matches("^tally incr: n must be an integer from %-9223372036854775808 to 9223372036854775807, got '1%.5'\n", err)
     out, err, code = run("watch", helper.tmpfile(), "--interval", "0")
     assert.equal(2, code)
     assert.matches("^tally watch: %-%-interval must be seconds from 0%.1 to 3600, got '0'\n", err)
@@ -223,6 +238,37 @@ describe("tally inspection commands", function()
     _, err, code = run("ls", "memory")
     assert.equal(1, code)
     assert.matches("^tally ls: 'memory' is a store of one process", err)
+  end)
+
+  it("say that a store they cannot write cannot be read either, and why", function()
+    -- opening a store takes its lock, so even reading needs write permission
+    os.execute("chmod 0444 " .. q(path))
+    local as = ""                        -- root writes anything: be nobody then
+    if helper.sh("id -u"):match("^0\n") then
+      if not os.execute("command -v setpriv >/dev/null 2>&1") then
+        pending("running as root without setpriv (util-linux) to be another user")
+        return
+      end
+      as = "setpriv --reuid=65534 --regid=65534 --clear-groups "
+    end
+    for _, c in ipairs({ { "ls" }, { "get", "views" }, { "info" }, { "export" }, { "watch" } }) do
+      local out, code = helper.sh(as .. q(helper.bin) .. " " .. c[1] .. " " .. q(path) .. " "
+                                  .. table.concat(c, " ", 2) .. " </dev/null")
+      assert.equal(1, code, c[1])
+      assert.equal("tally " .. c[1] .. ": " .. path .. ": cannot open: Permission denied (the "
+                   .. "store must be writable by this user: it takes the store's lock even to "
+                   .. "read; see 'tally help " .. c[1] .. "')\n", out)
+    end
+    local out, code = helper.sh(as .. q(helper.bin) .. " incr " .. q(path) .. " views")
+    assert.equal(1, code)
+    assert.equal("tally incr: " .. path .. ": cannot open: Permission denied (the store must be "
+                 .. "writable by this user)\n", out)
+    out, code = helper.sh(as .. q(helper.bin) .. " --store " .. q(path) .. " -e 'print(1)'")
+    assert.equal(1, code)
+    assert.equal("tally: " .. path .. ": cannot open: Permission denied (the store must be "
+                 .. "writable by this user: it takes the store's lock even to read)\n", out)
+    local help = run("help", "ls")
+    assert.matches("even to read", help)
   end)
 
   it("ls: an aligned table, sorted by name, with a pattern", function()
@@ -300,6 +346,22 @@ describe("tally inspection commands", function()
     assert.equal(1, code)
     assert.equal("tally incr: key expected for a counter with the key policy\n", err)
     assert.equal("2\n", (run("incr", path, "by-user", "2", "--key", "alice")))
+    -- n is read exactly: out of int64's range, or not an integer, is a usage error
+    for _, bad in ipairs({ "-9223372036854775809", "9223372036854775808",
+                           "-99999999999999999999", "1.5", "1e3", "0x10", "ten", "" }) do
+      out, err, code = run("incr", path, "views", bad)
+      assert.equal(2, code, bad)
+      assert.equal("", out)
+      assert.matches("^tally incr: n must be an integer from %-9223372036854775808 to "
+                     .. "9223372036854775807, got '" .. bad:gsub("%p", "%%%0") .. "'\n", err)
+    end
+    -- in range, it reaches the core exactly (which refuses what a shard cannot hold)
+    out, err, code = run("incr", path, "views", "-9223372036854775808")
+    assert.equal(1, code)
+    assert.equal("tally incr: counter 'views': adding -9223372036854775808 would overflow a "
+                 .. "shard (shards hold -2^62 to 2^62-1)\n", err)
+    assert.equal("9\n", (run("incr", path, "views", "+0")))
+    assert.equal("9\n", (run("incr", path, "views", "-000")))
     local made = helper.tmpfile()
     out, err, code = run("incr", made, "a", "--create")
     assert.equal(0, code, err)
@@ -333,6 +395,9 @@ describe("tally inspection commands", function()
     -- a pattern
     out = run("export", copy, "views")
     assert.equal('{"counters":{\n"views":', out:sub(1, 22))
+    out, err, code = run("export", copy, "nothing*")    -- nothing matches: an empty document
+    assert.equal(0, code, err)
+    assert.equal('{"counters":{}}\n', out)
   end)
 
   it("import: a bad document changes nothing and is reported without a traceback", function()
@@ -350,6 +415,12 @@ describe("tally inspection commands", function()
     out, err, code = run("import", path, helper.tmpfile("missing.json"))
     assert.equal(1, code)
     assert.matches("^tally import: cannot read .*missing%.json: No such file or directory\n$", err)
+    local dir = helper.tmpfile("dir")      -- opens, but reading fails: said so, not "malformed"
+    os.execute("mkdir -p " .. q(dir))
+    out, err, code = run("import", path, dir)
+    assert.equal(1, code)
+    assert.equal("", out)
+    assert.equal("tally import: " .. dir .. ": Is a directory\n", err)
     assert.equal("3\n", (run("get", path, "views")))
   end)
 

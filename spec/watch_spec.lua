@@ -102,8 +102,8 @@ describe("tally watch", function()
     -- the rate grows with every bucket: the line climbs from low to full
     assert.matches("█$", spark)
     assert.truthy(utf8.len(spark) >= 10, spark)
-    t:keys("C-c")                       -- Ctrl-C is a key here: it quits too
-    t:wait("%[exit 0%]")
+    t:keys("C-c")                       -- Ctrl-C is a key here: it quits, as interrupted
+    t:wait("%[exit 130%]")
   end)
 
   it("restores the terminal when it quits", function()
@@ -118,6 +118,16 @@ describe("tally watch", function()
     local f1, f2 = assert(io.open(before)), assert(io.open(after))
     assert.equal(f1:read("a"), f2:read("a"))
     f1:close(); f2:close()
+  end)
+
+  it("gives back the signals it caught without losing one that came meanwhile", function()
+    -- SIGTERM comes while tally.term holds it blocked; restore() must put
+    -- the old action (here the default: die) back before unblocking it
+    local out, code = helper.sh(q(tty.bin()) .. " -e " .. q("local term = require 'tally.term' "
+      .. "assert(term.raw()) os.execute('kill -TERM $PPID') term.restore() print('survived')")
+      .. " < /dev/null")
+    assert.equal(143, code, out)           -- killed by it (the shell may say "Terminated")
+    assert.not_matches("survived", out)
   end)
 
   it("stops on SIGTERM, restoring the terminal", function()

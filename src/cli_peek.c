@@ -8,9 +8,6 @@
  *   peek.header(path) -> { format=, writers=, file_bytes=, used_bytes=,
  *       retired_bytes=, max_bytes=, rollups= } or nil, message
  *   peek.fs(path) -> { avail=, size= } of the file system holding path
- *   peek.any(db [, pattern]) -> whether some counter matches (stops at
- *       the first); the commands ask before db:names(), which under UBSan
- *       aborts on an empty result (qsort(NULL, 0) in lua_tally.c)
  *
  * `tally ls`, `get`, `info` and `watch` read through these. Counters are
  * opened without TALLY_COUNTER_CREATE, so a counter dropped while a listing
@@ -208,30 +205,12 @@ static int p_fs(lua_State *L) {
   return 1;
 }
 
-static int found(void *ud, const char *name, size_t len) {
-  (void)ud;
-  (void)name;
-  (void)len;
-  return 1;  /* stop at the first */
-}
-
-static int p_any(lua_State *L) {
-  tl_store *d = tl_checkstore(L, 1);
-  size_t plen = 0;
-  const char *pattern = luaL_optlstring(L, 2, NULL, &plen);
-  int rc = tally_store_each(d->store, pattern, plen, found, NULL);
-  if (rc < 0) return fail(L, rc);
-  lua_pushboolean(L, rc == 1);
-  return 1;
-}
-
 int cli_open_peek(lua_State *L) {
   static const luaL_Reg fns[] = {
     { "counter", p_counter },
     { "history", p_history },
     { "header", p_header },
     { "fs", p_fs },
-    { "any", p_any },
     { NULL, NULL }
   };
   luaL_newlib(L, fns);

@@ -14,15 +14,20 @@
  * Why: with blocking readline(), cancelling the line on Ctrl-C means either
  * longjmp'ing out of readline from a signal handler (readline, malloc or
  * stdio may be half-way through an update: undefined behaviour) or teaching
- * readline's own handler to abort the call. Here SIGINT, SIGWINCH, SIGTERM
- * and SIGHUP are blocked except inside pselect(), so their handler runs
- * only while the loop sleeps and just sets a flag; the loop then cancels the
- * line (and any pending multi-line input), resizes, or leaves, calling
- * readline only from ordinary code. readline's own handlers are off
- * (rl_catch_signals = rl_catch_sigwinch = 0). While a chunk runs, the
- * terminal is back in its normal mode and SIGINT is cli_docall's: the
- * first Ctrl-C stops the chunk with "interrupted!" (a Lua hook, as lua.c),
- * a second one kills the process.
+ * readline's own handler to abort the call. Here SIGINT, SIGWINCH, SIGTERM,
+ * SIGHUP, SIGTSTP and SIGCONT are blocked except inside pselect(), so their
+ * handler runs only while the loop sleeps and just sets a flag; the loop
+ * then cancels the line (and any pending multi-line input), resizes, leaves,
+ * or suspends, calling readline only from ordinary code. readline's own
+ * handlers are off (rl_catch_signals = rl_catch_sigwinch = 0), so job
+ * control is the loop's too: on Ctrl-Z it puts the terminal back, stops
+ * the process with SIGTSTP's default action, and once continued (the
+ * shell's fg, which leaves the terminal in the shell's mode) sets the
+ * terminal up again and redraws the prompt and the line; a SIGCONT after a
+ * SIGSTOP does the same. While a chunk runs, the terminal is back in its
+ * normal mode and SIGINT is cli_docall's: the first Ctrl-C stops the chunk
+ * with "interrupted!" (a Lua hook, as lua.c), a second one kills the
+ * process.
  *
  * History: one entry per statement (a multi-line statement is one entry),
  * kept in $TALLY_HISTORY, else ~/.tally_history (none if HOME is unset, or
@@ -82,8 +87,11 @@ static int cut_short(lua_State *L) {
 }
 
 /* Compile the pending chunk: CHUNK_READY with the function pushed,
- * CHUNK_MORE (nothing pushed) or CHUNK_ERROR with the message pushed. */
-static int compile(repl *r) {
+ * CHUNK_MORE (nothing pushed) or CHUNK_ERROR with the message pushed.
+ * At the end of the input (eof) there is no more: a chunk cut short is an
+ * error, with the message of the form that got furthest (the statement's,
+ * unless only the expression was cut short: `x = { 1,` is one). */
+static int compile(repl *r, int eof) {
   lua_State *L = r->L;
   const char *code = r->buf;
   int more, status;
@@ -92,7 +100,7 @@ static int compile(repl *r) {
     status = luaL_loadbuffer(L, lua_tostring(L, -1), lua_rawlen(L, -1), "=stdin");
     lua_remove(L, -2);
     if (status == LUA_OK) return CHUNK_READY;
-    if (cut_short(L)) {
+    if (!eof && cut_short(L)) {
       lua_pop(L, 1);
       return CHUNK_MORE;
     }
@@ -102,14 +110,18 @@ static int compile(repl *r) {
   status = luaL_loadbuffer(L, lua_tostring(L, -1), lua_rawlen(L, -1), "=stdin");
   lua_remove(L, -2);
   if (status == LUA_OK) return CHUNK_READY;
-  more = cut_short(L);
-  lua_pop(L, 1);
+  more = cut_short(L);  /* its message stays, under the statement's */
   status = luaL_loadbuffer(L, code, r->len, "=stdin");  /* a statement? */
-  if (status == LUA_OK) return CHUNK_READY;
-  if (more || cut_short(L)) {
-    lua_pop(L, 1);
+  if (status == LUA_OK) {
+    lua_remove(L, -2);
+    return CHUNK_READY;
+  }
+  if (!eof && (more || cut_short(L))) {
+    lua_pop(L, 2);
     return CHUNK_MORE;
   }
+  if (more && !cut_short(L)) lua_pop(L, 1);  /* the expression's message */
+  else lua_remove(L, -2);                    /* the statement's */
   return CHUNK_ERROR;
 }
 
@@ -160,19 +172,13 @@ static int append(repl *r, const char *line, size_t n) {
 
 static void remember(repl *r);
 
-/* Take one line; returns 1 if the chunk needs more lines. Runs the chunk
- * once it is complete, and prints its values or its error. */
-static int feed(repl *r, const char *line) {
+/* Run the pending chunk if it is complete, and print its values or its
+ * error; returns 1 if it needs more lines (never at eof, the end of the
+ * input: then a chunk cut short is reported as the error it is). */
+static int run_pending(repl *r, int eof) {
   lua_State *L = r->L;
   int top = lua_gettop(L), status;
-  size_t n = strlen(line);
-  if (n > 0 && line[n - 1] == '\n') n--;
-  if (!append(r, line, n)) {
-    fprintf(stderr, "%s: out of memory\n", CLI_PROGNAME);
-    r->len = 0;
-    return 0;
-  }
-  switch (compile(r)) {
+  switch (compile(r, eof)) {
   case CHUNK_MORE:
     return 1;
   case CHUNK_ERROR:
@@ -193,6 +199,19 @@ static int feed(repl *r, const char *line) {
   }
   lua_settop(L, top);
   return 0;
+}
+
+/* Take one line; returns 1 if the chunk needs more lines. Runs the chunk
+ * once it is complete, and prints its values or its error. */
+static int feed(repl *r, const char *line) {
+  size_t n = strlen(line);
+  if (n > 0 && line[n - 1] == '\n') n--;
+  if (!append(r, line, n)) {
+    fprintf(stderr, "%s: out of memory\n", CLI_PROGNAME);
+    r->len = 0;
+    return 0;
+  }
+  return run_pending(r, 0);
 }
 
 /* ---- history ------------------------------------------------------------------ */
@@ -320,11 +339,13 @@ static char **complete(const char *text, int start, int end) {
 
 /* ---- the terminal loop ------------------------------------------------------ */
 
-static volatile sig_atomic_t got_int, got_winch, got_quit;
+static volatile sig_atomic_t got_int, got_winch, got_quit, got_tstp, got_cont;
 
 static void on_signal(int sig) {
   if (sig == SIGINT) got_int = 1;
   else if (sig == SIGWINCH) got_winch = 1;
+  else if (sig == SIGTSTP) got_tstp = 1;
+  else if (sig == SIGCONT) got_cont = 1;
   else got_quit = sig;
 }
 
@@ -338,13 +359,39 @@ static void on_line(char *line) {
   rl_callback_handler_remove();  /* no prompt until the chunk has run */
 }
 
-static const int caught[] = { SIGINT, SIGWINCH, SIGTERM, SIGHUP };
+static const int caught[] = { SIGINT, SIGWINCH, SIGTERM, SIGHUP, SIGTSTP, SIGCONT };
 #define NCAUGHT ((int)(sizeof caught / sizeof caught[0]))
+
+/* Ctrl-Z: put the terminal back as it was, stop (SIGTSTP's default action,
+ * as if it had not been caught), and once continued (fg, bg) set it up
+ * again and draw the prompt and the line anew: the shell has changed the
+ * terminal's mode meanwhile. blocked is the mask of the loop (the caught
+ * signals blocked). */
+static void suspend(const sigset_t *blocked) {
+  struct sigaction dfl, ours;
+  sigset_t open = *blocked;
+  rl_echo_signal_char(SIGTSTP);      /* "^Z", as readline's own handler shows it */
+  rl_callback_sigcleanup();          /* a half-typed key sequence, a search: dropped */
+  rl_cleanup_after_signal();         /* rl_deprep_terminal(), among others */
+  memset(&dfl, 0, sizeof dfl);
+  dfl.sa_handler = SIG_DFL;
+  sigemptyset(&dfl.sa_mask);
+  sigaction(SIGTSTP, &dfl, &ours);
+  raise(SIGTSTP);                    /* pending: SIGTSTP is blocked */
+  sigdelset(&open, SIGTSTP);
+  sigdelset(&open, SIGCONT);         /* its handler runs as we go on: got_cont */
+  sigprocmask(SIG_SETMASK, &open, NULL);  /* stops here, until SIGCONT */
+  sigprocmask(SIG_SETMASK, blocked, NULL);
+  sigaction(SIGTSTP, &ours, NULL);
+  got_cont = 0;
+  rl_reset_after_signal();           /* rl_prep_terminal() with readline's meta flag */
+  rl_forced_update_display();
+}
 
 /* Read one line with readline; NULL at the end (Ctrl-D, SIGTERM, SIGHUP). */
 static char *tty_line(repl *r) {
   struct sigaction sa, old[NCAUGHT];
-  sigset_t block, orig;
+  sigset_t block, orig, blocked;
   int i;
   memset(&sa, 0, sizeof sa);
   sa.sa_handler = on_signal;
@@ -353,9 +400,12 @@ static char *tty_line(repl *r) {
   for (i = 0; i < NCAUGHT; i++) {
     sigaddset(&block, caught[i]);
     sigaction(caught[i], &sa, &old[i]);
+    if (caught[i] == SIGTSTP && old[i].sa_handler == SIG_IGN)
+      sigaction(SIGTSTP, &old[i], NULL);  /* no job control here: Ctrl-Z stays ignored */
   }
   sigprocmask(SIG_BLOCK, &block, &orig);
-  got_int = 0;
+  sigprocmask(SIG_BLOCK, NULL, &blocked);
+  got_int = got_tstp = got_cont = 0;
   line_done = line_eof = 0;
   line_in = NULL;
   if (rl_instream != NULL) rl_reset_screen_size();  /* resized while a chunk ran? */
@@ -377,6 +427,17 @@ static char *tty_line(repl *r) {
       r->len = 0;
       rl_callback_handler_install(PROMPT, on_line);
       continue;
+    }
+    if (got_tstp) {  /* Ctrl-Z */
+      got_tstp = 0;
+      suspend(&blocked);
+      continue;
+    }
+    if (got_cont) {  /* continued after a SIGSTOP: the shell has reset the terminal */
+      got_cont = 0;
+      rl_cleanup_after_signal();
+      rl_reset_after_signal();
+      rl_forced_update_display();
     }
     if (got_winch) {
       got_winch = 0;
@@ -421,11 +482,17 @@ static void tty_loop(repl *r) {
   if (r->hist != NULL) history_truncate_file(r->hist, HISTORY_MAX);
 }
 
+/* Errors in piped input are reported and the lines after them still run,
+ * as at the prompt; the exit status stays 0 (a script, `tally -`, is the
+ * way to stop at the first error with status 1). A statement the input
+ * leaves unfinished is reported the same way at the end: its syntax error
+ * ("'end' expected ... near <eof>"), as lua5.4 gives it. */
 static void plain_loop(repl *r) {
   char *line = NULL;
   size_t cap = 0;
   while (getline(&line, &cap, stdin) >= 0) feed(r, line);
   free(line);
+  if (r->len > 0) run_pending(r, 1);
 }
 
 /* ---- the prompt ------------------------------------------------------------- */

@@ -52,8 +52,11 @@ static void restore(void) {
   int i;
   if (!is_raw) return;
   if (raw_tty) tcsetattr(STDIN_FILENO, TCSAFLUSH, &saved);
-  sigprocmask(SIG_SETMASK, &saved_mask, NULL);
+  /* the old actions first: a signal that comes (or came) while they are
+   * blocked goes to them once unblocked, not to on_signal's flags, which
+   * nobody reads any more */
   for (i = 0; i < NCAUGHT; i++) sigaction(caught[i], &saved_sa[i], NULL);
+  sigprocmask(SIG_SETMASK, &saved_mask, NULL);
   is_raw = 0;
 }
 

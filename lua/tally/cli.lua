@@ -19,7 +19,7 @@ local type, tostring, tonumber, ipairs, error, setmetatable, getmetatable =
       type, tostring, tonumber, ipairs, error, setmetatable, getmetatable
 local fmt, rep = string.format, string.rep
 local concat = table.concat
-local floor, huge, tointeger, mtype = math.floor, math.huge, math.tointeger, math.type
+local floor, huge, mtype = math.floor, math.huge, math.type
 
 local _M = {}
 
@@ -75,7 +75,7 @@ STORE is file:PATH or a path. A command is recognised only as the first
 argument: to run a script named like one, write 'tally ./ls' or
 'tally run ls'. No command creates a store unless given --create.
 Exit status: 0 done, 1 failed (a missing store or counter, a bad file),
-2 usage error.
+2 usage error, 130 interrupted.
 ]]
 
 HELP.run = [[
@@ -104,13 +104,29 @@ Reads only: never creates the store or a counter, never takes the store
 lock after opening it.
 ]]
 
+-- for the commands that only read: they need write permission all the same
+local function writable(name)
+  return ([[
+
+The store must be writable by the user running this, even to read: opening
+a store opens it read-write and takes its lock for a moment (to finish a
+move a process that died left), as every open does. For a store nginx
+workers write, run it as their user (sudo -u nobody tally NAME STORE ...),
+or give the store a group and mode 0660 and run it as a member of that
+group (chgrp and chmod an existing store; a new one gets the mode from
+tally.open(spec, { mode = 432 }), 432 being octal 660, or from the OpenResty
+glue's open option).
+]]):gsub("NAME", name)
+end
+HELP.ls = HELP.ls .. writable("ls")
+
 HELP.get = [[
 Print the exact value of counter name (the sum of its shards now).
 
   --shards   print each shard's value instead, one per line
 
 Exits 1 if there is no such counter. Reads only.
-]]
+]] .. writable("get")
 
 HELP.incr = [[
 Add n to counter name (an integer, default 1; negative subtracts), creating
@@ -125,7 +141,7 @@ HELP.export = [[
 Write the counters matching pattern (default all) to stdout as JSON, exact
 per shard, in the Cloud Firestore distributed-counter layout that
 'tally import' and db:import read (README: "Export and import"). Reads only.
-]]
+]] .. writable("export")
 
 HELP.import = [[
 Read an export from FILE ('-' for stdin) into STORE and print how many
@@ -152,7 +168,7 @@ incremented a 'thread' counter draws one: the writers so far); rollups.
   --json    the same as one JSON object (integers exact)
   --check   also verify every structure of the store (db:check(), which
             holds the store lock while it runs)
-]]
+]] .. writable("info")
 
 HELP.watch = [[
 A live view of the counters matching pattern, refreshed like top: NAME,
@@ -164,12 +180,12 @@ seen since it started.
   --interval S   seconds between refreshes (default 1, 0.1 to 3600)
   --sort KEY     rate (default), value or name
 
-Keys: q (or Ctrl-C) quits; s cycles the sort, r, v and n pick it; + and -
-refresh slower and faster; arrows, PgUp, PgDn, Home scroll. The terminal is
-restored on exit. Reads only, without the store lock (after opening the
-store, as every open does for a moment): writers never wait for it. Needs
-a terminal.
-]]
+Keys: q quits (exit status 0), Ctrl-C too (130, interrupted); s cycles the
+sort, r, v and n pick it; + and - refresh slower and faster; arrows, PgUp,
+PgDn, Home scroll. The terminal is restored on exit. Reads only, without
+the store lock (after opening the store, as every open does for a moment):
+writers never wait for it. Needs a terminal.
+]] .. writable("watch")
 
 HELP.help = [[
 Print the help of the tally command, or of one command.
@@ -241,10 +257,15 @@ end
 
 -- ---- stores -------------------------------------------------------------------
 
--- open_store(uri [, { create = bool, memory = bool }]) -> db or nil, message.
+-- open_store(uri [, { create = bool, memory = bool, writes = bool, help = cmd }])
+-- -> db or nil, message.
 -- uri: "file:PATH", a bare path, or "memory" (unless opts.memory is false).
 -- Without create, a missing file is an error and nothing is made (the
 -- message suggests --create when opts.create is false rather than nil).
+-- Opening a file store opens it read-write and takes its lock for a moment,
+-- even to read: "Permission denied" says so (opts.writes: the caller is
+-- about to write anyway, so less is said; opts.help: the command whose help
+-- tells more).
 function _M.open_store(uri, opts)
   opts = opts or {}
   if type(uri) ~= "string" or uri == "" then return nil, "a store is needed (file:PATH or a path)" end
@@ -266,12 +287,23 @@ function _M.open_store(uri, opts)
     end
   end
   local db, msg = tally.open("file:" .. path, { create = opts.create and true or false })
-  if not db then return nil, msg end
+  if not db then
+    if type(msg) == "string" and msg:find("Permission denied$") then
+      msg = msg .. " (the store must be writable by this user"
+        .. (opts.writes and "" or ": it takes the store's lock even to read")
+        .. (opts.help and not opts.writes and ("; see 'tally help " .. opts.help .. "'") or "")
+        .. ")"
+    end
+    return nil, msg
+  end
   return db, path
 end
 
+local READS = { ls = true, get = true, info = true, export = true, watch = true }
+
 local function open(uri, create)
-  local db, path = _M.open_store(uri, { create = create, memory = false })
+  local db, path = _M.open_store(uri, { create = create, memory = false,
+                                        writes = not READS[current], help = current })
   if not db then fail(path) end
   return db, path
 end
@@ -334,13 +366,6 @@ local function out(...)
   io.stdout:write(...)
 end
 
--- db:names(pattern), asked only when something matches (see peek.any).
-local function names_of(db, pattern)
-  if not peek.any(db, pattern) then return {} end
-  return db:names(pattern)
-end
-_M.names_of = names_of
-
 -- ---- progress bars ------------------------------------------------------------------
 
 -- A progress bar on stderr (only when stderr is a terminal): update(phase,
@@ -393,7 +418,7 @@ function cmd.ls(args)
   local o, pos = parse(args, { flags = { json = true }, min = 1, max = 2 })
   if o.help then return "help" end
   local db = open(pos[1])
-  local names = names_of(db, pos[2])
+  local names = db:names(pos[2])
   if o.json then
     local first = true
     out("[")
@@ -474,8 +499,13 @@ function cmd.incr(args)
   if o.help then return "help" end
   local n = 1
   if pos[3] then
-    n = pos[3]:find("^[+-]?%d+$") and tointeger(tonumber(pos[3]))
-    if not n then usage_error("n must be an integer, got '" .. pos[3] .. "'") end
+    -- exact: Lua 5.4 reads a decimal numeral that fits an integer as one,
+    -- and one out of range as a float (which must not round to -2^63)
+    n = pos[3]:find("^[+-]?%d+$") and tonumber(pos[3])
+    if mtype(n) ~= "integer" then
+      usage_error("n must be an integer from " .. fmt("%d", math.mininteger) .. " to "
+                  .. fmt("%d", math.maxinteger) .. ", got '" .. pos[3] .. "'")
+    end
   end
   local db = open(pos[1], o.create or false)
   local ok, done, msg = pcall(db.incr, db, pos[2], n, o.key)
@@ -491,8 +521,7 @@ function cmd.export(args)
   local o, pos = parse(args, { min = 1, max = 2 })
   if o.help then return "help" end
   local db = open(pos[1])
-  local text, msg = '{"counters":{}}\n', nil
-  if peek.any(db, pos[2]) then text, msg = db:export(pos[2]) end
+  local text, msg = db:export(pos[2])
   if not text then fail(msg) end
   out(text)
   return 0
@@ -521,8 +550,11 @@ function cmd.import(args)
   ok, err = pcall(function()
     local chunks, got = {}, 0
     while true do
-      local s = f:read(BIG)
-      if not s then break end
+      local s, rerr = f:read(BIG)
+      if not s then
+        if rerr then fail((file == "-" and "stdin" or file) .. ": " .. tostring(rerr)) end
+        break                                     -- the end of the file
+      end
       chunks[#chunks + 1] = s
       got = got + #s
       if bar and (size or got >= BIG) then bar.update("read", got, size, "bytes") end

@@ -303,10 +303,7 @@ end
 local function counter_names(db, prefix)
   local pattern
   if not prefix:find("[%*%?]") then pattern = prefix .. "*" end
-  local ok, any = pcall(require("tally.peek").any, db, pattern)
-  if not ok or not any then return {} end
-  local names
-  ok, names = pcall(db.names, db, pattern)
+  local ok, names = pcall(db.names, db, pattern)
   if not ok or type(names) ~= "table" then return {} end
   local out = {}
   for _, n in ipairs(names) do

@@ -16,7 +16,10 @@
 --
 -- The screen is the terminal's alternate screen, drawn whole on each
 -- refresh; stdin is in raw mode (tally.term) so keys arrive at once and
--- Ctrl-C is a key. Both are restored however the loop ends.
+-- Ctrl-C is a key. Both are restored however the loop ends. run() returns
+-- the exit status: 0 for q (or Ctrl-D, or the terminal going away), 130
+-- for Ctrl-C (interrupted, as the README says), 143 and 129 for SIGTERM and
+-- SIGHUP.
 
 local tally = require "tally"
 local term = require "tally.term"
@@ -138,7 +141,7 @@ local function loop(db, o)
 
   local function sample()
     local now = tally.now()
-    local names = cli.names_of(db, o.pattern)
+    local names = db:names(o.pattern)
     local fresh = {}
     rows, total = {}, 0
     for _, name in ipairs(names) do
@@ -238,7 +241,8 @@ local function loop(db, o)
       local _, lines = term.size()
       local page = max(1, lines - 4)
       for _, k in ipairs(keys(data)) do
-        if k == "q" or k == "Q" or k == "\3" or k == "\4" then return 0 end
+        if k == "q" or k == "Q" or k == "\4" then return 0 end
+        if k == "\3" then return 130 end           -- Ctrl-C: interrupted
         if k == "s" then
           for i, s in ipairs(SORTS) do
             if s == sortby then sortby = SORTS[i % #SORTS + 1]; break end
