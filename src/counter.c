@@ -351,7 +351,7 @@ int tally_counter_shards(tally_counter *c, int64_t *vals, uint32_t cap,
 
 int tally_counter_info_get(tally_counter *c, tally_counter_info *out) {
   if (!c || !out) return tally__fail(TALLY_EINVAL, "tally_counter_info_get: NULL argument");
-  uint64_t loc;
+  uint64_t loc = 0;
   int rc = tally__current(c->s, c->rec_off, &loc);
   if (rc) return rc;
   out->name = c->rec->name;

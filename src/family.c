@@ -50,7 +50,7 @@ int tally__family_check(tally_store *s) {
   int rc = head(s, &off);
   if (rc) return rc;
   for (uint32_t n = 0; off; n++) {
-    const struct tally__family *f;
+    const struct tally__family *f = NULL;
     if (n == MAX_FAMILIES)
       return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (family "
                          "list loops)", tally__store_name(s));
@@ -98,7 +98,7 @@ static int redundant(tally_store *s, const char *pattern, size_t plen,
   int rc = head(s, &off);
   *out = false;
   for (uint32_t n = 0; rc == 0 && off && n < MAX_FAMILIES; n++) {
-    const struct tally__family *f;
+    const struct tally__family *f = NULL;
     if ((rc = family_at(s, off, &f))) break;
     if (f->pattern_len == plen && memcmp(f->pattern, pattern, plen) == 0) {
       *out = f->shards == shards && f->policy == policy;
@@ -165,7 +165,7 @@ int tally_family_resolve(tally_store *s, const char *name, size_t len,
   int rc = head(s, &off);
   if (rc) return rc;
   for (uint32_t n = 0; off && n < MAX_FAMILIES; n++) {
-    const struct tally__family *f;
+    const struct tally__family *f = NULL;
     rc = family_at(s, off, &f);
     if (rc) return rc;
     if (tally_glob_match(f->pattern, f->pattern_len, name, len)) {
