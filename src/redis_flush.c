@@ -1,0 +1,474 @@
+/* redis_flush.c -- exactly-once flushing of local counters to Redis.
+ *
+ * The flusher keeps one entry per local counter it has seen: the name, an
+ * open counter handle, and prev (the writer's w:W as last known, valid when
+ * `known`). Entries live in a growing array, found by name through an
+ * open-addressing table of indices. A round collects the matching names,
+ * reads their local values, pipelines HGET w:W for entries with unknown
+ * prev, then pipelines the compare-and-set script for entries whose value
+ * moved. See redis_flush.h for the protocol.
+ */
+#include "redis_flush.h"
+
+#include "internal.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char SCRIPT[] =
+    "local f = 'w:' .. ARGV[1]\n"
+    "local cur = redis.call('HGET', KEYS[1], f)\n"
+    "if not cur then cur = '0' end\n"
+    "if cur == ARGV[2] then\n"
+    "  redis.call('HINCRBY', KEYS[1], 'v', ARGV[4])\n"
+    "  redis.call('HSET', KEYS[1], f, ARGV[3])\n"
+    "  return 1\n"
+    "elseif cur == ARGV[3] then\n"
+    "  return 0\n"
+    "end\n"
+    "return cur\n";
+
+#define KEY_MAX (TALLY_NAME_MAX + 32)
+
+struct entry {
+  char *name;
+  uint32_t len;
+  bool known;       /* prev is w:W as last seen */
+  bool pending;     /* in this round */
+  tally_counter *c; /* NULL: not open */
+  int64_t prev;
+  int64_t cur;      /* local value read this round */
+};
+
+struct tally_flusher {
+  tally_store *local;
+  tally_rc *rc;
+  char *writer;
+  size_t wlen;
+  char *wfield;     /* "w:" writer */
+  size_t wflen;
+  uint32_t shards;  /* R */
+  uint32_t shard;   /* this writer's shard */
+  struct entry *ents;
+  uint32_t n, cap;
+  uint32_t *table;  /* index + 1, 0 = empty */
+  uint32_t tcap;    /* power of two */
+  uint32_t *order;  /* entries sent in the current batch, in add order */
+  tally_rc_pipe *pipe;
+  /* names collected by tally_store_each */
+  char *nbuf;
+  size_t nlen, ncap;
+  /* the first failure of a round */
+  int first_code;
+  char first_msg[512];
+};
+
+static uint32_t fnv1a32(const void *p, size_t n) {
+  const unsigned char *b = p;
+  uint32_t h = 2166136261u;
+  for (size_t i = 0; i < n; i++) {
+    h ^= b[i];
+    h *= 16777619u;
+  }
+  return h;
+}
+
+const char *tally_flusher_script(void) { return SCRIPT; }
+
+uint32_t tally_flusher_shard(const tally_flusher *f) { return f->shard; }
+
+int tally_flusher_shard_key(const char *name, size_t len, uint32_t i, char *buf,
+                            size_t cap) {
+  if (!name || len == 0 || len > TALLY_NAME_MAX || !buf)
+    return tally__fail(TALLY_EINVAL, "redis flush: bad counter name");
+  char num[16];
+  int nl = snprintf(num, sizeof num, "%" PRIu32, i);
+  size_t need = 7 + len + 1 + (size_t)nl + 1; /* "tally:{" name "#" i "}" */
+  if (need + 1 > cap) return tally__fail(TALLY_EINVAL, "redis flush: key buffer too small");
+  memcpy(buf, "tally:{", 7);
+  memcpy(buf + 7, name, len);
+  buf[7 + len] = '#';
+  memcpy(buf + 8 + len, num, (size_t)nl);
+  buf[8 + len + (size_t)nl] = '}';
+  buf[need] = '\0';
+  return (int)need;
+}
+
+static bool parse_i64(const char *s, size_t len, int64_t *out) {
+  if (!s || len == 0 || len > 20) return false;
+  char tmp[24];
+  memcpy(tmp, s, len);
+  tmp[len] = '\0';
+  char *end;
+  errno = 0;
+  long long v = strtoll(tmp, &end, 10);
+  if (errno || end != tmp + len) return false;
+  *out = v;
+  return true;
+}
+
+/* Remember the first failure of a round (code and message). */
+static void note_fail(tally_flusher *f, int code) {
+  if (f->first_code) return;
+  f->first_code = code;
+  snprintf(f->first_msg, sizeof f->first_msg, "%s", tally_errmsg());
+}
+
+int tally_flusher_new(tally_store *local, tally_rc *rc, const char *writer,
+                      uint32_t remote_shards, tally_flusher **out) {
+  if (out) *out = NULL;
+  if (!local || !rc || !writer || !out)
+    return tally__fail(TALLY_EINVAL, "redis flush: NULL argument");
+  size_t wlen = strlen(writer);
+  if (wlen == 0 || wlen > TALLY_FLUSH_WRITER_MAX)
+    return tally__fail(TALLY_EINVAL, "redis flush: writer id must be 1..%u bytes",
+                       TALLY_FLUSH_WRITER_MAX);
+  if (remote_shards == 0 || remote_shards > TALLY_MAX_SHARDS)
+    return tally__fail(TALLY_ESHARDS, "redis flush: remote shards %" PRIu32
+                       " not in 1..%d", remote_shards, TALLY_MAX_SHARDS);
+  tally_flusher *f = calloc(1, sizeof *f);
+  if (!f) return tally__fail(TALLY_ENOMEM, "redis flush: out of memory");
+  f->local = local;
+  f->rc = rc;
+  f->wlen = wlen;
+  f->writer = malloc(wlen + 1);
+  f->wflen = wlen + 2;
+  f->wfield = malloc(wlen + 3);
+  f->tcap = 64;
+  f->table = calloc(f->tcap, sizeof *f->table);
+  if (!f->writer || !f->wfield || !f->table) {
+    tally_flusher_free(f);
+    return tally__fail(TALLY_ENOMEM, "redis flush: out of memory");
+  }
+  memcpy(f->writer, writer, wlen + 1);
+  memcpy(f->wfield, "w:", 2);
+  memcpy(f->wfield + 2, writer, wlen + 1);
+  f->shards = remote_shards;
+  f->shard = fnv1a32(writer, wlen) % remote_shards;
+  int code = tally_rc_pipe_new(rc, &f->pipe);
+  if (code) {
+    tally_flusher_free(f);
+    return code;
+  }
+  *out = f;
+  return 0;
+}
+
+void tally_flusher_free(tally_flusher *f) {
+  if (!f) return;
+  for (uint32_t i = 0; i < f->n; i++) {
+    tally_counter_close(f->ents[i].c);
+    free(f->ents[i].name);
+  }
+  free(f->ents);
+  free(f->table);
+  free(f->order);
+  free(f->nbuf);
+  free(f->writer);
+  free(f->wfield);
+  tally_rc_pipe_free(f->pipe);
+  free(f);
+}
+
+/* ---- the entry table ------------------------------------------------------ */
+
+static uint32_t slot_of(const tally_flusher *f, const char *name, size_t len) {
+  uint32_t mask = f->tcap - 1, h = (uint32_t)tally__hash(name, len, 0x7a11f1u) & mask;
+  for (;;) {
+    uint32_t e = f->table[h];
+    if (e == 0) return h;
+    const struct entry *en = &f->ents[e - 1];
+    if (en->len == len && memcmp(en->name, name, len) == 0) return h;
+    h = (h + 1) & mask;
+  }
+}
+
+static int grow_table(tally_flusher *f) {
+  uint32_t ncap = f->tcap * 2;
+  uint32_t *t = calloc(ncap, sizeof *t);
+  if (!t) return tally__fail(TALLY_ENOMEM, "redis flush: out of memory");
+  free(f->table);
+  f->table = t;
+  f->tcap = ncap;
+  for (uint32_t i = 0; i < f->n; i++)
+    f->table[slot_of(f, f->ents[i].name, f->ents[i].len)] = i + 1;
+  return 0;
+}
+
+/* The entry for name, created if absent; NULL on ENOMEM (errmsg set). */
+static struct entry *entry_get(tally_flusher *f, const char *name, size_t len) {
+  uint32_t h = slot_of(f, name, len);
+  if (f->table[h]) return &f->ents[f->table[h] - 1];
+  if ((f->n + 1) * 2 > f->tcap) {
+    if (grow_table(f)) return NULL;
+    h = slot_of(f, name, len);
+  }
+  if (f->n == f->cap) {
+    uint32_t ncap = f->cap ? f->cap * 2 : 64;
+    struct entry *e = realloc(f->ents, ncap * sizeof *e);
+    uint32_t *o = realloc(f->order, ncap * sizeof *o);
+    if (e) f->ents = e;
+    if (o) f->order = o;
+    if (!e || !o) {
+      tally__fail(TALLY_ENOMEM, "redis flush: out of memory");
+      return NULL;
+    }
+    f->cap = ncap;
+  }
+  struct entry *en = &f->ents[f->n];
+  memset(en, 0, sizeof *en);
+  en->name = malloc(len + 1);
+  if (!en->name) {
+    tally__fail(TALLY_ENOMEM, "redis flush: out of memory");
+    return NULL;
+  }
+  memcpy(en->name, name, len);
+  en->name[len] = '\0';
+  en->len = (uint32_t)len;
+  f->table[h] = ++f->n;
+  return en;
+}
+
+/* ---- a round ---------------------------------------------------------------- */
+
+/* tally_store_each callback: append "len name" records to f->nbuf. */
+static int collect(void *ud, const char *name, size_t len) {
+  tally_flusher *f = ud;
+  size_t need = f->nlen + sizeof(uint32_t) + len;
+  if (need > f->ncap) {
+    size_t ncap = f->ncap ? f->ncap * 2 : 4096;
+    while (ncap < need) ncap *= 2;
+    char *b = realloc(f->nbuf, ncap);
+    if (!b) return tally__fail(TALLY_ENOMEM, "redis flush: out of memory");
+    f->nbuf = b;
+    f->ncap = ncap;
+  }
+  uint32_t l = (uint32_t)len;
+  memcpy(f->nbuf + f->nlen, &l, sizeof l);
+  memcpy(f->nbuf + f->nlen + sizeof l, name, len);
+  f->nlen = need;
+  return 0;
+}
+
+static int add_cmd(tally_flusher *f, tally_flush_stats *st, const char *key,
+                   size_t klen, int argc, const char **argv, const size_t *argvlen) {
+  int code = tally_rc_pipe_add(f->pipe, key, klen, argc, argv, argvlen);
+  if (code) return code;
+  st->commands++;
+  for (int i = 0; i < argc; i++) st->bytes += argvlen[i];
+  return 0;
+}
+
+static void fail_entry(tally_flusher *f, tally_flush_stats *st, struct entry *en,
+                       int code) {
+  note_fail(f, code);
+  st->errors++;
+  en->pending = false;
+}
+
+/* A reply that is not what the protocol expects: an error reply (WRONGTYPE,
+ * script error, overflow) or a type we never produce. */
+static void bad_reply(tally_flusher *f, tally_flush_stats *st, struct entry *en,
+                      const char *what, const redisReply *r) {
+  tally__fail(TALLY_ESYS, "redis flush: %s tally:{%s#%" PRIu32 "}: %s", what,
+              en->name, f->shard,
+              r->type == REDIS_REPLY_ERROR ? r->str : "unexpected reply type");
+  fail_entry(f, st, en, TALLY_ESYS);
+}
+
+/* HGET w:W for the pending entries whose prev is not known. */
+static int phase_hget(tally_flusher *f, tally_flush_stats *st) {
+  char key[KEY_MAX];
+  uint32_t nb = 0;
+  tally_rc_pipe_reset(f->pipe);
+  for (uint32_t i = 0; i < f->n; i++) {
+    struct entry *en = &f->ents[i];
+    if (!en->pending || en->known) continue;
+    int klen = tally_flusher_shard_key(en->name, en->len, f->shard, key, sizeof key);
+    if (klen < 0) return klen;
+    const char *argv[] = {"HGET", key, f->wfield};
+    size_t lens[] = {4, (size_t)klen, f->wflen};
+    int code = add_cmd(f, st, key, (size_t)klen, 3, argv, lens);
+    if (code) return code;
+    f->order[nb++] = i;
+  }
+  if (nb == 0) return 0;
+  int xcode = tally_rc_pipe_exec(f->pipe);
+  if (xcode) note_fail(f, xcode);
+  for (uint32_t j = 0; j < nb; j++) {
+    struct entry *en = &f->ents[f->order[j]];
+    const redisReply *r = tally_rc_pipe_reply(f->pipe, j);
+    if (!r) {
+      fail_entry(f, st, en, xcode ? xcode : TALLY_ESYS);
+    } else if (r->type == REDIS_REPLY_NIL) {
+      en->prev = 0;
+      en->known = true;
+    } else if (r->type == REDIS_REPLY_STRING && parse_i64(r->str, r->len, &en->prev)) {
+      en->known = true;
+    } else {
+      bad_reply(f, st, en, "HGET", r);
+    }
+  }
+  return 0;
+}
+
+/* The compare-and-set script for the pending entries that moved. */
+static int phase_eval(tally_flusher *f, tally_flush_stats *st) {
+  char key[KEY_MAX];
+  uint32_t nb = 0;
+  tally_rc_pipe_reset(f->pipe);
+  for (uint32_t i = 0; i < f->n; i++) {
+    struct entry *en = &f->ents[i];
+    if (!en->pending || !en->known) continue;
+    if (en->cur == en->prev) {
+      st->unchanged++;
+      continue;
+    }
+    int64_t delta;
+    if (__builtin_sub_overflow(en->cur, en->prev, &delta)) {
+      tally__fail(TALLY_ERANGE, "redis flush: %s: delta %" PRId64 " - %" PRId64
+                  " overflows int64", en->name, en->cur, en->prev);
+      fail_entry(f, st, en, TALLY_ERANGE);
+      continue;
+    }
+    int klen = tally_flusher_shard_key(en->name, en->len, f->shard, key, sizeof key);
+    if (klen < 0) return klen;
+    char sp[24], sn[24], sd[24];
+    int lp = snprintf(sp, sizeof sp, "%" PRId64, en->prev);
+    int ln = snprintf(sn, sizeof sn, "%" PRId64, en->cur);
+    int ld = snprintf(sd, sizeof sd, "%" PRId64, delta);
+    const char *argv[] = {"EVAL", SCRIPT, "1", key, f->writer, sp, sn, sd};
+    size_t lens[] = {4, sizeof SCRIPT - 1, 1, (size_t)klen, f->wlen,
+                     (size_t)lp, (size_t)ln, (size_t)ld};
+    int code = add_cmd(f, st, key, (size_t)klen, 8, argv, lens);
+    if (code) return code;
+    f->order[nb++] = i;
+  }
+  if (nb == 0) return 0;
+  int xcode = tally_rc_pipe_exec(f->pipe);
+  if (xcode) note_fail(f, xcode);
+  for (uint32_t j = 0; j < nb; j++) {
+    struct entry *en = &f->ents[f->order[j]];
+    const redisReply *r = tally_rc_pipe_reply(f->pipe, j);
+    int64_t cur;
+    if (!r) {
+      /* it may have run: prev stays, and the next round's script answers
+       * 0 (same value) or a conflict carrying the applied value */
+      fail_entry(f, st, en, xcode ? xcode : TALLY_ESYS);
+    } else if (r->type == REDIS_REPLY_INTEGER && (r->integer == 1 || r->integer == 0)) {
+      if (r->integer == 1) {
+        st->flushed++;
+        int64_t d = en->cur - en->prev;
+        if (__builtin_add_overflow(st->delta, d, &st->delta))
+          st->delta = d > 0 ? INT64_MAX : INT64_MIN;
+      } else {
+        st->already++;
+      }
+      en->prev = en->cur;
+    } else if (r->type == REDIS_REPLY_STRING && parse_i64(r->str, r->len, &cur)) {
+      st->conflicts++;
+      en->prev = cur;
+    } else {
+      bad_reply(f, st, en, "EVAL", r);
+    }
+    en->pending = false;
+  }
+  return 0;
+}
+
+int tally_flusher_run(tally_flusher *f, const char *pattern, size_t plen,
+                      tally_flush_stats *st) {
+  tally_flush_stats dummy;
+  if (!st) st = &dummy;
+  memset(st, 0, sizeof *st);
+  if (!f) return tally__fail(TALLY_EINVAL, "redis flush: NULL flusher");
+  if (!pattern) {
+    pattern = "*";
+    plen = 1;
+  }
+  f->first_code = 0;
+  f->first_msg[0] = '\0';
+  f->nlen = 0;
+  int code = tally_store_each(f->local, pattern, plen, collect, f);
+  if (code) return code;
+
+  /* local values */
+  for (size_t off = 0; off < f->nlen;) {
+    uint32_t len;
+    memcpy(&len, f->nbuf + off, sizeof len);
+    const char *name = f->nbuf + off + sizeof len;
+    off += sizeof len + len;
+    struct entry *en = entry_get(f, name, len);
+    if (!en) return TALLY_ENOMEM;
+    en->pending = false;
+    if (!en->c) {
+      code = tally_counter_open(f->local, name, len, NULL, 0, &en->c);
+      if (code == TALLY_ENOENT) continue; /* dropped since listed */
+      if (code) {
+        note_fail(f, code);
+        st->errors++;
+        continue;
+      }
+    }
+    code = tally_counter_value(en->c, &en->cur);
+    if (code == TALLY_EDROPPED) { /* reopened next round if re-created */
+      tally_counter_close(en->c);
+      en->c = NULL;
+      continue;
+    }
+    if (code) {
+      note_fail(f, code);
+      st->errors++;
+      continue;
+    }
+    en->pending = true;
+    st->counters++;
+  }
+
+  code = phase_hget(f, st);
+  if (!code) code = phase_eval(f, st);
+  for (uint32_t i = 0; i < f->n; i++) f->ents[i].pending = false;
+  if (code) return code; /* ENOMEM adding to the pipeline */
+  if (f->first_code) return tally__fail(f->first_code, "%s", f->first_msg);
+  return 0;
+}
+
+int tally_flusher_remote_value(tally_flusher *f, const char *name, size_t len,
+                               int64_t *out) {
+  if (!f || !out) return tally__fail(TALLY_EINVAL, "redis flush: NULL argument");
+  char key[KEY_MAX];
+  tally_rc_pipe_reset(f->pipe);
+  for (uint32_t i = 0; i < f->shards; i++) {
+    int klen = tally_flusher_shard_key(name, len, i, key, sizeof key);
+    if (klen < 0) return klen;
+    const char *argv[] = {"HGET", key, "v"};
+    size_t lens[] = {4, (size_t)klen, 1};
+    int code = tally_rc_pipe_add(f->pipe, key, (size_t)klen, 3, argv, lens);
+    if (code) return code;
+  }
+  int code = tally_rc_pipe_exec(f->pipe);
+  if (code) {
+    tally_rc_pipe_reset(f->pipe);
+    return code;
+  }
+  int64_t sum = 0;
+  for (uint32_t i = 0; i < f->shards && !code; i++) {
+    const redisReply *r = tally_rc_pipe_reply(f->pipe, i);
+    int64_t v = 0;
+    if (r->type == REDIS_REPLY_NIL) continue;
+    if (r->type != REDIS_REPLY_STRING || !parse_i64(r->str, r->len, &v))
+      code = tally__fail(TALLY_ESYS, "redis flush: HGET tally:{%.*s#%" PRIu32 "} v: %s",
+                         (int)len, name, i,
+                         r->type == REDIS_REPLY_ERROR ? r->str : "not an integer");
+    else if (__builtin_add_overflow(sum, v, &sum))
+      code = tally__fail(TALLY_ERANGE, "redis flush: %.*s: remote total overflows int64",
+                         (int)len, name);
+  }
+  tally_rc_pipe_reset(f->pipe);
+  if (!code) *out = sum;
+  return code;
+}

@@ -1,0 +1,578 @@
+/* test_redis_flush.c -- exactly-once flushing (src/redis_flush.c) on real servers.
+ *
+ * Against the standalone server and the 3-master cluster of redis_servers.h:
+ *  (a) 4 writers (file stores) x 200 counters, threads incrementing while
+ *      flush rounds run; remote totals == local values; the R = 8 shards of
+ *      a counter are served by several masters (CLUSTER KEYSLOT, owner);
+ *  (b) CLIENT KILL of the flusher's connections in a loop while rounds are
+ *      in flight, then a server SIGSTOPped and SIGCONTed mid-run: rounds
+ *      report errors, later rounds catch up, totals exact;
+ *  (c) a lost reply: the same (prev, new) script run twice (1 then 0), then
+ *      the flusher's own retry (already applied), a conflict adopted, and a
+ *      delta that would overflow refused;
+ *  (d) SIGKILL of a forked flusher with unflushed deltas in its file store;
+ *      a new flusher in another process (same writer id) flushes them once.
+ * Everything is bounded in time; servers are stopped by PID.
+ */
+#include <limits.h>
+#include <poll.h>
+#include <pthread.h>
+
+#include "../src/redis_flush.h"
+#include "redis_servers.h"
+
+#define NC 200      /* counters per store */
+#define R 8         /* remote shards */
+#define NWRITERS 4  /* (a) */
+
+struct target {
+  const char *label;
+  bool cluster;
+  char seeds[64];
+  int stop_idx; /* server to SIGSTOP in (b) */
+};
+
+/* ---- helpers ---------------------------------------------------------------- */
+
+static tally_store *open_store(const char *name) {
+  char spec[1400];
+  snprintf(spec, sizeof spec, "file:%s/%s", g_dir, name);
+  tally_store *s;
+  REQUIRE_OK(tally_store_open(spec, NULL, &s));
+  return s;
+}
+
+static void open_counters(tally_store *s, const char *prefix, tally_counter **cs) {
+  for (int i = 0; i < NC; i++) {
+    char name[64];
+    snprintf(name, sizeof name, "%s%d", prefix, i);
+    REQUIRE_OK(tu_counter(s, name, 4, TALLY_POLICY_THREAD, TALLY_COUNTER_CREATE, &cs[i]));
+  }
+}
+
+static void close_counters(tally_counter **cs) {
+  for (int i = 0; i < NC; i++) tally_counter_close(cs[i]);
+}
+
+static void add_stats(tally_flush_stats *sum, const tally_flush_stats *st) {
+  sum->counters += st->counters;
+  sum->unchanged += st->unchanged;
+  sum->flushed += st->flushed;
+  sum->already += st->already;
+  sum->conflicts += st->conflicts;
+  sum->errors += st->errors;
+  sum->commands += st->commands;
+  sum->bytes += st->bytes;
+  sum->delta += st->delta;
+}
+
+static void print_stats(const char *what, int rounds, const tally_flush_stats *s) {
+  printf("  %s: %d rounds, flushed %llu, already %llu, conflicts %llu, errors %llu, "
+         "commands %llu, %llu bytes, delta %lld\n",
+         what, rounds, (unsigned long long)s->flushed, (unsigned long long)s->already,
+         (unsigned long long)s->conflicts, (unsigned long long)s->errors,
+         (unsigned long long)s->commands, (unsigned long long)s->bytes,
+         (long long)s->delta);
+}
+
+/* Rounds until one has nothing to do and no failure; the number of rounds,
+ * or -1 if that did not happen within max_secs. */
+static int flush_clean(tally_flusher *f, const char *pat, double max_secs,
+                       tally_flush_stats *sum) {
+  double end = tu_now() + max_secs;
+  for (int n = 1; tu_now() < end; n++) {
+    tally_flush_stats st;
+    int code = tally_flusher_run(f, pat, strlen(pat), &st);
+    if (sum) add_stats(sum, &st);
+    if (code == 0 && st.flushed == 0 && st.already == 0 && st.conflicts == 0 &&
+        st.errors == 0)
+      return n;
+    if (code) usleep(50000); /* a failing node: back off a little */
+  }
+  TU_FAIL("flush rounds on %s did not settle within %.0f s", pat, max_secs);
+  return -1;
+}
+
+/* Remote total of prefix<i> == the sum of the local values in stores. */
+static void check_exact(tally_flusher *f, const char *prefix, tally_counter **cs[],
+                        int nstores) {
+  int bad = 0;
+  long long total = 0;
+  for (int i = 0; i < NC; i++) {
+    char name[64];
+    snprintf(name, sizeof name, "%s%d", prefix, i);
+    int64_t local = 0, remote = INT64_MIN;
+    for (int s = 0; s < nstores; s++) local += tu_value(cs[s][i]);
+    EXPECT_OK(tally_flusher_remote_value(f, name, strlen(name), &remote));
+    if (local != remote && bad++ < 5)
+      TU_FAIL("%s: local %lld, remote %lld", name, (long long)local, (long long)remote);
+    total += local;
+  }
+  EXPECT_I64(0, bad);
+  printf("  %s*: %d counters exact, total %lld\n", prefix, NC - bad, total);
+}
+
+/* ---- incrementing threads ------------------------------------------------------ */
+
+struct incr_arg {
+  tally_counter **cs;
+  atomic_bool *stop;
+  uint64_t seed;
+  long long n;
+};
+
+static void *incr_thread(void *ud) {
+  struct incr_arg *a = ud;
+  double end = tu_now() + 30; /* bound, whatever happens */
+  while (!atomic_load(a->stop) && tu_now() < end) {
+    for (int k = 0; k < 256; k++) {
+      uint64_t r = tu_rng(&a->seed);
+      if (tally_counter_incr(a->cs[r % NC], (int64_t)(r >> 60) + 1) != 0) {
+        TU_FAIL("local incr failed: %s", tally_errmsg());
+        return NULL;
+      }
+      a->n++;
+    }
+  }
+  return NULL;
+}
+
+/* ---- (a) concurrent writers ------------------------------------------------------ */
+
+static void test_concurrent(const struct target *t) {
+  printf("(a) %s: %d writers x %d counters, R = %d\n", t->label, NWRITERS, NC, R);
+  tally_rc *rc;
+  REQUIRE_OK(tally_rc_open(t->seeds, 2000, &rc));
+  tally_store *st[NWRITERS];
+  tally_counter *cs0[NWRITERS][NC];
+  tally_counter **cs[NWRITERS];
+  tally_flusher *f[NWRITERS];
+  bool used[R] = {false};
+  int cand = 0;
+  for (int w = 0; w < NWRITERS; w++) {
+    char name[64];
+    snprintf(name, sizeof name, "a-%s-%d.tly", t->label, w);
+    st[w] = open_store(name);
+    cs[w] = cs0[w];
+    open_counters(st[w], "a:", cs[w]);
+    /* writers on distinct remote shards */
+    for (;;) {
+      char id[64];
+      snprintf(id, sizeof id, "writer-a-%s-%d", t->label, cand++);
+      REQUIRE_OK(tally_flusher_new(st[w], rc, id, R, &f[w]));
+      uint32_t sh = tally_flusher_shard(f[w]);
+      if (!used[sh]) {
+        used[sh] = true;
+        break;
+      }
+      tally_flusher_free(f[w]);
+    }
+  }
+  atomic_bool stop = false;
+  pthread_t th[NWRITERS * 2];
+  struct incr_arg args[NWRITERS * 2];
+  for (int i = 0; i < NWRITERS * 2; i++) {
+    args[i] = (struct incr_arg){cs[i / 2], &stop, 0x9e3779b97f4a7c15ull * (uint64_t)(i + 1), 0};
+    pthread_create(&th[i], NULL, incr_thread, &args[i]);
+  }
+  tally_flush_stats sum = {0};
+  int rounds = 0;
+  double t0 = tu_now();
+  while (tu_now() - t0 < 1.0) {
+    for (int w = 0; w < NWRITERS; w++) {
+      tally_flush_stats s;
+      EXPECT_OK(tally_flusher_run(f[w], "a:*", 3, &s));
+      add_stats(&sum, &s);
+      EXPECT_I64(0, s.errors);
+      EXPECT_I64(0, s.conflicts);
+    }
+    rounds++;
+  }
+  atomic_store(&stop, true);
+  long long incs = 0;
+  for (int i = 0; i < NWRITERS * 2; i++) {
+    pthread_join(th[i], NULL);
+    incs += args[i].n;
+  }
+  print_stats("during increments", rounds, &sum);
+  printf("  %lld local increments, %.0f per second\n", incs, incs / (tu_now() - t0));
+  EXPECT(sum.flushed > NC);
+  for (int w = 0; w < NWRITERS; w++) EXPECT(flush_clean(f[w], "a:*", 20, NULL) > 0);
+  check_exact(f[0], "a:", cs, NWRITERS);
+
+  if (t->cluster) {
+    /* slots as Redis computes them, and the masters holding the shards */
+    char key[300];
+    int masters_all[NMASTERS + 1] = {0}, spread = 0, held_bad = 0;
+    for (int i = 0; i < NC; i++) {
+      char name[64];
+      snprintf(name, sizeof name, "a:%d", i);
+      int seen[NMASTERS + 1] = {0}, nseen = 0;
+      for (uint32_t sh = 0; sh < R; sh++) {
+        int klen = tally_flusher_shard_key(name, strlen(name), sh, key, sizeof key);
+        EXPECT(klen > 0);
+        uint16_t slot = tally_rc_keyslot(key, (size_t)klen);
+        if (i == 0) {
+          redisReply *r = rawcmd(g_ports[1], "CLUSTER KEYSLOT %s", key);
+          EXPECT(r->type == REDIS_REPLY_INTEGER && r->integer == slot);
+          freeReplyObject(r);
+        }
+        if (!used[sh]) continue;
+        int m = owner(slot);
+        redisReply *r = rawcmd(g_ports[m], "HGET %s v", key); /* no MOVED: it lives there */
+        if (r->type != REDIS_REPLY_STRING) held_bad++;
+        freeReplyObject(r);
+        if (!seen[m]++) nseen++;
+        masters_all[m]++;
+      }
+      if (nseen >= 2) spread++;
+    }
+    printf("  cluster: %d of %d counters have their shards on >= 2 masters; "
+           "shards per master %d %d %d\n", spread, NC, masters_all[1], masters_all[2],
+           masters_all[3]);
+    EXPECT_I64(0, held_bad);
+    EXPECT(spread > NC / 2);
+    for (int m = 1; m <= NMASTERS; m++) EXPECT(masters_all[m] > 0);
+  }
+  for (int w = 0; w < NWRITERS; w++) {
+    tally_flusher_free(f[w]);
+    close_counters(cs[w]);
+    tally_store_close(st[w]);
+  }
+  tally_rc_close(rc);
+}
+
+/* ---- (b) faults ----------------------------------------------------------------- */
+
+struct chaos_arg {
+  const struct target *t;
+  atomic_bool done;
+  long long kills;
+};
+
+static void *chaos_thread(void *ud) {
+  struct chaos_arg *a = ud;
+  int first = a->t->cluster ? 1 : 0, last = a->t->cluster ? NMASTERS : 0;
+  redisContext *c[NMASTERS + 1] = {0};
+  for (int m = first; m <= last; m++) c[m] = raw(g_ports[m]);
+  /* 1 s of CLIENT KILL, every few ms, rounds in flight or not */
+  double t0 = tu_now();
+  while (tu_now() - t0 < 1.0) {
+    for (int m = first; m <= last; m++) {
+      if (!c[m]) continue;
+      redisReply *r = redisCommand(c[m], "CLIENT KILL TYPE normal SKIPME yes");
+      if (r && r->type == REDIS_REPLY_INTEGER) a->kills += r->integer;
+      if (r) freeReplyObject(r);
+    }
+    usleep(3000);
+  }
+  for (int m = first; m <= last; m++)
+    if (c[m]) redisFree(c[m]);
+  /* a server stopped for 0.8 s (under the cluster node timeout) */
+  usleep(200000);
+  kill(g_pids[a->t->stop_idx], SIGSTOP);
+  usleep(800000);
+  kill(g_pids[a->t->stop_idx], SIGCONT);
+  usleep(300000);
+  atomic_store(&a->done, true);
+  return NULL;
+}
+
+static void test_faults(const struct target *t) {
+  printf("(b) %s: CLIENT KILL loop, then server on %d stopped 0.8 s\n", t->label,
+         g_ports[t->stop_idx]);
+  tally_rc *rc;
+  REQUIRE_OK(tally_rc_open(t->seeds, 300, &rc));
+  char sname[64];
+  snprintf(sname, sizeof sname, "b-%s.tly", t->label);
+  tally_store *s = open_store(sname);
+  tally_counter *cs0[NC], **cs[1] = {cs0};
+  open_counters(s, "b:", cs0);
+  char id[64];
+  snprintf(id, sizeof id, "writer-b-%s", t->label);
+  tally_flusher *f;
+  REQUIRE_OK(tally_flusher_new(s, rc, id, R, &f));
+
+  atomic_bool stop = false;
+  pthread_t th[2];
+  struct incr_arg args[2];
+  for (int i = 0; i < 2; i++) {
+    args[i] = (struct incr_arg){cs0, &stop, 0x1234567ull * (uint64_t)(i + 3), 0};
+    pthread_create(&th[i], NULL, incr_thread, &args[i]);
+  }
+  struct chaos_arg ca = {.t = t};
+  pthread_t chaos;
+  pthread_create(&chaos, NULL, chaos_thread, &ca);
+  tally_flush_stats sum = {0};
+  int rounds = 0, failed = 0;
+  double t0 = tu_now();
+  while (!atomic_load(&ca.done) && tu_now() - t0 < 20) {
+    tally_flush_stats st;
+    if (tally_flusher_run(f, "b:*", 3, &st) != 0) failed++;
+    add_stats(&sum, &st);
+    rounds++;
+  }
+  pthread_join(chaos, NULL);
+  atomic_store(&stop, true);
+  for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+  print_stats("under faults", rounds, &sum);
+  tally_rc_stats rs;
+  tally_rc_stats_get(rc, &rs);
+  printf("  %d rounds failed, %lld connections killed, client: %llu reconnects, "
+         "%llu errors\n", failed, ca.kills, (unsigned long long)rs.reconnects,
+         (unsigned long long)rs.errors);
+  EXPECT(failed > 0);
+  EXPECT(sum.errors > 0);
+  EXPECT(ca.kills > 0);
+  tally_flush_stats after = {0};
+  int n = flush_clean(f, "b:*", 20, &after);
+  EXPECT(n > 0);
+  print_stats("catching up", n, &after);
+  check_exact(f, "b:", cs, 1);
+  tally_flusher_free(f);
+  close_counters(cs0);
+  tally_store_close(s);
+  tally_rc_close(rc);
+}
+
+/* ---- (c) a lost reply, retried ---------------------------------------------------- */
+
+/* EVAL the flush script as the flusher would; the reply (caller frees). */
+static redisReply *eval(tally_rc *rc, const char *key, const char *w, long long prev,
+                        long long next) {
+  char sp[24], sn[24], sd[24];
+  snprintf(sp, sizeof sp, "%lld", prev);
+  snprintf(sn, sizeof sn, "%lld", next);
+  snprintf(sd, sizeof sd, "%lld", next - prev);
+  const char *argv[] = {"EVAL", tally_flusher_script(), "1", key, w, sp, sn, sd};
+  redisReply *r = NULL;
+  EXPECT_OK(tally_rc_command(rc, key, strlen(key), 8, argv, NULL, &r));
+  return r;
+}
+
+static bool is_int(const redisReply *r, long long v) {
+  return r && r->type == REDIS_REPLY_INTEGER && r->integer == v;
+}
+
+static int64_t remote(tally_flusher *f, const char *name) {
+  int64_t v = INT64_MIN;
+  EXPECT_OK(tally_flusher_remote_value(f, name, strlen(name), &v));
+  return v;
+}
+
+static void test_lost_reply(const struct target *t) {
+  printf("(c) %s: lost replies, conflicts, overflow\n", t->label);
+  tally_rc *rc;
+  REQUIRE_OK(tally_rc_open(t->seeds, 2000, &rc));
+  char sname[64], id[64], key[300];
+  snprintf(sname, sizeof sname, "c-%s.tly", t->label);
+  snprintf(id, sizeof id, "writer-c-%s", t->label);
+  tally_store *s = open_store(sname);
+  tally_counter *c;
+  REQUIRE_OK(tu_counter(s, "c:x", 2, TALLY_POLICY_THREAD, TALLY_COUNTER_CREATE, &c));
+  tally_flusher *f;
+  REQUIRE_OK(tally_flusher_new(s, rc, id, R, &f));
+  EXPECT(tally_flusher_shard_key("c:x", 3, tally_flusher_shard(f), key, sizeof key) > 0);
+  tally_flush_stats st;
+
+  EXPECT_OK(tally_counter_incr(c, 10));
+  EXPECT_OK(tally_flusher_run(f, "c:*", 3, &st));
+  EXPECT_I64(1, st.flushed);
+  EXPECT_I64(2, st.commands); /* HGET, then EVAL */
+  EXPECT_I64(10, remote(f, "c:x"));
+
+  /* the flusher's next send (10 -> 25) reached Redis but its reply was lost:
+   * run it here, twice, as a retry would */
+  EXPECT_OK(tally_counter_incr(c, 15));
+  redisReply *r = eval(rc, key, id, 10, 25);
+  EXPECT(is_int(r, 1));
+  freeReplyObject(r);
+  r = eval(rc, key, id, 10, 25);
+  EXPECT(is_int(r, 0)); /* already applied */
+  freeReplyObject(r);
+  EXPECT_I64(25, remote(f, "c:x"));
+  /* the flusher still believes prev = 10: its round is that retry */
+  EXPECT_OK(tally_flusher_run(f, "c:*", 3, &st));
+  EXPECT_I64(0, st.flushed);
+  EXPECT_I64(1, st.already);
+  EXPECT_I64(25, remote(f, "c:x"));
+  EXPECT_OK(tally_flusher_run(f, "c:*", 3, &st));
+  EXPECT_I64(1, st.unchanged);
+  EXPECT_I64(0, st.commands);
+
+  /* a stale prev: the script answers the current w:W and changes nothing */
+  r = eval(rc, key, id, 3, 30);
+  EXPECT(r && r->type == REDIS_REPLY_STRING && strcmp(r->str, "25") == 0);
+  freeReplyObject(r);
+  EXPECT_I64(25, remote(f, "c:x"));
+
+  /* lost reply, then more increments before the next round: a conflict,
+   * prev adopted, applied in the round after */
+  EXPECT_OK(tally_counter_incr(c, 7)); /* 32 */
+  r = eval(rc, key, id, 25, 32);
+  EXPECT(is_int(r, 1));
+  freeReplyObject(r);
+  EXPECT_OK(tally_counter_incr(c, 3)); /* 35 */
+  EXPECT_OK(tally_flusher_run(f, "c:*", 3, &st));
+  EXPECT_I64(1, st.conflicts);
+  EXPECT_I64(32, remote(f, "c:x"));
+  EXPECT_OK(tally_flusher_run(f, "c:*", 3, &st));
+  EXPECT_I64(1, st.flushed);
+  EXPECT_I64(3, st.delta);
+  EXPECT_I64(35, remote(f, "c:x"));
+  EXPECT_I64(35, tu_value(c));
+
+  /* a restarted flusher (empty cache) reads w:W and sends nothing */
+  tally_flusher_free(f);
+  REQUIRE_OK(tally_flusher_new(s, rc, id, R, &f));
+  EXPECT_OK(tally_flusher_run(f, "c:*", 3, &st));
+  EXPECT_I64(1, st.unchanged);
+  EXPECT_I64(1, st.commands);
+
+  /* a delta that does not fit in int64 is refused, nothing sent */
+  tally_counter *big;
+  REQUIRE_OK(tu_counter(s, "c:big", 1, TALLY_POLICY_THREAD, TALLY_COUNTER_CREATE, &big));
+  EXPECT_OK(tally_counter_incr(big, 4000000000000000000LL));
+  char bkey[300];
+  EXPECT(tally_flusher_shard_key("c:big", 5, tally_flusher_shard(f), bkey, sizeof bkey) > 0);
+  const char *hset[] = {"HSET", bkey, "", "-9000000000000000000"};
+  char wf[100];
+  snprintf(wf, sizeof wf, "w:%s", id);
+  hset[2] = wf;
+  EXPECT_OK(tally_rc_command(rc, bkey, strlen(bkey), 4, hset, NULL, &r));
+  freeReplyObject(r);
+  EXPECT_RC(TALLY_ERANGE, tally_flusher_run(f, "c:*", 3, &st));
+  EXPECT_I64(1, st.errors);
+  EXPECT_I64(0, st.flushed);
+  EXPECT(strstr(tally_errmsg(), "overflows") != NULL);
+  EXPECT_I64(0, remote(f, "c:big"));
+  tally_counter_close(big);
+  EXPECT_OK(tally_store_drop(s, "c:big", 5));
+  EXPECT_OK(tally_flusher_run(f, "c:*", 3, &st));
+  EXPECT_I64(0, st.errors);
+  EXPECT_I64(1, st.counters);
+
+  /* bad arguments */
+  tally_flusher *g = (tally_flusher *)1;
+  EXPECT_RC(TALLY_EINVAL, tally_flusher_new(s, rc, "", R, &g));
+  EXPECT(g == NULL);
+  EXPECT_RC(TALLY_ESHARDS, tally_flusher_new(s, rc, "w", 0, &g));
+  EXPECT_RC(TALLY_EINVAL, tally_flusher_remote_value(f, "", 0, &(int64_t){0}));
+
+  tally_flusher_free(f);
+  tally_counter_close(c);
+  tally_store_close(s);
+  tally_rc_close(rc);
+}
+
+/* ---- (d) SIGKILL with unflushed deltas ------------------------------------------ */
+
+/* Increments and flushes until killed; after 10 rounds it increments once
+ * more and says "ready"; with hold it then waits unflushed. */
+static void child_flusher(const struct target *t, const char *sname, const char *id,
+                          int wfd, bool hold) {
+  memset(g_pids, 0, sizeof g_pids); /* an exit() here must not stop the servers */
+  tally_store *s = open_store(sname);
+  g_dir = NULL;
+  tally_counter *cs[NC];
+  open_counters(s, "d:", cs);
+  tally_rc *rc;
+  tally_flusher *f;
+  if (tally_rc_open(t->seeds, 2000, &rc) || tally_flusher_new(s, rc, id, R, &f)) _exit(2);
+  double end = tu_now() + 15;
+  for (int k = 0; tu_now() < end; k++) {
+    for (int i = 0; i < NC; i++)
+      if (tally_counter_incr(cs[i], k % 3 + 1)) _exit(3);
+    if (k == 10) {
+      if (write(wfd, "r", 1) != 1) _exit(4);
+      while (hold && tu_now() < end) usleep(10000);
+    }
+    tally_flusher_run(f, "d:*", 3, NULL);
+  }
+  _exit(5); /* never reached in time: the parent kills it */
+}
+
+static void test_sigkill(const struct target *t) {
+  printf("(d) %s: SIGKILL of a flushing process\n", t->label);
+  char sname[64], id[64];
+  snprintf(sname, sizeof sname, "d-%s.tly", t->label);
+  snprintf(id, sizeof id, "writer-d-%s", t->label);
+  static const int delays_us[] = {0, 700, 3000, 20000};
+  for (int it = 0; it < 4; it++) {
+    int pfd[2];
+    REQUIRE_OK(pipe(pfd) == 0 ? 0 : TALLY_ESYS);
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+      close(pfd[0]);
+      child_flusher(t, sname, id, pfd[1], it == 0);
+    }
+    close(pfd[1]);
+    struct pollfd p = {.fd = pfd[0], .events = POLLIN};
+    char b;
+    bool ready = poll(&p, 1, 10000) == 1 && read(pfd[0], &b, 1) == 1;
+    EXPECT(ready);
+    if (delays_us[it]) usleep((useconds_t)delays_us[it]);
+    kill(pid, SIGKILL);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    close(pfd[0]);
+    EXPECT(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+
+    /* a new flusher, in this process, same writer id */
+    tally_store *s = open_store(sname);
+    tally_counter *cs0[NC], **cs[1] = {cs0};
+    open_counters(s, "d:", cs0);
+    tally_rc *rc;
+    REQUIRE_OK(tally_rc_open(t->seeds, 2000, &rc));
+    tally_flusher *f;
+    REQUIRE_OK(tally_flusher_new(s, rc, id, R, &f));
+    long long local = 0, rem = 0;
+    int behind = 0;
+    for (int i = 0; i < NC; i++) {
+      char name[32];
+      snprintf(name, sizeof name, "d:%d", i);
+      int64_t v = tu_value(cs0[i]), r = remote(f, name);
+      local += v;
+      rem += r;
+      behind += v != r;
+    }
+    tally_flush_stats sum = {0};
+    int n = flush_clean(f, "d:*", 20, &sum);
+    printf("  kill after %d us: %d counters behind, %lld unflushed; recovered in %d "
+           "rounds (flushed %llu, already %llu)\n", delays_us[it], behind, local - rem,
+           n, (unsigned long long)sum.flushed, (unsigned long long)sum.already);
+    EXPECT(n > 0);
+    EXPECT(it == 0 ? local > rem : local >= rem); /* 0: killed while holding deltas */
+    EXPECT_I64(local - rem, sum.delta);
+    check_exact(f, "d:", cs, 1);
+    tally_flusher_free(f);
+    tally_rc_close(rc);
+    close_counters(cs0);
+    tally_store_close(s);
+  }
+}
+
+int main(void) {
+  double t0 = tu_now();
+  start_all();
+  struct target ts[2] = {{.label = "standalone", .cluster = false, .stop_idx = 0},
+                         {.label = "cluster", .cluster = true, .stop_idx = 2}};
+  snprintf(ts[0].seeds, sizeof ts[0].seeds, "127.0.0.1:%d", g_ports[0]);
+  snprintf(ts[1].seeds, sizeof ts[1].seeds, "127.0.0.1:%d", g_ports[1]);
+  for (int i = 0; i < 2; i++) {
+    double t1 = tu_now();
+    test_concurrent(&ts[i]);
+    printf("  (%.2f s)\n", tu_now() - t1);
+    t1 = tu_now();
+    test_faults(&ts[i]);
+    printf("  (%.2f s)\n", tu_now() - t1);
+    t1 = tu_now();
+    test_lost_reply(&ts[i]);
+    test_sigkill(&ts[i]);
+    printf("  (c)+(d) %.2f s\n", tu_now() - t1);
+  }
+  stop_all();
+  printf("total %.2f s\n", tu_now() - t0);
+  return tu_finish("test_redis_flush");
+}
