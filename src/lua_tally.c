@@ -23,6 +23,7 @@
 
 #include "lua_tally.h"
 #include "lua_sender.h"
+#include "lua_redis.h"
 #if TL_LUAJIT
 #include <dlfcn.h>  /* dladdr: core._ffi_info().path */
 #endif
@@ -1134,6 +1135,7 @@ TL_EXPORT int luaopen_tally_core(lua_State *L) {
   lua_setfield(L, -2, "DEFAULT_SHARDS");
   tl_rollup_register(L);
   tl_sender_register(L);
+  tl_redis_register(L);
 #if TL_LUAJIT
   tl_classic_register(L);
 #endif

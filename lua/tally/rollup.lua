@@ -9,6 +9,7 @@
 
 local core = require "tally.core"
 local sink = require "tally.sink"
+local remote = require "tally.remote"
 
 local type, error, ipairs, pairs, tostring, pcall = type, error, ipairs, pairs, tostring, pcall
 local floor, huge = math.floor, math.huge
@@ -18,13 +19,14 @@ local fmt = string.format
 
 local _M = {}
 
--- Per store handle: { schedules = { ... }, clock = function or nil }.
+-- Per store handle: { schedules = { ... }, flushes = { ... } (db:flush_to,
+-- tally.remote), clock = function or nil }.
 local state = setmetatable({}, { __mode = "k" })
 
 local function state_of(db)
   local st = state[db]
   if not st then
-    st = { schedules = {} }
+    st = { schedules = {}, flushes = {} }
     state[db] = st
   end
   return st
@@ -216,6 +218,14 @@ local function tick(db, now)
       end
     end
   end
+  -- flush schedules (tally.remote): one round per due period; their
+  -- failures are counted in their stats and listed here, never raised
+  for _, rf in ipairs(st.flushes) do
+    local period = floor(now / rf.every)
+    if rf.last_period == nil or period > rf.last_period then
+      done[#done + 1] = rf:_run(period)
+    end
+  end
   return done
 end
 
@@ -226,6 +236,10 @@ local function next_due(st, now, done)
   local wait = huge
   for _, sch in ipairs(st.schedules) do
     local w = (floor(now / sch.every) + 1) * sch.every - now
+    if w < wait then wait = w end
+  end
+  for _, rf in ipairs(st.flushes) do
+    local w = (floor(now / rf.every) + 1) * rf.every - now
     if w < wait then wait = w end
   end
   for _, d in ipairs(done) do  -- not rolled up yet: its period is still open
@@ -284,6 +298,17 @@ local function flush(db, timeout)
     return nil, fmt("%d records still queued in sinks", waiting)
   end
   return true
+end
+
+-- db:flush_to(uri, opts) -> a flush schedule (see tally.remote)
+local function flush_to(db, uri, opts)
+  core.store_methods.stats(db)  -- raises on a closed store
+  local st = state_of(db)
+  return remote.flush_to(db, uri, opts, st.flushes, function(rf)
+    for i, other in ipairs(st.flushes) do
+      if other == rf then table.remove(st.flushes, i) return end
+    end
+  end)
 end
 
 -- db:schedules() -> the schedules defined through this handle.
@@ -361,6 +386,7 @@ function _M.install(tally)
   local store, counter = core.store_methods, core.counter_methods
   store.rollup, store.tick, store.run, store.flush = rollup, tick, run, flush
   store.schedules, store.clock = schedules, clock
+  store.flush_to = flush_to
   counter.history, counter.keeps = history, keeps
   core.set_value_opts(value_opts)
   tally.sink = sink

@@ -1,0 +1,251 @@
+-- tally.remote: db:flush_to(uri, opts), a schedule that ships the local
+-- counters of a store handle to Redis or Redis Cluster exactly once
+-- (src/redis_flush.h), driven by db:tick() and db:run() like the rollups.
+--
+--   local rf = db:flush_to("redis+cluster://10.0.0.1:7000,10.0.0.2:7000",
+--                          { every = 1, pattern = "*", shards = 8,
+--                            writer = "web-7", timeout = 5 })
+--   db:run(60)                  -- one flush round per due period
+--   rf:remote_value("hits")     -- completed flushes only, from every writer
+--   rf:stats()
+--
+-- The writer id. Each (local store, writer) pair is one writer in Redis:
+-- its local counter values ARE what it has contributed, so the id must
+-- stay the same for as long as the local values do. Without `writer`:
+--   * file:PATH stores keep a random id in PATH.writer (made on first
+--     use, read back after a restart, so unflushed deltas still reach
+--     Redis once);
+--   * memory stores get a random id per store handle (their counters
+--     start from zero with the handle, so a new id is right).
+-- Only one process at a time may flush a given file store (its writer id
+-- is shared by every handle on that file).
+--
+-- Failures (Redis down, a connection dropped) are counted in :stats() and
+-- never raised by db:tick(); the next period retries. Bad URIs and options
+-- raise at once.
+
+local core = require "tally.core"
+
+local type, error, tostring, pcall, setmetatable = type, error, tostring, pcall, setmetatable
+local fmt = string.format
+
+local _M = {}
+
+local Remote = {}
+Remote.__index = Remote
+
+local OPTIONS = { every = true, pattern = true, shards = true, writer = true, timeout = true }
+
+local function random_id()
+  local f = io.open("/dev/urandom", "rb")
+  local bytes = f and f:read(8)
+  if f then f:close() end
+  if not bytes or #bytes ~= 8 then
+    bytes = tostring(os.time()) .. tostring({}) .. tostring(os.clock())
+  end
+  return (bytes:gsub(".", function(c) return fmt("%02x", c:byte()) end)):sub(1, 16)
+end
+
+local memory_ids = setmetatable({}, { __mode = "k" })
+
+-- The writer id of db when none is given (see the header).
+local function default_writer(db)
+  local path = tostring(db):match("^tally%.store %(file:(.*)%)$")
+  if not path then
+    local id = memory_ids[db]
+    if not id then
+      id = "mem-" .. random_id()
+      memory_ids[db] = id
+    end
+    return id
+  end
+  local idfile = path .. ".writer"
+  local f = io.open(idfile, "rb")
+  if f then
+    local id = f:read("*l")
+    f:close()
+    if id and id:match("^[%w%-_.:]+$") and #id <= 128 then return id end
+    error(fmt("bad writer id file %s (delete it only if this store never flushed)", idfile), 3)
+  end
+  local id = "file-" .. random_id()
+  local tmp = idfile .. ".tmp" .. random_id()
+  local w, err = io.open(tmp, "wb")
+  if not w then error("cannot create the writer id file: " .. tostring(err), 3) end
+  w:write(id, "\n")
+  w:close()
+  local ok, rerr = os.rename(tmp, idfile)
+  if not ok then
+    os.remove(tmp)
+    error("cannot create the writer id file: " .. tostring(rerr), 3)
+  end
+  return id
+end
+
+-- Open the redis handle and the flusher if not open yet: true, or nil, msg.
+local function connect(self)
+  if self.flusher then return true end
+  local rh, err = core.redis(self.uri, { timeout = self.timeout })
+  if not rh then return nil, err end
+  local ok, fl = pcall(core.flusher, self.db, rh, { writer = self.writer, shards = self.shards })
+  if not ok or not fl then
+    rh:close()
+    return nil, tostring(fl)
+  end
+  self.redis, self.flusher = rh, fl
+  return true
+end
+
+-- One flush round, never raising: a result entry for db:tick().
+function Remote:_run(period)
+  self.runs = self.runs + 1
+  self.last_period = period
+  local ok, err = connect(self)
+  local st, code
+  if ok then
+    local pok
+    pok, st, err, code = pcall(self.flusher.run, self.flusher, self.pattern)
+    if not pok then st, err = nil, st end
+    if not st then ok = false end
+  end
+  if ok then
+    self.flushed = self.flushed + st.flushed
+    self.commands = self.commands + st.commands
+    self.last_run = st
+    return { flush = self.uri, pattern = self.pattern, every = self.every, status = "flushed",
+             period = period, flushed = st.flushed }
+  end
+  self.errors = self.errors + 1
+  self.last_error = tostring(err)
+  return { flush = self.uri, pattern = self.pattern, every = self.every, status = "error",
+           period = period, error = self.last_error }
+end
+
+-- rf:flush_now() -> stats of one round, or nil, message (outside the schedule).
+function Remote:flush_now()
+  local ok, err = connect(self)
+  if not ok then return nil, err end
+  local st, msg = self.flusher:run(self.pattern)
+  if not st then return nil, msg end
+  self.flushed = self.flushed + st.flushed
+  self.commands = self.commands + st.commands
+  return st
+end
+
+-- rf:remote_value(name) -> the remote total of name (completed flushes of
+-- every writer; never this process's unflushed deltas), or nil, message.
+function Remote:remote_value(name)
+  if type(name) ~= "string" then
+    error("bad argument #1 to 'remote_value' (counter name expected, got " .. type(name) .. ")", 2)
+  end
+  local ok, err = connect(self)
+  if not ok then return nil, err end
+  return self.flusher:remote_value(name)
+end
+
+function Remote:stats()
+  local rs
+  if self.redis then
+    local ok, s = pcall(self.redis.stats, self.redis)
+    rs = ok and s or nil
+  end
+  return {
+    uri = self.uri, every = self.every, pattern = self.pattern, writer = self.writer,
+    shards = self.shards, runs = self.runs, errors = self.errors, flushed = self.flushed,
+    commands = self.commands, last_error = self.last_error, last_period = self.last_period,
+    last_run = self.last_run, redis = rs,
+  }
+end
+
+-- rf:close(): stop flushing (the schedule is removed from its store handle).
+function Remote:close()
+  if self.closed then return end
+  self.closed = true
+  if self.flusher then self.flusher:close() end
+  if self.redis then self.redis:close() end
+  self.flusher, self.redis = nil, nil
+  self.unlink(self)
+end
+
+function Remote:__tostring()
+  return fmt("tally.flush_to '%s' every %gs", self.uri, self.every)
+end
+
+-- db:flush_to(uri, opts) -> the flush schedule
+function _M.flush_to(db, uri, opts, list, unlink)
+  if type(uri) ~= "string" then
+    error("bad argument #1 to 'flush_to' (Redis URI expected, got " .. type(uri) .. ")", 3)
+  end
+  opts = opts or {}
+  if type(opts) ~= "table" then
+    error("bad argument #2 to 'flush_to' (options table expected, got " .. type(opts) .. ")", 3)
+  end
+  for k in pairs(opts) do
+    if not OPTIONS[k] then
+      error("bad argument #2 to 'flush_to' (unknown option '" .. tostring(k)
+            .. "'; expected every, pattern, shards, writer, timeout)", 3)
+    end
+  end
+  local every = opts.every == nil and 1 or opts.every
+  if type(every) ~= "number" or every ~= every or every < 0.001 or every > 366 * 86400 then
+    error("bad argument #2 to 'flush_to' (every must be from 0.001 s to 366 days, got "
+          .. tostring(every) .. ")", 3)
+  end
+  local pattern = opts.pattern == nil and "*" or opts.pattern
+  if type(pattern) ~= "string" or pattern == "" then
+    error("bad argument #2 to 'flush_to' (pattern must be a non-empty string, got "
+          .. tostring(pattern) .. ")", 3)
+  end
+  local shards = opts.shards == nil and 8 or opts.shards
+  if math.type and math.type(shards) == "float" and shards == math.floor(shards) then
+    shards = math.tointeger(shards)
+  end
+  if type(shards) ~= "number" or shards ~= math.floor(shards) or shards < 1
+     or shards > core.MAX_SHARDS then
+    error(fmt("bad argument #2 to 'flush_to' (shards must be an integer from 1 to %d, got %s)",
+              core.MAX_SHARDS, tostring(shards)), 3)
+  end
+  local timeout = opts.timeout == nil and 5 or opts.timeout
+  if type(timeout) ~= "number" or not (timeout > 0) then
+    error("bad argument #2 to 'flush_to' (timeout must be a positive number of seconds, got "
+          .. tostring(timeout) .. ")", 3)
+  end
+  -- Connect now so a bad URI raises here; a server that is down is only
+  -- counted (the schedule connects on its next period).
+  local ok, rh, err = pcall(core.redis, uri, { timeout = timeout })
+  if not ok then
+    error((tostring(rh):gsub("^bad argument #1 to '[^']*'", "bad argument #1 to 'flush_to'")), 3)
+  end
+  local writer = opts.writer
+  if writer == nil then
+    writer = default_writer(db)
+  elseif type(writer) ~= "string" or #writer < 1 or #writer > 128 or writer:find("\0", 1, true) then
+    error("bad argument #2 to 'flush_to' (writer must be a string of 1 to 128 bytes, got "
+          .. tostring(writer) .. ")", 3)
+  end
+  local self = setmetatable({
+    db = db, uri = uri, every = every, pattern = pattern, shards = shards,
+    timeout = timeout, writer = writer, runs = 0, errors = 0, flushed = 0, commands = 0,
+    unlink = unlink,
+  }, Remote)
+  for _, other in ipairs(list) do
+    if other.writer == writer and other.pattern == pattern then
+      if rh then rh:close() end
+      error(fmt("bad argument #2 to 'flush_to' (this store handle already flushes '%s' as writer '%s')",
+                pattern, writer), 3)
+    end
+  end
+  if rh then
+    local fok, fl = pcall(core.flusher, db, rh, { writer = writer, shards = shards })
+    if not fok then
+      rh:close()
+      error(fl, 3)
+    end
+    self.redis, self.flusher = rh, fl
+  else
+    self.last_error = err
+  end
+  list[#list + 1] = self
+  return self
+end
+
+return _M

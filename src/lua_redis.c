@@ -1,0 +1,542 @@
+/* lua_redis.c -- the binding of the Redis client (redis_cluster.h) and of
+ * the exactly-once flusher (redis_flush.h).
+ *
+ *   core.redis(uri [, { timeout = s }]) -> redis handle, or nil, msg, code
+ *       uri: "redis://host[:port][/0]"          (standalone or cluster:
+ *                                                 detected with CLUSTER SLOTS)
+ *            "redis+cluster://h1:p1,h2:p2,..."  (seeds; the first reachable)
+ *       timeout: seconds each call may take (default 5)
+ *   r:command(arg, ...) -> reply, or nil, message for an error reply or a
+ *       failure (then also a code name: ETIMEDOUT, ESYS, ...). Arguments
+ *       are strings or numbers. Replies: integer (under LuaJIT a number
+ *       within +-2^53, else a boxed int64 as elsewhere in the binding),
+ *       string (bulk and status), nil, or an array table (its nil elements
+ *       are false, its error elements { err = message }). The command is
+ *       routed by its first key: argv[1], or argv[3] for EVAL / EVALSHA
+ *       with keys; known keyless commands (PING, INFO, CLIENT, CLUSTER,
+ *       CONFIG, ...) go to the node serving slot 0.
+ *   r:stats() -> { cluster, moved, asked, retries, reconnects, refreshes, errors }
+ *   r:close()  (also __gc, __close; closes the flushers made on it)
+ *
+ *   core.flusher(db, r, { writer = id, shards = R }) -> flusher
+ *       writer: 1..128 bytes, required; shards: 1..MAX_SHARDS (default 8)
+ *   f:run([pattern]) -> stats table, or nil, message, code, stats table
+ *       stats: counters, unchanged, flushed, already, conflicts, errors,
+ *              commands, bytes, delta
+ *   f:remote_value(name) -> integer, or nil, message, code
+ *   f:shard() -> the remote shard index (0-based) this writer flushes into
+ *   f:close()  (also __gc, __close)
+ *
+ * Lifetimes. A flusher keeps its store and redis handles alive through its
+ * user values. Closing the store first makes the flusher's next use raise
+ * "attempt to use a closed store" (and frees it: its counter handles are
+ * plain memory); closing the redis handle first frees its flushers, whose
+ * next use raises "attempt to use a closed flusher".
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "lua_tally.h"
+#include "lua_redis.h"
+#include "redis_cluster.h"
+#include "redis_flush.h"
+
+#define TL_REDIS_MT "tally.redis"
+#define TL_FLUSHER_MT "tally.flusher"
+#define TL_SEEDS_MAX 4096
+#define TL_ARGV_MAX 4096
+
+typedef struct tl_flusher tl_flusher;
+
+typedef struct tl_redis {
+  tally_rc *rc;            /* NULL once closed */
+  tl_flusher *flushers;    /* open flushers made on it */
+} tl_redis;
+
+struct tl_flusher {
+  tally_flusher *f;        /* NULL once closed */
+  tl_store *db;            /* kept alive through user value 1 */
+  tl_redis *r;             /* kept alive through user value 2 */
+  tl_flusher *prev, *next; /* in r->flushers while open */
+};
+
+/* ---- helpers ------------------------------------------------------------------ */
+
+static int tl_rfail(lua_State *L, int rc, const char *msg) {
+  lua_pushnil(L);
+  lua_pushstring(L, msg);
+  lua_pushstring(L, tally_err_name(rc));
+  return 3;
+}
+
+static const char *tl_rdescribe(lua_State *L, int idx) {
+  switch (lua_type(L, idx)) {
+  case LUA_TSTRING: return lua_pushfstring(L, "'%s'", lua_tostring(L, idx));
+  case LUA_TNUMBER: lua_pushvalue(L, idx); return lua_tostring(L, -1);
+  default: return luaL_typename(L, idx);
+  }
+}
+
+/* Parse a "host[:port]" list (comma separated) from s (len bytes) into
+ * seeds as "host:port,host:port". Returns 0, or raises with the reason. */
+static void tl_seeds(lua_State *L, const char *uri, const char *s, size_t len,
+                     int allow_many, char *out, size_t cap) {
+  size_t o = 0, i = 0;
+  int n = 0;
+  if (len == 0)
+    luaL_argerror(L, 1, lua_pushfstring(L, "bad Redis URI '%s': no host", uri));
+  while (i <= len) {
+    size_t j = i, colon = (size_t)-1;
+    char port[8];
+    while (j < len && s[j] != ',') {
+      if (s[j] == ':') colon = j;
+      j++;
+    }
+    size_t hend = colon == (size_t)-1 ? j : colon;
+    if (hend == i)
+      luaL_argerror(L, 1, lua_pushfstring(L, "bad Redis URI '%s': empty host", uri));
+    for (size_t k = i; k < hend; k++)
+      if (!(s[k] == '.' || s[k] == '-' || s[k] == '_' ||
+            (s[k] >= '0' && s[k] <= '9') || (s[k] >= 'a' && s[k] <= 'z') ||
+            (s[k] >= 'A' && s[k] <= 'Z')))
+        luaL_argerror(L, 1, lua_pushfstring(L,
+            "bad Redis URI '%s': bad character in host (user, password and "
+            "options are not supported)", uri));
+    if (colon == (size_t)-1) {
+      strcpy(port, "6379");
+    } else {
+      long p = 0;
+      size_t plen = j - colon - 1;
+      if (plen == 0 || plen > 5)
+        luaL_argerror(L, 1, lua_pushfstring(L, "bad Redis URI '%s': bad port", uri));
+      for (size_t k = colon + 1; k < j; k++) {
+        if (s[k] < '0' || s[k] > '9')
+          luaL_argerror(L, 1, lua_pushfstring(L, "bad Redis URI '%s': bad port", uri));
+        p = p * 10 + (s[k] - '0');
+      }
+      if (p < 1 || p > 65535)
+        luaL_argerror(L, 1, lua_pushfstring(L,
+            "bad Redis URI '%s': port must be 1 to 65535", uri));
+      snprintf(port, sizeof port, "%ld", p);
+    }
+    if (++n > 1 && !allow_many)
+      luaL_argerror(L, 1, lua_pushfstring(L,
+          "bad Redis URI '%s': several hosts need redis+cluster://", uri));
+    if (o + (hend - i) + strlen(port) + 3 > cap)
+      luaL_argerror(L, 1, lua_pushfstring(L, "bad Redis URI '%s': too long", uri));
+    if (o > 0) out[o++] = ',';
+    memcpy(out + o, s + i, hend - i);
+    o += hend - i;
+    out[o++] = ':';
+    memcpy(out + o, port, strlen(port));
+    o += strlen(port);
+    i = j + 1;
+  }
+  out[o] = '\0';
+}
+
+/* ---- the redis handle --------------------------------------------------------- */
+
+static void tl_flusher_release(tl_flusher *h) {
+  if (h->f == NULL) return;
+  tally_flusher_free(h->f);
+  h->f = NULL;
+  if (h->prev != NULL) h->prev->next = h->next;
+  else h->r->flushers = h->next;
+  if (h->next != NULL) h->next->prev = h->prev;
+  h->prev = h->next = NULL;
+}
+
+static void tl_redis_release(tl_redis *r) {
+  while (r->flushers != NULL) tl_flusher_release(r->flushers);
+  tally_rc_close(r->rc);
+  r->rc = NULL;
+}
+
+static tl_redis *tl_checkredis(lua_State *L, int idx) {
+  tl_redis *r = (tl_redis *)tl_checkudata(L, idx, TL_REDIS_MT);
+  if (r->rc == NULL) luaL_error(L, "attempt to use a closed redis handle");
+  return r;
+}
+
+static int tl_redis_new(lua_State *L) {
+  size_t len;
+  const char *uri = luaL_checklstring(L, 1, &len);
+  char seeds[TL_SEEDS_MAX];
+  uint32_t timeout_ms = 5000;
+  tl_redis *r;
+  int rc;
+
+  if (strlen(uri) != len) luaL_argerror(L, 1, "URI must not contain NUL bytes");
+  if (len >= 8 && memcmp(uri, "redis://", 8) == 0) {
+    const char *h = uri + 8, *slash = strchr(h, '/');
+    size_t hlen = slash ? (size_t)(slash - h) : strlen(h);
+    if (slash && strcmp(slash, "/") != 0 && strcmp(slash, "/0") != 0)
+      luaL_argerror(L, 1, lua_pushfstring(L,
+          "bad Redis URI '%s': only database 0 is supported", uri));
+    tl_seeds(L, uri, h, hlen, 0, seeds, sizeof seeds);
+  } else if (len >= 16 && memcmp(uri, "redis+cluster://", 16) == 0) {
+    const char *h = uri + 16;
+    size_t hlen = strlen(h);
+    if (hlen > 0 && h[hlen - 1] == '/') hlen--;
+    tl_seeds(L, uri, h, hlen, 1, seeds, sizeof seeds);
+  } else {
+    luaL_argerror(L, 1, lua_pushfstring(L,
+        "bad Redis URI '%s' (expected redis://host:port or "
+        "redis+cluster://host:port,host:port,...)", uri));
+  }
+  if (!lua_isnoneornil(L, 2)) {
+    if (lua_type(L, 2) != LUA_TTABLE)
+      luaL_argerror(L, 2, lua_pushfstring(L, "options table expected, got %s",
+                                          luaL_typename(L, 2)));
+    lua_pushnil(L);
+    while (lua_next(L, 2)) {
+      const char *k = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : "";
+      if (strcmp(k, "timeout") == 0) {
+        lua_Number s = lua_tonumber(L, -1);
+        if (lua_type(L, -1) != LUA_TNUMBER || !(s > 0 && s <= 4294967.0))
+          luaL_argerror(L, 2, lua_pushfstring(L,
+              "timeout must be a positive number of seconds, got %s",
+              tl_rdescribe(L, -1)));
+        double ms = (double)s * 1000.0;
+        timeout_ms = (uint32_t)ms;
+        if (timeout_ms < ms) timeout_ms++;
+      } else {
+        luaL_argerror(L, 2, lua_pushfstring(L, "unknown option %s (expected timeout)",
+                                            tl_rdescribe(L, -2)));
+      }
+      lua_pop(L, 1);
+    }
+  }
+  r = (tl_redis *)lua_newuserdata(L, sizeof *r);
+  r->rc = NULL;
+  r->flushers = NULL;
+  luaL_getmetatable(L, TL_REDIS_MT);
+  lua_setmetatable(L, -2);
+  rc = tally_rc_open(seeds, timeout_ms, &r->rc);
+  if (rc == TALLY_EINVAL) return luaL_argerror(L, 1, tally_errmsg());
+  if (rc < 0) return tl_rfail(L, rc, tally_errmsg());
+  return 1;
+}
+
+/* Push a reply; nested nils are false and nested errors { err = msg }. */
+static void tl_pushreply(lua_State *L, const redisReply *rp, int nested) {
+  switch (rp->type) {
+  case REDIS_REPLY_INTEGER:
+    tl_pushint64(L, (int64_t)rp->integer);
+    break;
+  case REDIS_REPLY_STRING:
+  case REDIS_REPLY_STATUS:
+    lua_pushlstring(L, rp->str, rp->len);
+    break;
+  case REDIS_REPLY_ERROR:
+    lua_createtable(L, 0, 1);
+    lua_pushlstring(L, rp->str, rp->len);
+    lua_setfield(L, -2, "err");
+    break;
+  case REDIS_REPLY_ARRAY:
+    luaL_checkstack(L, 4, "Redis reply too deep");
+    lua_createtable(L, rp->elements > 0x7fffffff ? 0 : (int)rp->elements, 0);
+    for (size_t i = 0; i < rp->elements; i++) {
+      tl_pushreply(L, rp->element[i], 1);
+      lua_rawseti(L, -2, (int)(i + 1));
+    }
+    break;
+  default:  /* NIL */
+    if (nested) lua_pushboolean(L, 0);
+    else lua_pushnil(L);
+    break;
+  }
+}
+
+/* Whether every integer in the reply can be pushed (LuaJIT: see tl_canpush). */
+static int tl_replyok(lua_State *L, const redisReply *rp) {
+  if (rp->type == REDIS_REPLY_INTEGER) return tl_canpush(L, (int64_t)rp->integer);
+  if (rp->type == REDIS_REPLY_ARRAY)
+    for (size_t i = 0; i < rp->elements; i++)
+      if (!tl_replyok(L, rp->element[i])) return 0;
+  return 1;
+}
+
+static int tl_keyless(const char *cmd) {
+  static const char *const names[] = {
+    "PING", "INFO", "CLIENT", "CLUSTER", "CONFIG", "DBSIZE", "FLUSHALL",
+    "FLUSHDB", "TIME", "DEBUG", "SCRIPT", "COMMAND", "ECHO", "ROLE", "SCAN",
+    "KEYS", "RANDOMKEY", "LASTSAVE", "SAVE", "BGSAVE", "SLOWLOG", "MEMORY",
+    "LATENCY", "MONITOR", "SHUTDOWN", "READONLY", "READWRITE", "ASKING", NULL };
+  for (int i = 0; names[i]; i++)
+    if (strcasecmp(cmd, names[i]) == 0) return 1;
+  return 0;
+}
+
+static int tl_redis_command(lua_State *L) {
+  tl_redis *r = tl_checkredis(L, 1);
+  int argc = lua_gettop(L) - 1;
+  const char **argv;
+  size_t *argvlen;
+  const void *key = NULL;
+  size_t keylen = 0;
+  redisReply *reply = NULL;
+  int rc;
+
+  if (argc < 1) return luaL_error(L, "bad argument #1 to 'command' (command name expected)");
+  if (argc > TL_ARGV_MAX) return luaL_error(L, "too many arguments to 'command'");
+  argv = (const char **)lua_newuserdata(L, sizeof(*argv) * (size_t)argc);
+  argvlen = (size_t *)lua_newuserdata(L, sizeof(*argvlen) * (size_t)argc);
+  for (int i = 0; i < argc; i++) {
+    int t = lua_type(L, i + 2);
+    if (t != LUA_TSTRING && t != LUA_TNUMBER)
+      luaL_argerror(L, i + 1, lua_pushfstring(L, "string or number expected, got %s",
+                                              luaL_typename(L, i + 2)));
+    argv[i] = lua_tolstring(L, i + 2, &argvlen[i]);  /* converts numbers in place */
+  }
+  if (strcasecmp(argv[0], "EVAL") == 0 || strcasecmp(argv[0], "EVALSHA") == 0) {
+    if (argc >= 4 && strcmp(argv[2], "0") != 0) key = argv[3], keylen = argvlen[3];
+  } else if (argc >= 2 && !tl_keyless(argv[0])) {
+    key = argv[1];
+    keylen = argvlen[1];
+  }
+  rc = tally_rc_command(r->rc, key, keylen, argc, argv, argvlen, &reply);
+  if (rc < 0) return tl_rfail(L, rc, tally_errmsg());
+  if (reply->type == REDIS_REPLY_ERROR) {
+    lua_pushnil(L);
+    lua_pushlstring(L, reply->str, reply->len);
+    freeReplyObject(reply);
+    return 2;
+  }
+  if (!tl_replyok(L, reply)) {  /* the push would raise and leak the reply */
+    freeReplyObject(reply);
+    return luaL_error(L, "integer in the reply beyond 2^53 and no box registered (core.set_box)");
+  }
+  tl_pushreply(L, reply, 0);
+  freeReplyObject(reply);
+  return 1;
+}
+
+static void tl_setu64(lua_State *L, const char *k, uint64_t v) {
+  tl_pushint64(L, (int64_t)v);
+  lua_setfield(L, -2, k);
+}
+
+static int tl_redis_stats(lua_State *L) {
+  tl_redis *r = tl_checkredis(L, 1);
+  tally_rc_stats st;
+  tally_rc_stats_get(r->rc, &st);
+  lua_createtable(L, 0, 7);
+  lua_pushboolean(L, tally_rc_is_cluster(r->rc));
+  lua_setfield(L, -2, "cluster");
+  tl_setu64(L, "moved", st.moved);
+  tl_setu64(L, "asked", st.asked);
+  tl_setu64(L, "retries", st.retries);
+  tl_setu64(L, "reconnects", st.reconnects);
+  tl_setu64(L, "refreshes", st.refreshes);
+  tl_setu64(L, "errors", st.errors);
+  return 1;
+}
+
+static int tl_redis_close(lua_State *L) {
+  tl_redis *r = (tl_redis *)tl_checkudata(L, 1, TL_REDIS_MT);
+  tl_redis_release(r);
+  return 0;
+}
+
+static int tl_redis_tostring(lua_State *L) {
+  tl_redis *r = (tl_redis *)tl_checkudata(L, 1, TL_REDIS_MT);
+  if (r->rc == NULL) lua_pushliteral(L, "tally.redis (closed)");
+  else lua_pushfstring(L, "tally.redis (%s, %p)",
+                       tally_rc_is_cluster(r->rc) ? "cluster" : "standalone",
+                       (void *)r->rc);
+  return 1;
+}
+
+/* ---- the flusher ---------------------------------------------------------------- */
+
+static tl_flusher *tl_checkflusher(lua_State *L, int idx) {
+  tl_flusher *h = (tl_flusher *)tl_checkudata(L, idx, TL_FLUSHER_MT);
+  if (h->db != NULL && h->db->store == NULL) {
+    tl_flusher_release(h);
+    luaL_error(L, "attempt to use a closed store");
+  }
+  if (h->f == NULL) luaL_error(L, "attempt to use a closed flusher");
+  return h;
+}
+
+static int tl_flusher_new(lua_State *L) {
+  tl_store *db = tl_checkstore(L, 1);
+  tl_redis *r = tl_checkredis(L, 2);
+  const char *writer = NULL;
+  uint32_t shards = 8;
+  tl_flusher *h;
+  int rc;
+
+  luaL_checktype(L, 3, LUA_TTABLE);
+  lua_settop(L, 3);
+  lua_pushnil(L);
+  while (lua_next(L, 3)) {
+    const char *k = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : "";
+    if (strcmp(k, "writer") == 0) {
+      size_t wl;
+      if (lua_type(L, -1) != LUA_TSTRING)
+        luaL_argerror(L, 3, lua_pushfstring(L, "writer must be a string, got %s",
+                                            tl_rdescribe(L, -1)));
+      writer = lua_tolstring(L, -1, &wl);  /* the options table keeps it */
+      if (wl < 1 || wl > TALLY_FLUSH_WRITER_MAX || strlen(writer) != wl)
+        luaL_argerror(L, 3, "writer must be 1 to 128 bytes without NULs");
+    } else if (strcmp(k, "shards") == 0) {
+      int isnum = 0;
+      lua_Integer n = lua_type(L, -1) == LUA_TNUMBER ? tl_tointx(L, -1, &isnum) : 0;
+      if (!isnum || n < 1 || n > TALLY_MAX_SHARDS)
+        luaL_argerror(L, 3, lua_pushfstring(L, "shards must be an integer from 1 to %d, got %s",
+                                            TALLY_MAX_SHARDS, tl_rdescribe(L, -1)));
+      shards = (uint32_t)n;
+    } else {
+      luaL_argerror(L, 3, lua_pushfstring(L, "unknown option %s (expected writer, shards)",
+                                          tl_rdescribe(L, -2)));
+    }
+    lua_pop(L, 1);
+  }
+  if (writer == NULL) luaL_argerror(L, 3, "writer is required");
+
+  h = (tl_flusher *)tl_newud(L, sizeof *h, 2);
+  memset(h, 0, sizeof *h);
+  luaL_getmetatable(L, TL_FLUSHER_MT);
+  lua_setmetatable(L, -2);
+  lua_pushvalue(L, 1);
+  tl_setuv(L, -2, 1);
+  lua_pushvalue(L, 2);
+  tl_setuv(L, -2, 2);
+  rc = tally_flusher_new(db->store, r->rc, writer, shards, &h->f);
+  if (rc == TALLY_EINVAL) return luaL_argerror(L, 3, tally_errmsg());
+  if (rc < 0) return tl_fail(L, rc);
+  h->db = db;
+  h->r = r;
+  h->next = r->flushers;
+  if (r->flushers != NULL) r->flushers->prev = h;
+  r->flushers = h;
+  return 1;
+}
+
+static void tl_pushflushstats(lua_State *L, const tally_flush_stats *st) {
+  lua_createtable(L, 0, 9);
+  tl_setu64(L, "counters", st->counters);
+  tl_setu64(L, "unchanged", st->unchanged);
+  tl_setu64(L, "flushed", st->flushed);
+  tl_setu64(L, "already", st->already);
+  tl_setu64(L, "conflicts", st->conflicts);
+  tl_setu64(L, "errors", st->errors);
+  tl_setu64(L, "commands", st->commands);
+  tl_setu64(L, "bytes", st->bytes);
+  tl_pushint64(L, st->delta);
+  lua_setfield(L, -2, "delta");
+}
+
+static int tl_flusher_run(lua_State *L) {
+  tl_flusher *h = tl_checkflusher(L, 1);
+  size_t plen = 1;
+  const char *pat = "*";
+  tally_flush_stats st;
+  int rc;
+  if (!lua_isnoneornil(L, 2)) pat = luaL_checklstring(L, 2, &plen);
+  memset(&st, 0, sizeof st);
+  rc = tally_flusher_run(h->f, pat, plen, &st);
+  if (rc < 0) {
+    lua_pushnil(L);
+    lua_pushstring(L, tally_errmsg());
+    lua_pushstring(L, tally_err_name(rc));
+    tl_pushflushstats(L, &st);
+    return 4;
+  }
+  tl_pushflushstats(L, &st);
+  return 1;
+}
+
+static int tl_flusher_remote_value(lua_State *L) {
+  tl_flusher *h = tl_checkflusher(L, 1);
+  size_t len;
+  const char *name = luaL_checklstring(L, 2, &len);
+  int64_t v = 0;
+  int rc = tally_flusher_remote_value(h->f, name, len, &v);
+  if (rc == TALLY_EINVAL) return luaL_argerror(L, 2, tally_errmsg());
+  if (rc < 0) return tl_rfail(L, rc, tally_errmsg());
+  tl_pushint64(L, v);
+  return 1;
+}
+
+static int tl_flusher_shard(lua_State *L) {
+  tl_flusher *h = tl_checkflusher(L, 1);
+  lua_pushinteger(L, (lua_Integer)tally_flusher_shard(h->f));
+  return 1;
+}
+
+static int tl_flusher_close(lua_State *L) {
+  tl_flusher *h = (tl_flusher *)tl_checkudata(L, 1, TL_FLUSHER_MT);
+  tl_flusher_release(h);
+  return 0;
+}
+
+static int tl_flusher_tostring(lua_State *L) {
+  tl_flusher *h = (tl_flusher *)tl_checkudata(L, 1, TL_FLUSHER_MT);
+  if (h->f == NULL) lua_pushliteral(L, "tally.flusher (closed)");
+  else lua_pushfstring(L, "tally.flusher (%p)", (void *)h->f);
+  return 1;
+}
+
+/* ---- registration ---------------------------------------------------------------- */
+
+static const luaL_Reg tl_redis_methods[] = {
+  { "command", tl_redis_command },
+  { "stats", tl_redis_stats },
+  { "close", tl_redis_close },
+  { NULL, NULL }
+};
+static const luaL_Reg tl_redis_meta[] = {
+  { "__gc", tl_redis_close },
+  { "__close", tl_redis_close },
+  { "__tostring", tl_redis_tostring },
+  { NULL, NULL }
+};
+static const luaL_Reg tl_flusher_methods[] = {
+  { "run", tl_flusher_run },
+  { "remote_value", tl_flusher_remote_value },
+  { "shard", tl_flusher_shard },
+  { "close", tl_flusher_close },
+  { NULL, NULL }
+};
+static const luaL_Reg tl_flusher_meta[] = {
+  { "__gc", tl_flusher_close },
+  { "__close", tl_flusher_close },
+  { "__tostring", tl_flusher_tostring },
+  { NULL, NULL }
+};
+
+static void tl_rsetfuncs(lua_State *L, const luaL_Reg *r) {
+  for (; r->name; r++) {
+    lua_pushcfunction(L, r->func);
+    lua_setfield(L, -2, r->name);
+  }
+}
+
+static void tl_rclass(lua_State *L, const char *tname, const luaL_Reg *meta,
+                      const luaL_Reg *methods) {
+  if (luaL_newmetatable(L, tname)) {
+    lua_pushstring(L, tname);
+    lua_setfield(L, -2, "__name");
+    tl_rsetfuncs(L, meta);
+    lua_newtable(L);
+    tl_rsetfuncs(L, methods);
+    lua_setfield(L, -2, "__index");
+  }
+  lua_pop(L, 1);
+}
+
+void tl_redis_register(lua_State *L) {
+  tl_rclass(L, TL_REDIS_MT, tl_redis_meta, tl_redis_methods);
+  tl_rclass(L, TL_FLUSHER_MT, tl_flusher_meta, tl_flusher_methods);
+  lua_pushcfunction(L, tl_redis_new);
+  lua_setfield(L, -2, "redis");
+  lua_pushcfunction(L, tl_flusher_new);
+  lua_setfield(L, -2, "flusher");
+}
