@@ -199,7 +199,10 @@ static void test_readers(void) {
   pthread_t th[2];
   atomic_store(&RW.stop, 0);
   for (int i = 0; i < 2; i++) pthread_create(&th[i], NULL, reader_main, NULL);
-  for (int64_t v = 0; v < 20000; v++) {
+  /* 20000 rollups at least, and on until the readers have read a few
+   * hundred times (a loaded machine may not run them at first), 20 s at most */
+  double until = tu_now() + 20;
+  for (int64_t v = 0; v < 20000 || (atomic_load(&RW.reads) < 500 && tu_now() < until); v++) {
     if (v) REQUIRE_OK(tally_counter_incr(RW.c, 1));
     tally_tick_result t = tick(sch, T0 + v * 1000);
     if (t.status != TALLY_TICK_RAN) TU_FAIL("tick %lld: status %d", (long long)v, t.status);
