@@ -553,6 +553,62 @@ static void test_sigkill(const struct target *t) {
   }
 }
 
+/* The slot of a counter's remote shard moves between masters while flush
+ * rounds run: the rounds follow ASK and MOVED, and the remote total stays
+ * the local one, exactly. */
+static void test_migration(const struct target *t) {
+  tally_store *s = open_store("migrate.tly");
+  tally_counter *c;
+  REQUIRE_OK(tu_counter(s, "mig:x", 4, TALLY_POLICY_THREAD, TALLY_COUNTER_CREATE, &c));
+  tally_rc *rc;
+  REQUIRE_OK(tally_rc_open(t->seeds, 2000, &rc));
+  tally_flusher *f;
+  REQUIRE_OK(tally_flusher_new(s, rc, "w-migrate", 1, &f));
+  char key[128];
+  int klen = tally_flusher_shard_key("mig:x", 5, 0, key, sizeof key);
+  EXPECT(klen > 0);
+  uint16_t slot = tally_rc_keyslot(key, (size_t)klen);
+  int from = owner(slot), to = from % NMASTERS + 1;
+  int64_t v;
+  tally_flush_stats st;
+
+  REQUIRE_OK(tally_counter_incr(c, 100));
+  EXPECT(flush_clean(f, "mig:*", 10, NULL) > 0);
+  redisReply *r = rawcmd(g_ports[to], "CLUSTER SETSLOT %u IMPORTING %s", slot, g_ids[from]);
+  freeReplyObject(r);
+  r = rawcmd(g_ports[from], "CLUSTER SETSLOT %u MIGRATING %s", slot, g_ids[to]);
+  freeReplyObject(r);
+  REQUIRE_OK(tally_counter_incr(c, 50));
+  EXPECT_OK(tally_flusher_run(f, "mig:*", 5, &st));  /* still on `from` */
+  r = rawcmd(g_ports[from], "MIGRATE 127.0.0.1 %d %s 0 5000", g_ports[to], key);
+  EXPECT(r->type == REDIS_REPLY_STATUS);
+  freeReplyObject(r);
+  REQUIRE_OK(tally_counter_incr(c, 25));
+  EXPECT_OK(tally_flusher_run(f, "mig:*", 5, &st));  /* moved away: ASK */
+  for (int m = 1; m <= NMASTERS; m++) {
+    r = rawcmd(g_ports[m], "CLUSTER SETSLOT %u NODE %s", slot, g_ids[to]);
+    freeReplyObject(r);
+  }
+  REQUIRE_OK(tally_counter_incr(c, 10));
+  EXPECT(flush_clean(f, "mig:*", 10, NULL) > 0);  /* `from` says MOVED */
+  tally_rc_stats rs;
+  tally_rc_stats_get(rc, &rs);
+  EXPECT(rs.asked > 0);
+  EXPECT(rs.moved > 0);
+  EXPECT_OK(tally_flusher_remote_value(f, "mig:x", 5, &v));
+  EXPECT_I64(185, v);
+  r = rawcmd(g_ports[to], "HGET %s v", key);  /* it lives on `to` now */
+  EXPECT(r->type == REDIS_REPLY_STRING && atoll(r->str) == 185);
+  freeReplyObject(r);
+  EXPECT_I64(to, owner(slot));
+  printf("  migration during flushes: %llu ASK, %llu MOVED followed; exact\n",
+         (unsigned long long)rs.asked, (unsigned long long)rs.moved);
+  tally_flusher_free(f);
+  tally_rc_close(rc);
+  tally_counter_close(c);
+  tally_store_close(s);
+}
+
 int main(void) {
   double t0 = tu_now();
   start_all();
@@ -572,6 +628,7 @@ int main(void) {
     test_sigkill(&ts[i]);
     printf("  (c)+(d) %.2f s\n", tu_now() - t1);
   }
+  test_migration(&ts[1]);
   stop_all();
   printf("total %.2f s\n", tu_now() - t0);
   return tu_finish("test_redis_flush");
