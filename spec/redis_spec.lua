@@ -201,6 +201,40 @@ describe("db:flush_to", function()
     db:close()
   end)
 
+  it("sends the deltas a SIGKILLed process left unflushed once, after restart", function()
+    local path, script = helper.tmpfile(), helper.tmpfile("killed.lua")
+    local name = fresh("k")
+    helper.write(script, [[
+      local tally = require "tally"
+      local path, uri, name = ...
+      local db = assert(tally.open("file:" .. path))
+      local rf = db:flush_to(uri, { every = 3600 })
+      db:incr(name, 1000)
+      assert(rf:flush_now())            -- 1000 reach Redis
+      for _ = 1, 234 do db:incr(name, 1) end   -- these only the local file has
+      print("ready") io.stdout:flush()
+      os.execute("kill -9 $PPID")        -- $PPID of that shell: this process
+      tally.sleep(10)
+    ]])
+    -- the script kills itself: its shell's parent is the tally process
+    local p = assert(io.popen("exec " .. helper.q(helper.bin) .. " " .. helper.q(script) .. " "
+                              .. helper.q(path) .. " " .. helper.q(srv.cluster_uri) .. " "
+                              .. helper.q(name) .. " 2>&1", "r"))
+    local out = p:read("a")
+    local _, how, code = p:close()
+    assert.matches("ready", out, 1, true)
+    assert.same({ "signal", 9 }, { how, code }, out)
+    local db = assert(tally.open("file:" .. path))
+    local rf = db:flush_to(srv.cluster_uri)
+    assert.equal(1000, rf:remote_value(name))
+    assert.equal(1234, db:value(name))
+    settle(rf)
+    assert.equal(1234, rf:remote_value(name))
+    settle(rf)                           -- and never again
+    assert.equal(1234, rf:remote_value(name))
+    db:close()
+  end)
+
   it("counts errors when Redis is away and catches up later", function()
     local db = tally.open("memory")
     local name = fresh("d")
