@@ -21,7 +21,22 @@ compat.install(core)
 local _M = { _VERSION = core.version }
 
 _M.version = core.version
-_M.open = core.open                 -- the C function itself: errors name 'open'
+-- tally.open: redis:// and redis+cluster:// specs open a Redis-backed store
+-- (tally/redis_store.lua); everything else goes to the C open.
+-- (Not a tail call, and through a local named open: the C function's
+-- argument errors keep naming 'open'.)
+local redis_store
+do
+  local open = core.open
+  function _M.open(spec, ...)
+    if type(spec) == "string" and (spec:find("^redis://") or spec:find("^redis%+cluster://")) then
+      redis_store = redis_store or require "tally.redis_store"
+      return redis_store.open(spec, ...)
+    end
+    local db, msg, code = open(spec, ...)
+    return db, msg, code
+  end
+end
 _M.policies = { "thread", "random", "round_robin", "key" }
 _M.MAX_SHARDS = core.MAX_SHARDS
 _M.NAME_MAX = core.NAME_MAX

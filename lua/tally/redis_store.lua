@@ -1,0 +1,582 @@
+-- tally.redis_store: a store whose counters live in Redis or Redis Cluster,
+-- over core.redis (src/lua_redis.c). tally.open("redis://host:port") and
+-- tally.open("redis+cluster://h1:p1,h2:p2") return one.
+--
+-- Key layout (the same as the flusher's, src/redis_flush.h, so a counter
+-- flushed by db:flush_to reads the same total here when opened with the
+-- flusher's number of shards):
+--
+--   tally:{NAME#i}      hash, shard i (0-based) of counter NAME, field `v`
+--                       (int64 decimal); its own hash tag per shard, so the
+--                       shards of one counter spread over the cluster
+--   tally:meta:{NAME}   hash: `shards`, `policy` (the counter's options)
+--   tally:names         set of counter names (one key, on one node)
+--   tally:families      hash: pattern -> "seq shards policy"; `#seq` the
+--                       sequence that orders them (newest matching wins)
+--
+-- Reads are scatter-gather: c:value() sums the shards one HGET after the
+-- other; it includes every increment acknowledged before the call started
+-- and none that began after it ended, but it is not a snapshot across
+-- shards (increments racing with the read may be partly included, each one
+-- wholly in its shard or not).
+--
+-- c:incr is one HINCRBY, never retried automatically: when its reply is
+-- lost (timeout, dropped connection) it returns nil, msg, code and the
+-- increment may or may not have been applied. Use local shards and
+-- db:flush_to for exactly-once.
+
+local core = require "tally.core"
+local compat = require "tally.compat"
+
+local type, error, tostring, tonumber, setmetatable, pcall, select, ipairs, pairs =
+      type, error, tostring, tonumber, setmetatable, pcall, select, ipairs, pairs
+local fmt, byte, sort, concat = string.format, string.byte, table.sort, table.concat
+local tointeger, add, sub = compat.tointeger, compat.add, compat.sub
+
+local _M = {}
+
+local NAMES_KEY, FAMILIES_KEY = "tally:names", "tally:families"
+local POLICIES = { thread = true, random = true, round_robin = true, key = true }
+local DEFAULT_POLICY = "thread"
+
+local function shard_key(name, i) return "tally:{" .. name .. "#" .. i .. "}" end
+local function meta_key(name) return "tally:meta:{" .. name .. "}" end
+
+-- Atomically: read v of a shard and set it to 0 (the amount removed, as a
+-- decimal string: Redis' Lua numbers are doubles).
+local RESET_SCRIPT = [[
+local v = redis.call('HGET', KEYS[1], 'v') or '0'
+if v ~= '0' then redis.call('HSET', KEYS[1], 'v', '0') end
+return v]]
+
+-- Create the meta hash unless it exists: {shards, policy} of the counter.
+local CREATE_SCRIPT = [[
+local s = redis.call('HGET', KEYS[1], 'shards')
+if s then return { s, redis.call('HGET', KEYS[1], 'policy') or 'thread', '0' } end
+redis.call('HSET', KEYS[1], 'shards', ARGV[1], 'policy', ARGV[2])
+return { ARGV[1], ARGV[2], '1' }]]
+
+-- Record a family with the next sequence number.
+local FAMILY_SCRIPT = [[
+local seq = redis.call('HINCRBY', KEYS[1], '#seq', 1)
+redis.call('HSET', KEYS[1], ARGV[1], seq .. ' ' .. ARGV[2] .. ' ' .. ARGV[3])
+return seq]]
+
+-- ---- the key policy's hash: tally__hash (src/hash.c), seed 0x6b6579 -----------
+-- shard = ((hash >> 32) * n) >> 32, as src/policy.c. Exact under Lua 5.4
+-- (wrapping integers); under LuaJIT through uint64_t cdata.
+local key_shard
+if not compat.luajit then
+  key_shard = load([[
+    local sunpack = string.unpack
+    local function mix(x)
+      x = x ~ (x >> 33); x = x * 0xff51afd7ed558ccd
+      x = x ~ (x >> 33); x = x * 0xc4ceb9fe1a85ec53
+      return x ~ (x >> 33)
+    end
+    local G = 0x9e3779b97f4a7c15
+    return function(key, n)
+      local len = #key
+      local h = 0x6b6579 ~ (len * G)
+      local p = 1
+      while len - p + 1 >= 8 do
+        h = (h ~ mix((sunpack("<i8", key, p)))) * G
+        h = h ~ (h >> 29)
+        p = p + 8
+      end
+      local rest = len - p + 1
+      if rest > 0 then
+        local w = sunpack("<I" .. rest, key, p)
+        h = (h ~ mix(w ~ 0xa0761d6478bd642f)) * G
+      end
+      h = mix(h)
+      return (((h >> 32) * n) >> 32) + 1
+    end]])()
+else
+  -- LuaJIT: the ULL literals only parse there, so compiled from text
+  key_shard = load([[
+  local byte, tonumber = string.byte, tonumber
+  local ffi = require "ffi"
+  local bit = require "bit"
+  local bxor, rshift = bit.bxor, bit.rshift
+  local U = ffi.typeof("uint64_t")
+  local function mix(x)
+    x = bxor(x, rshift(x, 33)); x = x * 0xff51afd7ed558ccdULL
+    x = bxor(x, rshift(x, 33)); x = x * 0xc4ceb9fe1a85ec53ULL
+    return bxor(x, rshift(x, 33))
+  end
+  local G = 0x9e3779b97f4a7c15ULL
+  local function word(s, p, k)
+    local w = U(0)
+    for j = k - 1, 0, -1 do w = w * 256ULL + byte(s, p + j) end
+    return w
+  end
+  return function(key, n)
+    local len = #key
+    local h = bxor(U(0x6b6579), U(len) * G)
+    local p = 1
+    while len - p + 1 >= 8 do
+      h = bxor(h, mix(word(key, p, 8))) * G
+      h = bxor(h, rshift(h, 29))
+      p = p + 8
+    end
+    local rest = len - p + 1
+    if rest > 0 then h = bxor(h, mix(bxor(word(key, p, rest), 0xa0761d6478bd642fULL))) * G end
+    h = mix(h)
+    return tonumber(rshift(rshift(h, 32) * U(n), 32)) + 1
+  end
+]])()
+end
+_M.key_shard = key_shard
+
+-- ---- helpers -------------------------------------------------------------------
+
+-- This process's ticket for the thread and round_robin policies.
+local ticket
+local function get_ticket()
+  if not ticket then
+    local f = io.open("/dev/urandom", "rb")
+    local b = f and f:read(4)
+    if f then f:close() end
+    if b and #b == 4 then
+      local a, c, d, e = byte(b, 1, 4)
+      ticket = ((a * 256 + c) * 256 + d) * 256 + e
+    else
+      ticket = math.random(0, 2147483646)
+    end
+  end
+  return ticket
+end
+local seeded = false
+
+local function unsupported(what)
+  return function() error(what .. " is not supported by the redis store", 2) end
+end
+
+-- glob (`*` any run of bytes, `?` one byte) -> anchored Lua pattern
+local function glob_pattern(g)
+  return "^" .. g:gsub("[%^%$%(%)%%%.%[%]%+%-]", "%%%0"):gsub("%*", ".*"):gsub("%?", ".") .. "$"
+end
+
+local function check_name(name, fname, narg)
+  if type(name) ~= "string" then
+    error(fmt("bad argument #%d to '%s' (string expected, got %s)", narg, fname, type(name)), 3)
+  end
+  if #name == 0 or #name > core.NAME_MAX then
+    error(fmt("bad argument #%d to '%s' (name must be 1 to %d bytes)", narg, fname, core.NAME_MAX), 3)
+  end
+end
+
+-- A Redis failure as nil, msg, code: overflow is ERANGE, other error
+-- replies EREDIS, transport failures keep the binding's code.
+local function rfail(msg, code)
+  msg = tostring(msg)
+  if not code then code = msg:find("overflow", 1, true) and "ERANGE" or "EREDIS" end
+  return nil, msg, code
+end
+
+-- ---- the store ------------------------------------------------------------------
+
+local Store, Counter = {}, {}
+
+local StoreMT = { __name = "tally.redis_store" }
+local CounterMT = { __name = "tally.redis_counter" }
+
+local function live(self)
+  local r = self.r
+  if not r then error("attempt to use a closed store", 3) end
+  return r
+end
+
+local function cmd(self, ...)
+  return live(self):command(...)
+end
+
+-- Options of a new counter from the newest matching family, else defaults.
+local function family_options(self, name)
+  local all, err, code = cmd(self, "HGETALL", FAMILIES_KEY)
+  if not all then return rfail(err, code) end
+  local best, bseq
+  for i = 1, #all, 2 do
+    local pat, val = all[i], all[i + 1]
+    if pat ~= "#seq" then
+      local seq, shards, policy = val:match("^(%d+) (%d+) (%S+)$")
+      seq = tonumber(seq)
+      if seq and name:match(glob_pattern(pat)) and (not bseq or seq > bseq) then
+        best, bseq = { shards = tonumber(shards), policy = policy }, seq
+      end
+    end
+  end
+  return best or {}
+end
+
+local function check_counter_opts(opts, fname, narg)
+  local shards, policy, create = nil, nil, true
+  if opts == nil then return shards, policy, create end
+  if type(opts) ~= "table" then
+    error(fmt("bad argument #%d to '%s' (table expected, got %s)", narg, fname, type(opts)), 3)
+  end
+  for k, v in pairs(opts) do
+    if k == "shards" then
+      local s = tointeger(v)
+      if type(s) ~= "number" or s < 1 or s > core.MAX_SHARDS then
+        error(fmt("bad argument #%d to '%s' (shards must be an integer from 1 to %d, got %s)",
+                  narg, fname, core.MAX_SHARDS, tostring(v)), 3)
+      end
+      shards = s
+    elseif k == "policy" then
+      if type(v) == "function" then
+        error(fmt("bad argument #%d to '%s' (function policies are not supported by the redis store)",
+                  narg, fname), 3)
+      end
+      if not POLICIES[v] then
+        error(fmt("bad argument #%d to '%s' (policy must be thread, random, round_robin or key, got %s)",
+                  narg, fname, tostring(v)), 3)
+      end
+      policy = v
+    elseif k == "create" and fname == "counter" then
+      create = v ~= false
+    else
+      error(fmt("bad argument #%d to '%s' (unknown option '%s'%s)", narg, fname, tostring(k),
+                fname == "family" and "; the redis store takes shards and policy" or ""), 3)
+    end
+  end
+  return shards, policy, create
+end
+
+local function new_counter(self, name, shards, policy)
+  return setmetatable({ db = self, nm = name, n = shards, policy = policy,
+                        rr = get_ticket() % shards }, CounterMT)
+end
+
+-- db:counter(name [, opts]) -> counter, or nil, msg, code
+function Store:counter(name, opts)
+  check_name(name, "counter", 1)
+  local shards, policy, create = check_counter_opts(opts, "counter", 2)
+  local mk = meta_key(name)
+  local meta, err, code = cmd(self, "HMGET", mk, "shards", "policy")
+  if not meta then return rfail(err, code) end
+  local s, p = tonumber(meta[1]), meta[2] or DEFAULT_POLICY
+  if not s then
+    if not create then return nil, fmt("no such counter '%s'", name), "ENOENT" end
+    local fam, ferr, fcode = family_options(self, name)
+    if not fam then return nil, ferr, fcode end
+    local want_s = shards or fam.shards or core.DEFAULT_SHARDS
+    local want_p = policy or fam.policy or DEFAULT_POLICY
+    local res
+    res, err, code = cmd(self, "EVAL", CREATE_SCRIPT, 1, mk, want_s, want_p)
+    if not res then return rfail(err, code) end
+    s, p = tonumber(res[1]), res[2]
+    local ok
+    ok, err, code = cmd(self, "SADD", NAMES_KEY, name)
+    if not ok then return rfail(err, code) end
+    if res[3] == "1" then return new_counter(self, name, s, p) end
+    -- another process created it meanwhile: compare below
+  end
+  if (shards and shards ~= s) or (policy and policy ~= p) then
+    local asked = {}
+    if shards and shards ~= s then asked[#asked + 1] = shards .. " shards" end
+    if policy and policy ~= p then asked[#asked + 1] = "policy " .. policy end
+    error(fmt("counter '%s' exists with %d shards and policy %s (asked for %s)",
+              name, s, p, concat(asked, " and ")), 2)
+  end
+  return new_counter(self, name, s, p)
+end
+
+local function cached(self, name)
+  local c = self.cache[name]
+  if c then return c end
+  local err, code
+  c, err, code = self:counter(name)
+  if not c then return nil, err, code end
+  self.cache[name] = c
+  return c
+end
+
+function Store:incr(name, n, key)
+  check_name(name, "incr", 1)
+  local c, err, code = cached(self, name)
+  if not c then return nil, err, code end
+  return c:incr(n, key)
+end
+
+function Store:decr(name, n, key)
+  check_name(name, "decr", 1)
+  local c, err, code = cached(self, name)
+  if not c then return nil, err, code end
+  return c:decr(n, key)
+end
+
+-- db:value(name): reads the counter's options each time (never creates).
+function Store:value(name)
+  check_name(name, "value", 1)
+  local c, err, code = self:counter(name, { create = false })
+  if not c then return nil, err, code end
+  return c:value()
+end
+
+function Store:names(pattern)
+  if pattern ~= nil and type(pattern) ~= "string" then
+    error("bad argument #1 to 'names' (string expected, got " .. type(pattern) .. ")", 2)
+  end
+  local all, err, code = cmd(self, "SMEMBERS", NAMES_KEY)
+  if not all then return rfail(err, code) end
+  local out = {}
+  local lp = pattern and pattern ~= "*" and glob_pattern(pattern)
+  for _, nm in ipairs(all) do
+    if not lp or nm:match(lp) then out[#out + 1] = nm end
+  end
+  sort(out)
+  return out
+end
+
+-- db:sum([pattern]) -> sum, count (scatter-gather over every matching counter)
+function Store:sum(pattern)
+  local names, err, code = self:names(pattern)
+  if not names then return nil, err, code end
+  local total, count = 0, 0
+  for _, nm in ipairs(names) do
+    local v
+    v, err, code = self:value(nm)
+    if v then
+      total, count = add(total, v), count + 1
+    elseif code ~= "ENOENT" then  -- dropped meanwhile: skipped
+      return nil, err, code
+    end
+  end
+  return total, count
+end
+
+function Store:values(pattern)
+  local names, err, code = self:names(pattern)
+  if not names then return nil, err, code end
+  local out = {}
+  for _, nm in ipairs(names) do
+    local v
+    v, err, code = self:value(nm)
+    if v then out[nm] = v elseif code ~= "ENOENT" then return nil, err, code end
+  end
+  return out
+end
+
+-- db:top([pattern,] n [, by]): by value only (the redis store keeps no rollups).
+function Store:top(pattern, n, by)
+  local narg = 2
+  if type(pattern) == "number" then pattern, n, narg = n, pattern, 1 end
+  local k = tointeger(n)
+  if type(k) ~= "number" or k < 0 then
+    error("bad argument #" .. narg .. " to 'top' (non-negative integer expected, got "
+          .. tostring(n) .. ")", 2)
+  end
+  if by ~= nil and by ~= "value" then
+    if by == "rate" then error("top by rate is not supported by the redis store", 2) end
+    error("bad argument #3 to 'top' (\"value\" expected, got " .. tostring(by) .. ")", 2)
+  end
+  local vals, err, code = self:values(pattern)
+  if not vals then return nil, err, code end
+  local rows = {}
+  for nm, v in pairs(vals) do rows[#rows + 1] = { name = nm, value = v } end
+  sort(rows, function(a, b)
+    if a.value ~= b.value then return a.value > b.value end
+    return a.name < b.name
+  end)
+  for i = #rows, k + 1, -1 do rows[i] = nil end
+  return rows
+end
+
+-- db:drop(name): the meta hash, the name, then every shard key.
+function Store:drop(name)
+  check_name(name, "drop", 1)
+  local mk = meta_key(name)
+  local s, err, code = cmd(self, "HGET", mk, "shards")
+  if err then return rfail(err, code) end
+  s = tonumber(s)
+  if not s then return nil, fmt("no such counter '%s'", name), "ENOENT" end
+  local ok
+  ok, err, code = cmd(self, "DEL", mk)
+  if not ok then return rfail(err, code) end
+  ok, err, code = cmd(self, "SREM", NAMES_KEY, name)
+  if not ok then return rfail(err, code) end
+  for i = 0, s - 1 do
+    ok, err, code = cmd(self, "DEL", shard_key(name, i))
+    if not ok then return rfail(err, code) end
+  end
+  self.cache[name] = nil
+  return true
+end
+
+function Store:family(pattern, opts)
+  if type(pattern) ~= "string" or pattern == "" then
+    error("bad argument #1 to 'family' (non-empty string expected, got " .. tostring(pattern) .. ")", 2)
+  end
+  if pattern == "#seq" then error("bad argument #1 to 'family' (reserved pattern '#seq')", 2) end
+  local shards, policy = check_counter_opts(opts, "family", 2)
+  local ok, err, code = cmd(self, "EVAL", FAMILY_SCRIPT, 1, FAMILIES_KEY, pattern,
+                            shards or core.DEFAULT_SHARDS, policy or DEFAULT_POLICY)
+  if not ok then return rfail(err, code) end
+  return true
+end
+
+function Store:stats()
+  local n, err, code = cmd(self, "SCARD", NAMES_KEY)
+  if not n then return rfail(err, code) end
+  local rs = self.r:stats()
+  return { kind = "redis", uri = self.uri, counters = n, cluster = rs.cluster, redis = rs }
+end
+
+function Store:close()
+  if self.r then
+    self.r:close()
+    self.r = nil
+  end
+  self.cache = {}
+end
+
+-- ---- counters --------------------------------------------------------------------
+
+local function cdb(self)
+  live(self.db)
+  return self.db
+end
+
+local function pick(self, key)
+  local p, n = self.policy, self.n
+  if n == 1 then return 1 end
+  if p == "thread" then return get_ticket() % n + 1 end
+  if p == "round_robin" then
+    local i = self.rr
+    self.rr = (i + 1) % n
+    return i + 1
+  end
+  if p == "key" then
+    if key == nil then
+      error(fmt("counter '%s' has the key policy: pass a key to incr", self.nm), 3)
+    end
+    if type(key) ~= "string" and type(key) ~= "number" then
+      error("bad argument #2 to 'incr' (string expected, got " .. type(key) .. ")", 3)
+    end
+    return key_shard(tostring(key), n)
+  end
+  if not seeded then
+    math.randomseed(get_ticket(), os.time())
+    seeded = true
+  end
+  return math.random(1, n)
+end
+
+local function incr(self, n, key, sign, fname)
+  local db = cdb(self)
+  local k
+  if n == nil then k = 1 else k = tointeger(n) end
+  if k == nil then
+    error(fmt("bad argument #1 to '%s' (integer expected, got %s)", fname,
+              type(n) == "number" and tostring(n) or type(n)), 3)
+  end
+  if sign < 0 then k = sub(0, k) end
+  local i = pick(self, key)
+  local v, err, code = db.r:command("HINCRBY", shard_key(self.nm, i - 1), "v", compat.int_text(k))
+  if v == nil then return rfail(err, code) end
+  return true
+end
+
+function Counter:incr(n, key) return incr(self, n, key, 1, "incr") end
+function Counter:decr(n, key) return incr(self, n, key, -1, "decr") end
+
+-- c:shards() -> { v1, ..., vn } (1-based; shard i is the key tally:{NAME#i-1})
+function Counter:shards()
+  local db = cdb(self)
+  local out = {}
+  for i = 0, self.n - 1 do
+    local v, err, code = db.r:command("HGET", shard_key(self.nm, i), "v")
+    if err then return rfail(err, code) end
+    out[i + 1] = v and tointeger(v) or 0
+  end
+  return out
+end
+
+function Counter:value()
+  local vals, err, code = self:shards()
+  if not vals then return nil, err, code end
+  local s = 0
+  for _, v in ipairs(vals) do s = add(s, v) end
+  return s
+end
+
+-- c:reset() -> the amount removed: per shard, one script that reads v and
+-- sets it to 0 atomically, so no concurrent increment is lost.
+function Counter:reset()
+  local db = cdb(self)
+  local removed = 0
+  for i = 0, self.n - 1 do
+    local v, err, code = db.r:command("EVAL", RESET_SCRIPT, 1, shard_key(self.nm, i))
+    if not v then return rfail(err, code) end
+    removed = add(removed, tointeger(v))
+  end
+  return removed
+end
+
+function Counter:info()
+  cdb(self)
+  return { name = self.nm, shards = self.n, policy = self.policy }
+end
+
+function Counter:name() return self.nm end
+function Counter:store() return self.db end
+function Counter:close() end
+Counter.skew = core.counter_methods.skew
+
+-- ---- metatables: anything else the file store offers raises --------------------
+
+local function index_with(methods, native, kind)
+  return function(_, k)
+    local m = methods[k]
+    if m then return m end
+    if type(k) == "string" and native[k] ~= nil and k:sub(1, 1) ~= "_" then
+      return unsupported(k)
+    end
+    return nil
+  end
+end
+
+StoreMT.__index = index_with(Store, core.store_methods, "store")
+CounterMT.__index = index_with(Counter, core.counter_methods, "counter")
+StoreMT.__close = function(self) self:close() end
+StoreMT.__gc = StoreMT.__close
+StoreMT.__tostring = function(self)
+  return fmt("tally.store (%s%s)", self.uri, self.r and "" or ", closed")
+end
+CounterMT.__tostring = function(self)
+  return fmt("tally.counter '%s' (%s)", self.nm, self.db.uri)
+end
+-- Lua 5.1 / LuaJIT: no __gc on tables; the redis handle has its own.
+
+_M.Store, _M.Counter = Store, Counter
+
+-- tally.open(uri [, { timeout = s }]) -> store, or nil, msg, code. A bad URI
+-- or a server that is down gives nil, msg, code (EINVAL for the URI).
+function _M.open(uri, opts)
+  if opts ~= nil and type(opts) ~= "table" then
+    error("bad argument #2 to 'open' (table expected, got " .. type(opts) .. ")", 3)
+  end
+  local timeout = 5
+  for k, v in pairs(opts or {}) do
+    if k == "timeout" then
+      if type(v) ~= "number" or not (v > 0) then
+        error("bad argument #2 to 'open' (timeout must be a positive number of seconds, got "
+              .. tostring(v) .. ")", 3)
+      end
+      timeout = v
+    else
+      error("bad argument #2 to 'open' (unknown option '" .. tostring(k)
+            .. "'; the redis store takes timeout)", 3)
+    end
+  end
+  local ok, r, err, code = pcall(core.redis, uri, { timeout = timeout })
+  if not ok then
+    return nil, (tostring(r):gsub("^bad argument #1 to '[^']*' %((.*)%)$", "%1")), "EINVAL"
+  end
+  if not r then return nil, err, code end
+  return setmetatable({ uri = uri, r = r, cache = {} }, StoreMT)
+end
+
+return _M
