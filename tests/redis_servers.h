@@ -11,7 +11,9 @@
  * g_ports[0] is the standalone server, g_ports[1..3] the masters, g_pids
  * and g_ids (cluster node ids) alike. raw()/rawcmd() are plain hiredis
  * connections for checks and admin commands; owner(slot) asks the cluster
- * which master serves a slot.
+ * which master serves a slot. stop_server(i) / restart_server(i) stop a
+ * server cleanly and start it again on the same port, dir and cluster
+ * config file (with --appendonly yes), keeping g_pids current.
  */
 #ifndef TALLY_TEST_REDIS_SERVERS_H
 #define TALLY_TEST_REDIS_SERVERS_H
@@ -76,29 +78,38 @@ __attribute__((unused)) static void stop_all(void) {
   if (g_dir) tu_rmrf(g_dir);
 }
 
-__attribute__((unused)) static pid_t start_server(int port, bool cluster) {
+/* Start redis-server on port (its dir, log and cluster config file all named
+ * by port, so a restart finds the same ones); appendonly: load and keep an
+ * AOF (a restart after CONFIG SET appendonly yes then keeps its data). */
+__attribute__((unused)) static pid_t start_server_aof(int port, bool cluster, bool appendonly) {
   char dir[1200], conf[1300], log[1300], ps[16];
+  const char *aof = appendonly ? "yes" : "no";
   snprintf(dir, sizeof dir, "%s/%d", g_dir, port);
   snprintf(conf, sizeof conf, "%s/nodes-%d.conf", g_dir, port);
   snprintf(log, sizeof log, "%s/%d.log", g_dir, port);
   snprintf(ps, sizeof ps, "%d", port);
   mkdir(dir, 0700);
+  fflush(NULL); /* the child's freopen would write our buffered output again */
   pid_t pid = fork();
   if (pid == 0) {
     prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive a crashed test */
-    if (!freopen(log, "w", stdout) || !freopen(log, "a", stderr)) _exit(126);
+    if (!freopen(log, "a", stdout) || !freopen(log, "a", stderr)) _exit(126);
     if (cluster)
       execlp("redis-server", "redis-server", "--cluster-enabled", "yes",
              "--cluster-config-file", conf, "--cluster-node-timeout", "2000",
-             "--save", "", "--appendonly", "no", "--bind", "127.0.0.1",
+             "--save", "", "--appendonly", aof, "--bind", "127.0.0.1",
              "--port", ps, "--dir", dir, "--daemonize", "no", (char *)NULL);
     else
-      execlp("redis-server", "redis-server", "--save", "", "--appendonly", "no",
+      execlp("redis-server", "redis-server", "--save", "", "--appendonly", aof,
              "--bind", "127.0.0.1", "--port", ps, "--dir", dir,
              "--daemonize", "no", (char *)NULL);
     _exit(127);
   }
   return pid;
+}
+
+__attribute__((unused)) static pid_t start_server(int port, bool cluster) {
+  return start_server_aof(port, cluster, false);
 }
 
 /* A plain hiredis connection for checks and admin commands. */
@@ -181,6 +192,34 @@ __attribute__((unused)) static void start_all(void) {
   }
   printf("servers up in %.2f s (standalone %d, cluster %d %d %d)\n", tu_now() - t0,
          g_ports[0], g_ports[1], g_ports[2], g_ports[3]);
+}
+
+/* Stop server i (SIGTERM: a clean shutdown, the AOF written) and reap it
+ * within secs; SIGKILL and false if it did not exit in time. */
+__attribute__((unused)) static bool stop_server(int i, double secs) {
+  if (g_pids[i] <= 0) return false;
+  kill(g_pids[i], SIGCONT);
+  kill(g_pids[i], SIGTERM);
+  double end = tu_now() + secs;
+  while (waitpid(g_pids[i], NULL, WNOHANG) == 0) {
+    if (tu_now() > end) {
+      kill(g_pids[i], SIGKILL);
+      waitpid(g_pids[i], NULL, 0);
+      g_pids[i] = 0;
+      return false;
+    }
+    usleep(5000);
+  }
+  g_pids[i] = 0;
+  return true;
+}
+
+/* Start server i again on its port, dir and cluster config file, with
+ * --appendonly yes (it loads the AOF a stopped server left), record its PID
+ * for stop_all, and wait (secs) until it answers PING. */
+__attribute__((unused)) static bool restart_server(int i, double secs) {
+  g_pids[i] = start_server_aof(g_ports[i], i > 0, true);
+  return g_pids[i] > 0 && wait_for(g_ports[i], "PING", "PONG", secs);
 }
 
 /* Which master (1..3) owns slot, asked of the cluster itself. */

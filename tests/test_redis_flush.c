@@ -11,7 +11,10 @@
  *      the flusher's own retry (already applied), a conflict adopted, and a
  *      delta that would overflow refused;
  *  (d) SIGKILL of a forked flusher with unflushed deltas in its file store;
- *      a new flusher in another process (same writer id) flushes them once.
+ *      a new flusher in another process (same writer id) flushes them once;
+ *  (e) a cluster master (AOF turned on at runtime) stopped with SIGTERM and
+ *      restarted on the same port and node config mid-run: rounds report
+ *      errors, then catch up; its data kept, no conflict, totals exact.
  * Everything is bounded in time; servers are stopped by PID.
  */
 #include <limits.h>
@@ -609,6 +612,155 @@ static void test_migration(const struct target *t) {
   tally_store_close(s);
 }
 
+/* ---- (e) a master stopped and restarted mid-run ------------------------------------ */
+
+#define NRS 8 /* counters, R = 1 */
+
+/* INFO persistence on port shows the AOF on and no rewrite pending. */
+static bool wait_aof_on(int port, double secs) {
+  double end = tu_now() + secs;
+  while (tu_now() < end) {
+    redisReply *r = rawcmd(port, "INFO persistence");
+    bool ok = r->type == REDIS_REPLY_STRING && strstr(r->str, "aof_enabled:1") &&
+              strstr(r->str, "aof_rewrite_in_progress:0") &&
+              strstr(r->str, "aof_rewrite_scheduled:0");
+    freeReplyObject(r);
+    if (ok) return true;
+    usleep(20000);
+  }
+  return false;
+}
+
+static bool status_ok(redisReply *r) {
+  bool ok = r->type == REDIS_REPLY_STATUS && strcmp(r->str, "OK") == 0;
+  freeReplyObject(r);
+  return ok;
+}
+
+/* One increment of every counter, then a round; the round's code. */
+static int incr_and_run(tally_flusher *f, tally_counter **cs, int k, tally_flush_stats *sum) {
+  for (int i = 0; i < NRS; i++)
+    if (tally_counter_incr(cs[i], k % 3 + 1) != 0) TU_FAIL("local incr: %s", tally_errmsg());
+  tally_flush_stats st;
+  int code = tally_flusher_run(f, "rs:*", 4, &st);
+  add_stats(sum, &st);
+  return code;
+}
+
+/* The master serving some counters' (only) remote shard is stopped with
+ * SIGTERM and restarted on the same port and node config, its data kept in
+ * an AOF turned on at runtime; rounds meanwhile report errors, then catch
+ * up, exactly, with no conflict (a master back empty would show one). */
+static void test_restart(const struct target *t) {
+  double t0 = tu_now();
+  tally_store *s = open_store("restart.tly");
+  tally_counter *cs[NRS];
+  char keys[NRS][128];
+  int on[NRS], nvictim = 0;
+  for (int i = 0; i < NRS; i++) {
+    char name[32];
+    snprintf(name, sizeof name, "rs:%d", i);
+    REQUIRE_OK(tu_counter(s, name, 2, TALLY_POLICY_THREAD, TALLY_COUNTER_CREATE, &cs[i]));
+    int klen = tally_flusher_shard_key(name, strlen(name), 0, keys[i], sizeof keys[i]);
+    EXPECT(klen > 0);
+    on[i] = owner(tally_rc_keyslot(keys[i], (size_t)klen));
+  }
+  int m = on[0], port = g_ports[m];
+  for (int i = 0; i < NRS; i++) nvictim += on[i] == m;
+  printf("(e) %s: master on %d stopped and restarted mid-run (%d of %d counters "
+         "there)\n", t->label, port, nvictim, NRS);
+  EXPECT(nvictim > 0 && nvictim < NRS);
+
+  /* persistence on that master only, from now on */
+  EXPECT(status_ok(rawcmd(port, "CONFIG SET appendonly yes")));
+  EXPECT(status_ok(rawcmd(port, "CONFIG SET appendfsync always")));
+  double t1 = tu_now();
+  EXPECT(wait_aof_on(port, 20));
+  double t_aof = tu_now() - t1;
+
+  tally_rc *rc;
+  REQUIRE_OK(tally_rc_open(t->seeds, 300, &rc));
+  tally_flusher *f;
+  REQUIRE_OK(tally_flusher_new(s, rc, "w-restart", 1, &f));
+  tally_flush_stats before_st = {0}, down_st = {0}, after_st = {0};
+  int k = 0, rounds_up = 0;
+  for (t1 = tu_now(); tu_now() - t1 < 0.3; k++, rounds_up++)
+    EXPECT_OK(incr_and_run(f, cs, k, &before_st));
+
+  /* what the master holds when it is stopped (no round in flight) */
+  long long held[NRS] = {0};
+  for (int i = 0; i < NRS; i++) {
+    if (on[i] != m) continue;
+    redisReply *r = rawcmd(port, "HGET %s v", keys[i]);
+    EXPECT(r->type == REDIS_REPLY_STRING);
+    if (r->type == REDIS_REPLY_STRING) held[i] = atoll(r->str);
+    freeReplyObject(r);
+  }
+  t1 = tu_now();
+  EXPECT(stop_server(m, 10));
+  double t_stop = tu_now() - t1;
+
+  /* ~1 s down: rounds fail for its counters, the others still flush */
+  int rounds_down = 0, failed = 0;
+  for (t1 = tu_now(); tu_now() - t1 < 1.0; k++, rounds_down++) {
+    if (incr_and_run(f, cs, k, &down_st) != 0) failed++;
+    usleep(10000);
+  }
+  EXPECT(failed > 0);
+  EXPECT(down_st.errors > 0);
+  EXPECT(down_st.flushed > 0); /* the other masters' counters */
+
+  t1 = tu_now();
+  if (!restart_server(m, 15)) {
+    fprintf(stderr, "FATAL: redis-server on %d did not restart (see %s)\n", port, g_dir);
+    exit(1);
+  }
+  double t_ping = tu_now() - t1;
+  for (int n = 1; n <= NMASTERS; n++)
+    EXPECT(wait_for(g_ports[n], "CLUSTER INFO", "cluster_state:ok", 30));
+  double t_ok = tu_now() - t1;
+  redisReply *r = rawcmd(port, "CLUSTER MYID");
+  EXPECT(r->type == REDIS_REPLY_STRING && strcmp(r->str, g_ids[m]) == 0); /* same node */
+  freeReplyObject(r);
+  EXPECT_I64(m, owner(tally_rc_keyslot(keys[0], strlen(keys[0]))));
+  for (int i = 0; i < NRS; i++) {
+    if (on[i] != m) continue;
+    r = rawcmd(port, "HGET %s v", keys[i]);
+    EXPECT(r->type == REDIS_REPLY_STRING && atoll(r->str) == held[i]); /* kept */
+    freeReplyObject(r);
+  }
+
+  int n = flush_clean(f, "rs:*", 20, &after_st);
+  EXPECT(n > 0);
+  EXPECT_I64(0, before_st.conflicts + down_st.conflicts + after_st.conflicts);
+  EXPECT_I64(0, before_st.already + down_st.already + after_st.already);
+  EXPECT(after_st.flushed >= (uint64_t)nvictim);
+  int bad = 0;
+  long long total = 0;
+  for (int i = 0; i < NRS; i++) {
+    char name[32];
+    snprintf(name, sizeof name, "rs:%d", i);
+    int64_t local = tu_value(cs[i]), rem = INT64_MIN;
+    EXPECT_OK(tally_flusher_remote_value(f, name, strlen(name), &rem));
+    if (local != rem) {
+      bad++;
+      TU_FAIL("%s: local %lld, remote %lld", name, (long long)local, (long long)rem);
+    }
+    total += local;
+  }
+  print_stats("up", rounds_up, &before_st);
+  print_stats("down", rounds_down, &down_st);
+  print_stats("catching up", n, &after_st);
+  printf("  AOF on in %.2f s; stopped in %.2f s; %d of %d rounds failed while down; "
+         "restarted (PING) in %.2f s, cluster_state:ok in %.2f s; %d counters exact, "
+         "total %lld (%.2f s)\n", t_aof, t_stop, failed, rounds_down, t_ping, t_ok,
+         NRS - bad, total, tu_now() - t0);
+  tally_flusher_free(f);
+  tally_rc_close(rc);
+  for (int i = 0; i < NRS; i++) tally_counter_close(cs[i]);
+  tally_store_close(s);
+}
+
 int main(void) {
   double t0 = tu_now();
   start_all();
@@ -629,6 +781,7 @@ int main(void) {
     printf("  (c)+(d) %.2f s\n", tu_now() - t1);
   }
   test_migration(&ts[1]);
+  test_restart(&ts[1]);
   stop_all();
   printf("total %.2f s\n", tu_now() - t0);
   return tu_finish("test_redis_flush");
