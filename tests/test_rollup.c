@@ -219,20 +219,29 @@ static void test_readers(void) {
 
 #define LEASE_N 200000
 
-static void test_stalled_holder(void) {
-  char spec[1200], path[1200];
-  tu_spec(spec, sizeof spec, path, sizeof path, g_dir, "lease.tly");
+/* A file store of LEASE_N one-shard counters "<prefix>:<i>", big enough
+ * that a tick is still running when the test stops or kills it. The first
+ * `keep` counters stay open in cs[]. spec gets the store's spec (1200 bytes). */
+static tally_store *lease_store(const char *file, const char *prefix, char *spec,
+                                tally_counter **cs, int keep) {
+  char path[1200], name[32];
   tally_store *s;
+  tu_spec(spec, 1200, path, sizeof path, g_dir, file);
   REQUIRE_OK(tally_store_open(spec, NULL, &s));
-  tally_counter *first = NULL;
-  char name[32];
   for (int i = 0; i < LEASE_N; i++) {
     tally_counter *c;
-    snprintf(name, sizeof name, "l:%d", i);
+    snprintf(name, sizeof name, "%s:%d", prefix, i);
     REQUIRE_OK(tu_counter(s, name, 1, TALLY_POLICY_RANDOM, TALLY_COUNTER_CREATE, &c));
-    if (i == 0) first = c;
+    if (i < keep) cs[i] = c;
     else tally_counter_close(c);
   }
+  return s;
+}
+
+static void test_stalled_holder(void) {
+  char spec[1200], name[32];
+  tally_counter *first;
+  tally_store *s = lease_store("lease.tly", "l", spec, &first, 1);
   tally_ring rings[] = {{1, 4}};
   /* the period is 600 ms: the lease lasts that long without renewal */
   int *status = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
@@ -295,19 +304,9 @@ static void test_stalled_holder(void) {
 
 /* A holder that dies is replaced at once, not after its lease. */
 static void test_dead_holder(void) {
-  char spec[1200], path[1200];
-  tu_spec(spec, sizeof spec, path, sizeof path, g_dir, "dead.tly");
-  tally_store *s;
-  REQUIRE_OK(tally_store_open(spec, NULL, &s));
-  tally_counter *first = NULL;
-  char name[32];
-  for (int i = 0; i < LEASE_N; i++) {
-    tally_counter *c;
-    snprintf(name, sizeof name, "d:%d", i);
-    REQUIRE_OK(tu_counter(s, name, 1, TALLY_POLICY_RANDOM, TALLY_COUNTER_CREATE, &c));
-    if (i == 0) first = c;
-    else tally_counter_close(c);
-  }
+  char spec[1200], name[32];
+  tally_counter *first;
+  tally_store *s = lease_store("dead.tly", "d", spec, &first, 1);
   tally_ring rings[] = {{1, 4}};
   pid_t pid = fork();
   if (pid == 0) {
@@ -358,16 +357,9 @@ static void count_one(void *ud, const char *name, size_t len, const tally_rollup
 }
 
 static void test_resume_after_other_schedule(void) {
-  char spec[1200], path[1200];
-  tu_spec(spec, sizeof spec, path, sizeof path, g_dir, "resume.tly");
-  tally_store *s;
-  REQUIRE_OK(tally_store_open(spec, NULL, &s));
+  char spec[1200];
   tally_counter **cs = calloc(LEASE_N, sizeof *cs);
-  char name[32];
-  for (int i = 0; i < LEASE_N; i++) {
-    snprintf(name, sizeof name, "m:%d", i);
-    REQUIRE_OK(tu_counter(s, name, 1, TALLY_POLICY_RANDOM, TALLY_COUNTER_CREATE, &cs[i]));
-  }
+  tally_store *s = lease_store("resume.tly", "m", spec, cs, LEASE_N);
   tally_ring rings[] = {{1, 4}};
   pid_t pid = fork();
   if (pid == 0) {
