@@ -130,6 +130,14 @@ function M.start()
   return s
 end
 
+-- A key or counter name no other spec (or earlier run against the same
+-- servers) has used: the specs share one set of servers.
+local seq = 0
+function M.fresh(what)
+  seq = seq + 1
+  return ("%s-%d-%d-%d"):format(what, os.time(), math.random(1, 1e9), seq)
+end
+
 M._reaper = setmetatable({}, { __gc = function()
   for pid in pairs(running) do pcall(kill, pid) end
 end })

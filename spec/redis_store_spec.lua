@@ -8,11 +8,7 @@ local core = require "tally.core"
 local WORKER = "spec/fixtures/redis_store_worker.lua"
 
 local srv
-local seq = 0
-local function fresh(what)
-  seq = seq + 1
-  return ("%s-%d-%d-%d"):format(what, os.time(), math.random(1, 1e9), seq)
-end
+local fresh = redis.fresh
 
 setup(function() srv = redis.start() end)
 teardown(function() if srv then srv.stop() end end)
