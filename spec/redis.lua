@@ -47,11 +47,12 @@ local function cluster_port()
   error("no free port pair (p, p + 10000) found")
 end
 
-local function spawn(dir, port, cluster)
+local function spawn(dir, port, cluster, extra)
   local sub = dir .. "/" .. port
   os.execute("mkdir -p " .. q(sub))
   local cmd = ("env -u LD_PRELOAD redis-server --save '' --appendonly no --bind 127.0.0.1 --port %d --dir %s"
                .. " --daemonize no"):format(port, q(sub))
+  for _, a in ipairs(extra or {}) do cmd = cmd .. " " .. q(a) end
   if cluster then
     cmd = cmd .. (" --cluster-enabled yes --cluster-config-file %s --cluster-node-timeout 2000")
       :format(q(sub .. "/nodes.conf"))
@@ -127,6 +128,32 @@ function M.start()
   s.uri = "redis://127.0.0.1:" .. s.standalone
   s.cluster_uri = ("redis+cluster://127.0.0.1:%d,127.0.0.1:%d,127.0.0.1:%d")
     :format(s.masters[1], s.masters[2], s.masters[3])
+  return s
+end
+
+-- One standalone server started with extra arguments (e.g. --requirepass
+-- PW, or --user NAME on >PW ~* &* +@all): { port, uri, pid, dir, stop }.
+function M.start_standalone(extra)
+  need("redis-server")
+  local out = helper.sh(("mktemp -d \"$(cd %s && pwd)\"/redis.XXXXXX"):format(q(helper.tmpdir)))
+  local dir = out:gsub("%s+$", "")
+  local s = { dir = dir, port = peers.free_port() }
+  s.pid = spawn(dir, s.port, false, extra)
+  s.stop = function()
+    kill(s.pid)
+    os.execute("rm -rf " .. q(dir))
+  end
+  local up = false
+  for _ = 1, 200 do
+    local o = M.cli(s.port, "PING")
+    if o:find("PONG", 1, true) or o:find("NOAUTH", 1, true) then up = true break end
+    sleep(0.05)
+  end
+  if not up then
+    s.stop()
+    error(("redis-server on port %d (pid %d) did not answer"):format(s.port, s.pid), 2)
+  end
+  s.uri = "redis://127.0.0.1:" .. s.port
   return s
 end
 

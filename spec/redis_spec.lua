@@ -65,7 +65,7 @@ describe("core.redis", function()
       { "redis://127.0.0.1:x", "bad port" },
       { "redis://a:1,b:2", "several hosts need redis+cluster://" },
       { "redis://127.0.0.1:1/2", "only database 0" },
-      { "redis://user:pw@host:1", "not supported" },
+      { "redis://user:pw@bad host:1", "bad Redis URI 'redis://user:***@bad host:1': bad character in host" },
       { "redis+cluster://127.0.0.1:1,", "empty host" },
     }
     for _, c in ipairs(cases) do

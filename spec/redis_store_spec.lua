@@ -234,10 +234,11 @@ describe("the redis store", function()
 
   it("gives nil, message, code for bad URIs and a server that is down", function()
     for _, u in ipairs({ "redis://", "redis://127.0.0.1:0", "redis://127.0.0.1:x", "redis://a:1,b:2",
-                         "redis://127.0.0.1:1/2", "redis://user:pw@host:1", "redis+cluster://127.0.0.1:1," }) do
+                         "redis://127.0.0.1:1/2", "redis://user:pw@bad host:1", "redis+cluster://127.0.0.1:1," }) do
       local db, msg, code = tally.open(u)
       assert.is_nil(db)
       assert.matches("bad Redis URI", msg, 1, true)
+      assert.is_nil(msg:find("pw", 1, true))
       assert.equal("EINVAL", code)
     end
     local db, msg, code = tally.open("redis://127.0.0.1:1", { timeout = 0.5 })

@@ -1,11 +1,19 @@
 /* lua_redis.c -- the binding of the Redis client (redis_cluster.h) and of
  * the exactly-once flusher (redis_flush.h).
  *
- *   core.redis(uri [, { timeout = s }]) -> redis handle, or nil, msg, code
- *       uri: "redis://host[:port][/0]"          (standalone or cluster:
- *                                                 detected with CLUSTER SLOTS)
- *            "redis+cluster://h1:p1,h2:p2,..."  (seeds; the first reachable)
+ *   core.redis(uri [, { timeout = s, password = p, user = u }])
+ *       -> redis handle, or nil, msg, code
+ *       uri: "redis://[[user]:password@]host[:port][/0]"  (standalone or
+ *                               cluster: detected with CLUSTER SLOTS)
+ *            "redis+cluster://[[user]:password@]h1:p1,h2:p2,..."  (seeds;
+ *                               the first reachable)
+ *            user and password may be %XX-escaped.
  *       timeout: seconds each call may take (default 5)
+ *       password: used when the URI has none; else $TALLY_REDIS_PASSWORD
+ *       user: likewise (else $TALLY_REDIS_USER); AUTH user password (ACL)
+ *       No message ever contains the password: URIs in messages are
+ *       redacted to redis://user:***@host:port.
+ *   core.redis_redact(uri) -> the URI with its password replaced by ***
  *   r:command(arg, ...) -> reply, or nil, message for an error reply or a
  *       failure (then also a code name: ETIMEDOUT, ESYS, ...). Arguments
  *       are strings or numbers. Replies: integer (under LuaJIT a number
@@ -103,8 +111,8 @@ static void tl_seeds(lua_State *L, const char *uri, const char *s, size_t len,
             (s[k] >= '0' && s[k] <= '9') || (s[k] >= 'a' && s[k] <= 'z') ||
             (s[k] >= 'A' && s[k] <= 'Z')))
         luaL_argerror(L, 1, lua_pushfstring(L,
-            "bad Redis URI '%s': bad character in host (user, password and "
-            "options are not supported)", uri));
+            "bad Redis URI '%s': bad character in host (query options are "
+            "not supported)", uri));
     if (colon == (size_t)-1) {
       strcpy(port, "6379");
     } else {
@@ -138,6 +146,71 @@ static void tl_seeds(lua_State *L, const char *uri, const char *s, size_t len,
   out[o] = '\0';
 }
 
+/* The userinfo of a URI: the bytes after the scheme up to the last '@'
+ * before the host list (redis://) or in the whole rest (redis+cluster://).
+ * Sets *at to the '@' or NULL. */
+static const char *tl_userinfo(const char *uri, const char **at) {
+  const char *h = strstr(uri, "://");
+  *at = NULL;
+  if (!h) return NULL;
+  h += 3;
+  const char *end = strncmp(uri, "redis://", 8) == 0 ? strchr(h, '/') : NULL;
+  if (!end) end = h + strlen(h);
+  for (const char *p = h; p < end; p++)
+    if (*p == '@') *at = p;
+  return h;
+}
+
+/* core.redis_redact(uri): the password (after the user's ':') as ***. */
+static const char *tl_redact(lua_State *L, const char *uri) {
+  const char *at, *h = tl_userinfo(uri, &at);
+  const char *colon = h && at ? memchr(h, ':', (size_t)(at - h)) : NULL;
+  if (!colon) {  /* no userinfo, or a user alone */
+    lua_pushstring(L, uri);
+    return lua_tostring(L, -1);
+  }
+  lua_pushlstring(L, uri, (size_t)(colon - uri));
+  lua_pushfstring(L, "%s:***%s", lua_tostring(L, -1), at);
+  lua_remove(L, -2);
+  return lua_tostring(L, -1);
+}
+
+static int tl_redis_redact(lua_State *L) {
+  const char *uri = luaL_checkstring(L, 1);
+  tl_redact(L, uri);
+  return 1;
+}
+
+/* %XX-decode s (len bytes) into a new string on the stack; raises (without
+ * quoting it) on a bad escape or a NUL. */
+static const char *tl_unescape(lua_State *L, const char *red, const char *what,
+                               const char *s, size_t len) {
+  luaL_Buffer b;
+  luaL_buffinit(L, &b);
+  for (size_t i = 0; i < len; i++) {
+    int c = (unsigned char)s[i];
+    if (c == '%') {
+      int v = 0;
+      for (int k = 1; k <= 2; k++) {
+        int d = i + (size_t)k < len ? (unsigned char)s[i + (size_t)k] : -1;
+        int x = d >= '0' && d <= '9' ? d - '0' : d >= 'a' && d <= 'f' ? d - 'a' + 10
+              : d >= 'A' && d <= 'F' ? d - 'A' + 10 : -1;
+        if (x < 0)
+          luaL_argerror(L, 1, lua_pushfstring(L, "bad Redis URI '%s': bad %%-escape in the %s",
+                                              red, what));
+        v = v * 16 + x;
+      }
+      c = v;
+      i += 2;
+    }
+    if (c == 0)
+      luaL_argerror(L, 1, lua_pushfstring(L, "bad Redis URI '%s': NUL in the %s", red, what));
+    luaL_addchar(&b, (char)c);
+  }
+  luaL_pushresult(&b);
+  return lua_tostring(L, -1);
+}
+
 /* ---- the redis handle --------------------------------------------------------- */
 
 static void tl_flusher_release(tl_flusher *h) {
@@ -162,31 +235,53 @@ static tl_redis *tl_checkredis(lua_State *L, int idx) {
   return r;
 }
 
+static const char NOAUTH_HINT[] =
+    " (the server needs a password: put it in the URI as redis://:PASSWORD@host:port"
+    " or redis://USER:PASSWORD@host:port, pass { password = ... }, or set"
+    " TALLY_REDIS_PASSWORD)";
+
 static int tl_redis_new(lua_State *L) {
   size_t len;
   const char *uri = luaL_checklstring(L, 1, &len);
   char seeds[TL_SEEDS_MAX];
-  uint32_t timeout_ms = 5000;
+  tally_rc_opts ro = {5000, NULL, NULL};
+  const char *red, *at, *hstart;
+  const char *user = NULL, *password = NULL;
   tl_redis *r;
   int rc;
 
+  lua_settop(L, 2);
   if (strlen(uri) != len) luaL_argerror(L, 1, "URI must not contain NUL bytes");
+  red = tl_redact(L, uri);              /* index 3: what messages show */
+  hstart = tl_userinfo(uri, &at);
+  if (at) {                             /* user:password@ or :password@ or user@ */
+    const char *colon = memchr(hstart, ':', (size_t)(at - hstart));
+    const char *uend = colon ? colon : at;
+    if (uend > hstart) user = tl_unescape(L, red, "user", hstart, (size_t)(uend - hstart));
+    else lua_pushnil(L);
+    if (colon) password = tl_unescape(L, red, "password", colon + 1, (size_t)(at - colon - 1));
+    else lua_pushnil(L);
+    /* the rest of the URI, without the userinfo, for the host parser */
+    lua_pushlstring(L, uri, (size_t)(hstart - uri));
+    uri = lua_pushfstring(L, "%s%s", lua_tostring(L, -1), at + 1);
+    len = strlen(uri);
+  }
   if (len >= 8 && memcmp(uri, "redis://", 8) == 0) {
     const char *h = uri + 8, *slash = strchr(h, '/');
     size_t hlen = slash ? (size_t)(slash - h) : strlen(h);
     if (slash && strcmp(slash, "/") != 0 && strcmp(slash, "/0") != 0)
       luaL_argerror(L, 1, lua_pushfstring(L,
-          "bad Redis URI '%s': only database 0 is supported", uri));
-    tl_seeds(L, uri, h, hlen, 0, seeds, sizeof seeds);
+          "bad Redis URI '%s': only database 0 is supported", red));
+    tl_seeds(L, red, h, hlen, 0, seeds, sizeof seeds);
   } else if (len >= 16 && memcmp(uri, "redis+cluster://", 16) == 0) {
     const char *h = uri + 16;
     size_t hlen = strlen(h);
     if (hlen > 0 && h[hlen - 1] == '/') hlen--;
-    tl_seeds(L, uri, h, hlen, 1, seeds, sizeof seeds);
+    tl_seeds(L, red, h, hlen, 1, seeds, sizeof seeds);
   } else {
     luaL_argerror(L, 1, lua_pushfstring(L,
         "bad Redis URI '%s' (expected redis://host:port or "
-        "redis+cluster://host:port,host:port,...)", uri));
+        "redis+cluster://host:port,host:port,...)", red));
   }
   if (!lua_isnoneornil(L, 2)) {
     if (lua_type(L, 2) != LUA_TTABLE)
@@ -202,23 +297,48 @@ static int tl_redis_new(lua_State *L) {
               "timeout must be a positive number of seconds, got %s",
               tl_rdescribe(L, -1)));
         double ms = (double)s * 1000.0;
-        timeout_ms = (uint32_t)ms;
-        if (timeout_ms < ms) timeout_ms++;
+        ro.timeout_ms = (uint32_t)ms;
+        if (ro.timeout_ms < ms) ro.timeout_ms++;
+      } else if (strcmp(k, "password") == 0 || strcmp(k, "user") == 0) {
+        size_t vl;
+        if (lua_type(L, -1) != LUA_TSTRING)  /* never quote the value */
+          luaL_argerror(L, 2, lua_pushfstring(L, "%s must be a string, got %s", k,
+                                              luaL_typename(L, -1)));
+        const char *v = lua_tolstring(L, -1, &vl);  /* the options table keeps it */
+        if (vl == 0 || strlen(v) != vl)
+          luaL_argerror(L, 2, lua_pushfstring(L, "%s must be 1 or more bytes without NULs", k));
+        if (k[0] == 'p' && !password) password = v;
+        if (k[0] == 'u' && !user) user = v;
       } else {
-        luaL_argerror(L, 2, lua_pushfstring(L, "unknown option %s (expected timeout)",
-                                            tl_rdescribe(L, -2)));
+        luaL_argerror(L, 2, lua_pushfstring(L, "unknown option %s (expected timeout, "
+                                            "password, user)", tl_rdescribe(L, -2)));
       }
       lua_pop(L, 1);
     }
   }
+  if (!password) {
+    password = getenv("TALLY_REDIS_PASSWORD");
+    if (password && !*password) password = NULL;
+  }
+  if (!user) {
+    user = getenv("TALLY_REDIS_USER");
+    if (user && !*user) user = NULL;
+  }
+  ro.user = user;
+  ro.password = password;
   r = (tl_redis *)lua_newuserdata(L, sizeof *r);
   r->rc = NULL;
   r->flushers = NULL;
   luaL_getmetatable(L, TL_REDIS_MT);
   lua_setmetatable(L, -2);
-  rc = tally_rc_open(seeds, timeout_ms, &r->rc);
+  rc = tally_rc_open_opts(seeds, &ro, &r->rc);
   if (rc == TALLY_EINVAL) return luaL_argerror(L, 1, tally_errmsg());
-  if (rc < 0) return tl_rfail(L, rc, tally_errmsg());
+  if (rc < 0) {
+    const char *m = tally_errmsg();
+    if (strstr(m, "NOAUTH") && !password)
+      return tl_rfail(L, rc, lua_pushfstring(L, "%s%s", m, NOAUTH_HINT));
+    return tl_rfail(L, rc, m);
+  }
   return 1;
 }
 
@@ -537,6 +657,8 @@ void tl_redis_register(lua_State *L) {
   tl_rclass(L, TL_FLUSHER_MT, tl_flusher_meta, tl_flusher_methods);
   lua_pushcfunction(L, tl_redis_new);
   lua_setfield(L, -2, "redis");
+  lua_pushcfunction(L, tl_redis_redact);
+  lua_setfield(L, -2, "redis_redact");
   lua_pushcfunction(L, tl_flusher_new);
   lua_setfield(L, -2, "flusher");
 }

@@ -21,6 +21,7 @@
 #include "internal.h"
 
 #include <errno.h>
+#include <hiredis/sds.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,6 +45,9 @@ struct tally_rc {
   uint32_t timeout_ms;
   bool cluster;
   bool stale;       /* a MOVED was seen: reload the map after the call */
+  bool refresh_now; /* a connect failed: reload the map before the resend */
+  char *user;       /* NULL: AUTH password, or no AUTH without password */
+  char *password;   /* NULL: no AUTH */
   uint32_t nnodes, cap;
   struct node *nodes;
   tally_rc_stats stats;
@@ -177,10 +181,37 @@ static bool conn_dead(redisContext *c) {
   return poll(&p, 1, 0) != 0;
 }
 
-/* Make node i ready to send, with socket waits bounded by the deadline. */
-static int node_ready(tally_rc *rc, uint16_t i, uint64_t deadline) {
+/* AUTH on a fresh connection, when a password is set. */
+static int node_auth(tally_rc *rc, struct node *n) {
+  if (!rc->password) return 0;
+  const char *argv[3];
+  int argc = 0;
+  argv[argc++] = "AUTH";
+  if (rc->user) argv[argc++] = rc->user;
+  argv[argc++] = rc->password;
+  redisReply *r = redisCommandArgv(n->c, argc, argv, NULL);
+  if (!r) return node_fail(rc, n, "AUTH", errno);
+  int code = 0;
+  if (r->type == REDIS_REPLY_ERROR) {
+    /* Redis' reasons (WRONGPASS ..., ERR ... no password is set) never
+     * quote the password */
+    code = tally__fail(TALLY_ESYS, "redis %s:%d: AUTH%s refused: %s", n->host, n->port,
+                       rc->user ? " (user and password)" : " (password)", r->str);
+    rc->stats.errors++;
+    redisFree(n->c);
+    n->c = NULL;
+  }
+  freeReplyObject(r);
+  return code;
+}
+
+/* Make node i ready to send, with socket waits bounded by the deadline.
+ * *unsent (may be NULL) is set when the failure was a connect that did not
+ * succeed: nothing reached the node, so a resend is safe. */
+static int node_ready_x(tally_rc *rc, uint16_t i, uint64_t deadline, bool *unsent) {
   struct node *n = &rc->nodes[i];
   uint64_t now = now_ms();
+  if (unsent) *unsent = false;
   if (now >= deadline)
     return tally__fail(TALLY_ETIMEDOUT, "redis %s:%d: timed out", n->host, n->port);
   if (n->c && conn_dead(n->c)) {
@@ -190,13 +221,28 @@ static int node_ready(tally_rc *rc, uint16_t i, uint64_t deadline) {
   if (!n->c) {
     n->c = redisConnectWithTimeout(n->host, n->port, tv_ms(deadline - now));
     int e = errno;
-    if (!n->c || n->c->err) return node_fail(rc, n, "connect", e);
-    if (n->ever) rc->stats.reconnects++;
+    if (!n->c || n->c->err) {
+      int code = node_fail(rc, n, "connect", e);
+      if (unsent && code != TALLY_ETIMEDOUT) *unsent = true;
+      return code;
+    }
+    if (n->ever) {
+      rc->stats.reconnects++;
+      rc->stats.topology++;
+    }
     n->ever = true;
+    if (redisSetTimeout(n->c, tv_ms(deadline - now)) != REDIS_OK)
+      return node_fail(rc, n, "set timeout", errno);
+    int code = node_auth(rc, n);
+    if (code) return code;
   }
   if (redisSetTimeout(n->c, tv_ms(deadline - now)) != REDIS_OK)
     return node_fail(rc, n, "set timeout", errno);
   return 0;
+}
+
+static int node_ready(tally_rc *rc, uint16_t i, uint64_t deadline) {
+  return node_ready_x(rc, i, deadline, NULL);
 }
 
 /* "host:port" (host may be empty: then `dflt`, the node that answered) into
@@ -268,6 +314,8 @@ static int map_load(tally_rc *rc, const redisReply *r, uint16_t from) {
     for (long long s = lo; s <= hi; s++) tmp[s] = idx;
   }
   if (code == 0) {
+    if (rc->stats.refreshes > 0 && memcmp(rc->slots, tmp, TALLY_RC_SLOTS * sizeof *tmp) != 0)
+      rc->stats.topology++;
     memcpy(rc->slots, tmp, TALLY_RC_SLOTS * sizeof *tmp);
     rc->stats.refreshes++;
   }
@@ -317,13 +365,26 @@ int tally_rc_refresh(tally_rc *rc) {
 /* ---- open / close -------------------------------------------------------- */
 
 int tally_rc_open(const char *seeds, uint32_t timeout_ms, tally_rc **out) {
+  tally_rc_opts o = {timeout_ms, NULL, NULL};
+  return tally_rc_open_opts(seeds, &o, out);
+}
+
+int tally_rc_open_opts(const char *seeds, const tally_rc_opts *opts, tally_rc **out) {
   if (!out) return tally__fail(TALLY_EINVAL, "redis: NULL out");
   *out = NULL;
-  if (!seeds || !*seeds || timeout_ms == 0)
+  if (!seeds || !*seeds || !opts || opts->timeout_ms == 0)
     return tally__fail(TALLY_EINVAL, "redis: seeds and a timeout are required");
   tally_rc *rc = calloc(1, sizeof *rc);
   if (!rc) return tally__fail(TALLY_ENOMEM, "redis: out of memory");
-  rc->timeout_ms = timeout_ms;
+  rc->timeout_ms = opts->timeout_ms;
+  if (opts->password) {
+    rc->password = strdup(opts->password);
+    rc->user = opts->user ? strdup(opts->user) : NULL;
+    if (!rc->password || (opts->user && !rc->user)) {
+      tally_rc_close(rc);
+      return tally__fail(TALLY_ENOMEM, "redis: out of memory");
+    }
+  }
   for (const char *p = seeds; *p;) {
     size_t len = strcspn(p, ",");
     while (len && p[0] == ' ') { p++; len--; }
@@ -372,6 +433,11 @@ void tally_rc_close(tally_rc *rc) {
     free(rc->nodes[i].host);
   }
   free(rc->nodes);
+  if (rc->password) {
+    memset(rc->password, 0, strlen(rc->password)); /* best effort */
+    free(rc->password);
+  }
+  free(rc->user);
   free(rc);
 }
 
@@ -489,6 +555,7 @@ static bool take_reply(tally_rc *rc, struct cmd *c, redisReply *r, uint16_t from
                      : NO_NODE;
     if (to != NO_NODE) {
       if (moved) {
+        if (rc->slots[c->slot] != to) rc->stats.topology++;
         rc->slots[c->slot] = to;
         rc->stale = true;
         rc->stats.moved++;
@@ -526,11 +593,15 @@ static void first_fail(int *code, char *msg, size_t cap, int now) {
 /* Phase one for node ni: connect, append its pending commands (ASKING
  * before an ASK target's), write them all out. A command that could not be
  * appended was never sent and fails; if the write fails, some were sent,
- * so they all fail with unknown fate. */
-static void node_send(tally_rc *rc, struct cmd **cmds, uint32_t n, uint16_t ni,
+ * so they all fail with unknown fate. When nothing reached the node (the
+ * connect failed, or the first write failed with the buffer untouched) the
+ * commands stay pending for a resend, up to TALLY_RC_CONNECT_TRIES sends,
+ * and the map is reloaded first; returns true to ask for a backoff then. */
+static bool node_send(tally_rc *rc, struct cmd **cmds, uint32_t n, uint16_t ni,
                       uint64_t deadline, int *code, char *msg, size_t cap) {
   struct node *nd = &rc->nodes[ni];
-  int why = node_ready(rc, ni, deadline);
+  bool unsent = false;
+  int why = node_ready_x(rc, ni, deadline, &unsent);
   for (uint32_t i = 0; i < n; i++) {
     struct cmd *c = cmds[i];
     if (c->state != CMD_PENDING || c->node != ni) continue;
@@ -539,17 +610,32 @@ static void node_send(tally_rc *rc, struct cmd **cmds, uint32_t n, uint16_t ni,
     if (!why && redisAppendCommandArgv(nd->c, c->argc, c->argv, c->argvlen) != REDIS_OK)
       why = node_fail(rc, nd, "append", errno);
   }
+  size_t queued = nd->c ? sdslen((sds)nd->c->obuf) : 0;
   int done = why != 0;
   while (!done)
     if (redisBufferWrite(nd->c, &done) != REDIS_OK) {
+      /* hiredis drops written bytes from obuf: all there means none sent */
+      unsent = sdslen((sds)nd->c->obuf) == queued;
       why = node_fail(rc, nd, "send", errno);
       break;
     }
-  if (!why) return;
+  if (!why) return false;
   if (rc->cluster) rc->stale = true; /* the node may be gone: reload the map */
-  first_fail(code, msg, cap, why);
-  for (uint32_t i = 0; i < n; i++)
-    if (cmds[i]->state == CMD_PENDING && cmds[i]->node == ni) cmds[i]->state = CMD_FAILED;
+  bool retry = false, failed = false;
+  for (uint32_t i = 0; i < n; i++) {
+    struct cmd *c = cmds[i];
+    if (c->state != CMD_PENDING || c->node != ni) continue;
+    if (unsent && ++c->attempts < TALLY_RC_CONNECT_TRIES && now_ms() < deadline) {
+      rc->stats.resent++;
+      retry = true;
+      continue; /* stays pending; its ASK, if any, still holds */
+    }
+    c->state = CMD_FAILED;
+    failed = true;
+  }
+  if (retry) rc->refresh_now = true;
+  if (failed) first_fail(code, msg, cap, why); /* a resend that works reports nothing */
+  return retry;
 }
 
 /* Phase two for node ni: read its replies in send order. Returns true if a
@@ -600,6 +686,10 @@ static int pipe_run(tally_rc *rc, struct cmd **cmds, uint32_t n) {
       uint64_t now = now_ms();
       sleep_ms(now + backoff < deadline ? backoff : (now < deadline ? deadline - now : 0));
     }
+    if (rc->refresh_now) { /* a node refused: a failover may have moved its slots */
+      rc->refresh_now = false;
+      tally_rc_refresh(rc);
+    }
     /* targets; fail what has none, no attempts or no time left */
     for (uint32_t i = 0; i < n; i++) {
       struct cmd *c = cmds[i];
@@ -632,9 +722,10 @@ static int pipe_run(tally_rc *rc, struct cmd **cmds, uint32_t n) {
     uint32_t nn = rc->nnodes; /* replies may add nodes: they wait for the next round */
     for (uint32_t i = 0; i < n; i++)
       if (cmds[i]->state == CMD_PENDING) used[cmds[i]->node] = true;
-    for (uint32_t ni = 0; ni < nn; ni++)
-      if (used[ni]) node_send(rc, cmds, n, (uint16_t)ni, deadline, &code, msg, sizeof msg);
     bool again = false;
+    for (uint32_t ni = 0; ni < nn; ni++)
+      if (used[ni] && node_send(rc, cmds, n, (uint16_t)ni, deadline, &code, msg, sizeof msg))
+        again = true, used[ni] = false; /* nothing sent there: no replies to read */
     for (uint32_t ni = 0; ni < nn; ni++)
       if (used[ni]) again |= node_recv(rc, cmds, n, (uint16_t)ni, &code, msg, sizeof msg);
     free(used);

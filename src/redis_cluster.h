@@ -24,6 +24,17 @@
  * from its retry (exactly-once belongs to the layer above). A connection
  * the server closed while it was idle (CLIENT KILL, server timeout, restart)
  * is noticed before sending and reopened, so it costs no failed call.
+ * A command that surely never reached a server (the connect failed, e.g.
+ * refused by a master that died in a failover, or the first write failed
+ * with nothing written) is resent: the slot map is reloaded and the
+ * command retried after a short backoff, at most TALLY_RC_CONNECT_TRIES
+ * sends (as redis-py and go-redis do), so the first command after a
+ * failover reaches the promoted replica once the cluster knows it.
+ *
+ * Authentication: with a password, every connection sends AUTH password
+ * (AUTH user password with a user: Redis 6 ACL) before anything else.
+ * A refused AUTH fails the call with Redis' reply (which never contains the
+ * password); neither the password nor the user is ever put in a message.
  *
  * Replies are hiredis redisReply trees. tally_rc_command gives one the
  * caller frees with freeReplyObject; a pipeline owns its replies until it
@@ -46,6 +57,7 @@
 
 #define TALLY_RC_SLOTS 16384u
 #define TALLY_RC_MAX_ATTEMPTS 16u  /* sends of one command, redirections included */
+#define TALLY_RC_CONNECT_TRIES 5u  /* sends of one command whose connects failed */
 
 typedef struct tally_rc tally_rc;
 typedef struct tally_rc_pipe tally_rc_pipe;
@@ -58,7 +70,18 @@ typedef struct tally_rc_stats {
   uint64_t reconnects;  /* connections reopened to a node seen before */
   uint64_t refreshes;   /* slot maps loaded (open included) */
   uint64_t errors;      /* failed connects, sends and reads */
+  uint64_t resent;      /* commands resent after a connect that failed */
+  uint64_t topology;    /* topology changes seen: MOVED, a reconnect, a
+                           slot map that differs from the previous one */
 } tally_rc_stats;
+
+/* Options of tally_rc_open_opts. user and password are copied (NULL: none;
+ * a user without a password is ignored). */
+typedef struct tally_rc_opts {
+  uint32_t timeout_ms;   /* > 0 */
+  const char *user;
+  const char *password;
+} tally_rc_opts;
 
 /* Connect to the first reachable of seeds ("host:port[,host:port...]"),
  * ask it CLUSTER SLOTS, and use cluster mode if it answers with a map or
@@ -66,6 +89,11 @@ typedef struct tally_rc_stats {
  * bounds each later call. On error *out is NULL and the code says why
  * (TALLY_EINVAL for malformed seeds; the last seed's failure otherwise). */
 int tally_rc_open(const char *seeds, uint32_t timeout_ms, tally_rc **out);
+
+/* The same, with a user and password to authenticate every connection.
+ * A server that refuses them (or asks for a password none was given for)
+ * fails the open with TALLY_ESYS and Redis' own reason (NOAUTH, WRONGPASS). */
+int tally_rc_open_opts(const char *seeds, const tally_rc_opts *opts, tally_rc **out);
 
 /* Close every connection and free rc. NULL is ignored. */
 void tally_rc_close(tally_rc *rc);

@@ -552,31 +552,40 @@ end
 
 _M.Store, _M.Counter = Store, Counter
 
--- tally.open(uri [, { timeout = s }]) -> store, or nil, msg, code. A bad URI
--- or a server that is down gives nil, msg, code (EINVAL for the URI).
+-- tally.open(uri [, { timeout = s, password = p, user = u }]) -> store, or
+-- nil, msg, code. A bad URI or a server that is down gives nil, msg, code
+-- (EINVAL for the URI). The password comes from the URI
+-- (redis://user:pass@host:port), else opts.password, else
+-- $TALLY_REDIS_PASSWORD; messages and tostring show the URI redacted.
 function _M.open(uri, opts)
   if opts ~= nil and type(opts) ~= "table" then
     error("bad argument #2 to 'open' (table expected, got " .. type(opts) .. ")", 3)
   end
-  local timeout = 5
+  local ropts = { timeout = 5 }
   for k, v in pairs(opts or {}) do
     if k == "timeout" then
       if type(v) ~= "number" or not (v > 0) then
         error("bad argument #2 to 'open' (timeout must be a positive number of seconds, got "
               .. tostring(v) .. ")", 3)
       end
-      timeout = v
+      ropts.timeout = v
+    elseif k == "password" or k == "user" then
+      if type(v) ~= "string" or v == "" then  -- never quote the value
+        error("bad argument #2 to 'open' (" .. k .. " must be a non-empty string, got "
+              .. type(v) .. ")", 3)
+      end
+      ropts[k] = v
     else
       error("bad argument #2 to 'open' (unknown option '" .. tostring(k)
-            .. "'; the redis store takes timeout)", 3)
+            .. "'; the redis store takes timeout, password, user)", 3)
     end
   end
-  local ok, r, err, code = pcall(core.redis, uri, { timeout = timeout })
+  local ok, r, err, code = pcall(core.redis, uri, ropts)
   if not ok then
     return nil, (tostring(r):gsub("^bad argument #1 to '[^']*' %((.*)%)$", "%1")), "EINVAL"
   end
   if not r then return nil, err, code end
-  return setmetatable({ uri = uri, r = r, cache = {} }, StoreMT)
+  return setmetatable({ uri = core.redis_redact(uri), r = r, cache = {} }, StoreMT)
 end
 
 return _M

@@ -34,7 +34,12 @@ local _M = {}
 local Remote = {}
 Remote.__index = Remote
 
-local OPTIONS = { every = true, pattern = true, shards = true, writer = true, timeout = true }
+local OPTIONS = { every = true, pattern = true, shards = true, writer = true, timeout = true,
+                  password = true, user = true }
+
+-- The URI and credentials to connect with, kept out of the schedule's
+-- table (stats, tostring and tick results show the redacted URI only).
+local secrets = setmetatable({}, { __mode = "k" })
 
 local function random_id()
   local f = io.open("/dev/urandom", "rb")
@@ -84,7 +89,9 @@ end
 -- Open the redis handle and the flusher if not open yet: true, or nil, msg.
 local function connect(self)
   if self.flusher then return true end
-  local rh, err = core.redis(self.uri, { timeout = self.timeout })
+  local sec = secrets[self]
+  local rh, err = core.redis(sec.uri, { timeout = self.timeout, password = sec.password,
+                                        user = sec.user })
   if not rh then return nil, err end
   local ok, fl = pcall(core.flusher, self.db, rh, { writer = self.writer, shards = self.shards })
   if not ok or not fl then
@@ -209,9 +216,17 @@ function _M.flush_to(db, uri, opts, list, unlink)
     error("bad argument #2 to 'flush_to' (timeout must be a positive number of seconds, got "
           .. tostring(timeout) .. ")", 3)
   end
+  for _, k in ipairs({ "password", "user" }) do
+    if opts[k] ~= nil and (type(opts[k]) ~= "string" or opts[k] == "") then
+      error("bad argument #2 to 'flush_to' (" .. k .. " must be a non-empty string, got "
+            .. type(opts[k]) .. ")", 3)  -- never quote the value
+    end
+  end
+  local sec = { uri = uri, password = opts.password, user = opts.user }
   -- Connect now so a bad URI raises here; a server that is down is only
   -- counted (the schedule connects on its next period).
-  local ok, rh, err = pcall(core.redis, uri, { timeout = timeout })
+  local ok, rh, err = pcall(core.redis, uri, { timeout = timeout, password = sec.password,
+                                               user = sec.user })
   if not ok then
     error((tostring(rh):gsub("^bad argument #1 to '[^']*'", "bad argument #1 to 'flush_to'")), 3)
   end
@@ -223,10 +238,11 @@ function _M.flush_to(db, uri, opts, list, unlink)
           .. tostring(writer) .. ")", 3)
   end
   local self = setmetatable({
-    db = db, uri = uri, every = every, pattern = pattern, shards = shards,
+    db = db, uri = core.redis_redact(uri), every = every, pattern = pattern, shards = shards,
     timeout = timeout, writer = writer, runs = 0, errors = 0, flushed = 0, commands = 0,
     unlink = unlink,
   }, Remote)
+  secrets[self] = sec
   for _, other in ipairs(list) do
     if other.writer == writer and other.pattern == pattern then
       if rh then rh:close() end
