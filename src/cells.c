@@ -103,8 +103,43 @@ int64_t tally__cell_wait(_Atomic int64_t *cell, int64_t v) {
   while (!tally__cell_live(v) && !tally__cell_retired(v)) {
     sched_yield(); /* a preempted writer needs the CPU to finish its undo */
     clock_gettime(CLOCK_MONOTONIC, &t);
-    if (t.tv_sec - t0.tv_sec >= 2) break; /* it died between add and undo */
+    if (t.tv_sec - t0.tv_sec >= 2) { /* it died between add and undo */
+      /* Repair the cell, so no later reader or writer waits again: swap in
+       * the clamped value, only if the cell still holds what was read (a
+       * live or retired value, or another add, is left alone). An add in
+       * flight at that instant is undone from the clamped value: the clamp
+       * is already inexact by up to 2^32, the bound of one fast add. */
+      int64_t want = tally__cell_clamp(v);
+      if (atomic_compare_exchange_strong_explicit(cell, &v, want, memory_order_acq_rel,
+                                                  memory_order_acquire))
+        return want;
+      continue; /* it changed under us: look at the new value */
+    }
     v = atomic_load_explicit(cell, memory_order_acquire);
   }
   return v;
+}
+
+/* Every cell of the counter at rec_off is live or retired, or ECORRUPT
+ * naming the first that is not. A cell caught in a writer's out-of-range
+ * window (nanoseconds) is given a moment to come back first. */
+int tally__cells_check(tally_store *s, uint64_t rec_off, uint64_t loc) {
+  const struct tally__rec *r = tally__at(s, rec_off);
+  for (uint32_t i = 0, n = tally__loc_shards(loc); i < n; i++) {
+    _Atomic int64_t *cell = tally__cell_at(s, loc, i);
+    int64_t v = atomic_load_explicit(cell, memory_order_acquire);
+    for (int tries = 0; tries < 100 && !tally__cell_live(v) && !tally__cell_retired(v);
+         tries++) {
+      struct timespec ms = {0, 100000};
+      nanosleep(&ms, NULL);
+      v = atomic_load_explicit(cell, memory_order_acquire);
+    }
+    if (!tally__cell_live(v) && !tally__cell_retired(v))
+      return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (counter "
+                         "'%s' shard %u holds %lld, outside the live range: a "
+                         "writer died mid-increment or the file was damaged; "
+                         "the next read clamps and repairs it)",
+                         tally__store_name(s), r->name, i, (long long)v);
+  }
+  return 0;
 }

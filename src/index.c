@@ -121,7 +121,11 @@ int tally__index_find(tally_store *s, const char *name, size_t len,
     if ((e >> 56) != tag) continue;
     uint64_t off = entry_off(e);
     const struct tally__rec *r = tally__at(s, off);
-    if (!tally__in_arena(s, off, sizeof *r + len + 1)) return bad_entry(s, i);
+    /* the record's own length bounds it: the newest record ends exactly at
+     * the arena's end, so a longer name looked up must not be used here */
+    if (!tally__in_arena(s, off, sizeof *r) ||
+        !tally__in_arena(s, off, sizeof *r + r->name_len + 1u))
+      return bad_entry(s, i);
     if (r->name_len == len && memcmp(r->name, name, len) == 0) {
       *rec_off = off;
       return 0;
@@ -252,6 +256,7 @@ static int check_one(tally_store *s, uint64_t off, void *ud) {
   if (dropped)
     return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (dropped "
                        "counter '%s' is still indexed)", tally__store_name(s), r->name);
+  if ((rc = tally__cells_check(s, off, atomic_load(&r->loc)))) return rc;
   if ((rc = tally__rollups_check(s, off))) return rc;
   st->live++;
   return 0;

@@ -136,6 +136,32 @@ static int ring_ok(const tally_ring *r) {
          r->len <= TALLY_RING_LEN_MAX;
 }
 
+/* A head is 0 (empty ring) or the number + 1 of a bucket that a time at or
+ * after the epoch falls in; anything else was damaged, and used as it is it
+ * would index slots out of the ring or overflow bucket times. res_s is
+ * checked (ring_ok) first. */
+static bool head_ok(uint32_t res_s, int64_t head) {
+  return head >= 0 && head - 1 <= INT64_MAX / ((int64_t)res_s * 1000);
+}
+
+/* Every word of the block at off that a write or read follows: ring count,
+ * resolutions and lengths (covered by the check), and heads. */
+static bool block_sound(tally_store *s, uint64_t off, uint64_t rec_off,
+                        const struct block *b) {
+  if (off % 64 || !tally__in_arena(s, off, sizeof *b) ||
+      b->nrings > TALLY_RINGS_MAX ||
+      !tally__in_arena(s, off, block_bytes(b->nrings, 0)))
+    return false;
+  for (uint32_t i = 0; i < b->nrings; i++) {
+    tally_ring spec = {b->ring[i].res_s, b->ring[i].len};
+    if (!ring_ok(&spec) ||
+        !head_ok(spec.res_s, atomic_load_explicit(&b->ring[i].head, memory_order_relaxed)))
+      return false;
+  }
+  return tally__in_arena(s, off, block_bytes(b->nrings, slots_of(b))) &&
+         b->check == block_check(s, rec_off, b);
+}
+
 static int corrupt_block(tally_store *s, const struct tally__rec *r) {
   return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (rollup of "
                      "counter '%s')", tally__store_name(s), r->name);
@@ -154,17 +180,7 @@ static int block_of(tally_store *s, uint64_t rec_off, struct block **out) {
     return 0;
   }
   struct block *b = tally__at(s, off);
-  if (off % 64 || !tally__in_arena(s, off, sizeof *b) ||
-      b->nrings > TALLY_RINGS_MAX ||
-      !tally__in_arena(s, off, block_bytes(b->nrings, 0)))
-    return corrupt_block(s, r);
-  for (uint32_t i = 0; i < b->nrings; i++) {
-    tally_ring spec = {b->ring[i].res_s, b->ring[i].len};
-    if (!ring_ok(&spec)) return corrupt_block(s, r);
-  }
-  if (!tally__in_arena(s, off, block_bytes(b->nrings, slots_of(b))) ||
-      b->check != block_check(s, rec_off, b))
-    return corrupt_block(s, r);
+  if (!block_sound(s, off, rec_off, b)) return corrupt_block(s, r);
   *out = b;
   return 0;
 }
@@ -339,20 +355,25 @@ static void ring_clear(_Atomic int64_t *slot, uint32_t len) {
  * newest are emptied. A time before the newest bucket changes nothing. */
 static void ring_put(struct ring_hdr *r, _Atomic int64_t *slot, int64_t at_ms,
                      int64_t v) {
-  int64_t b = at_ms / ((int64_t)r->res_s * 1000);
+  uint32_t len = r->len, res_s = r->res_s;
   int64_t head = atomic_load_explicit(&r->head, memory_order_relaxed);
+  /* the caller checked the block (block_sound); this only keeps a word
+   * damaged since then from indexing outside the ring */
+  if (len == 0 || len > TALLY_RING_LEN_MAX || res_s == 0 || !head_ok(res_s, head))
+    return;
+  int64_t b = at_ms / ((int64_t)res_s * 1000);
   if (head == 0) {
-    ring_clear(slot, r->len);
+    ring_clear(slot, len);
   } else if (b + 1 > head) {
     int64_t gap = b - head;  /* buckets strictly between newest and b */
-    if (gap >= r->len) ring_clear(slot, r->len);
+    if (gap >= len) ring_clear(slot, len);
     else
       for (int64_t k = head; k < b; k++)
-        atomic_store_explicit(&slot[k % r->len], EMPTY_SLOT, memory_order_release);
+        atomic_store_explicit(&slot[k % len], EMPTY_SLOT, memory_order_release);
   } else if (b + 1 < head) {
     return;
   }
-  atomic_store_explicit(&slot[b % r->len], v, memory_order_release);
+  atomic_store_explicit(&slot[b % len], v, memory_order_release);
   atomic_store_explicit(&r->head, b + 1, memory_order_release);
 }
 
@@ -392,6 +413,7 @@ static void ring_copy(struct ring_hdr *to, _Atomic int64_t *to_slot,
                       const struct ring_hdr *from, _Atomic int64_t *from_slot) {
   ring_clear(to_slot, to->len);
   int64_t head = atomic_load(&from->head);
+  if (!head_ok(from->res_s, head)) head = 0;  /* damaged: start it empty */
   atomic_store(&to->head, head);
   if (head == 0) return;
   uint32_t keep = from->len < to->len ? from->len : to->len;
@@ -622,10 +644,12 @@ struct run {
  * since a tick is bound by cache misses, not by arithmetic. */
 static void prefetch_slots(struct block *b, int64_t now_ms) {
   _Atomic int64_t *slot = slots_at(b);
-  for (uint32_t i = 0; i < b->nrings; i++) {
-    int64_t k = now_ms / ((int64_t)b->ring[i].res_s * 1000);
-    __builtin_prefetch(&slot[k % b->ring[i].len], 1);
-    slot += b->ring[i].len;
+  for (uint32_t i = 0; i < b->nrings && i < TALLY_RINGS_MAX; i++) {
+    uint32_t res_s = b->ring[i].res_s, len = b->ring[i].len;
+    if (!res_s || !len) return;  /* damaged: block_sound skips it */
+    int64_t k = now_ms / ((int64_t)res_s * 1000);
+    __builtin_prefetch(&slot[k % len], 1);
+    slot += len;
   }
 }
 
@@ -674,6 +698,11 @@ static int roll_members(struct run *u) {
     struct block *b;
     int64_t v;
     uint64_t odd = member_claim(s, &m[i], &b);
+    if (b && !block_sound(s, (uint64_t)((unsigned char *)b - s->base), m[i].rec_off, b)) {
+      block_release(b, odd);  /* damaged since it was resolved */
+      m[i].b = NULL;
+      b = NULL;
+    }
     if (!b) {
       u->skipped++;  /* damaged: check() reports it */
       continue;
@@ -853,6 +882,7 @@ int tally_counter_history(tally_counter *c, uint32_t res_s, tally_bucket *out,
     uint64_t s1 = atomic_load_explicit(&b->seq, memory_order_acquire);
     if (s1 & 1) continue;
     int64_t head = atomic_load_explicit(&r->head, memory_order_acquire);
+    if (!head_ok(r->res_s, head)) return corrupt_block(c->s, c->rec);
     uint32_t k = 0;
     for (int64_t bk = head - (int64_t)r->len; head && bk < head; bk++) {
       if (bk < 0) continue;
