@@ -67,7 +67,8 @@ static inline bool tally__cell_retired(int64_t v) {
  * return the last value read. It is neither only if the writer died
  * between its add and its undo; tally__cell_clamp then gives the value to
  * use: that add was never acknowledged, and the value before it was within
- * 2^32 of the bound. */
+ * 2^32 of the bound. Then it also stores that value in the cell (a
+ * compare-and-swap: only over the value read), so the wait is paid once. */
 int64_t tally__cell_wait(_Atomic int64_t *cell, int64_t v);
 static inline int64_t tally__cell_clamp(int64_t v) {
   if (tally__cell_live(v)) return v;
@@ -229,6 +230,7 @@ uint64_t tally__seal(const tally_store *s, int field, uint64_t off, uint64_t ext
 int tally__unseal(const tally_store *s, int field, uint64_t word, uint64_t extra,
                   uint64_t *off);
 const char *tally__store_name(const tally_store *s); /* for messages */
+int tally__truncated(tally_store *s); /* ECORRUPT if the file shrank */
 int tally__lock(tally_store *s);        /* also finishes a pending move */
 void tally__unlock(tally_store *s);
 int tally__alloc(tally_store *s, uint64_t bytes, uint64_t *off);
@@ -264,6 +266,7 @@ int tally__loc_decode(tally_store *s, uint64_t rec_off, uint64_t loc,
                       uint64_t *cells, uint32_t *nshards, bool *dropped);
 int tally__cells_alloc(tally_store *s, uint32_t nshards, uint64_t *cells);
 int tally__classes_check(tally_store *s);
+int tally__cells_check(tally_store *s, uint64_t rec_off, uint64_t loc);
 
 static inline uint32_t tally__loc_shards(uint64_t loc) {
   return (uint32_t)(loc & TALLY__LOC_SHARDS_MASK) + 1;
