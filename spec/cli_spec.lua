@@ -458,6 +458,95 @@ describe("tally inspection commands", function()
   end)
 end)
 
+describe("tally commands on a damaged or foreign file", function()
+  -- A store whose counter record for "c:30" has a damaged cell location
+  -- (the record's first word, 24 bytes before its name): it opens, and
+  -- listing its names fails with the store's own ECORRUPT message.
+  local function damaged_store()
+    local path = helper.tmpfile()
+    local db = assert(tally.open("file:" .. path))
+    for i = 1, 50 do db:incr("c:" .. i, i) end
+    db:close()
+    local data = slurp(path)
+    local at = assert(data:find("c:30\0", 1, true)) - 24     -- 1-based start of the record
+    local b = data:byte(at + 2)
+    helper.write(path, data:sub(1, at + 1) .. string.char(b ~ 0x80) .. data:sub(at + 3))
+    return path
+  end
+
+  local function all_commands(path, import_file)
+    return { { "ls" }, { "ls", "--json" }, { "ls", "c:*" }, { "get", "c:30" },
+             { "get", "c:30", "--shards" }, { "export" }, { "export", "c:*" }, { "info" },
+             { "info", "--json" }, { "info", "--check" }, { "incr", "c:30" },
+             { "incr", "c:30", "5" }, { "import", import_file }, { "import", import_file, "--add" },
+             { "watch" } }, path
+  end
+
+  it("print the store's message and exit 1, never a traceback", function()
+    local import_file = helper.tmpfile("import.json")
+    helper.write(import_file, '{"counters":{"c:30":{"num_shards":1,"shards":{"0":{"count":1}}}}}')
+    local path = damaged_store()
+    local db = assert(tally.open("file:" .. path))
+    local _, want = db:names()
+    db:close()
+    assert.matches("tally store is corrupt", want)
+    local cmds = all_commands(path, import_file)
+    for _, cmd in ipairs(cmds) do
+      local out, err, code = run(cmd[1], path, table.unpack(cmd, 2))
+      local what = table.concat(cmd, " ")
+      assert.equal(1, code, what .. ": " .. err)
+      assert.not_matches("traceback", err, 1, true)
+      assert.not_matches("attempt to", err, 1, true)
+      assert.equal("tally " .. cmd[1] .. ": " .. want .. "\n", err, what)
+      if cmd[1] ~= "export" then assert.equal("", out, what) end
+    end
+  end)
+
+  it("say what a foreign, empty, truncated or re-stamped file is, for every command", function()
+    local import_file = helper.tmpfile("import.json")
+    helper.write(import_file, '{"counters":{}}')
+    local good = helper.tmpfile()
+    local db = assert(tally.open("file:" .. good))
+    db:incr("c:1", 1)
+    db:close()
+    local data = slurp(good)
+    local cases = {
+      { "text", ("not a store at all\n"):rep(1000), "not a tally store %(bad magic%)" },
+      { "binary", slurp(helper.bin), "not a tally store %(bad magic%)" },
+      { "empty", "", "not a tally store %(empty file%)" },
+      { "magic", "XXXX" .. data:sub(5), "not a tally store %(bad magic%)" },
+      { "truncated", data:sub(1, 100), "tally store is truncated" },
+    }
+    for _, case in ipairs(cases) do
+      local path = helper.tmpfile(case[1] .. ".tly")
+      helper.write(path, case[2])
+      for _, cmd in ipairs((all_commands(path, import_file))) do
+        local _, err, code = run(cmd[1], path, table.unpack(cmd, 2))
+        local what = case[1] .. ": " .. table.concat(cmd, " ")
+        assert.equal(1, code, what .. ": " .. err)
+        assert.not_matches("traceback", err, 1, true)
+        assert.matches("^tally " .. cmd[1] .. ": " .. path:gsub("%p", "%%%0") .. ": " .. case[3]
+                       .. "[^\n]*\n$", err, nil, what)
+      end
+    end
+  end)
+
+  it("db:values, db:top, db:export and tally.prometheus return the message", function()
+    local path = damaged_store()
+    local db = assert(tally.open("file:" .. path))
+    local _, want, wcode = db:names()
+    for name, f in pairs({ values = db.values, export = db.export,
+                           top = function(d) return d:top(3) end,
+                           prometheus = tally.prometheus }) do
+      local v, msg, code = f(db)
+      assert.is_nil(v, name)
+      assert.equal(want, msg, name)
+      assert.equal(wcode, code, name)
+    end
+    db:close()
+  end)
+end)
+
 describe("examples/likes.lua", function()
   it("counts every like from several processes exactly", function()
     local path = helper.tmpfile()

@@ -204,6 +204,7 @@ local Fail = {}
 local function fail(msg, status)
   error(setmetatable({ msg = msg, status = status or 1 }, Fail), 0)
 end
+_M.fail = fail
 
 local current = "tally"   -- the command running, for messages
 
@@ -306,6 +307,21 @@ local function open(uri, create)
                                         writes = not READS[current], help = current })
   if not db then fail(path) end
   return db, path
+end
+
+-- must(v, msg, ...) -> v, ...: a store method's nil, message (a damaged
+-- store) fails the command with the store's own message.
+local function must(v, msg, ...)
+  if v == nil then fail(tostring(msg)) end
+  return v, msg, ...
+end
+
+-- peek.counter, where a counter dropped meanwhile is nil and any other
+-- failure (a damaged store) fails the command.
+local function peek_counter(db, name, cells)
+  local p, msg, code = peek.counter(db, name, cells)
+  if not p and code ~= "ENOENT" then fail(tostring(msg)) end
+  return p
 end
 
 -- ---- formatting -----------------------------------------------------------------
@@ -418,12 +434,12 @@ function cmd.ls(args)
   local o, pos = parse(args, { flags = { json = true }, min = 1, max = 2 })
   if o.help then return "help" end
   local db = open(pos[1])
-  local names = db:names(pos[2])
+  local names = must(db:names(pos[2]))
   if o.json then
     local first = true
     out("[")
     for _, name in ipairs(names) do
-      local p = peek.counter(db, name)
+      local p = peek_counter(db, name)
       if p then                                   -- else dropped meanwhile
         local r = p.rolled
         if r then r.json = jobject({ "value", "at", "delta", "rate", "count" }, r) end
@@ -462,7 +478,7 @@ function cmd.ls(args)
     return 0
   end
   for _, name in ipairs(names) do
-    local p = peek.counter(db, name)
+    local p = peek_counter(db, name)
     if p then
       local c = cells(p)
       i = i + 1
@@ -483,7 +499,7 @@ function cmd.get(args)
   local o, pos = parse(args, { flags = { shards = true }, min = 2, max = 2, missing = "counter name" })
   if o.help then return "help" end
   local db = open(pos[1])
-  local p = peek.counter(db, pos[2], o.shards)
+  local p = peek_counter(db, pos[2], o.shards)
   if not p then fail(fmt("no such counter '%s'", pos[2])) end
   if o.shards then
     out(concat(p.cells, "\n", 1, #p.cells), "\n")
@@ -600,7 +616,7 @@ function cmd.info(args)
   local o, pos = parse(args, { flags = { json = true, check = true }, min = 1, max = 1 })
   if o.help then return "help" end
   local db, path = open(pos[1])
-  local st = db:stats()
+  local st = must(db:stats())
   local h, herr = peek.header(path)
   if not h then fail(herr) end
   local fs = peek.fs(path)
@@ -655,6 +671,7 @@ function cmd.watch(args)
     usage_error("--sort must be rate, value or name, got '" .. sort .. "'")
   end
   local db, path = open(pos[1])
+  must(db:names(pos[2]))                 -- a damaged store: said before the screen is taken
   if not term.isatty(1) then
     fail("needs a terminal (stdout is not one); 'tally ls' lists the counters once")
   end

@@ -70,7 +70,9 @@ function store:export(pattern)
   end
   local json = load_json()
   local out = {}
-  for _, name in ipairs(self:names(pattern)) do
+  local names, nmsg, ncode = self:names(pattern)
+  if not names then return nil, nmsg, ncode end   -- a damaged store
+  for _, name in ipairs(names) do
     -- create = false: a counter dropped since names() listed it is left out
     local c, msg, code = self:counter(name, { create = false })
     if not c and code ~= "ENOENT" then return nil, msg, code end
@@ -296,9 +298,13 @@ function store:import(text, opts)
       if type(p) == "table" then raise(p.msg) end
       error(p, 0)
     end
-    local v, _, code = self:value(name)
+    local v, vmsg, code = self:value(name)
+    if v == nil and code ~= "ENOENT" and code ~= "ERANGE" then
+      return nil, vmsg, code                 -- a damaged store
+    end
     if v ~= nil or code ~= "ENOENT" then     -- ERANGE: a sum beyond int64, but there
-      local c = self:counter(name)
+      local c, cmsg, ccode = self:counter(name)
+      if not c then return nil, cmsg, ccode end
       local info, imsg, icode = c:info()
       if not info then return nil, imsg, icode end
       if info.shards ~= p.shards then

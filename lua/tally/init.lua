@@ -70,7 +70,9 @@ function store:top(pattern, n, by)
     error("bad argument #3 to 'top' (\"value\" or \"rate\" expected, got " .. tostring(by) .. ")", 2)
   end
   local rows = {}
-  for _, name in ipairs(self:names(pattern)) do
+  local names, msg, code = self:names(pattern)
+  if not names then return nil, msg, code end      -- a damaged store
+  for _, name in ipairs(names) do
     local c = self:counter(name, { create = false })  -- nil if dropped meanwhile
     local v = c and c:value()
     if v then  -- skip races with drop
@@ -95,8 +97,12 @@ end
 -- db:values([pattern]) -> { [name] = value, ... } for the matching counters.
 function store:values(pattern)
   local out = {}
-  for _, name in ipairs(self:names(pattern)) do
-    out[name] = self:value(name)
+  local names, msg, code = self:names(pattern)
+  if not names then return nil, msg, code end      -- a damaged store
+  for _, name in ipairs(names) do
+    local v, vmsg, vcode = self:value(name)
+    if v == nil and vcode ~= "ENOENT" and vcode ~= "ERANGE" then return nil, vmsg, vcode end
+    out[name] = v                                 -- nil: dropped meanwhile, or beyond int64
   end
   return out
 end

@@ -202,7 +202,8 @@ function _M.prometheus(db, pattern)
     error("bad argument #2 to 'prometheus' (string expected, got " .. typename(pattern) .. ")", 2)
   end
   local c = _M.mapping_of(db)
-  local values, names = {}, db:names(pattern)
+  local values, names, nmsg, ncode = {}, db:names(pattern)
+  if not names then return nil, nmsg, ncode end   -- a damaged store
   for _, name in ipairs(names) do
     local v, msg, code = db:value(name)
     if code == "ERANGE" then           -- the sum does not fit int64: as a float

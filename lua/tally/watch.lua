@@ -141,11 +141,13 @@ local function loop(db, o)
 
   local function sample()
     local now = tally.now()
-    local names = db:names(o.pattern)
+    local names, nmsg = db:names(o.pattern)
+    if not names then cli.fail(tostring(nmsg)) end   -- a damaged store
     local fresh = {}
     rows, total = {}, 0
     for _, name in ipairs(names) do
-      local p = peek.counter(db, name)
+      local p, pmsg, pcode = peek.counter(db, name)
+      if not p and pcode ~= "ENOENT" then cli.fail(tostring(pmsg)) end
       if p then                                  -- else dropped meanwhile
         local s = seen[name] or { rates = {} }
         local v = p.value
