@@ -148,6 +148,23 @@ describe("tally.store", function()
       assert.same({}, db:top(0))
     end)
 
+    it("returns every counter for a count as large as math.maxinteger", function()
+      -- in a child process with a time limit: the overflowing loop never returned
+      local out, code = helper.sh("timeout 10 " .. helper.q(helper.bin) .. " -e "
+        .. helper.q([[
+          local db = tally.open()
+          db:incr("a", 5); db:incr("b", 9); db:incr("c", 1)
+          for _, n in ipairs({ math.maxinteger, math.maxinteger - 1, 3, 4 }) do
+            local t = {}
+            for i, r in ipairs(db:top(n)) do t[i] = r.name .. "=" .. r.value end
+            print(table.concat(t, " "))
+          end
+          print(#db:top("*", math.maxinteger, "rate"), #db:top(math.maxinteger, "x*"))
+        ]]))
+      assert.equal(0, code, out)
+      assert.equal("b=9 a=5 c=1\nb=9 a=5 c=1\nb=9 a=5 c=1\nb=9 a=5 c=1\n3\t0\n", out)
+    end)
+
     it("raises on a bad count", function()
       assert.matches("bad argument #1 to 'top' %(non%-negative integer expected, got %-1%)",
                      err(function() db:top(-1) end))

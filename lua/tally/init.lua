@@ -90,7 +90,8 @@ function store:top(pattern, n, by)
     end
     return a.name < b.name
   end)
-  for i = #rows, k + 1, -1 do rows[i] = nil end
+  -- (k + 1 would overflow for k = math.maxinteger: clamp to the count first)
+  for i = #rows, (k < #rows and k or #rows) + 1, -1 do rows[i] = nil end
   return rows
 end
 
