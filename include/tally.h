@@ -56,7 +56,8 @@ extern "C" {
   XX(EFULL,    -14, "store is full")                                         \
   XX(EBUSY,    -15, "store is in use")                                     \
   XX(ETIMEDOUT, -16, "timed out")                                            \
-  XX(ENOROLLUP, -17, "no rollup for this counter")
+  XX(ENOROLLUP, -17, "no rollup for this counter")                          \
+  XX(EUNTRUSTED, -18, "store file is a symlink or another user's")
 
 enum {
 #define TALLY_XX_(name, code, msg) TALLY_##name = code,
@@ -94,17 +95,28 @@ TALLY_API int tally_policy_parse(const char *name, size_t len);
 typedef struct tally_store tally_store;
 
 typedef struct tally_open_options {
-  uint32_t mode;     /* permission bits for a new file store; 0 means 0600 */
+  uint32_t mode;     /* permission bits (& 0777) for a new file store; 0: 0600 */
   uint32_t flags;    /* TALLY_OPEN_* */
 } tally_open_options;
 
 #define TALLY_OPEN_NOCREATE 0x1u  /* file store must already exist */
+#define TALLY_OPEN_TRUST 0x2u     /* accept a symlink, or a file owned by
+                                     another user (refused otherwise) */
 
 /* Open a store. spec is NULL, "" or "memory" for a private in-process
  * store, or "file:PATH" for a memory-mapped file shared by every process
  * that opens it (created if missing unless TALLY_OPEN_NOCREATE). A file
  * that is not a tally store, of another version or layout, truncated or
- * corrupt, is refused (ENOTSTORE, EVERSION, ECORRUPT). opt may be NULL. */
+ * corrupt, is refused (ENOTSTORE, EVERSION, ECORRUPT). A path that is a
+ * symbolic link, or a file owned by a uid other than the process's
+ * effective uid, is refused (EUNTRUSTED) unless TALLY_OPEN_TRUST: another
+ * user could have planted it. opt may be NULL.
+ *
+ * The file is mapped: if another program truncates it, touching a page
+ * past its new end raises SIGBUS in this process, which the library cannot
+ * turn into an error. tally_store_check and tally_store_stats_get report
+ * a truncated file (ECORRUPT) without touching such a page, and
+ * tally_store_fault_path tells a SIGBUS handler which store it was. */
 TALLY_API int tally_store_open(const char *spec, const tally_open_options *opt,
                                tally_store **out);
 /* Close a store; NULL is allowed. Counters opened on it must be closed
@@ -114,9 +126,15 @@ TALLY_API void tally_store_close(tally_store *s);
 TALLY_API int tally_store_sync(tally_store *s);
 /* "memory" or "file". */
 TALLY_API const char *tally_store_kind(const tally_store *s);
-/* Full consistency check of every structure in the store (headers,
- * index, records, cell locations, families); 0 or TALLY_ECORRUPT. */
+/* Full consistency check of every structure in the store (file length,
+ * headers, index, records, cell locations and values out of the live
+ * range, rollup rings, families); 0 or TALLY_ECORRUPT. */
 TALLY_API int tally_store_check(tally_store *s);
+/* The path of the open file store whose mapping holds addr (a SIGBUS
+ * handler's si_addr), or NULL. Reads the list of open stores without a
+ * lock, so that a signal handler may call it: best effort while another
+ * thread opens or closes a store. */
+TALLY_API const char *tally_store_fault_path(const void *addr);
 
 typedef struct tally_store_stats {
   uint64_t counters;       /* live counters */

@@ -88,7 +88,8 @@ static int count_one(tally_store *s, uint64_t rec_off, void *ud) {
 int tally_store_stats_get(tally_store *s, tally_store_stats *out) {
   if (!s || !out) return tally__fail(TALLY_EINVAL, "tally_store_stats_get: NULL argument");
   struct walk w = {.pattern = "*", .plen = 1};
-  int rc = tally__index_each(s, count_one, &w);
+  int rc = tally__truncated(s); /* before the walk touches a missing page */
+  if (rc == 0) rc = tally__index_each(s, count_one, &w);
   if (rc) return rc;
   out->counters = w.count;
   out->used_bytes = atomic_load(&s->hdr->used);

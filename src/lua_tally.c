@@ -965,6 +965,11 @@ static int tl_open(lua_State *L) {
           luaL_argerror(L, 2, lua_pushfstring(L, "create must be a boolean, got %s",
                                               tl_describe(L, -1)));
         if (!lua_toboolean(L, -1)) o.flags |= TALLY_OPEN_NOCREATE;
+      } else if (strcmp(k, "trust") == 0) {  /* a symlink, another user's file */
+        if (!lua_isboolean(L, -1))
+          luaL_argerror(L, 2, lua_pushfstring(L, "trust must be a boolean, got %s",
+                                              tl_describe(L, -1)));
+        if (lua_toboolean(L, -1)) o.flags |= TALLY_OPEN_TRUST;
       } else {
         luaL_argerror(L, 2, lua_pushfstring(L, "unknown option %s", tl_describe(L, -2)));
       }

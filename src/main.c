@@ -19,7 +19,9 @@
  * with the Lua side next to this executable: the build tree
  * (bin/../tally/init.lua) and the install tree (bin/../share/lua/5.4/...).
  * Errors print "tally: message" on stderr (with a traceback for errors in
- * Lua code); the exit status is 1, or 2 for a usage error.
+ * Lua code); the exit status is 1, or 2 for a usage error. A store file
+ * truncated by another program while open (SIGBUS) is reported by name,
+ * with exit status 1.
  */
 #include <limits.h>
 #include <signal.h>
@@ -191,6 +193,46 @@ static void usage(lua_State *L) {
     return;
   }
   printf("usage: " CLI_PROGNAME " [options] [script [args]] | run script [args] | COMMAND ...\n");
+}
+
+/* ---- a store truncated under us ------------------------------------------- */
+
+/* A file store is mapped: if another program truncates the file, the next
+ * touch of a page past its new end raises SIGBUS. Nothing can be resumed
+ * from there, so say which store and why, and exit 1; a SIGBUS that is not
+ * in a store keeps its default action. Only async-signal-safe calls. */
+static void say(const char *s) {
+  size_t n = strlen(s);
+  while (n > 0) {
+    ssize_t w = write(STDERR_FILENO, s, n);
+    if (w <= 0) return;
+    s += w;
+    n -= (size_t)w;
+  }
+}
+
+static void on_sigbus(int sig, siginfo_t *si, void *uc) {
+  const char *path = tally_store_fault_path(si->si_addr);
+  (void)uc;
+  if (path == NULL) {
+    signal(sig, SIG_DFL);
+    raise(sig);
+    return;
+  }
+  say(CLI_PROGNAME ": ");
+  say(path);
+  say(": tally store is truncated (the file shrank while it was open: another "
+      "program truncated it; a bus error stopped this run)\n");
+  _exit(EXIT_FAILURE);
+}
+
+static void catch_sigbus(void) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_sigaction = on_sigbus;
+  sa.sa_flags = SA_SIGINFO;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGBUS, &sa, NULL);
 }
 
 /* ---- the interpreter ------------------------------------------------------ */
@@ -390,6 +432,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "%s: cannot create state: not enough memory\n", CLI_PROGNAME);
     return EXIT_FAILURE;
   }
+  catch_sigbus();
   lua_pushcfunction(L, pmain);
   lua_pushlightuserdata(L, &ra);
   status = lua_pcall(L, 1, 0, 0);

@@ -280,7 +280,7 @@ static int create_file(const char *path, mode_t mode) {
   unsigned char page[TALLY__ARENA_OFF];
   memset(page, 0, sizeof page);
   memcpy(page, &h, sizeof h);
-  if (fchmod(fd, mode) != 0 || pwrite(fd, page, sizeof page, 0) !=
+  if (fchmod(fd, mode & 0777) != 0 || pwrite(fd, page, sizeof page, 0) !=
       (ssize_t)sizeof page || fsync(fd) != 0)
     rc = tally__fail_sys("cannot write", path);
   else if (link(tmp, path) != 0 && errno != EEXIST)
@@ -291,16 +291,47 @@ static int create_file(const char *path, mode_t mode) {
   return rc;
 }
 
+/* Refuse what another user could have planted for this process to write
+ * into: a symlink (O_NOFOLLOW) and a file owned by another uid, unless the
+ * caller trusts the path (TALLY_OPEN_TRUST). */
+static int open_own(const char *path, uint32_t flags, int *out) {
+  bool trust = (flags & TALLY_OPEN_TRUST) != 0;
+  int fd = open(path, O_RDWR | O_CLOEXEC | (trust ? 0 : O_NOFOLLOW));
+  if (fd < 0 && errno == ELOOP && !trust) {
+    struct stat lst;
+    if (lstat(path, &lst) == 0 && S_ISLNK(lst.st_mode))
+      return tally__fail(TALLY_EUNTRUSTED, "%s: refusing to open a symbolic "
+                         "link as a store (open its target, or trust the "
+                         "path: TALLY_OPEN_TRUST, Lua { trust = true })", path);
+  }
+  if (fd < 0) return errno; /* positive: the caller decides */
+  struct stat st;
+  if (!trust && fstat(fd, &st) == 0 && st.st_uid != geteuid()) {
+    close(fd);
+    return tally__fail(TALLY_EUNTRUSTED, "%s: refusing a store owned by "
+                       "another user (uid %lu, this process runs as %lu; trust "
+                       "the path: TALLY_OPEN_TRUST, Lua { trust = true })", path,
+                       (unsigned long)st.st_uid, (unsigned long)geteuid());
+  }
+  *out = fd;
+  return 0;
+}
+
 static int map_file(tally_store *s, const char *path, const tally_open_options *o) {
   uint32_t flags = o ? o->flags : 0;
-  mode_t mode = o && o->mode ? (mode_t)(o->mode & 07777) : 0600;
-  int fd = open(path, O_RDWR | O_CLOEXEC);
-  if (fd < 0 && errno == ENOENT && !(flags & TALLY_OPEN_NOCREATE)) {
-    int rc = create_file(path, mode);
-    if (rc) return rc;
-    fd = open(path, O_RDWR | O_CLOEXEC);
+  mode_t mode = o && o->mode ? (mode_t)(o->mode & 0777) : 0600; /* never setuid,
+                                                                  setgid, sticky */
+  int fd = -1;
+  int rc = open_own(path, flags, &fd);
+  if (rc == ENOENT && !(flags & TALLY_OPEN_NOCREATE)) {
+    if ((rc = create_file(path, mode))) return rc;
+    rc = open_own(path, flags, &fd);
   }
-  if (fd < 0) return tally__fail_sys("cannot open", path);
+  if (rc < 0) return rc;
+  if (rc > 0) {
+    errno = rc;
+    return tally__fail_sys("cannot open", path);
+  }
   s->fd = fd;
   /* the header first, then the length: a store only grows, so a length
    * read after the header is never smaller than the header says */
@@ -319,10 +350,14 @@ static int map_file(tally_store *s, const char *path, const tally_open_options *
   if (got < 8 || memcmp(h.magic, TALLY__MAGIC, 8) != 0)
     return tally__fail(TALLY_ENOTSTORE, "%s: not a tally store (bad magic)",
                        path);
-  if ((size_t)got < sizeof h || (uint64_t)st.st_size < TALLY__ARENA_OFF)
+  if ((size_t)got < sizeof h)
     return tally__fail(TALLY_ECORRUPT, "%s: tally store is truncated "
                        "(%lld bytes)", path, (long long)st.st_size);
-  int rc = header_validate(&h, (uint64_t)st.st_size, path);
+  if ((uint64_t)st.st_size < TALLY__ARENA_OFF)
+    return tally__fail(TALLY_ECORRUPT, "%s: tally store is truncated (header "
+                       "says %llu bytes, file has %lld)", path,
+                       (unsigned long long)atomic_load(&h.size), (long long)st.st_size);
+  rc = header_validate(&h, (uint64_t)st.st_size, path);
   if (rc) return rc;
   void *p = mmap(NULL, TALLY__MAX_BYTES, PROT_READ | PROT_WRITE,
                  MAP_SHARED | MAP_NORESERVE, fd, 0);
@@ -347,9 +382,10 @@ static int map_memory(tally_store *s) {
 int tally_store_open(const char *spec, const tally_open_options *opt,
                      tally_store **out) {
   if (!out) return tally__fail(TALLY_EINVAL, "tally_store_open: out is NULL");
-  if (opt && (opt->flags & ~TALLY_OPEN_NOCREATE))
+  const uint32_t known = TALLY_OPEN_NOCREATE | TALLY_OPEN_TRUST;
+  if (opt && (opt->flags & ~known))
     return tally__fail(TALLY_EINVAL, "tally_store_open: unknown flags 0x%x",
-                       opt->flags & ~TALLY_OPEN_NOCREATE);
+                       opt->flags & ~known);
   int kind;
   const char *path = NULL;
   if (!spec || !*spec || strcmp(spec, "memory") == 0) {
@@ -423,8 +459,29 @@ const char *tally_store_kind(const tally_store *s) {
   return s && s->kind == TALLY__FILE ? "file" : "memory";
 }
 
+/* A file store whose file is now shorter than its header says (another
+ * program truncated it): ECORRUPT, found with fstat() before any page of
+ * the mapping is touched (touching one past the end raises SIGBUS). */
+int tally__truncated(tally_store *s) {
+  struct stat st;
+  if (s->kind != TALLY__FILE) return 0;
+  if (fstat(s->fd, &st) != 0) return tally__fail_sys("cannot stat", s->path);
+  if ((uint64_t)st.st_size < TALLY__HEADER_BYTES) /* the header's page is gone */
+    return tally__fail(TALLY_ECORRUPT, "%s: tally store is truncated (file has "
+                       "%lld bytes, less than its header)", s->path,
+                       (long long)st.st_size);
+  uint64_t size = atomic_load(&s->hdr->size);
+  if (size > (uint64_t)st.st_size)
+    return tally__fail(TALLY_ECORRUPT, "%s: tally store is truncated (header "
+                       "says %llu bytes, file has %llu)", s->path,
+                       (unsigned long long)size, (unsigned long long)st.st_size);
+  return 0;
+}
+
 int tally_store_check(tally_store *s) {
   if (!s) return tally__fail(TALLY_EINVAL, "tally_store_check: store is NULL");
+  int trc = tally__truncated(s);
+  if (trc) return trc;
   if (s->hdr->check != header_check(s->hdr))
     return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (header "
                        "checksum)", tally__store_name(s));
@@ -437,4 +494,13 @@ int tally_store_check(tally_store *s) {
   if (rc == 0) rc = tally__rollup_table_check(s);
   tally__unlock(s);
   return rc;
+}
+
+const char *tally_store_fault_path(const void *addr) {
+  const unsigned char *a = addr;
+  for (tally_store *s = registry; s; s = s->next) /* no lock: see tally.h */
+    if (s->kind == TALLY__FILE && s->base && a >= s->base &&
+        a < s->base + s->reserved)
+      return s->path;
+  return NULL;
 }

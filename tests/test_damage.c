@@ -267,11 +267,98 @@ static void test_stuck_cell(void) {
   tally_store_close(s);
 }
 
+/* ---- item 4: truncated by another program ---------------------------------- */
+
+static void test_truncated(void) {
+  char spec[1200], path[1200];
+  spec_of(spec, sizeof spec, path, sizeof path, "trunc.tly");
+  const off_t sizes[] = {512 * 1024, 28672, 8192, 100};
+  for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
+    tally_store *s, *again;
+    tally_counter *c;
+    tally_store_stats st;
+    unlink(path);
+    REQUIRE_OK(tally_store_open(spec, NULL, &s));
+    for (int k = 0; k < 50; k++) {
+      char name[32];
+      snprintf(name, sizeof name, "t%d", k);
+      REQUIRE_OK(tu_counter(s, name, 8, -1, TALLY_COUNTER_CREATE, &c));
+      EXPECT_OK(tally_counter_incr(c, k));
+      tally_counter_close(c);
+    }
+    EXPECT_OK(tally_store_check(s));
+    if (truncate(path, sizes[i]) != 0) perror("truncate");
+    /* reported from the file's length, before a missing page is touched */
+    EXPECT_RC(TALLY_ECORRUPT, tally_store_check(s));
+    EXPECT(strstr(tally_errmsg(), "tally store is truncated") != NULL);
+    if (sizes[i] >= 4096) EXPECT(strstr(tally_errmsg(), "header says") != NULL);
+    EXPECT_RC(TALLY_ECORRUPT, tally_store_stats_get(s, &st));
+    EXPECT(strstr(tally_errmsg(), "truncated") != NULL);
+    EXPECT_RC(TALLY_ECORRUPT, tally_store_open(spec, NULL, &again));
+    EXPECT(strstr(tally_errmsg(), "truncated") != NULL);
+    tally_store_close(s);
+  }
+}
+
+/* ---- item 5: symlinks, other users' files, mode bits --------------------------- */
+
+static void test_ownership(void) {
+  char spec[1200], path[1200], lspec[1200], lpath[1200], dspec[1200], dpath[1200];
+  tally_store *s;
+  tally_open_options trust = {0, TALLY_OPEN_TRUST};
+  spec_of(spec, sizeof spec, path, sizeof path, "own.tly");
+  spec_of(lspec, sizeof lspec, lpath, sizeof lpath, "link.tly");
+  spec_of(dspec, sizeof dspec, dpath, sizeof dpath, "dangling.tly");
+  REQUIRE_OK(tally_store_open(spec, NULL, &s));
+  tally_store_close(s);
+  if (symlink(path, lpath) != 0) perror("symlink");
+  EXPECT_RC(TALLY_EUNTRUSTED, tally_store_open(lspec, NULL, &s));
+  EXPECT(strstr(tally_errmsg(), "symbolic link") != NULL);
+  EXPECT(strstr(tally_errmsg(), lpath) != NULL);
+  EXPECT_OK(tally_store_open(lspec, &trust, &s));
+  if (s) tally_store_close(s);
+  /* a dangling link: refused, and nothing made where it points */
+  char target[1300];
+  snprintf(target, sizeof target, "%s/planted-target.tly", g_dir);
+  unlink(target);
+  if (symlink(target, dpath) != 0) perror("symlink");
+  EXPECT_RC(TALLY_EUNTRUSTED, tally_store_open(dspec, NULL, &s));
+  EXPECT(access(target, F_OK) != 0);
+
+  /* mode: setuid, setgid and sticky dropped */
+  char mspec[1200], mpath[1200];
+  struct stat st;
+  spec_of(mspec, sizeof mspec, mpath, sizeof mpath, "mode.tly");
+  tally_open_options m = {04777 | 02000 | 01000, 0};
+  REQUIRE_OK(tally_store_open(mspec, &m, &s));
+  tally_store_close(s);
+  EXPECT(stat(mpath, &st) == 0);
+  EXPECT_I64(0777, st.st_mode & 07777);
+
+  /* another user's file (as root: chown it away) */
+  if (geteuid() == 0) {
+    if (chown(path, 65534, 65534) != 0) perror("chown");
+    EXPECT_RC(TALLY_EUNTRUSTED, tally_store_open(spec, NULL, &s));
+    EXPECT(strstr(tally_errmsg(), "owned by another user (uid 65534") != NULL);
+    EXPECT_OK(tally_store_open(spec, &trust, &s));
+    if (s) {
+      EXPECT_OK(tally_store_check(s));
+      tally_store_close(s);
+    }
+  } else {
+    printf("test_damage: not root: the other-user case is not run\n");
+  }
+  tally_open_options bad = {0, 0x80};
+  EXPECT_RC(TALLY_EINVAL, tally_store_open(spec, &bad, &s));
+}
+
 int main(void) {
   g_dir = tu_tmpdir("damage");
   test_names();
   test_ring_heads();
   test_stuck_cell();
+  test_truncated();
+  test_ownership();
   tu_rmrf(g_dir);
   return tu_finish("test_damage");
 }
