@@ -458,6 +458,65 @@ describe("tally inspection commands", function()
   end)
 end)
 
+describe("tally incr that fails", function()
+  local function names_in(path)
+    local db = assert(tally.open("file:" .. path, { create = false }))
+    local names = db:names()
+    db:close()
+    return names
+  end
+
+  it("creates no counter, and with --create no store", function()
+    local path = helper.tmpfile()
+    for _, n in ipairs({ "9223372036854775807", "4611686018427387904", "-4611686018427387905",
+                         "-9223372036854775808" }) do
+      local out, err, code = run("incr", "--create", path, "big", n)
+      assert.equal(1, code, n)
+      assert.equal("", out)
+      assert.equal("tally incr: counter 'big': adding " .. n .. " would overflow a shard "
+                   .. "(shards hold -2^62 to 2^62-1)\n", err)
+      assert.is_false(exists(path), n)
+    end
+    assert.equal(0, select(3, run("incr", "--create", path, "other", "1")))
+    for _, n in ipairs({ "9223372036854775807", "4611686018427387904", "-4611686018427387905" }) do
+      local out, err, code = run("incr", path, "big", n)
+      assert.equal(1, code, n)
+      assert.equal("", out)
+      assert.equal(1, err:find("tally incr: counter 'big': adding " .. n .. " would overflow", 1, true))
+      out, err, code = run("ls", path)
+      assert.equal(0, code, err)
+      assert.not_matches("big", out, 1, true)
+      assert.same({ "other" }, names_in(path))
+    end
+    -- the edges a new counter can take are taken
+    assert.equal("4611686018427387903\n", (run("incr", path, "hi", "4611686018427387903")))
+    assert.equal("-4611686018427387904\n", (run("incr", path, "lo", "-4611686018427387904")))
+  end)
+
+  it("without the key a family's key policy needs, creates no counter", function()
+    local path = helper.tmpfile()
+    local db = assert(tally.open("file:" .. path))
+    db:family("k:*", { policy = "key" })
+    assert.has_error(function() db:incr("k:1", 1) end,
+                     "bad argument #3 to 'incr' (key expected for a counter with the key policy)")
+    assert.same({}, db:names())
+    local v, msg, code = db:incr("big", math.maxinteger)
+    assert.is_nil(v)
+    assert.equal("counter 'big': adding 9223372036854775807 would overflow a shard "
+                 .. "(shards hold -2^62 to 2^62-1)", msg)
+    assert.equal("ERANGE", code)
+    assert.same({}, db:names())
+    db:close()
+    local out, err, code2 = run("incr", path, "k:2")
+    assert.equal(1, code2)
+    assert.equal("", out)
+    assert.equal("tally incr: key expected for a counter with the key policy\n", err)
+    assert.same({}, names_in(path))
+    assert.equal("1\n", (run("incr", path, "k:2", "--key", "a")))
+    assert.same({ "k:2" }, names_in(path))
+  end)
+end)
+
 describe("tally commands on a damaged or foreign file", function()
   -- A store whose counter record for "c:30" has a damaged cell location
   -- (the record's first word, 24 bytes before its name): it opens, and

@@ -622,12 +622,33 @@ static void tl_uncache(lua_State *L) {
   lua_pop(L, 1);
 }
 
+/* db:incr of a name no counter has yet: an increment that would fail on
+ * the new counter (beyond a shard's range, no key for the key policy)
+ * fails before the counter is created, so a failing call leaves nothing
+ * behind. Returns 0 to go on, or the count of nil, message, code pushed. */
+static int tl_incr_new_fails(lua_State *L, tl_store *d, lua_Integer n) {
+  size_t len;
+  const char *name = lua_tolstring(L, 2, &len);
+  tally_counter_options o;
+  char msg[TALLY_NAME_MAX + 128];
+  int rc = tally_family_resolve(d->store, name, len, &o);
+  if (rc < 0) return tl_fail(L, rc);
+  if (o.policy == TALLY_POLICY_KEY && lua_isnil(L, 4))
+    luaL_argerror(L, 4, "key expected for a counter with the key policy");
+  /* a new counter's shards are 0: n itself must fit [-2^62, 2^62) */
+  if (n < -((lua_Integer)1 << 62) || n > ((lua_Integer)1 << 62) - 1) {
+    snprintf(msg, sizeof msg, "counter '%.*s': adding %lld would overflow a shard "
+             "(shards hold -2^62 to 2^62-1)", (int)len, name, (long long)n);
+    return tl_fail_msg(L, TALLY_ERANGE, msg);
+  }
+  return 0;
+}
+
 static int tl_store_incr_(lua_State *L, int sign) {
   tl_store *d = tl_tostore(L);
   tl_counter *h;
   lua_Integer n;
   int isnum, rc, tries;
-  (void)d;
   if (TL_UNLIKELY(lua_type(L, 2) != LUA_TSTRING)) tl_typeerror(L, 2, "string");
   lua_settop(L, 4);               /* db name n key */
   n = tl_tointx(L, 3, &isnum);
@@ -640,7 +661,11 @@ static int tl_store_incr_(lua_State *L, int sign) {
     h = (tl_counter *)lua_touserdata(L, 6);
     if (TL_UNLIKELY(h == NULL || h->c == NULL)) {
       lua_settop(L, 4);
-      rc = tl_cached(L, 1);
+      rc = tl_cached(L, 0);          /* an existing counter */
+      if (rc == TALLY_ENOENT) {      /* else create it, unless the add would fail */
+        if ((rc = tl_incr_new_fails(L, d, n)) != 0) return rc;
+        rc = tl_cached(L, 1);
+      }
       if (rc < 0) return tl_fail(L, rc);
       h = (tl_counter *)lua_touserdata(L, -1);
       lua_pushnil(L);              /* keep the handle at 6 */

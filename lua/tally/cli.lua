@@ -523,6 +523,15 @@ function cmd.incr(args)
                   .. fmt("%d", math.maxinteger) .. ", got '" .. pos[3] .. "'")
     end
   end
+  -- a store --create would make is empty: an n no shard can hold fails
+  -- before it is made (db:incr itself creates no counter it cannot add to)
+  if o.create and (n < -(1 << 62) or n > (1 << 62) - 1) and type(pos[1]) == "string" then
+    local f = io.open(pos[1]:match("^file:(.*)$") or pos[1], "rb")
+    if f then f:close() else
+      fail(fmt("counter '%s': adding %d would overflow a shard (shards hold -2^62 to 2^62-1)",
+               pos[2], n))
+    end
+  end
   local db = open(pos[1], o.create or false)
   local ok, done, msg = pcall(db.incr, db, pos[2], n, o.key)
   if not ok then fail((tostring(done):gsub("^bad argument #%d+ to '[^']*' %((.*)%)$", "%1"))) end
