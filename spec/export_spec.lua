@@ -100,7 +100,7 @@ describe("tally.store", function()
     it("raises on bad arguments and a closed store", function()
       assert.equal("bad argument #1 to 'export' (string expected, got number)",
                    err(db.export, db, 1))
-      assert.equal("calling 'export' on bad self (tally.store expected, got table)",
+      assert.equal("bad argument #1 to 'export' (tally.store expected, got table)",
                    err(db.export, {}))
       db:close()
       assert.equal("attempt to use a closed store", err(db.export, db))
@@ -386,7 +386,7 @@ describe("tally.store", function()
                 '{"counters":{}}', { dry_run = true })
         refuses("bad argument #2 to 'import' (table expected, got string)", '{"counters":{}}', "add")
         refuses("bad argument #1 to 'import' (string expected, got table)", { counters = {} })
-        assert.equal("calling 'import' on bad self (tally.store expected, got nil)",
+        assert.equal("bad argument #1 to 'import' (tally.store expected, got nil)",
                      err(db.import, nil, "{}"))
       end)
     end)

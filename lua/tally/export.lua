@@ -24,7 +24,8 @@ local huge = math.huge
 local compat = require "tally.compat"
 local tointeger, int_text, add, sub = compat.tointeger, compat.int_text, compat.add, compat.sub
 
-local describe, is_store, typename = format._describe, prom.is_store, prom.typename
+local describe, typename = format._describe, prom.typename
+local check_self = require("tally.check").self
 
 -- lua-cjson, a private instance loaded on first use (require "tally" does
 -- not load it): strings are escaped with it and documents decoded, numbers
@@ -62,9 +63,7 @@ end
 -- db:export([pattern]) -> JSON text of the matching counters, exact per
 -- shard; nil, msg, code if reading one fails (a damaged store).
 function store:export(pattern)
-  if not is_store(self) then
-    error("calling 'export' on bad self (tally.store expected, got " .. typename(self) .. ")", 2)
-  end
+  check_self(self, "tally.store", "export")
   if pattern ~= nil and type(pattern) ~= "string" then
     error("bad argument #1 to 'export' (string expected, got " .. typename(pattern) .. ")", 2)
   end
@@ -242,9 +241,7 @@ end
 -- goes: phase "decode", "validate", "create", "apply" (the store changes
 -- from "create" on, so it must not raise then).
 function store:import(text, opts)
-  if not is_store(self) then
-    error("calling 'import' on bad self (tally.store expected, got " .. typename(self) .. ")", 2)
-  end
+  check_self(self, "tally.store", "import")
   if type(text) ~= "string" then
     error("bad argument #1 to 'import' (string expected, got " .. typename(text) .. ")", 2)
   end

@@ -8,6 +8,7 @@
 
 local core = require "tally.core"
 local compat = require "tally.compat"
+local check_self = require("tally.check").self
 
 local type, error, ipairs, tonumber = type, error, ipairs, tonumber
 local sort = table.sort
@@ -54,6 +55,7 @@ local store = core.store_methods
 -- rollup (by = "rate"; counters never rolled up come last), largest first,
 -- ties by name. db:top(n, pattern) is accepted too.
 function store:top(pattern, n, by)
+  check_self(self, "tally.store", "top")
   local narg = 2
   if type(pattern) == "number" then pattern, n, narg = n, pattern, 1 end
   local k = tointeger(n)
@@ -97,6 +99,7 @@ end
 
 -- db:values([pattern]) -> { [name] = value, ... } for the matching counters.
 function store:values(pattern)
+  check_self(self, "tally.store", "values")
   local out = {}
   local names, msg, code = self:names(pattern)
   if not names then return nil, msg, code end      -- a damaged store
@@ -116,6 +119,7 @@ local counter = core.counter_methods
 -- one shard takes everything, so more shards buy nothing), hot the 1-based
 -- index of the fullest shard. ratio is nil while the counter is empty.
 function counter:skew()
+  check_self(self, "tally.counter", "skew")
   local vals, err, code = self:shards()
   if not vals then return nil, err, code end
   local min, max, sum, hot = vals[1], vals[1], 0, 1

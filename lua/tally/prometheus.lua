@@ -20,6 +20,7 @@ local compat = require "tally.compat"
 local mtype, pack, unpack, utf8len, tofloat = compat.mtype, compat.pack, compat.unpack,
       compat.utf8len, compat.tofloat
 local describe = format._describe
+local check_self = require("tally.check").self
 
 local _M = {}
 
@@ -43,11 +44,7 @@ local function is_store(db)
 end
 _M.is_store = is_store
 
-local function typename(v)
-  local mt = type(v) == "userdata" and getmetatable(v)
-  if mt and type(mt.__name) == "string" then return mt.__name end
-  return type(v)
-end
+local typename = require("tally.check").typename
 _M.typename = typename
 
 -- Call a C store method f as method fname, raising its errors as the
@@ -168,9 +165,7 @@ end
 -- the metric mappings defined through this store handle, oldest first
 -- (copies), in the shape tally.format.prometheus() takes.
 function store:mappings()
-  if not is_store(self) then
-    error("calling 'mappings' on bad self (tally.store expected, got " .. typename(self) .. ")", 2)
-  end
+  check_self(self, "tally.store", "mappings")
   local out = {}
   for i, e in ipairs(registry[self] or {}) do
     local labels = {}

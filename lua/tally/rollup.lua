@@ -10,6 +10,7 @@
 local core = require "tally.core"
 local sink = require "tally.sink"
 local remote = require "tally.remote"
+local check_self = require("tally.check").self
 
 local type, error, ipairs, pairs, tostring, pcall = type, error, ipairs, pairs, tostring, pcall
 local floor, huge = math.floor, math.huge
@@ -90,10 +91,11 @@ end
 
 -- ---- schedules -------------------------------------------------------------------
 
-local Schedule = {}
+local Schedule = { __name = "tally.schedule" }
 Schedule.__index = Schedule
 
 function Schedule:stats()
+  check_self(self, "tally.schedule", "stats")
   local out = {
     pattern = self.pattern, every = self.every, runs = self.runs,
     counters = self.counters, busy = self.busy, lost = self.lost,
@@ -115,6 +117,7 @@ local OPTIONS = { every = true, keep = true, sinks = true }
 
 -- db:rollup(pattern, { every = s, keep = { "60x1s", ... }, sinks = { ... } })
 local function rollup(db, pattern, opts)
+  check_self(db, "tally.store", "rollup")
   if type(pattern) ~= "string" or #pattern == 0 then
     error("bad argument #1 to 'rollup' (pattern string expected, got "
           .. (type(pattern) == "string" and "an empty string" or type(pattern)) .. ")", 2)
@@ -183,6 +186,7 @@ end
 -- happened, leaving out schedules that were not due. Failures of the store
 -- are reported in the list (status "error"), never raised.
 local function tick(db, now)
+  check_self(db, "tally.store", "tick")
   if now == nil then
     now = clock_of(db)
   elseif type(now) ~= "number" or now ~= now or now < 0 then
@@ -253,6 +257,7 @@ end
 -- due; on_tick(results) is called after every tick that did something.
 -- Periods follow the store's clock, sleeping follows the real one.
 local function run(db, seconds, on_tick)
+  check_self(db, "tally.store", "run")
   if type(seconds) ~= "number" or seconds ~= seconds or seconds < 0 then
     error("bad argument #1 to 'run' (seconds expected, got " .. tostring(seconds) .. ")", 2)
   end
@@ -277,6 +282,7 @@ end
 -- db:flush([timeout]) -> true, or nil, message: wait until every sink of
 -- this store handle has delivered what it holds (default 5 s).
 local function flush(db, timeout)
+  check_self(db, "tally.store", "flush")
   timeout = timeout or 5
   if type(timeout) ~= "number" or timeout < 0 then
     error("bad argument #1 to 'flush' (seconds expected, got " .. tostring(timeout) .. ")", 2)
@@ -302,6 +308,7 @@ end
 
 -- db:flush_to(uri, opts) -> a flush schedule (see tally.remote)
 local function flush_to(db, uri, opts)
+  check_self(db, "tally.store", "flush_to")
   core.store_methods.stats(db)  -- raises on a closed store
   local st = state_of(db)
   return remote.flush_to(db, uri, opts, st.flushes, function(rf)
@@ -313,6 +320,7 @@ end
 
 -- db:schedules() -> the schedules defined through this handle.
 local function schedules(db)
+  check_self(db, "tally.store", "schedules")
   local st, out = state[db], {}
   for i, sch in ipairs(st and st.schedules or {}) do out[i] = sch end
   return out
@@ -322,6 +330,7 @@ end
 -- db:tick(), db:run() and c:value{ max_age } use from now on (false: back
 -- to the real clock). For tests and for hosts with a clock of their own.
 local function clock(db, fn)
+  check_self(db, "tally.store", "clock")
   if fn ~= nil then
     if fn ~= false and type(fn) ~= "function" then
       error("bad argument #1 to 'clock' (function or false expected, got " .. type(fn) .. ")", 2)
@@ -362,12 +371,14 @@ end
 
 -- c:history(resolution) -> { { t = start, v = value }, ... } oldest first
 local function history(c, res)
+  check_self(c, "tally.counter", "history")
   return c:_history(parse_res(res))
 end
 
 -- c:keeps() -> { "60x1s", ... } the history this counter keeps, or nil
 local UNIT_ORDER = { { "w", 604800 }, { "d", 86400 }, { "h", 3600 }, { "m", 60 }, { "s", 1 } }
 local function keeps(c)
+  check_self(c, "tally.counter", "keeps")
   local rings = c:_rings()
   if not rings then return nil end
   local out = {}

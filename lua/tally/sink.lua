@@ -24,6 +24,7 @@ end })
 
 local type, error, pcall, tostring, pairs, ipairs = type, error, pcall, tostring, pairs, ipairs
 local tointeger = require("tally.compat").tointeger
+local check_self = require("tally.check").self
 local concat = table.concat
 local fmt = string.format
 
@@ -77,7 +78,7 @@ _M.with_lost = with_lost
 
 -- ---- sinks delivered from Lua: a bounded queue ----------------------------------
 
-local Queued = {}
+local Queued = { __name = "tally.sink" }
 Queued.__index = Queued
 
 local function queued(kind, deliver, max_queue)
@@ -87,6 +88,7 @@ local function queued(kind, deliver, max_queue)
 end
 
 function Queued:push(recs)
+  check_self(self, "tally.sink", "push")
   local q = self.q
   for i = 1, #recs do
     self.tail = self.tail + 1
@@ -105,6 +107,7 @@ end
 -- many records went through and, if it stopped early, why. The rest wait
 -- for the next tick.
 function Queued:pump()
+  check_self(self, "tally.sink", "pump")
   if self.head > self.tail then return true end
   local ok, n, err = pcall(self.deliver, self.q, self.head, self.tail)
   if not ok then n, err = 0, n end
@@ -120,16 +123,19 @@ function Queued:pump()
 end
 
 function Queued:flush()
+  check_self(self, "tally.sink", "flush")
   return self:pump() and self.head > self.tail
 end
 
 function Queued:stats()
+  check_self(self, "tally.sink", "stats")
   return with_lost(self, { kind = self.kind, sent = self.sent, failures = self.failures,
                            dropped = self.dropped, queued = self.tail - self.head + 1,
                            last_error = self.last_error })
 end
 
 function Queued:close()
+  check_self(self, "tally.sink", "close")
   self:pump()
   local left = self.tail - self.head + 1
   self.dropped = self.dropped + left
@@ -185,7 +191,7 @@ end
 
 -- ---- HTTP ------------------------------------------------------------------------------
 
-local Http = {}
+local Http = { __name = "tally.sink" }
 Http.__index = Http
 
 local CONTENT_TYPE = {
@@ -263,6 +269,7 @@ end
 -- Prometheus goes as one body per tick: a Pushgateway POST replaces the
 -- group's metrics of the same names, so batches would undo each other.
 function Http:push(recs, db)
+  check_self(self, "tally.sink", "push")
   if self.closed then return _M.failed(self, "sink is closed", #recs) end
   local batch = self.format == "prometheus" and #recs or self.batch
   for from = 1, #recs, batch do
@@ -288,14 +295,19 @@ function Http:push(recs, db)
   end
 end
 
-function Http:pump() return true end  -- the sender thread retries by itself
+function Http:pump()                  -- the sender thread retries by itself
+  check_self(self, "tally.sink", "pump")
+  return true
+end
 
 function Http:flush(timeout)
+  check_self(self, "tally.sink", "flush")
   if self.closed then return true end
   return self.sender:flush(timeout or 5)
 end
 
 function Http:stats()
+  check_self(self, "tally.sink", "stats")
   local st = self.final or self.sender:stats()
   local out = {}
   for k, v in pairs(st) do out[k] = v end
@@ -306,6 +318,7 @@ end
 -- close([drain]): deliver for up to drain seconds (default 0), then stop;
 -- records pushed afterwards are counted as dropped.
 function Http:close(drain)
+  check_self(self, "tally.sink", "close")
   if self.closed then return end
   if drain and drain > 0 then self.sender:flush(drain) end
   local st = self.sender:stats()
