@@ -216,12 +216,26 @@ describe("tally.format", function()
                    .. 'likes_total{post="1"} 5\nlikes_total{post="a:b"} 6\n'
                    .. '# TYPE post_things gauge\npost_things{what="1:shares"} 7\n'
                    .. DEFAULT .. 'tally_value{counter="other"} 9\n'
-                   .. '# TYPE views_total counter\nviews_total{shard="3",page="home",kind="x:y"} 8\n',
+                   .. '# TYPE views_total counter\nviews_total{shard="3",page="home",kind="x"} 8\n',
                    format.prometheus({ { name = "post:1:likes", value = 5 },
                                        { name = "post:a:b:likes", value = 6 },
                                        { name = "post:1:shares", value = 7 },
-                                       { name = "v3:home:x:y", value = 8 },
+                                       { name = "v3:home:x", value = 8 },
                                        { name = "other", value = 9 } }, mapping))
+    end)
+
+    it("raises on a name whose wildcards could split more than one way", function()
+      local mapping = { { pattern = "resp:*:*", metric = "resp_total", labels = { "route", "status" },
+                          type = "counter" } }
+      assert.equal('# TYPE resp_total counter\nresp_total{route="a",status="200"} 1\n',
+                   format.prometheus({ { name = "resp:a:200", value = 1 } }, mapping))
+      assert.equal("prometheus: counter 'resp:a:b:200' matches 'resp:*:*' in more than one way, "
+                   .. "so its label values are ambiguous",
+                   err(format.prometheus, { { name = "resp:a:200", value = 1 },
+                                            { name = "resp:a:b:200", value = 2 } }, mapping))
+      -- one star, or stars kept apart by what cannot appear in their parts: one way
+      assert.is_string(format.prometheus({ { name = "resp:a:b:200", value = 2 } },
+                                         { { pattern = "resp:*", metric = "r", labels = { "x" } } }))
     end)
 
     it("sanitises metric and label names from a mapping", function()

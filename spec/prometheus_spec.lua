@@ -239,6 +239,19 @@ describe("tally.prometheus()", function()
             local back = pattern:gsub("[*?]", function() i = i + 1; return caps[i] end)
             assert.equal(n, back)
             assert.equal(g.nwild, #caps)
+            -- ambiguous exactly when the name matches in more than one way
+            local function ways(p, pi, ni)
+              if pi > #p then return ni > #n and 1 or 0 end
+              local ch = p:sub(pi, pi)
+              if ch == "*" then
+                local w = 0
+                for j = ni, #n + 1 do w = w + ways(p, pi + 1, j) end
+                return w
+              end
+              if ni > #n or (ch ~= "?" and ch ~= n:sub(ni, ni)) then return 0 end
+              return ways(p, pi + 1, ni + 1)
+            end
+            assert.equal(ways(pattern, 1, 1) > 1, format._glob_ambiguous(g, n), pattern .. " vs " .. n)
           end
         end
       end
@@ -246,15 +259,95 @@ describe("tally.prometheus()", function()
     end
   end)
 
-  it("raises when two counters map to one series", function()
-    db:family("post:*:likes", LIKES)
-    db:family("article:*:likes", { metric = "likes_total", labels = { "post" }, type = "counter" })
-    db:incr("post:1:likes")
-    db:incr("article:2:likes")
-    assert.is_string(tally.prometheus(db))
-    db:incr("article:1:likes")
-    assert.equal([[prometheus: counters 'article:1:likes' and 'post:1:likes' both map to the series likes_total{post="1"}]],
-                 err(tally.prometheus, db))
+  describe("never fails the scrape for a bad counter", function()
+    local logged, old
+    before_each(function()
+      logged = {}
+      old = tally.logger(function(msg) logged[#logged + 1] = msg end)
+    end)
+    after_each(function() tally.logger(old) end)
+
+    local SKIPPED = "# HELP tally_prometheus_skipped Counters left out of this exposition, by "
+      .. "reason: ambiguous (a name that matches its family pattern in more than one way), "
+      .. "duplicate (two or more counters map to one series), unreadable (its value could not "
+      .. "be read).\n# TYPE tally_prometheus_skipped gauge\n"
+
+    it("leaves out counters that map to one series, counts them and logs them once", function()
+      db:family("post:*:likes", LIKES)
+      db:family("article:*:likes", { metric = "likes_total", labels = { "post" }, type = "counter" })
+      db:incr("post:1:likes")
+      db:incr("article:2:likes", 2)
+      local clean = tally.prometheus(db)
+      assert.not_matches("tally_prometheus_skipped", clean, 1, true)
+      db:incr("article:1:likes", 3)
+      db:incr("post:3:likes", 4)
+      for _ = 1, 3 do
+        local text = tally.prometheus(db)
+        assert.equal("# HELP likes_total Likes per post\n# TYPE likes_total counter\n"
+                     .. 'likes_total{post="2"} 2\nlikes_total{post="3"} 4\n'
+                     .. SKIPPED .. 'tally_prometheus_skipped{reason="duplicate"} 2\n', text)
+      end
+      assert.same({ 'prometheus: left out of the exposition (counted in tally_prometheus_skipped'
+                    .. '{reason="duplicate"}): counters \'article:1:likes\' and \'post:1:likes\' both '
+                    .. 'map to the series likes_total{post="1"}' }, logged)
+      local rc, out = promtool(tally.prometheus(db))
+      if rc == nil then pending("promtool is not installed (Debian package prometheus)") end
+      assert.equal(0, rc, out)
+    end)
+
+    it("leaves out a name that matches its family pattern in more than one way", function()
+      db:family("resp:*:*", { metric = "resp_total", labels = { "route", "status" }, type = "counter",
+                              help = "Responses" })
+      db:incr("resp:a:200", 1)
+      db:incr("resp:a:b:200", 2)          -- route "a:b" and status "200", or "a" and "b:200"?
+      db:incr("resp:x::500", 3)
+      db:incr("resp:/v1/x:404", 4)
+      local text = tally.prometheus(db)
+      assert.equal("# HELP resp_total Responses\n# TYPE resp_total counter\n"
+                   .. 'resp_total{route="/v1/x",status="404"} 4\n'
+                   .. 'resp_total{route="a",status="200"} 1\n'
+                   .. SKIPPED .. 'tally_prometheus_skipped{reason="ambiguous"} 2\n', text)
+      assert.equal(2, #logged)
+      assert.matches("counter 'resp:a:b:200' matches 'resp:*:*' in more than one way", logged[1], 1, true)
+      tally.prometheus(db)
+      assert.equal(2, #logged)            -- once
+      local rc, out = promtool(text)
+      if rc == nil then pending("promtool is not installed (Debian package prometheus)") end
+      assert.equal(0, rc, out)
+    end)
+
+    it("leaves out a counter whose value cannot be read", function()
+      for i = 31, 39 do db:incr("c:" .. i, i) end
+      -- one counter's read fails as on a damaged store (names still list it)
+      local methods = tally.store_methods
+      local value = methods.value
+      methods.value = function(self, name)
+        if name == "c:35" then
+          return nil, "d.tly: tally store is corrupt (cells of counter 'c:35')", "ECORRUPT"
+        end
+        return value(self, name)
+      end
+      local ok, text = pcall(tally.prometheus, db, "c:3?")
+      methods.value = value
+      assert(ok, text)
+      local want = {}
+      for i = 31, 39 do
+        if i ~= 35 then want[#want + 1] = 'tally_value{counter="c:' .. i .. '"} ' .. i .. "\n" end
+      end
+      assert.equal(DEFAULT .. table.concat(want)
+                   .. SKIPPED .. 'tally_prometheus_skipped{reason="unreadable"} 1\n', text)
+      assert.same({ 'prometheus: left out of the exposition (counted in tally_prometheus_skipped'
+                    .. '{reason="unreadable"}): counter \'c:35\': d.tly: tally store is corrupt '
+                    .. "(cells of counter 'c:35')" }, logged)
+    end)
+
+    it("refuses the self-metric's name for a family, and a logger that is not a function", function()
+      assert.equal("bad argument #2 to 'family' (metric 'tally_prometheus_skipped' is reserved for "
+                   .. "the counters a scrape leaves out)",
+                   err(db.family, db, "x:*", { metric = "tally_prometheus_skipped", labels = { "x" } }))
+      assert.equal("bad argument #1 to 'logger' (function or false expected, got number)",
+                   err(tally.logger, 5))
+    end)
   end)
 
   it("raises on bad arguments", function()

@@ -352,6 +352,39 @@ local function glob_captures(g, name)
 end
 _M._glob_captures = glob_captures
 
+-- Whether name, which matches compiled glob g, matches it in more than one
+-- way (so its wildcards could take more than one set of values: 'resp:*:*'
+-- and 'resp:a:b:200'). glob_captures places each middle piece leftmost;
+-- placing them rightmost, from the end, gives the other extreme of every
+-- match, and the two agree exactly when the match is unique.
+local function glob_ambiguous(g, name)
+  local pieces = g.pieces
+  local k = #pieces
+  if k < 3 then return false end             -- at most one '*': one way
+  local left, pos = {}, pieces[1].len + 1
+  for i = 2, k - 1 do
+    local piece = pieces[i]
+    local a = pos
+    if piece.len > 0 then
+      if piece.free then a = find(name, piece.free, pos, true)
+      else a = find(name, piece.unanchored, pos) end
+    end
+    left[i], pos = a, a + piece.len
+  end
+  local limit = #name - pieces[k].len + 1
+  for i = k - 1, 2, -1 do
+    local piece = pieces[i]
+    local a = limit - piece.len
+    if piece.len > 0 then
+      while a > left[i] and not find(name, piece.pat, a) do a = a - 1 end
+    end
+    if a ~= left[i] then return true end
+    limit = a
+  end
+  return false
+end
+_M._glob_ambiguous = glob_ambiguous
+
 -- Compile a mapping (an array of { pattern=, metric=, labels=, type=,
 -- help= }, oldest first, as db:mappings() returns) into { entries
 -- (newest first), families = { [metric] = { type=, help= } } }, or nil and
@@ -419,7 +452,7 @@ local function compile_mapping(mapping)
       if j > 1 and labels[j - 1] .. '="' > l .. '="' then ordered = false end
     end
     entries[n - i + 1] = { glob = g, metric = metric, prefixes = prefixes, ordered = ordered,
-                           bare = metric .. "{}" }
+                           bare = metric .. "{}", pattern = m.pattern }
   end
   return { [COMPILED] = true, entries = entries, families = families }
 end
@@ -445,6 +478,10 @@ local function series_of(c, name)
     local e = entries[i]
     local caps = glob_captures(e.glob, name)
     if caps then
+      if glob_ambiguous(e.glob, name) then     -- no labels rather than wrong ones
+        return nil, "ambiguous", fmt("counter '%s' matches '%s' in more than one way, so "
+                                     .. "its label values are ambiguous", name, e.pattern)
+      end
       local nc, plain = #caps, e.ordered
       for j = 1, nc do
         local cap = caps[j]
@@ -487,11 +524,22 @@ local function value_text(v)
   return float_text(v)
 end
 
+-- The self-metric of a lenient rendering: what it left out, by reason.
+_M.SKIPPED_METRIC = "tally_prometheus_skipped"
+local SKIPPED_HELP = "Counters left out of this exposition, by reason: ambiguous (a name that "
+  .. "matches its family pattern in more than one way), duplicate (two or more counters map "
+  .. "to one series), unreadable (its value could not be read)."
+
 -- The exposition text of samples (an array of { name=, value= }, or a
 -- table { [name] = value } with names, the sorted array of its names)
 -- under mapping; or nil, what is wrong, and 1 or 2 (the argument at
--- fault) or 0 (two counters map to one series).
-function _M._render_prometheus(samples, mapping, names)
+-- fault) or 0 (a counter that cannot be exposed: two counters map to one
+-- series, or an ambiguous name). lenient: such counters are left out
+-- instead, counted in the tally_prometheus_skipped gauge appended to the
+-- text (only when some were, plus the count of extra, a table { reason
+-- = n } of skips found by the caller), and the text is followed by the
+-- list of { name =, reason =, msg = } skipped.
+function _M._render_prometheus(samples, mapping, names, lenient, extra)
   if type(samples) ~= "table" then return nil, "table expected, got " .. describe(samples), 1 end
   local c, msg = compile_mapping(mapping)
   if not c then return nil, msg, 2 end
@@ -530,19 +578,40 @@ function _M._render_prometheus(samples, mapping, names)
     samples = values
   end
   local lines, owner = {}, {}            -- metric -> lines; series key -> name
+  local skipped, counts, bad = {}, {}, {}
+  local function skip(name, reason, msg)
+    skipped[#skipped + 1] = { name = name, reason = reason, msg = msg }
+    counts[reason] = (counts[reason] or 0) + 1
+  end
+  local rows = {}
   for i = 1, #names do
     local name = names[i]
     local v = samples[name]
     if v ~= nil then
       local metric, series, key = series_of(c, name)
-      local other = owner[key]
-      if other then
-        return nil, fmt("counters '%s' and '%s' both map to the series %s", other, name, series), 0
+      if not metric then
+        if not lenient then return nil, key, 0 end
+        skip(name, series, key)
+      else
+        local other = owner[key]
+        if other then
+          local msg = fmt("counters '%s' and '%s' both map to the series %s", other, name, series)
+          if not lenient then return nil, msg, 0 end
+          if not bad[key] then bad[key] = true; skip(other, "duplicate", msg) end
+          skip(name, "duplicate", msg)
+        else
+          owner[key] = name
+        end
+        rows[#rows + 1] = { metric, series, key, v }
       end
-      owner[key] = name
+    end
+  end
+  for _, r in ipairs(rows) do
+    if not bad[r[3]] then
+      local metric = r[1]
       local l = lines[metric]
       if not l then l = {}; lines[metric] = l end
-      l[#l + 1] = series .. " " .. value_text(v) .. "\n"
+      l[#l + 1] = r[2] .. " " .. value_text(r[4]) .. "\n"
     end
   end
   local metrics = {}
@@ -554,6 +623,20 @@ function _M._render_prometheus(samples, mapping, names)
     if fam.help then out[#out + 1] = "# HELP " .. metric .. " " .. help_text(fam.help) .. "\n" end
     out[#out + 1] = "# TYPE " .. metric .. " " .. fam.type .. "\n"
     out[#out + 1] = concat(lines[metric])
+  end
+  if lenient then
+    for reason, n in pairs(extra or {}) do counts[reason] = (counts[reason] or 0) + n end
+    local reasons = {}
+    for reason in pairs(counts) do reasons[#reasons + 1] = reason end
+    if #reasons > 0 then
+      sort(reasons)
+      local m = _M.SKIPPED_METRIC
+      out[#out + 1] = "# HELP " .. m .. " " .. SKIPPED_HELP .. "\n# TYPE " .. m .. " gauge\n"
+      for _, reason in ipairs(reasons) do
+        out[#out + 1] = m .. '{reason="' .. reason .. '"} ' .. int_text(counts[reason]) .. "\n"
+      end
+    end
+    return concat(out), skipped
   end
   return concat(out)
 end

@@ -141,6 +141,7 @@ require("tally.rollup").install(_M)
 -- db:export, db:import
 _M.format = require "tally.format"
 _M.prometheus = require("tally.prometheus").prometheus
+_M.logger = require("tally.prometheus").logger
 require "tally.export"
 
 -- LuaJIT: the FFI path for the hot calls (sets _M.ffi); false under Lua 5.4

@@ -246,6 +246,8 @@ function _M.init_worker(opts)
   if not ngx then
     error("tally.openresty.init_worker: not inside nginx (no ngx table)", 2)
   end
+  -- what tally can only log (counters /metrics leaves out) goes to the error log
+  tally.logger(function(msg) ngx.log(ngx.WARN, msg) end)
   local phase = ngx.get_phase()
   if phase ~= "init_worker" then
     error("tally.openresty.init_worker must be called from init_worker_by_lua*, not "

@@ -79,6 +79,9 @@ local function check_mapping(db, pattern, opts)
     return nil, "metric must be a Prometheus metric name ([a-zA-Z_:][a-zA-Z0-9_:]*), got "
                 .. describe(metric)
   end
+  if metric == format.SKIPPED_METRIC then
+    return nil, "metric '" .. metric .. "' is reserved for the counters a scrape leaves out"
+  end
   if metric == format.DEFAULT_METRIC then
     return nil, "metric '" .. metric .. "' is reserved for counters without a mapping"
   end
@@ -187,8 +190,52 @@ function _M.mapping_of(db)
   return c
 end
 
+-- ---- logging what a scrape leaves out ---------------------------------------
+
+-- The logger: fn(message) for what tally can only log (a counter a scrape
+-- leaves out). Default: a line on stderr; tally.openresty makes it ngx.log.
+local function stderr_log(msg) io.stderr:write("tally: ", msg, "\n") end
+local logger = stderr_log
+
+-- tally.logger([fn]) -> the logger before; fn false: log nothing, nil:
+-- leave it (just return it).
+function _M.logger(fn)
+  local old = logger
+  if fn ~= nil then
+    if fn ~= false and type(fn) ~= "function" then
+      error("bad argument #1 to 'logger' (function or false expected, got " .. typename(fn) .. ")", 2)
+    end
+    logger = fn or function() end
+  end
+  return old
+end
+
+-- Each counter is logged once per process and reason (at most LOG_MAX
+-- distinct ones, then one line saying so): a scrape every few seconds
+-- must not flood the log with the same line.
+local LOG_MAX = 1000
+local logged, nlogged = {}, 0
+local function log_once(name, reason, msg)
+  local key = reason .. "\0" .. msg      -- (both counters of a duplicate: one line)
+  if logged[key] then return end
+  if nlogged > LOG_MAX then return end
+  nlogged = nlogged + 1
+  logged[key] = true
+  if nlogged > LOG_MAX then
+    msg = "prometheus: more than " .. LOG_MAX .. " counters left out; no more are logged"
+  else
+    msg = "prometheus: left out of the exposition (counted in " .. format.SKIPPED_METRIC
+          .. '{reason="' .. reason .. '"}): ' .. msg
+  end
+  pcall(logger, msg)                  -- a failing logger must not fail the scrape
+end
+
 -- tally.prometheus(db [, pattern]) -> exposition text of the matching
--- counters' exact values, or nil, msg, code if reading one fails.
+-- counters' exact values, or nil, msg, code if the store's names cannot be
+-- read. A counter that cannot be exposed (its value unreadable, two
+-- counters mapping to one series, a name matching its family pattern in
+-- more than one way) never fails the scrape: it is left out, counted in
+-- the gauge tally_prometheus_skipped{reason=...} and logged once.
 function _M.prometheus(db, pattern)
   if not is_store(db) then
     error("bad argument #1 to 'prometheus' (tally.store expected, got " .. typename(db) .. ")", 2)
@@ -199,22 +246,23 @@ function _M.prometheus(db, pattern)
   local c = _M.mapping_of(db)
   local values, names, nmsg, ncode = {}, db:names(pattern)
   if not names then return nil, nmsg, ncode end   -- a damaged store
+  local unreadable = 0
   for _, name in ipairs(names) do
     local v, msg, code = db:value(name)
     if code == "ERANGE" then           -- the sum does not fit int64: as a float
       v = 0.0
       local c = db:counter(name, { create = false })
       for _, s in ipairs(c and c:shards() or {}) do v = v + tofloat(s) end
-    elseif v == nil and code ~= "ENOENT" then
-      return nil, msg, code            -- a damaged store; ENOENT: dropped meanwhile
+    elseif v == nil and code ~= "ENOENT" then   -- ENOENT: dropped meanwhile
+      unreadable = unreadable + 1
+      log_once(name, "unreadable", "counter '" .. name .. "': " .. tostring(msg))
     end
     values[name] = v
   end
-  local text, msg, arg = format._render_prometheus(values, c, names)
-  if not text then
-    if arg == 0 then error("prometheus: " .. msg, 2) end
-    error(msg, 2)                       -- not reached: the values are all numbers
-  end
+  local text, skipped = format._render_prometheus(values, c, names, true,
+                                                   unreadable > 0 and { unreadable = unreadable } or nil)
+  if not text then error(skipped, 2) end   -- not reached: the values are all numbers
+  for _, sk in ipairs(skipped) do log_once(sk.name, sk.reason, sk.msg) end
   return text
 end
 

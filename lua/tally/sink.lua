@@ -260,7 +260,12 @@ function Http:encode(part, db)
   if self.format == "influx" then
     return pcall(format.influx, part, { measurement = self.measurement, precision = self.precision })
   end
-  return pcall(format.prometheus, part, format.mapping_of(db))
+  -- lenient: a counter that cannot be exposed (two counters mapping to one
+  -- series, an ambiguous name) is left out and counted, not the whole body
+  local text, skipped = format._render_prometheus(part, format.mapping_of(db), nil, true)
+  if not text then return false, skipped end
+  if #skipped > 0 then _M.failed(self, skipped[1].msg, #skipped) end
+  return true, text
 end
 
 -- Queue the records as request bodies. A record that cannot be encoded
