@@ -388,7 +388,8 @@ end
 
 -- tally-http-sink (tests/http_sink.c; TALLY_HTTP_SINK, else
 -- BUILD/bin/tally-http-sink). opts.status (default 200), opts.delay_ms,
--- opts.control = true for /control. Besides url, pid, dir, stop:
+-- opts.control = true for /control, opts.port to listen on that port.
+-- Besides url, pid, dir, stop:
 --   srv.out          the file it appends one JSON line per request to
 --   srv.requests()   those lines decoded (cjson; a missing content_type is
 --                    cjson.null)
@@ -407,6 +408,7 @@ function M.start_http_sink(opts)
       if opts.status then args[#args + 1] = "--status"; args[#args + 1] = tostring(opts.status) end
       if opts.delay_ms then args[#args + 1] = "--delay-ms"; args[#args + 1] = tostring(opts.delay_ms) end
       if opts.control then args[#args + 1] = "--control" end
+      if opts.port then args[#args + 1] = "--port"; args[#args + 1] = tostring(opts.port) end
       for i, a in ipairs(args) do args[i] = q(a) end
       return table.concat(args, " ")  -- keeps LD_PRELOAD: it may be an ASan build
     end,

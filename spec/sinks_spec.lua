@@ -364,3 +364,166 @@ describe("examples/pageviews.lua", function()
     assert.equal(views, exact)
   end)
 end)
+
+describe("an HTTP sink with a spool", function()
+  local function readdir(dir)
+    local names = {}
+    local p = io.popen("ls -A " .. helper.q(dir) .. " 2>/dev/null")
+    for n in p:lines() do names[#names + 1] = n end
+    p:close()
+    table.sort(names)
+    return names
+  end
+
+  -- A script that rolls c:* up twice (store clock T0, T0 + 10) into a JSON
+  -- webhook at url with spool = true, then exits without closing anything.
+  local function cron_script(path, url)
+    local script = helper.tmpfile("cron.lua")
+    helper.write(script, ([[
+      local tally = require "tally"
+      local db = assert(tally.open("file:" .. %q))
+      local t = %d
+      db:clock(function() return t end)
+      db:rollup("c:*", { every = 10, sinks = { tally.sink.http { url = %q, spool = true, timeout = 1 } } })
+      db:incr("c:1", 5)
+      db:incr("c:2", 9007199254740993)
+      db:tick()
+      t = t + 10
+      db:incr("c:1", 1)
+      db:tick()
+      os.exit(0)
+    ]]):format(path, T0, url))
+    return script
+  end
+
+  -- A later run: defines the schedule (which delivers what is spooled) and
+  -- waits for its sinks.
+  local function later_script(path, url)
+    local script = helper.tmpfile("later.lua")
+    helper.write(script, ([[
+      local tally = require "tally"
+      local db = assert(tally.open("file:" .. %q))
+      db:rollup("c:*", { every = 10, sinks = { tally.sink.http { url = %q, spool = true, timeout = 2 } } })
+      assert(db:flush(10))
+      db:close()
+      print("done")
+    ]]):format(path, url))
+    return script
+  end
+
+  local function bodies(srv)
+    local out = {}
+    for _, r in ipairs(srv.requests()) do out[#out + 1] = r.body end
+    return out
+  end
+
+  it("keeps what a dead webhook did not get when the process exits; a later run delivers it", function()
+    local path = helper.tmpfile()
+    local port = peers.free_port()
+    local url = "http://127.0.0.1:" .. port .. "/hook"
+    local out, code = helper.sh("timeout 30 " .. helper.q(helper.bin) .. " " .. helper.q(cron_script(path, url)))
+    assert.equal(0, code, out)
+    local files = readdir(path .. ".spool")
+    assert.equal(1, #files, table.concat(files, " "))
+    assert.matches("^http%-%x+%.%d+%-%x+%.spool$", files[1])
+    local spooled = {}
+    for line in io.lines(path .. ".spool/" .. files[1]) do spooled[#spooled + 1] = line end
+    assert.same({
+      '{"name":"c:1","value":5,"at":' .. T0 .. '.000,"delta":0,"rate":0,"id":"c:1|10|' .. T0 .. '000"}',
+      '{"name":"c:2","value":9007199254740993,"at":' .. T0 .. '.000,"delta":0,"rate":0,"id":"c:2|10|'
+        .. T0 .. '000"}',
+      '{"name":"c:1","value":6,"at":' .. (T0 + 10) .. '.000,"delta":1,"rate":0.1,"id":"c:1|10|'
+        .. (T0 + 10) .. '000"}',
+      '{"name":"c:2","value":9007199254740993,"at":' .. (T0 + 10) .. '.000,"delta":0,"rate":0,'
+        .. '"id":"c:2|10|' .. (T0 + 10) .. '000"}',
+    }, spooled)
+
+    local srv = peers.start_http_sink { port = port }
+    finally(function() srv.stop() end)
+    out, code = helper.sh("timeout 30 " .. helper.q(helper.bin) .. " " .. helper.q(later_script(path, url)))
+    assert.equal(0, code, out)
+    assert.equal("done\n", out)
+    -- exactly as spooled, in one JSON array, and the spool is empty
+    assert.same({ "[" .. table.concat(spooled, ",") .. "]" }, bodies(srv))
+    assert.same({}, readdir(path .. ".spool"))
+    -- delivered: nothing more comes
+    out, code = helper.sh("timeout 30 " .. helper.q(helper.bin) .. " " .. helper.q(later_script(path, url)))
+    assert.equal(0, code, out)
+    assert.equal(1, #bodies(srv))
+  end)
+
+  it("is delivered by one of several processes that start at once, never twice", function()
+    local path = helper.tmpfile()
+    local port = peers.free_port()
+    local url = "http://127.0.0.1:" .. port .. "/hook"
+    local out, code = helper.sh("timeout 30 " .. helper.q(helper.bin) .. " "
+                                .. helper.q(cron_script(path, url)))
+    assert.equal(0, code, out)
+    -- (a second run would take the first one's file into its own: one file.)
+    -- Two more left behind, by processes long gone (pids beyond pid_max)
+    local dir = path .. ".spool/"
+    local first = readdir(dir)[1]
+    local f = assert(io.open(dir .. first, "rb"))
+    local data = f:read("a")
+    f:close()
+    for i, pid in ipairs({ 999999991, 999999992 }) do
+      helper.write(dir .. first:gsub("%.%d+%-%x+%.spool$", "." .. pid .. "-" .. i .. ".spool"), data)
+    end
+    assert.equal(3, #readdir(dir))
+    local srv = peers.start_http_sink { port = port }
+    finally(function() srv.stop() end)
+    local script = later_script(path, url)
+    local procs = {}
+    for i = 1, 4 do procs[i] = helper.spawn(script) end
+    for i = 1, 4 do
+      local out = procs[i]:read("a")
+      procs[i]:close()
+      assert.equal("done\n", out)
+    end
+    local ids, n = {}, 0
+    for _, body in ipairs(bodies(srv)) do
+      for _, r in ipairs(cjson.decode(body)) do
+        n = n + 1
+        ids[r.id] = (ids[r.id] or 0) + 1
+      end
+    end
+    assert.equal(12, n)       -- 3 files of 4 records, each file delivered once
+    for id, k in pairs(ids) do assert.equal(3, k, id) end   -- the same 4 ids in each file
+    assert.same({}, readdir(path .. ".spool"))
+  end)
+
+  it("leaves a live process's file alone, and refuses a bad spool option", function()
+    local path = helper.tmpfile()
+    local port = peers.free_port()
+    local url = "http://127.0.0.1:" .. port .. "/hook"
+    local db = assert(tally.open("file:" .. path))
+    local t = T0
+    db:clock(function() return t end)
+    local s = tally.sink.http { url = url, spool = true, timeout = 1 }
+    db:rollup("c:*", { every = 10, sinks = { s } })
+    db:incr("c:1", 1)
+    db:tick()
+    assert.equal(1, s:stats().spooled)
+    -- another process sees this one alive: it takes nothing
+    local srv = peers.start_http_sink { port = port }
+    finally(function() srv.stop() end)
+    local out, code = helper.sh("timeout 30 " .. helper.q(helper.bin) .. " " .. helper.q(later_script(path, url)))
+    assert.equal(0, code, out)
+    assert.same({}, bodies(srv))
+    assert.equal(1, #readdir(path .. ".spool"))
+    -- this one delivers it itself now that the webhook is up, and empties its file
+    assert.is_true(db:flush(10))
+    assert.equal(1, #bodies(srv))
+    assert.equal(0, s:stats().spooled)
+    assert.same({}, readdir(path .. ".spool"))
+    db:close()
+    assert.matches("spool must be a directory path or true, got 5",
+                   helper.err(tally.sink.http, { url = url, spool = 5 }))
+    local mem = assert(tally.open())
+    local ms = tally.sink.http { url = url, spool = true }
+    mem:rollup("m:*", { every = 1, sinks = { ms } })
+    assert.equal("spool = true needs a file store (or give spool a directory)", ms:stats().spool_last_error)
+    ms:close()
+    mem:close()
+  end)
+end)

@@ -11,14 +11,29 @@
  *                       last_status, last_error }   (last_error "" if none)
  *   sender:close([drain_s])                         (drain_s defaults to 0)
  *
+ * And what an HTTP sink's spool needs that Lua lacks (tally/sink.lua):
+ *   core.spool_append(path, data) -> true     appends data to path (made
+ *                                  0600 if absent) and fdatasyncs it; a
+ *                                  new file's directory is fsynced too
+ *   core.spool_list(dir) -> { name, ... }     the names in dir, unsorted
+ *   core.spool_mkdir(dir) -> true             mkdir 0700; true if it exists
+ *   core.getpid() -> pid
+ * Each returns nil, message, code name (errno's: "ENOENT") on failure.
+ *
  * A sender handle (metatable "tally.sender") is a full userdata holding the
  * tally_sender pointer, NULL once closed; __gc and __close close it without
  * draining. Misuse (bad options, a closed sender) raises; failures of the
  * environment return nil, message, code name. Only what Lua 5.1 offers is
  * used (plus __close, which older Luas ignore), so LuaJIT can build it too.
  */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "lua.h"
 #include "lauxlib.h"
@@ -292,6 +307,104 @@ static const luaL_Reg tl_sender_meta[] = {
   { NULL, NULL }
 };
 
+/* ---- the spool's file helpers ---------------------------------------------- */
+
+static int tl_errno_fail(lua_State *L, const char *what, const char *path, int err) {
+  lua_pushnil(L);
+  lua_pushfstring(L, "%s %s: %s", what, path, strerror(err));
+  switch (err) {  /* the common ones by name; others as a number */
+  case ENOENT: lua_pushliteral(L, "ENOENT"); break;
+  case EACCES: lua_pushliteral(L, "EACCES"); break;
+  case ENOSPC: lua_pushliteral(L, "ENOSPC"); break;
+  case ENOTDIR: lua_pushliteral(L, "ENOTDIR"); break;
+  case EEXIST: lua_pushliteral(L, "EEXIST"); break;
+  default: lua_pushfstring(L, "errno %d", err); break;
+  }
+  return 3;
+}
+
+/* fsync the directory holding path, so a new name in it lasts a crash. */
+static int tl_sync_parent(const char *path) {
+  char dir[4096];
+  const char *slash = strrchr(path, '/');
+  size_t n = slash ? (size_t)(slash - path) : 0;
+  int fd, rc;
+  if (n >= sizeof dir) return -1;
+  if (n == 0) { dir[0] = slash ? '/' : '.'; n = 1; }
+  else memcpy(dir, path, n);
+  dir[n] = 0;
+  fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  rc = fsync(fd);
+  close(fd);
+  return rc;
+}
+
+static int tl_spool_append(lua_State *L) {
+  const char *path = luaL_checkstring(L, 1);
+  size_t len, off = 0;
+  const char *data = luaL_checklstring(L, 2, &len);
+  struct stat st;
+  int fresh = stat(path, &st) != 0, fd, err;
+  fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0) return tl_errno_fail(L, "cannot open", path, errno);
+  while (off < len) {
+    ssize_t w = write(fd, data + off, len - off);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      err = errno;
+      close(fd);
+      return tl_errno_fail(L, "cannot write", path, err);
+    }
+    off += (size_t)w;
+  }
+  if (fdatasync(fd) != 0) {
+    err = errno;
+    close(fd);
+    return tl_errno_fail(L, "cannot sync", path, err);
+  }
+  close(fd);
+  if (fresh && tl_sync_parent(path) != 0) return tl_errno_fail(L, "cannot sync the directory of", path, errno);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+static int tl_spool_list(lua_State *L) {
+  const char *dir = luaL_checkstring(L, 1);
+  DIR *d = opendir(dir);
+  struct dirent *e;
+  int n = 0;
+  if (d == NULL) return tl_errno_fail(L, "cannot list", dir, errno);
+  lua_newtable(L);
+  while ((e = readdir(d)) != NULL) {
+    if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+    lua_pushstring(L, e->d_name);
+    lua_rawseti(L, -2, ++n);
+  }
+  closedir(d);
+  return 1;
+}
+
+static int tl_spool_mkdir(lua_State *L) {
+  const char *dir = luaL_checkstring(L, 1);
+  struct stat st;
+  if (mkdir(dir, 0700) != 0) {
+    int err = errno;
+    if (err != EEXIST) return tl_errno_fail(L, "cannot make the directory", dir, err);
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
+      return tl_errno_fail(L, "cannot use as a directory", dir, ENOTDIR);
+  } else {
+    tl_sync_parent(dir);
+  }
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+static int tl_getpid(lua_State *L) {
+  lua_pushinteger(L, (lua_Integer)getpid());
+  return 1;
+}
+
 static void tl_setfuncs(lua_State *L, const luaL_Reg *r) {
   for (; r->name; r++) {
     lua_pushcfunction(L, r->func);
@@ -309,4 +422,12 @@ void tl_sender_register(lua_State *L) {
   lua_pop(L, 1);
   lua_pushcfunction(L, tl_sender_new);
   lua_setfield(L, -2, "sender");
+  lua_pushcfunction(L, tl_spool_append);
+  lua_setfield(L, -2, "spool_append");
+  lua_pushcfunction(L, tl_spool_list);
+  lua_setfield(L, -2, "spool_list");
+  lua_pushcfunction(L, tl_spool_mkdir);
+  lua_setfield(L, -2, "spool_mkdir");
+  lua_pushcfunction(L, tl_getpid);
+  lua_setfield(L, -2, "getpid");
 }

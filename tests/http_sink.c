@@ -1,9 +1,10 @@
 /* tally-http-sink -- a tiny HTTP/1.1 receiver for the webhook specs.
  *
  *   tally-http-sink --port-file FILE --out FILE [--status N] [--delay-ms N]
- *                   [--control]
+ *                   [--control] [--port N]
  *
- * Listens on 127.0.0.1 on a port the kernel picks and writes that port (a
+ * Listens on 127.0.0.1 on port N (--port), else on a port the kernel
+ * picks, and writes that port (a
  * decimal number and a newline) to --port-file once it listens: written to
  * FILE.tmp.PID and renamed, so a reader never sees half of it. Each
  * connection has its own thread and is kept alive (HTTP/1.1) until the client
@@ -445,7 +446,7 @@ static void *acceptor(void *arg) {
 
 static void usage(void) {
   fprintf(stderr, "usage: tally-http-sink --port-file FILE --out FILE [--status N] "
-                  "[--delay-ms N] [--control]\n");
+                  "[--delay-ms N] [--control] [--port N]\n");
   exit(2);
 }
 
@@ -459,6 +460,7 @@ static long num_arg(const char *s, long lo, long hi) {
 
 int main(int argc, char **argv) {
   const char *port_file = NULL, *out_file = NULL;
+  long port = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     if (strcmp(a, "--control") == 0) control = 1;
@@ -467,6 +469,7 @@ int main(int argc, char **argv) {
     else if (strcmp(a, "--out") == 0) out_file = argv[++i];
     else if (strcmp(a, "--status") == 0) cur_status = (int)num_arg(argv[++i], 100, 599);
     else if (strcmp(a, "--delay-ms") == 0) cur_delay_ms = num_arg(argv[++i], 0, 3600000);
+    else if (strcmp(a, "--port") == 0) port = num_arg(argv[++i], 1, 65535);
     else usage();
   }
   if (!port_file || !out_file) usage();
@@ -486,9 +489,11 @@ int main(int argc, char **argv) {
   signal(SIGPIPE, SIG_IGN);
 
   int ls = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = 0 };
+  struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
   sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   socklen_t sl = sizeof sa;
+  int one = 1;
+  if (ls >= 0) setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   if (ls < 0 || bind(ls, (struct sockaddr *)&sa, sizeof sa) < 0 || listen(ls, 128) < 0 ||
       getsockname(ls, (struct sockaddr *)&sa, &sl) < 0) {
     perror("tally-http-sink: listen on 127.0.0.1");

@@ -32,6 +32,7 @@ local function quote(s)
 end
 
 local _M = { _VERSION = require("tally.core").version }
+_M._quote = quote
 
 -- ---- helpers -----------------------------------------------------------------
 
@@ -107,6 +108,10 @@ local function record_json(r, what)
       return nil, what .. ".rate must be a number, got " .. describe(r.rate)
     end
     out[#out + 1] = ',"rate":' .. (finite(r.rate) and float_text(r.rate) or "null")
+  end
+  if r.id ~= nil then                  -- the identity a spooled record carries
+    if type(r.id) ~= "string" then return nil, what .. ".id must be a string, got " .. describe(r.id) end
+    out[#out + 1] = ',"id":' .. quote(r.id)
   end
   out[#out + 1] = "}"
   return concat(out)

@@ -177,6 +177,12 @@ local function rollup(db, pattern, opts)
   }, Schedule)
   local list = state_of(db).schedules
   list[#list + 1] = sch
+  for _, s in ipairs(sinks) do  -- a sink that wants the store (an HTTP spool) gets it now
+    if type(s) == "table" and type(rawget(getmetatable(s) or {}, "_attach")) == "function" then
+      local aok, aerr = pcall(s._attach, s, db)
+      if not aok then sink.failed(s, aerr, 0) end
+    end
+  end
   return sch
 end
 
@@ -216,7 +222,7 @@ local function tick(db, now)
       for _, s in ipairs(sch.sinks) do
         -- a sink's failure is its own (counted in its stats): never the tick's
         local ok, err
-        if recs and #recs > 0 then ok, err = pcall(s.push, s, recs, db)
+        if recs and #recs > 0 then ok, err = pcall(s.push, s, recs, db, sch)
         else ok, err = pcall(s.pump, s) end
         if not ok then sink.failed(s, err, recs and #recs or 0) end
       end

@@ -202,7 +202,46 @@ local CONTENT_TYPE = {
 
 local HTTP_OPTIONS = { url = true, format = true, headers = true, timeout = true,
                        max_queue = true, batch = true, measurement = true,
-                       precision = true, method = true }
+                       precision = true, method = true, spool = true }
+
+-- ---- the spool: records an HTTP sink has not delivered yet, on disk -----------
+--
+-- With spool = DIR (or true: STORE.spool beside the file store), every
+-- record is appended to this sink's own file in DIR, fdatasync'ed, before
+-- it is posted: one JSON object per line, with its identity in "id"
+-- ("NAME|EVERY|AT_MS": the counter, the schedule's period length, the
+-- period's time). When everything this sink posted has been delivered the
+-- file is removed. A file left behind (the process exited or died with
+-- records undelivered) is taken over by the next sink for the same url and
+-- format that sees it (at its schedule's definition and then every
+-- RECOVER_EVERY seconds): its records are appended to the taker's own
+-- file and posted before the taker's new ones. A file is taken by
+-- renaming it into the taker's name, so two processes never take one file;
+-- it is taken only when the process named in it is gone (/proc/PID). So
+-- delivery is at least once: a receiver drops duplicates by "id".
+
+local RECOVER_EVERY = 10     -- seconds between two looks for files left behind
+local spool_seq = 0
+
+local function url_key(str)   -- djb2, 32 bits, as 8 hex digits: a file name for the url
+  local h = 5381
+  for i = 1, #str do h = (h * 33 + str:byte(i)) % 4294967296 end
+  return fmt("%08x", h)
+end
+
+local function process_alive(pid)
+  local f = io.open("/proc/" .. pid .. "/stat", "rb")
+  if f then f:close() end
+  return f ~= nil
+end
+
+local live_files = {}        -- names of the spool files this process writes or takes
+
+local function unique_name(sp)
+  spool_seq = spool_seq + 1
+  return fmt("%s%d-%x%x", sp.prefix, core.getpid(), math.floor(core.now() * 1000) % 4294967296,
+             spool_seq)
+end
 
 -- tally.sink.http{ url = , format = "json" | "prometheus" | "influx", ... }
 --   json:       POST a JSON array of records (a webhook)
@@ -245,13 +284,171 @@ function _M.http(opts)
     max_queue = opts.max_queue,
   })
   if not ok then error(sender, 2) end
+  local spool
+  if opts.spool ~= nil then
+    if opts.spool ~= true and (type(opts.spool) ~= "string" or opts.spool == "") then
+      error("bad argument #1 to 'http' (spool must be a directory path or true, got "
+            .. tostring(opts.spool) .. ")", 2)
+    end
+    spool = { dir = opts.spool, posted = 0, sent0 = 0, stuck = false, errors = 0 }
+  end
   local precision = opts.precision
   if fmt_name == "influx" and not precision then
     precision = opts.url:match("[?&]precision=(%a+)") or "ns"
   end
   return setmetatable({ kind = "http", format = fmt_name, url = opts.url, batch = batch,
                         sender = sender, measurement = opts.measurement,
-                        precision = precision }, Http)
+                        precision = precision, spool = spool }, Http)
+end
+
+-- ---- the spool (see the top of this part) ----
+
+local spool_json
+local function spooled_record(line)       -- a spool line back to its record, exactly
+  spool_json = spool_json or require("cjson").new()
+  local ok, t = pcall(spool_json.decode, line)
+  if not ok or type(t) ~= "table" or type(t.name) ~= "string" or type(t.id) ~= "string" then
+    return nil
+  end
+  local head = '{"name":' .. format._quote(t.name) .. ',"value":'
+  if line:sub(1, #head) ~= head then return nil end
+  local rest = line:sub(#head + 1)         -- no string before "id" is left in it
+  local v = tointeger(rest:match("^(%-?%d+)"))
+  if not v then return nil end
+  local d = rest:match(',"delta":(%-?%d+)')
+  local rate = t.rate
+  if type(rate) ~= "number" then rate = nil end
+  return { name = t.name, value = v, at = t.at, delta = d and tointeger(d), rate = rate, id = t.id }
+end
+
+-- Make the spool directory and this sink's file name (spool = true needs
+-- the store: STORE.spool). true, or nil and why.
+local function spool_ready(self, db)
+  local sp = self.spool
+  if sp.file then return true end
+  local dir = sp.dir
+  if dir == true then
+    local path = db ~= nil and tostring(db):match("^tally%.store %(file:(.*)%)$")
+    if not path then return nil, "spool = true needs a file store (or give spool a directory)" end
+    dir = path .. ".spool"
+  end
+  local ok, err = core.spool_mkdir(dir)
+  if not ok then return nil, err end
+  sp.dir = dir
+  sp.prefix = "http-" .. url_key(self.format .. " " .. self.url) .. "."
+  sp.base = unique_name(sp) .. ".spool"
+  sp.file = dir .. "/" .. sp.base
+  live_files[sp.base] = true
+  return true
+end
+
+local function spool_error(self, err)
+  self.spool.errors = self.spool.errors + 1
+  self.spool.last_error = tostring(err)
+end
+
+-- Encode and post records in batches; returns how many were posted. What
+-- cannot be encoded or queued is counted as failed.
+local function post_records(self, recs, db)
+  local posted_n = 0
+  local batch = self.format == "prometheus" and #recs or self.batch
+  for from = 1, #recs, batch do
+    local to = math.min(from + batch - 1, #recs)
+    local part = {}
+    for i = from, to do part[#part + 1] = recs[i] end
+    local ok, body = self:encode(part, db)
+    if not ok and self.format ~= "prometheus" then  -- keep the records that encode
+      local good = {}
+      for _, r in ipairs(part) do
+        if self:encode({ r }, db) then good[#good + 1] = r end
+      end
+      _M.failed(self, body, #part - #good)
+      part = good
+      if #part > 0 then ok, body = self:encode(part, db) end
+    elseif not ok then
+      _M.failed(self, body, #part)
+    end
+    if ok and #part > 0 then
+      local posted, err = self.sender:post(body, #part)
+      if not posted then _M.failed(self, err, #part) else posted_n = posted_n + #part end
+    end
+  end
+  return posted_n
+end
+
+-- Everything posted since the file was last emptied is delivered: empty it.
+local function spool_settle(self)
+  local sp = self.spool
+  if not sp.file or sp.stuck or sp.posted == 0 then return end
+  local st = self.sender:stats()
+  if st.sent - sp.sent0 >= sp.posted and st.queued == 0 then
+    os.remove(sp.file)
+    sp.sent0, sp.posted = sp.sent0 + sp.posted, 0
+  end
+end
+
+-- Append records (with their ids) to this sink's file and post them.
+local function spool_post(self, recs, db)
+  local sp = self.spool
+  local lines = {}
+  for i, r in ipairs(recs) do
+    local ok, line = pcall(format.json, r)
+    lines[i] = ok and line or nil
+  end
+  local ok, err = core.spool_append(sp.file, concat(lines, "\n") .. "\n")
+  if not ok then spool_error(self, err) end
+  local n = post_records(self, recs, db)
+  sp.posted = sp.posted + n
+  if ok and n < #recs then sp.stuck = true end   -- in the file, never posted: keep it
+end
+
+-- Take over the files of sinks for this url and format whose process is
+-- gone, and post their records first. At most every RECOVER_EVERY seconds.
+local function spool_recover(self, db, force)
+  local sp = self.spool
+  local now = core.now()
+  if not force and sp.checked and now - sp.checked < RECOVER_EVERY then return end
+  sp.checked = now
+  local names = core.spool_list(sp.dir)
+  if not names then return end
+  table.sort(names)
+  local pat = "^" .. sp.prefix:gsub("%p", "%%%0") .. "(%d+)%-"
+  local mypid = core.getpid()
+  for _, n in ipairs(names) do
+    local pid = tonumber(n:match(pat) or "")
+    if pid and not live_files[n] and (pid == mypid or not process_alive(pid)) then
+      local base = unique_name(sp) .. ".take"
+      local take = sp.dir .. "/" .. base
+      live_files[base] = true
+      if os.rename(sp.dir .. "/" .. n, take) then   -- ours now: nobody else has it
+        local f = io.open(take, "rb")
+        local data = f and f:read("a") or ""
+        if f then f:close() end
+        local recs = {}
+        for line in data:gmatch("[^\n]+") do   -- a torn last line (a crash mid-write) is left out
+          recs[#recs + 1] = spooled_record(line)
+        end
+        if #recs > 0 then spool_post(self, recs, db) end
+        os.remove(take)
+      end
+      live_files[base] = nil
+    end
+  end
+end
+
+-- Called by db:rollup with the store: the spool is set up and files left
+-- behind are delivered now, before any new record.
+function Http:_attach(db)
+  self.db = db
+  if not self.spool then return end
+  local ok, err = spool_ready(self, db)
+  if not ok then return spool_error(self, err) end
+  spool_recover(self, db, true)
+end
+
+local function identity(r, every)
+  local at = type(r.at) == "number" and math.floor(r.at * 1000 + 0.5) or 0
+  return fmt("%s|%s|%d", r.name, every and fmt("%.17g", every) or "-", at)
 end
 
 -- Encode records[from..to] as one body: nil, message if it cannot be.
@@ -273,42 +470,42 @@ end
 -- Prometheus series) is dropped and counted, never the whole tick.
 -- Prometheus goes as one body per tick: a Pushgateway POST replaces the
 -- group's metrics of the same names, so batches would undo each other.
-function Http:push(recs, db)
+function Http:push(recs, db, sch)
   check_self(self, "tally.sink", "push")
   if self.closed then return _M.failed(self, "sink is closed", #recs) end
-  local batch = self.format == "prometheus" and #recs or self.batch
-  for from = 1, #recs, batch do
-    local to = math.min(from + batch - 1, #recs)
-    local part = {}
-    for i = from, to do part[#part + 1] = recs[i] end
-    local ok, body = self:encode(part, db)
-    if not ok and self.format ~= "prometheus" then  -- keep the records that encode
-      local good = {}
-      for _, r in ipairs(part) do
-        if self:encode({ r }, db) then good[#good + 1] = r end
+  if self.spool then
+    local ok, err = spool_ready(self, db)
+    if ok then
+      spool_settle(self)
+      spool_recover(self, db)
+      local every = type(sch) == "table" and sch.every or nil
+      local list = {}
+      for i, r in ipairs(recs) do      -- copies: other sinks share the records
+        list[i] = { name = r.name, value = r.value, at = r.at, delta = r.delta, rate = r.rate,
+                    id = identity(r, every) }
       end
-      _M.failed(self, body, #part - #good)
-      part = good
-      if #part > 0 then ok, body = self:encode(part, db) end
-    elseif not ok then
-      _M.failed(self, body, #part)
+      return spool_post(self, list, db)
     end
-    if ok and #part > 0 then
-      local posted, err = self.sender:post(body, #part)
-      if not posted then _M.failed(self, err, #part) end
-    end
+    spool_error(self, err)
   end
+  post_records(self, recs, db)
 end
 
 function Http:pump()                  -- the sender thread retries by itself
   check_self(self, "tally.sink", "pump")
+  if self.spool and self.spool.file and not self.closed then
+    spool_settle(self)
+    spool_recover(self, self.db)
+  end
   return true
 end
 
 function Http:flush(timeout)
   check_self(self, "tally.sink", "flush")
   if self.closed then return true end
-  return self.sender:flush(timeout or 5)
+  local ok, err, code = self.sender:flush(timeout or 5)
+  if self.spool then spool_settle(self) end
+  return ok, err, code
 end
 
 function Http:stats()
@@ -317,6 +514,12 @@ function Http:stats()
   local out = {}
   for k, v in pairs(st) do out[k] = v end
   out.kind = "http"
+  local sp = self.spool
+  if sp then                      -- records in the spool file not known delivered
+    out.spool_file = sp.file
+    out.spooled = math.max(0, sp.posted - (st.sent - sp.sent0))
+    out.spool_errors, out.spool_last_error = sp.errors, sp.last_error
+  end
   return with_lost(self, out)
 end
 
@@ -326,6 +529,7 @@ function Http:close(drain)
   check_self(self, "tally.sink", "close")
   if self.closed then return end
   if drain and drain > 0 then self.sender:flush(drain) end
+  if self.spool then spool_settle(self) end       -- what is left stays in the file
   local st = self.sender:stats()
   self.sender:close(0)
   st.dropped, st.queued = st.dropped + st.queued, 0  -- what close threw away
