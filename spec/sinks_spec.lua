@@ -509,9 +509,8 @@ describe("an HTTP sink with a spool", function()
     finally(function() srv.stop() end)
     local out, code = helper.sh("timeout 30 " .. helper.q(helper.bin) .. " " .. helper.q(later_script(path, url)))
     assert.equal(0, code, out)
-    assert.same({}, bodies(srv))
-    assert.equal(1, #readdir(path .. ".spool"))
-    -- this one delivers it itself now that the webhook is up, and empties its file
+    -- this one delivers it itself (its sender retries) now that the webhook is up, and
+    -- empties its file; had the other taken the file too, the record would come twice
     assert.is_true(db:flush(10))
     assert.equal(1, #bodies(srv))
     assert.equal(0, s:stats().spooled)
