@@ -525,7 +525,8 @@ function cmd.incr(args)
   end
   -- a store --create would make is empty: an n no shard can hold fails
   -- before it is made (db:incr itself creates no counter it cannot add to)
-  if o.create and (n < -(1 << 62) or n > (1 << 62) - 1) and type(pos[1]) == "string" then
+  if o.create and (n < -4611686018427387904 or n > 4611686018427387903)   -- -2^62, 2^62-1
+     and type(pos[1]) == "string" then
     local f = io.open(pos[1]:match("^file:(.*)$") or pos[1], "rb")
     if f then f:close() else
       fail(fmt("counter '%s': adding %d would overflow a shard (shards hold -2^62 to 2^62-1)",
