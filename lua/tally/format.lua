@@ -655,7 +655,10 @@ end
 -- claims go to tally_value{counter="<name>"}. Families are sorted by
 -- metric name, series in counter-name order (bytewise); # HELP (when there
 -- is one) and # TYPE come once per family. Raises if two names map to one
--- series, or if two entries give one metric different types. A counter
+-- series, if a name matches its entry's pattern in more than one way (its
+-- label values would be a guess), or if two entries give one metric
+-- different types. (tally.prometheus and the sinks leave such counters out
+-- instead.) A counter
 -- named more than once (records of several rollups) is written once, with
 -- its last value.
 function _M.prometheus(samples, mapping)
