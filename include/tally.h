@@ -66,6 +66,11 @@ enum {
   TALLY_OK = 0
 };
 
+/* CLOCK_MONOTONIC in nanoseconds and milliseconds: the clock the library
+ * measures leases, waits and timeouts with. Never fails. */
+TALLY_API int64_t tally_monotonic_ns(void);
+TALLY_API int64_t tally_monotonic_ms(void);
+
 /* Static text for a code ("unknown error" for codes not listed). */
 TALLY_API const char *tally_strerror(int code);
 /* Symbolic name of a code ("ECORRUPT"), or "UNKNOWN". */

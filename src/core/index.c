@@ -236,42 +236,7 @@ int tally__index_each(tally_store *s, tally__rec_fn fn, void *ud) {
   return 0;
 }
 
-struct check_state { uint64_t live; };
-
-static int check_one(tally_store *s, uint64_t off, void *ud) {
-  struct check_state *st = ud;
-  const struct tally__rec *r = tally__at(s, off);
-  uint64_t hash = name_hash(r), found;
-  if (tally__index_find(s, r->name, r->name_len, hash, &found) != 0 ||
-      found != off)
-    return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (counter "
-                       "'%s' is not where the index says)", tally__store_name(s),
-                       r->name);
-  uint64_t cells;
-  uint32_t n;
-  bool dropped;
-  int rc = tally__loc_decode(s, off, atomic_load(&r->loc), &cells, &n,
-                             &dropped);
-  if (rc) return rc;
-  if (dropped)
-    return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (dropped "
-                       "counter '%s' is still indexed)", tally__store_name(s), r->name);
-  if ((rc = tally__cells_check(s, off, atomic_load(&r->loc)))) return rc;
-  if ((rc = tally__rollups_check(s, off))) return rc;
-  st->live++;
-  return 0;
-}
-
-/* With live == NULL: the table header only (cheap, done at open).
- * Otherwise every entry, record and cell location; *live gets the count. */
-int tally__index_check(tally_store *s, uint64_t *live) {
-  struct tally__index *t = table(s);
-  if (!t) return TALLY_ECORRUPT;
-  if (!live) return 0;
-  struct check_state st = {0};
-  int rc = tally__index_each(s, check_one, &st);
-  if (rc) return rc;
-  *live = st.live; /* t->live is only a hint (a writer killed between storing
-                      an entry and counting it leaves it one off) */
-  return 0;
+/* The table header only: cheap, done at open (check.c walks the entries). */
+int tally__index_check(tally_store *s) {
+  return table(s) ? 0 : TALLY_ECORRUPT;
 }

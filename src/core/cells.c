@@ -98,12 +98,10 @@ int tally__cells_alloc(tally_store *s, uint32_t n, uint64_t *out) {
 }
 
 int64_t tally__cell_wait(_Atomic int64_t *cell, int64_t v) {
-  struct timespec t0, t;
-  clock_gettime(CLOCK_MONOTONIC, &t0);
+  int64_t t0 = tally_monotonic_ms();
   while (!tally__cell_live(v) && !tally__cell_retired(v)) {
     sched_yield(); /* a preempted writer needs the CPU to finish its undo */
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    if (t.tv_sec - t0.tv_sec >= 2) { /* it died between add and undo */
+    if (tally_monotonic_ms() - t0 >= 2000) { /* it died between add and undo */
       /* Repair the cell, so no later reader or writer waits again: swap in
        * the clamped value, only if the cell still holds what was read (a
        * live or retired value, or another add, is left alone). An add in

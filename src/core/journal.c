@@ -1,27 +1,16 @@
-/* move.c -- reshard and drop: moving a counter's value while it is written.
+/* journal.c -- moves that survive a crash: the pending-move record and the
+ * journal of old cell values.
  *
- * Both are "moves", always made under the store lock:
- *   1. new cells are allocated (reshard) and the header records the move:
- *      pend_done = 0, pend_loc, then pend_rec;
- *   2. each old cell's value is written to the journal, then the cell is
- *      swapped to SENTINEL if it still holds that value; pend_done counts
- *      the cells done;
- *   3. the journal's total is written into the new cells, which no one
- *      else touches before step 4, so redoing 2-3 gives the same result;
- *   4. rec->loc is published, then pend_rec cleared.
- * A process killed anywhere in 1-4 leaves the move recorded; the next lock
- * holder redoes it from pend_done (a cell already SENTINEL has its value in
- * the journal). Writers and readers that meet a retired cell follow the
- * counter to its new location (counter.c). Nothing is lost or counted
- * twice.
- *
- * Retired cells are never reused: a handle in another process may still
- * hold their location and must find them retired, not owned by some newer
- * counter.
+ * A move (reshard or drop, move.c) takes a counter from one set of cells
+ * to another while writers keep adding. The header records it (pend_rec,
+ * pend_loc, pend_done) before any cell changes; each old cell's value goes
+ * to the journal before the cell is retired; the journal's total is spread
+ * over the new cells, which nobody else touches yet; then the record's
+ * location is published and the move cleared. Every step can be redone, so
+ * a process killed anywhere leaves a move that the next holder of the
+ * store lock finishes (lock.c) with nothing lost or counted twice.
  */
 #include "internal.h"
-
-#include <string.h>
 
 /* Save cell i's value in the journal and retire the cell. A cell that is
  * already retired was retired by an earlier, interrupted attempt at this
@@ -52,7 +41,7 @@ static void restore(tally_store *s, _Atomic int64_t *cell, uint32_t i) {
 }
 
 /* Can total be spread over n cells of [-2^62, 2^62)? */
-static bool fits(__int128 total, uint32_t n) {
+bool tally__fits_shards(__int128 total, uint32_t n) {
   __int128 q = total / n, r = total % n;
   return q + (r > 0) < ((__int128)1 << 62) && q - (r < 0) >= -((__int128)1 << 62);
 }
@@ -61,7 +50,7 @@ static bool fits(__int128 total, uint32_t n) {
 static bool spread(tally_store *s, uint64_t loc, __int128 total) {
   uint32_t n = tally__loc_shards(loc);
   __int128 q = total / n, r = total % n;
-  if (!fits(total, n)) return false;
+  if (!tally__fits_shards(total, n)) return false;
   __int128 extra = r > 0 ? 1 : -1, left = r > 0 ? r : -r;
   for (uint32_t i = 0; i < n; i++)
     atomic_store_explicit(tally__cell_at(s, loc, i),
@@ -113,64 +102,13 @@ static int finish(tally_store *s) {
   return 0;
 }
 
-int tally__finish_move(tally_store *s) { return finish(s); }
+int tally__journal_finish(tally_store *s) { return finish(s); }
 
-static int move(tally_store *s, uint64_t rec_off, uint64_t to) {
+int tally__journal_move(tally_store *s, uint64_t rec_off, uint64_t to) {
   atomic_store_explicit(&s->hdr->pend_done, 0, memory_order_release);
   atomic_store_explicit(&s->hdr->pend_loc, to, memory_order_release);
   atomic_store_explicit(&s->hdr->pend_rec,
                         tally__seal(s, TALLY__SEAL_MOVE, rec_off, to),
                         memory_order_release);
   return finish(s);
-}
-
-int tally_counter_reshard(tally_counter *c, uint32_t shards) {
-  if (!c) return tally__fail(TALLY_EINVAL, "tally_counter_reshard: counter is NULL");
-  if (shards < 1 || shards > TALLY_MAX_SHARDS)
-    return tally__fail(TALLY_ESHARDS, "shard count %u out of range (1 to %d)",
-                       shards, TALLY_MAX_SHARDS);
-  tally_store *s = c->s;
-  int rc = tally__lock(s);
-  if (rc) return rc;
-  uint64_t loc, cells;
-  rc = tally__current(s, c->rec_off, &loc);
-  if (rc == 0 && tally__loc_shards(loc) != shards) {
-    /* refuse before retiring anything if the value cannot fit (a raw sum:
-     * under the lock no move is pending, and a reader's wait for one here
-     * would wait for ourselves) */
-    __int128 value = 0;
-    for (uint32_t i = 0; i < tally__loc_shards(loc); i++)
-      value += atomic_load_explicit(tally__cell_at(s, loc, i), memory_order_relaxed);
-    if (!fits(value, shards))
-      rc = tally__fail(TALLY_ERANGE, "counter '%s' would overflow a shard with "
-                       "%u shards", c->rec->name, shards);
-    if (rc == 0) rc = tally__cells_alloc(s, shards, &cells);
-    if (rc == 0) rc = move(s, c->rec_off, tally__loc_make(s, c->rec_off, cells,
-                                                          shards, false));
-  }
-  tally__unlock(s);
-  if (rc == 0) atomic_store_explicit(&c->loc, atomic_load(&c->rec->loc),
-                                     memory_order_release);
-  return rc;
-}
-
-int tally_store_drop(tally_store *s, const char *name, size_t len) {
-  if (!s) return tally__fail(TALLY_EINVAL, "tally_store_drop: store is NULL");
-  int rc = tally__check_name(name, len);
-  if (rc) return rc;
-  uint64_t hash = tally__hash(name, len, 0), rec_off, loc, cells;
-  uint32_t n;
-  bool dropped;
-  if ((rc = tally__lock(s))) return rc;
-  rc = tally__index_find(s, name, len, hash, &rec_off);
-  if (rc == TALLY_ENOENT)
-    rc = tally__fail(TALLY_ENOENT, "no such counter '%.*s'", (int)len, name);
-  if (rc == 0) rc = tally__rec_verify(s, rec_off);
-  if (rc == 0) {
-    loc = atomic_load(&((struct tally__rec *)tally__at(s, rec_off))->loc);
-    rc = tally__loc_decode(s, rec_off, loc, &cells, &n, &dropped);
-  }
-  if (rc == 0) rc = move(s, rec_off, tally__loc_make(s, rec_off, cells, n, true));
-  tally__unlock(s);
-  return rc;
 }

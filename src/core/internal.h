@@ -220,7 +220,7 @@ static inline uint32_t tally__pick_shard(tally_store *s, uint64_t store_id,
   return tally__reduce(me->ticket, n); /* thread */
 }
 
-/* ---- store.c ---- */
+/* ---- arena.c ---- */
 /* A sealed word: an arena offset with a 32-bit check keyed by the store's
  * salt, the field it lives in and `extra`, so a damaged pointer is caught
  * even when it lands on another valid record. 0 stays 0 ("none"). */
@@ -229,10 +229,9 @@ enum { TALLY__SEAL_INDEX = 1, TALLY__SEAL_FAMILIES = 2, TALLY__SEAL_MOVE = 3,
 uint64_t tally__seal(const tally_store *s, int field, uint64_t off, uint64_t extra);
 int tally__unseal(const tally_store *s, int field, uint64_t word, uint64_t extra,
                   uint64_t *off);
+uint64_t tally__header_check(const struct tally__header *h);
 const char *tally__store_name(const tally_store *s); /* for messages */
 int tally__truncated(tally_store *s); /* ECORRUPT if the file shrank */
-int tally__lock(tally_store *s);        /* also finishes a pending move */
-void tally__unlock(tally_store *s);
 int tally__alloc(tally_store *s, uint64_t bytes, uint64_t *off);
 static inline void *tally__at(const tally_store *s, uint64_t off) {
   return s->base + off;
@@ -240,13 +239,26 @@ static inline void *tally__at(const tally_store *s, uint64_t off) {
 /* Is [off, off + len) inside the allocated arena? */
 bool tally__in_arena(const tally_store *s, uint64_t off, uint64_t len);
 
+/* ---- lock.c ---- */
+int tally__lock(tally_store *s);        /* also finishes a pending move */
+void tally__unlock(tally_store *s);
+void tally__registry_add(tally_store *s);    /* open stores, for fork() */
+void tally__registry_remove(tally_store *s);
+
+/* ---- journal.c ---- */
+/* Record and make the move of rec_off's counter to location `to` (new
+ * cells, or its cells marked dropped). Caller holds the lock. */
+int tally__journal_move(tally_store *s, uint64_t rec_off, uint64_t to);
+int tally__journal_finish(tally_store *s); /* a pending move; caller holds the lock */
+bool tally__fits_shards(__int128 total, uint32_t n); /* over n cells' range */
+
 /* ---- index.c ---- */
 int tally__index_create(tally_store *s);
 int tally__index_find(tally_store *s, const char *name, size_t len,
                       uint64_t hash, uint64_t *rec_off);
 int tally__index_insert(tally_store *s, uint64_t hash, uint64_t rec_off);
 void tally__index_remove(tally_store *s, uint64_t rec_off);
-int tally__index_check(tally_store *s, uint64_t *live);
+int tally__index_check(tally_store *s); /* the table header */
 int tally__rec_verify(tally_store *s, uint64_t rec_off);
 typedef int (*tally__rec_fn)(tally_store *s, uint64_t rec_off, void *ud);
 int tally__index_each(tally_store *s, tally__rec_fn fn, void *ud);
@@ -285,9 +297,6 @@ static inline _Atomic int64_t *tally__cell_at(tally_store *s, uint64_t loc,
 int tally__current(tally_store *s, uint64_t rec_off, uint64_t *loc);
 int tally__check_name(const char *name, size_t len);
 int tally__rec_value(tally_store *s, uint64_t rec_off, int64_t *out);
-
-/* ---- move.c ---- */
-int tally__finish_move(tally_store *s); /* caller holds the lock */
 
 /* ---- rollup.c ---- */
 int tally__rollups_check(tally_store *s, uint64_t rec_off); /* one record's block */

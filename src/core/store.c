@@ -1,19 +1,16 @@
-/* store.c -- opening, validating, growing, locking and syncing a store.
+/* store.c -- opening, validating, closing and syncing a store.
  *
  * Both kinds of store are one mapping of TALLY__MAX_BYTES of address space
  * made once at open: anonymous memory for "memory", the file itself for
  * "file". A shared file mapping may be longer than the file; pages become
  * usable as the file grows, in every process, with no remap. So pointers
- * into a store never move, and growth is just fallocate + a new `size`.
- *
- * Structural changes (create, drop, reshard, family, growth) run under the
- * store lock: a process mutex plus flock() on the file. flock dies with its
- * process, and every structural change is written so that a process killed
- * in the middle leaves either the old state, the new state, or a pending
- * move that the next lock holder finishes (see counter.c).
+ * into a store never move, and growth is just fallocate + a new `size`
+ * (arena.c).
  *
  * A new file is written in full under a temporary name and link()ed into
- * place, so no process ever sees a half-written header.
+ * place, so no process ever sees a half-written header. Opening refuses
+ * what another user could have planted (a symlink, a file of another uid)
+ * unless the caller trusts the path.
  */
 #include "internal.h"
 
@@ -22,186 +19,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
-#define GROW_MIN (1u << 20)
-
 static _Atomic uint64_t next_store_id = 1;
-
-const char *tally__store_name(const tally_store *s) {
-  return s->path ? s->path : "memory";
-}
-
-static uint64_t header_check(const struct tally__header *h) {
-  return tally__hash(h, offsetof(struct tally__header, check), 0x68647221);
-}
-
-uint64_t tally__seal(const tally_store *s, int field, uint64_t off,
-                     uint64_t extra) {
-  if (!off) return 0;
-  uint64_t check = tally__mix(s->hdr->salt ^ (uint64_t)field << 56 ^ off ^
-                              tally__mix(extra)) >> 32;
-  return (off >> 3) << 32 | check;
-}
-
-int tally__unseal(const tally_store *s, int field, uint64_t word,
-                  uint64_t extra, uint64_t *off) {
-  uint64_t o = (word >> 32) << 3;
-  if (word && tally__seal(s, field, o, extra) != word)
-    return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (%s pointer)",
-                       tally__store_name(s), field == TALLY__SEAL_INDEX ? "index"
-                       : field == TALLY__SEAL_FAMILIES ? "family"
-                       : field == TALLY__SEAL_MOVE ? "move"
-                       : field == TALLY__SEAL_ROLLUPS ? "rollup table" : "rollup");
-  *off = word ? o : 0;
-  return 0;
-}
-
-bool tally__in_arena(const tally_store *s, uint64_t off, uint64_t len) {
-  uint64_t used = atomic_load_explicit(&s->hdr->used, memory_order_acquire);
-  return off >= TALLY__ARENA_OFF && len <= used && off <= used - len;
-}
-
-/* ---- locking ------------------------------------------------------------ */
-
-/* flock() belongs to the open file, which a forked child shares with its
- * parent: both would "hold" the lock at once. So fork() is bracketed: no
- * store lock is held across it, and a child gives each store's descriptor
- * an open file of its own before it next locks. */
-static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
-static tally_store *registry;
-
-static void fork_prepare(void) {
-  pthread_mutex_lock(&registry_lock);
-  for (tally_store *s = registry; s; s = s->next) pthread_mutex_lock(&s->lock);
-}
-
-static void fork_parent(void) {
-  for (tally_store *s = registry; s; s = s->next) pthread_mutex_unlock(&s->lock);
-  pthread_mutex_unlock(&registry_lock);
-}
-
-static void fork_child(void) {
-  for (tally_store *s = registry; s; s = s->next) {
-    s->lock_stale = s->kind == TALLY__FILE;
-    pthread_mutex_unlock(&s->lock);
-  }
-  pthread_mutex_unlock(&registry_lock);
-}
-
-static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
-static void fork_init(void) { pthread_atfork(fork_prepare, fork_parent, fork_child); }
-
-static void registry_add(tally_store *s) {
-  pthread_once(&fork_once, fork_init);
-  pthread_mutex_lock(&registry_lock);
-  s->next = registry;
-  if (registry) registry->prev = s;
-  registry = s;
-  pthread_mutex_unlock(&registry_lock);
-}
-
-static void registry_remove(tally_store *s) {
-  pthread_mutex_lock(&registry_lock);
-  if (s->prev) s->prev->next = s->next;
-  else if (registry == s) registry = s->next;
-  if (s->next) s->next->prev = s->prev;
-  pthread_mutex_unlock(&registry_lock);
-}
-
-/* In a forked child: the same file, through a new open file (same fd). */
-static int own_open_file(tally_store *s) {
-  char proc[64];
-  snprintf(proc, sizeof proc, "/proc/self/fd/%d", s->fd);
-  int fd = open(proc, O_RDWR | O_CLOEXEC);
-  if (fd < 0) return tally__fail_sys("cannot reopen after fork", s->path);
-  int rc = dup3(fd, s->fd, O_CLOEXEC) < 0 ? tally__fail_sys("dup3", s->path) : 0;
-  close(fd);
-  if (rc == 0) s->lock_stale = false;
-  return rc;
-}
-
-int tally__lock(tally_store *s) {
-  pthread_mutex_lock(&s->lock);
-  if (s->kind == TALLY__FILE) {
-    int rc = s->lock_stale ? own_open_file(s) : 0;
-    while (rc == 0 && flock(s->fd, LOCK_EX) != 0)
-      if (errno != EINTR) rc = tally__fail_sys("cannot lock", s->path);
-    if (rc) {
-      pthread_mutex_unlock(&s->lock);
-      return rc;
-    }
-  }
-  if (atomic_load_explicit(&s->hdr->pend_rec, memory_order_acquire))
-    (void)tally__finish_move(s); /* a holder died mid-move: finish its work
-                                    (a damaged move record is reported at open) */
-  return 0;
-}
-
-void tally__unlock(tally_store *s) {
-  if (s->kind == TALLY__FILE) flock(s->fd, LOCK_UN);
-  pthread_mutex_unlock(&s->lock);
-}
-
-/* ---- allocation ----------------------------------------------------------- */
-
-static int grow(tally_store *s, uint64_t need) {
-  struct tally__header *h = s->hdr;
-  uint64_t size = atomic_load_explicit(&h->size, memory_order_relaxed);
-  uint64_t want = size + size / 8; /* 12.5%: file size stays close to use */
-  if (want < need) want = need;
-  want = (want + GROW_MIN - 1) & ~(uint64_t)(GROW_MIN - 1);
-  if (want > TALLY__MAX_BYTES) want = TALLY__MAX_BYTES;
-  if (want < need)
-    return tally__fail(TALLY_EFULL, "%s: store is full (%llu bytes)",
-                       tally__store_name(s),
-                       (unsigned long long)TALLY__MAX_BYTES);
-  if (s->kind == TALLY__FILE) {
-    /* Reserve real blocks: a sparse file would turn a full disk into
-     * SIGBUS on some later increment instead of an error here. */
-    int rc = posix_fallocate(s->fd, (off_t)size, (off_t)(want - size));
-    if (rc == EOPNOTSUPP || rc == EINVAL) {
-      if (ftruncate(s->fd, (off_t)want) != 0)
-        return tally__fail_sys("ftruncate", s->path);
-    } else if (rc != 0) {
-      errno = rc;
-      return tally__fail_sys("cannot grow store", s->path);
-    }
-  }
-  atomic_store_explicit(&h->size, want, memory_order_release);
-  return 0;
-}
-
-/* Hand out `bytes` zeroed bytes, 64-aligned. Caller holds the lock.
- * The space past `used` was never handed out, so it must be zero; if it is
- * not, `used` is damaged and handing it out would overwrite live data. */
-int tally__alloc(tally_store *s, uint64_t bytes, uint64_t *off) {
-  struct tally__header *h = s->hdr;
-  uint64_t used = atomic_load_explicit(&h->used, memory_order_relaxed);
-  uint64_t start = (used + 63) & ~(uint64_t)63;
-  bytes = (bytes + 7) & ~(uint64_t)7;
-  if (bytes > TALLY__MAX_BYTES || start + bytes > TALLY__MAX_BYTES)
-    return tally__fail(TALLY_EFULL, "%s: store is full",
-                       tally__store_name(s));
-  if (start + bytes > atomic_load_explicit(&h->size, memory_order_relaxed)) {
-    int rc = grow(s, start + bytes);
-    if (rc) return rc;
-  }
-  const uint64_t *p = tally__at(s, start);
-  for (uint64_t i = 0; i < bytes / 8; i++)
-    if (p[i] != 0)
-      return tally__fail(TALLY_ECORRUPT,
-                         "%s: tally store is corrupt (free space at offset "
-                         "%llu is not empty)", tally__store_name(s),
-                         (unsigned long long)(start + i * 8));
-  atomic_store_explicit(&h->used, start + bytes, memory_order_release);
-  *off = start;
-  return 0;
-}
 
 /* ---- creating and validating --------------------------------------------- */
 
@@ -220,7 +43,7 @@ static void header_init(struct tally__header *h) {
   clock_gettime(CLOCK_REALTIME, &ts);
   h->salt = tally__mix((uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 30) ^
                        ((uint64_t)getpid() << 16) ^ (uint64_t)(uintptr_t)h);
-  h->check = header_check(h);
+  h->check = tally__header_check(h);
   atomic_store(&h->size, TALLY__ARENA_OFF);
   atomic_store(&h->used, TALLY__ARENA_OFF);
 }
@@ -242,7 +65,7 @@ static int header_validate(const struct tally__header *h, uint64_t file_size,
     return tally__fail(TALLY_EVERSION,
                        "%s: tally store has another layout (built for "
                        "another version or machine)", path);
-  if (h->check != header_check(h))
+  if (h->check != tally__header_check(h))
     return tally__fail(TALLY_ECORRUPT,
                        "%s: tally store is corrupt (header checksum)", path);
   uint64_t size = atomic_load(&h->size), used = atomic_load(&h->used);
@@ -419,10 +242,10 @@ int tally_store_open(const char *spec, const tally_open_options *opt,
       if (atomic_load(&s->hdr->index) == 0) /* new store: make its index */
         rc = tally__index_create(s);
       else /* the lock finished a move a dead process left; a damaged one fails */
-        rc = tally__finish_move(s);
+        rc = tally__journal_finish(s);
       tally__unlock(s);
     }
-    if (rc == 0) rc = tally__index_check(s, NULL); /* header only: O(1) */
+    if (rc == 0) rc = tally__index_check(s); /* header only: O(1) */
     if (rc == 0) rc = tally__classes_check(s);
     if (rc == 0) rc = tally__family_check(s);
     if (rc == 0) rc = tally__rollup_table_check(s);
@@ -431,14 +254,14 @@ int tally_store_open(const char *spec, const tally_open_options *opt,
     tally_store_close(s);
     return rc;
   }
-  registry_add(s);
+  tally__registry_add(s);
   *out = s;
   return 0;
 }
 
 void tally_store_close(tally_store *s) {
   if (!s) return;
-  registry_remove(s);
+  tally__registry_remove(s);
   if (s->base) munmap(s->base, s->reserved);
   if (s->fd >= 0) close(s->fd);
   pthread_mutex_destroy(&s->lock);
@@ -457,50 +280,4 @@ int tally_store_sync(tally_store *s) {
 
 const char *tally_store_kind(const tally_store *s) {
   return s && s->kind == TALLY__FILE ? "file" : "memory";
-}
-
-/* A file store whose file is now shorter than its header says (another
- * program truncated it): ECORRUPT, found with fstat() before any page of
- * the mapping is touched (touching one past the end raises SIGBUS). */
-int tally__truncated(tally_store *s) {
-  struct stat st;
-  if (s->kind != TALLY__FILE) return 0;
-  if (fstat(s->fd, &st) != 0) return tally__fail_sys("cannot stat", s->path);
-  if ((uint64_t)st.st_size < TALLY__HEADER_BYTES) /* the header's page is gone */
-    return tally__fail(TALLY_ECORRUPT, "%s: tally store is truncated (file has "
-                       "%lld bytes, less than its header)", s->path,
-                       (long long)st.st_size);
-  uint64_t size = atomic_load(&s->hdr->size);
-  if (size > (uint64_t)st.st_size)
-    return tally__fail(TALLY_ECORRUPT, "%s: tally store is truncated (header "
-                       "says %llu bytes, file has %llu)", s->path,
-                       (unsigned long long)size, (unsigned long long)st.st_size);
-  return 0;
-}
-
-int tally_store_check(tally_store *s) {
-  if (!s) return tally__fail(TALLY_EINVAL, "tally_store_check: store is NULL");
-  int trc = tally__truncated(s);
-  if (trc) return trc;
-  if (s->hdr->check != header_check(s->hdr))
-    return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (header "
-                       "checksum)", tally__store_name(s));
-  int rc = tally__lock(s); /* a consistent view: no create or drop meanwhile */
-  if (rc) return rc;
-  uint64_t live = 0;
-  rc = tally__classes_check(s);
-  if (rc == 0) rc = tally__index_check(s, &live);
-  if (rc == 0) rc = tally__family_check(s);
-  if (rc == 0) rc = tally__rollup_table_check(s);
-  tally__unlock(s);
-  return rc;
-}
-
-const char *tally_store_fault_path(const void *addr) {
-  const unsigned char *a = addr;
-  for (tally_store *s = registry; s; s = s->next) /* no lock: see tally.h */
-    if (s->kind == TALLY__FILE && s->base && a >= s->base &&
-        a < s->base + s->reserved)
-      return s->path;
-  return NULL;
 }

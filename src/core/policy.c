@@ -15,7 +15,6 @@
 #include "internal.h"
 
 #include <string.h>
-#include <time.h>
 
 _Thread_local struct tally__writer tally__me;
 
@@ -33,10 +32,8 @@ void tally__draw_ticket(tally_store *s) {
 }
 
 void tally__seed_random(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
   tally__me.rng = tally__mix((uint64_t)(uintptr_t)&tally__me ^
-                             (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 32)) | 1;
+                             (uint64_t)tally_monotonic_ns()) | 1;
 }
 
 uint32_t tally__key_shard(const void *key, size_t len, uint32_t n) {

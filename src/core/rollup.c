@@ -32,7 +32,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #define ROLLUPS_MAGIC 0x5350554c4c4f5254ull /* "TROLLUPS" */
@@ -98,12 +97,6 @@ struct tally_schedule {
 };
 
 /* ---- small helpers -------------------------------------------------------- */
-
-static int64_t mono_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 static uint64_t table_check(const tally_store *s) {
   return tally__mix(s->hdr->salt ^ ROLLUPS_MAGIC);
@@ -328,7 +321,7 @@ static int64_t lease_span(const tally_schedule *sch) {
 /* Caller holds the store lock. */
 static bool lease_take(struct sched_slot *slot, uint64_t me, int64_t span) {
   uint64_t owner = atomic_load_explicit(&slot->owner, memory_order_acquire);
-  int64_t now = mono_ms();
+  int64_t now = tally_monotonic_ms();
   if (owner && now < atomic_load(&slot->until) &&
       !pid_gone((pid_t)(owner >> 32)))
     return false;
@@ -339,7 +332,7 @@ static bool lease_take(struct sched_slot *slot, uint64_t me, int64_t span) {
 
 static bool lease_renew(struct sched_slot *slot, uint64_t me, int64_t span) {
   if (atomic_load_explicit(&slot->owner, memory_order_acquire) != me) return false;
-  atomic_store(&slot->until, mono_ms() + span);
+  atomic_store(&slot->until, tally_monotonic_ms() + span);
   return true;
 }
 
@@ -394,7 +387,7 @@ static uint64_t block_claim(struct block *b) {
       continue;
     }
     if ((spins & 255) == 255) {
-      int64_t now = mono_ms();
+      int64_t now = tally_monotonic_ms();
       if (!give_up) give_up = now + CLAIM_WAIT_MS;
       else if (now >= give_up) return s;
       sched_yield();
@@ -803,9 +796,7 @@ double tally_rollup_rate(const tally_rollup *r) {
 static bool seq_wait(int tries, double *deadline) {
   if (tries % 64 != 63) return true;
   sched_yield();
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  double t = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+  double t = (double)tally_monotonic_ns() * 1e-9;
   if (*deadline == 0) *deadline = t + 1.0;
   return t < *deadline;
 }
