@@ -130,7 +130,49 @@ describe("core.flusher", function()
       helper.err(core.flusher, db, r, { writer = "a", shards = 0 }), 1, true)
     assert.matches("unknown option 'every'",
       helper.err(core.flusher, db, r, { writer = "a", every = 1 }), 1, true)
+    assert.matches("verify must be a number of seconds",
+      helper.err(core.flusher, db, r, { writer = "a", verify = -1 }), 1, true)
     r:close()
+  end)
+
+  -- What a failover that lost an acknowledged flush leaves behind (the
+  -- real failover is tests/test_redis_failover.c): w:WRITER and v set
+  -- back by hand. An idle counter is resent only once re-verified.
+  it("re-reads w:WRITER on verify and resends what Redis lost, once", function()
+    local r = assert(core.redis(srv.uri))
+    local db = tally.open("memory")
+    local name, w = fresh("lost"), fresh("w")
+    local f = core.flusher(db, r, { writer = w, shards = 1, verify = 0 })
+    db:counter(name):incr(150)
+    local st = assert(f:run())
+    assert.equal(1, st.flushed)
+    local key = "tally:{" .. name .. "#0}"
+    assert.equal(150, f:remote_value(name))
+    r:command("HSET", key, "v", 100, "w:" .. w, 100)   -- the lost flush of 50
+    st = assert(f:run())
+    assert.equal(0, st.commands)                      -- believed up to date
+    assert.equal(100, f:remote_value(name))
+    f:verify()
+    st = assert(f:run())
+    assert.same({ 1, 1, 1 }, { st.verified, st.repaired, st.flushed })
+    assert.equal(150, f:remote_value(name))
+    f:verify()
+    st = assert(f:run())
+    assert.same({ 1, 0, 0 }, { st.verified, st.repaired, st.flushed })
+    assert.equal(150, f:remote_value(name))
+    -- the timer: verify = 0.2 s re-reads by itself
+    local f2 = core.flusher(db, r, { writer = w .. "b", shards = 1, verify = 0.2 })
+    assert(f2:run())
+    r:command("HSET", key, "v", 0, "w:" .. w .. "b", 0)
+    r:command("HDEL", key, "w:" .. w)
+    assert.equal(0, assert(f2:run()).verified)
+    tally.sleep(0.25)
+    st = assert(f2:run())
+    assert.same({ 1, 1, 1 }, { st.verified, st.repaired, st.flushed })
+    f:verify()
+    assert(f:run())
+    assert.equal(300, f:remote_value(name))            -- both writers, once each
+    f:close(); f2:close(); r:close(); db:close()
   end)
 end)
 

@@ -23,14 +23,18 @@
  *       routed by its first key: argv[1], or argv[3] for EVAL / EVALSHA
  *       with keys; known keyless commands (PING, INFO, CLIENT, CLUSTER,
  *       CONFIG, ...) go to the node serving slot 0.
- *   r:stats() -> { cluster, moved, asked, retries, reconnects, refreshes, errors }
+ *   r:stats() -> { cluster, moved, asked, retries, reconnects, refreshes, errors,
+ *                  resent, topology }
  *   r:close()  (also __gc, __close; closes the flushers made on it)
  *
- *   core.flusher(db, r, { writer = id, shards = R }) -> flusher
+ *   core.flusher(db, r, { writer = id, shards = R, verify = s }) -> flusher
  *       writer: 1..128 bytes, required; shards: 1..MAX_SHARDS (default 8)
+ *       verify: seconds between re-reads of every w:W (default 60; 0: only
+ *               after topology changes and f:verify())
  *   f:run([pattern]) -> stats table, or nil, message, code, stats table
  *       stats: counters, unchanged, flushed, already, conflicts, errors,
- *              commands, bytes, delta
+ *              commands, bytes, delta, verified, repaired
+ *   f:verify()  the next run reads every w:W again (see redis_flush.h)
  *   f:remote_value(name) -> integer, or nil, message, code
  *   f:shard() -> the remote shard index (0-based) this writer flushes into
  *   f:close()  (also __gc, __close)
@@ -454,6 +458,8 @@ static int tl_redis_stats(lua_State *L) {
   tl_setu64(L, "reconnects", st.reconnects);
   tl_setu64(L, "refreshes", st.refreshes);
   tl_setu64(L, "errors", st.errors);
+  tl_setu64(L, "resent", st.resent);
+  tl_setu64(L, "topology", st.topology);
   return 1;
 }
 
@@ -489,6 +495,7 @@ static int tl_flusher_new(lua_State *L) {
   tl_redis *r = tl_checkredis(L, 2);
   const char *writer = NULL;
   uint32_t shards = 8;
+  uint32_t verify_ms = TALLY_FLUSH_VERIFY_MS;
   tl_flusher *h;
   int rc;
 
@@ -512,8 +519,15 @@ static int tl_flusher_new(lua_State *L) {
         luaL_argerror(L, 3, lua_pushfstring(L, "shards must be an integer from 1 to %d, got %s",
                                             TALLY_MAX_SHARDS, tl_rdescribe(L, -1)));
       shards = (uint32_t)n;
+    } else if (strcmp(k, "verify") == 0) {
+      lua_Number v = lua_tonumber(L, -1);
+      if (lua_type(L, -1) != LUA_TNUMBER || !(v >= 0 && v <= 4294967.0))
+        luaL_argerror(L, 3, lua_pushfstring(L,
+            "verify must be a number of seconds from 0 to 4294967, got %s",
+            tl_rdescribe(L, -1)));
+      verify_ms = (uint32_t)(v * 1000.0);
     } else {
-      luaL_argerror(L, 3, lua_pushfstring(L, "unknown option %s (expected writer, shards)",
+      luaL_argerror(L, 3, lua_pushfstring(L, "unknown option %s (expected writer, shards, verify)",
                                           tl_rdescribe(L, -2)));
     }
     lua_pop(L, 1);
@@ -531,6 +545,7 @@ static int tl_flusher_new(lua_State *L) {
   rc = tally_flusher_new(db->store, r->rc, writer, shards, &h->f);
   if (rc == TALLY_EINVAL) return luaL_argerror(L, 3, tally_errmsg());
   if (rc < 0) return tl_fail(L, rc);
+  tally_flusher_set_verify(h->f, verify_ms);
   h->db = db;
   h->r = r;
   h->next = r->flushers;
@@ -540,7 +555,9 @@ static int tl_flusher_new(lua_State *L) {
 }
 
 static void tl_pushflushstats(lua_State *L, const tally_flush_stats *st) {
-  lua_createtable(L, 0, 9);
+  lua_createtable(L, 0, 11);
+  tl_setu64(L, "verified", st->verified);
+  tl_setu64(L, "repaired", st->repaired);
   tl_setu64(L, "counters", st->counters);
   tl_setu64(L, "unchanged", st->unchanged);
   tl_setu64(L, "flushed", st->flushed);
@@ -585,6 +602,12 @@ static int tl_flusher_remote_value(lua_State *L) {
   return 1;
 }
 
+static int tl_flusher_verify(lua_State *L) {
+  tl_flusher *h = tl_checkflusher(L, 1);
+  tally_flusher_verify(h->f);
+  return 0;
+}
+
 static int tl_flusher_shard(lua_State *L) {
   tl_flusher *h = tl_checkflusher(L, 1);
   lua_pushinteger(L, (lua_Integer)tally_flusher_shard(h->f));
@@ -622,6 +645,7 @@ static const luaL_Reg tl_flusher_methods[] = {
   { "run", tl_flusher_run },
   { "remote_value", tl_flusher_remote_value },
   { "shard", tl_flusher_shard },
+  { "verify", tl_flusher_verify },
   { "close", tl_flusher_close },
   { NULL, NULL }
 };

@@ -764,3 +764,47 @@ int tally_rc_command(tally_rc *rc, const void *key, size_t key_len, int argc,
   free(c);
   return code;
 }
+
+int tally_rc_command_wait(tally_rc *rc, const void *key, size_t key_len, int argc,
+                          const char **argv, const size_t *argvlen,
+                          uint32_t replicas, uint32_t timeout_ms,
+                          redisReply **reply, long long *acked) {
+  if (!reply || !acked) return tally__fail(TALLY_EINVAL, "redis: NULL reply");
+  *reply = NULL;
+  *acked = -1;
+  if (!rc) return tally__fail(TALLY_EINVAL, "redis: NULL handle");
+  int code = check_args(key, key_len, argc, argv);
+  if (code) return code;
+  char sn[16], st[16];
+  snprintf(sn, sizeof sn, "%u", replicas);
+  snprintf(st, sizeof st, "%u", timeout_ms);
+  const char *wargv[] = {"WAIT", sn, st};
+  struct cmd *c[2];
+  c[0] = cmd_new(key, key_len, argc, argv, argvlen);
+  c[1] = cmd_new(key, key_len, 3, wargv, NULL);
+  if (!c[0] || !c[1]) {
+    free(c[0]);
+    free(c[1]);
+    return tally__fail(TALLY_ENOMEM, "redis: out of memory");
+  }
+  /* the call's own timeout must leave room for WAIT's */
+  uint32_t saved = rc->timeout_ms;
+  if (rc->timeout_ms < UINT32_MAX - timeout_ms) rc->timeout_ms += timeout_ms;
+  code = pipe_run(rc, c, 2);
+  if (c[0]->state == CMD_DONE && (c[1]->state != CMD_DONE || c[1]->node != c[0]->node)) {
+    /* redirected (or WAIT lost): ask the node that ran the command */
+    if (c[1]->reply) freeReplyObject(c[1]->reply);
+    free(c[1]);
+    c[1] = cmd_new(key, key_len, 3, wargv, NULL);
+    if (c[1]) code = pipe_run(rc, &c[1], 1);
+  }
+  rc->timeout_ms = saved;
+  if (c[1] && c[1]->reply && c[1]->reply->type == REDIS_REPLY_INTEGER)
+    *acked = c[1]->reply->integer;
+  *reply = c[0]->reply;
+  if (c[0]->state == CMD_DONE) code = 0; /* the command ran: WAIT's fate is *acked */
+  if (c[1] && c[1]->reply) freeReplyObject(c[1]->reply);
+  free(c[0]);
+  free(c[1]);
+  return code;
+}

@@ -117,6 +117,17 @@ int tally_rc_command(tally_rc *rc, const void *key, size_t key_len, int argc,
                      const char **argv, const size_t *argvlen,
                      redisReply **reply);
 
+/* tally_rc_command followed, pipelined on the same connection, by
+ * WAIT replicas timeout_ms: *acked gets how many replicas acknowledged
+ * every write of that connection so far (the command's included), -1 if
+ * WAIT itself failed. Should the command be redirected, WAIT is sent again
+ * to the node that ran it. A command that succeeded returns 0 whatever
+ * *acked is: comparing it with replicas is the caller's business. */
+int tally_rc_command_wait(tally_rc *rc, const void *key, size_t key_len, int argc,
+                          const char **argv, const size_t *argvlen,
+                          uint32_t replicas, uint32_t timeout_ms,
+                          redisReply **reply, long long *acked);
+
 /* A pipeline. Commands are copied when added, so the caller's buffers may
  * be reused at once. */
 int tally_rc_pipe_new(tally_rc *rc, tally_rc_pipe **out);

@@ -38,6 +38,7 @@ struct entry {
   char *name;
   uint32_t len;
   bool known;       /* prev is w:W as last seen */
+  bool verifying;   /* known was cleared by a re-verification: expect prev */
   bool pending;     /* in this round */
   tally_counter *c; /* NULL: not open */
   int64_t prev;
@@ -59,6 +60,11 @@ struct tally_flusher {
   uint32_t tcap;    /* power of two */
   uint32_t *order;  /* entries sent in the current batch, in add order */
   tally_rc_pipe *pipe;
+  /* re-verification */
+  uint32_t verify_ms;   /* 0: no timer */
+  uint64_t last_verify; /* monotonic ms of the last forced re-read */
+  uint64_t topo_seen;   /* rc's topology count when last verified */
+  bool verify_due;
   /* names collected by tally_store_each */
   char *nbuf;
   size_t nlen, ncap;
@@ -96,6 +102,35 @@ int tally_flusher_shard_key(const char *name, size_t len, uint32_t i, char *buf,
   buf[8 + len + (size_t)nl] = '}';
   buf[need] = '\0';
   return (int)need;
+}
+
+static uint64_t mono_ms(void) { return (uint64_t)tally_monotonic_ms(); }
+
+void tally_flusher_set_verify(tally_flusher *f, uint32_t ms) {
+  if (f) f->verify_ms = ms;
+}
+
+void tally_flusher_verify(tally_flusher *f) {
+  if (f) f->verify_due = true;
+}
+
+/* Forget every believed w:W if a re-verification is due. */
+static void maybe_verify(tally_flusher *f) {
+  tally_rc_stats rs;
+  tally_rc_stats_get(f->rc, &rs);
+  uint64_t now = mono_ms();
+  if (rs.topology != f->topo_seen ||
+      (f->verify_ms && now - f->last_verify >= f->verify_ms))
+    f->verify_due = true;
+  if (!f->verify_due) return;
+  f->verify_due = false;
+  f->topo_seen = rs.topology;
+  f->last_verify = now;
+  for (uint32_t i = 0; i < f->n; i++)
+    if (f->ents[i].known) {
+      f->ents[i].known = false;
+      f->ents[i].verifying = true;
+    }
 }
 
 static bool parse_i64(const char *s, size_t len, int64_t *out) {
@@ -149,6 +184,11 @@ int tally_flusher_new(tally_store *local, tally_rc *rc, const char *writer,
   memcpy(f->wfield + 2, writer, wlen + 1);
   f->shards = remote_shards;
   f->shard = fnv1a32(writer, wlen) % remote_shards;
+  f->verify_ms = TALLY_FLUSH_VERIFY_MS;
+  f->last_verify = mono_ms();
+  tally_rc_stats rs;
+  tally_rc_stats_get(rc, &rs);
+  f->topo_seen = rs.topology;
   int code = tally_rc_pipe_new(rc, &f->pipe);
   if (code) {
     tally_flusher_free(f);
@@ -302,12 +342,17 @@ static int phase_hget(tally_flusher *f, tally_flush_stats *st) {
   for (uint32_t j = 0; j < nb; j++) {
     struct entry *en = &f->ents[f->order[j]];
     const redisReply *r = tally_rc_pipe_reply(f->pipe, j);
+    int64_t v = 0;
     if (!r) {
       fail_entry(f, st, en, xcode ? xcode : TALLY_ESYS);
-    } else if (r->type == REDIS_REPLY_NIL) {
-      en->prev = 0;
-      en->known = true;
-    } else if (r->type == REDIS_REPLY_STRING && parse_i64(r->str, r->len, &en->prev)) {
+    } else if (r->type == REDIS_REPLY_NIL ||
+               (r->type == REDIS_REPLY_STRING && parse_i64(r->str, r->len, &v))) {
+      if (en->verifying) {
+        st->verified++;
+        if (v != en->prev) st->repaired++;
+        en->verifying = false;
+      }
+      en->prev = v;
       en->known = true;
     } else {
       bad_reply(f, st, en, "HGET", r);
@@ -393,6 +438,7 @@ int tally_flusher_run(tally_flusher *f, const char *pattern, size_t plen,
   f->first_code = 0;
   f->first_msg[0] = '\0';
   f->nlen = 0;
+  maybe_verify(f);
   int code = tally_store_each(f->local, pattern, plen, collect, f);
   if (code) return code;
 

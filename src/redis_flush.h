@@ -41,6 +41,19 @@
  * is refused (counted as an error, nothing sent); an HINCRBY that would
  * overflow `v` fails inside the script before anything is written.
  *
+ * Re-verification. prev is a belief: a Redis master that acknowledged a
+ * flush and died before its replica got it leaves a promoted replica with
+ * an older w:W (and v), and nothing would be sent again while the local
+ * counter stays idle. So the flusher forgets every prev (and reads w:W
+ * again, pipelined, before its next scripts) after a topology change seen
+ * by its tally_rc (a MOVED to another node, a reconnect, a slot map that
+ * changed: tally_rc_stats.topology), at a slow regular interval
+ * (tally_flusher_set_verify, default TALLY_FLUSH_VERIFY_MS; an idle
+ * flusher sends nothing else, so the interval is what finds a failover
+ * nobody wrote through), and on tally_flusher_verify. A w:W found lower
+ * than believed is sent again through the same compare-and-set script:
+ * exactly the missing amount, exactly once.
+ *
  * Consequences of "local value = contribution": resetting or dropping and
  * re-creating a local counter flushes a negative delta (the remote total
  * then no longer includes what that writer had contributed).
@@ -66,6 +79,7 @@
 #include "redis_cluster.h"
 
 #define TALLY_FLUSH_WRITER_MAX 128u  /* bytes in a writer id */
+#define TALLY_FLUSH_VERIFY_MS 60000u /* default re-read interval of w:W */
 
 typedef struct tally_flusher tally_flusher;
 
@@ -81,6 +95,9 @@ typedef struct tally_flush_stats {
   uint64_t commands;   /* Redis commands sent (HGET + EVAL) */
   uint64_t bytes;      /* argument bytes of those commands */
   int64_t delta;       /* sum of the deltas applied (saturating) */
+  uint64_t verified;   /* known w:W values read again (re-verification) */
+  uint64_t repaired;   /* of those, found different from what was believed
+                          (a flush lost in a failover): sent again */
 } tally_flush_stats;
 
 /* A flusher for writer `writer` (NUL-terminated, 1..TALLY_FLUSH_WRITER_MAX
@@ -98,6 +115,13 @@ int tally_flusher_new(tally_store *local, tally_rc *rc, const char *writer,
  * message). Nothing is ever resent inside a round. */
 int tally_flusher_run(tally_flusher *f, const char *pattern, size_t plen,
                       tally_flush_stats *st);
+
+/* Re-read every w:W at most every ms milliseconds (0: only after topology
+ * changes and tally_flusher_verify). */
+void tally_flusher_set_verify(tally_flusher *f, uint32_t ms);
+
+/* Forget what is believed of every w:W: the next round reads them again. */
+void tally_flusher_verify(tally_flusher *f);
 
 /* The remote total of counter name: the sum of `v` over its R shards.
  * TALLY_ERANGE if it does not fit in int64. */

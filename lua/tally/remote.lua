@@ -35,7 +35,7 @@ local Remote = {}
 Remote.__index = Remote
 
 local OPTIONS = { every = true, pattern = true, shards = true, writer = true, timeout = true,
-                  password = true, user = true }
+                  password = true, user = true, verify = true }
 
 -- The URI and credentials to connect with, kept out of the schedule's
 -- table (stats, tostring and tick results show the redacted URI only).
@@ -93,7 +93,8 @@ local function connect(self)
   local rh, err = core.redis(sec.uri, { timeout = self.timeout, password = sec.password,
                                         user = sec.user })
   if not rh then return nil, err end
-  local ok, fl = pcall(core.flusher, self.db, rh, { writer = self.writer, shards = self.shards })
+  local ok, fl = pcall(core.flusher, self.db, rh, { writer = self.writer, shards = self.shards,
+                                                  verify = self.verify })
   if not ok or not fl then
     rh:close()
     return nil, tostring(fl)
@@ -149,6 +150,12 @@ function Remote:remote_value(name)
   return self.flusher:remote_value(name)
 end
 
+-- rf:verify(): the next round reads every w:WRITER again and resends what
+-- Redis lost (it also happens after topology changes and every `verify` s).
+function Remote:verify()
+  if self.flusher then self.flusher:verify() end
+end
+
 function Remote:stats()
   local rs
   if self.redis then
@@ -189,7 +196,7 @@ function _M.flush_to(db, uri, opts, list, unlink)
   for k in pairs(opts) do
     if not OPTIONS[k] then
       error("bad argument #2 to 'flush_to' (unknown option '" .. tostring(k)
-            .. "'; expected every, pattern, shards, writer, timeout)", 3)
+            .. "'; expected every, pattern, shards, writer, timeout, password, user, verify)", 3)
     end
   end
   local every = opts.every == nil and 1 or opts.every
@@ -222,6 +229,11 @@ function _M.flush_to(db, uri, opts, list, unlink)
             .. type(opts[k]) .. ")", 3)  -- never quote the value
     end
   end
+  local verify = opts.verify == nil and 60 or opts.verify
+  if type(verify) ~= "number" or not (verify >= 0 and verify <= 4294967) then
+    error("bad argument #2 to 'flush_to' (verify must be a number of seconds from 0 to 4294967, got "
+          .. tostring(verify) .. ")", 3)
+  end
   local sec = { uri = uri, password = opts.password, user = opts.user }
   -- Connect now so a bad URI raises here; a server that is down is only
   -- counted (the schedule connects on its next period).
@@ -239,7 +251,7 @@ function _M.flush_to(db, uri, opts, list, unlink)
   end
   local self = setmetatable({
     db = db, uri = core.redis_redact(uri), every = every, pattern = pattern, shards = shards,
-    timeout = timeout, writer = writer, runs = 0, errors = 0, flushed = 0, commands = 0,
+    timeout = timeout, verify = verify, writer = writer, runs = 0, errors = 0, flushed = 0, commands = 0,
     unlink = unlink,
   }, Remote)
   secrets[self] = sec
@@ -251,7 +263,8 @@ function _M.flush_to(db, uri, opts, list, unlink)
     end
   end
   if rh then
-    local fok, fl = pcall(core.flusher, db, rh, { writer = writer, shards = shards })
+    local fok, fl = pcall(core.flusher, db, rh, { writer = writer, shards = shards,
+                                                  verify = verify })
     if not fok then
       rh:close()
       error(fl, 3)
