@@ -5,7 +5,9 @@
 --     and the Redis commands per second those flushes cost;
 --   * INCRBY per event from Lua (core.redis, unpipelined);
 --   * INCRBY per event from redis-benchmark, unpipelined and pipelined 64
---     (one connection), sent straight to the master owning the key.
+--     (one connection), sent straight to the master owning the key;
+--   * the Redis store's c:incr on a standalone server, plain and with
+--     replicas = 1 (HINCRBY + WAIT 1 per increment, a replica attached).
 -- Each row checks its final remote total against the events it counted.
 local secs = tonumber(arg[1]) or 3
 local helper = require "spec.helper"
@@ -74,6 +76,37 @@ local ok, err = pcall(function()
                         remote == count, count, remote }
   end
   r:close()
+
+  -- 4. the Redis store's c:incr on the standalone server, without and with
+  --    replicas = 1 (HINCRBY + WAIT 1, pipelined), a replica attached
+  local rep = redis.start_standalone({ "--replicaof", "127.0.0.1", tostring(srv.standalone) })
+  local rok, rerr = pcall(function()
+    for _ = 1, 200 do
+      if redis.cli(rep.port, "INFO", "replication"):find("master_link_status:up", 1, true) then break end
+      tally.sleep(0.05)
+    end
+    for _, mode in ipairs({ false, true }) do
+      local sdb = assert(tally.open(srv.uri, mode and { replicas = 1, replica_timeout = 1000 } or nil))
+      local name = "bench:store:" .. (mode and "wait" or "plain")
+      local sc = assert(sdb:counter(name, { shards = 8, policy = "random" }))
+      n, t0 = 0, tally.now()
+      stop = t0 + secs
+      while tally.now() < stop do
+        for _ = 1, 64 do assert(sc:incr()) end
+        n = n + 64
+      end
+      t1 = tally.now()
+      remote = sdb:value(name)
+      local cmds = mode and 2 or 1
+      rows[#rows + 1] = { mode and "Redis store c:incr, replicas = 1 (HINCRBY + WAIT 1; standalone + 1 replica)"
+                               or "Redis store c:incr (HINCRBY; standalone)",
+                          n / (t1 - t0), cmds * n / (t1 - t0), remote == n, n, remote }
+      sdb:drop(name)
+      sdb:close()
+    end
+  end)
+  rep.stop()
+  if not rok then error(rerr, 0) end
 
   local base = rows[2][2]
   print(("Redis: 3-master cluster on 127.0.0.1, %g s per row, redis %s"):format(secs,

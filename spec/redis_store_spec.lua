@@ -255,3 +255,55 @@ describe("the redis store", function()
     assert.is_not_nil(tally.open("memory"))
   end)
 end)
+
+describe("the redis store with replicas = N (WAIT)", function()
+  it("acknowledges an increment once N replicas have it, else says so", function()
+    local rep = redis.start_standalone({ "--replicaof", "127.0.0.1", tostring(srv.standalone) })
+    local ok, err = pcall(function()
+      -- the replica's link up
+      for _ = 1, 200 do
+        if redis.cli(rep.port, "INFO", "replication"):find("master_link_status:up", 1, true) then break end
+        tally.sleep(0.05)
+      end
+      local db = assert(tally.open(srv.uri, { replicas = 1, replica_timeout = 2000 }))
+      assert.same({ 1, 2000 }, { db:stats().replicas, db:stats().replica_timeout })
+      local name = fresh("wait")
+      local c = assert(db:counter(name, { shards = 2 }))
+      for _ = 1, 20 do assert.is_true(c:incr()) end
+      assert.is_true(db:incr(name, 5))
+      assert.is_true(c:decr(2))
+      -- the replica has every acknowledged increment
+      local function on_replica(i)
+        return tonumber(redis.cli(rep.port, "HGET", "tally:{" .. name .. "#" .. i .. "}", "v")) or 0
+      end
+      assert.equal(23, on_replica(0) + on_replica(1))
+      -- two replicas asked, one there: applied on the master, reported
+      local db2 = assert(tally.open(srv.uri, { replicas = 2, replica_timeout = 50 }))
+      local v, msg, code = db2:incr(name, 100)
+      assert.is_nil(v)
+      assert.equal("EREPLICAS", code)
+      assert.matches("applied on the master but acknowledged by 1 of 2 replicas within 50 ms",
+                     msg, 1, true)
+      assert.equal(123, db2:value(name))
+      db:close()
+      db2:close()
+    end)
+    rep.stop()
+    assert(ok, err)
+  end)
+
+  it("checks the options", function()
+    assert.matches("replicas must be an integer from 1",
+      helper.err(tally.open, srv.uri, { replicas = 0 }), 1, true)
+    assert.matches("replica_timeout must be an integer number of milliseconds",
+      helper.err(tally.open, srv.uri, { replicas = 1, replica_timeout = 0.5 }), 1, true)
+    assert.matches("replica_timeout needs replicas",
+      helper.err(tally.open, srv.uri, { replica_timeout = 10 }), 1, true)
+    local r = assert(core.redis(srv.uri))
+    assert.matches("replicas must be an integer",
+      helper.err(r.command_wait, r, -1, 10, "PING"), 1, true)
+    local v, acked = r:command_wait(0, 10, "INCR", fresh("cw"))
+    assert.same({ 1, 0 }, { v, acked })
+    r:close()
+  end)
+end)

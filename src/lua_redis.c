@@ -23,6 +23,10 @@
  *       routed by its first key: argv[1], or argv[3] for EVAL / EVALSHA
  *       with keys; known keyless commands (PING, INFO, CLIENT, CLUSTER,
  *       CONFIG, ...) go to the node serving slot 0.
+ *   r:command_wait(replicas, timeout_ms, arg, ...) -> reply, acked (or as
+ *       r:command for errors): the command, then WAIT replicas timeout_ms
+ *       pipelined on its connection; acked is how many replicas have every
+ *       write of that connection so far (-1 if WAIT failed).
  *   r:stats() -> { cluster, moved, asked, retries, reconnects, refreshes, errors,
  *                  resent, topology }
  *   r:close()  (also __gc, __close; closes the flushers made on it)
@@ -396,26 +400,31 @@ static int tl_keyless(const char *cmd) {
   return 0;
 }
 
-static int tl_redis_command(lua_State *L) {
+/* r:command(...) and r:command_wait(replicas, timeout_ms, ...): the command
+ * is at stack index first onwards. */
+static int tl_redis_run(lua_State *L, int first, int wait, uint32_t replicas,
+                        uint32_t timeout_ms) {
   tl_redis *r = tl_checkredis(L, 1);
-  int argc = lua_gettop(L) - 1;
+  int argc = lua_gettop(L) - first + 1;
   const char **argv;
   size_t *argvlen;
   const void *key = NULL;
   size_t keylen = 0;
   redisReply *reply = NULL;
+  long long acked = -1;
   int rc;
 
-  if (argc < 1) return luaL_error(L, "bad argument #1 to 'command' (command name expected)");
+  if (argc < 1) return luaL_error(L, "bad argument #%d to '%s' (command name expected)",
+                                  first - 1, wait ? "command_wait" : "command");
   if (argc > TL_ARGV_MAX) return luaL_error(L, "too many arguments to 'command'");
   argv = (const char **)lua_newuserdata(L, sizeof(*argv) * (size_t)argc);
   argvlen = (size_t *)lua_newuserdata(L, sizeof(*argvlen) * (size_t)argc);
   for (int i = 0; i < argc; i++) {
-    int t = lua_type(L, i + 2);
+    int t = lua_type(L, i + first);
     if (t != LUA_TSTRING && t != LUA_TNUMBER)
-      luaL_argerror(L, i + 1, lua_pushfstring(L, "string or number expected, got %s",
-                                              luaL_typename(L, i + 2)));
-    argv[i] = lua_tolstring(L, i + 2, &argvlen[i]);  /* converts numbers in place */
+      luaL_argerror(L, i + first - 1, lua_pushfstring(L, "string or number expected, got %s",
+                                                      luaL_typename(L, i + first)));
+    argv[i] = lua_tolstring(L, i + first, &argvlen[i]);  /* converts numbers in place */
   }
   if (strcasecmp(argv[0], "EVAL") == 0 || strcasecmp(argv[0], "EVALSHA") == 0) {
     if (argc >= 4 && strcmp(argv[2], "0") != 0) key = argv[3], keylen = argvlen[3];
@@ -423,7 +432,11 @@ static int tl_redis_command(lua_State *L) {
     key = argv[1];
     keylen = argvlen[1];
   }
-  rc = tally_rc_command(r->rc, key, keylen, argc, argv, argvlen, &reply);
+  if (wait)
+    rc = tally_rc_command_wait(r->rc, key, keylen, argc, argv, argvlen, replicas,
+                               timeout_ms, &reply, &acked);
+  else
+    rc = tally_rc_command(r->rc, key, keylen, argc, argv, argvlen, &reply);
   if (rc < 0) return tl_rfail(L, rc, tally_errmsg());
   if (reply->type == REDIS_REPLY_ERROR) {
     lua_pushnil(L);
@@ -437,7 +450,24 @@ static int tl_redis_command(lua_State *L) {
   }
   tl_pushreply(L, reply, 0);
   freeReplyObject(reply);
-  return 1;
+  if (!wait) return 1;
+  lua_pushinteger(L, (lua_Integer)acked);
+  return 2;
+}
+
+static int tl_redis_command(lua_State *L) {
+  return tl_redis_run(L, 2, 0, 0, 0);
+}
+
+static int tl_redis_command_wait(lua_State *L) {
+  int isnum = 0;
+  lua_Integer n = lua_type(L, 2) == LUA_TNUMBER ? tl_tointx(L, 2, &isnum) : 0;
+  if (!isnum || n < 0 || n > 1000000)
+    luaL_argerror(L, 1, "replicas must be an integer from 0 to 1000000");
+  lua_Integer t = lua_type(L, 3) == LUA_TNUMBER ? tl_tointx(L, 3, &isnum) : 0;
+  if (!isnum || t < 1 || t > 3600000)
+    luaL_argerror(L, 2, "timeout must be an integer number of milliseconds from 1 to 3600000");
+  return tl_redis_run(L, 4, 1, (uint32_t)n, (uint32_t)t);
 }
 
 static void tl_setu64(lua_State *L, const char *k, uint64_t v) {
@@ -631,6 +661,7 @@ static int tl_flusher_tostring(lua_State *L) {
 
 static const luaL_Reg tl_redis_methods[] = {
   { "command", tl_redis_command },
+  { "command_wait", tl_redis_command_wait },
   { "stats", tl_redis_stats },
   { "close", tl_redis_close },
   { NULL, NULL }

@@ -23,7 +23,10 @@
 -- c:incr is one HINCRBY, never retried automatically: when its reply is
 -- lost (timeout, dropped connection) it returns nil, msg, code and the
 -- increment may or may not have been applied. Use local shards and
--- db:flush_to for exactly-once.
+-- db:flush_to for exactly-once. With opts.replicas = N each HINCRBY is
+-- followed (pipelined) by WAIT N replica_timeout: fewer acknowledgements
+-- give nil, msg, "EREPLICAS" (applied on the master, may be lost if it
+-- fails before a replica has it).
 
 local core = require "tally.core"
 local compat = require "tally.compat"
@@ -421,7 +424,8 @@ function Store:stats()
   local n, err, code = cmd(self, "SCARD", NAMES_KEY)
   if not n then return rfail(err, code) end
   local rs = self.r:stats()
-  return { kind = "redis", uri = self.uri, counters = n, cluster = rs.cluster, redis = rs }
+  return { kind = "redis", uri = self.uri, counters = n, cluster = rs.cluster, redis = rs,
+           replicas = self.replicas, replica_timeout = self.replica_timeout }
 end
 
 function Store:close()
@@ -474,7 +478,20 @@ local function incr(self, n, key, sign, fname)
   end
   if sign < 0 then k = sub(0, k) end
   local i = pick(self, key)
-  local v, err, code = db.r:command("HINCRBY", shard_key(self.nm, i - 1), "v", compat.int_text(k))
+  local sk = shard_key(self.nm, i - 1)
+  local nrep = db.replicas
+  if nrep then  -- HINCRBY then WAIT, pipelined on the shard's master
+    local v, acked, code = db.r:command_wait(nrep, db.replica_timeout, "HINCRBY", sk, "v",
+                                             compat.int_text(k))
+    if v == nil then return rfail(acked, code) end
+    if acked < nrep then
+      return nil, fmt("%s on %s: applied on the master but acknowledged by %d of %d replicas"
+                      .. " within %d ms (a failover may lose it)", fname, sk,
+                      acked < 0 and 0 or acked, nrep, db.replica_timeout), "EREPLICAS"
+    end
+    return true
+  end
+  local v, err, code = db.r:command("HINCRBY", sk, "v", compat.int_text(k))
   if v == nil then return rfail(err, code) end
   return true
 end
@@ -561,7 +578,7 @@ function _M.open(uri, opts)
   if opts ~= nil and type(opts) ~= "table" then
     error("bad argument #2 to 'open' (table expected, got " .. type(opts) .. ")", 3)
   end
-  local ropts = { timeout = 5 }
+  local ropts, sopts = { timeout = 5 }, {}
   for k, v in pairs(opts or {}) do
     if k == "timeout" then
       if type(v) ~= "number" or not (v > 0) then
@@ -569,6 +586,20 @@ function _M.open(uri, opts)
               .. tostring(v) .. ")", 3)
       end
       ropts.timeout = v
+    elseif k == "replicas" then
+      local n = tointeger(v)
+      if type(n) ~= "number" or n < 1 or n > 1000000 then
+        error("bad argument #2 to 'open' (replicas must be an integer from 1 to 1000000, got "
+              .. tostring(v) .. ")", 3)
+      end
+      sopts.replicas = n
+    elseif k == "replica_timeout" then
+      local n = tointeger(v)
+      if type(n) ~= "number" or n < 1 or n > 3600000 then
+        error("bad argument #2 to 'open' (replica_timeout must be an integer number of"
+              .. " milliseconds from 1 to 3600000, got " .. tostring(v) .. ")", 3)
+      end
+      sopts.replica_timeout = n
     elseif k == "password" or k == "user" then
       if type(v) ~= "string" or v == "" then  -- never quote the value
         error("bad argument #2 to 'open' (" .. k .. " must be a non-empty string, got "
@@ -577,7 +608,7 @@ function _M.open(uri, opts)
       ropts[k] = v
     else
       error("bad argument #2 to 'open' (unknown option '" .. tostring(k)
-            .. "'; the redis store takes timeout, password, user)", 3)
+            .. "'; the redis store takes timeout, password, user, replicas, replica_timeout)", 3)
     end
   end
   local ok, r, err, code = pcall(core.redis, uri, ropts)
@@ -585,7 +616,14 @@ function _M.open(uri, opts)
     return nil, (tostring(r):gsub("^bad argument #1 to '[^']*' %((.*)%)$", "%1")), "EINVAL"
   end
   if not r then return nil, err, code end
-  return setmetatable({ uri = core.redis_redact(uri), r = r, cache = {} }, StoreMT)
+  if sopts.replica_timeout and not sopts.replicas then
+    r:close()
+    error("bad argument #2 to 'open' (replica_timeout needs replicas)", 3)
+  end
+  return setmetatable({ uri = core.redis_redact(uri), r = r, cache = {},
+                        replicas = sopts.replicas,
+                        replica_timeout = sopts.replicas and (sopts.replica_timeout or 1000) },
+                      StoreMT)
 end
 
 return _M
