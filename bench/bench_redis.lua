@@ -97,10 +97,10 @@ local ok, err = pcall(function()
       end
       t1 = tally.now()
       remote = sdb:value(name)
-      local cmds = mode and 2 or 1
+      local per = mode and 2 or 1
       rows[#rows + 1] = { mode and "Redis store c:incr, replicas = 1 (HINCRBY + WAIT 1; standalone + 1 replica)"
                                or "Redis store c:incr (HINCRBY; standalone)",
-                          n / (t1 - t0), cmds * n / (t1 - t0), remote == n, n, remote }
+                          n / (t1 - t0), per * n / (t1 - t0), remote == n, n, remote }
       sdb:drop(name)
       sdb:close()
     end
