@@ -57,7 +57,10 @@ extern "C" {
   XX(EBUSY,    -15, "store is in use")                                     \
   XX(ETIMEDOUT, -16, "timed out")                                            \
   XX(ENOROLLUP, -17, "no rollup for this counter")                          \
-  XX(EUNTRUSTED, -18, "store file is a symlink or another user's")
+  XX(EUNTRUSTED, -18, "store file is a symlink or another user's")         \
+  XX(ECONNECT, -19, "cannot reach the server, or the connection was lost") \
+  XX(EREMOTE,  -20, "the server answered with an error")                    \
+  XX(EREPLICAS, -21, "fewer replicas acknowledged than asked for")
 
 enum {
 #define TALLY_XX_(name, code, msg) TALLY_##name = code,
@@ -65,6 +68,12 @@ enum {
 #undef TALLY_XX_
   TALLY_OK = 0
 };
+
+/* For libraries built on this one (libtally_net, bindings): record code
+ * and a printf-style message as this thread's last error, as the library's
+ * own failures do, and return code. */
+TALLY_API int tally_error_set(int code, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 
 /* CLOCK_MONOTONIC in nanoseconds and milliseconds: the clock the library
  * measures leases, waits and timeouts with. Never fails. */
@@ -353,75 +362,6 @@ TALLY_API int tally_counter_history(tally_counter *c, uint32_t res_s,
 /* The counter's rings (resolution and length), up to cap; *n the count. */
 TALLY_API int tally_counter_rings(tally_counter *c, tally_ring *out,
                                   uint32_t cap, uint32_t *n);
-
-/* ---- HTTP sender ------------------------------------------------------- */
-
-/* A background thread that delivers request bodies to one URL with
- * libcurl, so a slow or dead HTTP sink never blocks the caller. Bodies
- * wait in a bounded queue (counted in records, the unit the caller gives
- * each body) and are sent one at a time, in the order posted, over a kept-
- * alive connection. A failed request (no connection, timeout, a 5xx, 408
- * or 429 status) is retried with exponential backoff, oldest body first; a
- * success resets the backoff. A body the peer refuses (any other 4xx) is
- * dropped and counted as rejected: sent again it would fail again, and
- * hold up every body behind it. When a new body does not fit, the oldest
- * waiting bodies are dropped to make room, and counted. Requests carry the
- * caller's headers and those libcurl adds (Host, Content-Length, and a
- * Content-Type of application/x-www-form-urlencoded unless one is given);
- * the answer's body is ignored. */
-typedef struct tally_sender tally_sender;
-
-typedef struct tally_sender_options {
-  const char *url;             /* http:// or https:// */
-  const char *method;          /* "POST" (NULL) or "PUT" */
-  const char *const *headers;  /* "Name: value" strings, NULL-terminated; may be NULL */
-  uint32_t timeout_ms;         /* whole request; 0 means 5000 */
-  uint32_t max_queue;          /* records waiting at most, besides the body
-                                  in flight; 0 means 100000 */
-  uint32_t backoff_ms;         /* first retry delay; 0 means 100 */
-  uint32_t max_backoff_ms;     /* retry delay cap (the delay doubles up to
-                                  it); 0 means 5000 */
-} tally_sender_options;
-
-typedef struct tally_sender_stats {
-  uint64_t sent;        /* records delivered (2xx answers) */
-  uint64_t requests;    /* requests that succeeded */
-  uint64_t failures;    /* requests that failed (each retry counts) */
-  uint64_t dropped;     /* records dropped: queue full, too big, refused by
-                           the peer, or closed */
-  uint64_t queued;      /* records not yet delivered nor dropped (waiting or
-                           in flight) */
-  uint64_t rejected;    /* of dropped: refused by the peer with a 4xx status
-                           other than 408 and 429, so never retried */
-  int32_t last_status;  /* HTTP status of the last request's answer, 0 if it
-                           got none (connection failed, timed out) */
-  uint32_t pad_;
-  char last_error[256]; /* the last failure ("HTTP 500" or libcurl's text),
-                           "" if none; a later success keeps it */
-} tally_sender_stats;
-
-/* Start a sender (its thread and its curl handles; options are copied).
- * TALLY_EINVAL for a NULL url or one not http(s)://, a method other than
- * POST and PUT, or a header that is not "Name: value" on one line;
- * TALLY_ENOMEM; TALLY_ESYS if libcurl or the thread cannot start. */
-TALLY_API int tally_sender_open(const tally_sender_options *o,
-                                tally_sender **out);
-/* Queue a copy of body (records: how many records it carries, >= 1).
- * Never waits for the network. A body of more than max_queue records is
- * dropped at once (counted; still 0). TALLY_EINVAL for records 0 or a NULL
- * body with len > 0; TALLY_ENOMEM. */
-TALLY_API int tally_sender_post(tally_sender *s, const void *body, size_t len,
-                                uint32_t records);
-/* Wait until nothing is waiting or in flight: 0, or TALLY_ETIMEDOUT after
- * timeout_ms (0: just check). */
-TALLY_API int tally_sender_flush(tally_sender *s, uint32_t timeout_ms);
-/* A consistent snapshot; all zero for a NULL sender. */
-TALLY_API void tally_sender_stats_get(tally_sender *s, tally_sender_stats *out);
-/* Deliver what is queued for up to drain_ms (a request still in flight
- * then is cut short), then stop the thread and free the sender; what was
- * not delivered is dropped. No other call on s may run during or after
- * it. NULL is allowed. */
-TALLY_API void tally_sender_close(tally_sender *s, uint32_t drain_ms);
 
 #ifdef __cplusplus
 }

@@ -57,8 +57,7 @@
 
 #include "lua_tally.h"
 #include "lua_redis.h"
-#include "redis_cluster.h"
-#include "redis_flush.h"
+#include "tally_net.h"
 
 #define TL_REDIS_MT "tally.redis"
 #define TL_FLUSHER_MT "tally.flusher"

@@ -38,7 +38,7 @@
 #include "lua.h"
 #include "lauxlib.h"
 #include "lua_sender.h"
-#include "tally.h"
+#include "tally_net.h"
 
 #define TL_SENDER_MT "tally.sender"
 #define TL_SECONDS_MAX 4294967.0  /* UINT32_MAX milliseconds */

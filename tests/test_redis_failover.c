@@ -32,7 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../src/redis_flush.h"
+#include "tally_net.h"
 #include "redis_servers.h"
 
 #define NNODES 6

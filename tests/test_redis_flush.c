@@ -21,7 +21,7 @@
 #include <poll.h>
 #include <pthread.h>
 
-#include "../src/redis_flush.h"
+#include "tally_net.h"
 #include "redis_servers.h"
 
 #define NC 200      /* counters per store */

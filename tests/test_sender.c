@@ -16,6 +16,7 @@
 #include <strings.h>
 #include <sys/socket.h>
 
+#include "tally_net.h"
 #include "testutil.h"
 
 enum { ANSWER_NONE = 0, ANSWER_OK = 200, ANSWER_REFUSED = 400, ANSWER_ERROR = 500 };

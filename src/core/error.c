@@ -38,10 +38,23 @@ const char *tally_errmsg(void) {
   return last_message[0] ? last_message : "no error";
 }
 
+static int set_message(int code, const char *fmt, va_list ap) {
+  vsnprintf(last_message, sizeof last_message, fmt, ap);
+  return code;
+}
+
 int tally__fail(int code, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(last_message, sizeof last_message, fmt, ap);
+  set_message(code, fmt, ap);
+  va_end(ap);
+  return code;
+}
+
+int tally_error_set(int code, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  set_message(code, fmt, ap);
   va_end(ap);
   return code;
 }

@@ -8,9 +8,8 @@
  * prev, then pipelines the compare-and-set script for entries whose value
  * moved. See redis_flush.h for the protocol.
  */
-#include "redis_flush.h"
 
-#include "internal.h"
+#include "tally_net.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -90,11 +89,11 @@ uint32_t tally_flusher_shard(const tally_flusher *f) { return f->shard; }
 int tally_flusher_shard_key(const char *name, size_t len, uint32_t i, char *buf,
                             size_t cap) {
   if (!name || len == 0 || len > TALLY_NAME_MAX || !buf)
-    return tally__fail(TALLY_EINVAL, "redis flush: bad counter name");
+    return tally_error_set(TALLY_EINVAL, "redis flush: bad counter name");
   char num[16];
   int nl = snprintf(num, sizeof num, "%" PRIu32, i);
   size_t need = 7 + len + 1 + (size_t)nl + 1; /* "tally:{" name "#" i "}" */
-  if (need + 1 > cap) return tally__fail(TALLY_EINVAL, "redis flush: key buffer too small");
+  if (need + 1 > cap) return tally_error_set(TALLY_EINVAL, "redis flush: key buffer too small");
   memcpy(buf, "tally:{", 7);
   memcpy(buf + 7, name, len);
   buf[7 + len] = '#';
@@ -103,8 +102,6 @@ int tally_flusher_shard_key(const char *name, size_t len, uint32_t i, char *buf,
   buf[need] = '\0';
   return (int)need;
 }
-
-static uint64_t mono_ms(void) { return (uint64_t)tally_monotonic_ms(); }
 
 void tally_flusher_set_verify(tally_flusher *f, uint32_t ms) {
   if (f) f->verify_ms = ms;
@@ -118,7 +115,7 @@ void tally_flusher_verify(tally_flusher *f) {
 static void maybe_verify(tally_flusher *f) {
   tally_rc_stats rs;
   tally_rc_stats_get(f->rc, &rs);
-  uint64_t now = mono_ms();
+  uint64_t now = (uint64_t)tally_monotonic_ms();
   if (rs.topology != f->topo_seen ||
       (f->verify_ms && now - f->last_verify >= f->verify_ms))
     f->verify_due = true;
@@ -157,16 +154,16 @@ int tally_flusher_new(tally_store *local, tally_rc *rc, const char *writer,
                       uint32_t remote_shards, tally_flusher **out) {
   if (out) *out = NULL;
   if (!local || !rc || !writer || !out)
-    return tally__fail(TALLY_EINVAL, "redis flush: NULL argument");
+    return tally_error_set(TALLY_EINVAL, "redis flush: NULL argument");
   size_t wlen = strlen(writer);
   if (wlen == 0 || wlen > TALLY_FLUSH_WRITER_MAX)
-    return tally__fail(TALLY_EINVAL, "redis flush: writer id must be 1..%u bytes",
+    return tally_error_set(TALLY_EINVAL, "redis flush: writer id must be 1..%u bytes",
                        TALLY_FLUSH_WRITER_MAX);
   if (remote_shards == 0 || remote_shards > TALLY_MAX_SHARDS)
-    return tally__fail(TALLY_ESHARDS, "redis flush: remote shards %" PRIu32
+    return tally_error_set(TALLY_ESHARDS, "redis flush: remote shards %" PRIu32
                        " not in 1..%d", remote_shards, TALLY_MAX_SHARDS);
   tally_flusher *f = calloc(1, sizeof *f);
-  if (!f) return tally__fail(TALLY_ENOMEM, "redis flush: out of memory");
+  if (!f) return tally_error_set(TALLY_ENOMEM, "redis flush: out of memory");
   f->local = local;
   f->rc = rc;
   f->wlen = wlen;
@@ -177,7 +174,7 @@ int tally_flusher_new(tally_store *local, tally_rc *rc, const char *writer,
   f->table = calloc(f->tcap, sizeof *f->table);
   if (!f->writer || !f->wfield || !f->table) {
     tally_flusher_free(f);
-    return tally__fail(TALLY_ENOMEM, "redis flush: out of memory");
+    return tally_error_set(TALLY_ENOMEM, "redis flush: out of memory");
   }
   memcpy(f->writer, writer, wlen + 1);
   memcpy(f->wfield, "w:", 2);
@@ -185,7 +182,7 @@ int tally_flusher_new(tally_store *local, tally_rc *rc, const char *writer,
   f->shards = remote_shards;
   f->shard = fnv1a32(writer, wlen) % remote_shards;
   f->verify_ms = TALLY_FLUSH_VERIFY_MS;
-  f->last_verify = mono_ms();
+  f->last_verify = (uint64_t)tally_monotonic_ms();
   tally_rc_stats rs;
   tally_rc_stats_get(rc, &rs);
   f->topo_seen = rs.topology;
@@ -216,8 +213,15 @@ void tally_flusher_free(tally_flusher *f) {
 
 /* ---- the entry table ------------------------------------------------------ */
 
+/* FNV-1a: spreads names over the open-addressed table well enough. */
+static uint32_t name_hash(const char *name, size_t len) {
+  uint32_t h = 2166136261u;
+  for (size_t i = 0; i < len; i++) h = (h ^ (unsigned char)name[i]) * 16777619u;
+  return h;
+}
+
 static uint32_t slot_of(const tally_flusher *f, const char *name, size_t len) {
-  uint32_t mask = f->tcap - 1, h = (uint32_t)tally__hash(name, len, 0x7a11f1u) & mask;
+  uint32_t mask = f->tcap - 1, h = name_hash(name, len) & mask;
   for (;;) {
     uint32_t e = f->table[h];
     if (e == 0) return h;
@@ -230,7 +234,7 @@ static uint32_t slot_of(const tally_flusher *f, const char *name, size_t len) {
 static int grow_table(tally_flusher *f) {
   uint32_t ncap = f->tcap * 2;
   uint32_t *t = calloc(ncap, sizeof *t);
-  if (!t) return tally__fail(TALLY_ENOMEM, "redis flush: out of memory");
+  if (!t) return tally_error_set(TALLY_ENOMEM, "redis flush: out of memory");
   free(f->table);
   f->table = t;
   f->tcap = ncap;
@@ -254,7 +258,7 @@ static struct entry *entry_get(tally_flusher *f, const char *name, size_t len) {
     if (e) f->ents = e;
     if (o) f->order = o;
     if (!e || !o) {
-      tally__fail(TALLY_ENOMEM, "redis flush: out of memory");
+      tally_error_set(TALLY_ENOMEM, "redis flush: out of memory");
       return NULL;
     }
     f->cap = ncap;
@@ -263,7 +267,7 @@ static struct entry *entry_get(tally_flusher *f, const char *name, size_t len) {
   memset(en, 0, sizeof *en);
   en->name = malloc(len + 1);
   if (!en->name) {
-    tally__fail(TALLY_ENOMEM, "redis flush: out of memory");
+    tally_error_set(TALLY_ENOMEM, "redis flush: out of memory");
     return NULL;
   }
   memcpy(en->name, name, len);
@@ -283,7 +287,7 @@ static int collect(void *ud, const char *name, size_t len) {
     size_t ncap = f->ncap ? f->ncap * 2 : 4096;
     while (ncap < need) ncap *= 2;
     char *b = realloc(f->nbuf, ncap);
-    if (!b) return tally__fail(TALLY_ENOMEM, "redis flush: out of memory");
+    if (!b) return tally_error_set(TALLY_ENOMEM, "redis flush: out of memory");
     f->nbuf = b;
     f->ncap = ncap;
   }
@@ -314,10 +318,10 @@ static void fail_entry(tally_flusher *f, tally_flush_stats *st, struct entry *en
  * script error, overflow) or a type we never produce. */
 static void bad_reply(tally_flusher *f, tally_flush_stats *st, struct entry *en,
                       const char *what, const redisReply *r) {
-  tally__fail(TALLY_ESYS, "redis flush: %s tally:{%s#%" PRIu32 "}: %s", what,
+  tally_error_set(TALLY_EREMOTE, "redis flush: %s tally:{%s#%" PRIu32 "}: %s", what,
               en->name, f->shard,
               r->type == REDIS_REPLY_ERROR ? r->str : "unexpected reply type");
-  fail_entry(f, st, en, TALLY_ESYS);
+  fail_entry(f, st, en, TALLY_EREMOTE);
 }
 
 /* HGET w:W for the pending entries whose prev is not known. */
@@ -344,7 +348,7 @@ static int phase_hget(tally_flusher *f, tally_flush_stats *st) {
     const redisReply *r = tally_rc_pipe_reply(f->pipe, j);
     int64_t v = 0;
     if (!r) {
-      fail_entry(f, st, en, xcode ? xcode : TALLY_ESYS);
+      fail_entry(f, st, en, xcode ? xcode : TALLY_EREMOTE);
     } else if (r->type == REDIS_REPLY_NIL ||
                (r->type == REDIS_REPLY_STRING && parse_i64(r->str, r->len, &v))) {
       if (en->verifying) {
@@ -375,7 +379,7 @@ static int phase_eval(tally_flusher *f, tally_flush_stats *st) {
     }
     int64_t delta;
     if (__builtin_sub_overflow(en->cur, en->prev, &delta)) {
-      tally__fail(TALLY_ERANGE, "redis flush: %s: delta %" PRId64 " - %" PRId64
+      tally_error_set(TALLY_ERANGE, "redis flush: %s: delta %" PRId64 " - %" PRId64
                   " overflows int64", en->name, en->cur, en->prev);
       fail_entry(f, st, en, TALLY_ERANGE);
       continue;
@@ -403,7 +407,7 @@ static int phase_eval(tally_flusher *f, tally_flush_stats *st) {
     if (!r) {
       /* it may have run: prev stays, and the next round's script answers
        * 0 (same value) or a conflict carrying the applied value */
-      fail_entry(f, st, en, xcode ? xcode : TALLY_ESYS);
+      fail_entry(f, st, en, xcode ? xcode : TALLY_EREMOTE);
     } else if (r->type == REDIS_REPLY_INTEGER && (r->integer == 1 || r->integer == 0)) {
       if (r->integer == 1) {
         st->flushed++;
@@ -430,7 +434,7 @@ int tally_flusher_run(tally_flusher *f, const char *pattern, size_t plen,
   tally_flush_stats dummy;
   if (!st) st = &dummy;
   memset(st, 0, sizeof *st);
-  if (!f) return tally__fail(TALLY_EINVAL, "redis flush: NULL flusher");
+  if (!f) return tally_error_set(TALLY_EINVAL, "redis flush: NULL flusher");
   if (!pattern) {
     pattern = "*";
     plen = 1;
@@ -479,13 +483,13 @@ int tally_flusher_run(tally_flusher *f, const char *pattern, size_t plen,
   if (!code) code = phase_eval(f, st);
   for (uint32_t i = 0; i < f->n; i++) f->ents[i].pending = false;
   if (code) return code; /* ENOMEM adding to the pipeline */
-  if (f->first_code) return tally__fail(f->first_code, "%s", f->first_msg);
+  if (f->first_code) return tally_error_set(f->first_code, "%s", f->first_msg);
   return 0;
 }
 
 int tally_flusher_remote_value(tally_flusher *f, const char *name, size_t len,
                                int64_t *out) {
-  if (!f || !out) return tally__fail(TALLY_EINVAL, "redis flush: NULL argument");
+  if (!f || !out) return tally_error_set(TALLY_EINVAL, "redis flush: NULL argument");
   char key[KEY_MAX];
   tally_rc_pipe_reset(f->pipe);
   for (uint32_t i = 0; i < f->shards; i++) {
@@ -507,11 +511,11 @@ int tally_flusher_remote_value(tally_flusher *f, const char *name, size_t len,
     int64_t v = 0;
     if (r->type == REDIS_REPLY_NIL) continue;
     if (r->type != REDIS_REPLY_STRING || !parse_i64(r->str, r->len, &v))
-      code = tally__fail(TALLY_ESYS, "redis flush: HGET tally:{%.*s#%" PRIu32 "} v: %s",
+      code = tally_error_set(TALLY_EREMOTE, "redis flush: HGET tally:{%.*s#%" PRIu32 "} v: %s",
                          (int)len, name, i,
                          r->type == REDIS_REPLY_ERROR ? r->str : "not an integer");
     else if (__builtin_add_overflow(sum, v, &sum))
-      code = tally__fail(TALLY_ERANGE, "redis flush: %.*s: remote total overflows int64",
+      code = tally_error_set(TALLY_ERANGE, "redis flush: %.*s: remote total overflows int64",
                          (int)len, name);
   }
   tally_rc_pipe_reset(f->pipe);

@@ -16,9 +16,8 @@
  * or fail the leftovers when a command has been sent
  * TALLY_RC_MAX_ATTEMPTS times or the deadline has passed.
  */
-#include "redis_cluster.h"
 
-#include "internal.h"
+#include "tally_net.h"
 
 #include <errno.h>
 #include <hiredis/sds.h>
@@ -76,12 +75,6 @@ struct tally_rc_pipe {
 
 /* ---- time and errors ----------------------------------------------------- */
 
-static uint64_t now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
 static struct timeval tv_ms(uint64_t ms) {
   if (ms == 0) ms = 1; /* 0 would mean "no timeout" to the kernel */
   struct timeval tv = {(time_t)(ms / 1000u), (suseconds_t)(ms % 1000u * 1000u)};
@@ -99,14 +92,14 @@ static void sleep_ms(uint64_t ms) {
  * hiredis reports a socket timeout as an I/O error with EAGAIN. */
 static int node_fail(tally_rc *rc, struct node *n, const char *what,
                      int saved_errno) {
-  int code = TALLY_ESYS;
+  int code = TALLY_ECONNECT;
   const char *why = n->c ? n->c->errstr : "out of memory";
   if (n->c && n->c->err == REDIS_ERR_IO &&
       (saved_errno == EAGAIN || saved_errno == EWOULDBLOCK ||
        saved_errno == ETIMEDOUT || saved_errno == EINPROGRESS))
     code = TALLY_ETIMEDOUT;
   if (n->c && n->c->err == REDIS_ERR_EOF) why = "connection closed by server";
-  tally__fail(code, "redis %s:%d: %s: %s", n->host, n->port, what,
+  tally_error_set(code, "redis %s:%d: %s: %s", n->host, n->port, what,
               code == TALLY_ETIMEDOUT ? "timed out" : why);
   rc->stats.errors++;
   if (n->c) redisFree(n->c);
@@ -151,14 +144,14 @@ static uint16_t node_find(tally_rc *rc, const char *host, size_t hlen, int port)
         memcmp(rc->nodes[i].host, host, hlen) == 0)
       return (uint16_t)i;
   if (rc->nnodes == MAX_NODES) {
-    tally__fail(TALLY_ENOMEM, "redis: more than %u nodes", MAX_NODES); /* a resource limit */
+    tally_error_set(TALLY_ENOMEM, "redis: more than %u nodes", MAX_NODES); /* a resource limit */
     return NO_NODE;
   }
   if (rc->nnodes == rc->cap) {
     uint32_t cap = rc->cap ? rc->cap * 2 : 8;
     struct node *nn = realloc(rc->nodes, cap * sizeof *nn);
     if (!nn) {
-      tally__fail(TALLY_ENOMEM, "redis: out of memory");
+      tally_error_set(TALLY_ENOMEM, "redis: out of memory");
       return NO_NODE;
     }
     rc->nodes = nn;
@@ -166,7 +159,7 @@ static uint16_t node_find(tally_rc *rc, const char *host, size_t hlen, int port)
   }
   char *h = strndup(host, hlen);
   if (!h) {
-    tally__fail(TALLY_ENOMEM, "redis: out of memory");
+    tally_error_set(TALLY_ENOMEM, "redis: out of memory");
     return NO_NODE;
   }
   rc->nodes[rc->nnodes] = (struct node){h, port, NULL, false};
@@ -195,7 +188,7 @@ static int node_auth(tally_rc *rc, struct node *n) {
   if (r->type == REDIS_REPLY_ERROR) {
     /* Redis' reasons (WRONGPASS ..., ERR ... no password is set) never
      * quote the password */
-    code = tally__fail(TALLY_ESYS, "redis %s:%d: AUTH%s refused: %s", n->host, n->port,
+    code = tally_error_set(TALLY_EREMOTE, "redis %s:%d: AUTH%s refused: %s", n->host, n->port,
                        rc->user ? " (user and password)" : " (password)", r->str);
     rc->stats.errors++;
     redisFree(n->c);
@@ -210,10 +203,10 @@ static int node_auth(tally_rc *rc, struct node *n) {
  * succeed: nothing reached the node, so a resend is safe. */
 static int node_ready_x(tally_rc *rc, uint16_t i, uint64_t deadline, bool *unsent) {
   struct node *n = &rc->nodes[i];
-  uint64_t now = now_ms();
+  uint64_t now = (uint64_t)tally_monotonic_ms();
   if (unsent) *unsent = false;
   if (now >= deadline)
-    return tally__fail(TALLY_ETIMEDOUT, "redis %s:%d: timed out", n->host, n->port);
+    return tally_error_set(TALLY_ETIMEDOUT, "redis %s:%d: timed out", n->host, n->port);
   if (n->c && conn_dead(n->c)) {
     redisFree(n->c);
     n->c = NULL;
@@ -252,13 +245,13 @@ static uint16_t node_parse(tally_rc *rc, const char *s, size_t len, uint16_t dfl
   for (size_t i = len; i > 0; i--)
     if (s[i - 1] == ':') { colon = s + i - 1; break; }
   if (!colon) {
-    tally__fail(TALLY_ESYS, "redis: bad address '%.*s'", (int)len, s);
+    tally_error_set(TALLY_EINVAL, "redis: bad address '%.*s'", (int)len, s);
     return NO_NODE;
   }
   char *end;
   long port = strtol(colon + 1, &end, 10);
   if (end == colon + 1 || port <= 0 || port > 65535) {
-    tally__fail(TALLY_ESYS, "redis: bad address '%.*s'", (int)len, s);
+    tally_error_set(TALLY_EINVAL, "redis: bad address '%.*s'", (int)len, s);
     return NO_NODE;
   }
   if (colon == s && dflt != NO_NODE) {
@@ -276,7 +269,7 @@ static int map_load(tally_rc *rc, const redisReply *r, uint16_t from) {
   /* built aside, so a bad reply leaves the old map whole; on the heap, as a
    * 32 KB thread-local would not fit a dlopen()ed module's static TLS */
   uint16_t *tmp = malloc(TALLY_RC_SLOTS * sizeof *tmp);
-  if (!tmp) return tally__fail(TALLY_ENOMEM, "redis: out of memory");
+  if (!tmp) return tally_error_set(TALLY_ENOMEM, "redis: out of memory");
   int code = 0;
   for (uint32_t s = 0; s < TALLY_RC_SLOTS; s++) tmp[s] = NO_NODE;
   for (size_t i = 0; i < r->elements; i++) {
@@ -287,7 +280,7 @@ static int map_load(tally_rc *rc, const redisReply *r, uint16_t from) {
         e->element[2]->type != REDIS_REPLY_ARRAY || e->element[2]->elements < 2 ||
         e->element[2]->element[0]->type != REDIS_REPLY_STRING ||
         e->element[2]->element[1]->type != REDIS_REPLY_INTEGER) {
-      code = tally__fail(TALLY_ESYS, "redis %s:%d: malformed CLUSTER SLOTS reply",
+      code = tally_error_set(TALLY_EREMOTE, "redis %s:%d: malformed CLUSTER SLOTS reply",
                          rc->nodes[from].host, rc->nodes[from].port);
       break;
     }
@@ -295,7 +288,7 @@ static int map_load(tally_rc *rc, const redisReply *r, uint16_t from) {
     const redisReply *host = e->element[2]->element[0];
     long long port = e->element[2]->element[1]->integer;
     if (lo < 0 || hi < lo || hi >= TALLY_RC_SLOTS || port <= 0 || port > 65535) {
-      code = tally__fail(TALLY_ESYS, "redis %s:%d: bad range in CLUSTER SLOTS",
+      code = tally_error_set(TALLY_EREMOTE, "redis %s:%d: bad range in CLUSTER SLOTS",
                          rc->nodes[from].host, rc->nodes[from].port);
       break;
     }
@@ -326,7 +319,7 @@ static int map_load(tally_rc *rc, const redisReply *r, uint16_t from) {
 /* Ask node i for CLUSTER SLOTS. *r gets the reply (caller frees). */
 static int ask_slots(tally_rc *rc, uint16_t i, redisReply **r) {
   *r = NULL;
-  int code = node_ready(rc, i, now_ms() + rc->timeout_ms);
+  int code = node_ready(rc, i, (uint64_t)tally_monotonic_ms() + rc->timeout_ms);
   if (code) return code;
   *r = redisCommand(rc->nodes[i].c, "CLUSTER SLOTS");
   if (!*r) return node_fail(rc, &rc->nodes[i], "CLUSTER SLOTS", errno);
@@ -334,9 +327,9 @@ static int ask_slots(tally_rc *rc, uint16_t i, redisReply **r) {
 }
 
 int tally_rc_refresh(tally_rc *rc) {
-  if (!rc) return tally__fail(TALLY_EINVAL, "redis: NULL handle");
+  if (!rc) return tally_error_set(TALLY_EINVAL, "redis: NULL handle");
   if (!rc->cluster) return 0;
-  int code = TALLY_ESYS;
+  int code = TALLY_ECONNECT;
   /* nodes with a live connection first: no connect cost */
   for (int pass = 0; pass < 2; pass++) {
     for (uint32_t i = 0; i < rc->nnodes; i++) {
@@ -352,7 +345,7 @@ int tally_rc_refresh(tally_rc *rc) {
           return 0;
         }
       } else {
-        code = tally__fail(TALLY_ESYS, "redis %s:%d: CLUSTER SLOTS: %s",
+        code = tally_error_set(TALLY_EREMOTE, "redis %s:%d: CLUSTER SLOTS: %s",
                            rc->nodes[i].host, rc->nodes[i].port,
                            r->type == REDIS_REPLY_ERROR ? r->str : "no slots");
         freeReplyObject(r);
@@ -370,19 +363,19 @@ int tally_rc_open(const char *seeds, uint32_t timeout_ms, tally_rc **out) {
 }
 
 int tally_rc_open_opts(const char *seeds, const tally_rc_opts *opts, tally_rc **out) {
-  if (!out) return tally__fail(TALLY_EINVAL, "redis: NULL out");
+  if (!out) return tally_error_set(TALLY_EINVAL, "redis: NULL out");
   *out = NULL;
   if (!seeds || !*seeds || !opts || opts->timeout_ms == 0)
-    return tally__fail(TALLY_EINVAL, "redis: seeds and a timeout are required");
+    return tally_error_set(TALLY_EINVAL, "redis: seeds and a timeout are required");
   tally_rc *rc = calloc(1, sizeof *rc);
-  if (!rc) return tally__fail(TALLY_ENOMEM, "redis: out of memory");
+  if (!rc) return tally_error_set(TALLY_ENOMEM, "redis: out of memory");
   rc->timeout_ms = opts->timeout_ms;
   if (opts->password) {
     rc->password = strdup(opts->password);
     rc->user = opts->user ? strdup(opts->user) : NULL;
     if (!rc->password || (opts->user && !rc->user)) {
       tally_rc_close(rc);
-      return tally__fail(TALLY_ENOMEM, "redis: out of memory");
+      return tally_error_set(TALLY_ENOMEM, "redis: out of memory");
     }
   }
   for (const char *p = seeds; *p;) {
@@ -391,15 +384,15 @@ int tally_rc_open_opts(const char *seeds, const tally_rc_opts *opts, tally_rc **
     while (len && p[len - 1] == ' ') len--;
     if (len == 0 || node_parse(rc, p, len, NO_NODE) == NO_NODE) {
       tally_rc_close(rc);
-      return tally__fail(TALLY_EINVAL, "redis: bad seed list '%s'", seeds);
+      return tally_error_set(TALLY_EINVAL, "redis: bad seed list '%s'", seeds);
     }
     p += strcspn(p, ",");
     if (*p == ',' && *++p == '\0') { /* a trailing comma: an empty seed */
       tally_rc_close(rc);
-      return tally__fail(TALLY_EINVAL, "redis: bad seed list '%s'", seeds);
+      return tally_error_set(TALLY_EINVAL, "redis: bad seed list '%s'", seeds);
     }
   }
-  int code = TALLY_ESYS;
+  int code = TALLY_ECONNECT;
   uint32_t nseeds = rc->nnodes;  /* map_load may add nodes past the seeds */
   for (uint32_t i = 0; i < nseeds; i++) {
     redisReply *r;
@@ -412,7 +405,7 @@ int tally_rc_open_opts(const char *seeds, const tally_rc_opts *opts, tally_rc **
       for (uint32_t s = 0; s < TALLY_RC_SLOTS; s++) rc->slots[s] = (uint16_t)i;
       code = 0;
     } else {
-      code = tally__fail(TALLY_ESYS, "redis %s:%d: CLUSTER SLOTS: %s",
+      code = tally_error_set(TALLY_EREMOTE, "redis %s:%d: CLUSTER SLOTS: %s",
                          rc->nodes[i].host, rc->nodes[i].port,
                          r->type == REDIS_REPLY_ERROR ? r->str : "no slots assigned");
     }
@@ -450,11 +443,11 @@ void tally_rc_stats_get(const tally_rc *rc, tally_rc_stats *out) {
 /* ---- pipeline ------------------------------------------------------------ */
 
 int tally_rc_pipe_new(tally_rc *rc, tally_rc_pipe **out) {
-  if (!out) return tally__fail(TALLY_EINVAL, "redis: NULL out");
+  if (!out) return tally_error_set(TALLY_EINVAL, "redis: NULL out");
   *out = NULL;
-  if (!rc) return tally__fail(TALLY_EINVAL, "redis: NULL handle");
+  if (!rc) return tally_error_set(TALLY_EINVAL, "redis: NULL handle");
   tally_rc_pipe *p = calloc(1, sizeof *p);
-  if (!p) return tally__fail(TALLY_ENOMEM, "redis: out of memory");
+  if (!p) return tally_error_set(TALLY_ENOMEM, "redis: out of memory");
   p->rc = rc;
   *out = p;
   return 0;
@@ -514,26 +507,26 @@ static struct cmd *cmd_new(const void *key, size_t key_len, int argc,
 static int check_args(const void *key, size_t key_len, int argc,
                       const char **argv) {
   if (argc <= 0 || !argv || (!key && key_len))
-    return tally__fail(TALLY_EINVAL, "redis: bad command arguments");
+    return tally_error_set(TALLY_EINVAL, "redis: bad command arguments");
   for (int i = 0; i < argc; i++)
-    if (!argv[i]) return tally__fail(TALLY_EINVAL, "redis: NULL argument %d", i);
+    if (!argv[i]) return tally_error_set(TALLY_EINVAL, "redis: NULL argument %d", i);
   return 0;
 }
 
 int tally_rc_pipe_add(tally_rc_pipe *p, const void *key, size_t key_len,
                       int argc, const char **argv, const size_t *argvlen) {
-  if (!p) return tally__fail(TALLY_EINVAL, "redis: NULL pipeline");
+  if (!p) return tally_error_set(TALLY_EINVAL, "redis: NULL pipeline");
   int code = check_args(key, key_len, argc, argv);
   if (code) return code;
   if (p->n == p->cap) {
     uint32_t cap = p->cap ? p->cap * 2 : 16;
     struct cmd **nc = realloc(p->cmds, cap * sizeof *nc);
-    if (!nc) return tally__fail(TALLY_ENOMEM, "redis: out of memory");
+    if (!nc) return tally_error_set(TALLY_ENOMEM, "redis: out of memory");
     p->cmds = nc;
     p->cap = cap;
   }
   struct cmd *c = cmd_new(key, key_len, argc, argv, argvlen);
-  if (!c) return tally__fail(TALLY_ENOMEM, "redis: out of memory");
+  if (!c) return tally_error_set(TALLY_ENOMEM, "redis: out of memory");
   p->cmds[p->n++] = c;
   return 0;
 }
@@ -625,7 +618,7 @@ static bool node_send(tally_rc *rc, struct cmd **cmds, uint32_t n, uint16_t ni,
   for (uint32_t i = 0; i < n; i++) {
     struct cmd *c = cmds[i];
     if (c->state != CMD_PENDING || c->node != ni) continue;
-    if (unsent && ++c->attempts < TALLY_RC_CONNECT_TRIES && now_ms() < deadline) {
+    if (unsent && ++c->attempts < TALLY_RC_CONNECT_TRIES && (uint64_t)tally_monotonic_ms() < deadline) {
       rc->stats.resent++;
       retry = true;
       continue; /* stays pending; its ASK, if any, still holds */
@@ -671,7 +664,7 @@ static bool node_recv(tally_rc *rc, struct cmd **cmds, uint32_t n, uint16_t ni,
 }
 
 static int pipe_run(tally_rc *rc, struct cmd **cmds, uint32_t n) {
-  uint64_t deadline = now_ms() + rc->timeout_ms;
+  uint64_t deadline = (uint64_t)tally_monotonic_ms() + rc->timeout_ms;
   uint32_t backoff = 0;
   int code = 0;
   char msg[512] = "";
@@ -683,7 +676,7 @@ static int pipe_run(tally_rc *rc, struct cmd **cmds, uint32_t n) {
     for (uint32_t i = 0; i < n; i++) pending += cmds[i]->state == CMD_PENDING;
     if (!pending) break;
     if (backoff) {
-      uint64_t now = now_ms();
+      uint64_t now = (uint64_t)tally_monotonic_ms();
       sleep_ms(now + backoff < deadline ? backoff : (now < deadline ? deadline - now : 0));
     }
     if (rc->refresh_now) { /* a node refused: a failover may have moved its slots */
@@ -697,12 +690,12 @@ static int pipe_run(tally_rc *rc, struct cmd **cmds, uint32_t n) {
       c->node = c->ask != NO_NODE ? c->ask : rc->slots[c->slot];
       int why = 0;
       if (c->node == NO_NODE)
-        why = tally__fail(TALLY_ESYS, "redis: no node serves slot %u", c->slot);
+        why = tally_error_set(TALLY_EREMOTE, "redis: no node serves slot %u", c->slot);
       else if (c->attempts >= TALLY_RC_MAX_ATTEMPTS)
-        why = tally__fail(TALLY_ESYS, "redis: %s: gave up after %u redirections or retries",
+        why = tally_error_set(TALLY_EREMOTE, "redis: %s: gave up after %u redirections or retries",
                           c->argv[0], c->attempts);
-      else if (now_ms() >= deadline)
-        why = tally__fail(TALLY_ETIMEDOUT, "redis: %s: no reply within %u ms "
+      else if ((uint64_t)tally_monotonic_ms() >= deadline)
+        why = tally_error_set(TALLY_ETIMEDOUT, "redis: %s: no reply within %u ms "
                           "(redirections or retries)", c->argv[0], rc->timeout_ms);
       if (why) {
         if (c->node == NO_NODE) rc->stale = true;
@@ -714,7 +707,7 @@ static int pipe_run(tally_rc *rc, struct cmd **cmds, uint32_t n) {
      * work in parallel */
     bool *used = calloc(rc->nnodes ? rc->nnodes : 1, sizeof *used);
     if (!used) {
-      first_fail(&code, msg, sizeof msg, tally__fail(TALLY_ENOMEM, "redis: out of memory"));
+      first_fail(&code, msg, sizeof msg, tally_error_set(TALLY_ENOMEM, "redis: out of memory"));
       for (uint32_t i = 0; i < n; i++)
         if (cmds[i]->state == CMD_PENDING) cmds[i]->state = CMD_FAILED;
       break;
@@ -733,12 +726,12 @@ static int pipe_run(tally_rc *rc, struct cmd **cmds, uint32_t n) {
     backoff = !again ? 0 : !backoff ? BACKOFF_MIN_MS
               : backoff * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : backoff * 2;
   }
-  if (code) return tally__fail(code, "%s", msg);
+  if (code) return tally_error_set(code, "%s", msg);
   return 0;
 }
 
 int tally_rc_pipe_exec(tally_rc_pipe *p) {
-  if (!p) return tally__fail(TALLY_EINVAL, "redis: NULL pipeline");
+  if (!p) return tally_error_set(TALLY_EINVAL, "redis: NULL pipeline");
   for (uint32_t i = 0; i < p->n; i++) {
     struct cmd *c = p->cmds[i];
     if (c->state != CMD_FAILED) continue;
@@ -752,13 +745,13 @@ int tally_rc_pipe_exec(tally_rc_pipe *p) {
 int tally_rc_command(tally_rc *rc, const void *key, size_t key_len, int argc,
                      const char **argv, const size_t *argvlen,
                      redisReply **reply) {
-  if (!reply) return tally__fail(TALLY_EINVAL, "redis: NULL reply");
+  if (!reply) return tally_error_set(TALLY_EINVAL, "redis: NULL reply");
   *reply = NULL;
-  if (!rc) return tally__fail(TALLY_EINVAL, "redis: NULL handle");
+  if (!rc) return tally_error_set(TALLY_EINVAL, "redis: NULL handle");
   int code = check_args(key, key_len, argc, argv);
   if (code) return code;
   struct cmd *c = cmd_new(key, key_len, argc, argv, argvlen);
-  if (!c) return tally__fail(TALLY_ENOMEM, "redis: out of memory");
+  if (!c) return tally_error_set(TALLY_ENOMEM, "redis: out of memory");
   code = pipe_run(rc, &c, 1);
   *reply = c->reply;
   free(c);
@@ -769,10 +762,10 @@ int tally_rc_command_wait(tally_rc *rc, const void *key, size_t key_len, int arg
                           const char **argv, const size_t *argvlen,
                           uint32_t replicas, uint32_t timeout_ms,
                           redisReply **reply, long long *acked) {
-  if (!reply || !acked) return tally__fail(TALLY_EINVAL, "redis: NULL reply");
+  if (!reply || !acked) return tally_error_set(TALLY_EINVAL, "redis: NULL reply");
   *reply = NULL;
   *acked = -1;
-  if (!rc) return tally__fail(TALLY_EINVAL, "redis: NULL handle");
+  if (!rc) return tally_error_set(TALLY_EINVAL, "redis: NULL handle");
   int code = check_args(key, key_len, argc, argv);
   if (code) return code;
   char sn[16], st[16];
@@ -785,7 +778,7 @@ int tally_rc_command_wait(tally_rc *rc, const void *key, size_t key_len, int arg
   if (!c[0] || !c[1]) {
     free(c[0]);
     free(c[1]);
-    return tally__fail(TALLY_ENOMEM, "redis: out of memory");
+    return tally_error_set(TALLY_ENOMEM, "redis: out of memory");
   }
   /* the call's own timeout must leave room for WAIT's */
   uint32_t saved = rc->timeout_ms;

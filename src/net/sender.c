@@ -18,11 +18,14 @@
  * Every wait is a pthread_cond_timedwait on CLOCK_MONOTONIC, so changes of
  * the wall clock neither stall nor hurry retries, flushes and closes.
  */
-#include "internal.h"
+#include "tally_net.h"
 
 #include <curl/curl.h>
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -79,12 +82,6 @@ static CURLcode curl_init_result;
 /* curl_global_init is not thread-safe in every libcurl, and must run once. */
 static void curl_init_once(void) {
   curl_init_result = curl_global_init(CURL_GLOBAL_DEFAULT);
-}
-
-static int64_t now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 /* Wait on c until signalled or until deadline_ms (CLOCK_MONOTONIC). */
@@ -201,7 +198,7 @@ static void *sender_main(void *arg) {
 
   pthread_mutex_lock(&s->mu);
   for (;;) {
-    int64_t now = now_ms();
+    int64_t now = tally_monotonic_ms();
     struct sender_body *b;
     int32_t status;
     int result;
@@ -251,7 +248,7 @@ static void *sender_main(void *arg) {
       memcpy(s->last_error, err, sizeof s->last_error);
       push_front(s, b);
       while (s->waiting > s->max_queue) drop_oldest(s); /* posted meanwhile */
-      s->retry_at_ms = now_ms() + s->next_backoff_ms;
+      s->retry_at_ms = tally_monotonic_ms() + s->next_backoff_ms;
       s->next_backoff_ms = s->next_backoff_ms > s->max_backoff_ms / 2
                                ? s->max_backoff_ms
                                : s->next_backoff_ms * 2;
@@ -301,14 +298,14 @@ static int sender_curl_setup(tally_sender *s, const tally_sender_options *o,
   if (o->headers) {
     for (const char *const *h = o->headers; *h; h++) {
       struct curl_slist *more = curl_slist_append(s->headers, *h);
-      if (!more) return tally__fail(TALLY_ENOMEM, "sender: out of memory");
+      if (!more) return tally_error_set(TALLY_ENOMEM, "sender: out of memory");
       s->headers = more;
     }
   }
   s->easy = curl_easy_init();
   s->multi = curl_multi_init();
   if (!s->easy || !s->multi)
-    return tally__fail(TALLY_ENOMEM, "sender: cannot create curl handles");
+    return tally_error_set(TALLY_ENOMEM, "sender: cannot create curl handles");
 
   cc = curl_easy_setopt(s->easy, CURLOPT_URL, s->url);
   if (!cc) cc = curl_easy_setopt(s->easy, CURLOPT_NOSIGNAL, 1L);
@@ -319,9 +316,9 @@ static int sender_curl_setup(tally_sender *s, const tally_sender_options *o,
     cc = curl_easy_setopt(s->easy, CURLOPT_HTTPHEADER, s->headers);
   if (!cc && put) cc = curl_easy_setopt(s->easy, CURLOPT_CUSTOMREQUEST, "PUT");
   if (cc == CURLE_OUT_OF_MEMORY)
-    return tally__fail(TALLY_ENOMEM, "sender: out of memory");
+    return tally_error_set(TALLY_ENOMEM, "sender: out of memory");
   if (cc != CURLE_OK)
-    return tally__fail(TALLY_ESYS, "sender: curl: %s", curl_easy_strerror(cc));
+    return tally_error_set(TALLY_ESYS, "sender: curl: %s", curl_easy_strerror(cc));
   return 0;
 }
 
@@ -333,12 +330,12 @@ int tally_sender_open(const tally_sender_options *o, tally_sender **out) {
   int rc;
 
   if (!o || !out)
-    return tally__fail(TALLY_EINVAL, "sender: options and out must not be NULL");
+    return tally_error_set(TALLY_EINVAL, "sender: options and out must not be NULL");
   if (!o->url)
-    return tally__fail(TALLY_EINVAL, "sender: url is required");
+    return tally_error_set(TALLY_EINVAL, "sender: url is required");
   if (strncasecmp(o->url, "http://", 7) != 0 &&
       strncasecmp(o->url, "https://", 8) != 0)
-    return tally__fail(TALLY_EINVAL,
+    return tally_error_set(TALLY_EINVAL,
                        "sender: url must start with http:// or https://, got '%.200s'",
                        o->url);
   if (!o->method || strcmp(o->method, "POST") == 0)
@@ -346,23 +343,23 @@ int tally_sender_open(const tally_sender_options *o, tally_sender **out) {
   else if (strcmp(o->method, "PUT") == 0)
     put = true;
   else
-    return tally__fail(TALLY_EINVAL, "sender: method must be POST or PUT, got '%.32s'",
+    return tally_error_set(TALLY_EINVAL, "sender: method must be POST or PUT, got '%.32s'",
                        o->method);
   if (o->headers) {
     for (const char *const *h = o->headers; *h; h++)
       if (!header_ok(*h))
-        return tally__fail(TALLY_EINVAL,
+        return tally_error_set(TALLY_EINVAL,
                            "sender: header '%.100s' is not \"Name: value\" on one line",
                            *h);
   }
 
   pthread_once(&curl_once, curl_init_once);
   if (curl_init_result != CURLE_OK)
-    return tally__fail(TALLY_ESYS, "sender: curl_global_init: %s",
+    return tally_error_set(TALLY_ESYS, "sender: curl_global_init: %s",
                        curl_easy_strerror(curl_init_result));
 
   s = calloc(1, sizeof *s);
-  if (!s) return tally__fail(TALLY_ENOMEM, "sender: out of memory");
+  if (!s) return tally_error_set(TALLY_ENOMEM, "sender: out of memory");
   pthread_mutex_init(&s->mu, NULL);
   pthread_condattr_init(&ca);
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -379,7 +376,7 @@ int tally_sender_open(const tally_sender_options *o, tally_sender **out) {
   s->url = strdup(o->url);
   if (!s->url) {
     sender_free(s);
-    return tally__fail(TALLY_ENOMEM, "sender: out of memory");
+    return tally_error_set(TALLY_ENOMEM, "sender: out of memory");
   }
   rc = sender_curl_setup(s, o, put);
   if (rc < 0) {
@@ -395,8 +392,7 @@ int tally_sender_open(const tally_sender_options *o, tally_sender **out) {
   pthread_sigmask(SIG_SETMASK, &old, NULL);
   if (rc != 0) {
     sender_free(s);
-    errno = rc;
-    return tally__fail_sys("sender: pthread_create", NULL);
+    return tally_error_set(TALLY_ESYS, "sender: pthread_create: %s", strerror(rc));
   }
   *out = s;
   return 0;
@@ -406,11 +402,11 @@ int tally_sender_post(tally_sender *s, const void *body, size_t len,
                       uint32_t records) {
   struct sender_body *b;
 
-  if (!s) return tally__fail(TALLY_EINVAL, "sender: NULL sender");
+  if (!s) return tally_error_set(TALLY_EINVAL, "sender: NULL sender");
   if (!body && len > 0)
-    return tally__fail(TALLY_EINVAL, "sender: NULL body of %zu bytes", len);
+    return tally_error_set(TALLY_EINVAL, "sender: NULL body of %zu bytes", len);
   if (records == 0)
-    return tally__fail(TALLY_EINVAL, "sender: records must be at least 1");
+    return tally_error_set(TALLY_EINVAL, "sender: records must be at least 1");
   if (records > s->max_queue) { /* could never fit: dropped at once */
     pthread_mutex_lock(&s->mu);
     s->dropped += records;
@@ -418,9 +414,9 @@ int tally_sender_post(tally_sender *s, const void *body, size_t len,
     return 0;
   }
   if (len > SIZE_MAX - sizeof *b)
-    return tally__fail(TALLY_ENOMEM, "sender: body of %zu bytes", len);
+    return tally_error_set(TALLY_ENOMEM, "sender: body of %zu bytes", len);
   b = malloc(sizeof *b + len);
-  if (!b) return tally__fail(TALLY_ENOMEM, "sender: no memory for a body of %zu bytes", len);
+  if (!b) return tally_error_set(TALLY_ENOMEM, "sender: no memory for a body of %zu bytes", len);
   b->records = records;
   b->len = len;
   if (len) memcpy(b->data, body, len);
@@ -436,14 +432,14 @@ int tally_sender_post(tally_sender *s, const void *body, size_t len,
 int tally_sender_flush(tally_sender *s, uint32_t timeout_ms) {
   int64_t deadline;
 
-  if (!s) return tally__fail(TALLY_EINVAL, "sender: NULL sender");
-  deadline = now_ms() + timeout_ms;
+  if (!s) return tally_error_set(TALLY_EINVAL, "sender: NULL sender");
+  deadline = tally_monotonic_ms() + timeout_ms;
   pthread_mutex_lock(&s->mu);
   while (s->head || s->in_flight) {
-    if (now_ms() >= deadline) {
+    if (tally_monotonic_ms() >= deadline) {
       uint64_t left = s->waiting + (s->in_flight ? s->in_flight->records : 0);
       pthread_mutex_unlock(&s->mu);
-      return tally__fail(TALLY_ETIMEDOUT,
+      return tally_error_set(TALLY_ETIMEDOUT,
                          "sender: %llu records still queued after %u ms",
                          (unsigned long long)left, timeout_ms);
     }
@@ -473,10 +469,10 @@ void tally_sender_close(tally_sender *s, uint32_t drain_ms) {
   if (!s) return;
   pthread_mutex_lock(&s->mu);
   s->stopping = true;
-  s->stop_at_ms = now_ms() + drain_ms;
+  s->stop_at_ms = tally_monotonic_ms() + drain_ms;
   pthread_cond_signal(&s->wake);
   while (!s->finished) {
-    if (now_ms() < s->stop_at_ms) {
+    if (tally_monotonic_ms() < s->stop_at_ms) {
       wait_until(&s->settled, &s->mu, s->stop_at_ms);
       continue;
     }
