@@ -155,6 +155,12 @@ typedef struct tally_store_stats {
   uint64_t file_bytes;     /* bytes the store occupies (file length) */
   uint64_t used_bytes;     /* bytes allocated inside it */
   uint64_t retired_bytes;  /* cells left behind by reshard and drop */
+  uint64_t max_bytes;      /* the most the store can grow to */
+  uint64_t writers;        /* thread tickets drawn: each thread, in any
+                              process, that incremented a thread-policy
+                              counter of the store */
+  uint32_t format;         /* file format version */
+  uint32_t schedules;      /* rollup schedule identities the store keeps */
 } tally_store_stats;
 
 TALLY_API int tally_store_stats_get(tally_store *s, tally_store_stats *out);
@@ -344,6 +350,20 @@ typedef void (*tally_rollup_fn)(void *ud, const char *name, size_t len,
 TALLY_API int tally_schedule_tick(tally_schedule *sch, int64_t now_ms,
                                   tally_rollup_fn fn, void *ud,
                                   tally_tick_result *out);
+
+/* A schedule identity as the store keeps it (for tools like tally info:
+ * the pattern lives in the processes that define the schedule). */
+typedef struct tally_schedule_info {
+  int64_t every_ms;        /* its period; 0 if the store predates this field */
+  int64_t last_period_ms;  /* start of the last period rolled up, or -1 */
+  int64_t holder_pid;      /* pid of the lease's holder (it may have
+                              ended), 0 if none */
+} tally_schedule_info;
+
+/* The schedule identities the store keeps, up to cap of them in out; *n
+ * gets how many there are. Reads without the lock. */
+TALLY_API int tally_store_schedules(tally_store *s, tally_schedule_info *out,
+                                    uint32_t cap, uint32_t *n);
 
 /* The counter's latest rollup record; TALLY_ENOROLLUP if it has none. */
 TALLY_API int tally_counter_rolled(tally_counter *c, tally_rollup *out);

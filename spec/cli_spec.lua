@@ -445,8 +445,26 @@ describe("tally inspection commands", function()
     assert.same({ store = "file:" .. path, format = 2, counters = 3, file_bytes = st.file_bytes,
                   used_bytes = st.used_bytes, free_bytes = st.file_bytes - st.used_bytes,
                   max_bytes = 32 * 2^30, fs_avail_bytes = doc.fs_avail_bytes,
-                  retired_bytes = 0, writers = 1, rollups = false, check = "ok" }, doc)
+                  retired_bytes = 0, writers = 1, rollups = {}, check = "ok" }, doc)
     assert.is_true(doc.fs_avail_bytes > 0)
+  end)
+
+  it("info: lists the rollup schedules the store keeps", function()
+    local p = helper.tmpfile("sched.tly")
+    local db = assert(tally.open("file:" .. p))
+    db:rollup("views", { every = 10 })
+    db:rollup("*", { every = 3600 })
+    db:incr("views")
+    db:tick(1700000005)          -- periods starting 1700000000 (10 s) and 1699999200 (1 h)
+    db:close()
+    local out, err, code = run("info", p)
+    assert.equal(0, code, err)
+    assert.matches("\nrollups    every 10 s, last period 2023%-11%-14 22:13:20 UTC\n"
+                   .. "           every 1 h, last period 2023%-11%-14 22:00:00 UTC\n$", out)
+    out = run("info", p, "--json")
+    local doc = require("cjson").decode(out)
+    assert.same({ { every = 10, last_period = 1700000000 }, { every = 3600, last_period = 1699999200 } },
+                doc.rollups)
   end)
 
   it("watch: needs a terminal", function()

@@ -5,8 +5,8 @@
  *       cells = { ... } if asked } or nil, message, code
  *   peek.history(db, name, last) -> res_s, { { t=, v= }, ... } or nil
  *       the newest `last` buckets of the counter's finest history ring
- *   peek.header(path) -> { format=, writers=, file_bytes=, used_bytes=,
- *       retired_bytes=, max_bytes=, rollups= } or nil, message
+ *   peek.store(db) -> { format=, max_bytes=, writers=, schedules = {
+ *       { every=, last_period=, holder= }, ... } } or nil, message, code
  *   peek.fs(path) -> { avail=, size= } of the file system holding path
  *
  * `tally ls`, `get`, `info` and `watch` read through these. Counters are
@@ -14,10 +14,8 @@
  * runs is skipped, never made again (db:counter() would create it), and
  * nothing here takes the store lock: a lookup and a read of cells and
  * rollup records are lock-free. A value whose shards sum beyond int64 comes
- * back as its exact decimal string. peek.header reads the file's header
- * with pread() for what db:stats() does not give: the format version and
- * the count of thread tickets drawn (one per thread, in any process, that
- * has incremented a `thread` counter of the store).
+ * back as its exact decimal string. Everything goes through the library's
+ * API: the command never reads the file format itself.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -28,7 +26,6 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
-#include "internal.h"
 #include "lua_tally.h"
 #include "cli.h"
 
@@ -154,40 +151,36 @@ static int p_history(lua_State *L) {
   return 2;
 }
 
-static uint64_t word(const unsigned char *h, size_t off) {
-  uint64_t v;
-  memcpy(&v, h + off, sizeof v);
-  return v;
-}
-
-static int p_header(lua_State *L) {
-  const char *path = luaL_checkstring(L, 1);
-  unsigned char h[TALLY__HEADER_BYTES];
-  uint32_t format;
-  ssize_t got;
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    lua_pushnil(L);
-    lua_pushfstring(L, "%s: %s", path, strerror(errno));
-    return 2;
+/* What db:stats() leaves out, through the library's API (never the file
+ * format): format, size limit, thread tickets drawn, and the schedule
+ * identities the store keeps. */
+static int p_store(lua_State *L) {
+  tl_store *d = tl_checkstore(L, 1);
+  tally_store_stats st;
+  tally_schedule_info sch[64];
+  uint32_t n, i;
+  int rc = tally_store_stats_get(d->store, &st);
+  if (rc == 0) rc = tally_store_schedules(d->store, sch, 64, &n);
+  if (rc < 0) return fail(L, rc);
+  lua_createtable(L, 0, 4);
+  setint(L, "format", st.format);
+  setint(L, "max_bytes", (int64_t)st.max_bytes);
+  setint(L, "writers", (int64_t)st.writers);
+  lua_createtable(L, n < 64 ? (int)n : 64, 0);
+  for (i = 0; i < n && i < 64; i++) {
+    lua_createtable(L, 0, 3);
+    if (sch[i].every_ms > 0) {
+      lua_pushnumber(L, (lua_Number)sch[i].every_ms / 1000);
+      lua_setfield(L, -2, "every");
+    }
+    if (sch[i].last_period_ms >= 0) {
+      lua_pushnumber(L, (lua_Number)sch[i].last_period_ms / 1000);
+      lua_setfield(L, -2, "last_period");
+    }
+    if (sch[i].holder_pid > 0) setint(L, "holder", sch[i].holder_pid);
+    lua_rawseti(L, -2, (lua_Integer)i + 1);
   }
-  got = pread(fd, h, sizeof h, 0);
-  close(fd);
-  if (got != (ssize_t)sizeof h || memcmp(h, TALLY__MAGIC, 8) != 0) {
-    lua_pushnil(L);
-    lua_pushfstring(L, "%s: not a tally store", path);
-    return 2;
-  }
-  memcpy(&format, h + offsetof(struct tally__header, format), sizeof format);
-  lua_createtable(L, 0, 7);
-  setint(L, "format", format);
-  setint(L, "max_bytes", (int64_t)word(h, offsetof(struct tally__header, max_bytes)));
-  setint(L, "file_bytes", (int64_t)word(h, offsetof(struct tally__header, size)));
-  setint(L, "used_bytes", (int64_t)word(h, offsetof(struct tally__header, used)));
-  setint(L, "retired_bytes", (int64_t)word(h, offsetof(struct tally__header, retired)));
-  setint(L, "writers", (int64_t)word(h, offsetof(struct tally__header, writers)));
-  lua_pushboolean(L, word(h, offsetof(struct tally__header, rollups)) != 0);
-  lua_setfield(L, -2, "rollups");
+  lua_setfield(L, -2, "schedules");
   return 1;
 }
 
@@ -209,7 +202,7 @@ int cli_open_peek(lua_State *L) {
   static const luaL_Reg fns[] = {
     { "counter", p_counter },
     { "history", p_history },
-    { "header", p_header },
+    { "store", p_store },
     { "fs", p_fs },
     { NULL, NULL }
   };

@@ -163,7 +163,8 @@ Describe STORE for an operator: format version; counters; file size; space
 used and free inside the file; room left to grow (to the store's 32 GiB
 limit and on the file system); bytes retired by reshard and drop (never
 reused); thread tickets drawn (each thread, in any process, that has
-incremented a 'thread' counter draws one: the writers so far); rollups.
+incremented a 'thread' counter draws one: the writers so far); the rollup
+schedules the store keeps (period, last period rolled up, lease holder).
 
   --json    the same as one JSON object (integers exact)
   --check   also verify every structure of the store (db:check(), which
@@ -622,23 +623,49 @@ function cmd.import(args)
   return 0
 end
 
+-- 90 -> "90 s", 600 -> "10 m", 3600 -> "1 h": the largest unit that divides it.
+local function duration(secs)
+  for _, u in ipairs({ { 86400, "d" }, { 3600, "h" }, { 60, "m" } }) do
+    if secs >= u[1] and secs % u[1] == 0 then return fmt("%d %s", secs // u[1], u[2]) end
+  end
+  return fmt("%g s", secs)
+end
+
+-- One schedule identity as tally info shows it (the store keeps no pattern:
+-- that lives in the processes defining the schedule).
+local function schedule_text(sc)
+  local every = sc.every and ("every " .. duration(sc.every)) or "every ?"
+  local last = sc.last_period and ("last period " .. os.date("!%Y-%m-%d %H:%M:%S", floor(sc.last_period)) .. " UTC")
+               or "not run yet"
+  local holder = sc.holder and fmt(", lease taken last by pid %d", sc.holder) or ""
+  return every .. ", " .. last .. holder
+end
+
 function cmd.info(args)
   local o, pos = parse(args, { flags = { json = true, check = true }, min = 1, max = 1 })
   if o.help then return "help" end
   local db, path = open(pos[1])
   local st = must(db:stats())
-  local h, herr = peek.header(path)
-  if not h then fail(herr) end
+  local h = must(peek.store(db))
   local fs = peek.fs(path)
   local free_in_file = st.file_bytes - st.used_bytes
   local grow = h.max_bytes - st.file_bytes
   local checked, check_msg
   if o.check then checked, check_msg = db:check() end
+  local rollups = {}
+  for i, sc in ipairs(h.schedules) do
+    local keys = {}
+    for _, k in ipairs({ "every", "last_period", "holder" }) do
+      if sc[k] then keys[#keys + 1] = k end
+    end
+    rollups[i] = jobject(keys, sc)
+  end
   local info = {
     store = "file:" .. path, format = h.format, counters = st.counters,
     file_bytes = st.file_bytes, used_bytes = st.used_bytes, free_bytes = free_in_file,
     max_bytes = h.max_bytes, fs_avail_bytes = fs and fs.avail or nil,
-    retired_bytes = st.retired_bytes, writers = h.writers, rollups = h.rollups,
+    retired_bytes = st.retired_bytes, writers = h.writers,
+    rollups = { json = "[" .. concat(rollups, ",") .. "]" },
   }
   if o.check then info.check = checked and "ok" or check_msg end
   if o.json then
@@ -657,8 +684,11 @@ function cmd.info(args)
                         fs and fmt("; %s free on the file system", bytes(fs.avail)) or "") },
       { "retired", fmt("%s (cells left behind by reshard and drop)", bytes(st.retired_bytes)) },
       { "writers", fmt("%d thread ticket%s drawn", h.writers, h.writers == 1 and "" or "s") },
-      { "rollups", h.rollups and "yes" or "none" },
     }
+    if #h.schedules == 0 then lines[#lines + 1] = { "rollups", "none" } end
+    for i, sc in ipairs(h.schedules) do
+      lines[#lines + 1] = { i == 1 and "rollups" or "", schedule_text(sc) }
+    end
     if o.check then lines[#lines + 1] = { "check", info.check } end
     for _, l in ipairs(lines) do out(fmt("%-10s %s\n", l[1], l[2])) end
   end

@@ -96,5 +96,9 @@ int tally_store_stats_get(tally_store *s, tally_store_stats *out) {
   out->retired_bytes = atomic_load(&s->hdr->retired);
   out->file_bytes = atomic_load(&s->hdr->size);
   if (s->kind != TALLY__FILE) out->file_bytes = out->used_bytes;
-  return 0;
+  out->max_bytes = s->hdr->max_bytes;
+  out->writers = atomic_load(&s->hdr->writers);
+  out->format = s->hdr->format;
+  out->schedules = 0;
+  return tally__rollup_schedules(s, &out->schedules);
 }

@@ -301,5 +301,6 @@ int tally__rec_value(tally_store *s, uint64_t rec_off, int64_t *out);
 /* ---- rollup.c ---- */
 int tally__rollups_check(tally_store *s, uint64_t rec_off); /* one record's block */
 int tally__rollup_table_check(tally_store *s);
+int tally__rollup_schedules(tally_store *s, uint32_t *n); /* identities kept */
 
 #endif

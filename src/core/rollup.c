@@ -47,7 +47,9 @@ struct sched_slot {              /* one cache line */
                                      member rolled, + 1; 0: none yet */
   _Atomic uint64_t owner;         /* lease: pid << 32 | token; 0: free */
   _Atomic int64_t until;          /* lease expiry, CLOCK_MONOTONIC ms */
-  uint64_t reserved_[2];
+  _Atomic int64_t every_ms;       /* the schedule's period, for tally info
+                                     (0 in stores from before it was kept) */
+  uint64_t reserved_;
 };
 
 struct rollup_table {
@@ -276,6 +278,8 @@ static int slot_of(tally_schedule *sch, struct rollup_table *t,
     uint64_t id = atomic_load_explicit(&t->slot[i].id, memory_order_relaxed);
     if (id == sch->id) {
       *out = &t->slot[i];
+      if (!atomic_load_explicit(&t->slot[i].every_ms, memory_order_relaxed))
+        atomic_store_explicit(&t->slot[i].every_ms, sch->every_ms, memory_order_relaxed);
       return 0;
     }
     if (id == 0 && !free_slot) free_slot = &t->slot[i];
@@ -283,6 +287,7 @@ static int slot_of(tally_schedule *sch, struct rollup_table *t,
   if (!free_slot)
     return tally__fail(TALLY_EFULL, "%s: too many rollup schedules (%d)",
                        tally__store_name(sch->s), SCHED_SLOTS);
+  atomic_store_explicit(&free_slot->every_ms, sch->every_ms, memory_order_relaxed);
   atomic_store_explicit(&free_slot->id, sch->id, memory_order_release);
   *out = free_slot;
   return 0;
@@ -887,4 +892,43 @@ int tally_counter_history(tally_counter *c, uint32_t res_s, tally_bucket *out,
     return 0;
   }
   return busy(c);
+}
+
+/* ---- what the store keeps of its schedules --------------------------------- */
+
+int tally__rollup_schedules(tally_store *s, uint32_t *n) {
+  struct rollup_table *t;
+  int rc = table_of(s, false, &t);
+  *n = 0;
+  if (rc || !t) return rc;
+  for (int i = 0; i < SCHED_SLOTS; i++)
+    if (atomic_load_explicit(&t->slot[i].id, memory_order_acquire)) (*n)++;
+  return 0;
+}
+
+int tally_store_schedules(tally_store *s, tally_schedule_info *out, uint32_t cap,
+                          uint32_t *n) {
+  if (!s || !n || (cap && !out))
+    return tally__fail(TALLY_EINVAL, "tally_store_schedules: NULL argument");
+  struct rollup_table *t;
+  int rc = tally__truncated(s);
+  if (rc == 0) rc = table_of(s, false, &t);
+  *n = 0;
+  if (rc || !t) return rc;
+  for (int i = 0; i < SCHED_SLOTS; i++) {
+    const struct sched_slot *slot = &t->slot[i];
+    if (!atomic_load_explicit(&slot->id, memory_order_acquire)) continue;
+    if (*n < cap) {
+      int64_t every = atomic_load_explicit(&slot->every_ms, memory_order_relaxed);
+      int64_t done = atomic_load_explicit(&slot->done, memory_order_relaxed);
+      uint64_t owner = atomic_load_explicit(&slot->owner, memory_order_relaxed);
+      out[*n] = (tally_schedule_info){
+          .every_ms = every,
+          .last_period_ms = done > 0 && every > 0 ? (done - 1) * every : -1,
+          .holder_pid = (int64_t)(owner >> 32),
+      };
+    }
+    (*n)++;
+  }
+  return 0;
 }
