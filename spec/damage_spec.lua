@@ -100,15 +100,19 @@ describe("a store truncated by another program", function()
   end)
 
   it("is found by db:check() and db:stats() on a store already open", function()
+    -- in a child: a mapping of a truncated file must not live on in the
+    -- spec runner, where any later touch of it would be a bus error
     local path = store_with_counters(30)
-    local db = assert(tally.open("file:" .. path))
-    helper.sh("truncate -s 65536 " .. q(path))
-    local ok, msg, code = db:check()
-    assert.is_nil(ok)
-    assert.equals("ECORRUPT", code)
-    assert.truthy(msg:find("tally store is truncated (header says", 1, true), msg)
-    assert.is_nil(db:stats())
-    db:close()
+    local out, err, code = run(nil, "-e", ([[
+      local db = assert(tally.open("file:%s"))
+      os.execute("truncate -s 65536 %s")
+      print(db:check())
+      print(db:stats())
+      db:close()]]):format(path, path))
+    assert.equals(0, code, err)
+    local check, stats = out:match("^(.-)\n(.-)\n$")
+    assert.truthy(check and check:find("^nil\t.*tally store is truncated %(header says .*\tECORRUPT$"), out)
+    assert.truthy(stats:find("^nil\t.*tally store is truncated"), out)
   end)
 end)
 

@@ -626,7 +626,7 @@ end
 -- 90 -> "90 s", 600 -> "10 m", 3600 -> "1 h": the largest unit that divides it.
 local function duration(secs)
   for _, u in ipairs({ { 86400, "d" }, { 3600, "h" }, { 60, "m" } }) do
-    if secs >= u[1] and secs % u[1] == 0 then return fmt("%d %s", secs // u[1], u[2]) end
+    if secs >= u[1] and secs % u[1] == 0 then return fmt("%d %s", floor(secs / u[1]), u[2]) end
   end
   return fmt("%g s", secs)
 end

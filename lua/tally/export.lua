@@ -13,8 +13,6 @@
 -- Import validates the whole document before it changes anything.
 
 local core = require "tally.core"
-local format = require "tally.format"
-local prom = require "tally.prometheus"
 
 local type, error, pairs, ipairs, next, tostring, pcall =
       type, error, pairs, ipairs, next, tostring, pcall
@@ -24,8 +22,9 @@ local huge = math.huge
 local compat = require "tally.compat"
 local tointeger, int_text, add, sub = compat.tointeger, compat.int_text, compat.add, compat.sub
 
-local describe, typename = format._describe, prom.typename
-local check_self = require("tally.check").self
+local describe, typename = require("tally.util").describe, require("tally.util").typename
+local check_self = require("tally.util").self
+local argerror = require("tally.util").argerror
 
 -- lua-cjson, a private instance loaded on first use (require "tally" does
 -- not load it): strings are escaped with it and documents decoded, numbers
@@ -65,7 +64,7 @@ end
 function store:export(pattern)
   check_self(self, "tally.store", "export")
   if pattern ~= nil and type(pattern) ~= "string" then
-    error("bad argument #1 to 'export' (string expected, got " .. typename(pattern) .. ")", 2)
+    argerror(1, "export", "string expected, got " .. typename(pattern), 2)
   end
   local json = load_json()
   local out = {}
@@ -243,21 +242,21 @@ end
 function store:import(text, opts)
   check_self(self, "tally.store", "import")
   if type(text) ~= "string" then
-    error("bad argument #1 to 'import' (string expected, got " .. typename(text) .. ")", 2)
+    argerror(1, "import", "string expected, got " .. typename(text), 2)
   end
   local mode, progress = "replace", nil
   if opts ~= nil then
     if type(opts) ~= "table" then
-      error("bad argument #2 to 'import' (table expected, got " .. typename(opts) .. ")", 2)
+      argerror(2, "import", "table expected, got " .. typename(opts), 2)
     end
     for k, v in pairs(opts) do
       if k == "progress" and type(v) == "function" then
         progress = v
       elseif k ~= "mode" then
-        error("bad argument #2 to 'import' (unknown option " .. describe(k) .. ")", 2)
+        argerror(2, "import", "unknown option " .. describe(k), 2)
       elseif v ~= "replace" and v ~= "add" then
-        error("bad argument #2 to 'import' (mode must be 'replace' or 'add', got "
-              .. describe(v) .. ")", 2)
+        argerror(2, "import", "mode must be 'replace' or 'add', got "
+              .. describe(v), 2)
       else
         mode = v
       end

@@ -13,8 +13,8 @@
 -- are required, the others are written when present. Misuse raises
 -- "bad argument #1 to 'json' (record.value must be an integer, got 1.5)".
 
-local type, error, ipairs, pairs, tostring, tonumber =
-      type, error, ipairs, pairs, tostring, tonumber
+local type, error, ipairs, pairs, tonumber =
+      type, error, ipairs, pairs, tonumber
 local fmt, byte, find, sub, gsub = string.format, string.byte, string.find,
       string.sub, string.gsub
 local concat, sort = table.concat, table.sort
@@ -31,20 +31,14 @@ local function quote(s)
   return json.encode(s)
 end
 
+
 local _M = { _VERSION = require("tally.core").version }
 _M._quote = quote
 
 -- ---- helpers -----------------------------------------------------------------
 
--- A short description of a value for messages, like the C side's: 'str', 12.
-local function describe(v)
-  if type(v) == "string" then return "'" .. v .. "'" end
-  if type(v) == "cdata" and int_text(v) then return int_text(v) end  -- LuaJIT int64
-  if type(v) == "number" or type(v) == "boolean" then return tostring(v) end
-  if v == nil then return "nil" end
-  return type(v)
-end
-_M._describe = describe
+local util = require "tally.util"
+local describe, argerror = util.describe, util.argerror
 
 -- int_text(v): the decimal text of an integer (or of a float with an
 -- exact integer value), or nil (tally.compat).
@@ -122,19 +116,19 @@ end
 -- rate that is nan or infinite is written as null.
 function _M.json(record)
   local s, msg = record_json(record, "record")
-  if not s then error("bad argument #1 to 'json' (" .. msg .. ")", 2) end
+  if not s then argerror(1, "json", msg, 2) end
   return s
 end
 
 -- format.json_array(records) -> "[{...},{...}]" ("[]" when empty).
 function _M.json_array(records)
   if type(records) ~= "table" then
-    error("bad argument #1 to 'json_array' (table expected, got " .. describe(records) .. ")", 2)
+    argerror(1, "json_array", "table expected, got " .. describe(records), 2)
   end
   local out = {}
   for i, r in ipairs(records) do
     local s, msg = record_json(r, "records[" .. i .. "]")
-    if not s then error("bad argument #1 to 'json_array' (" .. msg .. ")", 2) end
+    if not s then argerror(1, "json_array", msg, 2) end
     out[i] = s
   end
   return "[" .. concat(out, ",") .. "]"
@@ -163,28 +157,28 @@ local NS_LIMIT = compat.tointeger("9223372036854775")  -- microseconds that fit 
 -- protocol cannot carry a newline in a tag: such a name raises.
 function _M.influx(records, opts)
   if type(records) ~= "table" then
-    error("bad argument #1 to 'influx' (table expected, got " .. describe(records) .. ")", 2)
+    argerror(1, "influx", "table expected, got " .. describe(records), 2)
   end
   local measurement, precision = "tally", "ms"
   if opts ~= nil then
     if type(opts) ~= "table" then
-      error("bad argument #2 to 'influx' (table expected, got " .. describe(opts) .. ")", 2)
+      argerror(2, "influx", "table expected, got " .. describe(opts), 2)
     end
     for k, v in pairs(opts) do
       if k == "measurement" then
         if type(v) ~= "string" or v == "" or find(v, "[\n\r]") then
-          error("bad argument #2 to 'influx' (measurement must be a non-empty string "
-                .. "without newlines, got " .. describe(v) .. ")", 2)
+          argerror(2, "influx", "measurement must be a non-empty string "
+                .. "without newlines, got " .. describe(v), 2)
         end
         measurement = v
       elseif k == "precision" then
         if not PRECISION[v] then
-          error("bad argument #2 to 'influx' (precision must be 's', 'ms', 'u', 'ns', 'm' or 'h', got "
-                .. describe(v) .. ")", 2)
+          argerror(2, "influx", "precision must be 's', 'ms', 'u', 'ns', 'm' or 'h', got "
+                .. describe(v), 2)
         end
         precision = v
       else
-        error("bad argument #2 to 'influx' (unknown option " .. describe(k) .. ")", 2)
+        argerror(2, "influx", "unknown option " .. describe(k), 2)
       end
     end
   end
@@ -192,7 +186,7 @@ function _M.influx(records, opts)
   local out = {}
   for i, r in ipairs(records) do
     local what = "records[" .. i .. "]"
-    local function bad(msg) error("bad argument #1 to 'influx' (" .. what .. msg .. ")", 3) end
+    local function bad(msg) argerror(1, "influx", what .. msg, 3) end
     if type(r) ~= "table" then bad(" must be a table, got " .. describe(r)) end
     local name = r.name
     if type(name) ~= "string" then bad(".name must be a string, got " .. describe(name)) end
@@ -466,7 +460,7 @@ end
 -- format.prometheus() in its place when it serves many calls.
 function _M.compile_mapping(mapping)
   local c, msg = compile_mapping(mapping)
-  if not c then error("bad argument #1 to 'compile_mapping' (" .. msg .. ")", 2) end
+  if not c then argerror(1, "compile_mapping", msg, 2) end
   return c
 end
 
@@ -665,13 +659,7 @@ function _M.prometheus(samples, mapping)
   local text, msg, arg = _M._render_prometheus(samples, mapping)
   if text then return text end
   if arg == 0 then error("prometheus: " .. msg, 2) end
-  error("bad argument #" .. arg .. " to 'prometheus' (" .. msg .. ")", 2)
-end
-
--- format.mapping_of(db) -> the compiled mapping of the metric mappings
--- defined through store handle db (db:family with metric = ...), for sinks.
-function _M.mapping_of(db)
-  return require("tally.prometheus").mapping_of(db)
+  argerror(arg, "prometheus", msg, 2)
 end
 
 return _M

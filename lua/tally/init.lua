@@ -8,9 +8,9 @@
 
 local core = require "tally.core"
 local compat = require "tally.compat"
-local check_self = require("tally.check").self
+local check_self = require("tally.util").self
 
-local type, error, ipairs, tonumber = type, error, ipairs, tonumber
+local type, ipairs, tonumber = type, ipairs, tonumber
 local sort = table.sort
 local tointeger, add, sub, tofloat = compat.tointeger, compat.add, compat.sub, compat.tofloat
 
@@ -18,6 +18,8 @@ local tointeger, add, sub, tofloat = compat.tointeger, compat.add, compat.sub, c
 -- (tally.compat), and c:incr, c:value, db:incr, db:value go through the FFI
 -- unless TALLY_NO_FFI=1 (tally.ffi, installed at the end).
 compat.install(core)
+
+local argerror = require("tally.util").argerror
 
 local _M = { _VERSION = core.version }
 
@@ -61,15 +63,15 @@ function store:top(pattern, n, by)
   local k = tointeger(n)
   if type(k) == "cdata" then k = tonumber(k) end   -- LuaJIT: beyond 2^53
   if not k or k < 0 then
-    error("bad argument #" .. narg .. " to 'top' (non-negative integer expected, got "
-          .. (type(n) == "number" and n or type(n)) .. ")", 2)
+    argerror(narg, "top", "non-negative integer expected, got "
+          .. (type(n) == "number" and n or type(n)), 2)
   end
   if pattern ~= nil and type(pattern) ~= "string" then
-    error("bad argument #" .. (3 - narg) .. " to 'top' (string expected, got " .. type(pattern) .. ")", 2)
+    argerror((3 - narg), "top", "string expected, got " .. type(pattern), 2)
   end
   by = by or "value"
   if by ~= "value" and by ~= "rate" then
-    error("bad argument #3 to 'top' (\"value\" or \"rate\" expected, got " .. tostring(by) .. ")", 2)
+    argerror(3, "top", "\"value\" or \"rate\" expected, got " .. tostring(by), 2)
   end
   local rows = {}
   local names, msg, code = self:names(pattern)

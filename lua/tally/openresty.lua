@@ -34,6 +34,8 @@ local fmt, sub, find = string.format, string.sub, string.find
 
 local ngx = ngx  -- nil outside nginx: init_worker says so
 
+local argerror = require("tally.util").argerror
+
 local _M = { _VERSION = tally.version }
 
 -- This worker's state. db is nil until init_worker succeeds; reason says
@@ -64,7 +66,7 @@ end
 -- paths in its own directives); absolute paths are returned as they are.
 function _M.path(p)
   if type(p) ~= "string" or p == "" then
-    error("bad argument #1 to 'path' (non-empty string expected, got " .. type(p) .. ")", 2)
+    argerror(1, "path", "non-empty string expected, got " .. type(p), 2)
   end
   if sub(p, 1, 1) == "/" or not ngx then return p end
   local prefix = ngx.config.prefix()
@@ -92,7 +94,7 @@ end
 
 local function check_opts(opts)
   if type(opts) ~= "table" then
-    error("bad argument #1 to 'init_worker' (options table expected, got " .. type(opts) .. ")", 3)
+    argerror(1, "init_worker", "options table expected, got " .. type(opts), 3)
   end
   local known = { store = true, open = true, families = true, rollups = true, tick = true,
                   on_tick = true, flush_on_exit = true }
@@ -110,20 +112,20 @@ local function check_opts(opts)
   end
   for _, k in ipairs({ "open", "families", "rollups" }) do
     if opts[k] ~= nil and type(opts[k]) ~= "table" then
-      error("bad argument #1 to 'init_worker' (" .. k .. " must be a table, got " .. type(opts[k]) .. ")", 3)
+      argerror(1, "init_worker", k .. " must be a table, got " .. type(opts[k]), 3)
     end
   end
   local t = opts.tick
   if t ~= nil and t ~= false and (type(t) ~= "number" or t ~= t or t < 0.001 or t > 3600) then
-    error("bad argument #1 to 'init_worker' (tick must be seconds from 0.001 to 3600, or false, got "
-          .. tostring(t) .. ")", 3)
+    argerror(1, "init_worker", "tick must be seconds from 0.001 to 3600, or false, got "
+          .. tostring(t), 3)
   end
   if opts.on_tick ~= nil and type(opts.on_tick) ~= "function" then
-    error("bad argument #1 to 'init_worker' (on_tick must be a function, got " .. type(opts.on_tick) .. ")", 3)
+    argerror(1, "init_worker", "on_tick must be a function, got " .. type(opts.on_tick), 3)
   end
   local f = opts.flush_on_exit
   if f ~= nil and (type(f) ~= "number" or f ~= f or f < 0) then
-    error("bad argument #1 to 'init_worker' (flush_on_exit must be seconds >= 0, got " .. tostring(f) .. ")", 3)
+    argerror(1, "init_worker", "flush_on_exit must be seconds >= 0, got " .. tostring(f), 3)
   end
 end
 

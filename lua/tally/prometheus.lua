@@ -19,8 +19,10 @@ local find, gsub, fmt = string.find, string.gsub, string.format
 local compat = require "tally.compat"
 local mtype, pack, unpack, utf8len, tofloat = compat.mtype, compat.pack, compat.unpack,
       compat.utf8len, compat.tofloat
-local describe = format._describe
-local check_self = require("tally.check").self
+local describe = require("tally.util").describe
+local check_self = require("tally.util").self
+
+local argerror = require("tally.util").argerror
 
 local _M = {}
 
@@ -44,7 +46,7 @@ local function is_store(db)
 end
 _M.is_store = is_store
 
-local typename = require("tally.check").typename
+local typename = require("tally.util").typename
 _M.typename = typename
 
 -- Call a C store method f as method fname, raising its errors as the
@@ -145,10 +147,10 @@ function store:family(pattern, opts)
     call_c("family", c_family, self, pattern, {})   -- raises, and changes nothing
   end
   if opts.metric == nil then
-    error("bad argument #2 to 'family' (labels, type and help need a metric)", 2)
+    argerror(2, "family", "labels, type and help need a metric", 2)
   end
   local entry, msg = check_mapping(self, pattern, opts)
-  if not entry then error("bad argument #2 to 'family' (" .. msg .. ")", 2) end
+  if not entry then argerror(2, "family", msg, 2) end
   if copts then
     local ok, emsg, code = call_c("family", c_family, self, pattern, copts)
     if not ok then return ok, emsg, code end
@@ -203,7 +205,7 @@ function _M.logger(fn)
   local old = logger
   if fn ~= nil then
     if fn ~= false and type(fn) ~= "function" then
-      error("bad argument #1 to 'logger' (function or false expected, got " .. typename(fn) .. ")", 2)
+      argerror(1, "logger", "function or false expected, got " .. typename(fn), 2)
     end
     logger = fn or function() end
   end
@@ -215,7 +217,7 @@ end
 -- must not flood the log with the same line.
 local LOG_MAX = 1000
 local logged, nlogged = {}, 0
-local function log_once(name, reason, msg)
+local function log_once(_, reason, msg)
   local key = reason .. "\0" .. msg      -- (both counters of a duplicate: one line)
   if logged[key] then return end
   if nlogged > LOG_MAX then return end
@@ -238,10 +240,10 @@ end
 -- the gauge tally_prometheus_skipped{reason=...} and logged once.
 function _M.prometheus(db, pattern)
   if not is_store(db) then
-    error("bad argument #1 to 'prometheus' (tally.store expected, got " .. typename(db) .. ")", 2)
+    argerror(1, "prometheus", "tally.store expected, got " .. typename(db), 2)
   end
   if pattern ~= nil and type(pattern) ~= "string" then
-    error("bad argument #2 to 'prometheus' (string expected, got " .. typename(pattern) .. ")", 2)
+    argerror(2, "prometheus", "string expected, got " .. typename(pattern), 2)
   end
   local c = _M.mapping_of(db)
   local values, names, nmsg, ncode = {}, db:names(pattern)

@@ -31,10 +31,12 @@
 local core = require "tally.core"
 local compat = require "tally.compat"
 
-local type, error, tostring, tonumber, setmetatable, pcall, select, ipairs, pairs =
-      type, error, tostring, tonumber, setmetatable, pcall, select, ipairs, pairs
+local type, error, tostring, tonumber, setmetatable, pcall, ipairs, pairs =
+      type, error, tostring, tonumber, setmetatable, pcall, ipairs, pairs
 local fmt, byte, sort, concat = string.format, string.byte, table.sort, table.concat
 local tointeger, add, sub = compat.tointeger, compat.add, compat.sub
+
+local argerror = require("tally.util").argerror
 
 local _M = {}
 
@@ -163,10 +165,10 @@ end
 
 local function check_name(name, fname, narg)
   if type(name) ~= "string" then
-    error(fmt("bad argument #%d to '%s' (string expected, got %s)", narg, fname, type(name)), 3)
+    argerror(narg, fname, fmt("string expected, got %s", type(name)), 3)
   end
   if #name == 0 or #name > core.NAME_MAX then
-    error(fmt("bad argument #%d to '%s' (name must be 1 to %d bytes)", narg, fname, core.NAME_MAX), 3)
+    argerror(narg, fname, fmt("name must be 1 to %d bytes", core.NAME_MAX), 3)
   end
 end
 
@@ -217,30 +219,27 @@ local function check_counter_opts(opts, fname, narg)
   local shards, policy, create = nil, nil, true
   if opts == nil then return shards, policy, create end
   if type(opts) ~= "table" then
-    error(fmt("bad argument #%d to '%s' (table expected, got %s)", narg, fname, type(opts)), 3)
+    argerror(narg, fname, fmt("table expected, got %s", type(opts)), 3)
   end
   for k, v in pairs(opts) do
     if k == "shards" then
       local s = tointeger(v)
       if type(s) ~= "number" or s < 1 or s > core.MAX_SHARDS then
-        error(fmt("bad argument #%d to '%s' (shards must be an integer from 1 to %d, got %s)",
-                  narg, fname, core.MAX_SHARDS, tostring(v)), 3)
+        argerror(narg, fname, fmt("shards must be an integer from 1 to %d, got %s", core.MAX_SHARDS, tostring(v)), 3)
       end
       shards = s
     elseif k == "policy" then
       if type(v) == "function" then
-        error(fmt("bad argument #%d to '%s' (function policies are not supported by the redis store)",
-                  narg, fname), 3)
+        argerror(narg, fname, "function policies are not supported by the redis store", 3)
       end
       if not POLICIES[v] then
-        error(fmt("bad argument #%d to '%s' (policy must be thread, random, round_robin or key, got %s)",
-                  narg, fname, tostring(v)), 3)
+        argerror(narg, fname, fmt("policy must be thread, random, round_robin or key, got %s", tostring(v)), 3)
       end
       policy = v
     elseif k == "create" and fname == "counter" then
       create = v ~= false
     else
-      error(fmt("bad argument #%d to '%s' (unknown option '%s'%s)", narg, fname, tostring(k),
+      argerror(narg, fname, fmt("unknown option '%s'%s", tostring(k),
                 fname == "family" and "; the redis store takes shards and policy" or ""), 3)
     end
   end
@@ -320,7 +319,7 @@ end
 
 function Store:names(pattern)
   if pattern ~= nil and type(pattern) ~= "string" then
-    error("bad argument #1 to 'names' (string expected, got " .. type(pattern) .. ")", 2)
+    argerror(1, "names", "string expected, got " .. type(pattern), 2)
   end
   local all, err, code = cmd(self, "SMEMBERS", NAMES_KEY)
   if not all then return rfail(err, code) end
@@ -368,12 +367,12 @@ function Store:top(pattern, n, by)
   if type(pattern) == "number" then pattern, n, narg = n, pattern, 1 end
   local k = tointeger(n)
   if type(k) ~= "number" or k < 0 then
-    error("bad argument #" .. narg .. " to 'top' (non-negative integer expected, got "
-          .. tostring(n) .. ")", 2)
+    argerror(narg, "top", "non-negative integer expected, got "
+          .. tostring(n), 2)
   end
   if by ~= nil and by ~= "value" then
     if by == "rate" then error("top by rate is not supported by the redis store", 2) end
-    error("bad argument #3 to 'top' (\"value\" expected, got " .. tostring(by) .. ")", 2)
+    argerror(3, "top", "\"value\" expected, got " .. tostring(by), 2)
   end
   local vals, err, code = self:values(pattern)
   if not vals then return nil, err, code end
@@ -410,9 +409,9 @@ end
 
 function Store:family(pattern, opts)
   if type(pattern) ~= "string" or pattern == "" then
-    error("bad argument #1 to 'family' (non-empty string expected, got " .. tostring(pattern) .. ")", 2)
+    argerror(1, "family", "non-empty string expected, got " .. tostring(pattern), 2)
   end
-  if pattern == "#seq" then error("bad argument #1 to 'family' (reserved pattern '#seq')", 2) end
+  if pattern == "#seq" then argerror(1, "family", "reserved pattern '#seq'", 2) end
   local shards, policy = check_counter_opts(opts, "family", 2)
   local ok, err, code = cmd(self, "EVAL", FAMILY_SCRIPT, 1, FAMILIES_KEY, pattern,
                             shards or core.DEFAULT_SHARDS, policy or DEFAULT_POLICY)
@@ -457,7 +456,7 @@ local function pick(self, key)
       error(fmt("counter '%s' has the key policy: pass a key to incr", self.nm), 3)
     end
     if type(key) ~= "string" and type(key) ~= "number" then
-      error("bad argument #2 to 'incr' (string expected, got " .. type(key) .. ")", 3)
+      argerror(2, "incr", "string expected, got " .. type(key), 3)
     end
     return key_shard(tostring(key), n)
   end
@@ -473,7 +472,7 @@ local function incr(self, n, key, sign, fname)
   local k
   if n == nil then k = 1 else k = tointeger(n) end
   if k == nil then
-    error(fmt("bad argument #1 to '%s' (integer expected, got %s)", fname,
+    argerror(1, fname, fmt("integer expected, got %s",
               type(n) == "number" and tostring(n) or type(n)), 3)
   end
   if sign < 0 then k = sub(0, k) end
@@ -544,7 +543,7 @@ Counter.skew = core.counter_methods.skew
 
 -- ---- metatables: anything else the file store offers raises --------------------
 
-local function index_with(methods, native, kind)
+local function index_with(methods, native)
   return function(_, k)
     local m = methods[k]
     if m then return m end
@@ -576,34 +575,34 @@ _M.Store, _M.Counter = Store, Counter
 -- $TALLY_REDIS_PASSWORD; messages and tostring show the URI redacted.
 function _M.open(uri, opts)
   if opts ~= nil and type(opts) ~= "table" then
-    error("bad argument #2 to 'open' (table expected, got " .. type(opts) .. ")", 3)
+    argerror(2, "open", "table expected, got " .. type(opts), 3)
   end
   local ropts, sopts = { timeout = 5 }, {}
   for k, v in pairs(opts or {}) do
     if k == "timeout" then
       if type(v) ~= "number" or not (v > 0) then
-        error("bad argument #2 to 'open' (timeout must be a positive number of seconds, got "
-              .. tostring(v) .. ")", 3)
+        argerror(2, "open", "timeout must be a positive number of seconds, got "
+              .. tostring(v), 3)
       end
       ropts.timeout = v
     elseif k == "replicas" then
       local n = tointeger(v)
       if type(n) ~= "number" or n < 1 or n > 1000000 then
-        error("bad argument #2 to 'open' (replicas must be an integer from 1 to 1000000, got "
-              .. tostring(v) .. ")", 3)
+        argerror(2, "open", "replicas must be an integer from 1 to 1000000, got "
+              .. tostring(v), 3)
       end
       sopts.replicas = n
     elseif k == "replica_timeout" then
       local n = tointeger(v)
       if type(n) ~= "number" or n < 1 or n > 3600000 then
-        error("bad argument #2 to 'open' (replica_timeout must be an integer number of"
-              .. " milliseconds from 1 to 3600000, got " .. tostring(v) .. ")", 3)
+        argerror(2, "open", "replica_timeout must be an integer number of"
+              .. " milliseconds from 1 to 3600000, got " .. tostring(v), 3)
       end
       sopts.replica_timeout = n
     elseif k == "password" or k == "user" then
       if type(v) ~= "string" or v == "" then  -- never quote the value
-        error("bad argument #2 to 'open' (" .. k .. " must be a non-empty string, got "
-              .. type(v) .. ")", 3)
+        argerror(2, "open", "" .. k .. " must be a non-empty string, got "
+              .. type(v), 3)
       end
       ropts[k] = v
     else
@@ -618,7 +617,7 @@ function _M.open(uri, opts)
   if not r then return nil, err, code end
   if sopts.replica_timeout and not sopts.replicas then
     r:close()
-    error("bad argument #2 to 'open' (replica_timeout needs replicas)", 3)
+    argerror(2, "open", "replica_timeout needs replicas", 3)
   end
   return setmetatable({ uri = core.redis_redact(uri), r = r, cache = {},
                         replicas = sopts.replicas,

@@ -29,6 +29,8 @@ local core = require "tally.core"
 local type, error, tostring, pcall, setmetatable = type, error, tostring, pcall, setmetatable
 local fmt = string.format
 
+local argerror = require("tally.util").argerror
+
 local _M = {}
 
 local Remote = {}
@@ -108,10 +110,10 @@ function Remote:_run(period)
   self.runs = self.runs + 1
   self.last_period = period
   local ok, err = connect(self)
-  local st, code
+  local st
   if ok then
     local pok
-    pok, st, err, code = pcall(self.flusher.run, self.flusher, self.pattern)
+    pok, st, err = pcall(self.flusher.run, self.flusher, self.pattern)
     if not pok then st, err = nil, st end
     if not st then ok = false end
   end
@@ -143,7 +145,7 @@ end
 -- every writer; never this process's unflushed deltas), or nil, message.
 function Remote:remote_value(name)
   if type(name) ~= "string" then
-    error("bad argument #1 to 'remote_value' (counter name expected, got " .. type(name) .. ")", 2)
+    argerror(1, "remote_value", "counter name expected, got " .. type(name), 2)
   end
   local ok, err = connect(self)
   if not ok then return nil, err end
@@ -187,11 +189,11 @@ end
 -- db:flush_to(uri, opts) -> the flush schedule
 function _M.flush_to(db, uri, opts, list, unlink)
   if type(uri) ~= "string" then
-    error("bad argument #1 to 'flush_to' (Redis URI expected, got " .. type(uri) .. ")", 3)
+    argerror(1, "flush_to", "Redis URI expected, got " .. type(uri), 3)
   end
   opts = opts or {}
   if type(opts) ~= "table" then
-    error("bad argument #2 to 'flush_to' (options table expected, got " .. type(opts) .. ")", 3)
+    argerror(2, "flush_to", "options table expected, got " .. type(opts), 3)
   end
   for k in pairs(opts) do
     if not OPTIONS[k] then
@@ -201,13 +203,13 @@ function _M.flush_to(db, uri, opts, list, unlink)
   end
   local every = opts.every == nil and 1 or opts.every
   if type(every) ~= "number" or every ~= every or every < 0.001 or every > 366 * 86400 then
-    error("bad argument #2 to 'flush_to' (every must be from 0.001 s to 366 days, got "
-          .. tostring(every) .. ")", 3)
+    argerror(2, "flush_to", "every must be from 0.001 s to 366 days, got "
+          .. tostring(every), 3)
   end
   local pattern = opts.pattern == nil and "*" or opts.pattern
   if type(pattern) ~= "string" or pattern == "" then
-    error("bad argument #2 to 'flush_to' (pattern must be a non-empty string, got "
-          .. tostring(pattern) .. ")", 3)
+    argerror(2, "flush_to", "pattern must be a non-empty string, got "
+          .. tostring(pattern), 3)
   end
   local shards = opts.shards == nil and 8 or opts.shards
   if math.type and math.type(shards) == "float" and shards == math.floor(shards) then
@@ -215,24 +217,24 @@ function _M.flush_to(db, uri, opts, list, unlink)
   end
   if type(shards) ~= "number" or shards ~= math.floor(shards) or shards < 1
      or shards > core.MAX_SHARDS then
-    error(fmt("bad argument #2 to 'flush_to' (shards must be an integer from 1 to %d, got %s)",
+    argerror(2, "flush_to", fmt("shards must be an integer from 1 to %d, got %s",
               core.MAX_SHARDS, tostring(shards)), 3)
   end
   local timeout = opts.timeout == nil and 5 or opts.timeout
   if type(timeout) ~= "number" or not (timeout > 0) then
-    error("bad argument #2 to 'flush_to' (timeout must be a positive number of seconds, got "
-          .. tostring(timeout) .. ")", 3)
+    argerror(2, "flush_to", "timeout must be a positive number of seconds, got "
+          .. tostring(timeout), 3)
   end
   for _, k in ipairs({ "password", "user" }) do
     if opts[k] ~= nil and (type(opts[k]) ~= "string" or opts[k] == "") then
-      error("bad argument #2 to 'flush_to' (" .. k .. " must be a non-empty string, got "
-            .. type(opts[k]) .. ")", 3)  -- never quote the value
+      argerror(2, "flush_to", "" .. k .. " must be a non-empty string, got "
+            .. type(opts[k]), 3)  -- never quote the value
     end
   end
   local verify = opts.verify == nil and 60 or opts.verify
   if type(verify) ~= "number" or not (verify >= 0 and verify <= 4294967) then
-    error("bad argument #2 to 'flush_to' (verify must be a number of seconds from 0 to 4294967, got "
-          .. tostring(verify) .. ")", 3)
+    argerror(2, "flush_to", "verify must be a number of seconds from 0 to 4294967, got "
+          .. tostring(verify), 3)
   end
   local sec = { uri = uri, password = opts.password, user = opts.user }
   -- Connect now so a bad URI raises here; a server that is down is only
@@ -246,8 +248,8 @@ function _M.flush_to(db, uri, opts, list, unlink)
   if writer == nil then
     writer = default_writer(db)
   elseif type(writer) ~= "string" or #writer < 1 or #writer > 128 or writer:find("\0", 1, true) then
-    error("bad argument #2 to 'flush_to' (writer must be a string of 1 to 128 bytes, got "
-          .. tostring(writer) .. ")", 3)
+    argerror(2, "flush_to", "writer must be a string of 1 to 128 bytes, got "
+          .. tostring(writer), 3)
   end
   local self = setmetatable({
     db = db, uri = core.redis_redact(uri), every = every, pattern = pattern, shards = shards,
@@ -258,7 +260,7 @@ function _M.flush_to(db, uri, opts, list, unlink)
   for _, other in ipairs(list) do
     if other.writer == writer and other.pattern == pattern then
       if rh then rh:close() end
-      error(fmt("bad argument #2 to 'flush_to' (this store handle already flushes '%s' as writer '%s')",
+      argerror(2, "flush_to", fmt("this store handle already flushes '%s' as writer '%s'",
                 pattern, writer), 3)
     end
   end

@@ -10,13 +10,15 @@
 local core = require "tally.core"
 local sink = require "tally.sink"
 local remote = require "tally.remote"
-local check_self = require("tally.check").self
+local check_self = require("tally.util").self
 
 local type, error, ipairs, pairs, tostring, pcall = type, error, ipairs, pairs, tostring, pcall
 local floor, huge = math.floor, math.huge
 local compat = require "tally.compat"
 local tointeger, idiv = compat.tointeger, compat.idiv
 local fmt = string.format
+
+local argerror = require("tally.util").argerror
 
 local _M = {}
 
@@ -72,7 +74,7 @@ local function parse_res(res)
     if r then r = r * UNITS[unit] end
   end
   if r and r >= 1 and r <= RING_RES_MAX then return r end
-  error(fmt("bad argument #1 to 'history' (resolution like '1m' or seconds expected, got %s)",
+  argerror(1, "history", fmt("resolution like '1m' or seconds expected, got %s",
             type(res) == "string" and "'" .. res .. "'" or tostring(res)), 3)
 end
 
@@ -119,11 +121,11 @@ local OPTIONS = { every = true, keep = true, sinks = true }
 local function rollup(db, pattern, opts)
   check_self(db, "tally.store", "rollup")
   if type(pattern) ~= "string" or #pattern == 0 then
-    error("bad argument #1 to 'rollup' (pattern string expected, got "
-          .. (type(pattern) == "string" and "an empty string" or type(pattern)) .. ")", 2)
+    argerror(1, "rollup", "pattern string expected, got "
+          .. (type(pattern) == "string" and "an empty string" or type(pattern)), 2)
   end
   if type(opts) ~= "table" then
-    error("bad argument #2 to 'rollup' (options table expected, got " .. type(opts) .. ")", 2)
+    argerror(2, "rollup", "options table expected, got " .. type(opts), 2)
   end
   for k in pairs(opts) do
     if not OPTIONS[k] then
@@ -133,17 +135,17 @@ local function rollup(db, pattern, opts)
   end
   local every = opts.every
   if type(every) ~= "number" or every ~= every or every <= 0 then
-    error("bad argument #2 to 'rollup' (every must be a positive number of seconds, got "
-          .. tostring(every) .. ")", 2)
+    argerror(2, "rollup", "every must be a positive number of seconds, got "
+          .. tostring(every), 2)
   end
   if every < 0.001 or every > RING_RES_MAX then
-    error("bad argument #2 to 'rollup' (every must be from 0.001 s to 366 days, got "
-          .. tostring(every) .. ")", 2)
+    argerror(2, "rollup", "every must be from 0.001 s to 366 days, got "
+          .. tostring(every), 2)
   end
   local keep, rings = opts.keep or {}, {}
   if type(keep) ~= "table" then
-    error("bad argument #2 to 'rollup' (keep must be a list like { '60x1s' }, got "
-          .. type(keep) .. ")", 2)
+    argerror(2, "rollup", "keep must be a list like { '60x1s' }, got "
+          .. type(keep), 2)
   end
   for i, spec in ipairs(keep) do
     local n, res = _M.parse_keep(spec, 2)
@@ -155,7 +157,7 @@ local function rollup(db, pattern, opts)
     rings[i] = { res, n }
   end
   if opts.sinks ~= nil and type(opts.sinks) ~= "table" then
-    error("bad argument #2 to 'rollup' (sinks must be a list, got " .. type(opts.sinks) .. ")", 2)
+    argerror(2, "rollup", "sinks must be a list, got " .. type(opts.sinks), 2)
   end
   local sinks = {}
   for i, s in ipairs(opts.sinks or {}) do
@@ -165,8 +167,8 @@ local function rollup(db, pattern, opts)
   -- here would share its periods and never run
   for _, other in ipairs(state_of(db).schedules) do
     if other.pattern == pattern and other.every == every then
-      error(fmt("bad argument #2 to 'rollup' (a schedule for '%s' every %g s already "
-                .. "exists on this store handle; give it all the keep and sinks)", pattern, every), 2)
+      argerror(2, "rollup", fmt("a schedule for '%s' every %g s already "
+                .. "exists on this store handle; give it all the keep and sinks", pattern, every), 2)
     end
   end
   local ok, handle = pcall(core.schedule, db, pattern, every, rings)
@@ -196,7 +198,7 @@ local function tick(db, now)
   if now == nil then
     now = clock_of(db)
   elseif type(now) ~= "number" or now ~= now or now < 0 then
-    error("bad argument #1 to 'tick' (time in seconds expected, got " .. tostring(now) .. ")", 2)
+    argerror(1, "tick", "time in seconds expected, got " .. tostring(now), 2)
   end
   local st, done = state[db], {}
   if not st then return done end
@@ -265,10 +267,10 @@ end
 local function run(db, seconds, on_tick)
   check_self(db, "tally.store", "run")
   if type(seconds) ~= "number" or seconds ~= seconds or seconds < 0 then
-    error("bad argument #1 to 'run' (seconds expected, got " .. tostring(seconds) .. ")", 2)
+    argerror(1, "run", "seconds expected, got " .. tostring(seconds), 2)
   end
   if on_tick ~= nil and type(on_tick) ~= "function" then
-    error("bad argument #2 to 'run' (function expected, got " .. type(on_tick) .. ")", 2)
+    argerror(2, "run", "function expected, got " .. type(on_tick), 2)
   end
   local deadline, total = core.now() + seconds, 0
   while true do
@@ -291,7 +293,7 @@ local function flush(db, timeout)
   check_self(db, "tally.store", "flush")
   timeout = timeout or 5
   if type(timeout) ~= "number" or timeout < 0 then
-    error("bad argument #1 to 'flush' (seconds expected, got " .. tostring(timeout) .. ")", 2)
+    argerror(1, "flush", "seconds expected, got " .. tostring(timeout), 2)
   end
   local st = state[db]
   if not st then return true end
@@ -339,7 +341,7 @@ local function clock(db, fn)
   check_self(db, "tally.store", "clock")
   if fn ~= nil then
     if fn ~= false and type(fn) ~= "function" then
-      error("bad argument #1 to 'clock' (function or false expected, got " .. type(fn) .. ")", 2)
+      argerror(1, "clock", "function or false expected, got " .. type(fn), 2)
     end
     state_of(db).clock = fn or nil
   end
@@ -354,16 +356,16 @@ end
 local exact_value = core.counter_methods.value
 local function value_opts(c, opts)
   if type(opts) ~= "table" then
-    error("bad argument #1 to 'value' (options table like { max_age = 5 } expected, got "
-          .. type(opts) .. ")", 2)
+    argerror(1, "value", "options table like { max_age = 5 } expected, got "
+          .. type(opts), 2)
   end
   local max_age, now = opts.max_age, opts.now
   if type(max_age) ~= "number" or max_age ~= max_age or max_age < 0 then
-    error("bad argument #1 to 'value' (max_age must be a number of seconds >= 0, got "
-          .. tostring(max_age) .. ")", 2)
+    argerror(1, "value", "max_age must be a number of seconds >= 0, got "
+          .. tostring(max_age), 2)
   end
   if now ~= nil and (type(now) ~= "number" or now ~= now) then
-    error("bad argument #1 to 'value' (now must be a time in seconds, got " .. tostring(now) .. ")", 2)
+    argerror(1, "value", "now must be a time in seconds, got " .. tostring(now), 2)
   end
   local r = c:rolled()
   if r then

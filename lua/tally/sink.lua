@@ -24,9 +24,11 @@ end })
 
 local type, error, pcall, tostring, pairs, ipairs = type, error, pcall, tostring, pairs, ipairs
 local tointeger = require("tally.compat").tointeger
-local check_self = require("tally.check").self
+local check_self = require("tally.util").self
 local concat = table.concat
 local fmt = string.format
+
+local argerror = require("tally.util").argerror
 
 local _M = {}
 
@@ -34,14 +36,14 @@ local DEFAULT_QUEUE = 100000
 
 local function check_opts(opts, allowed, what, level)
   if type(opts) ~= "table" then
-    error(fmt("bad argument #1 to '%s' (options table expected, got %s)", what, type(opts)), level + 1)
+    argerror(1, what, fmt("options table expected, got %s", type(opts)), level + 1)
   end
   for k in pairs(opts) do
     if not allowed[k] then
       local names = {}
       for n in pairs(allowed) do names[#names + 1] = n end
       table.sort(names)
-      error(fmt("bad argument #1 to '%s' (unknown option '%s'; expected %s)", what,
+      argerror(1, what, fmt("unknown option '%s'; expected %s",
                 tostring(k), concat(names, ", ")), level + 1)
     end
   end
@@ -51,7 +53,7 @@ local function check_count(v, name, what, default, level)
   if v == nil then return default end
   local n = tointeger(v)
   if not n or n < 1 then
-    error(fmt("bad argument #1 to '%s' (%s must be a positive integer, got %s)", what, name,
+    argerror(1, what, fmt("%s must be a positive integer, got %s", name,
               tostring(v)), level + 1)
   end
   return n
@@ -146,7 +148,7 @@ end
 -- raises, that record and the ones after it wait for the next tick.
 function _M.fn(f, opts)
   if type(f) ~= "function" then
-    error("bad argument #1 to 'fn' (function expected, got " .. type(f) .. ")", 2)
+    argerror(1, "fn", "function expected, got " .. type(f), 2)
   end
   opts = opts or {}
   check_opts(opts, { max_queue = true }, "fn", 2)
@@ -169,8 +171,8 @@ function _M.file(opts)
   if type(opts) == "string" then opts = { path = opts } end
   check_opts(opts, { path = true, max_queue = true }, "file", 2)
   if type(opts.path) ~= "string" or #opts.path == 0 then
-    error("bad argument #1 to 'file' (path must be a non-empty string, got "
-          .. tostring(opts.path) .. ")", 2)
+    argerror(1, "file", "path must be a non-empty string, got "
+          .. tostring(opts.path), 2)
   end
   local path = opts.path
   local max_queue = check_count(opts.max_queue, "max_queue", "file", DEFAULT_QUEUE, 2)
@@ -252,18 +254,18 @@ function _M.http(opts)
   check_opts(opts, HTTP_OPTIONS, "http", 2)
   local fmt_name = opts.format or "json"
   if not CONTENT_TYPE[fmt_name] then
-    error("bad argument #1 to 'http' (format must be json, prometheus or influx, got "
-          .. tostring(fmt_name) .. ")", 2)
+    argerror(1, "http", "format must be json, prometheus or influx, got "
+          .. tostring(fmt_name), 2)
   end
   if type(opts.url) ~= "string" or not opts.url:match("^https?://.") then
-    error("bad argument #1 to 'http' (url must be an http:// or https:// URL, got "
-          .. tostring(opts.url) .. ")", 2)
+    argerror(1, "http", "url must be an http:// or https:// URL, got "
+          .. tostring(opts.url), 2)
   end
   local batch = check_count(opts.batch, "batch", "http", 1000, 2)
   local headers = { "Content-Type: " .. CONTENT_TYPE[fmt_name] }
   if opts.headers ~= nil then
     if type(opts.headers) ~= "table" then
-      error("bad argument #1 to 'http' (headers must be a table, got " .. type(opts.headers) .. ")", 2)
+      argerror(1, "http", "headers must be a table, got " .. type(opts.headers), 2)
     end
     for k, v in pairs(opts.headers) do
       if type(k) == "string" and type(v) == "string" then
@@ -271,7 +273,7 @@ function _M.http(opts)
       elseif type(k) == "number" and type(v) == "string" then
         headers[#headers + 1] = v
       else
-        error("bad argument #1 to 'http' (headers must map names to strings)", 2)
+        argerror(1, "http", "headers must map names to strings", 2)
       end
     end
   end
@@ -287,8 +289,8 @@ function _M.http(opts)
   local spool
   if opts.spool ~= nil then
     if opts.spool ~= true and (type(opts.spool) ~= "string" or opts.spool == "") then
-      error("bad argument #1 to 'http' (spool must be a directory path or true, got "
-            .. tostring(opts.spool) .. ")", 2)
+      argerror(1, "http", "spool must be a directory path or true, got "
+            .. tostring(opts.spool), 2)
     end
     spool = { dir = opts.spool, posted = 0, sent0 = 0, stuck = false, errors = 0 }
   end
@@ -459,7 +461,7 @@ function Http:encode(part, db)
   end
   -- lenient: a counter that cannot be exposed (two counters mapping to one
   -- series, an ambiguous name) is left out and counted, not the whole body
-  local text, skipped = format._render_prometheus(part, format.mapping_of(db), nil, true)
+  local text, skipped = format._render_prometheus(part, require("tally.prometheus").mapping_of(db), nil, true)
   if not text then return false, skipped end
   if #skipped > 0 then _M.failed(self, skipped[1].msg, #skipped) end
   return true, text
@@ -544,8 +546,8 @@ function _M.wrap(s, i)
   if type(s) == "table" and type(s.push) == "function" and type(s.stats) == "function" then
     return s
   end
-  error(fmt("bad argument #2 to 'rollup' (sinks[%d] must be a sink (tally.sink.file, "
-            .. "tally.sink.http, tally.sink.fn) or a function, got %s)", i, type(s)), 3)
+  argerror(2, "rollup", fmt("sinks[%d] must be a sink (tally.sink.file, "
+            .. "tally.sink.http, tally.sink.fn) or a function, got %s", i, type(s)), 3)
 end
 
 return _M
