@@ -298,9 +298,78 @@ int tally__current(tally_store *s, uint64_t rec_off, uint64_t *loc);
 int tally__check_name(const char *name, size_t len);
 int tally__rec_value(tally_store *s, uint64_t rec_off, int64_t *out);
 
-/* ---- rollup.c ---- */
+/* ---- rollup.c, schedule.c ---- */
+/* The rollup block and table formats (rollup.c); schedule.c runs the
+ * schedules over them and calls rollup.c, never the reverse. */
+#define TALLY__SCHED_SLOTS 256
+
+struct tally__sched_slot {       /* one cache line */
+  _Atomic uint64_t id;            /* hash of (pattern, every_ms); 0: free */
+  _Atomic int64_t done;           /* last period rolled up, + 1; 0: none */
+  _Atomic int64_t running;        /* period being rolled up, + 1; 0: none */
+  _Atomic uint64_t cursor;        /* of `running`: sort key of the last
+                                     member rolled, + 1; 0: none yet */
+  _Atomic uint64_t owner;         /* lease: pid << 32 | token; 0: free */
+  _Atomic int64_t until;          /* lease expiry, CLOCK_MONOTONIC ms */
+  _Atomic int64_t every_ms;       /* the schedule's period, for tally info
+                                     (0 in stores from before it was kept) */
+  uint64_t reserved_;
+};
+
+struct tally__rollup_table {
+  uint64_t magic;
+  uint64_t check;                 /* keyed by the store's salt */
+  uint64_t reserved_[6];
+  struct tally__sched_slot slot[TALLY__SCHED_SLOTS];
+};
+
+struct tally__ring_hdr {
+  uint32_t res_s;
+  uint32_t len;
+  _Atomic int64_t head;           /* newest bucket number + 1; 0: empty */
+};
+
+struct tally__block {
+  _Atomic uint64_t seq;
+  uint32_t check;                 /* salt, record, rings: see block_check */
+  uint32_t nrings;
+  _Atomic int64_t value, at_ms, delta, prev_at_ms;
+  _Atomic uint64_t count;
+  uint64_t reserved_;
+  struct tally__ring_hdr ring[];
+};
+
+static inline int tally__ring_ok(const tally_ring *r) {
+  return r->res_s >= 1 && r->res_s <= TALLY_RING_RES_MAX && r->len >= 1 &&
+         r->len <= TALLY_RING_LEN_MAX;
+}
+static inline _Atomic int64_t *tally__slots_at(struct tally__block *b) {
+  return (_Atomic int64_t *)(void *)&b->ring[b->nrings];
+}
+/* The record's block, validated (ECORRUPT if not); *out NULL if it has none. */
+int tally__block_of(tally_store *s, uint64_t rec_off, struct tally__block **out);
+/* Is the block at off, of record rec_off, whole (ring count, rings, heads,
+ * check, all inside the arena)? */
+bool tally__block_sound(tally_store *s, uint64_t off, uint64_t rec_off,
+                        const struct tally__block *b);
+/* The store's rollup table, created if `create` (caller holds the lock);
+ * *out NULL if there is none yet. */
+int tally__table_of(tally_store *s, bool create, struct tally__rollup_table **out);
+/* Claim b for writing (its seq odd); returns the odd seq to release with. */
+uint64_t tally__block_claim(struct tally__block *b);
+static inline void tally__block_release(struct tally__block *b, uint64_t odd) {
+  atomic_store_explicit(&b->seq, odd + 1, memory_order_release);
+}
+/* Give rec_off a block with the union of its rings and `rings`, record and
+ * history carried over; EINVAL (nothing done) past TALLY_RINGS_MAX rings.
+ * Caller holds the lock. */
+int tally__block_grow(tally_store *s, uint64_t rec_off, struct tally__block *old,
+                      const tally_ring *rings, uint32_t nrings);
+/* Roll claimed b up to value v at now_ms; *r gets the new record. */
+void tally__block_roll(struct tally__block *b, int64_t v, int64_t now_ms,
+                       tally_rollup *r);
 int tally__rollups_check(tally_store *s, uint64_t rec_off); /* one record's block */
 int tally__rollup_table_check(tally_store *s);
-int tally__rollup_schedules(tally_store *s, uint32_t *n); /* identities kept */
+int tally__rollup_schedules(tally_store *s, uint32_t *n); /* identities kept (schedule.c) */
 
 #endif
