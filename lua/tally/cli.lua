@@ -37,7 +37,7 @@ local USAGE = {
   import = "tally import STORE FILE [--add] [--create]",
   info = "tally info STORE [--json] [--check]",
   watch = "tally watch STORE [pattern] [--interval S] [--sort rate|value|name]",
-  help = "tally help [command]",
+  help = "tally help [command | --man]",
 }
 
 local HELP = {}
@@ -189,7 +189,8 @@ writers never wait for it. Needs a terminal.
 ]] .. writable("watch")
 
 HELP.help = [[
-Print the help of the tally command, or of one command.
+Print the help of the tally command, or of one command. --man prints the
+same texts as a manual page (roff), the one installed as tally(1).
 ]]
 
 local COMMANDS = { "ls", "get", "incr", "export", "import", "info", "watch", "help" }
@@ -719,8 +720,41 @@ function cmd.watch(args)
                                           interval = interval, sort = sort })
 end
 
+-- The manual page (roff), made from the same USAGE and HELP texts: the
+-- build writes it to tally.1 with `tally help --man`, so the help has one
+-- source.
+local function roff(text)
+  return (text:gsub("\\", "\\e"):gsub("\n([.'])", "\n\\&%1"):gsub("^([.'])", "\\&%1"))
+end
+
+function _M.man()
+  local parts = {
+    '.TH TALLY 1 "" "tally ' .. tally.version .. '" "User Commands"',
+    ".SH NAME",
+    "tally \\- Lua prompt, script runner and inspector for tally counter stores",
+    ".SH SYNOPSIS", ".nf", roff(USAGE.tally), ".fi",
+    ".SH DESCRIPTION", ".nf", roff(HELP.tally), ".fi",
+    ".SH COMMANDS",
+  }
+  for _, name in ipairs({ "run", "ls", "get", "incr", "export", "import", "info", "watch", "help" }) do
+    parts[#parts + 1] = ".SS " .. name
+    parts[#parts + 1] = ".nf"
+    parts[#parts + 1] = roff(USAGE[name])
+    parts[#parts + 1] = ""
+    parts[#parts + 1] = roff(HELP[name])
+    parts[#parts + 1] = ".fi"
+  end
+  parts[#parts + 1] = ".SH SEE ALSO"
+  parts[#parts + 1] = "The tally documentation: README.md and docs/ in the source tree."
+  return concat(parts, "\n") .. "\n"
+end
+
 function cmd.help(args)
   local name = args[1]
+  if name == "--man" then
+    out(_M.man())
+    return 0
+  end
   if name == "-h" or name == "--help" then name = "help" end
   if name == nil or name == "tally" then
     out("usage: " .. USAGE.tally .. "\n\n" .. HELP.tally)
