@@ -1,4 +1,4 @@
-/* lua_sender.c -- the binding of the HTTP sender: core.sender{...}.
+/* lua_sender.c -- the sender handle ("tally.sender"): core.sender{...}.
  *
  *   core.sender{ url = "http://...", method = "POST" | "PUT",
  *                headers = { ["Name"] = "value", ... } or { "Name: value", ... },
@@ -23,8 +23,7 @@
  * A sender handle (metatable "tally.sender") is a full userdata holding the
  * tally_sender pointer, NULL once closed; __gc and __close close it without
  * draining. Misuse (bad options, a closed sender) raises; failures of the
- * environment return nil, message, code name. Only what Lua 5.1 offers is
- * used (plus __close, which older Luas ignore), so LuaJIT can build it too.
+ * environment return nil, message, code name.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -35,19 +34,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "lua.h"
-#include "lauxlib.h"
-#include "lua_sender.h"
+#include "lua_aux.h"
 #include "tally_net.h"
 
 #define TL_SENDER_MT "tally.sender"
 #define TL_SECONDS_MAX 4294967.0  /* UINT32_MAX milliseconds */
-
-#if LUA_VERSION_NUM >= 502
-#define tl_rawlen(L, idx) lua_rawlen((L), (idx))
-#else
-#define tl_rawlen(L, idx) lua_objlen((L), (idx))
-#endif
 
 typedef struct tl_sender {
   tally_sender *s;       /* NULL once closed */
@@ -55,21 +46,6 @@ typedef struct tl_sender {
 } tl_sender;
 
 /* ---- option parsing --------------------------------------------------------- */
-
-/* The value at idx for messages: 'str', 12, or its type name. */
-static const char *tl_describe(lua_State *L, int idx) {
-  switch (lua_type(L, idx)) {
-  case LUA_TSTRING: return lua_pushfstring(L, "'%s'", lua_tostring(L, idx));
-  case LUA_TNUMBER: lua_pushvalue(L, idx); return lua_tostring(L, -1);
-  default: return luaL_typename(L, idx);
-  }
-}
-
-/* Raise "bad argument #arg to 'f' (<what> ..., got <value at idx>)". */
-static int tl_bad(lua_State *L, int arg, const char *what, int idx) {
-  const char *got = tl_describe(L, idx);
-  return luaL_argerror(L, arg, lua_pushfstring(L, "%s, got %s", what, got));
-}
 
 /* Seconds at idx as milliseconds, rounded up so a tiny time is not 0.
  * Zero is allowed only if zero_ok. */
@@ -79,12 +55,12 @@ static uint32_t tl_checkms(lua_State *L, int arg, int idx, const char *name,
   double ms;
   uint32_t whole;
   if (lua_type(L, idx) != LUA_TNUMBER || !(zero_ok ? sec >= 0 : sec > 0))
-    tl_bad(L, arg, lua_pushfstring(L, zero_ok ? "%s must be a non-negative number"
-                                              : "%s must be a positive number",
-                                   name), idx);
+    tl_argerror_got(L, arg, lua_pushfstring(L, zero_ok ? "%s must be a non-negative number"
+                    : "%s must be a positive number",
+                    name), idx, TL_BOOL_TYPE);
   if (sec > TL_SECONDS_MAX)  /* NaN failed above */
-    tl_bad(L, arg, lua_pushfstring(L, "%s must be at most 4294967 seconds", name),
-           idx);
+    tl_argerror_got(L, arg, lua_pushfstring(L, "%s must be at most 4294967 seconds", name),
+                    idx, TL_BOOL_TYPE);
   ms = (double)sec * 1000.0;
   whole = (uint32_t)ms;
   return whole < ms ? whole + 1 : whole;
@@ -95,7 +71,8 @@ static uint32_t tl_checkcount(lua_State *L, int arg, int idx, const char *name) 
   lua_Number n = lua_tonumber(L, idx);
   if (lua_type(L, idx) != LUA_TNUMBER || !(n >= 1 && n <= 4294967295.0) ||
       (lua_Number)(uint32_t)n != n)
-    tl_bad(L, arg, lua_pushfstring(L, "%s must be a positive integer", name), idx);
+    tl_argerror_got(L, arg, lua_pushfstring(L, "%s must be a positive integer", name), idx,
+                    TL_BOOL_TYPE);
   return (uint32_t)n;
 }
 
@@ -104,8 +81,8 @@ static void tl_checkheader(lua_State *L) {
   size_t len;
   const char *h;
   if (lua_type(L, -1) != LUA_TSTRING)
-    tl_bad(L, 1, "headers must map names to strings or list \"Name: value\" strings",
-           lua_gettop(L));
+    tl_argerror_got(L, 1, "headers must map names to strings or list \"Name: value\" strings",
+                    lua_gettop(L), TL_BOOL_TYPE);
   h = lua_tolstring(L, -1, &len);
   if (strlen(h) != len)
     luaL_argerror(L, 1, "headers must not contain NUL bytes");
@@ -117,8 +94,8 @@ static int tl_collect_headers(lua_State *L, int idx, int anchor) {
   int n = 0;
   size_t listed;
   if (lua_type(L, idx) != LUA_TTABLE)
-    tl_bad(L, 1, "headers must be a table", idx);
-  listed = tl_rawlen(L, idx);
+    tl_argerror_got(L, 1, "headers must be a table", idx, TL_BOOL_TYPE);
+  listed = lua_rawlen(L, idx);
   for (size_t i = 1; i <= listed; i++) {
     lua_rawgeti(L, idx, (int)i);
     tl_checkheader(L);
@@ -134,8 +111,8 @@ static int tl_collect_headers(lua_State *L, int idx, int anchor) {
       }
     }
     if (lua_type(L, -2) != LUA_TSTRING)
-      tl_bad(L, 1, "headers must map names to strings or list \"Name: value\" strings",
-             lua_gettop(L) - 1);
+      tl_argerror_got(L, 1, "headers must map names to strings or list \"Name: value\" strings",
+                      lua_gettop(L) - 1, TL_BOOL_TYPE);
     tl_checkheader(L);
     lua_pushfstring(L, "%s: %s", lua_tostring(L, -2), lua_tostring(L, -1));
     lua_rawseti(L, anchor, ++n);
@@ -147,17 +124,9 @@ static int tl_collect_headers(lua_State *L, int idx, int anchor) {
 /* ---- the handle --------------------------------------------------------------- */
 
 static tl_sender *tl_checksender(lua_State *L) {
-  tl_sender *h = (tl_sender *)luaL_checkudata(L, 1, TL_SENDER_MT);
+  tl_sender *h = (tl_sender *)tl_checkudata(L, 1, TL_SENDER_MT);
   if (h->s == NULL) luaL_error(L, "attempt to use a closed sender");
   return h;
-}
-
-/* nil, message, code name: the environment-failure convention. */
-static int tl_sender_fail(lua_State *L, int rc, const char *msg) {
-  lua_pushnil(L);
-  lua_pushstring(L, msg);
-  lua_pushstring(L, tally_err_name(rc));
-  return 3;
 }
 
 static int tl_sender_new(lua_State *L) {
@@ -174,12 +143,13 @@ static int tl_sender_new(lua_State *L) {
   while (lua_next(L, 1)) {  /* key at 3, value at 4 */
     const char *k = lua_type(L, 3) == LUA_TSTRING ? lua_tostring(L, 3) : "";
     if (strcmp(k, "url") == 0) {
-      if (lua_type(L, 4) != LUA_TSTRING) tl_bad(L, 1, "url must be a string", 4);
+      if (lua_type(L, 4) != LUA_TSTRING)
+        tl_argerror_got(L, 1, "url must be a string", 4, TL_BOOL_TYPE);
       o.url = lua_tostring(L, 4);  /* the options table keeps it */
     } else if (strcmp(k, "method") == 0) {
       const char *m = lua_type(L, 4) == LUA_TSTRING ? lua_tostring(L, 4) : "";
       if (strcmp(m, "POST") != 0 && strcmp(m, "PUT") != 0)
-        tl_bad(L, 1, "method must be 'POST' or 'PUT'", 4);
+        tl_argerror_got(L, 1, "method must be 'POST' or 'PUT'", 4, TL_BOOL_TYPE);
       o.method = m;
     } else if (strcmp(k, "headers") == 0) {
       nheaders = tl_collect_headers(L, 4, 2);
@@ -192,7 +162,7 @@ static int tl_sender_new(lua_State *L) {
     } else if (strcmp(k, "max_backoff") == 0) {
       o.max_backoff_ms = tl_checkms(L, 1, 4, "max_backoff", 0);
     } else {
-      luaL_argerror(L, 1, lua_pushfstring(L, "unknown option %s", tl_describe(L, 3)));
+      tl_argerror(L, 1, "unknown option %s", tl_describe(L, 3, TL_BOOL_TYPE));
     }
     lua_settop(L, 3);
   }
@@ -215,7 +185,7 @@ static int tl_sender_new(lua_State *L) {
   lua_setmetatable(L, -2);
   rc = tally_sender_open(&o, &h->s);
   if (rc == TALLY_EINVAL) return luaL_argerror(L, 1, tally_errmsg());
-  if (rc < 0) return tl_sender_fail(L, rc, tally_errmsg());
+  if (rc < 0) return tl_fail(L, rc);
   return 1;
 }
 
@@ -225,7 +195,7 @@ static int tl_sender_post(lua_State *L) {
   const char *body = luaL_checklstring(L, 2, &len);
   uint32_t records = lua_isnoneornil(L, 3) ? 1 : tl_checkcount(L, 3, 3, "records");
   int rc = tally_sender_post(h->s, body, len, records);
-  if (rc < 0) return tl_sender_fail(L, rc, tally_errmsg());
+  if (rc < 0) return tl_fail(L, rc);
   lua_pushboolean(L, 1);
   return 1;
 }
@@ -235,15 +205,10 @@ static int tl_sender_flush(lua_State *L) {
   uint32_t ms = lua_isnoneornil(L, 2) ? h->timeout_ms
                                       : tl_checkms(L, 2, 2, "timeout", 1);
   int rc = tally_sender_flush(h->s, ms);
-  if (rc == TALLY_ETIMEDOUT) return tl_sender_fail(L, rc, tally_strerror(rc));
-  if (rc < 0) return tl_sender_fail(L, rc, tally_errmsg());
+  if (rc == TALLY_ETIMEDOUT) return tl_fail_msg(L, rc, tally_strerror(rc));
+  if (rc < 0) return tl_fail(L, rc);
   lua_pushboolean(L, 1);
   return 1;
-}
-
-static void tl_setcount(lua_State *L, const char *k, uint64_t v) {
-  lua_pushinteger(L, (lua_Integer)v);
-  lua_setfield(L, -2, k);
 }
 
 static int tl_sender_stats(lua_State *L) {
@@ -251,12 +216,12 @@ static int tl_sender_stats(lua_State *L) {
   tally_sender_stats st;
   tally_sender_stats_get(h->s, &st);
   lua_createtable(L, 0, 7);
-  tl_setcount(L, "sent", st.sent);
-  tl_setcount(L, "requests", st.requests);
-  tl_setcount(L, "failures", st.failures);
-  tl_setcount(L, "dropped", st.dropped);
-  tl_setcount(L, "rejected", st.rejected);
-  tl_setcount(L, "queued", st.queued);
+  tl_setint(L, "sent", st.sent);
+  tl_setint(L, "requests", st.requests);
+  tl_setint(L, "failures", st.failures);
+  tl_setint(L, "dropped", st.dropped);
+  tl_setint(L, "rejected", st.rejected);
+  tl_setint(L, "queued", st.queued);
   lua_pushinteger(L, (lua_Integer)st.last_status);
   lua_setfield(L, -2, "last_status");
   lua_pushstring(L, st.last_error);
@@ -266,7 +231,7 @@ static int tl_sender_stats(lua_State *L) {
 
 /* sender:close([drain_s]); closing twice does nothing. */
 static int tl_sender_close(lua_State *L) {
-  tl_sender *h = (tl_sender *)luaL_checkudata(L, 1, TL_SENDER_MT);
+  tl_sender *h = (tl_sender *)tl_checkudata(L, 1, TL_SENDER_MT);
   uint32_t drain = lua_isnoneornil(L, 2) ? 0 : tl_checkms(L, 2, 2, "drain", 1);
   tally_sender *s = h->s;
   h->s = NULL;
@@ -276,7 +241,7 @@ static int tl_sender_close(lua_State *L) {
 
 /* __gc and __close (which passes the error as argument 2): no drain. */
 static int tl_sender_gc(lua_State *L) {
-  tl_sender *h = (tl_sender *)luaL_checkudata(L, 1, TL_SENDER_MT);
+  tl_sender *h = (tl_sender *)tl_checkudata(L, 1, TL_SENDER_MT);
   tally_sender *s = h->s;
   h->s = NULL;
   tally_sender_close(s, 0);
@@ -284,7 +249,7 @@ static int tl_sender_gc(lua_State *L) {
 }
 
 static int tl_sender_tostring(lua_State *L) {
-  tl_sender *h = (tl_sender *)luaL_checkudata(L, 1, TL_SENDER_MT);
+  tl_sender *h = (tl_sender *)tl_checkudata(L, 1, TL_SENDER_MT);
   if (h->s == NULL)
     lua_pushliteral(L, "tally.sender (closed)");
   else
@@ -405,20 +370,8 @@ static int tl_getpid(lua_State *L) {
   return 1;
 }
 
-static void tl_setfuncs(lua_State *L, const luaL_Reg *r) {
-  for (; r->name; r++) {
-    lua_pushcfunction(L, r->func);
-    lua_setfield(L, -2, r->name);
-  }
-}
-
-void tl_sender_register(lua_State *L) {
-  if (luaL_newmetatable(L, TL_SENDER_MT)) {
-    tl_setfuncs(L, tl_sender_meta);
-    lua_newtable(L);
-    tl_setfuncs(L, tl_sender_methods);
-    lua_setfield(L, -2, "__index");
-  }
+int tl_open_sender(lua_State *L) {
+  tl_newclass(L, TL_SENDER_MT, tl_sender_meta, tl_sender_methods);
   lua_pop(L, 1);
   lua_pushcfunction(L, tl_sender_new);
   lua_setfield(L, -2, "sender");
@@ -430,4 +383,5 @@ void tl_sender_register(lua_State *L) {
   lua_setfield(L, -2, "spool_mkdir");
   lua_pushcfunction(L, tl_getpid);
   lua_setfield(L, -2, "getpid");
+  return 0;
 }

@@ -26,13 +26,8 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
-#include "lua_tally.h"
+#include "lua_aux.h"
 #include "cli.h"
-
-static void setint(lua_State *L, const char *k, int64_t v) {
-  lua_pushinteger(L, (lua_Integer)v);
-  lua_setfield(L, -2, k);
-}
 
 /* The exact sum of the shards, as a decimal string (beyond int64). */
 static void pushbigsum(lua_State *L, const int64_t *v, uint32_t n) {
@@ -51,13 +46,6 @@ static void pushbigsum(lua_State *L, const int64_t *v, uint32_t n) {
   lua_pushstring(L, p);
 }
 
-static int fail(lua_State *L, int rc) {
-  lua_pushnil(L);
-  lua_pushstring(L, tally_errmsg());
-  lua_pushstring(L, tally_err_name(rc));
-  return 3;
-}
-
 static int p_counter(lua_State *L) {
   tl_store *d = tl_checkstore(L, 1);
   size_t len;
@@ -69,11 +57,11 @@ static int p_counter(lua_State *L) {
   tally_counter_info info;
   tally_rollup r;
   int rc = tally_counter_open(d->store, name, len, NULL, 0, &c);
-  if (rc < 0) return fail(L, rc);
+  if (rc < 0) return tl_fail(L, rc);
   if ((rc = tally_counter_info_get(c, &info)) < 0 ||
       (rc = tally_counter_shards(c, vals, TALLY_MAX_SHARDS, &n)) < 0) {
     tally_counter_close(c);
-    return fail(L, rc);
+    return tl_fail(L, rc);
   }
   lua_createtable(L, 0, 6);
   lua_pushlstring(L, name, len);
@@ -83,19 +71,19 @@ static int p_counter(lua_State *L) {
   else if (rc == TALLY_ERANGE) pushbigsum(L, vals, n);
   else lua_pushnil(L);
   lua_setfield(L, -2, "value");
-  setint(L, "shards", n);
+  tl_setint(L, "shards", n);
   lua_pushstring(L, info.policy == TALLY_POLICY_CUSTOM ? "function"
                                                        : tally_policy_name(info.policy));
   lua_setfield(L, -2, "policy");
   if (tally_counter_rolled(c, &r) == 0) {
     lua_createtable(L, 0, 5);
-    setint(L, "value", r.value);
+    tl_setint(L, "value", r.value);
     lua_pushnumber(L, (lua_Number)r.at_ms / 1000.0);
     lua_setfield(L, -2, "at");
-    setint(L, "delta", r.delta);
+    tl_setint(L, "delta", r.delta);
     lua_pushnumber(L, (lua_Number)tally_rollup_rate(&r));
     lua_setfield(L, -2, "rate");
-    setint(L, "count", (int64_t)r.count);
+    tl_setint(L, "count", (int64_t)r.count);
     lua_setfield(L, -2, "rolled");
   }
   if (cells) {
@@ -143,8 +131,8 @@ static int p_history(lua_State *L) {
   lua_createtable(L, (int)(nb - first), 0);
   for (i = first; i < nb; i++) {
     lua_createtable(L, 0, 2);
-    setint(L, "t", b[i].t);
-    setint(L, "v", b[i].value);
+    tl_setint(L, "t", b[i].t);
+    tl_setint(L, "v", b[i].value);
     lua_rawseti(L, -2, (lua_Integer)(i - first) + 1);
   }
   free(b);
@@ -161,11 +149,11 @@ static int p_store(lua_State *L) {
   uint32_t n, i;
   int rc = tally_store_stats_get(d->store, &st);
   if (rc == 0) rc = tally_store_schedules(d->store, sch, 64, &n);
-  if (rc < 0) return fail(L, rc);
+  if (rc < 0) return tl_fail(L, rc);
   lua_createtable(L, 0, 4);
-  setint(L, "format", st.format);
-  setint(L, "max_bytes", (int64_t)st.max_bytes);
-  setint(L, "writers", (int64_t)st.writers);
+  tl_setint(L, "format", st.format);
+  tl_setint(L, "max_bytes", (int64_t)st.max_bytes);
+  tl_setint(L, "writers", (int64_t)st.writers);
   lua_createtable(L, n < 64 ? (int)n : 64, 0);
   for (i = 0; i < n && i < 64; i++) {
     lua_createtable(L, 0, 3);
@@ -177,7 +165,7 @@ static int p_store(lua_State *L) {
       lua_pushnumber(L, (lua_Number)sch[i].last_period_ms / 1000);
       lua_setfield(L, -2, "last_period");
     }
-    if (sch[i].holder_pid > 0) setint(L, "holder", sch[i].holder_pid);
+    if (sch[i].holder_pid > 0) tl_setint(L, "holder", sch[i].holder_pid);
     lua_rawseti(L, -2, (lua_Integer)i + 1);
   }
   lua_setfield(L, -2, "schedules");
@@ -193,8 +181,8 @@ static int p_fs(lua_State *L) {
     return 2;
   }
   lua_createtable(L, 0, 2);
-  setint(L, "avail", (int64_t)((uint64_t)st.f_bavail * st.f_frsize));
-  setint(L, "size", (int64_t)((uint64_t)st.f_blocks * st.f_frsize));
+  tl_setint(L, "avail", (int64_t)((uint64_t)st.f_bavail * st.f_frsize));
+  tl_setint(L, "size", (int64_t)((uint64_t)st.f_blocks * st.f_frsize));
   return 1;
 }
 

@@ -1,5 +1,6 @@
-/* lua_redis.c -- the binding of the Redis client (redis_cluster.h) and of
- * the exactly-once flusher (redis_flush.h).
+/* lua_redis.c -- the redis and flusher handles ("tally.redis",
+ * "tally.flusher"): the Redis client and the exactly-once flusher of
+ * include/tally_net.h.
  *
  *   core.redis(uri [, { timeout = s, password = p, user = u }])
  *       -> redis handle, or nil, msg, code
@@ -55,8 +56,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "lua_tally.h"
-#include "lua_redis.h"
+#include "lua_aux.h"
 #include "tally_net.h"
 
 #define TL_REDIS_MT "tally.redis"
@@ -80,21 +80,6 @@ struct tl_flusher {
 
 /* ---- helpers ------------------------------------------------------------------ */
 
-static int tl_rfail(lua_State *L, int rc, const char *msg) {
-  lua_pushnil(L);
-  lua_pushstring(L, msg);
-  lua_pushstring(L, tally_err_name(rc));
-  return 3;
-}
-
-static const char *tl_rdescribe(lua_State *L, int idx) {
-  switch (lua_type(L, idx)) {
-  case LUA_TSTRING: return lua_pushfstring(L, "'%s'", lua_tostring(L, idx));
-  case LUA_TNUMBER: lua_pushvalue(L, idx); return lua_tostring(L, -1);
-  default: return luaL_typename(L, idx);
-  }
-}
-
 /* Parse a "host[:port]" list (comma separated) from s (len bytes) into
  * seeds as "host:port,host:port". Returns 0, or raises with the reason. */
 static void tl_seeds(lua_State *L, const char *uri, const char *s, size_t len,
@@ -102,7 +87,7 @@ static void tl_seeds(lua_State *L, const char *uri, const char *s, size_t len,
   size_t o = 0, i = 0;
   int n = 0;
   if (len == 0)
-    luaL_argerror(L, 1, lua_pushfstring(L, "bad Redis URI '%s': no host", uri));
+    tl_argerror(L, 1, "bad Redis URI '%s': no host", uri);
   while (i <= len) {
     size_t j = i, colon = (size_t)-1;
     char port[8];
@@ -112,36 +97,33 @@ static void tl_seeds(lua_State *L, const char *uri, const char *s, size_t len,
     }
     size_t hend = colon == (size_t)-1 ? j : colon;
     if (hend == i)
-      luaL_argerror(L, 1, lua_pushfstring(L, "bad Redis URI '%s': empty host", uri));
+      tl_argerror(L, 1, "bad Redis URI '%s': empty host", uri);
     for (size_t k = i; k < hend; k++)
       if (!(s[k] == '.' || s[k] == '-' || s[k] == '_' ||
             (s[k] >= '0' && s[k] <= '9') || (s[k] >= 'a' && s[k] <= 'z') ||
             (s[k] >= 'A' && s[k] <= 'Z')))
-        luaL_argerror(L, 1, lua_pushfstring(L,
-            "bad Redis URI '%s': bad character in host (query options are "
-            "not supported)", uri));
+        tl_argerror(L, 1, "bad Redis URI '%s': bad character in host (query options are "
+                    "not supported)", uri);
     if (colon == (size_t)-1) {
       strcpy(port, "6379");
     } else {
       long p = 0;
       size_t plen = j - colon - 1;
       if (plen == 0 || plen > 5)
-        luaL_argerror(L, 1, lua_pushfstring(L, "bad Redis URI '%s': bad port", uri));
+        tl_argerror(L, 1, "bad Redis URI '%s': bad port", uri);
       for (size_t k = colon + 1; k < j; k++) {
         if (s[k] < '0' || s[k] > '9')
-          luaL_argerror(L, 1, lua_pushfstring(L, "bad Redis URI '%s': bad port", uri));
+          tl_argerror(L, 1, "bad Redis URI '%s': bad port", uri);
         p = p * 10 + (s[k] - '0');
       }
       if (p < 1 || p > 65535)
-        luaL_argerror(L, 1, lua_pushfstring(L,
-            "bad Redis URI '%s': port must be 1 to 65535", uri));
+        tl_argerror(L, 1, "bad Redis URI '%s': port must be 1 to 65535", uri);
       snprintf(port, sizeof port, "%ld", p);
     }
     if (++n > 1 && !allow_many)
-      luaL_argerror(L, 1, lua_pushfstring(L,
-          "bad Redis URI '%s': several hosts need redis+cluster://", uri));
+      tl_argerror(L, 1, "bad Redis URI '%s': several hosts need redis+cluster://", uri);
     if (o + (hend - i) + strlen(port) + 3 > cap)
-      luaL_argerror(L, 1, lua_pushfstring(L, "bad Redis URI '%s': too long", uri));
+      tl_argerror(L, 1, "bad Redis URI '%s': too long", uri);
     if (o > 0) out[o++] = ',';
     memcpy(out + o, s + i, hend - i);
     o += hend - i;
@@ -203,15 +185,15 @@ static const char *tl_unescape(lua_State *L, const char *red, const char *what,
         int x = d >= '0' && d <= '9' ? d - '0' : d >= 'a' && d <= 'f' ? d - 'a' + 10
               : d >= 'A' && d <= 'F' ? d - 'A' + 10 : -1;
         if (x < 0)
-          luaL_argerror(L, 1, lua_pushfstring(L, "bad Redis URI '%s': bad %%-escape in the %s",
-                                              red, what));
+          tl_argerror(L, 1, "bad Redis URI '%s': bad %%-escape in the %s",
+                      red, what);
         v = v * 16 + x;
       }
       c = v;
       i += 2;
     }
     if (c == 0)
-      luaL_argerror(L, 1, lua_pushfstring(L, "bad Redis URI '%s': NUL in the %s", red, what));
+      tl_argerror(L, 1, "bad Redis URI '%s': NUL in the %s", red, what);
     luaL_addchar(&b, (char)c);
   }
   luaL_pushresult(&b);
@@ -277,8 +259,7 @@ static int tl_redis_new(lua_State *L) {
     const char *h = uri + 8, *slash = strchr(h, '/');
     size_t hlen = slash ? (size_t)(slash - h) : strlen(h);
     if (slash && strcmp(slash, "/") != 0 && strcmp(slash, "/0") != 0)
-      luaL_argerror(L, 1, lua_pushfstring(L,
-          "bad Redis URI '%s': only database 0 is supported", red));
+      tl_argerror(L, 1, "bad Redis URI '%s': only database 0 is supported", red);
     tl_seeds(L, red, h, hlen, 0, seeds, sizeof seeds);
   } else if (len >= 16 && memcmp(uri, "redis+cluster://", 16) == 0) {
     const char *h = uri + 16;
@@ -286,39 +267,37 @@ static int tl_redis_new(lua_State *L) {
     if (hlen > 0 && h[hlen - 1] == '/') hlen--;
     tl_seeds(L, red, h, hlen, 1, seeds, sizeof seeds);
   } else {
-    luaL_argerror(L, 1, lua_pushfstring(L,
-        "bad Redis URI '%s' (expected redis://host:port or "
-        "redis+cluster://host:port,host:port,...)", red));
+    tl_argerror(L, 1, "bad Redis URI '%s' (expected redis://host:port or "
+                "redis+cluster://host:port,host:port,...)", red);
   }
   if (!lua_isnoneornil(L, 2)) {
     if (lua_type(L, 2) != LUA_TTABLE)
-      luaL_argerror(L, 2, lua_pushfstring(L, "options table expected, got %s",
-                                          luaL_typename(L, 2)));
+      tl_argerror(L, 2, "options table expected, got %s",
+                  luaL_typename(L, 2));
     lua_pushnil(L);
     while (lua_next(L, 2)) {
       const char *k = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : "";
       if (strcmp(k, "timeout") == 0) {
         lua_Number s = lua_tonumber(L, -1);
         if (lua_type(L, -1) != LUA_TNUMBER || !(s > 0 && s <= 4294967.0))
-          luaL_argerror(L, 2, lua_pushfstring(L,
-              "timeout must be a positive number of seconds, got %s",
-              tl_rdescribe(L, -1)));
+          tl_argerror(L, 2, "timeout must be a positive number of seconds, got %s",
+                      tl_describe(L, -1, TL_BOOL_TYPE));
         double ms = (double)s * 1000.0;
         ro.timeout_ms = (uint32_t)ms;
         if (ro.timeout_ms < ms) ro.timeout_ms++;
       } else if (strcmp(k, "password") == 0 || strcmp(k, "user") == 0) {
         size_t vl;
         if (lua_type(L, -1) != LUA_TSTRING)  /* never quote the value */
-          luaL_argerror(L, 2, lua_pushfstring(L, "%s must be a string, got %s", k,
-                                              luaL_typename(L, -1)));
+          tl_argerror(L, 2, "%s must be a string, got %s", k,
+                      luaL_typename(L, -1));
         const char *v = lua_tolstring(L, -1, &vl);  /* the options table keeps it */
         if (vl == 0 || strlen(v) != vl)
-          luaL_argerror(L, 2, lua_pushfstring(L, "%s must be 1 or more bytes without NULs", k));
+          tl_argerror(L, 2, "%s must be 1 or more bytes without NULs", k);
         if (k[0] == 'p' && !password) password = v;
         if (k[0] == 'u' && !user) user = v;
       } else {
-        luaL_argerror(L, 2, lua_pushfstring(L, "unknown option %s (expected timeout, "
-                                            "password, user)", tl_rdescribe(L, -2)));
+        tl_argerror(L, 2, "unknown option %s (expected timeout, "
+                    "password, user)", tl_describe(L, -2, TL_BOOL_TYPE));
       }
       lua_pop(L, 1);
     }
@@ -343,8 +322,8 @@ static int tl_redis_new(lua_State *L) {
   if (rc < 0) {
     const char *m = tally_errmsg();
     if (strstr(m, "NOAUTH") && !password)
-      return tl_rfail(L, rc, lua_pushfstring(L, "%s%s", m, NOAUTH_HINT));
-    return tl_rfail(L, rc, m);
+      return tl_fail_msg(L, rc, lua_pushfstring(L, "%s%s", m, NOAUTH_HINT));
+    return tl_fail_msg(L, rc, m);
   }
   return 1;
 }
@@ -421,8 +400,8 @@ static int tl_redis_run(lua_State *L, int first, int wait, uint32_t replicas,
   for (int i = 0; i < argc; i++) {
     int t = lua_type(L, i + first);
     if (t != LUA_TSTRING && t != LUA_TNUMBER)
-      luaL_argerror(L, i + first - 1, lua_pushfstring(L, "string or number expected, got %s",
-                                                      luaL_typename(L, i + first)));
+      tl_argerror(L, i + first - 1, "string or number expected, got %s",
+                  luaL_typename(L, i + first));
     argv[i] = lua_tolstring(L, i + first, &argvlen[i]);  /* converts numbers in place */
   }
   if (strcasecmp(argv[0], "EVAL") == 0 || strcasecmp(argv[0], "EVALSHA") == 0) {
@@ -436,7 +415,7 @@ static int tl_redis_run(lua_State *L, int first, int wait, uint32_t replicas,
                                timeout_ms, &reply, &acked);
   else
     rc = tally_rc_command(r->rc, key, keylen, argc, argv, argvlen, &reply);
-  if (rc < 0) return tl_rfail(L, rc, tally_errmsg());
+  if (rc < 0) return tl_fail(L, rc);
   if (reply->type == REDIS_REPLY_ERROR) {
     lua_pushnil(L);
     lua_pushlstring(L, reply->str, reply->len);
@@ -469,11 +448,6 @@ static int tl_redis_command_wait(lua_State *L) {
   return tl_redis_run(L, 4, 1, (uint32_t)n, (uint32_t)t);
 }
 
-static void tl_setu64(lua_State *L, const char *k, uint64_t v) {
-  tl_pushint64(L, (int64_t)v);
-  lua_setfield(L, -2, k);
-}
-
 static int tl_redis_stats(lua_State *L) {
   tl_redis *r = tl_checkredis(L, 1);
   tally_rc_stats st;
@@ -481,14 +455,14 @@ static int tl_redis_stats(lua_State *L) {
   lua_createtable(L, 0, 7);
   lua_pushboolean(L, tally_rc_is_cluster(r->rc));
   lua_setfield(L, -2, "cluster");
-  tl_setu64(L, "moved", st.moved);
-  tl_setu64(L, "asked", st.asked);
-  tl_setu64(L, "retries", st.retries);
-  tl_setu64(L, "reconnects", st.reconnects);
-  tl_setu64(L, "refreshes", st.refreshes);
-  tl_setu64(L, "errors", st.errors);
-  tl_setu64(L, "resent", st.resent);
-  tl_setu64(L, "topology", st.topology);
+  tl_setint(L, "moved", st.moved);
+  tl_setint(L, "asked", st.asked);
+  tl_setint(L, "retries", st.retries);
+  tl_setint(L, "reconnects", st.reconnects);
+  tl_setint(L, "refreshes", st.refreshes);
+  tl_setint(L, "errors", st.errors);
+  tl_setint(L, "resent", st.resent);
+  tl_setint(L, "topology", st.topology);
   return 1;
 }
 
@@ -536,8 +510,8 @@ static int tl_flusher_new(lua_State *L) {
     if (strcmp(k, "writer") == 0) {
       size_t wl;
       if (lua_type(L, -1) != LUA_TSTRING)
-        luaL_argerror(L, 3, lua_pushfstring(L, "writer must be a string, got %s",
-                                            tl_rdescribe(L, -1)));
+        tl_argerror(L, 3, "writer must be a string, got %s",
+                    tl_describe(L, -1, TL_BOOL_TYPE));
       writer = lua_tolstring(L, -1, &wl);  /* the options table keeps it */
       if (wl < 1 || wl > TALLY_FLUSH_WRITER_MAX || strlen(writer) != wl)
         luaL_argerror(L, 3, "writer must be 1 to 128 bytes without NULs");
@@ -545,19 +519,18 @@ static int tl_flusher_new(lua_State *L) {
       int isnum = 0;
       lua_Integer n = lua_type(L, -1) == LUA_TNUMBER ? tl_tointx(L, -1, &isnum) : 0;
       if (!isnum || n < 1 || n > TALLY_MAX_SHARDS)
-        luaL_argerror(L, 3, lua_pushfstring(L, "shards must be an integer from 1 to %d, got %s",
-                                            TALLY_MAX_SHARDS, tl_rdescribe(L, -1)));
+        tl_argerror(L, 3, "shards must be an integer from 1 to %d, got %s",
+                    TALLY_MAX_SHARDS, tl_describe(L, -1, TL_BOOL_TYPE));
       shards = (uint32_t)n;
     } else if (strcmp(k, "verify") == 0) {
       lua_Number v = lua_tonumber(L, -1);
       if (lua_type(L, -1) != LUA_TNUMBER || !(v >= 0 && v <= 4294967.0))
-        luaL_argerror(L, 3, lua_pushfstring(L,
-            "verify must be a number of seconds from 0 to 4294967, got %s",
-            tl_rdescribe(L, -1)));
+        tl_argerror(L, 3, "verify must be a number of seconds from 0 to 4294967, got %s",
+                    tl_describe(L, -1, TL_BOOL_TYPE));
       verify_ms = (uint32_t)(v * 1000.0);
     } else {
-      luaL_argerror(L, 3, lua_pushfstring(L, "unknown option %s (expected writer, shards, verify)",
-                                          tl_rdescribe(L, -2)));
+      tl_argerror(L, 3, "unknown option %s (expected writer, shards, verify)",
+                  tl_describe(L, -2, TL_BOOL_TYPE));
     }
     lua_pop(L, 1);
   }
@@ -585,16 +558,16 @@ static int tl_flusher_new(lua_State *L) {
 
 static void tl_pushflushstats(lua_State *L, const tally_flush_stats *st) {
   lua_createtable(L, 0, 11);
-  tl_setu64(L, "verified", st->verified);
-  tl_setu64(L, "repaired", st->repaired);
-  tl_setu64(L, "counters", st->counters);
-  tl_setu64(L, "unchanged", st->unchanged);
-  tl_setu64(L, "flushed", st->flushed);
-  tl_setu64(L, "already", st->already);
-  tl_setu64(L, "conflicts", st->conflicts);
-  tl_setu64(L, "errors", st->errors);
-  tl_setu64(L, "commands", st->commands);
-  tl_setu64(L, "bytes", st->bytes);
+  tl_setint(L, "verified", st->verified);
+  tl_setint(L, "repaired", st->repaired);
+  tl_setint(L, "counters", st->counters);
+  tl_setint(L, "unchanged", st->unchanged);
+  tl_setint(L, "flushed", st->flushed);
+  tl_setint(L, "already", st->already);
+  tl_setint(L, "conflicts", st->conflicts);
+  tl_setint(L, "errors", st->errors);
+  tl_setint(L, "commands", st->commands);
+  tl_setint(L, "bytes", st->bytes);
   tl_pushint64(L, st->delta);
   lua_setfield(L, -2, "delta");
 }
@@ -609,9 +582,7 @@ static int tl_flusher_run(lua_State *L) {
   memset(&st, 0, sizeof st);
   rc = tally_flusher_run(h->f, pat, plen, &st);
   if (rc < 0) {
-    lua_pushnil(L);
-    lua_pushstring(L, tally_errmsg());
-    lua_pushstring(L, tally_err_name(rc));
+    tl_fail(L, rc);
     tl_pushflushstats(L, &st);
     return 4;
   }
@@ -626,7 +597,7 @@ static int tl_flusher_remote_value(lua_State *L) {
   int64_t v = 0;
   int rc = tally_flusher_remote_value(h->f, name, len, &v);
   if (rc == TALLY_EINVAL) return luaL_argerror(L, 2, tally_errmsg());
-  if (rc < 0) return tl_rfail(L, rc, tally_errmsg());
+  if (rc < 0) return tl_fail(L, rc);
   tl_pushint64(L, v);
   return 1;
 }
@@ -686,33 +657,15 @@ static const luaL_Reg tl_flusher_meta[] = {
   { NULL, NULL }
 };
 
-static void tl_rsetfuncs(lua_State *L, const luaL_Reg *r) {
-  for (; r->name; r++) {
-    lua_pushcfunction(L, r->func);
-    lua_setfield(L, -2, r->name);
-  }
-}
-
-static void tl_rclass(lua_State *L, const char *tname, const luaL_Reg *meta,
-                      const luaL_Reg *methods) {
-  if (luaL_newmetatable(L, tname)) {
-    lua_pushstring(L, tname);
-    lua_setfield(L, -2, "__name");
-    tl_rsetfuncs(L, meta);
-    lua_newtable(L);
-    tl_rsetfuncs(L, methods);
-    lua_setfield(L, -2, "__index");
-  }
-  lua_pop(L, 1);
-}
-
-void tl_redis_register(lua_State *L) {
-  tl_rclass(L, TL_REDIS_MT, tl_redis_meta, tl_redis_methods);
-  tl_rclass(L, TL_FLUSHER_MT, tl_flusher_meta, tl_flusher_methods);
+int tl_open_redis(lua_State *L) {
+  tl_newclass(L, TL_REDIS_MT, tl_redis_meta, tl_redis_methods);
+  tl_newclass(L, TL_FLUSHER_MT, tl_flusher_meta, tl_flusher_methods);
+  lua_pop(L, 2);
   lua_pushcfunction(L, tl_redis_new);
   lua_setfield(L, -2, "redis");
   lua_pushcfunction(L, tl_redis_redact);
   lua_setfield(L, -2, "redis_redact");
   lua_pushcfunction(L, tl_flusher_new);
   lua_setfield(L, -2, "flusher");
+  return 0;
 }

@@ -1,4 +1,4 @@
-/* lua_rollup.c -- the binding's rollup half: schedule handles, rolled
+/* lua_rollup.c -- the schedule handle ("tally.schedule"), rolled
  * records, history, and the clock and sleep that lua/tally/rollup.lua
  * builds db:rollup, db:tick and db:run on.
  *
@@ -18,7 +18,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "lua_tally.h"
+#include "lua_aux.h"
 
 #define TL_SCHEDULE_MT "tally.schedule"
 
@@ -31,14 +31,9 @@ typedef struct tl_schedule {
 static int64_t tl_checkms(lua_State *L, int arg, const char *what) {
   double s = luaL_checknumber(L, arg);
   if (!(s >= 0 && s < 9.2e15))  /* also refuses NaN */
-    luaL_argerror(L, arg, lua_pushfstring(L, "%s must be a time in seconds "
-                                          "since the epoch", what));
+    tl_argerror(L, arg, "%s must be a time in seconds "
+                "since the epoch", what);
   return (int64_t)llround(s * 1000.0);
-}
-
-static void tl_setint(lua_State *L, const char *k, int64_t v) {
-  tl_pushint64(L, v);
-  lua_setfield(L, -2, k);
 }
 
 static void tl_pushrecord(lua_State *L, const tally_rollup *r) {
@@ -266,25 +261,6 @@ static int tl_counter_rings(lua_State *L) {
   return 1;
 }
 
-/* c:value(opts): the Lua function registered as core.value_opts does the
- * work (it knows the store's clock); C keeps c:value() itself fast. */
-int tl_counter_value_opts(lua_State *L) {
-  lua_settop(L, 2);
-  lua_getfield(L, LUA_REGISTRYINDEX, "tally.value_opts");
-  if (lua_type(L, -1) != LUA_TFUNCTION)
-    return luaL_argerror(L, 2, "no options expected (require \"tally\" for max_age)");
-  lua_insert(L, 1);
-  lua_call(L, 2, LUA_MULTRET);
-  return lua_gettop(L);
-}
-
-static int tl_set_value_opts(lua_State *L) {
-  luaL_checktype(L, 1, LUA_TFUNCTION);
-  lua_pushvalue(L, 1);
-  lua_setfield(L, LUA_REGISTRYINDEX, "tally.value_opts");
-  return 0;
-}
-
 /* ---- clock -------------------------------------------------------------------------- */
 
 static int tl_now(lua_State *L) {
@@ -305,40 +281,35 @@ static int tl_sleep(lua_State *L) {
   return 0;
 }
 
+static const luaL_Reg tl_schedule_meta[] = {
+  { "__gc", tl_schedule_free },
+  { NULL, NULL }
+};
+
 static const luaL_Reg tl_schedule_methods[] = {
   { "tick", tl_schedule_tick },
   { "free", tl_schedule_free },
   { NULL, NULL }
 };
 
-void tl_rollup_register(lua_State *L) {
+/* Needs the counter class (tl_open_counter): adds methods to it. */
+int tl_open_rollup(lua_State *L) {
   static const luaL_Reg counter_extra[] = {
     { "rolled", tl_counter_rolled },
     { "_history", tl_counter_history },
     { "_rings", tl_counter_rings },
     { NULL, NULL }
   };
-  if (luaL_newmetatable(L, TL_SCHEDULE_MT)) {
-    lua_pushcfunction(L, tl_schedule_free);
-    lua_setfield(L, -2, "__gc");
-#if TL_LUAJIT
-    lua_pushliteral(L, TL_SCHEDULE_MT);  /* 5.4's luaL_newmetatable does it */
-    lua_setfield(L, -2, "__name");
-#endif
-    lua_newtable(L);
-    luaL_setfuncs(L, tl_schedule_methods, 0);
-    lua_setfield(L, -2, "__index");
-  }
+  tl_newclass(L, TL_SCHEDULE_MT, tl_schedule_meta, tl_schedule_methods);
   lua_pop(L, 1);
   lua_getfield(L, -1, "counter_methods");
   luaL_setfuncs(L, counter_extra, 0);
   lua_pop(L, 1);
   lua_pushcfunction(L, tl_schedule_new);
   lua_setfield(L, -2, "schedule");
-  lua_pushcfunction(L, tl_set_value_opts);
-  lua_setfield(L, -2, "set_value_opts");
   lua_pushcfunction(L, tl_now);
   lua_setfield(L, -2, "now");
   lua_pushcfunction(L, tl_sleep);
   lua_setfield(L, -2, "sleep");
+  return 0;
 }

@@ -1,0 +1,244 @@
+/* lua_aux.h -- the binding's one toolkit: what every file of src/lua shares.
+ *
+ * The binding is one file per handle type (lua_store.c, lua_counter.c,
+ * lua_rollup.c, lua_sender.c, lua_redis.c) and lua_module.c, which lists
+ * them as Lua's linit.c lists its libraries. Each file uses this toolkit
+ * (lua_aux.c) and nothing of another file, with one exception in one
+ * direction: a store makes counter handles, so lua_store.c calls the
+ * counter-handle functions of lua_counter.c declared at the end. The
+ * toolkit holds: the Lua 5.4 / LuaJIT compatibility block; the store and
+ * counter handles, which other handles (schedules, flushers) and the tally
+ * command hold on to; the argument checks and the hand-built "bad argument
+ * #N to 'f' (...)" messages; the nil, message, code failure convention;
+ * and the one way to register a class.
+ */
+#ifndef TALLY_LUA_AUX_H
+#define TALLY_LUA_AUX_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "lua.h"
+#include "lauxlib.h"
+#include "tally.h"
+
+/* ---- Lua version compatibility ---------------------------------------------
+ * The binding is built twice from the same sources: against Lua 5.4 (the
+ * primary target) and against LuaJIT 2.1 (OpenResty). Everything outside
+ * this block is what both C APIs share. Under LuaJIT every number is a
+ * double: counter values within +-2^53 cross as plain numbers, larger ones
+ * as int64_t cdata built by the Lua function registered with
+ * core.set_box (see tl_pushint64), and integer arguments must be exact. */
+#if LUA_VERSION_NUM >= 504
+#define TL_LUAJIT 0
+#define tl_newud(L, sz, nuv) lua_newuserdatauv((L), (sz), (nuv))
+#define tl_getuv(L, idx, n) ((void)lua_getiuservalue((L), (idx), (n)))
+#define tl_setuv(L, idx, n) ((void)lua_setiuservalue((L), (idx), (n)))
+#define tl_checkversion(L) luaL_checkversion(L)
+#define tl_tointx(L, idx, isnum) lua_tointegerx((L), (idx), (isnum))
+#define tl_checkinteger(L, arg) luaL_checkinteger((L), (arg))
+#define tl_pushint64(L, v) lua_pushinteger((L), (lua_Integer)(v))
+#define tl_canpush(L, v) ((void)(L), (void)(v), 1)
+#elif LUA_VERSION_NUM == 501
+#include "luajit.h"   /* LuaJIT 2.1; plain Lua 5.1 is not supported */
+#define TL_LUAJIT 1
+#define TL_TCDATA 10  /* what lua_type() says for a cdata (not in lua.h) */
+#define TL_EXACT 9007199254740992.0   /* 2^53: larger doubles skip integers */
+#define lua_rawlen(L, idx) lua_objlen((L), (idx))
+#define lua_absindex(L, idx) \
+  ((idx) > 0 || (idx) <= LUA_REGISTRYINDEX ? (idx) : lua_gettop(L) + (idx) + 1)
+/* The module takes the address of luaJIT_setmode, which only LuaJIT
+ * exports, so loading it into any other Lua fails at require time
+ * (dlopen: undefined symbol); the Lua 5.4 build needs luaL_checkversion_
+ * and lua_newuserdatauv, which LuaJIT lacks, so it cannot load here. */
+static inline void tl_checkversion(lua_State *L) {
+  int (*volatile needs_luajit)(lua_State *, int, int) = luaJIT_setmode;
+  (void)L;
+  (void)needs_luajit;
+}
+/* One table as the user value (the fenv) holds the n slots. */
+static inline void *tl_newud(lua_State *L, size_t sz, int nuv) {
+  void *p = lua_newuserdata(L, sz);
+  lua_createtable(L, nuv, 0);
+  lua_setfenv(L, -2);
+  return p;
+}
+static inline void tl_getuv(lua_State *L, int idx, int n) {
+  lua_getfenv(L, idx);
+  lua_rawgeti(L, -1, n);
+  lua_remove(L, -2);
+}
+static inline void tl_setuv(lua_State *L, int idx, int n) {  /* pops the value */
+  idx = lua_absindex(L, idx);
+  lua_getfenv(L, idx);
+  lua_insert(L, -2);
+  lua_rawseti(L, -2, n);
+  lua_pop(L, 1);
+}
+/* Like Lua 5.4's: a number or numeric string with an exact integer value
+ * (here also within +-2^53); LuaJIT's own truncates 1.5 to 1. */
+static inline lua_Integer tl_tointx(lua_State *L, int idx, int *isnum) {
+  lua_Number d;
+  *isnum = 0;
+  if (!lua_isnumber(L, idx)) return 0;
+  d = lua_tonumber(L, idx);
+  if (!(d >= -TL_EXACT && d <= TL_EXACT) || (lua_Number)(int64_t)d != d) return 0;
+  *isnum = 1;
+  return (lua_Integer)d;
+}
+lua_Integer tl_checkinteger(lua_State *L, int arg);
+/* Push v: a number within +-2^53, else an int64_t cdata (raises if no box
+ * is registered). tl_canpush(L, v) tells whether that push can succeed. */
+void tl_pushint64(lua_State *L, int64_t v);
+int tl_canpush(lua_State *L, int64_t v);
+#else
+#error "tally's Lua binding builds against Lua 5.4 or LuaJIT 2.1 headers"
+#endif
+
+#if defined(__GNUC__)
+#define TL_LIKELY(x) __builtin_expect(!!(x), 1)
+#define TL_UNLIKELY(x) __builtin_expect(!!(x), 0)
+#define TL_EXPORT __attribute__((visibility("default")))
+#else
+#define TL_LIKELY(x) (x)
+#define TL_UNLIKELY(x) (x)
+#define TL_EXPORT
+#endif
+
+/* ---- the store and counter handles -----------------------------------------
+ * A store handle (metatable "tally.store", made in lua_store.c) holds the
+ * tally_store pointer and its spec; a counter handle ("tally.counter",
+ * lua_counter.c) holds the tally_counter pointer and a link in its store's
+ * list of open handles. Closing sets the C pointer to NULL. */
+#define TL_STORE_MT "tally.store"
+#define TL_COUNTER_MT "tally.counter"
+
+/* Salts for the self-pointers: a counter never passes for a store. */
+#define TL_STORE_SALT ((uintptr_t)0x5a17e5u)
+#define TL_COUNTER_SALT ((uintptr_t)0xc0417e5u)
+
+enum { TL_SUV_CACHE = 1, TL_SUV_FAMILIES = 2, TL_SUV_N = 2 };  /* store */
+enum { TL_CUV_STORE = 1, TL_CUV_POLICY = 2, TL_CUV_N = 2 };    /* counter */
+
+typedef struct tl_counter tl_counter;
+
+typedef struct tl_store {
+  uintptr_t key;          /* (uintptr_t)self ^ TL_STORE_SALT */
+  tally_store *store;     /* NULL once closed */
+  tl_counter *counters;   /* open counter handles made on this store */
+  size_t speclen;
+  char spec[];            /* "memory" or "file:PATH" */
+} tl_store;
+
+/* Under LuaJIT, lua/tally/ffi.lua reads c and policy straight from the
+ * userdata (struct tally_ffi_counter there); it checks their offsets
+ * against core._ffi_info() (lua_counter.c) and stays classic if they
+ * differ. */
+struct tl_counter {
+  uintptr_t key;          /* (uintptr_t)self ^ TL_COUNTER_SALT */
+  tally_counter *c;       /* NULL once closed (also when its store closes) */
+  tl_store *db;           /* kept alive through user value TL_CUV_STORE */
+  tl_counter *prev, *next;
+  int32_t policy;         /* the stored policy */
+  int hasfn;              /* CUSTOM with a Lua function in TL_CUV_POLICY */
+  size_t namelen;
+  char name[];
+};
+
+/* ---- arguments and messages ------------------------------------------------ */
+
+/* How tl_describe shows a boolean: as true / false, or as its type name
+ * "boolean" (what the sender's and Redis messages have always said). */
+enum { TL_BOOL_VALUE = 0, TL_BOOL_TYPE = 1 };
+
+/* Push and return a short description of the value at idx for messages:
+ * 'str' (quoted), a number as Lua writes it, a boolean (see above), else
+ * its type name (nil, table, no value). */
+const char *tl_describe(lua_State *L, int idx, int bools);
+/* Raise "bad argument #arg to 'f' (<fmt formatted>)"; never returns. */
+int tl_argerror(lua_State *L, int arg, const char *fmt, ...);
+/* Raise "bad argument #arg to 'f' (what, got <tl_describe of idx>)". */
+int tl_argerror_got(lua_State *L, int arg, const char *what, int idx, int bools);
+/* Raise "bad argument #arg to 'f' (tname expected, got T)", T being the
+ * value's __name, or its type name: luaL_typeerror of Lua 5.4, also
+ * under LuaJIT. */
+int tl_typeerror(lua_State *L, int arg, const char *tname);
+/* The full userdata of metatable tname at idx; raises as above otherwise. */
+void *tl_checkudata(lua_State *L, int idx, const char *tname);
+/* A strict string argument (numbers are not names); raises otherwise. */
+const char *tl_checkstring(lua_State *L, int arg, size_t *len);
+/* A counter increment at arg (nil or none: 1): an integer; under LuaJIT
+ * also an int64_t or uint64_t cdata (see core.set_box). Raises otherwise. */
+int64_t tl_checkdelta(lua_State *L, int arg);
+/* -n for an increment n, without undefined behaviour on the minimum. */
+static inline lua_Integer tl_negate(lua_Integer n) {
+  return (lua_Integer)(0u - (uint64_t)n);
+}
+/* The open store or counter handle at idx; raise "attempt to use a closed
+ * store" (or counter) otherwise. */
+tl_store *tl_checkstore(lua_State *L, int idx);
+tl_counter *tl_checkcounter(lua_State *L, int idx);
+
+/* ---- results -------------------------------------------------------------- */
+
+/* Push nil, message, code name (the environment-failure convention) and
+ * return 3: the message is tally_errmsg(), or msg. */
+int tl_fail(lua_State *L, int rc);
+int tl_fail_msg(lua_State *L, int rc, const char *msg);
+/* t[k] = v for the table on top of the stack (under LuaJIT as tl_pushint64). */
+void tl_setint(lua_State *L, const char *k, int64_t v);
+
+/* ---- classes ---------------------------------------------------------------- */
+
+/* Create metatable tname (once per state): the metamethods of meta
+ * (__gc, __close, __tostring: those the handle has), __name (which 5.4's
+ * luaL_newmetatable sets and LuaJIT's does not) and __index, a table of
+ * methods. Leaves the methods table on the stack (also when the metatable
+ * existed already). */
+void tl_newclass(lua_State *L, const char *tname, const luaL_Reg *meta,
+                 const luaL_Reg *methods);
+
+#if TL_LUAJIT
+/* core.set_box(box, unbox): the Lua functions that cross between int64_t
+ * and cdata (see tl_pushint64). */
+int tl_set_box(lua_State *L);
+/* module._classic[name] = fn, for the module table on top of the stack:
+ * the classic methods lua/tally/ffi.lua falls back on. */
+void tl_set_classic(lua_State *L, const char *name, lua_CFunction fn);
+#endif
+
+/* ---- the parts (lua_module.c lists them) -------------------------------------
+ * Each adds its functions to the module table on top of the stack and
+ * creates its metatables; returns 0. */
+int tl_open_store(lua_State *L);     /* lua_store.c: core.open, store_methods */
+int tl_open_counter(lua_State *L);   /* lua_counter.c: counter_methods */
+int tl_open_rollup(lua_State *L);    /* lua_rollup.c: schedules, c:rolled() */
+int tl_open_sender(lua_State *L);    /* lua_sender.c: core.sender, the spool */
+int tl_open_redis(lua_State *L);     /* lua_redis.c: core.redis, core.flusher */
+
+/* ---- the counter handle, for lua_store.c (made in lua_counter.c) -------------- */
+
+/* Counter options at arg (nil or a table): shards, policy, and (if create
+ * is not NULL, for db:counter) create = false, which opens an existing
+ * counter only. Leaves the policy function (or nil) on top of the stack. */
+void tl_checkcounteropts(lua_State *L, int arg, tally_counter_options *o,
+                         int *create);
+/* "thread", ..., "function" for a stored policy; "?" if unknown. */
+const char *tl_policy_label(int32_t policy);
+/* Open counter name on the store at dbidx and push its handle. fnidx is
+ * the stack index of its policy function, or 0 (a CUSTOM counter then
+ * takes its family's function, if this store defined one). On failure
+ * nothing is pushed and the TALLY_E* code is returned. */
+int tl_counter_push(lua_State *L, int dbidx, const char *name, size_t len,
+                    const tally_counter_options *opt, uint32_t flags, int fnidx);
+/* Close the counter of handle h and unlink it from its store; safe twice. */
+void tl_counter_release(tl_counter *h);
+/* Add n to the counter of handle h (at hidx) with the key or function
+ * policy (callers add for the others with tally_counter_incr, inline);
+ * the key is at kidx. Returns 0 or a TALLY_E* code; raises on misuse. */
+int tl_counter_incr_policy(lua_State *L, tl_counter *h, int hidx, int kidx,
+                           lua_Integer n);
+/* nil, message, code for a failed counter operation (names a dropped one). */
+int tl_counter_fail(lua_State *L, tl_counter *h, int rc);
+
+#endif

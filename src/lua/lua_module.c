@@ -1,0 +1,38 @@
+/* lua_module.c -- luaopen_tally_core: the list of the binding's parts.
+ *
+ * As Lua's linit.c lists the standard libraries, this lists the parts of
+ * module "tally.core", one file each, in the order they are opened: each
+ * adds its functions to the module table and creates its metatables. The
+ * rollup part adds methods to the counter class, so it comes after it.
+ * Only luaopen_tally_core is exported; everything else is hidden.
+ */
+#include "lua_aux.h"
+
+static const luaL_Reg tl_parts[] = {
+  { "store", tl_open_store },       /* core.open, the store handle */
+  { "counter", tl_open_counter },   /* the counter handle */
+  { "rollup", tl_open_rollup },     /* schedules, c:rolled(), the clock */
+  { "sender", tl_open_sender },     /* core.sender, the spool's helpers */
+  { "redis", tl_open_redis },       /* core.redis, core.flusher */
+  { NULL, NULL }
+};
+
+TL_EXPORT int luaopen_tally_core(lua_State *L) {
+  const luaL_Reg *part;
+  tl_checkversion(L);
+  lua_newtable(L);
+  for (part = tl_parts; part->func != NULL; part++) part->func(L);
+  lua_pushliteral(L, TALLY_VERSION);
+  lua_setfield(L, -2, "version");
+  lua_pushinteger(L, TALLY_MAX_SHARDS);
+  lua_setfield(L, -2, "MAX_SHARDS");
+  lua_pushinteger(L, TALLY_NAME_MAX);
+  lua_setfield(L, -2, "NAME_MAX");
+  lua_pushinteger(L, TALLY_DEFAULT_SHARDS);
+  lua_setfield(L, -2, "DEFAULT_SHARDS");
+#if TL_LUAJIT
+  lua_pushcfunction(L, tl_set_box);   /* 64-bit integers as cdata */
+  lua_setfield(L, -2, "set_box");
+#endif
+  return 1;
+}

@@ -1,0 +1,544 @@
+/* lua_store.c -- the store handle (metatable "tally.store") and core.open.
+ *
+ * A store handle is a full userdata holding the tally_store pointer and
+ * the spec it was opened with; its user values are a weak-valued cache of
+ * counter handles by name (used by db:incr and friends) and the list of
+ * function-policy families defined through it. Counter handles are made
+ * by lua_counter.c (tl_counter_push); db:close() closes every one of them
+ * before the store, as the C API requires.
+ *
+ * The hot path (db:incr) trusts the first argument after one cheap check
+ * (a salted self-pointer) and falls back to tl_checkstore only to raise the
+ * proper error. Misuse raises luaL_argerror-style errors; failures of the
+ * environment return nil, message, code name. A closed handle sets its C
+ * pointer to NULL.
+ */
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "lua_aux.h"
+
+/* Counter names and family patterns: 1..255 bytes, no NUL. */
+static const char *tl_checkname(lua_State *L, int arg, size_t *len,
+                                const char *what) {
+  const char *s = tl_checkstring(L, arg, len);
+  if (*len < 1 || *len > TALLY_NAME_MAX)
+    tl_argerror(L, arg, "%s must be 1 to %d bytes, got %d", what, TALLY_NAME_MAX,
+                (int)*len);
+  if (memchr(s, '\0', *len) != NULL)
+    tl_argerror(L, arg, "%s must not contain a NUL byte", what);
+  return s;
+}
+
+/* ---- the handle ------------------------------------------------------------------ */
+
+static tl_store *tl_tostore_slow(lua_State *L) { return tl_checkstore(L, 1); }
+
+/* The store at argument 1, open; raises otherwise. */
+static tl_store *tl_tostore(lua_State *L) {
+  tl_store *d = (tl_store *)lua_touserdata(L, 1);
+  if (TL_UNLIKELY(d == NULL || lua_type(L, 1) != LUA_TUSERDATA ||
+                  d->key != ((uintptr_t)d ^ TL_STORE_SALT) || d->store == NULL))
+    return tl_tostore_slow(L);
+  return d;
+}
+
+static void tl_store_release(tl_store *d) {
+  while (d->counters != NULL) tl_counter_release(d->counters);
+  if (d->store != NULL) tally_store_close(d->store);
+  d->store = NULL;
+}
+
+/* ---- store: counters by name -------------------------------------------------- */
+
+/* Push the cached handle for the name at arg 2 of the store at arg 1 if it
+ * is open; else open it (creating it if create), cache and push it. Returns
+ * 0, or a TALLY_E* code with nothing pushed. */
+static int tl_cached(lua_State *L, int create) {
+  size_t len;
+  const char *name = lua_tolstring(L, 2, &len);
+  tl_counter *h;
+  int rc;
+  tl_getuv(L, 1, TL_SUV_CACHE);
+  lua_pushvalue(L, 2);
+  lua_rawget(L, -2);
+  h = (tl_counter *)lua_touserdata(L, -1);
+  if (h != NULL && h->c != NULL) {
+    lua_remove(L, -2);
+    return 0;
+  }
+  lua_pop(L, 1);
+  tl_checkname(L, 2, &len, "name");
+  rc = tl_counter_push(L, 1, name, len, NULL, create ? TALLY_COUNTER_CREATE : 0, 0);
+  if (rc < 0) {
+    lua_pop(L, 1);
+    return rc;
+  }
+  lua_pushvalue(L, 2);
+  lua_pushvalue(L, -2);
+  lua_rawset(L, -4);
+  lua_remove(L, -2);
+  return 0;
+}
+
+/* Forget the cached handle for the name at arg 2 (it stays usable). */
+static void tl_uncache(lua_State *L) {
+  tl_getuv(L, 1, TL_SUV_CACHE);
+  lua_pushvalue(L, 2);
+  lua_pushnil(L);
+  lua_rawset(L, -3);
+  lua_pop(L, 1);
+}
+
+/* db:incr of a name no counter has yet: an increment that would fail on
+ * the new counter (beyond a shard's range, no key for the key policy)
+ * fails before the counter is created, so a failing call leaves nothing
+ * behind. Returns 0 to go on, or the count of nil, message, code pushed. */
+static int tl_incr_new_fails(lua_State *L, tl_store *d, lua_Integer n) {
+  size_t len;
+  const char *name = lua_tolstring(L, 2, &len);
+  tally_counter_options o;
+  char msg[TALLY_NAME_MAX + 128];
+  int rc = tally_family_resolve(d->store, name, len, &o);
+  if (rc < 0) return tl_fail(L, rc);
+  if (o.policy == TALLY_POLICY_KEY && lua_isnil(L, 4))
+    luaL_argerror(L, 4, "key expected for a counter with the key policy");
+  /* a new counter's shards are 0: n itself must fit [-2^62, 2^62) */
+  if (n < -((lua_Integer)1 << 62) || n > ((lua_Integer)1 << 62) - 1) {
+    snprintf(msg, sizeof msg, "counter '%.*s': adding %lld would overflow a shard "
+             "(shards hold -2^62 to 2^62-1)", (int)len, name, (long long)n);
+    return tl_fail_msg(L, TALLY_ERANGE, msg);
+  }
+  return 0;
+}
+
+static int tl_store_incr_(lua_State *L, int sign) {
+  tl_store *d = tl_tostore(L);
+  tl_counter *h;
+  lua_Integer n;
+  int isnum, rc, tries;
+  if (TL_UNLIKELY(lua_type(L, 2) != LUA_TSTRING)) tl_typeerror(L, 2, "string");
+  lua_settop(L, 4);               /* db name n key */
+  n = tl_tointx(L, 3, &isnum);
+  if (TL_UNLIKELY(!isnum)) n = tl_checkdelta(L, 3);
+  if (sign < 0) n = tl_negate(n);
+  for (tries = 0;; tries++) {
+    tl_getuv(L, 1, TL_SUV_CACHE);  /* 5: cache */
+    lua_pushvalue(L, 2);
+    lua_rawget(L, 5);              /* 6: handle or nil */
+    h = (tl_counter *)lua_touserdata(L, 6);
+    if (TL_UNLIKELY(h == NULL || h->c == NULL)) {
+      lua_settop(L, 4);
+      rc = tl_cached(L, 0);          /* an existing counter */
+      if (rc == TALLY_ENOENT) {      /* else create it, unless the add would fail */
+        if ((rc = tl_incr_new_fails(L, d, n)) != 0) return rc;
+        rc = tl_cached(L, 1);
+      }
+      if (rc < 0) return tl_fail(L, rc);
+      h = (tl_counter *)lua_touserdata(L, -1);
+      lua_pushnil(L);              /* keep the handle at 6 */
+      lua_insert(L, 5);
+    }
+    if (TL_LIKELY(h->policy < TALLY_POLICY_KEY))
+      rc = tally_counter_incr(h->c, (int64_t)n);
+    else
+      rc = tl_counter_incr_policy(L, h, 6, 4, n);
+    if (TL_LIKELY(rc == 0)) break;
+    if (rc != TALLY_EDROPPED || tries > 0) return tl_counter_fail(L, h, rc);
+    tl_uncache(L);                 /* dropped: reopen (and recreate) once */
+    lua_settop(L, 4);
+  }
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+static int tl_store_incr(lua_State *L) { return tl_store_incr_(L, 1); }
+static int tl_store_decr(lua_State *L) { return tl_store_incr_(L, -1); }
+
+static int tl_no_such(lua_State *L, int rc) {
+  if (rc == TALLY_ENOENT || rc == TALLY_EDROPPED)
+    return tl_fail_msg(L, TALLY_ENOENT,
+                       lua_pushfstring(L, "no such counter '%s'", lua_tostring(L, 2)));
+  return tl_fail(L, rc);
+}
+
+static int tl_store_value(lua_State *L) {
+  int64_t v;
+  int rc, tries;
+  tl_tostore(L);
+  tl_checkstring(L, 2, NULL);
+  lua_settop(L, 2);
+  for (tries = 0;; tries++) {
+    tl_counter *h;
+    rc = tl_cached(L, 0);
+    if (rc < 0) return tl_no_such(L, rc);
+    h = (tl_counter *)lua_touserdata(L, -1);
+    rc = tally_counter_value(h->c, &v);
+    if (rc == 0) break;
+    if (rc != TALLY_EDROPPED || tries > 0) return tl_counter_fail(L, h, rc);
+    tl_uncache(L);
+    lua_settop(L, 2);
+  }
+  tl_pushint64(L, (int64_t)v);
+  return 1;
+}
+
+/* The message for TALLY_EMISMATCH: what the counter is, what was asked. */
+static int tl_mismatch(lua_State *L, tl_store *d, const char *name, size_t len,
+                       const tally_counter_options *o) {
+  tally_counter *c;
+  tally_counter_info info;
+  char asked[96];
+  int rc = tally_counter_open(d->store, name, len, NULL, 0, &c);
+  if (rc < 0) return tl_fail(L, rc);
+  rc = tally_counter_info_get(c, &info);
+  tally_counter_close(c);
+  if (rc < 0) return tl_fail(L, rc);
+  asked[0] = '\0';
+  if (o->shards != 0 && o->shards != info.shards)
+    snprintf(asked, sizeof(asked), "%u shards", (unsigned)o->shards);
+  if (o->policy >= 0 && o->policy != info.policy) {
+    size_t used = strlen(asked);
+    snprintf(asked + used, sizeof(asked) - used, "%spolicy %s",
+             used ? " and " : "", tl_policy_label(o->policy));
+  }
+  return luaL_error(L, "counter '%s' exists with %d shards and policy %s (asked for %s)",
+                    name, (int)info.shards, tl_policy_label(info.policy),
+                    asked[0] ? asked : "different options");
+}
+
+static int tl_store_counter(lua_State *L) {
+  tl_store *d = tl_tostore(L);
+  tally_counter_options o;
+  size_t len;
+  const char *name = tl_checkname(L, 2, &len, "name");
+  int rc, fnidx, create = 1;
+  tl_counter *h, *old;
+  lua_settop(L, 3);
+  tl_checkcounteropts(L, 3, &o, &create);   /* 4: policy function or nil */
+  fnidx = lua_isnil(L, 4) ? 0 : 4;
+  rc = tl_counter_push(L, 1, name, len, &o, create ? TALLY_COUNTER_CREATE : 0, fnidx);
+  if (rc == TALLY_EMISMATCH) return tl_mismatch(L, d, name, len, &o);
+  if (rc == TALLY_ENOENT) return tl_no_such(L, rc);
+  if (rc < 0) return tl_fail(L, rc);
+  h = (tl_counter *)lua_touserdata(L, -1);
+  /* db:incr(name) uses this handle too, unless a better one is cached */
+  tl_getuv(L, 1, TL_SUV_CACHE);
+  lua_pushvalue(L, 2);
+  lua_rawget(L, -2);
+  old = (tl_counter *)lua_touserdata(L, -1);
+  lua_pop(L, 1);
+  if (old == NULL || old->c == NULL || (h->hasfn && !old->hasfn)) {
+    lua_pushvalue(L, 2);
+    lua_pushvalue(L, -3);
+    lua_rawset(L, -3);
+  }
+  lua_pop(L, 1);
+  return 1;
+}
+
+static int tl_store_drop(lua_State *L) {
+  tl_store *d = tl_tostore(L);
+  size_t len;
+  const char *name = tl_checkname(L, 2, &len, "name");
+  int rc = tally_store_drop(d->store, name, len);
+  if (rc < 0) return tl_no_such(L, rc);
+  tl_uncache(L);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+static int tl_store_family(lua_State *L) {
+  tl_store *d = tl_tostore(L);
+  tally_counter_options o;
+  size_t plen;
+  const char *pattern = tl_checkname(L, 2, &plen, "pattern");
+  lua_Integer i, j, n;
+  int rc;
+  lua_settop(L, 3);
+  tl_checkcounteropts(L, 3, &o, NULL);   /* 4: policy function or nil */
+  rc = tally_family_set(d->store, pattern, plen, &o);
+  if (rc < 0) return tl_fail(L, rc);
+  /* the store's function families: { pattern1, fn1, pattern2, fn2, ... } */
+  tl_getuv(L, 1, TL_SUV_FAMILIES); /* 5 */
+  n = (lua_Integer)lua_rawlen(L, 5);
+  for (i = 1, j = 1; i < n; i += 2) {
+    lua_rawgeti(L, 5, i);
+    if (lua_rawequal(L, -1, 2)) {
+      lua_pop(L, 1);
+      continue;
+    }
+    lua_rawseti(L, 5, j);
+    lua_rawgeti(L, 5, i + 1);
+    lua_rawseti(L, 5, j + 1);
+    j += 2;
+  }
+  for (i = n; i >= j; i--) {
+    lua_pushnil(L);
+    lua_rawseti(L, 5, i);
+  }
+  if (o.policy == TALLY_POLICY_CUSTOM) {
+    lua_pushvalue(L, 2);
+    lua_rawseti(L, 5, j);
+    lua_pushvalue(L, 4);
+    lua_rawseti(L, 5, j + 1);
+  }
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+static const char *tl_optpattern(lua_State *L, int arg, size_t *len) {
+  if (lua_isnoneornil(L, arg)) {
+    *len = 0;
+    return NULL;
+  }
+  return tl_checkstring(L, arg, len);
+}
+
+static int tl_store_sum(lua_State *L) {
+  tl_store *d = tl_tostore(L);
+  size_t plen;
+  const char *pattern = tl_optpattern(L, 2, &plen);
+  int64_t sum;
+  uint64_t count;
+  int rc = tally_store_sum(d->store, pattern, plen, &sum, &count);
+  if (rc < 0) return tl_fail(L, rc);
+  tl_pushint64(L, (int64_t)sum);
+  tl_pushint64(L, (int64_t)count);
+  return 2;
+}
+
+typedef struct tl_names {
+  char **v;
+  size_t *lens;
+  size_t n, cap;
+} tl_names;
+
+/* Collect into C memory: no Lua error may unwind through the core. */
+static int tl_names_add(void *ud, const char *name, size_t len) {
+  tl_names *a = (tl_names *)ud;
+  char *s;
+  if (a->n == a->cap) {
+    size_t cap = a->cap ? a->cap * 2 : 64;
+    char **v = (char **)realloc(a->v, cap * sizeof(*v));
+    size_t *lens;
+    if (v == NULL) return TALLY_ENOMEM;
+    a->v = v;
+    lens = (size_t *)realloc(a->lens, cap * sizeof(*lens));
+    if (lens == NULL) return TALLY_ENOMEM;
+    a->lens = lens;
+    a->cap = cap;
+  }
+  s = (char *)malloc(len + sizeof(size_t) + 1);
+  if (s == NULL) return TALLY_ENOMEM;
+  memcpy(s, &len, sizeof(size_t));
+  memcpy(s + sizeof(size_t), name, len);
+  s[sizeof(size_t) + len] = '\0';
+  a->v[a->n++] = s;
+  return 0;
+}
+
+static int tl_names_cmp(const void *pa, const void *pb) {
+  const char *a = *(const char *const *)pa, *b = *(const char *const *)pb;
+  size_t la, lb;
+  int r;
+  memcpy(&la, a, sizeof(size_t));
+  memcpy(&lb, b, sizeof(size_t));
+  r = memcmp(a + sizeof(size_t), b + sizeof(size_t), la < lb ? la : lb);
+  return r != 0 ? r : (la > lb) - (la < lb);
+}
+
+static int tl_store_names(lua_State *L) {
+  tl_store *d = tl_tostore(L);
+  size_t plen, i;
+  const char *pattern = tl_optpattern(L, 2, &plen);
+  tl_names a = { NULL, NULL, 0, 0 };
+  int rc = tally_store_each(d->store, pattern, plen, tl_names_add, &a);
+  if (rc == 0) {
+    if (a.n > 1) qsort(a.v, a.n, sizeof(*a.v), tl_names_cmp);  /* a.v is NULL when empty */
+    if (!lua_checkstack(L, 4)) rc = TALLY_ENOMEM;
+  }
+  if (rc == 0) {
+    /* pushing can only fail on memory; the strings are freed after */
+    lua_createtable(L, a.n > INT32_MAX ? INT32_MAX : (int)a.n, 0);
+    for (i = 0; i < a.n; i++) {
+      size_t len;
+      memcpy(&len, a.v[i], sizeof(size_t));
+      lua_pushlstring(L, a.v[i] + sizeof(size_t), len);
+      lua_rawseti(L, -2, (lua_Integer)i + 1);
+    }
+  }
+  for (i = 0; i < a.n; i++) free(a.v[i]);
+  free(a.v);
+  free(a.lens);
+  if (rc == TALLY_ENOMEM) return luaL_error(L, "not enough memory");
+  if (rc < 0) return tl_fail(L, rc);
+  return 1;
+}
+
+static int tl_store_sync(lua_State *L) {
+  tl_store *d = tl_tostore(L);
+  int rc = tally_store_sync(d->store);
+  if (rc < 0) return tl_fail(L, rc);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+static int tl_store_check(lua_State *L) {
+  tl_store *d = tl_tostore(L);
+  int rc = tally_store_check(d->store);
+  if (rc < 0) return tl_fail(L, rc);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+static int tl_store_stats(lua_State *L) {
+  tl_store *d = tl_tostore(L);
+  tally_store_stats st;
+  int rc = tally_store_stats_get(d->store, &st);
+  if (rc < 0) return tl_fail(L, rc);
+  lua_createtable(L, 0, 5);
+  lua_pushstring(L, tally_store_kind(d->store));
+  lua_setfield(L, -2, "kind");
+  tl_pushint64(L, (int64_t)st.counters);
+  lua_setfield(L, -2, "counters");
+  tl_pushint64(L, (int64_t)st.file_bytes);
+  lua_setfield(L, -2, "file_bytes");
+  tl_pushint64(L, (int64_t)st.used_bytes);
+  lua_setfield(L, -2, "used_bytes");
+  tl_pushint64(L, (int64_t)st.retired_bytes);
+  lua_setfield(L, -2, "retired_bytes");
+  return 1;
+}
+
+static int tl_store_close(lua_State *L) {
+  tl_store *d = (tl_store *)tl_checkudata(L, 1, TL_STORE_MT);
+  tl_store_release(d);
+  return 0;
+}
+
+static int tl_store_tostring(lua_State *L) {
+  tl_store *d = (tl_store *)tl_checkudata(L, 1, TL_STORE_MT);
+  if (d->store == NULL) lua_pushliteral(L, "tally.store (closed)");
+  else lua_pushfstring(L, "tally.store (%s)", d->spec);
+  return 1;
+}
+
+/* ---- core.open ------------------------------------------------------------------- */
+
+/* core.open([spec [, { mode =, create =, trust = }]]) -> store handle, or
+ * nil, message, code. */
+static int tl_open(lua_State *L) {
+  size_t len = 6;
+  const char *spec = "memory";
+  tally_open_options o = { 0600, 0 };
+  tally_store *s;
+  tl_store *d;
+  int rc;
+
+  if (!lua_isnoneornil(L, 1)) spec = tl_checkstring(L, 1, &len);
+  if (!((len == 6 && memcmp(spec, "memory", 6) == 0) ||
+        (len > 5 && memcmp(spec, "file:", 5) == 0 && strlen(spec) == len)))
+    tl_argerror(L, 1, "unknown store '%s' (expected 'memory' or 'file:PATH')", spec);
+  if (!lua_isnoneornil(L, 2)) {
+    if (!lua_istable(L, 2)) tl_typeerror(L, 2, "table");
+    lua_pushnil(L);
+    while (lua_next(L, 2) != 0) {
+      const char *k = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : "";
+      if (strcmp(k, "mode") == 0) {
+        lua_Integer m = 0;
+        int isnum = 0;
+        if (lua_type(L, -1) == LUA_TNUMBER) m = tl_tointx(L, -1, &isnum);
+        if (!isnum || m < 0 || m > 07777)
+          tl_argerror(L, 2,
+                      "mode must be an integer from 0 to 4095 (permission bits), got %s",
+                      tl_describe(L, -1, TL_BOOL_VALUE));
+        o.mode = (uint32_t)m;
+      } else if (strcmp(k, "create") == 0) {
+        if (!lua_isboolean(L, -1))
+          tl_argerror(L, 2, "create must be a boolean, got %s", tl_describe(L, -1, TL_BOOL_VALUE));
+        if (!lua_toboolean(L, -1)) o.flags |= TALLY_OPEN_NOCREATE;
+      } else if (strcmp(k, "trust") == 0) {  /* a symlink, another user's file */
+        if (!lua_isboolean(L, -1))
+          tl_argerror(L, 2, "trust must be a boolean, got %s", tl_describe(L, -1, TL_BOOL_VALUE));
+        if (lua_toboolean(L, -1)) o.flags |= TALLY_OPEN_TRUST;
+      } else {
+        tl_argerror(L, 2, "unknown option %s", tl_describe(L, -2, TL_BOOL_VALUE));
+      }
+      lua_pop(L, 1);
+    }
+    if (o.mode == 0) o.mode = 0600;
+  }
+
+  d = (tl_store *)tl_newud(L, sizeof(*d) + len + 1, TL_SUV_N);
+  memset(d, 0, sizeof(*d));
+  d->key = (uintptr_t)d ^ TL_STORE_SALT;
+  d->speclen = len;
+  memcpy(d->spec, spec, len);
+  d->spec[len] = '\0';
+  luaL_setmetatable(L, TL_STORE_MT);
+  lua_newtable(L);                        /* the weak cache of counters by name */
+  lua_createtable(L, 0, 1);
+  lua_pushliteral(L, "v");
+  lua_setfield(L, -2, "__mode");
+  lua_setmetatable(L, -2);
+  tl_setuv(L, -2, TL_SUV_CACHE);
+  lua_newtable(L);                        /* function families */
+  tl_setuv(L, -2, TL_SUV_FAMILIES);
+
+  rc = tally_store_open(d->spec, &o, &s);
+  if (rc < 0) return tl_fail(L, rc);
+  d->store = s;
+  return 1;
+}
+
+static const luaL_Reg tl_store_methods[] = {
+  { "counter", tl_store_counter },
+  { "incr", tl_store_incr },
+  { "decr", tl_store_decr },
+  { "value", tl_store_value },
+  { "drop", tl_store_drop },
+  { "family", tl_store_family },
+  { "sum", tl_store_sum },
+  { "names", tl_store_names },
+  { "sync", tl_store_sync },
+  { "check", tl_store_check },
+  { "stats", tl_store_stats },
+  { "close", tl_store_close },
+  { NULL, NULL }
+};
+
+static const luaL_Reg tl_store_meta[] = {
+  { "__gc", tl_store_close },
+  { "__close", tl_store_close },
+  { "__tostring", tl_store_tostring },
+  { NULL, NULL }
+};
+
+#if TL_LUAJIT
+/* core._store_cache(db) -> the store's weak cache of counter handles by
+ * name (the one db:incr(name) uses), so the FFI path shares it. */
+static int tl_store_cache(lua_State *L) {
+  tl_checkudata(L, 1, TL_STORE_MT);
+  tl_getuv(L, 1, TL_SUV_CACHE);
+  return 1;
+}
+#endif
+
+int tl_open_store(lua_State *L) {
+  tl_newclass(L, TL_STORE_MT, tl_store_meta, tl_store_methods);
+  lua_setfield(L, -2, "store_methods");
+  lua_pushcfunction(L, tl_open);
+  lua_setfield(L, -2, "open");
+#if TL_LUAJIT
+  tl_set_classic(L, "store_incr", tl_store_incr);  /* what ffi.lua replaces */
+  tl_set_classic(L, "store_decr", tl_store_decr);
+  tl_set_classic(L, "store_value", tl_store_value);
+  lua_pushcfunction(L, tl_store_cache);
+  lua_setfield(L, -2, "_store_cache");
+#endif
+  return 0;
+}
