@@ -10,8 +10,8 @@
 --     replicas = 1 (HINCRBY + WAIT 1 per increment, a replica attached).
 -- Each row checks its final remote total against the events it counted.
 local secs = tonumber(arg[1]) or 3
-local helper = require "spec.helper"
-local redis = require "spec.redis"
+local helper = require "spec.support.helper"
+local redis = require "spec.support.redis"
 local tally = require "tally"
 local core = require "tally.core"
 

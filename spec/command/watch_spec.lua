@@ -1,0 +1,180 @@
+-- `tally watch` on a terminal (tmux, spec/tty.lua), while other processes
+-- write the store; and progress bars on a terminal.
+local helper = require "spec.support.helper"
+local tty = require "spec.support.tty"
+local tally = require "tally"
+
+local q = helper.q
+
+local function store_with(values)
+  local path = helper.tmpfile()
+  local db = assert(tally.open("file:" .. path))
+  for name, v in pairs(values) do db:incr(name, v) end
+  db:close()
+  return path
+end
+
+-- The row of counter `name` on the screen: value, rate (strings), or nil.
+local function row(screen, name)
+  for line in screen:gmatch("[^\n]+") do
+    local v, rate = line:match("^" .. name:gsub("%p", "%%%0") .. "%s+(%-?%d+)%s+(%S+)")
+    if v then return v, rate end
+  end
+end
+
+-- Names in the order the rows show them.
+local function order(screen, names)
+  local at = {}
+  for _, n in ipairs(names) do
+    at[#at + 1] = { n = n, i = screen:find("\n" .. n:gsub("%p", "%%%0") .. " ") }
+  end
+  table.sort(at, function(a, b) return (a.i or math.huge) < (b.i or math.huge) end)
+  local out = {}
+  for i, a in ipairs(at) do out[i] = a.n end
+  return out
+end
+
+describe("tally watch", function()
+  local t
+  after_each(function() if t then t:close(); t = nil end end)
+
+  it("shows the counters and follows another process's increments", function()
+    local path = store_with({ ["post:1:likes"] = 10, views = 3 })
+    t = tty.open(q(tty.bin()) .. " watch " .. q(path) .. " --interval 0.2")
+    local s = t:wait("\nviews%s+3 ")
+    assert.matches("^tally watch  %d%d:%d%d:%d%d  sort: rate  every 0%.2s  2 counters  total 13"
+                   .. "  file:/", s)
+    assert.matches("\nNAME%s+VALUE%s+RATE/S%s+HISTORY", s)
+    assert.equal("10", (row(s, "post:1:likes")))
+    -- a second process writes; the screen follows
+    local out, code = helper.tally("incr", path, "post:1:likes", "5")
+    assert.equal(0, code, out)
+    s = t:wait(function(x) return row(x, "post:1:likes") == "15" end)
+    assert.matches("2 counters  total 18", s)
+    -- another writer keeps adding to views: it climbs to the top (sorted by rate)
+    local writer = helper.spawn("-e", ("local db = tally.open(%q) local t0 = tally.now() "
+      .. "while tally.now() - t0 < 2 do db:incr('views', 10) tally.sleep(0.01) end")
+      :format("file:" .. path))
+    s = t:wait(function(x)
+      local v, rate = row(x, "views")
+      return v and tonumber(v) > 3 and tonumber(rate) and tonumber(rate) > 0 and
+             order(x, { "views", "post:1:likes" })[1] == "views"
+    end)
+    writer:close()
+    assert.matches("sort: rate", s)
+    t:keys("q")
+    t:wait("%[exit 0%]")
+  end)
+
+  it("changes the sort with s, v, n and r", function()
+    local path = store_with({ b = 2, a = 1, c = 30 })
+    t = tty.open(q(tty.bin()) .. " watch " .. q(path) .. " --sort name")
+    t:wait("\nc%s+30 ")
+    assert.same({ "a", "b", "c" }, order(t:screen(), { "a", "b", "c" }))
+    t:keys("v")
+    local s = t:wait("sort: value")
+    assert.same({ "c", "b", "a" }, order(s, { "a", "b", "c" }))
+    t:keys("n")
+    s = t:wait("sort: name")
+    assert.same({ "a", "b", "c" }, order(s, { "a", "b", "c" }))
+    t:keys("s")
+    t:wait("sort: rate")
+    t:keys("+")
+    t:wait("every 2s")
+    t:keys("-", "-")
+    t:wait("every 0%.5s")
+  end)
+
+  it("shows the rollup history as a sparkline", function()
+    local path = helper.tmpfile()
+    local db = assert(tally.open("file:" .. path))
+    db:rollup("*", { every = 1, keep = { "60x1s" } })
+    local now = math.floor(tally.now())
+    for i = 1, 12 do                    -- 12 rollups, one a second, ending now
+      db:incr("hits", i * i)
+      db:tick(now - 12 + i)
+    end
+    db:close()
+    t = tty.open(q(tty.bin()) .. " watch " .. q(path))
+    local s = t:wait("\nhits ")
+    local spark = s:match("\nhits%s+%d+%s+%S+%s+(%S+)")
+    assert.truthy(spark, s)
+    -- the rate grows with every bucket: the line climbs from low to full
+    assert.matches("█$", spark)
+    assert.truthy(utf8.len(spark) >= 10, spark)
+    t:keys("C-c")                       -- Ctrl-C is a key here: it quits, as interrupted
+    t:wait("%[exit 130%]")
+  end)
+
+  it("restores the terminal when it quits", function()
+    local path = store_with({ x = 1 })
+    local before, after = helper.tmpfile("stty1"), helper.tmpfile("stty2")
+    t = tty.open("stty -g > " .. q(before) .. "; " .. q(tty.bin()) .. " watch " .. q(path)
+                 .. "; stty -g > " .. q(after) .. "; echo done")
+    t:wait("\nx%s+1 ")
+    t:keys("q")
+    local s = t:wait("done\n%[exit 0%]$")
+    assert.not_matches("tally watch", s)     -- the normal screen is back
+    local f1, f2 = assert(io.open(before)), assert(io.open(after))
+    assert.equal(f1:read("a"), f2:read("a"))
+    f1:close(); f2:close()
+  end)
+
+  it("gives back the signals it caught without losing one that came meanwhile", function()
+    -- SIGTERM comes while tally.term holds it blocked; restore() must put
+    -- the old action (here the default: die) back before unblocking it
+    local out, code = helper.sh(q(tty.bin()) .. " -e " .. q("local term = require 'tally.term' "
+      .. "assert(term.raw()) os.execute('kill -TERM $PPID') term.restore() print('survived')")
+      .. " < /dev/null")
+    assert.equal(143, code, out)           -- killed by it (the shell may say "Terminated")
+    assert.not_matches("survived", out)
+  end)
+
+  it("stops on SIGTERM, restoring the terminal", function()
+    local path = store_with({ x = 1 })
+    local before, after = helper.tmpfile("stty1"), helper.tmpfile("stty2")
+    local pidfile = helper.tmpfile("pid")
+    t = tty.open("stty -g > " .. q(before) .. "; sh -c 'echo $$ > " .. pidfile .. "; exec "
+                 .. q(tty.bin()) .. " watch " .. q(path) .. "'; st=$?; stty -g > " .. q(after)
+                 .. "; echo status=$st")
+    t:wait("\nx%s+1 ")
+    local f = assert(io.open(pidfile))
+    local pid = f:read("n")
+    f:close()
+    os.execute("kill -TERM " .. math.tointeger(pid))
+    t:wait("status=143")
+    local f1, f2 = assert(io.open(before)), assert(io.open(after))
+    assert.equal(f1:read("a"), f2:read("a"))
+    f1:close(); f2:close()
+  end)
+end)
+
+describe("progress bars", function()
+  local t
+  after_each(function() if t then t:close(); t = nil end end)
+
+  it("follow a large import on a terminal, and leave no trace when done", function()
+    local src = helper.tmpfile()
+    local db = assert(tally.open("file:" .. src))
+    for i = 1, 5000 do db:incr("c:" .. i, i) end
+    local json = helper.tmpfile("export.json")
+    helper.write(json, assert(db:export()))
+    db:close()
+    local dst = helper.tmpfile()
+    t = tty.open("sh")
+    local rec = t:record()
+    t:line(q(tty.bin()) .. " import " .. q(dst) .. " " .. q(json) .. " --create")
+    local s = t:wait("imported 5000 counters into ")
+    assert.not_matches("import: ", s)        -- the bar is gone from the screen
+    local raw = t:recorded(rec, "imported 5000 counters")
+    for _, phase in ipairs({ "read", "parse", "check", "create", "apply" }) do
+      assert.matches("import: " .. phase .. " ", raw)
+    end
+    assert.matches("%[#+%] 100%%  5000 / 5000 counters", raw)
+    -- not on a terminal: nothing but the result
+    local out, code = helper.sh(q(helper.bin) .. " import " .. q(dst) .. " " .. q(json)
+                                .. " 2>&1 | cat")
+    assert.equal(0, code)
+    assert.equal("imported 5000 counters into " .. dst .. " (replaced)\n", out)
+  end)
+end)

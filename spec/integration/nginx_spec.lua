@@ -1,0 +1,272 @@
+-- tally.openresty in a real nginx (Debian's nginx-light with the Lua
+-- module, LuaJIT), 2 workers, running examples/openresty/nginx.conf with
+-- its port and rollup period substituted: exact counts under concurrent
+-- requests, a reload and a worker killed mid-burst, /metrics, and rollups
+-- made once per period while both workers tick. The store file is read
+-- back here, by the Lua 5.4 build of tally.
+local helper = require "spec.support.helper"
+local peers = require "spec.support.peers"
+local nginx = require "spec.support.nginx"
+local tally = require "tally"
+local cjson = require "cjson"
+
+local function store_of(srv)
+  return assert(tally.open("file:" .. srv.dir .. "/data/tally.tly", { create = false }))
+end
+
+-- Wait (bounded) until curl has written some results: the burst is under way.
+local function under_way(b)
+  return nginx.eventually(function()
+    local f = io.open(b.out, "rb")
+    local size = f and f:seek("end") or 0
+    if f then f:close() end
+    return size > 0 or b.done()
+  end, 10)
+end
+
+-- { [labels text] = value } of one metric in exposition text.
+local function series(text, metric)
+  local out = {}
+  for labels, v in text:gmatch("\n" .. metric .. "(%b{}) (%-?%d+)") do out[labels] = tonumber(v) end
+  return out
+end
+
+-- GET path on new connections until n different workers answered (bounded).
+local function from_workers(srv, path, n)
+  local got, count = {}, 0
+  for _ = 1, 200 do
+    local status, body = nginx.get(srv.url .. path, { close = true })
+    assert.equal(200, status, body)
+    local s = cjson.decode(body)
+    if not got[s.pid] then
+      got[s.pid] = s
+      count = count + 1
+      if count == n then break end
+    end
+  end
+  return got, count
+end
+
+describe("tally.openresty outside nginx", function()
+  local openresty = require "tally.openresty"
+
+  it("checks its options before anything else", function()
+    local iw = openresty.init_worker
+    assert.equal("bad argument #1 to 'init_worker' (options table expected, got nil)", helper.err(iw))
+    assert.equal("bad argument #1 to 'init_worker' (store must be \"file:PATH\", got 'memory';"
+                 .. " a memory store would be private to each worker)", helper.err(iw, { store = "memory" }))
+    assert.equal("bad argument #1 to 'init_worker' (unknown option 'ticks'; expected store, open,"
+                 .. " families, rollups, tick, on_tick, flush_on_exit)",
+                 helper.err(iw, { store = "file:x.tly", ticks = 1 }))
+    assert.equal("bad argument #1 to 'init_worker' (tick must be seconds from 0.001 to 3600, or false, got 0)",
+                 helper.err(iw, { store = "file:x.tly", tick = 0 }))
+    assert.equal("bad argument #1 to 'init_worker' (families must be a table, got string)",
+                 helper.err(iw, { store = "file:x.tly", families = "http:*" }))
+    assert.equal("tally.openresty.init_worker: not inside nginx (no ngx table)",
+                 helper.err(iw, { store = "file:x.tly" }))
+  end)
+
+  it("counts nothing, and says why, until init_worker has opened the store", function()
+    assert.same({ nil, "tally.openresty: no store in this worker (init_worker was not called in this worker)" },
+                { openresty.incr("a") })
+    assert.is_nil((openresty.db()))
+    assert.equal("/abs/path", openresty.path("/abs/path"))
+  end)
+end)
+
+describe("tally.openresty in nginx, 2 workers", function()
+  local srv
+
+  after_each(function()
+    if srv then
+      srv.stop()
+      srv = nil
+    end
+  end)
+
+  it("counts every request of a concurrent burst exactly, each worker on its own shard", function()
+    srv = nginx.start { conf = nginx.example { every = 1 } }
+    local r = nginx.burst(srv.url .. "/page/[1-100]?r=[1-100]", { parallel = 32 }).wait()
+    assert.equal(10000, r.n, r.err)
+    assert.same({ [200] = 10000 }, r.codes)
+    assert.equal(2, #nginx.keys(r.workers))           -- both workers answered
+
+    local db = store_of(srv)
+    local sum, count = db:sum("http:*")
+    assert.equal(10000, sum)
+    assert.equal(100, count)
+    local used = {}
+    for _, name in ipairs(db:names("http:*")) do
+      assert.equal(100, db:value(name))
+      for i, v in ipairs(db:counter(name):shards()) do
+        if v ~= 0 then used[i] = true end
+      end
+    end
+    assert.equal(2, #nginx.keys(used))                -- one shard per worker, the same in every counter
+
+    -- /metrics: Prometheus text with the mapped labels, the same totals
+    local status, text, headers = nginx.get(srv.url .. "/metrics")
+    assert.equal(200, status, text)
+    assert.equal("text/plain; version=0.0.4; charset=utf-8", headers["content-type"])
+    local ok, code, out = peers.check_metrics(text)
+    assert(ok, ("promtool check metrics failed (%s):\n%s\n%s"):format(code, out, text))
+    assert.matches("# TYPE http_requests_total counter", text, 1, true)
+    local reqs, total = series(text, "http_requests_total"), 0
+    for _, v in pairs(reqs) do total = total + v end
+    assert.equal(10000, total)
+    assert.equal(100, reqs['{path="/page/7"}'])
+    assert.equal(100, #nginx.keys(reqs))
+    -- responses by status are counted in the log phase, just after each response
+    assert.is_truthy(nginx.eventually(function() return (db:value("status:200") or 0) >= 10000 end, 5))
+    db:close()
+    assert.same({}, srv.errors())
+  end)
+
+  it("loses nothing when reloaded (HUP) in the middle of a burst", function()
+    srv = nginx.start { conf = nginx.example { every = 1 } }
+    local b = nginx.burst(srv.url .. "/page/[1-300]?r=[1-100]", { parallel = 32 })
+    under_way(b)
+    local old = srv.reload()
+    local r = b.wait()
+    assert.equal(30000, r.n, r.err)
+    assert.same({ [200] = 30000 }, r.codes)
+    local new = srv.wait_workers(2, old)
+    assert.equal(2, #new)
+    local by_old, by_new = 0, 0
+    for _, pid in ipairs(old) do by_old = by_old + (r.workers[pid] or 0) end
+    for _, pid in ipairs(new) do by_new = by_new + (r.workers[pid] or 0) end
+    assert.is_true(by_old > 0, "the old workers answered nothing")
+    assert.is_true(by_new > 0, "the HUP came too late: the new workers answered nothing")
+    assert.equal(30000, by_old + by_new)
+    local db = store_of(srv)
+    assert.equal(30000, (db:sum("http:*")))
+    db:close()
+    -- the new workers count too
+    local r2 = nginx.burst(srv.url .. "/page/[1-10]?r=[1-100]").wait()
+    assert.same({ [200] = 1000 }, r2.codes)
+    db = store_of(srv)
+    assert.equal(31000, (db:sum("http:*")))
+    db:close()
+    assert.same({}, srv.errors())
+  end)
+
+  it("keeps every acknowledged increment when a worker is killed (SIGKILL) mid-burst", function()
+    srv = nginx.start { conf = nginx.example { every = 1 } }
+    local before = srv.workers()
+    -- one connection per request: curl never resends a request whose
+    -- connection died, so nothing can be counted twice
+    local b = nginx.burst(srv.url .. "/page/[1-60]?r=[1-100]", { parallel = 16, close = true })
+    under_way(b)
+    local victim = before[1]
+    assert(os.execute("kill -KILL " .. victim))
+    local r = b.wait()
+    assert.equal(6000, r.n, r.err)
+    local after = srv.wait_workers(2)
+    local respawned
+    for _, pid in ipairs(after) do
+      if pid ~= before[1] and pid ~= before[2] then respawned = pid end
+    end
+    assert.is_truthy(respawned, "the master did not start a new worker")
+    local db = store_of(srv)
+    local total = db:sum("http:*")
+    assert.is_true(total >= r.ok, ("%d requests got 200 but only %d were counted"):format(r.ok, total))
+    assert.is_true(total <= r.n, ("%d counted for %d requests"):format(total, r.n))
+    assert.is_true((r.workers[victim] or 0) > 0, "the killed worker answered nothing")
+    -- the respawned worker counts into the same store
+    local r2 = nginx.burst(srv.url .. "/page/[1-10]?r=[1-100]").wait()
+    assert.same({ [200] = 1000 }, r2.codes)
+    assert.equal(total + 1000, (db:sum("http:*")))
+    assert.is_true(db:check())
+    db:close()
+    assert.same({}, srv.errors { "worker process " .. victim .. " exited on signal 9" })
+  end)
+
+  it("rolls up each period exactly once while both workers tick", function()
+    local t_start = math.floor(tally.now())
+    srv = nginx.start { conf = nginx.example { every = 1 } }
+    local r = nginx.burst(srv.url .. "/page/[1-20]?r=[1-50]").wait()
+    assert.same({ [200] = 1000 }, r.codes)
+    nginx.sleep(3.5)   -- a few periods of 1 s
+    local workers, n = from_workers(srv, "/tally/status", 2)
+    local t_end = math.floor(tally.now())
+    assert.equal(2, n, "could not reach both workers")
+    local runs = 0
+    for _, s in pairs(workers) do
+      assert.is_true(s.ffi, "the FFI path is not in use: " .. tostring(s.ffi_reason))
+      assert.is_true(s.ticks >= 3, "a worker ticked " .. s.ticks .. " times")
+      assert.equal(0, s.tick_errors)
+      assert.equal(1, #s.schedules)
+      assert.equal(0, s.schedules[1].errors)
+      runs = runs + s.schedules[1].runs
+    end
+    -- each worker ticks twice a period; a period is run by one of them only
+    assert.is_true(runs <= t_end - t_start + 1,
+      ("%d runs in %d periods"):format(runs, t_end - t_start + 1))
+    assert.is_true(runs >= 3, runs .. " runs")
+
+    srv.stop(true)   -- stops ticking; the prefix stays to be read
+    local recs = {}
+    for line in io.lines(srv.dir .. "/data/rollups.jsonl") do
+      local rec = cjson.decode(line)
+      local list = recs[rec.name] or {}
+      recs[rec.name] = list
+      list[#list + 1] = rec
+    end
+    assert.equal(20, #nginx.keys(recs))
+    local db = store_of(srv)
+    for name, list in pairs(recs) do
+      local seen = {}
+      for _, rec in ipairs(list) do
+        local period = math.floor(rec.at + 0.0005)
+        assert.is_nil(seen[period], name .. " rolled up twice in period " .. period)
+        seen[period] = true
+      end
+      local c = db:counter(name)
+      local rolled = assert(c:rolled())
+      assert.equal(#list, rolled.count)               -- every rollup reached the sink once
+      assert.equal(50, rolled.value)
+      assert.equal(50, list[#list].value)
+    end
+    db:close()
+    assert.same({}, srv.errors())
+  end)
+
+  it("logs why a worker cannot open its store, and still serves", function()
+    local conf, n = nginx.example():gsub('"file:data/tally%.tly"', '"file:missing/tally.tly"')
+    assert.equal(1, n)
+    srv = nginx.start { conf = conf, ready = "/page/1" }
+    local text = srv.text()
+    local msg = "tally.openresty: cannot open file:" .. srv.dir .. "/missing/tally.tly: "
+    local _, count = text:gsub(msg:gsub("%p", "%%%0"), "")
+    assert.equal(2, count, text)                      -- once per worker
+    assert.matches("counting is off in this worker", text, 1, true)
+    local status, body = nginx.get(srv.url .. "/metrics")
+    assert.equal(503, status)
+    assert.matches("no store in this worker (cannot open file:", body, 1, true)
+    assert.same({ [200] = 20 }, nginx.burst(srv.url .. "/page/[1-20]").wait().codes)
+  end)
+
+  it("logs a sink that fails", function()
+    local conf, n = nginx.example({ every = 1 })
+      :gsub('openresty%.path%("data/rollups%.jsonl"%)', 'openresty.path("missing/rollups.jsonl")')
+    assert.equal(1, n)
+    srv = nginx.start { conf = conf }
+    assert.same({ [200] = 10 }, nginx.burst(srv.url .. "/page/[1-10]").wait().codes)
+    local pattern = "%[error%].-tally%.openresty: sink #1 of rollup 'http:%*' every 1s: .-missing/rollups%.jsonl"
+    assert.is_truthy(nginx.eventually(function() return srv.text():find(pattern) end, 10), srv.text())
+  end)
+
+  it("refuses to open the store in init_by_lua (the master)", function()
+    local conf = nginx.example():gsub("\n    init_worker_by_lua_block {", [[
+
+    init_by_lua_block {
+        require("tally.openresty").init_worker { store = "file:data/tally.tly" }
+    }
+    init_worker_by_lua_block {]], 1)
+    assert.matches("init_by_lua_block", conf, 1, true)
+    local ok, err = pcall(nginx.start, { conf = conf, discard = true })
+    assert.is_false(ok)
+    assert.matches("must be called from init_worker_by_lua*, not init", err, 1, true)
+    assert.matches("would be inherited by every worker", err, 1, true)
+  end)
+end)

@@ -1,0 +1,168 @@
+-- Redis passwords: URIs with user:password@, the password and user
+-- options, TALLY_REDIS_PASSWORD, and that no message ever shows a password.
+-- One standalone server with --requirepass and an ACL user (Redis 6+).
+local helper = require "spec.support.helper"
+local redis = require "spec.support.redis"
+local tally = require "tally"
+local core = require "tally.core"
+
+local PW, APW = "s3cr3t-Pw", "al!ce:pw@x"   -- the ACL one needs %-escapes in a URI
+local srv
+
+setup(function()
+  srv = redis.start_standalone({ "--requirepass", PW,
+                                 "--user", "alice", "on", ">" .. APW, "~*", "&*", "+@all" })
+end)
+teardown(function() if srv then srv.stop() end end)
+
+local function hostport() return "127.0.0.1:" .. srv.port end
+
+-- Every string reachable from v (tables walked), concatenated.
+local function text(...)
+  local out = {}
+  local function walk(v, seen)
+    if type(v) == "table" then
+      if seen[v] then return end
+      seen[v] = true
+      for k, x in pairs(v) do walk(k, seen); walk(x, seen) end
+    elseif v ~= nil then
+      out[#out + 1] = tostring(v)
+    end
+  end
+  for i = 1, select("#", ...) do walk((select(i, ...)), {}) end
+  return table.concat(out, "\n")
+end
+
+local function no_secret(s)
+  assert.is_nil(s:find(PW, 1, true), "password leaked: " .. s)
+  assert.is_nil(s:find("al!ce", 1, true), "password leaked: " .. s)
+  assert.is_nil(s:find("wrong-pw", 1, true), "password leaked: " .. s)
+end
+
+describe("Redis passwords", function()
+  it("authenticates with a password in the URI", function()
+    local r = assert(core.redis("redis://:" .. PW .. "@" .. hostport()))
+    assert.equal("PONG", r:command("PING"))
+    assert.equal("default", r:command("ACL", "WHOAMI"))
+    r:close()
+  end)
+
+  it("authenticates an ACL user (AUTH user password), %-escapes decoded", function()
+    local r = assert(core.redis("redis://alice:al%21ce%3Apw%40x@" .. hostport()))
+    assert.equal("alice", r:command("ACL", "WHOAMI"))
+    r:close()
+    r = assert(core.redis("redis+cluster://alice:al%21ce%3Apw%40x@" .. hostport()))
+    assert.equal("alice", r:command("ACL", "WHOAMI"))
+    r:close()
+  end)
+
+  it("takes the password from an option or TALLY_REDIS_PASSWORD", function()
+    local r = assert(core.redis(srv.uri, { password = PW }))
+    assert.equal("PONG", r:command("PING"))
+    r:close()
+    r = assert(core.redis(srv.uri, { user = "alice", password = APW }))
+    assert.equal("alice", r:command("ACL", "WHOAMI"))
+    r:close()
+    -- the environment: a child process, as a deployment would set it
+    local script = helper.tmpfile("auth-env.lua")
+    helper.write(script, ("package.path = %q; package.cpath = %q\n"
+      .. "local r = assert(require('tally.core').redis(%q)); io.write(r:command('PING'))")
+      :format(package.path, package.cpath, srv.uri))
+    local out = helper.sh("env TALLY_REDIS_PASSWORD=" .. helper.q(PW) .. " lua5.4 " .. helper.q(script))
+    assert.equal("PONG", out)
+    -- the redis store and flush_to take the same options
+    local db = assert(tally.open(srv.uri, { password = PW }))
+    local name = redis.fresh("auth")
+    assert(db:incr(name, 3))
+    assert.equal(3, db:value(name))
+    db:close()
+    local mem = tally.open("memory")
+    name = redis.fresh("auth")   -- not the store's counter: its shards share the key layout
+    mem:counter(name):incr(4)
+    local rf = mem:flush_to(srv.uri, { user = "alice", password = APW, shards = 2 })
+    assert(rf:flush_now())
+    assert.equal(4, rf:remote_value(name))
+    rf:close()
+    mem:close()
+  end)
+
+  it("refuses a wrong password clearly, without echoing it", function()
+    local r, err, code = core.redis("redis://:wrong-pw@" .. hostport())
+    assert.is_nil(r)
+    assert.equal("EREMOTE", code)
+    assert.matches("AUTH %(password%) refused: WRONGPASS", err)
+    no_secret(err)
+    r, err = core.redis("redis://alice:wrong-pw@" .. hostport())
+    assert.is_nil(r)
+    assert.matches("AUTH %(user and password%) refused: WRONGPASS", err)
+    no_secret(err)
+    local db
+    db, err = tally.open("redis://:wrong-pw@" .. hostport())
+    assert.is_nil(db)
+    no_secret(err)
+    r, err = core.redis(srv.uri, { password = "wrong-pw" })
+    assert.is_nil(r)
+    no_secret(err)
+  end)
+
+  it("says how to pass a password when none was given", function()
+    local r, err = core.redis(srv.uri)
+    assert.is_nil(r)
+    assert.matches("NOAUTH", err)
+    assert.matches("redis://:PASSWORD@host:port", err, 1, true)
+    assert.matches("TALLY_REDIS_PASSWORD", err, 1, true)
+    assert.matches("password = ...", err, 1, true)
+  end)
+
+  it("never shows the password in errors, tostring or stats", function()
+    local uri = "redis://alice:" .. PW .. "@" .. hostport()
+    assert.equal("redis://alice:***@" .. hostport(), core.redis_redact(uri))
+    assert.equal("redis+cluster://:***@h:1,h:2", core.redis_redact("redis+cluster://:x@h:1,h:2"))
+    assert.equal(srv.uri, core.redis_redact(srv.uri))
+    -- bad URIs
+    for _, bad in ipairs({ "redis://:" .. PW .. "@127.0.0.1:0",
+                           "redis://:" .. PW .. "@127.0.0.1:1/3",
+                           "redis://:" .. PW .. "@h1:1,h2:2",
+                           "redis://:" .. PW .. "%zz@127.0.0.1:1",
+                           "redis://:" .. PW .. "@bad host:1" }) do
+      local ok, err = pcall(core.redis, bad)
+      assert.is_false(ok)
+      assert.matches(":***@", err, 1, true)
+      no_secret(err)
+      local db, msg = tally.open(bad)
+      assert.is_nil(db)
+      no_secret(msg)
+      local mem = tally.open("memory")
+      ok, err = pcall(mem.flush_to, mem, bad)
+      assert.is_false(ok)
+      no_secret(err)
+      mem:close()
+    end
+    -- a server that is down: the message names host and port only
+    local down = "redis://:" .. PW .. "@127.0.0.1:1"
+    local r, err = core.redis(down)
+    assert.is_nil(r)
+    no_secret(err)
+    -- the store and the flush schedule show the redacted URI
+    local db = assert(tally.open("redis://:" .. PW .. "@" .. hostport()))
+    no_secret(text(tostring(db), db:stats(), tostring(db:counter(redis.fresh("t")))))
+    assert.matches(":***@", tostring(db), 1, true)
+    db:close()
+    local mem = tally.open("memory")
+    mem:counter("x"):incr()
+    local rf = mem:flush_to(uri, { every = 0.001 })
+    local rf2 = mem:flush_to(down, { every = 0.001, pattern = "y*" })
+    tally.sleep(0.01)
+    local results = mem:tick()
+    no_secret(text(tostring(rf), rf:stats(), tostring(rf2), rf2:stats(), results))
+    assert.matches(":***@", tostring(rf), 1, true)
+    rf:close()
+    rf2:close()
+    mem:close()
+    -- options never quote a bad value
+    local ok
+    ok, err = pcall(core.redis, srv.uri, { password = 12345 })
+    assert.is_false(ok)
+    assert.matches("password must be a string, got number", err, 1, true)
+  end)
+end)

@@ -1,0 +1,528 @@
+-- Rollup sinks: function, JSON-lines file, and HTTP (webhook, Pushgateway,
+-- InfluxDB) against real servers on 127.0.0.1; and what a dead, failing or
+-- slow sink does (nothing to increments, nothing to other sinks, counted).
+local helper = require "spec.support.helper"
+local peers = require "spec.support.peers"
+local tally = require "tally"
+local cjson = require "cjson"
+
+local T0 = 1763769600
+
+-- Poll until cond() is true, for at most `secs`; returns cond()'s last value.
+local function eventually(cond, secs)
+  local deadline = tally.now() + (secs or 10)
+  local v = cond()
+  while not v and tally.now() < deadline do
+    tally.sleep(0.02)
+    v = cond()
+  end
+  return v
+end
+
+describe("a function sink", function()
+  it("gets every record; when it raises, the record waits for the next tick", function()
+    local db = assert(tally.open())
+    local got, fail = {}, true
+    local flaky = tally.sink.fn(function(r)
+      if fail and r.name == "f:2" then error("sink is down") end
+      got[#got + 1] = r.name .. "=" .. r.value
+    end)
+    local seen = {}
+    db:rollup("f:*", { every = 1, sinks = { flaky, function(r) seen[#seen + 1] = r.name end } })
+    db:incr("f:1", 1)
+    db:incr("f:2", 2)
+    db:tick(T0)
+    local st = flaky:stats()
+    assert.equal(1, st.failures)
+    assert.matches("sink is down", st.last_error)
+    assert.equal(1, st.queued)                       -- f:2 waits
+    assert.equal(2, #seen)                           -- the other sink had both
+    fail = false
+    db:tick(T0 + 1)
+    table.sort(got)
+    assert.same({ "f:1=1", "f:1=1", "f:2=2", "f:2=2" }, got)
+    assert.same({ kind = "function", sent = 4, failures = 1, dropped = 0, queued = 0,
+                  last_error = st.last_error }, flaky:stats())
+    db:close()
+  end)
+
+  it("gets its own copy of each record, and a sink that raises never stops a tick", function()
+    local db = assert(tally.open())
+    local path = helper.tmpfile("copies.jsonl")
+    local broken = { push = function() error("broken sink") end, pump = function() end,
+                     flush = function() return true end,
+                     stats = function(self) return tally.sink.with_lost(self, { sent = 0 }) end }
+    db:rollup("c:*", { every = 1, sinks = {
+      function(r) r.value = -1 end, broken, tally.sink.file(path) } })
+    db:incr("c:1", 7)
+    assert.equal("ran", db:tick(T0)[1].status)
+    assert.equal(7, cjson.decode(io.lines(path)()).value)
+    local st = db:schedules()[1]:stats().sinks[2]
+    assert.equal(1, st.dropped)
+    assert.matches("broken sink", st.last_error)
+    db:close()
+  end)
+
+  it("drops the oldest records past max_queue, and counts them", function()
+    local db = assert(tally.open())
+    local s = tally.sink.fn(function() error("down") end, { max_queue = 3 })
+    db:rollup("q:*", { every = 1, sinks = { s } })
+    for i = 1, 5 do db:counter("q:" .. i) end
+    db:tick(T0)
+    db:tick(T0 + 1)
+    local st = s:stats()
+    assert.equal(3, st.queued)
+    assert.equal(7, st.dropped)
+    assert.equal(0, st.sent)
+    assert.matches("max_queue must be a positive integer", helper.err(tally.sink.fn, print, { max_queue = 0 }))
+    assert.matches("function expected", helper.err(tally.sink.fn, 5))
+    db:close()
+  end)
+end)
+
+describe("a file sink", function()
+  it("appends one JSON object per record and line, exact", function()
+    local path = helper.tmpfile("rollups.jsonl")
+    local db = assert(tally.open())
+    db:rollup("j:*", { every = 1, sinks = { tally.sink.file(path) } })
+    local c = db:counter("j:big")
+    assert(c:incr((1 << 62) - 11))
+    db:tick(T0)
+    c:incr(10)
+    db:tick(T0 + 1.5)
+    local lines = {}
+    for line in io.lines(path) do lines[#lines + 1] = line end
+    assert.equal(2, #lines)
+    local r = cjson.decode(lines[2])
+    assert.equal("j:big", r.name)
+    assert.equal(T0 + 1.5, r.at)
+    assert.equal(10, r.delta)
+    -- JSON numbers are doubles for most readers; the text itself is exact
+    assert.truthy(lines[2]:find('"value":4611686018427387903', 1, true), lines[2])
+    db:close()
+  end)
+
+  it("keeps records while the file cannot be written, and writes them later", function()
+    local dir = helper.tmpfile("later")
+    local path = dir .. "/rollups.jsonl"
+    local db = assert(tally.open())
+    local s = tally.sink.file { path = path }
+    db:rollup("l", { every = 1, sinks = { s } })
+    db:counter("l"):incr(3)
+    db:tick(T0)
+    assert.equal(1, s:stats().failures)
+    assert.equal(1, s:stats().queued)
+    assert.matches("No such file or directory", s:stats().last_error)
+    os.execute("mkdir -p " .. helper.q(dir))
+    db:tick(T0 + 1)
+    local n = 0
+    for _ in io.lines(path) do n = n + 1 end
+    assert.equal(2, n)
+    assert.equal(0, s:stats().queued)
+    assert.matches("path must be a non%-empty string", helper.err(tally.sink.file, { path = "" }))
+    assert.matches("unknown option 'file'", helper.err(tally.sink.file, { file = "x" }))
+    db:close()
+  end)
+end)
+
+describe("HTTP sinks", function()
+  local hook, pg, ix
+  setup(function()
+    hook = peers.start_http_sink { control = true }
+    pg = peers.start_pushgateway()
+    ix = peers.start_influxdb { db = "tally_spec" }
+  end)
+  teardown(function()
+    for _, srv in ipairs({ hook, pg, ix }) do if srv then srv.stop() end end
+  end)
+
+  it("post a JSON webhook with the configured headers", function()
+    local db = assert(tally.open())
+    local s = tally.sink.http { url = hook.url .. "/hook", format = "json",
+                                headers = { ["X-Token"] = "s3cret" }, timeout = 2 }
+    db:rollup("w:*", { every = 1, sinks = { s } })
+    db:incr("w:1", 5)
+    db:incr("w:2", 7)
+    db:tick(T0)
+    db:incr("w:1", 1)
+    db:tick(T0 + 1)
+    assert.is_true(db:flush(5))
+    local reqs = hook.requests()
+    assert.equal(2, #reqs)
+    assert.equal("POST", reqs[1].method)
+    assert.equal("/hook", reqs[1].path)
+    assert.equal("application/json", reqs[1].content_type)
+    assert.equal("s3cret", reqs[1].headers["x-token"])
+    local second = cjson.decode(reqs[2].body)
+    table.sort(second, function(a, b) return a.name < b.name end)
+    assert.same({ name = "w:1", value = 6, at = T0 + 1, delta = 1, rate = 1 }, second[1])
+    assert.same({ name = "w:2", value = 7, at = T0 + 1, delta = 0, rate = 0 }, second[2])
+    assert.same({ sent = 4, requests = 2, failures = 0, dropped = 0, queued = 0 },
+                { sent = s:stats().sent, requests = s:stats().requests, failures = s:stats().failures,
+                  dropped = s:stats().dropped, queued = s:stats().queued })
+    db:close()
+  end)
+
+  it("push Prometheus text to a Pushgateway, with family labels", function()
+    local db = assert(tally.open())
+    db:family("post:*:likes", { metric = "likes_total", labels = { "post" } })
+    db:rollup("post:*", { every = 10, sinks = {
+      tally.sink.http { url = pg.url .. "/metrics/job/tally/instance/spec", format = "prometheus" } } })
+    db:incr("post:123:likes", 5)
+    db:incr('post:a"b:likes', 2)
+    db:tick(T0)
+    assert.is_true(db:flush(5))
+    local status, body = peers.http("GET", pg.url .. "/metrics")
+    assert.equal(200, status)
+    assert.truthy(body:find('likes_total{instance="spec",job="tally",post="123"} 5\n', 1, true), body)
+    assert.truthy(body:find('likes_total{instance="spec",job="tally",post="a\\"b"} 2\n', 1, true), body)
+    db:close()
+  end)
+
+  it("write line protocol to InfluxDB, read back through its query API", function()
+    local db = assert(tally.open())
+    local s = tally.sink.http { url = ix.url .. "/write?db=tally_spec&precision=ms",
+                                format = "influx", measurement = "counts" }
+    db:rollup("i:*", { every = 1, sinks = { s } })
+    local c = db:counter("i:one, two")   -- a tag value that needs escaping
+    c:incr(40)
+    db:tick(T0)
+    c:incr(2)
+    db:tick(T0 + 2)
+    assert.is_true(db:flush(5))
+    assert.equal(0, s:stats().failures, s:stats().last_error)
+    local q = peers.urlencode([[SELECT "value","delta","rate" FROM "counts" WHERE "name" = 'i:one, two']])
+    local status, body = peers.http("GET", ix.url .. "/query?db=tally_spec&epoch=ms&q=" .. q)
+    assert.equal(200, status)
+    local series = cjson.decode(body).results[1].series[1]
+    assert.same({ "time", "value", "delta", "rate" }, series.columns)
+    assert.same({ { T0 * 1000, 40, 0, 0 }, { (T0 + 2) * 1000, 42, 2, 1 } }, series.values)
+    db:close()
+  end)
+
+  -- A failing sink beside a healthy function sink: ticks stay quick,
+  -- increments go on, the other sink gets everything, failures are counted.
+  local function with_failing(url, opts, check)
+    local db = assert(tally.open())
+    local s = tally.sink.http { url = url, format = "json", timeout = opts.timeout or 0.2,
+                                max_queue = opts.max_queue }
+    local seen = 0
+    db:rollup("x:*", { every = 1, sinks = { s, function() seen = seen + 1 end } })
+    local c = db:counter("x:1")
+    for i = 0, 9 do
+      c:incr(1)
+      local t = tally.now()
+      db:tick(T0 + i)
+      assert.is_true(tally.now() - t < 0.1, "a tick waited on the sink")
+    end
+    assert.equal(10, c:value())
+    assert.equal(10, seen)
+    assert.is_truthy(eventually(function() return s:stats().failures > 0 end))
+    check(s, db)
+    db:close()
+  end
+
+  it("that is not listening: failures counted, nothing blocks", function()
+    with_failing("http://127.0.0.1:" .. peers.free_port() .. "/hook", {}, function(s, db)
+      local st = s:stats()
+      assert.equal(0, st.sent)
+      assert.matches("onnect", st.last_error)
+      local ok, msg = db:flush(0.2)
+      assert.is_nil(ok)
+      assert.matches("records still queued", msg)
+    end)
+  end)
+
+  it("that answers 500: retried until it recovers, then delivered once", function()
+    hook.control(500, 0)
+    local before = #hook.requests()
+    with_failing(hook.url .. "/flaky", {}, function(s, db)
+      assert.equal(500, s:stats().last_status)
+      assert.matches("500", s:stats().last_error)
+      hook.control(200, 0)
+      assert.is_true(db:flush(10))
+      local delivered = 0
+      for i, r in ipairs(hook.requests()) do
+        if i > before and r.path == "/flaky" then
+          delivered = delivered + #cjson.decode(r.body)  -- 500s are logged too
+        end
+      end
+      local st = s:stats()
+      assert.equal(10, st.sent)
+      assert.equal(0, st.dropped)
+      assert.is_true(delivered >= 10)
+    end)
+  end)
+
+  it("slower than its timeout: timeouts counted; a full queue drops the oldest, counted", function()
+    hook.control(200, 1500)
+    with_failing(hook.url .. "/slow", { timeout = 0.2, max_queue = 4 }, function(s)
+      local st = s:stats()
+      assert.matches("timed out", st.last_error)
+      assert.is_true(st.queued <= 4)
+      assert.equal(10, st.dropped + st.queued + st.sent)
+      assert.is_true(st.dropped >= 5, tostring(st.dropped))
+    end)
+    hook.control(200, 0)
+  end)
+
+  it("push every counter to a Pushgateway in one body per tick, however many", function()
+    local db = assert(tally.open())
+    local s = tally.sink.http { url = pg.url .. "/metrics/job/many", format = "prometheus", batch = 10 }
+    db:rollup("n:*", { every = 1, sinks = { s } })
+    for i = 1, 25 do db:incr("n:" .. i, i) end
+    db:tick(T0)
+    assert.is_true(db:flush(5))
+    assert.equal(1, s:stats().requests)
+    local _, body = peers.http("GET", pg.url .. "/metrics")
+    local n = 0
+    for _ in body:gmatch('tally_value{counter="n:%d+",instance="",job="many"}') do n = n + 1 end
+    assert.equal(25, n)
+    db:close()
+  end)
+
+  it("drop and count a record line protocol cannot carry, and send the rest", function()
+    local db = assert(tally.open())
+    local s = tally.sink.http { url = ix.url .. "/write?db=tally_spec&precision=s", format = "influx",
+                                measurement = "esc" }
+    db:rollup("e:*", { every = 1, sinks = { s } })
+    db:incr("e:ok\\x", 3)     -- a backslash inside a tag is kept as it is
+    db:incr("e:bad\\", 4)     -- at the end it would escape the separator
+    assert.equal("ran", db:tick(T0)[1].status)
+    assert.is_true(db:flush(5))
+    local st = s:stats()
+    assert.same({ 1, 1, 0 }, { st.sent, st.dropped, st.failures - 1 })
+    assert.matches("ends in a backslash", st.last_error)
+    local q = peers.urlencode([[SELECT "value" FROM "esc"]])
+    local _, body = peers.http("GET", ix.url .. "/query?db=tally_spec&q=" .. q)
+    assert.truthy(body:find('"value"]],"values":[["', 1, true) or body:find("3", 1, true), body)
+    q = peers.urlencode([[SHOW TAG VALUES FROM "esc" WITH KEY = "name"]])
+    _, body = peers.http("GET", ix.url .. "/query?db=tally_spec&q=" .. q)
+    assert.same({ { "name", "e:ok\\x" } }, cjson.decode(body).results[1].series[1].values)
+    db:close()
+  end)
+
+  it("that refuses a body (4xx): dropped and counted as rejected, never retried", function()
+    hook.control(400, 0)
+    local db = assert(tally.open())
+    local s = tally.sink.http { url = hook.url .. "/refused", format = "json" }
+    db:rollup("z:*", { every = 1, sinks = { s } })
+    db:incr("z:1")
+    db:tick(T0)
+    assert.is_true(db:flush(5))
+    hook.control(200, 0)
+    db:tick(T0 + 1)
+    assert.is_true(db:flush(5))
+    local st = s:stats()
+    assert.same({ 1, 1, 1, 0 }, { st.sent, st.rejected, st.dropped, st.queued })
+    db:close()
+  end)
+
+  it("closed, count what they are given as dropped, and the tick goes on", function()
+    local db = assert(tally.open())
+    local s = tally.sink.http { url = hook.url .. "/closed", format = "json" }
+    db:rollup("k:*", { every = 1, sinks = { s } })
+    db:incr("k:1")
+    s:close()
+    assert.equal("ran", db:tick(T0)[1].status)
+    assert.is_true(db:flush(1))
+    assert.equal(1, s:stats().dropped)
+    db:close()
+  end)
+
+  it("examples/rollup_to_pushgateway.lua pushes its posts as likes_total", function()
+    local out, code = helper.tally("examples/rollup_to_pushgateway.lua", pg.url, "1.5")
+    assert.equal(0, code, out)
+    assert.matches("0 failures, 0 dropped, 0 queued", out)
+    local _, body = peers.http("GET", pg.url .. "/metrics")
+    for post, per in pairs({ ["101"] = 1, ["102"] = 2, ["103"] = 3 }) do
+      local v = tonumber(body:match('likes_total{instance="",job="tally_example",post="' .. post .. '"} (%d+)'))
+      assert.is_number(v, body)
+      assert.equal(0, v % per)
+      assert.truthy(out:find(('likes_total{post="%s"} %d'):format(post, v), 1, true), out)
+    end
+  end)
+
+  it("refuses bad options", function()
+    local http = tally.sink.http
+    assert.matches("url must be an http", helper.err(http, { url = "ftp://x" }))
+    assert.matches("format must be json, prometheus or influx", helper.err(http, { url = "http://x", format = "xml" }))
+    assert.matches("timeout", helper.err(http, { url = "http://x", timeout = -1 }))
+    assert.matches("unknown option 'uri'", helper.err(http, { uri = "http://x" }))
+    assert.matches("precision", helper.err(http, { url = "http://x/write?db=a", format = "influx", precision = "s" }))
+  end)
+end)
+
+describe("examples/pageviews.lua", function()
+  it("prints a live total and rate each second, and an exact total", function()
+    local out, code = helper.tally("examples/pageviews.lua", "2.2")
+    assert.equal(0, code, out)
+    local lines = 0
+    for total, rate in out:gmatch("total +(%d+) +rate +(%d+) views/s") do lines = lines + 1 end
+    assert.is_true(lines >= 2, out)
+    local views, exact = out:match("(%d+) views counted, exact total (%d+)")
+    assert.equal(views, exact)
+  end)
+end)
+
+describe("an HTTP sink with a spool", function()
+  local function readdir(dir)
+    local names = {}
+    local p = io.popen("ls -A " .. helper.q(dir) .. " 2>/dev/null")
+    for n in p:lines() do names[#names + 1] = n end
+    p:close()
+    table.sort(names)
+    return names
+  end
+
+  -- A script that rolls c:* up twice (store clock T0, T0 + 10) into a JSON
+  -- webhook at url with spool = true, then exits without closing anything.
+  local function cron_script(path, url)
+    local script = helper.tmpfile("cron.lua")
+    helper.write(script, ([[
+      local tally = require "tally"
+      local db = assert(tally.open("file:" .. %q))
+      local t = %d
+      db:clock(function() return t end)
+      db:rollup("c:*", { every = 10, sinks = { tally.sink.http { url = %q, spool = true, timeout = 1 } } })
+      db:incr("c:1", 5)
+      db:incr("c:2", 9007199254740993)
+      db:tick()
+      t = t + 10
+      db:incr("c:1", 1)
+      db:tick()
+      os.exit(0)
+    ]]):format(path, T0, url))
+    return script
+  end
+
+  -- A later run: defines the schedule (which delivers what is spooled) and
+  -- waits for its sinks.
+  local function later_script(path, url)
+    local script = helper.tmpfile("later.lua")
+    helper.write(script, ([[
+      local tally = require "tally"
+      local db = assert(tally.open("file:" .. %q))
+      db:rollup("c:*", { every = 10, sinks = { tally.sink.http { url = %q, spool = true, timeout = 2 } } })
+      assert(db:flush(10))
+      db:close()
+      print("done")
+    ]]):format(path, url))
+    return script
+  end
+
+  local function bodies(srv)
+    local out = {}
+    for _, r in ipairs(srv.requests()) do out[#out + 1] = r.body end
+    return out
+  end
+
+  it("keeps what a dead webhook did not get when the process exits; a later run delivers it", function()
+    local path = helper.tmpfile()
+    local port = peers.free_port()
+    local url = "http://127.0.0.1:" .. port .. "/hook"
+    local out, code = helper.sh("timeout 30 " .. helper.q(helper.bin) .. " " .. helper.q(cron_script(path, url)))
+    assert.equal(0, code, out)
+    local files = readdir(path .. ".spool")
+    assert.equal(1, #files, table.concat(files, " "))
+    assert.matches("^http%-%x+%.%d+%-%x+%.spool$", files[1])
+    local spooled = {}
+    for line in io.lines(path .. ".spool/" .. files[1]) do spooled[#spooled + 1] = line end
+    assert.same({
+      '{"name":"c:1","value":5,"at":' .. T0 .. '.000,"delta":0,"rate":0,"id":"c:1|10|' .. T0 .. '000"}',
+      '{"name":"c:2","value":9007199254740993,"at":' .. T0 .. '.000,"delta":0,"rate":0,"id":"c:2|10|'
+        .. T0 .. '000"}',
+      '{"name":"c:1","value":6,"at":' .. (T0 + 10) .. '.000,"delta":1,"rate":0.1,"id":"c:1|10|'
+        .. (T0 + 10) .. '000"}',
+      '{"name":"c:2","value":9007199254740993,"at":' .. (T0 + 10) .. '.000,"delta":0,"rate":0,'
+        .. '"id":"c:2|10|' .. (T0 + 10) .. '000"}',
+    }, spooled)
+
+    local srv = peers.start_http_sink { port = port }
+    finally(function() srv.stop() end)
+    out, code = helper.sh("timeout 30 " .. helper.q(helper.bin) .. " " .. helper.q(later_script(path, url)))
+    assert.equal(0, code, out)
+    assert.equal("done\n", out)
+    -- exactly as spooled, in one JSON array, and the spool is empty
+    assert.same({ "[" .. table.concat(spooled, ",") .. "]" }, bodies(srv))
+    assert.same({}, readdir(path .. ".spool"))
+    -- delivered: nothing more comes
+    out, code = helper.sh("timeout 30 " .. helper.q(helper.bin) .. " " .. helper.q(later_script(path, url)))
+    assert.equal(0, code, out)
+    assert.equal(1, #bodies(srv))
+  end)
+
+  it("is delivered by one of several processes that start at once, never twice", function()
+    local path = helper.tmpfile()
+    local port = peers.free_port()
+    local url = "http://127.0.0.1:" .. port .. "/hook"
+    local out, code = helper.sh("timeout 30 " .. helper.q(helper.bin) .. " "
+                                .. helper.q(cron_script(path, url)))
+    assert.equal(0, code, out)
+    -- (a second run would take the first one's file into its own: one file.)
+    -- Two more left behind, by processes long gone (pids beyond pid_max)
+    local dir = path .. ".spool/"
+    local first = readdir(dir)[1]
+    local f = assert(io.open(dir .. first, "rb"))
+    local data = f:read("a")
+    f:close()
+    for i, pid in ipairs({ 999999991, 999999992 }) do
+      helper.write(dir .. first:gsub("%.%d+%-%x+%.spool$", "." .. pid .. "-" .. i .. ".spool"), data)
+    end
+    assert.equal(3, #readdir(dir))
+    local srv = peers.start_http_sink { port = port }
+    finally(function() srv.stop() end)
+    local script = later_script(path, url)
+    local procs = {}
+    for i = 1, 4 do procs[i] = helper.spawn(script) end
+    for i = 1, 4 do
+      local out = procs[i]:read("a")
+      procs[i]:close()
+      assert.equal("done\n", out)
+    end
+    local ids, n = {}, 0
+    for _, body in ipairs(bodies(srv)) do
+      for _, r in ipairs(cjson.decode(body)) do
+        n = n + 1
+        ids[r.id] = (ids[r.id] or 0) + 1
+      end
+    end
+    assert.equal(12, n)       -- 3 files of 4 records, each file delivered once
+    for id, k in pairs(ids) do assert.equal(3, k, id) end   -- the same 4 ids in each file
+    assert.same({}, readdir(path .. ".spool"))
+  end)
+
+  it("leaves a live process's file alone, and refuses a bad spool option", function()
+    local path = helper.tmpfile()
+    local port = peers.free_port()
+    local url = "http://127.0.0.1:" .. port .. "/hook"
+    local db = assert(tally.open("file:" .. path))
+    local t = T0
+    db:clock(function() return t end)
+    local s = tally.sink.http { url = url, spool = true, timeout = 1 }
+    db:rollup("c:*", { every = 10, sinks = { s } })
+    db:incr("c:1", 1)
+    db:tick()
+    assert.equal(1, s:stats().spooled)
+    -- another process sees this one alive: it takes nothing
+    local srv = peers.start_http_sink { port = port }
+    finally(function() srv.stop() end)
+    local out, code = helper.sh("timeout 30 " .. helper.q(helper.bin) .. " " .. helper.q(later_script(path, url)))
+    assert.equal(0, code, out)
+    -- this one delivers it itself (its sender retries) now that the webhook is up, and
+    -- empties its file; had the other taken the file too, the record would come twice
+    assert.is_true(db:flush(10))
+    assert.equal(1, #bodies(srv))
+    assert.equal(0, s:stats().spooled)
+    assert.same({}, readdir(path .. ".spool"))
+    db:close()
+    assert.matches("spool must be a directory path or true, got 5",
+                   helper.err(tally.sink.http, { url = url, spool = 5 }))
+    local mem = assert(tally.open())
+    local ms = tally.sink.http { url = url, spool = true }
+    mem:rollup("m:*", { every = 1, sinks = { ms } })
+    assert.equal("spool = true needs a file store (or give spool a directory)", ms:stats().spool_last_error)
+    ms:close()
+    mem:close()
+  end)
+end)

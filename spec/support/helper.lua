@@ -1,0 +1,98 @@
+-- spec/helper.lua: module paths, temporary files and child processes for specs.
+--
+-- busted loads it first (--helper, or .busted); specs get the same table with
+-- `local helper = require "spec.support.helper"`. TALLY_BUILD_DIR (default ./build)
+-- is put first on package.path/cpath, TALLY_TEST_TMP holds the store files,
+-- TALLY_BIN is the tally executable used for child processes.
+
+if package.loaded["spec.support.helper"] then return package.loaded["spec.support.helper"] end
+
+local M = {}
+
+M.build = os.getenv("TALLY_BUILD_DIR") or "build"
+M.bin = os.getenv("TALLY_BIN") or (M.build .. "/bin/tally")
+M.tmpdir = os.getenv("TALLY_TEST_TMP") or "/tmp/tally-spec"
+
+local b = M.build
+if not package.path:find(b .. "/?.lua;", 1, true) then
+  package.path = b .. "/?.lua;" .. b .. "/?/init.lua;" .. package.path
+end
+if not package.cpath:find(b .. "/?.so;", 1, true) then
+  package.cpath = b .. "/?.so;" .. package.cpath
+end
+
+-- A single-quoted shell word.
+function M.q(s)
+  return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
+end
+
+os.execute("mkdir -p " .. M.q(M.tmpdir))
+
+-- A tag unique to this run (os.tmpname makes a unique file; keep its name).
+local tag
+do
+  local t = os.tmpname()
+  os.remove(t)
+  tag = t:match("([^/]+)$"):gsub("[^%w]", "")
+end
+local seq = 0
+
+-- A fresh path under the temporary directory (nothing exists there yet).
+function M.tmpfile(what)
+  seq = seq + 1
+  local p = string.format("%s/%s-%d-%s", M.tmpdir, tag, seq, what or "store.tly")
+  os.remove(p)
+  return p
+end
+
+function M.write(path, data)
+  local f = assert(io.open(path, "wb"))
+  f:write(data)
+  f:close()
+end
+
+-- Run a shell command; returns its stdout+stderr and its exit code.
+function M.sh(cmd)
+  local f = assert(io.popen(cmd .. " 2>&1", "r"))
+  local out = f:read("a")
+  local _, _, code = f:close()
+  return out, code
+end
+
+-- Run the tally executable with the given arguments (quoted for the shell).
+function M.tally(...)
+  local args = {}
+  for i = 1, select("#", ...) do args[i] = M.q((select(i, ...))) end
+  return M.sh(M.q(M.bin) .. " " .. table.concat(args, " "))
+end
+
+-- Start the tally executable in the background; returns the popen file.
+function M.spawn(...)
+  local args = {}
+  for i = 1, select("#", ...) do args[i] = M.q((select(i, ...))) end
+  return assert(io.popen(M.q(M.bin) .. " " .. table.concat(args, " ") .. " 2>&1", "r"))
+end
+
+-- The message of the error fn(...) raises, without the "file:line: "
+-- position Lua puts in front (nil if it does not raise).
+function M.err(fn, ...)
+  local ok, msg = pcall(fn, ...)
+  if ok then return nil end
+  if type(msg) ~= "string" then return msg end
+  return (msg:gsub("^[^\n]-:%d+: ", "", 1))
+end
+
+function M.sum(t)
+  local s = 0
+  for _, v in ipairs(t) do s = s + v end
+  return s
+end
+
+function M.nonzero(t)
+  local n = 0
+  for _, v in ipairs(t) do if v ~= 0 then n = n + 1 end end
+  return n
+end
+
+package.loaded["spec.support.helper"] = M
+return M

@@ -1,0 +1,181 @@
+-- Shard policies: which shard an increment lands on.
+local helper = require "spec.support.helper"
+local tally = require "tally"
+
+local err, sum, nonzero = helper.err, helper.sum, helper.nonzero
+
+describe("tally policies", function()
+  local db
+  before_each(function() db = assert(tally.open()) end)
+  after_each(function() db:close() end)
+
+  describe("thread", function()
+    it("keeps one thread to one shard", function()
+      local c = db:counter("t", { shards = 16, policy = "thread" })
+      for _ = 1, 1000 do c:incr() end
+      local s = c:shards()
+      assert.equal(1, nonzero(s))
+      assert.equal(1000, sum(s))
+    end)
+  end)
+
+  describe("random", function()
+    it("spreads increments over the shards", function()
+      local c = db:counter("r", { shards = 16, policy = "random" })
+      for _ = 1, 3200 do c:incr() end
+      local s = c:shards()
+      assert.equal(3200, sum(s))
+      -- 200 per shard on average: an empty shard has odds ~16 * e^-200
+      assert.equal(16, nonzero(s))
+    end)
+  end)
+
+  describe("round_robin", function()
+    it("cycles through the shards", function()
+      local c = db:counter("rr", { shards = 16, policy = "round_robin" })
+      for _ = 1, 48 do c:incr() end
+      local s = c:shards()
+      for i = 1, 16 do assert.equal(3, s[i], "shard " .. i) end
+    end)
+  end)
+
+  describe("key", function()
+    it("sends the same key to the same shard", function()
+      local c = db:counter("k", { shards = 64, policy = "key" })
+      for _ = 1, 10 do c:incr(1, "user:1") end
+      assert.equal(1, nonzero(c:shards()))
+      assert.equal(10, c:value())
+    end)
+
+    it("spreads different keys", function()
+      local c = db:counter("k", { shards = 16, policy = "key" })
+      for i = 1, 1000 do c:incr(1, "user:" .. i) end
+      assert.equal(1000, c:value())
+      assert.truthy(nonzero(c:shards()) >= 12)
+    end)
+
+    it("treats a number key as its string", function()
+      local c = db:counter("k", { shards = 64, policy = "key" })
+      c:incr(1, 12345)
+      c:incr(1, "12345")
+      c:decr(1, 12345)
+      c:incr(5, 12345)
+      assert.equal(1, nonzero(c:shards()))
+      assert.equal(6, c:value())
+    end)
+
+    it("raises without a key", function()
+      local c = db:counter("k", { policy = "key" })
+      assert.equal("bad argument #2 to 'incr' (key expected for a counter with the key policy)",
+                   err(function() c:incr(1) end))
+      assert.equal("bad argument #2 to 'incr' (key expected for a counter with the key policy)",
+                   err(function() c:incr() end))
+      assert.equal("bad argument #2 to 'decr' (key expected for a counter with the key policy)",
+                   err(function() c:decr(1, nil) end))
+      assert.equal("bad argument #2 to 'incr' (string or number expected, got table)",
+                   err(function() c:incr(1, {}) end))
+      assert.equal("bad argument #3 to 'incr' (key expected for a counter with the key policy)",
+                   err(function() db:incr("k", 1) end))
+      assert.equal(0, c:value())
+    end)
+
+    it("takes the key through db:incr()", function()
+      db:counter("k", { shards = 8, policy = "key" })
+      for _ = 1, 5 do db:incr("k", 2, "same") end
+      db:decr("k", 1, "same")
+      assert.equal(9, db:value("k"))
+      assert.equal(1, nonzero(db:counter("k"):shards()))
+    end)
+  end)
+
+  describe("function", function()
+    it("is called with the shard count and the key, and picks the shard", function()
+      local calls = {}
+      local c = db:counter("f", { shards = 4, policy = function(n, key)
+        calls[#calls + 1] = { n, key }
+        return key
+      end })
+      c:incr(5, 3)
+      c:decr(1, 1)
+      assert.same({ -1, 0, 5, 0 }, c:shards())
+      assert.same({ { 4, 3 }, { 4, 1 } }, calls)
+      assert.equal("function", c:info().policy)
+    end)
+
+    it("gets nil as the key when there is none", function()
+      local seen = "unset"
+      local c = db:counter("f", { shards = 2, policy = function(_, key) seen = key; return 2 end })
+      c:incr()
+      assert.is_nil(seen)
+      assert.same({ 0, 1 }, c:shards())
+    end)
+
+    it("sees the new shard count after a reshard", function()
+      local last
+      local c = db:counter("f", { shards = 2, policy = function(n) last = n; return n end })
+      c:incr()
+      assert.equal(2, last)
+      c:reshard(5)
+      assert.equal(1, c:reset())
+      c:incr(2)
+      assert.equal(5, last)
+      assert.same({ 0, 0, 0, 0, 2 }, c:shards())
+    end)
+
+    it("raises when it returns something other than a shard number", function()
+      local ret
+      local c = db:counter("f", { shards = 16, policy = function() return ret end })
+      local msg = "policy function for 'f' returned %s (expected an integer from 1 to 16)"
+      for _, case in ipairs({ { 0, "0" }, { 17, "17" }, { -1, "-1" }, { 1.5, "1.5" },
+                              { "2", "'2'" }, { nil, "nil" }, { {}, "table" } }) do
+        ret = case[1]
+        assert.equal(msg:format(case[2]), err(function() c:incr() end))
+      end
+      ret = 16.0
+      assert.is_true(c:incr())
+      assert.equal(1, c:shards()[16])
+      assert.equal(1, c:value())
+    end)
+
+    it("passes its errors through", function()
+      local c = db:counter("f", { policy = function() error("boom", 0) end })
+      assert.equal("boom", err(function() c:incr() end))
+      assert.equal(0, c:value())
+    end)
+
+    it("is not known to handles opened without it", function()
+      db:counter("f", { shards = 4, policy = function() return 1 end }):incr()
+      local other = assert(tally.open())
+      other:close()
+      local c = db:counter("f")
+      assert.equal("function", c:info().policy)
+      assert.equal("counter 'f' has a function policy: pass it as policy = function to db:counter",
+                   err(function() c:incr() end))
+      assert.equal(1, c:value())
+    end)
+
+    it("is used by db:incr() once db:counter() gave it", function()
+      db:counter("f", { shards = 3, policy = function(_, key) return key end })
+      db:incr("f", 10, 3)
+      db:incr("f", 1, 1)
+      assert.same({ 1, 0, 10 }, db:counter("f"):shards())
+    end)
+
+    it("raises in db:incr() when the store does not know the function", function()
+      local path = helper.tmpfile()
+      local a = assert(tally.open("file:" .. path))
+      a:counter("f", { policy = function() return 1 end }):incr()
+      local b = assert(tally.open("file:" .. path))
+      assert.equal("counter 'f' has a function policy: pass it as policy = function to db:counter",
+                   err(function() b:incr("f") end))
+      assert.equal(1, b:value("f"))
+      a:close(); b:close()
+    end)
+
+    it("raises when it closes the counter it was called for", function()
+      local c
+      c = db:counter("f", { policy = function() c:close(); return 1 end })
+      assert.equal("attempt to use a closed counter", err(function() c:incr() end))
+    end)
+  end)
+end)

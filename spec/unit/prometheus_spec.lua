@@ -1,0 +1,390 @@
+-- Metric mappings on families, and tally.prometheus(db [, pattern]).
+local helper = require "spec.support.helper"
+local tally = require "tally"
+
+local err = helper.err
+
+local DEFAULT = "# HELP tally_value Exact value of a tally counter (the sum of its shards), by counter name.\n"
+                .. "# TYPE tally_value gauge\n"
+local LIKES = { shards = 16, policy = "thread", metric = "likes_total", labels = { "post" },
+                type = "counter", help = "Likes per post" }
+
+-- promtool check metrics on text: its exit code and output, or nil if
+-- promtool is not installed.
+local function promtool(text)
+  local _, code = helper.sh("command -v promtool")
+  if code ~= 0 then return nil end
+  local path = helper.tmpfile("metrics.txt")
+  helper.write(path, text)
+  local out, rc = helper.sh("promtool check metrics < " .. helper.q(path))
+  os.remove(path)
+  return rc, out
+end
+
+describe("tally.store", function()
+  local db
+  before_each(function() db = assert(tally.open()) end)
+  after_each(function() db:close() end)
+
+  describe(":family() with metric options", function()
+    it("records the mapping and passes shards and policy on", function()
+      assert.is_true(db:family("post:*:likes", LIKES))
+      assert.same({ name = "post:1:likes", shards = 16, policy = "thread" },
+                  db:counter("post:1:likes"):info())
+      assert.is_true(db:family("v:*", { shards = 4, policy = "random", metric = "views" , labels = { "page" } }))
+      assert.same({ name = "v:1", shards = 4, policy = "random" }, db:counter("v:1"):info())
+      assert.same({
+        { pattern = "post:*:likes", metric = "likes_total", labels = { "post" }, type = "counter",
+          help = "Likes per post" },
+        { pattern = "v:*", metric = "views", labels = { "page" }, type = "gauge" },
+      }, db:mappings())
+    end)
+
+    it("with metric options only, leaves the shard options of families alone", function()
+      db:family("post:*", { shards = 2, policy = "random" })
+      assert.is_true(db:family("post:*:likes", { metric = "likes_total", labels = { "post" },
+                                                  type = "counter" }))
+      assert.same({ name = "post:1:likes", shards = 2, policy = "random" },
+                  db:counter("post:1:likes"):info())
+      db:family("x:*", { metric = "x" , labels = { "id" } })
+      assert.same({ name = "x:1", shards = 16, policy = "thread" }, db:counter("x:1"):info())
+    end)
+
+    it("without metric options, leaves the mapping alone", function()
+      db:family("post:*:likes", LIKES)
+      db:family("post:*:likes", { shards = 3 })
+      assert.equal(3, db:counter("post:1:likes"):info().shards)
+      assert.equal(1, #db:mappings())
+    end)
+
+    it("replaces the mapping of a pattern defined again, which becomes the newest", function()
+      db:family("p:*", { metric = "a", labels = { "x" } })
+      db:family("p:1*", { metric = "b", labels = { "y" } })
+      db:incr("p:12")
+      assert.equal('# TYPE b gauge\nb{y="2"} 1\n', tally.prometheus(db))
+      db:family("p:*", { metric = "c", labels = { "z" } })
+      assert.equal('# TYPE c gauge\nc{z="12"} 1\n', tally.prometheus(db))
+      assert.same({ "p:1*", "p:*" }, { db:mappings()[1].pattern, db:mappings()[2].pattern })
+    end)
+
+    it("is kept per store handle, in this process", function()
+      local path = helper.tmpfile()
+      local a = assert(tally.open("file:" .. path))
+      local b = assert(tally.open("file:" .. path))
+      a:family("post:*:likes", LIKES)
+      a:family("n:*", { shards = 3, metric = "n", labels = { "id" } })
+      b:incr("post:1:likes", 2)
+      assert.equal(3, b:counter("n:1"):info().shards)          -- the shard options are in the file
+      assert.same({}, b:mappings())
+      assert.equal(DEFAULT .. 'tally_value{counter="n:1"} 0\ntally_value{counter="post:1:likes"} 2\n',
+                   tally.prometheus(b))
+      assert.equal('# HELP likes_total Likes per post\n# TYPE likes_total counter\nlikes_total{post="1"} 2\n'
+                   .. '# TYPE n gauge\nn{id="1"} 0\n', tally.prometheus(a))
+      a:close(); b:close()
+    end)
+
+    it("gives copies from db:mappings()", function()
+      db:family("a:*", { metric = "a", labels = { "x" } })
+      local m = db:mappings()
+      m[1].labels[1] = "changed"
+      m[1].metric = "changed"
+      assert.same({ { pattern = "a:*", metric = "a", labels = { "x" }, type = "gauge" } }, db:mappings())
+    end)
+
+    it("raises on bad metric options, and records nothing", function()
+      local function bad(opts) return err(function() db:family("post:*:likes", opts) end) end
+      assert.equal("bad argument #2 to 'family' (metric must be a Prometheus metric name ([a-zA-Z_:][a-zA-Z0-9_:]*), got 'likes-total')",
+                   bad({ shards = 2, metric = "likes-total", labels = { "post" } }))
+      assert.equal("bad argument #2 to 'family' (metric must be a Prometheus metric name ([a-zA-Z_:][a-zA-Z0-9_:]*), got '9lives')",
+                   bad({ metric = "9lives", labels = { "post" } }))
+      assert.equal("bad argument #2 to 'family' (metric must be a Prometheus metric name ([a-zA-Z_:][a-zA-Z0-9_:]*), got 12)",
+                   bad({ metric = 12, labels = { "post" } }))
+      assert.equal("bad argument #2 to 'family' (labels, type and help need a metric)",
+                   bad({ labels = { "post" } }))
+      assert.equal("bad argument #2 to 'family' (labels[1] must be a Prometheus label name ([a-zA-Z_][a-zA-Z0-9_]*, not starting with __), got 'post id')",
+                   bad({ metric = "m", labels = { "post id" } }))
+      assert.equal("bad argument #2 to 'family' (labels[1] must be a Prometheus label name ([a-zA-Z_][a-zA-Z0-9_]*, not starting with __), got '__name__')",
+                   bad({ metric = "m", labels = { "__name__" } }))
+      assert.equal("bad argument #2 to 'family' (labels must name the 1 wildcard of 'post:*:likes' in order, got 0 names)",
+                   bad({ metric = "m" }))
+      assert.equal("bad argument #2 to 'family' (labels must name the 1 wildcard of 'post:*:likes' in order, got 2 names)",
+                   bad({ metric = "m", labels = { "a", "b" } }))
+      assert.equal("bad argument #2 to 'family' (labels has 'a' twice)",
+                   err(function() db:family("*:*", { metric = "m", labels = { "a", "a" } }) end))
+      assert.equal("bad argument #2 to 'family' (labels must be a table of label names, got 'post')",
+                   bad({ metric = "m", labels = "post" }))
+      assert.equal("bad argument #2 to 'family' (type must be 'counter', 'gauge' or 'untyped', got 'summary')",
+                   bad({ metric = "m", labels = { "post" }, type = "summary" }))
+      assert.equal("bad argument #2 to 'family' (help must be a UTF-8 string, got 5)",
+                   bad({ metric = "m", labels = { "post" }, help = 5 }))
+      assert.equal("bad argument #2 to 'family' (metric 'tally_value' is reserved for counters without a mapping)",
+                   bad({ metric = "tally_value", labels = { "post" } }))
+      -- the C side still checks shards and policy, and nothing is recorded
+      assert.equal("bad argument #2 to 'family' (shards must be an integer from 1 to 1024, got 0)",
+                   bad({ shards = 0, metric = "m", labels = { "post" } }))
+      assert.equal("bad argument #2 to 'family' (unknown option 'every')",
+                   bad({ every = 1, metric = "m", labels = { "post" } }))
+      assert.equal("bad argument #1 to 'family' (pattern must be 1 to 255 bytes, got 0)",
+                   err(function() db:family("", { metric = "m" }) end))
+      assert.same({}, db:mappings())
+      assert.equal(16, db:counter("post:1:likes"):info().shards)
+    end)
+
+    it("refuses a second type for one metric", function()
+      db:family("a:*", { metric = "m", labels = { "id" }, type = "counter" })
+      assert.equal("bad argument #2 to 'family' (metric 'm' is a counter (family 'a:*'), not a gauge)",
+                   err(function() db:family("b:*", { metric = "m", labels = { "id" } }) end))
+      db:family("a:*", { metric = "m", labels = { "id" }, type = "gauge" })   -- redefining is fine
+      assert.equal(1, #db:mappings())
+    end)
+
+    it("raises on a closed store", function()
+      db:close()
+      assert.equal("attempt to use a closed store",
+                   err(function() db:family("a:*", { metric = "m", labels = { "id" } }) end))
+      assert.equal("attempt to use a closed store", err(tally.prometheus, db))
+    end)
+  end)
+end)
+
+describe("tally.prometheus()", function()
+  local db
+  before_each(function() db = assert(tally.open()) end)
+  after_each(function() db:close() end)
+
+  it("exposes every counter's exact value, by the family mapping or the default", function()
+    db:family("post:*:likes", LIKES)
+    db:incr("post:123:likes", 5)
+    db:incr("post:9:likes", 2)
+    db:incr("page:views", 7)
+    assert.equal("# HELP likes_total Likes per post\n# TYPE likes_total counter\n"
+                 .. 'likes_total{post="123"} 5\nlikes_total{post="9"} 2\n'
+                 .. DEFAULT .. 'tally_value{counter="page:views"} 7\n', tally.prometheus(db))
+    assert.equal("", tally.prometheus(tally.open()))
+  end)
+
+  it("takes only the counters matching the pattern", function()
+    db:family("post:*:likes", LIKES)
+    db:incr("post:1:likes", 1)
+    db:incr("post:1:views", 2)
+    db:incr("other", 3)
+    assert.equal("# HELP likes_total Likes per post\n# TYPE likes_total counter\n"
+                 .. 'likes_total{post="1"} 1\n' .. DEFAULT .. 'tally_value{counter="post:1:views"} 2\n',
+                 tally.prometheus(db, "post:*"))
+    assert.equal("", tally.prometheus(db, "nothing*"))
+  end)
+
+  it("writes values near the shard range exactly", function()
+    local c = db:counter("big", { shards = 2 })
+    c:add_shard(1, (1 << 62) - 1)
+    c:add_shard(2, (1 << 62) - 1)
+    local d = db:counter("small", { shards = 2 })
+    d:add_shard(1, -(1 << 62))
+    d:add_shard(2, -(1 << 62))
+    assert.equal(DEFAULT .. 'tally_value{counter="big"} 9223372036854775806\n'
+                 .. 'tally_value{counter="small"} -9223372036854775808\n', tally.prometheus(db))
+  end)
+
+  it("writes a value beyond int64 (shards summing past it) as a float", function()
+    local c = db:counter("huge", { shards = 3 })
+    for i = 1, 3 do c:add_shard(i, (1 << 62) - 1) end
+    assert.is_nil((db:value("huge")))
+    local v = tally.prometheus(db):match('tally_value{counter="huge"} (%S+)\n')
+    assert.equal(3 * 2.0^62, tonumber(v))
+  end)
+
+  it("escapes names, and two names never share a series", function()
+    local names = { 'q"uote', "back\\slash", "new\nline", "sp ace", "com,ma", "a:b", "a_b",
+                    "é✓", "x\255", "1st" }
+    for i, n in ipairs(names) do db:incr(n, i) end
+    local text = tally.prometheus(db)
+    local count = 0
+    for _ in text:gmatch("\ntally_value{") do count = count + 1 end
+    assert.equal(#names, count)
+    assert.matches('tally_value{counter="q\\"uote"} 1\n', text, 1, true)
+    assert.matches('tally_value{counter="back\\\\slash"} 2\n', text, 1, true)
+    assert.matches('tally_value{counter="new\\nline"} 3\n', text, 1, true)
+    assert.matches('tally_value{counter_hex="78ff"} 9\n', text, 1, true)
+  end)
+
+  it("matches patterns as db:names() does, and captures each wildcard's part", function()
+    -- random patterns and names over a small alphabet, checked against the C matcher
+    local format = tally.format
+    math.randomseed(7)
+    local alpha = { "a", "b", ":", "*", "?" }
+    local function rnd(n, chars)
+      local t = {}
+      for i = 1, n do t[i] = chars[math.random(#chars)] end
+      return table.concat(t)
+    end
+    for _ = 1, 40 do
+      local store = tally.open()
+      local names = {}
+      for i = 1, 30 do
+        local n = rnd(math.random(1, 7), { "a", "b", ":" })
+        names[n] = true
+        store:incr(n)
+      end
+      for _ = 1, 10 do
+        local pattern = rnd(math.random(1, 6), alpha)
+        local want = {}
+        for _, n in ipairs(store:names(pattern)) do want[n] = true end
+        local g = format._glob_compile(pattern)
+        for n in pairs(names) do
+          local caps = format._glob_captures(g, n)
+          assert.equal(want[n] or false, caps ~= nil, pattern .. " vs " .. n)
+          if caps then
+            -- putting the parts back into the pattern gives the name
+            local i = 0
+            local back = pattern:gsub("[*?]", function() i = i + 1; return caps[i] end)
+            assert.equal(n, back)
+            assert.equal(g.nwild, #caps)
+            -- ambiguous exactly when the name matches in more than one way
+            local function ways(p, pi, ni)
+              if pi > #p then return ni > #n and 1 or 0 end
+              local ch = p:sub(pi, pi)
+              if ch == "*" then
+                local w = 0
+                for j = ni, #n + 1 do w = w + ways(p, pi + 1, j) end
+                return w
+              end
+              if ni > #n or (ch ~= "?" and ch ~= n:sub(ni, ni)) then return 0 end
+              return ways(p, pi + 1, ni + 1)
+            end
+            assert.equal(ways(pattern, 1, 1) > 1, format._glob_ambiguous(g, n), pattern .. " vs " .. n)
+          end
+        end
+      end
+      store:close()
+    end
+  end)
+
+  describe("never fails the scrape for a bad counter", function()
+    local logged, old
+    before_each(function()
+      logged = {}
+      old = tally.logger(function(msg) logged[#logged + 1] = msg end)
+    end)
+    after_each(function() tally.logger(old) end)
+
+    local SKIPPED = "# HELP tally_prometheus_skipped Counters left out of this exposition, by "
+      .. "reason: ambiguous (a name that matches its family pattern in more than one way), "
+      .. "duplicate (two or more counters map to one series), unreadable (its value could not "
+      .. "be read).\n# TYPE tally_prometheus_skipped gauge\n"
+
+    it("leaves out counters that map to one series, counts them and logs them once", function()
+      db:family("post:*:likes", LIKES)
+      db:family("article:*:likes", { metric = "likes_total", labels = { "post" }, type = "counter" })
+      db:incr("post:1:likes")
+      db:incr("article:2:likes", 2)
+      local clean = tally.prometheus(db)
+      assert.not_matches("tally_prometheus_skipped", clean, 1, true)
+      db:incr("article:1:likes", 3)
+      db:incr("post:3:likes", 4)
+      for _ = 1, 3 do
+        local text = tally.prometheus(db)
+        assert.equal("# HELP likes_total Likes per post\n# TYPE likes_total counter\n"
+                     .. 'likes_total{post="2"} 2\nlikes_total{post="3"} 4\n'
+                     .. SKIPPED .. 'tally_prometheus_skipped{reason="duplicate"} 2\n', text)
+      end
+      assert.same({ 'prometheus: left out of the exposition (counted in tally_prometheus_skipped'
+                    .. '{reason="duplicate"}): counters \'article:1:likes\' and \'post:1:likes\' both '
+                    .. 'map to the series likes_total{post="1"}' }, logged)
+      local rc, out = promtool(tally.prometheus(db))
+      if rc == nil then pending("promtool is not installed (Debian package prometheus)") end
+      assert.equal(0, rc, out)
+    end)
+
+    it("leaves out a name that matches its family pattern in more than one way", function()
+      db:family("resp:*:*", { metric = "resp_total", labels = { "route", "status" }, type = "counter",
+                              help = "Responses" })
+      db:incr("resp:a:200", 1)
+      db:incr("resp:a:b:200", 2)          -- route "a:b" and status "200", or "a" and "b:200"?
+      db:incr("resp:x::500", 3)
+      db:incr("resp:/v1/x:404", 4)
+      local text = tally.prometheus(db)
+      assert.equal("# HELP resp_total Responses\n# TYPE resp_total counter\n"
+                   .. 'resp_total{route="/v1/x",status="404"} 4\n'
+                   .. 'resp_total{route="a",status="200"} 1\n'
+                   .. SKIPPED .. 'tally_prometheus_skipped{reason="ambiguous"} 2\n', text)
+      assert.equal(2, #logged)
+      assert.matches("counter 'resp:a:b:200' matches 'resp:*:*' in more than one way", logged[1], 1, true)
+      tally.prometheus(db)
+      assert.equal(2, #logged)            -- once
+      local rc, out = promtool(text)
+      if rc == nil then pending("promtool is not installed (Debian package prometheus)") end
+      assert.equal(0, rc, out)
+    end)
+
+    it("leaves out a counter whose value cannot be read", function()
+      for i = 31, 39 do db:incr("c:" .. i, i) end
+      -- one counter's read fails as on a damaged store (names still list it)
+      local methods = tally.store_methods
+      local value = methods.value
+      methods.value = function(self, name)
+        if name == "c:35" then
+          return nil, "d.tly: tally store is corrupt (cells of counter 'c:35')", "ECORRUPT"
+        end
+        return value(self, name)
+      end
+      local ok, text = pcall(tally.prometheus, db, "c:3?")
+      methods.value = value
+      assert(ok, text)
+      local want = {}
+      for i = 31, 39 do
+        if i ~= 35 then want[#want + 1] = 'tally_value{counter="c:' .. i .. '"} ' .. i .. "\n" end
+      end
+      assert.equal(DEFAULT .. table.concat(want)
+                   .. SKIPPED .. 'tally_prometheus_skipped{reason="unreadable"} 1\n', text)
+      assert.same({ 'prometheus: left out of the exposition (counted in tally_prometheus_skipped'
+                    .. '{reason="unreadable"}): counter \'c:35\': d.tly: tally store is corrupt '
+                    .. "(cells of counter 'c:35')" }, logged)
+    end)
+
+    it("refuses the self-metric's name for a family, and a logger that is not a function", function()
+      assert.equal("bad argument #2 to 'family' (metric 'tally_prometheus_skipped' is reserved for "
+                   .. "the counters a scrape leaves out)",
+                   err(db.family, db, "x:*", { metric = "tally_prometheus_skipped", labels = { "x" } }))
+      assert.equal("bad argument #1 to 'logger' (function or false expected, got number)",
+                   err(tally.logger, 5))
+    end)
+  end)
+
+  it("raises on bad arguments", function()
+    assert.equal("bad argument #1 to 'prometheus' (tally.store expected, got nil)",
+                 err(tally.prometheus))
+    assert.equal("bad argument #1 to 'prometheus' (tally.store expected, got tally.counter)",
+                 err(tally.prometheus, db:counter("x")))
+    assert.equal("bad argument #2 to 'prometheus' (string expected, got number)",
+                 err(tally.prometheus, db, 5))
+  end)
+
+  it("gives text that promtool check metrics accepts", function()
+    db:family("post:*:likes", LIKES)
+    db:family("api:*:*:calls", { metric = "api_calls_total", labels = { "key", "method" },
+                                 type = "counter", help = "API calls by key and method\nwith \\ and \"" })
+    db:family("temp:?", { metric = "temperature_celsius", labels = { "room" }, help = "Temperature" })
+    db:incr("post:123:likes", 5)
+    db:incr("post:é✓:likes", 2)
+    db:incr("api:k1:GET:calls", (1 << 62) - 1)
+    db:incr("api:k\"2\\:POST:calls", 3)
+    db:incr("temp:A", -4)
+    for _, n in ipairs({ 'q"uote', "back\\slash", "new\nline", "sp ace,comma=eq", "x\255", "a:b", "a_b" }) do
+      db:incr(n, -(1 << 62))
+    end
+    local text = tally.prometheus(db)
+    local rc, out = promtool(text)
+    if rc == nil then
+      pending("promtool is not installed (Debian package prometheus): exposition not checked by it")
+    end
+    assert.equal("", out)
+    assert.equal(0, rc)
+    -- and its lint speaks up where it should: a counter without _total, no help
+    db:family("b:*", { metric = "bytes", labels = { "id" }, type = "counter" })
+    db:incr("b:1")
+    rc, out = promtool(tally.prometheus(db, "b:*"))
+    assert.equal(3, rc)
+    assert.matches('counter metrics should have "_total" suffix', out, 1, true)
+    assert.matches("no help text", out, 1, true)
+  end)
+end)
