@@ -66,8 +66,8 @@ static void progress(const char *what, long i, long n) {
   if (tty < 0) tty = isatty(STDERR_FILENO);
   if (!tty || n <= 0 || (i < n && (i & 0x3FFF) != 0)) return;
   fill = (int)((double)i / (double)n * w);
-  fprintf(stderr, "\rbench_tally: %s [%.*s%.*s] %3d%%  %ld / %ld counters\033[K", what, fill,
-          bar, w - fill, gap, (int)((double)i * 100 / (double)n), i, n);
+  fprintf(stderr, "\rbench_tally: %s [%.*s%.*s] %3d%%  %ld / %ld counters\033[K", what,
+          fill, bar, w - fill, gap, (int)((double)i * 100 / (double)n), i, n);
   if (i >= n) fputs("\r\033[K", stderr);
   fflush(stderr);
 }
@@ -84,10 +84,22 @@ static double median(double *v, int n) {
 
 /* ---- incr ---------------------------------------------------------------- */
 
-enum { IMPL_THREAD, IMPL_RANDOM, IMPL_ATOMIC, IMPL_MUTEX, IMPL_IDEAL, IMPL_IDEAL_CALL, IMPL_N };
-static const char *impl_names[] = {"thread", "random", "atomic", "mutex", "ideal", "ideal_call"};
+enum {
+  IMPL_THREAD,
+  IMPL_RANDOM,
+  IMPL_ATOMIC,
+  IMPL_MUTEX,
+  IMPL_IDEAL,
+  IMPL_IDEAL_CALL,
+  IMPL_N
+};
+static const char *impl_names[] = {"thread", "random", "atomic",
+                                   "mutex",  "ideal",  "ideal_call"};
 
-typedef struct { _Alignas(64) _Atomic int64_t v; char pad[56]; } padded;
+typedef struct {
+  _Alignas(64) _Atomic int64_t v;
+  char pad[56];
+} padded;
 
 static struct {
   tally_counter *c;
@@ -99,7 +111,10 @@ static struct {
   _Alignas(64) atomic_int stop;
 } B;
 
-typedef struct { int impl, id; uint64_t ops; } worker;
+typedef struct {
+  int impl, id;
+  uint64_t ops;
+} worker;
 
 /* Ideal cells behind the same call shape as tally_counter_incr: a function
  * the compiler cannot inline, given a handle, finding the calling thread's
@@ -110,10 +125,12 @@ __attribute__((noinline)) static int ideal_incr(padded *cells, int64_t delta) {
   return 0;
 }
 
-#define LOOP(body)                                                            \
-  while (!atomic_load_explicit(&B.stop, memory_order_relaxed)) {              \
-    for (int k_ = 0; k_ < 256; k_++) { body; }                                \
-    ops += 256;                                                               \
+#define LOOP(body)                                                                       \
+  while (!atomic_load_explicit(&B.stop, memory_order_relaxed)) {                         \
+    for (int k_ = 0; k_ < 256; k_++) {                                                   \
+      body;                                                                              \
+    }                                                                                    \
+    ops += 256;                                                                          \
   }
 
 static void *worker_main(void *arg) {
@@ -121,25 +138,23 @@ static void *worker_main(void *arg) {
   uint64_t ops = 0;
   while (!atomic_load_explicit(&B.go, memory_order_acquire)) {}
   switch (w->impl) {
-    case IMPL_THREAD:
-    case IMPL_RANDOM:
-      LOOP(if (tally_counter_incr(B.c, 1) != 0) abort());
-      break;
-    case IMPL_ATOMIC:
-      LOOP(atomic_fetch_add_explicit(&B.shared, 1, memory_order_relaxed));
-      break;
-    case IMPL_MUTEX:
-      LOOP(pthread_mutex_lock(&B.mu); B.mu_val++; pthread_mutex_unlock(&B.mu));
-      break;
-    case IMPL_IDEAL_CALL:
-      ideal_slot = w->id;
-      LOOP(if (ideal_incr(B.cells, 1) != 0) abort());
-      break;
-    case IMPL_IDEAL: {
-      _Atomic int64_t *cell = &B.cells[w->id].v;
-      LOOP(atomic_fetch_add_explicit(cell, 1, memory_order_relaxed));
-      break;
-    }
+  case IMPL_THREAD:
+  case IMPL_RANDOM: LOOP(if (tally_counter_incr(B.c, 1) != 0) abort()); break;
+  case IMPL_ATOMIC:
+    LOOP(atomic_fetch_add_explicit(&B.shared, 1, memory_order_relaxed));
+    break;
+  case IMPL_MUTEX:
+    LOOP(pthread_mutex_lock(&B.mu); B.mu_val++; pthread_mutex_unlock(&B.mu));
+    break;
+  case IMPL_IDEAL_CALL:
+    ideal_slot = w->id;
+    LOOP(if (ideal_incr(B.cells, 1) != 0) abort());
+    break;
+  case IMPL_IDEAL: {
+    _Atomic int64_t *cell = &B.cells[w->id].v;
+    LOOP(atomic_fetch_add_explicit(cell, 1, memory_order_relaxed));
+    break;
+  }
   }
   w->ops = ops;
   return NULL;
@@ -151,9 +166,11 @@ static double run_incr(tally_store *s, int impl, int nthreads, double secs) {
   int rc;
   B.c = NULL;
   if (impl == IMPL_THREAD || impl == IMPL_RANDOM) {
-    tally_counter_options o = {16, impl == IMPL_THREAD ? TALLY_POLICY_THREAD : TALLY_POLICY_RANDOM};
+    tally_counter_options o = {16, impl == IMPL_THREAD ? TALLY_POLICY_THREAD
+                                                       : TALLY_POLICY_RANDOM};
     const char *name = impl_names[impl];
-    if ((rc = tally_counter_open(s, name, strlen(name), &o, TALLY_COUNTER_CREATE, &B.c))) die("counter", rc);
+    if ((rc = tally_counter_open(s, name, strlen(name), &o, TALLY_COUNTER_CREATE, &B.c)))
+      die("counter", rc);
   }
   atomic_store(&B.go, 0);
   atomic_store(&B.stop, 0);
@@ -204,8 +221,10 @@ static int cmd_value(int reps) {
     char name[32];
     tally_counter_options o = {sizes[k], TALLY_POLICY_CUSTOM};
     snprintf(name, sizeof name, "v%u", sizes[k]);
-    if ((rc = tally_counter_open(s, name, strlen(name), &o, TALLY_COUNTER_CREATE, &c))) die("counter", rc);
-    for (uint32_t i = 0; i < sizes[k]; i++) tally_counter_incr_shard(c, i, (int64_t)i + 1);
+    if ((rc = tally_counter_open(s, name, strlen(name), &o, TALLY_COUNTER_CREATE, &c)))
+      die("counter", rc);
+    for (uint32_t i = 0; i < sizes[k]; i++)
+      tally_counter_incr_shard(c, i, (int64_t)i + 1);
     double v[32];
     int64_t sink = 0;
     for (int r = 0; r < reps; r++) {
@@ -258,7 +277,8 @@ static int cmd_create(const char *path, long n) {
     tally_counter *c;
     int len = snprintf(name, sizeof name, "post:%ld:likes", i);
     progress("create", i, n);
-    if ((rc = tally_counter_open(s, name, (size_t)len, &o, TALLY_COUNTER_CREATE, &c))) die("create", rc);
+    if ((rc = tally_counter_open(s, name, (size_t)len, &o, TALLY_COUNTER_CREATE, &c)))
+      die("create", rc);
     tally_counter_close(c);
   }
   progress("create", n, n);
@@ -317,7 +337,10 @@ static int cmd_open(const char *path) {
 
 /* ---- processes ------------------------------------------------------------ */
 
-typedef struct { atomic_int go, stop; _Alignas(64) uint64_t ops[8]; } proc_page;
+typedef struct {
+  atomic_int go, stop;
+  _Alignas(64) uint64_t ops[8];
+} proc_page;
 
 static int cmd_procs(const char *path, double secs, int reps) {
   char spec[4200];
@@ -328,10 +351,12 @@ static int cmd_procs(const char *path, double secs, int reps) {
   int rc = tally_store_open(spec, NULL, &s);
   if (rc) die("open", rc);
   tally_counter_options o = {16, TALLY_POLICY_THREAD};
-  if ((rc = tally_counter_open(s, "hot", 3, &o, TALLY_COUNTER_CREATE, &c))) die("counter", rc);
+  if ((rc = tally_counter_open(s, "hot", 3, &o, TALLY_COUNTER_CREATE, &c)))
+    die("counter", rc);
   tally_counter_close(c);
   tally_store_close(s);
-  proc_page *pg = mmap(NULL, sizeof *pg, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  proc_page *pg =
+      mmap(NULL, sizeof *pg, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   for (int np = 1; np <= 2; np++) {
     double v[32];
     for (int r = 0; r < reps; r++) {
@@ -344,7 +369,9 @@ static int cmd_procs(const char *path, double secs, int reps) {
           tally_store *cs = NULL;
           tally_counter *cc = NULL;
           alarm(60);
-          if (tally_store_open(spec, NULL, &cs) || tally_counter_open(cs, "hot", 3, NULL, 0, &cc)) _exit(2);
+          if (tally_store_open(spec, NULL, &cs) ||
+              tally_counter_open(cs, "hot", 3, NULL, 0, &cc))
+            _exit(2);
           uint64_t ops = 0;
           while (!atomic_load(&pg->go)) {}
           while (!atomic_load_explicit(&pg->stop, memory_order_relaxed)) {
@@ -418,7 +445,7 @@ static void *streamer_main(void *arg) {
   while (!atomic_load(&R.stop)) {
     int64_t sum = 0;
     for (size_t i = 0; i < stream_len; i++) sum += stream_arr[i];
-    for (size_t i = 0; i < stream_len; i += 8) stream_arr[i] = sum;  /* dirty lines too */
+    for (size_t i = 0; i < stream_len; i += 8) stream_arr[i] = sum; /* dirty lines too */
     sink = sum;
     atomic_fetch_add(&R.ticks, 1);
   }
@@ -458,7 +485,7 @@ static double writer_rate(double secs, int ticking, double *ticks_per_s) {
 
 static int cmd_rollup(const char *path, long n, double secs, int reps) {
   char spec[4096];
-  bool memory = strcmp(path, "-") == 0;  /* "-": a memory store */
+  bool memory = strcmp(path, "-") == 0; /* "-": a memory store */
   snprintf(spec, sizeof spec, memory ? "memory" : "file:%s", path);
   if (!memory) unlink(path);
   tally_store *s;
@@ -509,7 +536,7 @@ static int cmd_rollup(const char *path, long n, double secs, int reps) {
   tally_store_stats st0, st1;
   tally_store_stats_get(s, &st0);
   tally_tick_result res;
-  int64_t t = 1763769600;  /* a whole day: ticks start on a bucket edge */
+  int64_t t = 1763769600; /* a whole day: ticks start on a bucket edge */
   double t0 = now();
   if ((rc = tally_schedule_tick(R.sch, t++ * 1000, NULL, NULL, &res))) die("tick", rc);
   printf("RESULT rollup.first_ms %.2f\n", (now() - t0) * 1e3);
@@ -533,7 +560,7 @@ static int cmd_rollup(const char *path, long n, double secs, int reps) {
   if ((rc = tally_counter_open(s, "hot", 3, &ho, TALLY_COUNTER_CREATE, &R.hot)))
     die("hot", rc);
   atomic_store(&R.period, t);
-  stream_len = (size_t)n * 16;  /* as many words as the store has cells */
+  stream_len = (size_t)n * 16; /* as many words as the store has cells */
   stream_arr = calloc(stream_len, sizeof *stream_arr);
   if (!stream_arr) return 1;
   double with[64], without[64], streaming[64], tps[64], sps[64];
@@ -556,14 +583,17 @@ static int cmd_rollup(const char *path, long n, double secs, int reps) {
 }
 
 int main(int argc, char **argv) {
-  if (argc >= 4 && strcmp(argv[1], "incr") == 0) return cmd_incr(atof(argv[2]), atoi(argv[3]));
+  if (argc >= 4 && strcmp(argv[1], "incr") == 0)
+    return cmd_incr(atof(argv[2]), atoi(argv[3]));
   if (argc >= 3 && strcmp(argv[1], "value") == 0) return cmd_value(atoi(argv[2]));
-  if (argc >= 4 && strcmp(argv[1], "create") == 0) return cmd_create(argv[2], atol(argv[3]));
+  if (argc >= 4 && strcmp(argv[1], "create") == 0)
+    return cmd_create(argv[2], atol(argv[3]));
   if (argc >= 3 && strcmp(argv[1], "open") == 0) return cmd_open(argv[2]);
-  if (argc >= 5 && strcmp(argv[1], "procs") == 0) return cmd_procs(argv[2], atof(argv[3]), atoi(argv[4]));
+  if (argc >= 5 && strcmp(argv[1], "procs") == 0)
+    return cmd_procs(argv[2], atof(argv[3]), atoi(argv[4]));
   if (argc >= 6 && strcmp(argv[1], "rollup") == 0)
     return cmd_rollup(argv[2], atol(argv[3]), atof(argv[4]), atoi(argv[5]));
   fprintf(stderr, "usage: bench_tally incr SECS REPS | value REPS | create PATH N | "
-          "open PATH | procs PATH SECS REPS | rollup PATH N SECS REPS\n");
+                  "open PATH | procs PATH SECS REPS | rollup PATH N SECS REPS\n");
   return 2;
 }

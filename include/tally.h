@@ -33,12 +33,13 @@ extern "C" {
 #define TALLY_API
 #endif
 
-#define TALLY_VERSION "0.1.0"
-#define TALLY_MAX_SHARDS 1024
-#define TALLY_NAME_MAX 255          /* bytes; names are 1..255 bytes, no NUL */
+#define TALLY_VERSION        "0.1.0"
+#define TALLY_MAX_SHARDS     1024
+#define TALLY_NAME_MAX       255 /* bytes; names are 1..255 bytes, no NUL */
 #define TALLY_DEFAULT_SHARDS 16
 
 /* Error codes: XX(NAME, code, static message). */
+/* clang-format off */
 #define TALLY_ERRNO_MAP(XX)                                                   \
   XX(EINVAL,    -1, "invalid argument")                                      \
   XX(ENOMEM,    -2, "out of memory")                                         \
@@ -68,6 +69,7 @@ enum {
 #undef TALLY_XX_
   TALLY_OK = 0
 };
+/* clang-format on */
 
 /* For libraries built on this one (libtally_net, bindings): record code
  * and a printf-style message as this thread's last error, as the library's
@@ -109,13 +111,13 @@ TALLY_API int tally_policy_parse(const char *name, size_t len);
 typedef struct tally_store tally_store;
 
 typedef struct tally_open_options {
-  uint32_t mode;     /* permission bits (& 0777) for a new file store; 0: 0600 */
-  uint32_t flags;    /* TALLY_OPEN_* */
+  uint32_t mode;  /* permission bits (& 0777) for a new file store; 0: 0600 */
+  uint32_t flags; /* TALLY_OPEN_* */
 } tally_open_options;
 
-#define TALLY_OPEN_NOCREATE 0x1u  /* file store must already exist */
-#define TALLY_OPEN_TRUST 0x2u     /* accept a symlink, or a file owned by
-                                     another user (refused otherwise) */
+#define TALLY_OPEN_NOCREATE 0x1u /* file store must already exist */
+/* accept a symlink, or a file owned by another user (refused otherwise) */
+#define TALLY_OPEN_TRUST    0x2u
 
 /* Open a store. spec is NULL, "" or "memory" for a private in-process
  * store, or "file:PATH" for a memory-mapped file shared by every process
@@ -151,16 +153,16 @@ TALLY_API int tally_store_check(tally_store *s);
 TALLY_API const char *tally_store_fault_path(const void *addr);
 
 typedef struct tally_store_stats {
-  uint64_t counters;       /* live counters */
-  uint64_t file_bytes;     /* bytes the store occupies (file length) */
-  uint64_t used_bytes;     /* bytes allocated inside it */
-  uint64_t retired_bytes;  /* cells left behind by reshard and drop */
-  uint64_t max_bytes;      /* the most the store can grow to */
-  uint64_t writers;        /* thread tickets drawn: each thread, in any
+  uint64_t counters;      /* live counters */
+  uint64_t file_bytes;    /* bytes the store occupies (file length) */
+  uint64_t used_bytes;    /* bytes allocated inside it */
+  uint64_t retired_bytes; /* cells left behind by reshard and drop */
+  uint64_t max_bytes;     /* the most the store can grow to */
+  uint64_t writers;       /* thread tickets drawn: each thread, in any
                               process, that incremented a thread-policy
                               counter of the store */
-  uint32_t format;         /* file format version */
-  uint32_t schedules;      /* rollup schedule identities the store keeps */
+  uint32_t format;        /* file format version */
+  uint32_t schedules;     /* rollup schedule identities the store keeps */
 } tally_store_stats;
 
 TALLY_API int tally_store_stats_get(tally_store *s, tally_store_stats *out);
@@ -170,11 +172,11 @@ TALLY_API int tally_store_stats_get(tally_store *s, tally_store_stats *out);
 typedef struct tally_counter tally_counter;
 
 typedef struct tally_counter_options {
-  uint32_t shards;   /* 1..TALLY_MAX_SHARDS, or 0 for the family/default */
-  int32_t policy;    /* a tally_policy, or -1 for the family/default */
+  uint32_t shards; /* 1..TALLY_MAX_SHARDS, or 0 for the family/default */
+  int32_t policy;  /* a tally_policy, or -1 for the family/default */
 } tally_counter_options;
 
-#define TALLY_COUNTER_CREATE 0x1u  /* create the counter if it is absent */
+#define TALLY_COUNTER_CREATE 0x1u /* create the counter if it is absent */
 
 /* Open counter `name` (len bytes). With TALLY_COUNTER_CREATE it is created
  * if absent, with the options given, else its family's (most recently
@@ -182,8 +184,8 @@ typedef struct tally_counter_options {
  * that differ from an existing counter's give TALLY_EMISMATCH. Without
  * CREATE an absent counter gives TALLY_ENOENT. opt may be NULL. */
 TALLY_API int tally_counter_open(tally_store *s, const char *name, size_t len,
-                                 const tally_counter_options *opt,
-                                 uint32_t flags, tally_counter **out);
+                                 const tally_counter_options *opt, uint32_t flags,
+                                 tally_counter **out);
 /* Release a handle (not the counter); NULL is allowed. */
 TALLY_API void tally_counter_close(tally_counter *c);
 
@@ -195,19 +197,18 @@ TALLY_API void tally_counter_close(tally_counter *c);
 TALLY_API int tally_counter_incr(tally_counter *c, int64_t delta);
 /* Add delta to the shard chosen by hashing key (same key, same shard while
  * the shard count stays). Works under any policy. */
-TALLY_API int tally_counter_incr_key(tally_counter *c, const void *key,
-                                     size_t len, int64_t delta);
+TALLY_API int tally_counter_incr_key(tally_counter *c, const void *key, size_t len,
+                                     int64_t delta);
 /* Add delta to shard `shard` (0-based); TALLY_ESHARDS if out of range. */
-TALLY_API int tally_counter_incr_shard(tally_counter *c, uint32_t shard,
-                                       int64_t delta);
+TALLY_API int tally_counter_incr_shard(tally_counter *c, uint32_t shard, int64_t delta);
 
 /* Exact value: the sum of all shards now. TALLY_ERANGE if the sum does not
  * fit in int64. */
 TALLY_API int tally_counter_value(tally_counter *c, int64_t *out);
 /* Per-shard values into vals[0..cap); *n receives the shard count (if
  * cap < count, only cap values are written). */
-TALLY_API int tally_counter_shards(tally_counter *c, int64_t *vals,
-                                   uint32_t cap, uint32_t *n);
+TALLY_API int tally_counter_shards(tally_counter *c, int64_t *vals, uint32_t cap,
+                                   uint32_t *n);
 /* Set every shard to zero and return the amount removed. Increments that
  * race with it either land before (and are in *removed) or after (and
  * stay in the counter): none is lost or counted twice. TALLY_ERANGE if the
@@ -218,7 +219,7 @@ TALLY_API int tally_counter_reset(tally_counter *c, int64_t *removed);
 TALLY_API int tally_counter_reshard(tally_counter *c, uint32_t shards);
 
 typedef struct tally_counter_info {
-  const char *name;   /* NUL-terminated, valid while the handle is open */
+  const char *name; /* NUL-terminated, valid while the handle is open */
   uint32_t name_len;
   uint32_t shards;
   int32_t policy;
@@ -234,8 +235,8 @@ TALLY_API int tally_store_drop(tally_store *s, const char *name, size_t len);
 
 /* Glob match: '*' matches any run of bytes (even empty), '?' any one byte,
  * everything else itself. Returns 1 on match, 0 otherwise. */
-TALLY_API int tally_glob_match(const char *pattern, size_t plen,
-                               const char *name, size_t nlen);
+TALLY_API int tally_glob_match(const char *pattern, size_t plen, const char *name,
+                               size_t nlen);
 
 /* Call fn for each live counter whose name matches pattern (NULL or "*":
  * all), in no particular order. fn returns 0 to go on, non-zero to stop
@@ -252,11 +253,11 @@ TALLY_API int tally_store_sum(tally_store *s, const char *pattern, size_t plen,
  * left 0 / -1, or opt NULL, fall back to the defaults). The most recently defined
  * matching family wins; defining a pattern again replaces its options.
  * Families live in the store, so they apply in every process. */
-TALLY_API int tally_family_set(tally_store *s, const char *pattern,
-                               size_t plen, const tally_counter_options *opt);
+TALLY_API int tally_family_set(tally_store *s, const char *pattern, size_t plen,
+                               const tally_counter_options *opt);
 /* Options a new counter named name would get (family or defaults). */
-TALLY_API int tally_family_resolve(tally_store *s, const char *name,
-                                   size_t len, tally_counter_options *out);
+TALLY_API int tally_family_resolve(tally_store *s, const char *name, size_t len,
+                                   tally_counter_options *out);
 
 /* ---- rollups ----------------------------------------------------------- */
 
@@ -276,21 +277,21 @@ TALLY_API int tally_family_resolve(tally_store *s, const char *name,
  * resolution); every rollup of the counter, by any schedule, updates all
  * of them. Counters no schedule covers have no rollup storage at all. */
 
-#define TALLY_RINGS_MAX 8             /* resolutions per counter */
-#define TALLY_RING_LEN_MAX 100000     /* buckets per ring */
+#define TALLY_RINGS_MAX    8               /* resolutions per counter */
+#define TALLY_RING_LEN_MAX 100000          /* buckets per ring */
 #define TALLY_RING_RES_MAX (366u * 86400u) /* seconds per bucket */
 
 typedef struct tally_ring {
-  uint32_t res_s;   /* bucket width in seconds, 1..TALLY_RING_RES_MAX */
-  uint32_t len;     /* buckets kept, 1..TALLY_RING_LEN_MAX */
+  uint32_t res_s; /* bucket width in seconds, 1..TALLY_RING_RES_MAX */
+  uint32_t len;   /* buckets kept, 1..TALLY_RING_LEN_MAX */
 } tally_ring;
 
 typedef struct tally_rollup {
-  int64_t value;       /* the counter's exact value when rolled */
-  int64_t at_ms;       /* when, in milliseconds of the caller's clock */
-  int64_t delta;       /* value minus the previous rollup's value (0 first) */
-  int64_t prev_at_ms;  /* the previous rollup's time, or 0 for the first */
-  uint64_t count;      /* rollups of this counter so far */
+  int64_t value;      /* the counter's exact value when rolled */
+  int64_t at_ms;      /* when, in milliseconds of the caller's clock */
+  int64_t delta;      /* value minus the previous rollup's value (0 first) */
+  int64_t prev_at_ms; /* the previous rollup's time, or 0 for the first */
+  uint64_t count;     /* rollups of this counter so far */
 } tally_rollup;
 
 /* delta per second between the two rollups, or 0 for the first. */
@@ -308,29 +309,28 @@ typedef struct tally_schedule tally_schedule;
  * keeps at most TALLY_RINGS_MAX rings: a schedule whose rings would take
  * it past that still rolls it up, with the rings it has. Up to 256
  * identities per store; they are never removed. */
-TALLY_API int tally_schedule_new(tally_store *s, const char *pattern,
-                                 size_t plen, int64_t every_ms,
-                                 const tally_ring *rings, uint32_t nrings,
-                                 tally_schedule **out);
+TALLY_API int tally_schedule_new(tally_store *s, const char *pattern, size_t plen,
+                                 int64_t every_ms, const tally_ring *rings,
+                                 uint32_t nrings, tally_schedule **out);
 /* Free a schedule; NULL is allowed. Before its store is closed. */
 TALLY_API void tally_schedule_free(tally_schedule *sch);
 
 enum {
-  TALLY_TICK_RAN = 0,      /* this call rolled up the period */
-  TALLY_TICK_NOT_DUE = 1,  /* the period was already rolled up (by anyone) */
-  TALLY_TICK_BUSY = 2,     /* another process holds this schedule's lease */
-  TALLY_TICK_LOST = 3      /* the lease was taken over during the run
+  TALLY_TICK_RAN = 0,     /* this call rolled up the period */
+  TALLY_TICK_NOT_DUE = 1, /* the period was already rolled up (by anyone) */
+  TALLY_TICK_BUSY = 2,    /* another process holds this schedule's lease */
+  TALLY_TICK_LOST = 3     /* the lease was taken over during the run
                               (this process stalled past it); the new
                               holder finishes the period */
 };
 
 typedef struct tally_tick_result {
-  int64_t period;      /* floor(now_ms / every_ms) */
-  int32_t status;      /* TALLY_TICK_* */
-  uint32_t skipped;    /* covered counters not rolled up: a damaged rollup
+  int64_t period;    /* floor(now_ms / every_ms) */
+  int32_t status;    /* TALLY_TICK_* */
+  uint32_t skipped;  /* covered counters not rolled up: a damaged rollup
                           block (tally_store_check reports it), a value out
                           of int64, or a record newer than now_ms */
-  uint64_t counters;   /* counters rolled up by this call */
+  uint64_t counters; /* counters rolled up by this call */
 } tally_tick_result;
 
 /* Called once per counter rolled up, after its record is stored. name is
@@ -347,16 +347,15 @@ typedef void (*tally_rollup_fn)(void *ud, const char *name, size_t len,
  * processes sharing a file must share a pid namespace); one that stalls
  * loses the lease after one period (at least 0.5 s) without renewal. The
  * next holder finishes an interrupted period from where it stopped. */
-TALLY_API int tally_schedule_tick(tally_schedule *sch, int64_t now_ms,
-                                  tally_rollup_fn fn, void *ud,
-                                  tally_tick_result *out);
+TALLY_API int tally_schedule_tick(tally_schedule *sch, int64_t now_ms, tally_rollup_fn fn,
+                                  void *ud, tally_tick_result *out);
 
 /* A schedule identity as the store keeps it (for tools like tally info:
  * the pattern lives in the processes that define the schedule). */
 typedef struct tally_schedule_info {
-  int64_t every_ms;        /* its period; 0 if the store predates this field */
-  int64_t last_period_ms;  /* start of the last period rolled up, or -1 */
-  int64_t holder_pid;      /* pid of the lease's holder (it may have
+  int64_t every_ms;       /* its period; 0 if the store predates this field */
+  int64_t last_period_ms; /* start of the last period rolled up, or -1 */
+  int64_t holder_pid;     /* pid of the lease's holder (it may have
                               ended), 0 if none */
 } tally_schedule_info;
 
@@ -369,19 +368,18 @@ TALLY_API int tally_store_schedules(tally_store *s, tally_schedule_info *out,
 TALLY_API int tally_counter_rolled(tally_counter *c, tally_rollup *out);
 
 typedef struct tally_bucket {
-  int64_t t;       /* bucket start, seconds since the epoch */
-  int64_t value;   /* value at the last rollup inside the bucket */
+  int64_t t;     /* bucket start, seconds since the epoch */
+  int64_t value; /* value at the last rollup inside the bucket */
 } tally_bucket;
 
 /* The ring of resolution res_s, oldest bucket first, buckets with no
  * rollup left out: up to cap buckets into out, *n receives how many the
  * ring holds. TALLY_ENOROLLUP if the counter keeps no such ring. */
-TALLY_API int tally_counter_history(tally_counter *c, uint32_t res_s,
-                                    tally_bucket *out, uint32_t cap,
-                                    uint32_t *n);
+TALLY_API int tally_counter_history(tally_counter *c, uint32_t res_s, tally_bucket *out,
+                                    uint32_t cap, uint32_t *n);
 /* The counter's rings (resolution and length), up to cap; *n the count. */
-TALLY_API int tally_counter_rings(tally_counter *c, tally_ring *out,
-                                  uint32_t cap, uint32_t *n);
+TALLY_API int tally_counter_rings(tally_counter *c, tally_ring *out, uint32_t cap,
+                                  uint32_t *n);
 
 #ifdef __cplusplus
 }

@@ -42,28 +42,28 @@ extern "C" {
 typedef struct tally_sender tally_sender;
 
 typedef struct tally_sender_options {
-  const char *url;             /* http:// or https:// */
-  const char *method;          /* "POST" (NULL) or "PUT" */
-  const char *const *headers;  /* "Name: value" strings, NULL-terminated; may be NULL */
-  uint32_t timeout_ms;         /* whole request; 0 means 5000 */
-  uint32_t max_queue;          /* records waiting at most, besides the body
+  const char *url;            /* http:// or https:// */
+  const char *method;         /* "POST" (NULL) or "PUT" */
+  const char *const *headers; /* "Name: value" strings, NULL-terminated; may be NULL */
+  uint32_t timeout_ms;        /* whole request; 0 means 5000 */
+  uint32_t max_queue;         /* records waiting at most, besides the body
                                   in flight; 0 means 100000 */
-  uint32_t backoff_ms;         /* first retry delay; 0 means 100 */
-  uint32_t max_backoff_ms;     /* retry delay cap (the delay doubles up to
+  uint32_t backoff_ms;        /* first retry delay; 0 means 100 */
+  uint32_t max_backoff_ms;    /* retry delay cap (the delay doubles up to
                                   it); 0 means 5000 */
 } tally_sender_options;
 
 typedef struct tally_sender_stats {
-  uint64_t sent;        /* records delivered (2xx answers) */
-  uint64_t requests;    /* requests that succeeded */
-  uint64_t failures;    /* requests that failed (each retry counts) */
-  uint64_t dropped;     /* records dropped: queue full, too big, refused by
+  uint64_t sent;       /* records delivered (2xx answers) */
+  uint64_t requests;   /* requests that succeeded */
+  uint64_t failures;   /* requests that failed (each retry counts) */
+  uint64_t dropped;    /* records dropped: queue full, too big, refused by
                            the peer, or closed */
-  uint64_t queued;      /* records not yet delivered nor dropped (waiting or
+  uint64_t queued;     /* records not yet delivered nor dropped (waiting or
                            in flight) */
-  uint64_t rejected;    /* of dropped: refused by the peer with a 4xx status
+  uint64_t rejected;   /* of dropped: refused by the peer with a 4xx status
                            other than 408 and 429, so never retried */
-  int32_t last_status;  /* HTTP status of the last request's answer, 0 if it
+  int32_t last_status; /* HTTP status of the last request's answer, 0 if it
                            got none (connection failed, timed out) */
   uint32_t pad_;
   char last_error[256]; /* the last failure ("HTTP 500" or libcurl's text),
@@ -74,8 +74,7 @@ typedef struct tally_sender_stats {
  * TALLY_EINVAL for a NULL url or one not http(s)://, a method other than
  * POST and PUT, or a header that is not "Name: value" on one line;
  * TALLY_ENOMEM; TALLY_ESYS if libcurl or the thread cannot start. */
-TALLY_API int tally_sender_open(const tally_sender_options *o,
-                                tally_sender **out);
+TALLY_API int tally_sender_open(const tally_sender_options *o, tally_sender **out);
 /* Queue a copy of body (records: how many records it carries, >= 1).
  * Never waits for the network. A body of more than max_queue records is
  * dropped at once (counted; still 0). TALLY_EINVAL for records 0 or a NULL
@@ -147,8 +146,8 @@ TALLY_API void tally_sender_close(tally_sender *s, uint32_t drain_ms);
  * A handle is not thread-safe: use one per thread.
  */
 
-#define TALLY_RC_SLOTS 16384u
-#define TALLY_RC_MAX_ATTEMPTS 16u  /* sends of one command, redirections included */
+#define TALLY_RC_SLOTS         16384u
+#define TALLY_RC_MAX_ATTEMPTS  16u /* sends of one command, redirections included */
 #define TALLY_RC_CONNECT_TRIES 5u  /* sends of one command whose connects failed */
 
 typedef struct tally_rc tally_rc;
@@ -156,21 +155,21 @@ typedef struct tally_rc_pipe tally_rc_pipe;
 
 /* Counters since open; they only grow. */
 typedef struct tally_rc_stats {
-  uint64_t moved;       /* MOVED redirections followed */
-  uint64_t asked;       /* ASK redirections followed */
-  uint64_t retries;     /* TRYAGAIN / CLUSTERDOWN resends */
-  uint64_t reconnects;  /* connections reopened to a node seen before */
-  uint64_t refreshes;   /* slot maps loaded (open included) */
-  uint64_t errors;      /* failed connects, sends and reads */
-  uint64_t resent;      /* commands resent after a connect that failed */
-  uint64_t topology;    /* topology changes seen: MOVED, a reconnect, a
+  uint64_t moved;      /* MOVED redirections followed */
+  uint64_t asked;      /* ASK redirections followed */
+  uint64_t retries;    /* TRYAGAIN / CLUSTERDOWN resends */
+  uint64_t reconnects; /* connections reopened to a node seen before */
+  uint64_t refreshes;  /* slot maps loaded (open included) */
+  uint64_t errors;     /* failed connects, sends and reads */
+  uint64_t resent;     /* commands resent after a connect that failed */
+  uint64_t topology;   /* topology changes seen: MOVED, a reconnect, a
                            slot map that differs from the previous one */
 } tally_rc_stats;
 
 /* Options of tally_rc_open_opts. user and password are copied (NULL: none;
  * a user without a password is ignored). */
 typedef struct tally_rc_opts {
-  uint32_t timeout_ms;   /* > 0 */
+  uint32_t timeout_ms; /* > 0 */
   const char *user;
   const char *password;
 } tally_rc_opts;
@@ -185,7 +184,8 @@ TALLY_API int tally_rc_open(const char *seeds, uint32_t timeout_ms, tally_rc **o
 /* The same, with a user and password to authenticate every connection.
  * A server that refuses them (or asks for a password none was given for)
  * fails the open with TALLY_EREMOTE and Redis' own reason (NOAUTH, WRONGPASS). */
-TALLY_API int tally_rc_open_opts(const char *seeds, const tally_rc_opts *opts, tally_rc **out);
+TALLY_API int tally_rc_open_opts(const char *seeds, const tally_rc_opts *opts,
+                                 tally_rc **out);
 
 /* Close every connection and free rc. NULL is ignored. */
 TALLY_API void tally_rc_close(tally_rc *rc);
@@ -206,8 +206,8 @@ TALLY_API int tally_rc_refresh(tally_rc *rc);
  * commands). On success *reply is the reply, to free with freeReplyObject;
  * on error it is NULL. */
 TALLY_API int tally_rc_command(tally_rc *rc, const void *key, size_t key_len, int argc,
-                     const char **argv, const size_t *argvlen,
-                     redisReply **reply);
+                               const char **argv, const size_t *argvlen,
+                               redisReply **reply);
 
 /* tally_rc_command followed, pipelined on the same connection, by
  * WAIT replicas timeout_ms: *acked gets how many replicas acknowledged
@@ -215,18 +215,18 @@ TALLY_API int tally_rc_command(tally_rc *rc, const void *key, size_t key_len, in
  * WAIT itself failed. Should the command be redirected, WAIT is sent again
  * to the node that ran it. A command that succeeded returns 0 whatever
  * *acked is: comparing it with replicas is the caller's business. */
-TALLY_API int tally_rc_command_wait(tally_rc *rc, const void *key, size_t key_len, int argc,
-                          const char **argv, const size_t *argvlen,
-                          uint32_t replicas, uint32_t timeout_ms,
-                          redisReply **reply, long long *acked);
+TALLY_API int tally_rc_command_wait(tally_rc *rc, const void *key, size_t key_len,
+                                    int argc, const char **argv, const size_t *argvlen,
+                                    uint32_t replicas, uint32_t timeout_ms,
+                                    redisReply **reply, long long *acked);
 
 /* A pipeline. Commands are copied when added, so the caller's buffers may
  * be reused at once. */
 TALLY_API int tally_rc_pipe_new(tally_rc *rc, tally_rc_pipe **out);
-TALLY_API void tally_rc_pipe_free(tally_rc_pipe *p);         /* NULL is ignored */
-TALLY_API void tally_rc_pipe_reset(tally_rc_pipe *p);        /* drop commands, replies */
+TALLY_API void tally_rc_pipe_free(tally_rc_pipe *p);  /* NULL is ignored */
+TALLY_API void tally_rc_pipe_reset(tally_rc_pipe *p); /* drop commands, replies */
 TALLY_API int tally_rc_pipe_add(tally_rc_pipe *p, const void *key, size_t key_len,
-                      int argc, const char **argv, const size_t *argvlen);
+                                int argc, const char **argv, const size_t *argvlen);
 TALLY_API uint32_t tally_rc_pipe_count(const tally_rc_pipe *p);
 
 /* Send every command not yet answered and collect the replies. 0 when
@@ -313,25 +313,25 @@ TALLY_API const redisReply *tally_rc_pipe_reply(const tally_rc_pipe *p, uint32_t
  * flusher before closing its store or its tally_rc handle.
  */
 
-#define TALLY_FLUSH_WRITER_MAX 128u  /* bytes in a writer id */
-#define TALLY_FLUSH_VERIFY_MS 60000u /* default re-read interval of w:W */
+#define TALLY_FLUSH_WRITER_MAX 128u   /* bytes in a writer id */
+#define TALLY_FLUSH_VERIFY_MS  60000u /* default re-read interval of w:W */
 
 typedef struct tally_flusher tally_flusher;
 
 /* What one round did. */
 typedef struct tally_flush_stats {
-  uint64_t counters;   /* local counters matched and read */
-  uint64_t unchanged;  /* of those, nothing to send (local == known prev) */
-  uint64_t flushed;    /* scripts that applied a delta (returned 1) */
-  uint64_t already;    /* scripts that found the delta already applied (0) */
-  uint64_t conflicts;  /* scripts that found another w:W (prev adopted) */
-  uint64_t errors;     /* counters that failed: no reply, error reply,
+  uint64_t counters;  /* local counters matched and read */
+  uint64_t unchanged; /* of those, nothing to send (local == known prev) */
+  uint64_t flushed;   /* scripts that applied a delta (returned 1) */
+  uint64_t already;   /* scripts that found the delta already applied (0) */
+  uint64_t conflicts; /* scripts that found another w:W (prev adopted) */
+  uint64_t errors;    /* counters that failed: no reply, error reply,
                           overflow, local read failure */
-  uint64_t commands;   /* Redis commands sent (HGET + EVAL) */
-  uint64_t bytes;      /* argument bytes of those commands */
-  int64_t delta;       /* sum of the deltas applied (saturating) */
-  uint64_t verified;   /* known w:W values read again (re-verification) */
-  uint64_t repaired;   /* of those, found different from what was believed
+  uint64_t commands;  /* Redis commands sent (HGET + EVAL) */
+  uint64_t bytes;     /* argument bytes of those commands */
+  int64_t delta;      /* sum of the deltas applied (saturating) */
+  uint64_t verified;  /* known w:W values read again (re-verification) */
+  uint64_t repaired;  /* of those, found different from what was believed
                           (a flush lost in a failover): sent again */
 } tally_flush_stats;
 
@@ -339,7 +339,7 @@ typedef struct tally_flush_stats {
  * bytes) from `local` to `rc`, with remote_shards (1..TALLY_MAX_SHARDS)
  * remote shards per counter. Neither local nor rc is owned. */
 TALLY_API int tally_flusher_new(tally_store *local, tally_rc *rc, const char *writer,
-                      uint32_t remote_shards, tally_flusher **out);
+                                uint32_t remote_shards, tally_flusher **out);
 
 /* One round over the local counters matching pattern (glob, plen bytes;
  * NULL or "*" for all): first the HGETs for counters whose prev is not
@@ -349,7 +349,7 @@ TALLY_API int tally_flusher_new(tally_store *local, tally_rc *rc, const char *wr
  * counter failed, else the first failure's code (tally_errmsg() gives its
  * message). Nothing is ever resent inside a round. */
 TALLY_API int tally_flusher_run(tally_flusher *f, const char *pattern, size_t plen,
-                      tally_flush_stats *st);
+                                tally_flush_stats *st);
 
 /* Re-read every w:W at most every ms milliseconds (0: only after topology
  * changes and tally_flusher_verify). */
@@ -361,14 +361,14 @@ TALLY_API void tally_flusher_verify(tally_flusher *f);
 /* The remote total of counter name: the sum of `v` over its R shards.
  * TALLY_ERANGE if it does not fit in int64. */
 TALLY_API int tally_flusher_remote_value(tally_flusher *f, const char *name, size_t len,
-                               int64_t *out);
+                                         int64_t *out);
 
 /* Shard index this flusher's writer uses (FNV-1a-32(writer) % R), and the
  * key of shard i of name into buf (cap bytes, NUL-terminated); the key's
  * length, or TALLY_EINVAL if it does not fit. */
 TALLY_API uint32_t tally_flusher_shard(const tally_flusher *f);
 TALLY_API int tally_flusher_shard_key(const char *name, size_t len, uint32_t i, char *buf,
-                            size_t cap);
+                                      size_t cap);
 
 /* The Lua text of the flush script (for tests and tools). */
 TALLY_API const char *tally_flusher_script(void);

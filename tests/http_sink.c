@@ -43,8 +43,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#define MAX_HEAD (64 * 1024)          /* request line + headers */
-#define MAX_BODY (64L * 1024 * 1024)
+#define MAX_HEAD    (64 * 1024) /* request line + headers */
+#define MAX_BODY    (64L * 1024 * 1024)
 #define MAX_HEADERS 128
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER; /* all below */
@@ -64,7 +64,10 @@ static void sb_put(struct sb *s, const char *d, size_t n) {
     size_t cap = s->cap ? s->cap : 256;
     while (cap < s->n + n + 1) cap *= 2;
     char *p = realloc(s->p, cap);
-    if (!p) { perror("tally-http-sink: realloc"); exit(1); }
+    if (!p) {
+      perror("tally-http-sink: realloc");
+      exit(1);
+    }
     s->p = p;
     s->cap = cap;
   }
@@ -73,7 +76,9 @@ static void sb_put(struct sb *s, const char *d, size_t n) {
   s->p[s->n] = 0;
 }
 
-static void sb_str(struct sb *s, const char *str) { sb_put(s, str, strlen(str)); }
+static void sb_str(struct sb *s, const char *str) {
+  sb_put(s, str, strlen(str));
+}
 
 /* d[0..n) as a JSON string, quotes included. */
 static void sb_json(struct sb *s, const char *d, size_t n) {
@@ -176,17 +181,17 @@ static int respond(int fd, int status, const char *body, int close_after, int he
     n = snprintf(h, sizeof h, "HTTP/1.1 %d %s\r\n%s\r\n", status, reason(status),
                  close_after ? "Connection: close\r\n" : "");
   else
-    n = snprintf(h, sizeof h,
-                 "HTTP/1.1 %d %s\r\nContent-Type: text/plain\r\nContent-Length: %zu\r\n%s\r\n",
-                 status, reason(status), strlen(body),
-                 close_after ? "Connection: close\r\n" : "");
+    n = snprintf(
+        h, sizeof h,
+        "HTTP/1.1 %d %s\r\nContent-Type: text/plain\r\nContent-Length: %zu\r\n%s\r\n",
+        status, reason(status), strlen(body), close_after ? "Connection: close\r\n" : "");
   if (send_all(fd, h, (size_t)n) < 0) return -1;
   if (nobody || head) return 0;
   return send_all(fd, body, strlen(body));
 }
 
 static void sleep_ms(long ms) {
-  struct timespec ts = { ms / 1000, (ms % 1000) * 1000000L };
+  struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
   while (nanosleep(&ts, &ts) < 0 && errno == EINTR) {}
 }
 
@@ -203,8 +208,10 @@ static void apply_control(const char *q, size_t n) {
     *eq = 0;
     long v = strtol(eq + 1, NULL, 10);
     pthread_mutex_lock(&lock);
-    if (strcmp(kv, "status") == 0 && v >= 100 && v <= 599) cur_status = (int)v;
-    else if (strcmp(kv, "delay_ms") == 0 && v >= 0) cur_delay_ms = v;
+    if (strcmp(kv, "status") == 0 && v >= 100 && v <= 599)
+      cur_status = (int)v;
+    else if (strcmp(kv, "delay_ms") == 0 && v >= 0)
+      cur_delay_ms = v;
     pthread_mutex_unlock(&lock);
   }
 }
@@ -221,7 +228,10 @@ static int one_request(struct conn *c) {
   for (;;) { /* the head: up to the empty line */
     if (c->len >= 4)
       for (size_t i = 0; i + 3 < c->len; i++)
-        if (memcmp(c->buf + i, "\r\n\r\n", 4) == 0) { head_end = (long)i + 4; break; }
+        if (memcmp(c->buf + i, "\r\n\r\n", 4) == 0) {
+          head_end = (long)i + 4;
+          break;
+        }
     if (head_end >= 0) break;
     if (c->len > MAX_HEAD) {
       respond(c->fd, 400, "request head too large\n", 1, 0);
@@ -264,7 +274,7 @@ static int one_request(struct conn *c) {
     char *v = colon + 1, *ve = e;
     while (v < ve && (*v == ' ' || *v == '\t')) v++;
     while (ve > v && (ve[-1] == ' ' || ve[-1] == '\t')) ve--;
-    h[nh++] = (struct hdr){ p, v, (size_t)(colon - p), (size_t)(ve - v) };
+    h[nh++] = (struct hdr){p, v, (size_t)(colon - p), (size_t)(ve - v)};
     p = e + 2;
   }
 
@@ -289,8 +299,10 @@ static int one_request(struct conn *c) {
     } else if (IS(i, "transfer-encoding")) {
       chunked = strcasestr(v, "chunked") != NULL;
     } else if (IS(i, "connection")) {
-      if (strcasestr(v, "close")) close_after = 1;
-      else if (strcasestr(v, "keep-alive")) close_after = 0;
+      if (strcasestr(v, "close"))
+        close_after = 1;
+      else if (strcasestr(v, "keep-alive"))
+        close_after = 0;
     } else if (IS(i, "expect")) {
       expect = strcasecmp(v, "100-continue") == 0;
     } else if (IS(i, "content-type") && !ctype) {
@@ -308,24 +320,27 @@ static int one_request(struct conn *c) {
                    (tlen == 8 || target[8] == '?');
 
   /* The line, up to the body, before any fill() moves the buffer. */
-  struct sb rec = { 0 };
+  struct sb rec = {0};
   sb_str(&rec, "{\"method\":");
   sb_json(&rec, method, mlen);
   sb_str(&rec, ",\"path\":");
   sb_json(&rec, target, tlen);
   sb_str(&rec, ",\"content_type\":");
-  if (ctype) sb_json(&rec, ctype->val, ctype->vlen);
-  else sb_str(&rec, "null");
+  if (ctype)
+    sb_json(&rec, ctype->val, ctype->vlen);
+  else
+    sb_str(&rec, "null");
   sb_str(&rec, ",\"headers\":{");
   for (int i = 0, first = 1; i < nh; i++) {
     int seen = 0;
     for (int j = 0; j < i && !seen; j++)
       seen = h[j].nlen == h[i].nlen && memcmp(h[j].name, h[i].name, h[i].nlen) == 0;
     if (seen) continue;
-    struct sb v = { 0 };
+    struct sb v = {0};
     sb_put(&v, "", 0);
     for (int j = i; j < nh; j++) {
-      if (h[j].nlen != h[i].nlen || memcmp(h[j].name, h[i].name, h[i].nlen) != 0) continue;
+      if (h[j].nlen != h[i].nlen || memcmp(h[j].name, h[i].name, h[i].nlen) != 0)
+        continue;
       if (j != i) sb_put(&v, ", ", 2);
       sb_put(&v, h[j].val, h[j].vlen);
     }
@@ -346,7 +361,7 @@ static int one_request(struct conn *c) {
   }
 
   /* The body: from head_end on, c->buf may move from here. */
-  struct sb body = { 0 };
+  struct sb body = {0};
   sb_put(&body, "", 0);
   size_t consumed;
   if (chunked) {
@@ -409,7 +424,8 @@ static int one_request(struct conn *c) {
   free(rec.p);
   if (delay > 0) sleep_ms(delay);
   char msg[64];
-  snprintf(msg, sizeof msg, "%s\n", status >= 200 && status < 300 ? "ok" : reason(status));
+  snprintf(msg, sizeof msg, "%s\n",
+           status >= 200 && status < 300 ? "ok" : reason(status));
   return respond(c->fd, status, msg, close_after, head) == 0 && !close_after;
 
 broken: /* the client went away or sent a malformed body */
@@ -419,7 +435,7 @@ broken: /* the client went away or sent a malformed body */
 }
 
 static void *serve(void *arg) {
-  struct conn c = { (int)(intptr_t)arg, NULL, 0, 0 };
+  struct conn c = {(int)(intptr_t)arg, NULL, 0, 0};
   while (one_request(&c)) {}
   close(c.fd);
   free(c.buf);
@@ -463,14 +479,22 @@ int main(int argc, char **argv) {
   long port = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
-    if (strcmp(a, "--control") == 0) control = 1;
-    else if (i + 1 >= argc) usage();
-    else if (strcmp(a, "--port-file") == 0) port_file = argv[++i];
-    else if (strcmp(a, "--out") == 0) out_file = argv[++i];
-    else if (strcmp(a, "--status") == 0) cur_status = (int)num_arg(argv[++i], 100, 599);
-    else if (strcmp(a, "--delay-ms") == 0) cur_delay_ms = num_arg(argv[++i], 0, 3600000);
-    else if (strcmp(a, "--port") == 0) port = num_arg(argv[++i], 1, 65535);
-    else usage();
+    if (strcmp(a, "--control") == 0)
+      control = 1;
+    else if (i + 1 >= argc)
+      usage();
+    else if (strcmp(a, "--port-file") == 0)
+      port_file = argv[++i];
+    else if (strcmp(a, "--out") == 0)
+      out_file = argv[++i];
+    else if (strcmp(a, "--status") == 0)
+      cur_status = (int)num_arg(argv[++i], 100, 599);
+    else if (strcmp(a, "--delay-ms") == 0)
+      cur_delay_ms = num_arg(argv[++i], 0, 3600000);
+    else if (strcmp(a, "--port") == 0)
+      port = num_arg(argv[++i], 1, 65535);
+    else
+      usage();
   }
   if (!port_file || !out_file) usage();
 
@@ -489,7 +513,7 @@ int main(int argc, char **argv) {
   signal(SIGPIPE, SIG_IGN);
 
   int ls = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
   sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   socklen_t sl = sizeof sa;
   int one = 1;

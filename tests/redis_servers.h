@@ -81,7 +81,8 @@ __attribute__((unused)) static void stop_all(void) {
 /* Start redis-server on port (its dir, log and cluster config file all named
  * by port, so a restart finds the same ones); appendonly: load and keep an
  * AOF (a restart after CONFIG SET appendonly yes then keeps its data). */
-__attribute__((unused)) static pid_t start_server_aof(int port, bool cluster, bool appendonly) {
+__attribute__((unused)) static pid_t start_server_aof(int port, bool cluster,
+                                                      bool appendonly) {
   char dir[1200], conf[1300], log[1300], ps[16];
   const char *aof = appendonly ? "yes" : "no";
   snprintf(dir, sizeof dir, "%s/%d", g_dir, port);
@@ -96,13 +97,12 @@ __attribute__((unused)) static pid_t start_server_aof(int port, bool cluster, bo
     if (!freopen(log, "a", stdout) || !freopen(log, "a", stderr)) _exit(126);
     if (cluster)
       execlp("redis-server", "redis-server", "--cluster-enabled", "yes",
-             "--cluster-config-file", conf, "--cluster-node-timeout", "2000",
-             "--save", "", "--appendonly", aof, "--bind", "127.0.0.1",
-             "--port", ps, "--dir", dir, "--daemonize", "no", (char *)NULL);
-    else
-      execlp("redis-server", "redis-server", "--save", "", "--appendonly", aof,
-             "--bind", "127.0.0.1", "--port", ps, "--dir", dir,
+             "--cluster-config-file", conf, "--cluster-node-timeout", "2000", "--save",
+             "", "--appendonly", aof, "--bind", "127.0.0.1", "--port", ps, "--dir", dir,
              "--daemonize", "no", (char *)NULL);
+    else
+      execlp("redis-server", "redis-server", "--save", "", "--appendonly", aof, "--bind",
+             "127.0.0.1", "--port", ps, "--dir", dir, "--daemonize", "no", (char *)NULL);
     _exit(127);
   }
   return pid;
@@ -143,7 +143,8 @@ __attribute__((unused)) static redisReply *rawcmd(int port, const char *fmt, ...
   return r;
 }
 
-__attribute__((unused)) static bool wait_for(int port, const char *cmd, const char *want, double secs) {
+__attribute__((unused)) static bool wait_for(int port, const char *cmd, const char *want,
+                                             double secs) {
   double end = tu_now() + secs;
   while (tu_now() < end) {
     redisContext *c = raw(port);
@@ -168,8 +169,8 @@ __attribute__((unused)) static void start_all(void) {
   for (int i = 0; i <= NMASTERS; i++) g_pids[i] = start_server(g_ports[i], i > 0);
   for (int i = 0; i <= NMASTERS; i++)
     if (!wait_for(g_ports[i], "PING", "PONG", 10)) {
-      fprintf(stderr, "FATAL: redis-server on %d did not start (see %s)\n",
-              g_ports[i], g_dir);
+      fprintf(stderr, "FATAL: redis-server on %d did not start (see %s)\n", g_ports[i],
+              g_dir);
       exit(1);
     }
   char cmd[2048];

@@ -16,7 +16,10 @@ static char g_dir[1024];
 /* ---- errors, policies, glob --------------------------------------------- */
 
 static void test_errors(void) {
-  static const struct { int code; const char *name, *msg; } tab[] = {
+  static const struct {
+    int code;
+    const char *name, *msg;
+  } tab[] = {
 #define XX(n, c, m) {c, #n, m},
       TALLY_ERRNO_MAP(XX)
 #undef XX
@@ -43,26 +46,47 @@ static void test_policies(void) {
   EXPECT(tally_policy_name(TALLY_POLICY_COUNT_) == NULL);
   EXPECT_RC(TALLY_EPOLICY, tally_policy_parse("bogus", 5));
   EXPECT_RC(TALLY_EPOLICY, tally_policy_parse("", 0));
-  EXPECT_RC(TALLY_EPOLICY, tally_policy_parse("thread", 5));     /* "threa" */
-  EXPECT_RC(TALLY_EPOLICY, tally_policy_parse("thread\0x", 8));  /* embedded NUL */
+  EXPECT_RC(TALLY_EPOLICY, tally_policy_parse("thread", 5));    /* "threa" */
+  EXPECT_RC(TALLY_EPOLICY, tally_policy_parse("thread\0x", 8)); /* embedded NUL */
   EXPECT_RC(TALLY_EPOLICY, tally_policy_parse("THREAD", 6));
   /* len is honoured: "keyboard" cut to 3 bytes is "key" */
   EXPECT_I64(TALLY_POLICY_KEY, tally_policy_parse("keyboard", 3));
 }
 
 static void test_glob(void) {
-  static const struct { const char *pat, *name; int want; } tab[] = {
-      {"*", "", 1},           {"*", "abc", 1},          {"", "", 1},
-      {"", "a", 0},           {"abc", "abc", 1},        {"abc", "abd", 0},
-      {"abc", "ab", 0},       {"ab", "abc", 0},         {"a*c", "ac", 1},
-      {"a*c", "abbbc", 1},    {"a*c", "abbbd", 0},      {"a?c", "abc", 1},
-      {"a?c", "ac", 0},       {"?", "", 0},             {"??", "ab", 1},
-      {"post:*:likes", "post:123:likes", 1},            {"post:*:likes", "post::likes", 1},
-      {"post:*:likes", "post:1:likesx", 0},             {"post:*", "post:", 1},
-      {"post:*", "pos", 0},   {"**", "x", 1},           {"*a*a*", "banana", 1},
-      {"*a*a*a*a", "banana", 0}, {"*x", "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", 0},
-      {"a*b*c*d*e*f*g", "aXbXcXdXeXfXg", 1},             {"*?", "", 0},
-      {"*?", "z", 1},         {"[a]", "[a]", 1},        {"[a]", "a", 0},
+  static const struct {
+    const char *pat, *name;
+    int want;
+  } tab[] = {
+      {"*", "", 1},
+      {"*", "abc", 1},
+      {"", "", 1},
+      {"", "a", 0},
+      {"abc", "abc", 1},
+      {"abc", "abd", 0},
+      {"abc", "ab", 0},
+      {"ab", "abc", 0},
+      {"a*c", "ac", 1},
+      {"a*c", "abbbc", 1},
+      {"a*c", "abbbd", 0},
+      {"a?c", "abc", 1},
+      {"a?c", "ac", 0},
+      {"?", "", 0},
+      {"??", "ab", 1},
+      {"post:*:likes", "post:123:likes", 1},
+      {"post:*:likes", "post::likes", 1},
+      {"post:*:likes", "post:1:likesx", 0},
+      {"post:*", "post:", 1},
+      {"post:*", "pos", 0},
+      {"**", "x", 1},
+      {"*a*a*", "banana", 1},
+      {"*a*a*a*a", "banana", 0},
+      {"*x", "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", 0},
+      {"a*b*c*d*e*f*g", "aXbXcXdXeXfXg", 1},
+      {"*?", "", 0},
+      {"*?", "z", 1},
+      {"[a]", "[a]", 1},
+      {"[a]", "a", 0},
       {"\\*", "\\x", 1},
   };
   for (size_t i = 0; i < sizeof tab / sizeof tab[0]; i++) {
@@ -82,7 +106,11 @@ static void test_glob(void) {
 
 /* ---- store-independent counter behaviour -------------------------------- */
 
-struct each_ctx { int n; int stop_at; char seen[64][32]; };
+struct each_ctx {
+  int n;
+  int stop_at;
+  char seen[64][32];
+};
 
 static int each_cb(void *ud, const char *name, size_t len) {
   struct each_ctx *e = ud;
@@ -102,7 +130,7 @@ static int seen(const struct each_ctx *e, const char *name) {
 }
 
 static void test_open_errors(tally_store *s) {
-  tally_counter *c = (tally_counter *)0x1;  /* must stay untouched on failure */
+  tally_counter *c = (tally_counter *)0x1; /* must stay untouched on failure */
   tally_counter_options o = {4, TALLY_POLICY_RANDOM};
   char big[300];
   memset(big, 'n', sizeof big);
@@ -174,7 +202,7 @@ static void test_incr_and_range(tally_store *s) {
   EXPECT_RC(TALLY_ERANGE, tally_counter_incr_key(c, "k", 1, 1));
   EXPECT_I64(P62 - 1, tu_value(c));
   EXPECT_OK(tally_counter_incr(c, -(P62 - 1)));
-  EXPECT_OK(tally_counter_incr(c, -P62));          /* exactly -2^62 is a value */
+  EXPECT_OK(tally_counter_incr(c, -P62)); /* exactly -2^62 is a value */
   EXPECT_I64(-P62, tu_value(c));
   EXPECT_RC(TALLY_ERANGE, tally_counter_incr(c, -1));
   EXPECT_I64(-P62, tu_value(c));
@@ -195,7 +223,7 @@ static void test_incr_and_range(tally_store *s) {
   EXPECT_OK(tally_counter_incr_shard(c, 2, P62 - 1));
   v = 12345;
   EXPECT_RC(TALLY_ERANGE, tally_counter_value(c, &v));
-  EXPECT_I64(12345, v);  /* untouched on failure */
+  EXPECT_I64(12345, v); /* untouched on failure */
   {
     int64_t sh[3] = {0, 0, 0};
     uint32_t n = 0;
@@ -237,7 +265,7 @@ static void test_incr_and_range(tally_store *s) {
   EXPECT_OK(tally_counter_incr_shard(c, 0, -(P62 - 1)));
   EXPECT_OK(tally_counter_incr_shard(c, 0, -P62));
   EXPECT_OK(tally_counter_incr_shard(c, 1, -P62));
-  EXPECT_I64(INT64_MIN, tu_value(c));        /* -2^63 fits exactly */
+  EXPECT_I64(INT64_MIN, tu_value(c)); /* -2^63 fits exactly */
   EXPECT_OK(tally_counter_incr_shard(c, 2, -1));
   EXPECT_RC(TALLY_ERANGE, tally_counter_value(c, &v));
   EXPECT_RC(TALLY_ESHARDS, tally_counter_incr_shard(c, 3, 1));
@@ -390,11 +418,13 @@ static void test_counter_ops(tally_store *s) {
   c2 = NULL;
   /* different options: EMISMATCH, with or without CREATE */
   tally_counter_options bad = {11, TALLY_POLICY_RANDOM};
-  EXPECT_RC(TALLY_EMISMATCH, tally_counter_open(s, "post:1:likes", 12, &bad, TALLY_COUNTER_CREATE, &c2));
+  EXPECT_RC(TALLY_EMISMATCH,
+            tally_counter_open(s, "post:1:likes", 12, &bad, TALLY_COUNTER_CREATE, &c2));
   EXPECT_RC(TALLY_EMISMATCH, tally_counter_open(s, "post:1:likes", 12, &bad, 0, &c2));
   bad.shards = 10;
   bad.policy = TALLY_POLICY_THREAD;
-  EXPECT_RC(TALLY_EMISMATCH, tally_counter_open(s, "post:1:likes", 12, &bad, TALLY_COUNTER_CREATE, &c2));
+  EXPECT_RC(TALLY_EMISMATCH,
+            tally_counter_open(s, "post:1:likes", 12, &bad, TALLY_COUNTER_CREATE, &c2));
   EXPECT(c2 == NULL);
   EXPECT(strstr(tally_errmsg(), "post:1:likes") != NULL);
 
@@ -406,7 +436,8 @@ static void test_counter_ops(tally_store *s) {
   /* shards(): per-shard values, cap, n */
   EXPECT_OK(tally_counter_reset(c, &v));
   EXPECT_I64(3, v);
-  for (uint32_t i = 0; i < 10; i++) EXPECT_OK(tally_counter_incr_shard(c, i, (int64_t)i * 100 - 300));
+  for (uint32_t i = 0; i < 10; i++)
+    EXPECT_OK(tally_counter_incr_shard(c, i, (int64_t)i * 100 - 300));
   {
     int64_t sh[12];
     for (int i = 0; i < 12; i++) sh[i] = -7;
@@ -439,14 +470,15 @@ static void test_counter_ops(tally_store *s) {
   EXPECT_OK(tally_counter_reset(c, &v));
   EXPECT_I64(-9, v);
   {
-    int rc = tally_counter_reset(c, NULL);  /* NULL out: allowed or EINVAL */
+    int rc = tally_counter_reset(c, NULL); /* NULL out: allowed or EINVAL */
     atomic_fetch_add(&tu_checks, 1);
     if (rc != 0 && rc != TALLY_EINVAL) TU_FAIL("reset(NULL) -> %d", rc);
   }
 
   /* reshard: keeps the value; grow and shrink across 1..1024 */
   {
-    static const uint32_t sizes[] = {1, 2, 3, 16, 17, 64, 1000, 1024, 513, 7, 1, 1024, 2, 16};
+    static const uint32_t sizes[] = {1,    2,   3, 16, 17,   64, 1000,
+                                     1024, 513, 7, 1,  1024, 2,  16};
     uint64_t rng = 42;
     int64_t want = 0;
     for (int i = 0; i < 200; i++) {
@@ -480,7 +512,7 @@ static void test_counter_ops(tally_store *s) {
     EXPECT_RC(TALLY_ESHARDS, tally_counter_reshard(c, 0));
     EXPECT_RC(TALLY_ESHARDS, tally_counter_reshard(c, 1025));
     EXPECT_I64(want, tu_value(c));
-    EXPECT_OK(tally_counter_reshard(c, 16));   /* same count again is fine */
+    EXPECT_OK(tally_counter_reshard(c, 16)); /* same count again is fine */
     EXPECT_OK(tally_counter_reshard(c, 16));
     EXPECT_I64(want, tu_value(c));
     /* the other handle, opened now with the new options, agrees */
@@ -489,7 +521,7 @@ static void test_counter_ops(tally_store *s) {
     if (c2) {
       EXPECT_I64(want, tu_value(c2));
       EXPECT_OK(tally_counter_reshard(c2, 5));
-      EXPECT_I64(want, tu_value(c));     /* the first handle follows */
+      EXPECT_I64(want, tu_value(c)); /* the first handle follows */
       EXPECT_OK(tally_counter_incr(c, 1));
       EXPECT_I64(want + 1, tu_value(c2));
       tally_counter_info inf;
@@ -592,15 +624,15 @@ static void test_families(tally_store *s) {
     EXPECT_OK(tally_store_stats_get(s, &st0));
     for (int i = 0; i < 100; i++) EXPECT_OK(tally_family_set(s, "solo:*", 6, &fam));
     fam = (tally_counter_options){2, TALLY_POLICY_KEY};
-    EXPECT_OK(tally_family_set(s, "fam:9*", 6, &fam));   /* newer, no overlap */
+    EXPECT_OK(tally_family_set(s, "fam:9*", 6, &fam)); /* newer, no overlap */
     fam = (tally_counter_options){3, TALLY_POLICY_RANDOM};
     EXPECT_OK(tally_family_set(s, "solo:*", 6, &fam));
     EXPECT_OK(tally_store_stats_get(s, &st1));
     EXPECT_I64(st0.used_bytes, st1.used_bytes);
     fam = (tally_counter_options){5, TALLY_POLICY_RANDOM};
-    EXPECT_OK(tally_family_set(s, "solo:a*", 7, &fam));  /* newer, overlapping */
+    EXPECT_OK(tally_family_set(s, "solo:a*", 7, &fam)); /* newer, overlapping */
     fam = (tally_counter_options){3, TALLY_POLICY_RANDOM};
-    EXPECT_OK(tally_family_set(s, "solo:*", 6, &fam));   /* takes precedence back */
+    EXPECT_OK(tally_family_set(s, "solo:*", 6, &fam)); /* takes precedence back */
     EXPECT_OK(tally_family_resolve(s, "solo:ab", 7, &o));
     EXPECT_I64(3, o.shards);
     EXPECT_OK(tally_store_stats_get(s, &st0));
@@ -661,7 +693,8 @@ static void test_families(tally_store *s) {
     /* NULL options: refused, or taken as all defaults */
     int rc = tally_family_set(s, "solo:*", 6, NULL);
     atomic_fetch_add(&tu_checks, 1);
-    if (rc != 0 && rc != TALLY_EINVAL) TU_FAIL("family_set(NULL opt) -> %s", tally_err_name(rc));
+    if (rc != 0 && rc != TALLY_EINVAL)
+      TU_FAIL("family_set(NULL opt) -> %s", tally_err_name(rc));
     EXPECT_OK(tally_family_resolve(s, "solo:a", 6, &o));
     EXPECT_I64(TALLY_DEFAULT_SHARDS, o.shards);
     EXPECT_I64(rc == 0 ? TALLY_POLICY_THREAD : TALLY_POLICY_RANDOM, o.policy);
@@ -682,7 +715,11 @@ static void test_families(tally_store *s) {
     EXPECT_I64(i % 4, o.policy);
   }
   for (int i = 0; i < 3; i++) {
-    EXPECT_OK(tally_store_drop(s, i == 0 ? "fam:99:x" : i == 1 ? "fam:5:x" : "fam:6:x", i == 0 ? 8 : 7));
+    EXPECT_OK(tally_store_drop(s,
+                               i == 0   ? "fam:99:x"
+                               : i == 1 ? "fam:5:x"
+                                        : "fam:6:x",
+                               i == 0 ? 8 : 7));
   }
 }
 
@@ -693,7 +730,8 @@ static void test_each_sum(tally_store *s) {
   for (int i = 1; i <= 5; i++) {
     char nm[32];
     snprintf(nm, sizeof nm, "es:%d:likes", i);
-    REQUIRE_OK(tu_counter(s, nm, (uint32_t)i, TALLY_POLICY_RANDOM, TALLY_COUNTER_CREATE, &c));
+    REQUIRE_OK(
+        tu_counter(s, nm, (uint32_t)i, TALLY_POLICY_RANDOM, TALLY_COUNTER_CREATE, &c));
     EXPECT_OK(tally_counter_incr(c, i * 10));
     tally_counter_close(c);
     snprintf(nm, sizeof nm, "es:%d:views", i);
@@ -895,7 +933,9 @@ static void test_file_open_options(void) {
   }
 }
 
-struct big_ctx { uint64_t n; };
+struct big_ctx {
+  uint64_t n;
+};
 static int count_cb(void *ud, const char *name, size_t len) {
   (void)name;
   (void)len;
@@ -946,10 +986,12 @@ static void test_file_reopen_and_many(void) {
   for (int i = 0; i < N && tu_now() - t0 < 120; i++) {
     char nm[32];
     int len = snprintf(nm, sizeof nm, "m:%d", i);
-    tally_counter_options o = {(uint32_t)(i % 4 == 0 ? 16 : 1 + i % 3), TALLY_POLICY_RANDOM};
+    tally_counter_options o = {(uint32_t)(i % 4 == 0 ? 16 : 1 + i % 3),
+                               TALLY_POLICY_RANDOM};
     int rc = tally_counter_open(s, nm, (size_t)len, &o, TALLY_COUNTER_CREATE, &c);
     if (rc != 0) {
-      TU_FAIL("creating counter %d of %d -> %d %s (%s)", i, N, rc, tally_err_name(rc), tally_errmsg());
+      TU_FAIL("creating counter %d of %d -> %d %s (%s)", i, N, rc, tally_err_name(rc),
+              tally_errmsg());
       break;
     }
     rc = tally_counter_incr(c, i);
@@ -962,9 +1004,10 @@ static void test_file_reopen_and_many(void) {
   EXPECT_OK(tally_store_stats_get(s, &st1));
   EXPECT_I64(st0.counters + (uint64_t)created, st1.counters);
   EXPECT(st1.file_bytes > st0.file_bytes);
-  printf("  file store: created %d counters in %.2f s; file %llu -> %llu bytes, used %llu\n",
-         created, t1 - t0, (unsigned long long)st0.file_bytes,
-         (unsigned long long)st1.file_bytes, (unsigned long long)st1.used_bytes);
+  printf(
+      "  file store: created %d counters in %.2f s; file %llu -> %llu bytes, used %llu\n",
+      created, t1 - t0, (unsigned long long)st0.file_bytes,
+      (unsigned long long)st1.file_bytes, (unsigned long long)st1.used_bytes);
   /* lookups of every one */
   int bad = 0;
   for (int i = 0; i < created; i++) {
@@ -1012,7 +1055,8 @@ static void test_file_reopen_and_many(void) {
     int64_t v = -1;
     if (tally_counter_open(s, nm, (size_t)len, NULL, 0, &c) != 0 ||
         tally_counter_value(c, &v) != 0 || v != i) {
-      if (bad++ < 5) TU_FAIL("after reopen m:%d reads %lld (%s)", i, (long long)v, tally_errmsg());
+      if (bad++ < 5)
+        TU_FAIL("after reopen m:%d reads %lld (%s)", i, (long long)v, tally_errmsg());
     } else {
       tally_counter_close(c);
     }

@@ -81,19 +81,22 @@ static void expect_refused(const char *what, const char *path, int a, int b) {
     int rc = tally_store_open(spec, &oo, &s);
     atomic_fetch_add(&tu_checks, 1);
     if (rc == 0) {
-      TU_FAIL("%s: opened (expected %s%s%s)", what, tally_err_name(a), b ? " or " : "", b ? tally_err_name(b) : "");
+      TU_FAIL("%s: opened (expected %s%s%s)", what, tally_err_name(a), b ? " or " : "",
+              b ? tally_err_name(b) : "");
       tally_store_close(s);
       s = (tally_store *)0x1;
     } else if (rc != a && rc != b) {
-      TU_FAIL("%s: got %s (expected %s%s%s): %s", what, tally_err_name(rc), tally_err_name(a),
-              b ? " or " : "", b ? tally_err_name(b) : "", tally_errmsg());
+      TU_FAIL("%s: got %s (expected %s%s%s): %s", what, tally_err_name(rc),
+              tally_err_name(a), b ? " or " : "", b ? tally_err_name(b) : "",
+              tally_errmsg());
     }
     if (rc != 0 && !strstr(tally_errmsg(), path))
       TU_FAIL("%s: message does not name the file: \"%s\"", what, tally_errmsg());
     if (rc != 0 && s != (tally_store *)0x1) TU_FAIL("%s: *out written on failure", what);
   }
   if (!same_file(path, before, len0)) TU_FAIL("%s: a refused file was modified", what);
-  printf("  %-34s -> %s: %s\n", what, tally_err_name(tally_store_open(spec, NULL, &s)), tally_errmsg());
+  printf("  %-34s -> %s: %s\n", what, tally_err_name(tally_store_open(spec, NULL, &s)),
+         tally_errmsg());
   free(before);
 }
 
@@ -169,7 +172,8 @@ static void flip_cells(const char *path, const ref *r, int64_t delta) {
   for (int i = 0; i < r->n; i++) {
     tally_counter *c = NULL;
     REQUIRE_OK(tu_counter(s, r->names[i], 0, -1, 0, &c));
-    for (uint32_t k = 0; k < r->shards[i]; k++) REQUIRE_OK(tally_counter_incr_shard(c, k, delta));
+    for (uint32_t k = 0; k < r->shards[i]; k++)
+      REQUIRE_OK(tally_counter_incr_shard(c, k, delta));
     tally_counter_close(c);
   }
   tally_store_close(s);
@@ -182,22 +186,22 @@ static const char *cat_names[] = {"refused at open", "detected (ECORRUPT) after 
                                   "opened, all exact", "FAILED"};
 
 typedef struct flip_page {
-  atomic_long cur;              /* trial the child is on */
+  atomic_long cur; /* trial the child is on */
   atomic_long cats[R_NCAT];
-  atomic_long codes[16];        /* refusals by -code */
+  atomic_long codes[16]; /* refusals by -code */
   atomic_int fails_printed;
 } flip_page;
 
 static flip_page *g_fp;
 
-#define TFAIL(...)                                                            \
-  do {                                                                        \
-    if (atomic_fetch_add(&g_fp->fails_printed, 1) < 30) {                     \
-      fprintf(stderr, "  FLIP FAIL %s: ", what);                              \
-      fprintf(stderr, __VA_ARGS__);                                           \
-      fputc('\n', stderr);                                                    \
-    }                                                                         \
-    failed = 1;                                                               \
+#define TFAIL(...)                                                                       \
+  do {                                                                                   \
+    if (atomic_fetch_add(&g_fp->fails_printed, 1) < 30) {                                \
+      fprintf(stderr, "  FLIP FAIL %s: ", what);                                         \
+      fprintf(stderr, __VA_ARGS__);                                                      \
+      fputc('\n', stderr);                                                               \
+    }                                                                                    \
+    failed = 1;                                                                          \
   } while (0)
 
 /* Read every counter of r; returns 0 all exact, 1 some ECORRUPT, -1 misread. */
@@ -211,22 +215,29 @@ static int read_all(tally_store *s, const ref *r, const char *what, int *failedp
       continue;
     }
     if (rc != 0) {
-      TFAIL("counter %s: open -> %s (%s)", r->names[i], tally_err_name(rc), tally_errmsg());
+      TFAIL("counter %s: open -> %s (%s)", r->names[i], tally_err_name(rc),
+            tally_errmsg());
       continue;
     }
     int64_t v = 0;
     rc = tally_counter_value(c, &v);
-    if (rc == TALLY_ECORRUPT) detected = 1;
-    else if (rc != 0) TFAIL("counter %s: value -> %s (%s)", r->names[i], tally_err_name(rc), tally_errmsg());
+    if (rc == TALLY_ECORRUPT)
+      detected = 1;
+    else if (rc != 0)
+      TFAIL("counter %s: value -> %s (%s)", r->names[i], tally_err_name(rc),
+            tally_errmsg());
     else if (v != r->values[i])
-      TFAIL("counter %s reads %lld, was %lld", r->names[i], (long long)v, (long long)r->values[i]);
+      TFAIL("counter %s reads %lld, was %lld", r->names[i], (long long)v,
+            (long long)r->values[i]);
     tally_counter_close(c);
   }
   int64_t sum = 0;
   uint64_t count = 0;
   int rc = tally_store_sum(s, "c:*", 3, &sum, &count);
-  if (rc == TALLY_ECORRUPT) detected = 1;
-  else if (rc != 0) TFAIL("sum -> %s", tally_err_name(rc));
+  if (rc == TALLY_ECORRUPT)
+    detected = 1;
+  else if (rc != 0)
+    TFAIL("sum -> %s", tally_err_name(rc));
   else if (sum != r->total || count != (uint64_t)r->n)
     TFAIL("sum(c:*) = %lld over %llu counters, was %lld over %d", (long long)sum,
           (unsigned long long)count, (long long)r->total, r->n);
@@ -236,8 +247,10 @@ static int read_all(tally_store *s, const ref *r, const char *what, int *failedp
     /* a name that only this family (the most recent matching) decides */
     snprintf(nm, sizeof nm, "%s", i == 0 ? "fam:z" : i == 1 ? "fam:a1" : "xqy1");
     rc = tally_family_resolve(s, nm, strlen(nm), &o);
-    if (rc == TALLY_ECORRUPT) detected = 1;
-    else if (rc != 0) TFAIL("family_resolve(%s) -> %s", nm, tally_err_name(rc));
+    if (rc == TALLY_ECORRUPT)
+      detected = 1;
+    else if (rc != 0)
+      TFAIL("family_resolve(%s) -> %s", nm, tally_err_name(rc));
     else if (o.shards != r->fam_opt[i].shards || o.policy != r->fam_opt[i].policy)
       TFAIL("family_resolve(%s) = {%u, %d}, was {%u, %d}", nm, o.shards, o.policy,
             r->fam_opt[i].shards, r->fam_opt[i].policy);
@@ -275,15 +288,18 @@ static void trial(int fd, const char *path, const unsigned char *orig, size_t le
     cat = R_REFUSED;
     if (-rc > 0 && -rc < 16) atomic_fetch_add(&g_fp->codes[-rc], 1);
     const char *m = tally_errmsg();
-    if (!m || !*m || !strstr(m, path)) TFAIL("refused (%s) without naming the file: \"%s\"", tally_err_name(rc), m);
+    if (!m || !*m || !strstr(m, path))
+      TFAIL("refused (%s) without naming the file: \"%s\"", tally_err_name(rc), m);
     /* a refused file must be left as it was (only our flipped byte differs) */
     struct stat st;
-    if (fstat(fd, &st) != 0 || (size_t)st.st_size != len) TFAIL("refused file changed size");
+    if (fstat(fd, &st) != 0 || (size_t)st.st_size != len)
+      TFAIL("refused file changed size");
     else {
       unsigned char *now = malloc(len);
       if (pread(fd, now, len, 0) != (ssize_t)len) TFAIL("pread");
       now[off] ^= (unsigned char)(1u << bit);
-      if (memcmp(now, orig, len) != 0) TFAIL("refused (%s) but the file was modified", tally_err_name(rc));
+      if (memcmp(now, orig, len) != 0)
+        TFAIL("refused (%s) but the file was modified", tally_err_name(rc));
       free(now);
     }
   } else {
@@ -297,21 +313,26 @@ static void trial(int fd, const char *path, const unsigned char *orig, size_t le
       /* the store claims to be sound: use it, then everything must still be */
       tally_counter *c = NULL;
       int64_t v = 0;
-      int prc = tu_counter(s, "probe:new", 16, TALLY_POLICY_RANDOM, TALLY_COUNTER_CREATE, &c);
+      int prc =
+          tu_counter(s, "probe:new", 16, TALLY_POLICY_RANDOM, TALLY_COUNTER_CREATE, &c);
       if (prc == 0) prc = tally_counter_incr(c, 5);
       if (prc == 0) prc = tally_counter_value(c, &v);
       if (prc == 0 && v != 5) TFAIL("a new counter reads %lld after +5", (long long)v);
-      if (prc != 0 && prc != TALLY_ECORRUPT) TFAIL("probe counter -> %s (%s)", tally_err_name(prc), tally_errmsg());
+      if (prc != 0 && prc != TALLY_ECORRUPT)
+        TFAIL("probe counter -> %s (%s)", tally_err_name(prc), tally_errmsg());
       tally_counter_close(c);
       if (prc == 0) {
-        if (read_all(s, r, what, &failed) != 0) TFAIL("existing counters changed after creating one");
-        if (tally_store_check(s) != 0) TFAIL("check fails after creating a counter: %s", tally_errmsg());
+        if (read_all(s, r, what, &failed) != 0)
+          TFAIL("existing counters changed after creating one");
+        if (tally_store_check(s) != 0)
+          TFAIL("check fails after creating a counter: %s", tally_errmsg());
       }
     }
     tally_store_close(s);
     cat = failed ? R_FAIL : (crc != 0 || got == 1) ? R_DETECTED : R_CLEAN;
     if (failed && atomic_load(&g_fp->fails_printed) <= 30)
-      fprintf(stderr, "    (and tally_store_check %s)\n", crc == 0 ? "PASSED: undetected" : "reported ECORRUPT");
+      fprintf(stderr, "    (and tally_store_check %s)\n",
+              crc == 0 ? "PASSED: undetected" : "reported ECORRUPT");
     if (cat == R_DETECTED && strict) {
       /* the header is validated at open: damage found only later means
        * open let a bad header through */
@@ -354,7 +375,8 @@ static void run_trials(const char *path, const unsigned char *orig, size_t len,
       }
       int fds1 = count_fds();
       if (fds1 != fds0) {
-        fprintf(stderr, "  FLIP FAIL: %d file descriptors leaked over the batch\n", fds1 - fds0);
+        fprintf(stderr, "  FLIP FAIL: %d file descriptors leaked over the batch\n",
+                fds1 - fds0);
         atomic_fetch_add(&g_fp->cats[R_FAIL], 1);
       }
       atomic_store(&g_fp->cur, ntrials);
@@ -369,8 +391,9 @@ static void run_trials(const char *path, const unsigned char *orig, size_t len,
     /* the child died on trial `cur`: report, repair the file, go on */
     atomic_fetch_add(&g_fp->cats[R_FAIL], 1);
     if (atomic_fetch_add(&g_fp->fails_printed, 1) < 30)
-      fprintf(stderr, "  FLIP FAIL byte %zu bit %d: the process died (%s %d)\n", offs[cur], bits[cur],
-              WIFSIGNALED(st) ? "signal" : "exit status", WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
+      fprintf(stderr, "  FLIP FAIL byte %zu bit %d: the process died (%s %d)\n",
+              offs[cur], bits[cur], WIFSIGNALED(st) ? "signal" : "exit status",
+              WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
     write_file(path, orig, len);
     next = cur + 1;
     if (tu_now() - t0 > budget) break;
@@ -379,17 +402,20 @@ static void run_trials(const char *path, const unsigned char *orig, size_t len,
 
 static void report(const char *what, long ntrials, double secs) {
   printf("  %s: %ld trials in %.1f s:", what, ntrials, secs);
-  for (int c = 0; c < R_NCAT; c++) printf(" %s %ld;", cat_names[c], atomic_load(&g_fp->cats[c]));
+  for (int c = 0; c < R_NCAT; c++)
+    printf(" %s %ld;", cat_names[c], atomic_load(&g_fp->cats[c]));
   printf("\n    refusals by code:");
   for (int i = 1; i < 16; i++)
-    if (atomic_load(&g_fp->codes[i])) printf(" %s %ld", tally_err_name(-i), atomic_load(&g_fp->codes[i]));
+    if (atomic_load(&g_fp->codes[i]))
+      printf(" %s %ld", tally_err_name(-i), atomic_load(&g_fp->codes[i]));
   printf("\n");
   long f = atomic_load(&g_fp->cats[R_FAIL]);
   atomic_fetch_add(&tu_checks, 1);
   if (f) TU_FAIL("%s: %ld trials failed (see FLIP FAIL lines)", what, f);
   long done = 0;
   for (int c = 0; c < R_NCAT; c++) done += atomic_load(&g_fp->cats[c]);
-  if (done < ntrials) printf("    (time budget reached after %ld of %ld trials)\n", done, ntrials);
+  if (done < ntrials)
+    printf("    (time budget reached after %ld of %ld trials)\n", done, ntrials);
 }
 
 /* ---- the tests ------------------------------------------------------------ */
@@ -438,7 +464,8 @@ static void test_foreign_and_truncated(const char *store_path) {
   write_file(path, orig, 8);
   expect_refused("magic only (8 bytes)", path, TALLY_ENOTSTORE, TALLY_ECORRUPT);
 
-  size_t cuts[] = {1, 7, 9, 100, 4095, 4096, 4097, 20479, 20480, len / 2, len - 4096, len - 1};
+  size_t cuts[] = {1,    7,     9,     100,     4095,       4096,
+                   4097, 20479, 20480, len / 2, len - 4096, len - 1};
   for (size_t i = 0; i < sizeof cuts / sizeof cuts[0]; i++) {
     char what[64];
     if (cuts[i] == 0 || cuts[i] >= len) continue;
@@ -501,7 +528,8 @@ static void test_header_flips(const char *store_path, const ref *r) {
   unlink(path);
 }
 
-static void test_meta_flips(const char *store_path, const char *other_path, const ref *r) {
+static void test_meta_flips(const char *store_path, const char *other_path,
+                            const ref *r) {
   char path[1200], spec[1300];
   size_t len, len2;
   unsigned char *orig = read_file(store_path, &len);
@@ -533,9 +561,10 @@ static void test_meta_flips(const char *store_path, const char *other_path, cons
   size_t *cands = malloc((used / 8) * sizeof *cands);
   for (size_t w = 4096 / 8; w < used / 8; w++)
     if (!is_cell[w]) cands[nmeta++] = w;
-  printf("  metadata flips: store of %zu bytes, %zu used; %zu cell words skipped, %zu other words "
-         "(%zu header words changed by the second writer, not flipped here)\n", len, used, ncell,
-         nmeta, nhdrdiff);
+  printf("  metadata flips: store of %zu bytes, %zu used; %zu cell words skipped, %zu "
+         "other words "
+         "(%zu header words changed by the second writer, not flipped here)\n",
+         len, used, ncell, nmeta, nhdrdiff);
   {
     /* expected number of cell words: every shard of every counter */
     size_t want = 0;
@@ -566,7 +595,8 @@ static void test_meta_flips(const char *store_path, const char *other_path, cons
   double t0 = tu_now();
   run_trials(path, orig, len, offs, bits, n, r, 1, 0, 90);
   char what[128];
-  snprintf(what, sizeof what, "metadata bit flips (seed 0xC0FFEE, %zu non-zero words favoured)", nnz);
+  snprintf(what, sizeof what,
+           "metadata bit flips (seed 0xC0FFEE, %zu non-zero words favoured)", nnz);
   report(what, n, tu_now() - t0);
   free(offs);
   free(bits);
@@ -633,9 +663,12 @@ static void test_class_flips(void) {
         tally_store_close(s);
       }
       if (rc != 0 && rc != TALLY_ECORRUPT)
-        TU_FAIL("class %u bit %d: %s, expected ECORRUPT", classes[k], bit, tally_err_name(rc));
-      if (rc != 0) refused++;
-      else if (created) harmless++;
+        TU_FAIL("class %u bit %d: %s, expected ECORRUPT", classes[k], bit,
+                tally_err_name(rc));
+      if (rc != 0)
+        refused++;
+      else if (created)
+        harmless++;
       if (pwrite(fd, &b, 1, off) != 1) TU_FAIL("pwrite");
     }
   close(fd);
@@ -649,7 +682,8 @@ int main(void) {
   char small[1200], big[1200], big2[1200];
   static ref rs, rb;
   snprintf(g_dir, sizeof g_dir, "%s", tu_tmpdir("corrupt"));
-  g_fp = mmap(NULL, sizeof(flip_page), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  g_fp = mmap(NULL, sizeof(flip_page), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
+              -1, 0);
   if (g_fp == MAP_FAILED) return 1;
   signal(SIGALRM, SIG_DFL);
 

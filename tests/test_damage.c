@@ -89,8 +89,8 @@ static void names_in(const char *spec) {
                (unsigned long long)(tu_rng(&rng) % 1000000));
       int rc = tu_counter(s, probe, 0, -1, 0, &c);
       if (rc != TALLY_ENOENT && bad++ < 5)
-        TU_FAIL("lookup of absent '%s' after creating '%s': %d %s (%s)", probe,
-                name, rc, tally_err_name(rc), tally_errmsg());
+        TU_FAIL("lookup of absent '%s' after creating '%s': %d %s (%s)", probe, name, rc,
+                tally_err_name(rc), tally_errmsg());
       if (rc == 0) tally_counter_close(c);
     }
   }
@@ -116,7 +116,8 @@ static void test_names(void) {
 static void roll(tally_store *s, const tally_ring *rings, uint32_t n, int64_t at,
                  tally_tick_result *res) {
   tally_schedule *sch;
-  REQUIRE_OK(tally_schedule_new(s, "r*", 2, 10000, rings, n, &sch)); /* its period number is no head */
+  REQUIRE_OK(tally_schedule_new(s, "r*", 2, 10000, rings, n,
+                                &sch)); /* its period number is no head */
   EXPECT_OK(tally_schedule_tick(sch, at, NULL, NULL, res));
   tally_schedule_free(sch);
 }
@@ -143,8 +144,8 @@ static void test_ring_heads(void) {
   long at = find_word(path, T0 / 1000 + 1, &count); /* the head word */
   EXPECT_I64(1, count);
   if (at < 0 || count != 1) return;
-  const int64_t heads[] = {-1, -7, -1000003, INT64_MIN, INT64_MAX, INT64_C(1) << 62,
-                           INT64_MAX / 1000 + 2};
+  const int64_t heads[] = {
+      -1, -7, -1000003, INT64_MIN, INT64_MAX, INT64_C(1) << 62, INT64_MAX / 1000 + 2};
   for (size_t h = 0; h < sizeof heads / sizeof *heads; h++) {
     put_word(path, at, heads[h]);
     tally_bucket b[16];
@@ -208,7 +209,10 @@ static void test_ring_heads(void) {
 
 /* ---- item 3: a cell outside the live range -------------------------------- */
 
-struct writer_arg { tally_counter *c; int rc; };
+struct writer_arg {
+  tally_counter *c;
+  int rc;
+};
 
 static void *stuck_writer(void *p) {
   struct writer_arg *w = p;
@@ -246,7 +250,7 @@ static void test_stuck_cell(void) {
   EXPECT_OK(tally_counter_value(c, &v));
   double first = tu_now() - t;
   pthread_join(th, NULL);
-  EXPECT_OK(w.rc); /* it waited, then added to the repaired cell */
+  EXPECT_OK(w.rc);      /* it waited, then added to the repaired cell */
   EXPECT(first >= 0.9); /* the wait is 1 to 2 s (whole seconds of the clock) */
   EXPECT(v == 10 - (INT64_C(1) << 62) || v == 11 - (INT64_C(1) << 62));
   t = tu_now();

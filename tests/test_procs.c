@@ -17,11 +17,11 @@
 #define MAXC 16
 
 typedef struct page {
-  atomic_llong acked[MAXC];    /* sum of deltas whose incr returned 0 */
-  atomic_llong created[MAXC];  /* counters created and incremented by creators */
+  atomic_llong acked[MAXC];   /* sum of deltas whose incr returned 0 */
+  atomic_llong created[MAXC]; /* counters created and incremented by creators */
   atomic_int ready[MAXC];
   atomic_int stop;
-  atomic_llong removed;        /* resets' removed amounts, summed */
+  atomic_llong removed; /* resets' removed amounts, summed */
   atomic_long resets, reshards;
 } page;
 
@@ -31,12 +31,12 @@ static char g_dir[1024];
 static double g_secs = 0.6;
 
 typedef struct job {
-  int kind;        /* JOB_* */
-  int idx;         /* slot in the page */
+  int kind; /* JOB_* */
+  int idx;  /* slot in the page */
   const char *name;
   int policy;
   uint64_t seed;
-  int count;       /* creators: how many counters */
+  int count; /* creators: how many counters */
   const char *prefix;
   double secs;
 } job;
@@ -63,66 +63,73 @@ static int child_run(const job *j) {
   double t0 = tu_now();
   int errors = 0;
   switch (j->kind) {
-    case JOB_WRITER:
-      for (long i = 0; i < 50000000 && !atomic_load_explicit(&g_pg->stop, memory_order_relaxed); i++) {
-        if ((i & 255) == 0 && tu_now() - t0 > j->secs) break;
-        int64_t d = 1;
-        if (j->policy == TALLY_POLICY_KEY) {
-          uint64_t k = tu_rng(&rng) % 997;
-          rc = tally_counter_incr_key(c, &k, sizeof k, d);
-        } else if (j->policy == TALLY_POLICY_CUSTOM) {
-          rc = tally_counter_incr_shard(c, 0, d);
-        } else {
-          rc = tally_counter_incr(c, d);
-        }
+  case JOB_WRITER:
+    for (long i = 0;
+         i < 50000000 && !atomic_load_explicit(&g_pg->stop, memory_order_relaxed); i++) {
+      if ((i & 255) == 0 && tu_now() - t0 > j->secs) break;
+      int64_t d = 1;
+      if (j->policy == TALLY_POLICY_KEY) {
+        uint64_t k = tu_rng(&rng) % 997;
+        rc = tally_counter_incr_key(c, &k, sizeof k, d);
+      } else if (j->policy == TALLY_POLICY_CUSTOM) {
+        rc = tally_counter_incr_shard(c, 0, d);
+      } else {
+        rc = tally_counter_incr(c, d);
+      }
+      if (rc == 0) {
+        atomic_store_explicit(
+            &g_pg->acked[j->idx],
+            atomic_load_explicit(&g_pg->acked[j->idx], memory_order_relaxed) + d,
+            memory_order_relaxed);
+      } else if (errors++ < 3) {
+        fprintf(stderr, "child %d: incr -> %s (%s)\n", j->idx, tally_err_name(rc),
+                tally_errmsg());
+      }
+    }
+    break;
+  case JOB_MEDDLER:   /* reset and reshard alternately */
+  case JOB_RESHARDER: /* reshard only, as fast as it can */
+    for (long i = 0; i < 10000000 && !atomic_load(&g_pg->stop); i++) {
+      if (tu_now() - t0 > j->secs) break;
+      uint32_t n = 1 + (uint32_t)(tu_rng(&rng) % TALLY_MAX_SHARDS);
+      rc = tally_counter_reshard(c, n);
+      if (rc != 0 && errors++ < 3)
+        fprintf(stderr, "child %d: reshard(%u) -> %s (%s)\n", j->idx, n,
+                tally_err_name(rc), tally_errmsg());
+      atomic_fetch_add(&g_pg->reshards, 1);
+      if (j->kind == JOB_MEDDLER) {
+        int64_t rem = 0;
+        rc = tally_counter_reset(c, &rem);
         if (rc == 0) {
-          atomic_store_explicit(&g_pg->acked[j->idx],
-                                atomic_load_explicit(&g_pg->acked[j->idx], memory_order_relaxed) + d,
-                                memory_order_relaxed);
+          atomic_fetch_add(&g_pg->removed, rem);
+          atomic_fetch_add(&g_pg->resets, 1);
         } else if (errors++ < 3) {
-          fprintf(stderr, "child %d: incr -> %s (%s)\n", j->idx, tally_err_name(rc), tally_errmsg());
+          fprintf(stderr, "child %d: reset -> %s (%s)\n", j->idx, tally_err_name(rc),
+                  tally_errmsg());
         }
+        usleep(500);
       }
-      break;
-    case JOB_MEDDLER:   /* reset and reshard alternately */
-    case JOB_RESHARDER: /* reshard only, as fast as it can */
-      for (long i = 0; i < 10000000 && !atomic_load(&g_pg->stop); i++) {
-        if (tu_now() - t0 > j->secs) break;
-        uint32_t n = 1 + (uint32_t)(tu_rng(&rng) % TALLY_MAX_SHARDS);
-        rc = tally_counter_reshard(c, n);
-        if (rc != 0 && errors++ < 3)
-          fprintf(stderr, "child %d: reshard(%u) -> %s (%s)\n", j->idx, n, tally_err_name(rc), tally_errmsg());
-        atomic_fetch_add(&g_pg->reshards, 1);
-        if (j->kind == JOB_MEDDLER) {
-          int64_t rem = 0;
-          rc = tally_counter_reset(c, &rem);
-          if (rc == 0) {
-            atomic_fetch_add(&g_pg->removed, rem);
-            atomic_fetch_add(&g_pg->resets, 1);
-          } else if (errors++ < 3) {
-            fprintf(stderr, "child %d: reset -> %s (%s)\n", j->idx, tally_err_name(rc), tally_errmsg());
-          }
-          usleep(500);
-        }
+    }
+    break;
+  case JOB_CREATOR:
+    for (int i = 0; i < j->count && !atomic_load(&g_pg->stop); i++) {
+      char nm[64];
+      tally_counter *k = NULL;
+      if (tu_now() - t0 > j->secs) break;
+      snprintf(nm, sizeof nm, "%s:%d", j->prefix, i);
+      rc = tu_counter(s, nm, 1 + (uint32_t)(i % 16), TALLY_POLICY_RANDOM,
+                      TALLY_COUNTER_CREATE, &k);
+      if (rc == 0) rc = tally_counter_incr(k, 1);
+      if (rc == 0) {
+        atomic_store(&g_pg->created[j->idx], i + 1);
+      } else if (errors++ < 3) {
+        fprintf(stderr, "child %d: create %s -> %s (%s)\n", j->idx, nm,
+                tally_err_name(rc), tally_errmsg());
       }
-      break;
-    case JOB_CREATOR:
-      for (int i = 0; i < j->count && !atomic_load(&g_pg->stop); i++) {
-        char nm[64];
-        tally_counter *k = NULL;
-        if (tu_now() - t0 > j->secs) break;
-        snprintf(nm, sizeof nm, "%s:%d", j->prefix, i);
-        rc = tu_counter(s, nm, 1 + (uint32_t)(i % 16), TALLY_POLICY_RANDOM, TALLY_COUNTER_CREATE, &k);
-        if (rc == 0) rc = tally_counter_incr(k, 1);
-        if (rc == 0) {
-          atomic_store(&g_pg->created[j->idx], i + 1);
-        } else if (errors++ < 3) {
-          fprintf(stderr, "child %d: create %s -> %s (%s)\n", j->idx, nm, tally_err_name(rc), tally_errmsg());
-        }
-        tally_counter_close(k);
-        if (rc != 0) break;
-      }
-      break;
+      tally_counter_close(k);
+      if (rc != 0) break;
+    }
+    break;
   }
   tally_counter_close(c);
   tally_store_close(s);
@@ -160,7 +167,8 @@ static int reap(pid_t *pids, int n, const int *killed, double timeout) {
         done[i] = 1;
         left--;
         int want_kill = killed && killed[i];
-        if (want_kill ? !(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL) && !(WIFEXITED(st) && WEXITSTATUS(st) == 0)
+        if (want_kill ? !(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL) &&
+                            !(WIFEXITED(st) && WEXITSTATUS(st) == 0)
                       : !(WIFEXITED(st) && WEXITSTATUS(st) == 0)) {
           TU_FAIL("child %d (pid %d) ended badly: %s %d", i, (int)pids[i],
                   WIFSIGNALED(st) ? "signal" : "exit",
@@ -173,7 +181,8 @@ static int reap(pid_t *pids, int n, const int *killed, double timeout) {
     if (tu_now() - t0 > timeout) {
       for (int i = 0; i < n; i++)
         if (!done[i]) {
-          TU_FAIL("child %d (pid %d) hung for %.0f s; killing it", i, (int)pids[i], timeout);
+          TU_FAIL("child %d (pid %d) hung for %.0f s; killing it", i, (int)pids[i],
+                  timeout);
           kill(pids[i], SIGKILL);
           waitpid(pids[i], NULL, 0);
           done[i] = 1;
@@ -231,9 +240,12 @@ static void test_policies(tally_store *s) {
     for (int i = 0; i < 16; i++) used += v[i] != 0;
     if (p == TALLY_POLICY_THREAD) {
       atomic_fetch_add(&tu_checks, 1);
-      if (used != NP) TU_FAIL("thread policy: %d processes used %d shards (want one each, distinct)", NP, used);
+      if (used != NP)
+        TU_FAIL("thread policy: %d processes used %d shards (want one each, distinct)",
+                NP, used);
     }
-    printf("  %d processes, %-11s: %lld increments acknowledged, value %lld, %d shards used\n",
+    printf("  %d processes, %-11s: %lld increments acknowledged, value %lld, %d shards "
+           "used\n",
            NP, tally_policy_name(p), total, (long long)tu_value(c), used);
     tally_counter_close(c);
   }
@@ -243,7 +255,8 @@ static void test_policies(tally_store *s) {
 
 static void test_meddling(tally_store *s) {
   const int NW = 3;
-  static const int pols[] = {TALLY_POLICY_THREAD, TALLY_POLICY_RANDOM, TALLY_POLICY_ROUND_ROBIN, TALLY_POLICY_KEY};
+  static const int pols[] = {TALLY_POLICY_THREAD, TALLY_POLICY_RANDOM,
+                             TALLY_POLICY_ROUND_ROBIN, TALLY_POLICY_KEY};
   for (int k = 0; k < 4; k++) {
     char name[64];
     tally_counter *c = NULL;
@@ -264,9 +277,11 @@ static void test_meddling(tally_store *s) {
     int64_t v = tu_value(c);
     EXPECT_I64(total, removed + v);
     EXPECT_OK(tally_store_check(s));
-    printf("  3 writers (%s) + 1 process doing %ld resets, %ld reshards: removed %lld + value %lld = %lld, acked %lld\n",
-           tally_policy_name(pols[k]), atomic_load(&g_pg->resets), atomic_load(&g_pg->reshards),
-           removed, (long long)v, removed + (long long)v, total);
+    printf("  3 writers (%s) + 1 process doing %ld resets, %ld reshards: removed %lld + "
+           "value %lld = %lld, acked %lld\n",
+           tally_policy_name(pols[k]), atomic_load(&g_pg->resets),
+           atomic_load(&g_pg->reshards), removed, (long long)v, removed + (long long)v,
+           total);
     tally_counter_close(c);
   }
 }
@@ -278,7 +293,8 @@ static void test_grow(tally_store *s) {
   tally_counter *c = NULL;
   pid_t pids[MAXC];
   tally_store_stats st0, st1;
-  REQUIRE_OK(tu_counter(s, "grow:hot", 16, TALLY_POLICY_THREAD, TALLY_COUNTER_CREATE, &c));
+  REQUIRE_OK(
+      tu_counter(s, "grow:hot", 16, TALLY_POLICY_THREAD, TALLY_COUNTER_CREATE, &c));
   EXPECT_OK(tally_store_stats_get(s, &st0));
   reset_page();
   for (int i = 0; i < NW; i++) {
@@ -325,7 +341,7 @@ static void test_grow(tally_store *s) {
   EXPECT_I64(COUNT, made[2]);
   EXPECT_OK(tally_store_sum(s, "grow:0:*", 8, &sum, &count));
   EXPECT_I64(COUNT, count);
-  EXPECT_I64(2 * COUNT, sum);         /* both creators incremented each once */
+  EXPECT_I64(2 * COUNT, sum); /* both creators incremented each once */
   EXPECT_OK(tally_store_sum(s, "grow:2:*", 8, &sum, &count));
   EXPECT_I64(COUNT, count);
   EXPECT_I64(COUNT, sum);
@@ -333,19 +349,24 @@ static void test_grow(tally_store *s) {
   EXPECT_I64(pc, count);
   EXPECT_I64(2 * pc, sum);
   EXPECT_OK(tally_store_check(s));
-  printf("  2 writers + 3 creator processes + parent: %lld increments, %d counters created, "
-         "file %llu -> %llu bytes in %.2f s\n", acked_sum(0, NW), 2 * COUNT + pc,
-         (unsigned long long)st0.file_bytes, (unsigned long long)st1.file_bytes, t1 - t0);
+  printf(
+      "  2 writers + 3 creator processes + parent: %lld increments, %d counters created, "
+      "file %llu -> %llu bytes in %.2f s\n",
+      acked_sum(0, NW), 2 * COUNT + pc, (unsigned long long)st0.file_bytes,
+      (unsigned long long)st1.file_bytes, t1 - t0);
   tally_counter_close(c);
 }
 
 /* ---- 4: SIGKILL at random moments --------------------------------------- */
 
-static void sleep_ms(double ms) { usleep((useconds_t)(ms * 1000)); }
+static void sleep_ms(double ms) {
+  usleep((useconds_t)(ms * 1000));
+}
 
 static void test_kill(tally_store *s) {
   const int NW = 4, ROUNDS = 8;
-  static const int pols[] = {TALLY_POLICY_THREAD, TALLY_POLICY_RANDOM, TALLY_POLICY_ROUND_ROBIN, TALLY_POLICY_KEY};
+  static const int pols[] = {TALLY_POLICY_THREAD, TALLY_POLICY_RANDOM,
+                             TALLY_POLICY_ROUND_ROBIN, TALLY_POLICY_KEY};
   tally_counter *c = NULL;
   uint64_t rng = 2024;
   long long acked_total = 0, killed_total = 0;
@@ -356,7 +377,8 @@ static void test_kill(tally_store *s) {
     char prefix[32];
     reset_page();
     for (int i = 0; i < NW; i++) {
-      job j = {JOB_WRITER, i, "kill:c", pols[(i + r) % 4], (uint64_t)(r * 10 + i), 0, NULL, 30};
+      job j = {JOB_WRITER, i,    "kill:c", pols[(i + r) % 4], (uint64_t)(r * 10 + i),
+               0,          NULL, 30};
       pids[i] = spawn(&j);
     }
     snprintf(prefix, sizeof prefix, "kill:r%d", r);
@@ -393,13 +415,15 @@ static void test_kill(tally_store *s) {
     uint64_t count;
     EXPECT_OK(tally_store_sum(s, pat, (size_t)plen, &sum, &count));
     atomic_fetch_add(&tu_checks, 1);
-    if ((long long)count < made || (long long)count > made + 1 || sum < made || sum > made + 1)
-      TU_FAIL("round %d: creator acked %lld counters, store has %llu with sum %lld", r, made,
-              (unsigned long long)count, (long long)sum);
+    if ((long long)count < made || (long long)count > made + 1 || sum < made ||
+        sum > made + 1)
+      TU_FAIL("round %d: creator acked %lld counters, store has %llu with sum %lld", r,
+              made, (unsigned long long)count, (long long)sum);
     int rc = tally_store_check(s);
     EXPECT_I64(0, rc);
     if (rc) fprintf(stderr, "  check after kill round %d: %s\n", r, tally_errmsg());
-    printf("  kill round %d: value %lld, acked %lld (+%lld in flight max), creator acked %lld, store has %llu\n",
+    printf("  kill round %d: value %lld, acked %lld (+%lld in flight max), creator acked "
+           "%lld, store has %llu\n",
            r, (long long)v, acked_total, killed_total, made, (unsigned long long)count);
     /* keep the bound tight for the next round */
     acked_total = v;
@@ -423,7 +447,9 @@ static void test_kill_resharder(tally_store *s) {
     int kill_writers = r == ROUNDS - 1;
     reset_page();
     for (int i = 0; i < NW; i++) {
-      int pol = i == 0 ? TALLY_POLICY_RANDOM : i == 1 ? TALLY_POLICY_THREAD : TALLY_POLICY_KEY;
+      int pol = i == 0   ? TALLY_POLICY_RANDOM
+                : i == 1 ? TALLY_POLICY_THREAD
+                         : TALLY_POLICY_KEY;
       job j = {JOB_WRITER, i, "kill:rs", pol, (uint64_t)(r * 7 + i), 0, NULL, 30};
       pids[i] = spawn(&j);
     }
@@ -434,7 +460,7 @@ static void test_kill_resharder(tally_store *s) {
     kill(pids[NW], SIGKILL);
     killed[NW] = 1;
     long reshards = atomic_load(&g_pg->reshards);
-    sleep_ms(50);  /* writers go on against a possibly half-done reshard */
+    sleep_ms(50); /* writers go on against a possibly half-done reshard */
     if (kill_writers) {
       for (int i = 0; i < NW; i++) {
         kill(pids[i], SIGKILL);
@@ -458,14 +484,15 @@ static void test_kill_resharder(tally_store *s) {
     int64_t v = tu_value(c);
     atomic_fetch_add(&tu_checks, 1);
     if (kill_writers ? (v < base + acked || v > base + acked + NW) : v != base + acked)
-      TU_FAIL("resharder round %d: value %lld, want %s%lld (acked this round %lld)", r, (long long)v,
-              kill_writers ? ">= " : "", base + acked, acked);
+      TU_FAIL("resharder round %d: value %lld, want %s%lld (acked this round %lld)", r,
+              (long long)v, kill_writers ? ">= " : "", base + acked, acked);
     tally_counter_info inf;
     EXPECT_OK(tally_counter_info_get(c, &inf));
     int rc = tally_store_check(s);
     EXPECT_I64(0, rc);
     if (rc) fprintf(stderr, "  check after resharder round %d: %s\n", r, tally_errmsg());
-    printf("  resharder killed after %ld reshards (now %u shards)%s: value %lld, expected %lld%s\n",
+    printf("  resharder killed after %ld reshards (now %u shards)%s: value %lld, "
+           "expected %lld%s\n",
            reshards, inf.shards, kill_writers ? ", writers killed too" : "", (long long)v,
            base + acked, kill_writers ? " (+3 max)" : "");
     base = v;
@@ -530,7 +557,8 @@ int main(void) {
   if (getenv("TALLY_TEST_SECS")) g_secs = atof(getenv("TALLY_TEST_SECS"));
   snprintf(g_dir, sizeof g_dir, "%s", tu_tmpdir("procs"));
   tu_spec(g_spec, sizeof g_spec, NULL, 0, g_dir, "procs.tly");
-  g_pg = mmap(NULL, sizeof(page), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  g_pg =
+      mmap(NULL, sizeof(page), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (g_pg == MAP_FAILED) {
     perror("mmap");
     return 1;

@@ -42,7 +42,8 @@ static long long get_int(tally_rc *rc, const char *key) {
     return LLONG_MIN;
   }
   long long v = r->type == REDIS_REPLY_STRING ? atoll(r->str)
-              : r->type == REDIS_REPLY_NIL   ? 0 : LLONG_MIN;
+                : r->type == REDIS_REPLY_NIL  ? 0
+                                              : LLONG_MIN;
   freeReplyObject(r);
   return v;
 }
@@ -62,8 +63,10 @@ static int pipe_incr(tally_rc *rc, char keys[][32], int nkeys, int n, long long 
   int code = tally_rc_pipe_exec(p);
   for (int i = 0; i < n; i++) {
     const redisReply *r = tally_rc_pipe_reply(p, (uint32_t)i);
-    if (r && r->type == REDIS_REPLY_INTEGER) want[i % nkeys] += i % 7 + 1;
-    else if (code == 0) TU_FAIL("pipeline reply %d: %s", i, r ? r->str : "NULL");
+    if (r && r->type == REDIS_REPLY_INTEGER)
+      want[i % nkeys] += i % 7 + 1;
+    else if (code == 0)
+      TU_FAIL("pipeline reply %d: %s", i, r ? r->str : "NULL");
   }
   EXPECT(tally_rc_pipe_reply(p, (uint32_t)n) == NULL);
   tally_rc_pipe_free(p);
@@ -73,9 +76,9 @@ static int pipe_incr(tally_rc *rc, char keys[][32], int nkeys, int n, long long 
 /* ---- tests --------------------------------------------------------------- */
 
 static void test_keyslot(void) {
-  static const char *fixed[] = {"", "a", "foo", "{user}:1", "{user}:2", "a{}b",
-                                "{}{x}", "{x}{y}", "a{b}c{d}", "{", "}", "{}",
-                                "x{y", "x}y{z}", "{{a}}", "123456789"};
+  static const char *fixed[] = {
+      "",         "a", "foo", "{user}:1", "{user}:2", "a{}b",   "{}{x}", "{x}{y}",
+      "a{b}c{d}", "{", "}",   "{}",       "x{y",      "x}y{z}", "{{a}}", "123456789"};
   int nfixed = (int)(sizeof fixed / sizeof fixed[0]);
   redisContext *c = raw(g_ports[1]);
   REQUIRE_OK(c ? 0 : TALLY_ESYS);
@@ -97,7 +100,8 @@ static void test_keyslot(void) {
     redisReply *r = v;
     uint16_t mine = tally_rc_keyslot(keys[i], strlen(keys[i]));
     if (r->type != REDIS_REPLY_INTEGER || r->integer != mine) {
-      if (bad++ < 5) TU_FAIL("keyslot(\"%s\") = %u, Redis says %lld", keys[i], mine, r->integer);
+      if (bad++ < 5)
+        TU_FAIL("keyslot(\"%s\") = %u, Redis says %lld", keys[i], mine, r->integer);
     }
     freeReplyObject(r);
   }
@@ -105,7 +109,8 @@ static void test_keyslot(void) {
   EXPECT_I64(0, bad);
   EXPECT_I64(12739, tally_rc_keyslot("123456789", 9)); /* CRC16 check value 0x31C3 */
   EXPECT_I64(tally_rc_keyslot("user", 4), tally_rc_keyslot("{user}:1", 8));
-  EXPECT(tally_rc_keyslot("x", 1) != tally_rc_keyslot("{}{x}", 5)); /* "{}" first: whole key */
+  EXPECT(tally_rc_keyslot("x", 1) !=
+         tally_rc_keyslot("{}{x}", 5)); /* "{}" first: whole key */
 }
 
 static void test_open_errors(void) {
@@ -240,8 +245,8 @@ static void test_migration(tally_rc *rc) {
   r = rawcmd(g_ports[from], "CLUSTER GETKEYSINSLOT %u 100", slot);
   EXPECT(r->type == REDIS_REPLY_ARRAY && r->elements == 5);
   for (size_t i = 0; i < r->elements; i++) {
-    redisReply *m = rawcmd(g_ports[from], "MIGRATE 127.0.0.1 %d %s 0 5000",
-                           g_ports[to], r->element[i]->str);
+    redisReply *m = rawcmd(g_ports[from], "MIGRATE 127.0.0.1 %d %s 0 5000", g_ports[to],
+                           r->element[i]->str);
     EXPECT(m->type == REDIS_REPLY_STATUS);
     freeReplyObject(m);
     if (i == 1) EXPECT_OK(pipe_incr(rc, keys, 10, 100, want)); /* half moved */
@@ -324,7 +329,7 @@ static void test_stopped_master(tally_rc *rc) {
   EXPECT(strstr(tally_errmsg(), port) != NULL);
   printf("stopped master: %s after %.0f ms (%s)\n", tally_err_name(TALLY_ETIMEDOUT),
          took * 1e3, tally_errmsg());
-  EXPECT(took < 0.6); /* the handle's timeout is 300 ms */
+  EXPECT(took < 0.6);                  /* the handle's timeout is 300 ms */
   EXPECT_OK(incrby(rc, other, 1, &v)); /* the other masters still answer */
   kill(g_pids[2], SIGCONT);
   EXPECT_I64(7, get_int(rc, on2));

@@ -35,7 +35,7 @@
 #include "tally_net.h"
 #include "redis_servers.h"
 
-#define NNODES 6
+#define NNODES       6
 #define NODE_TIMEOUT "1500"
 
 static pid_t f_pids[NNODES];
@@ -114,7 +114,8 @@ static void f_start_all(void) {
   for (int i = 0; i < NNODES; i++) f_pids[i] = f_start(f_ports[i]);
   for (int i = 0; i < NNODES; i++)
     if (!wait_for(f_ports[i], "PING", "PONG", 10)) {
-      fprintf(stderr, "FATAL: redis-server on %d did not start (see %s)\n", f_ports[i], g_dir);
+      fprintf(stderr, "FATAL: redis-server on %d did not start (see %s)\n", f_ports[i],
+              g_dir);
       exit(1);
     }
   char cmd[2048];
@@ -185,7 +186,8 @@ static bool fail_over(int master, int replica, uint16_t slot, int survivor, doub
     if (m == replica) {
       bool ok = true;
       for (int i = 0; i < NNODES; i++)
-        if (f_pids[i] > 0 && !wait_for(f_ports[i], "CLUSTER INFO", "cluster_state:ok", end - tu_now()))
+        if (f_pids[i] > 0 &&
+            !wait_for(f_ports[i], "CLUSTER INFO", "cluster_state:ok", end - tu_now()))
           ok = false;
       if (ok) {
         printf("  failover of %d to %d in %.2f s\n", master, replica, tu_now() - t0);
@@ -266,7 +268,7 @@ static void test_lost_flush(void) {
   cut_off(master, replica);
   EXPECT_OK(tally_counter_incr(c, 50));
   EXPECT_OK(tally_flusher_run(f, NULL, 0, &st));
-  EXPECT_I64(1, st.flushed);                 /* acknowledged by the master */
+  EXPECT_I64(1, st.flushed); /* acknowledged by the master */
   EXPECT_I64(150, hget_v(master, key));
   int survivor = other_master(master, replica, slot);
   if (!fail_over(master, replica, slot, survivor, 30)) {
@@ -350,7 +352,8 @@ static void test_wait(void) {
   int64_t confirmed = 0;
   for (int i = 0; i < 200; i++) {
     rp = NULL;
-    EXPECT_OK(tally_rc_command_wait(rc, key, strlen(key), 3, argv, NULL, 1, 1000, &rp, &acked));
+    EXPECT_OK(
+        tally_rc_command_wait(rc, key, strlen(key), 3, argv, NULL, 1, 1000, &rp, &acked));
     if (rp) freeReplyObject(rp);
     if (acked >= 1) confirmed++;
   }
@@ -359,7 +362,8 @@ static void test_wait(void) {
   int lost = 0;
   for (int i = 0; i < 5; i++) {
     rp = NULL;
-    EXPECT_OK(tally_rc_command_wait(rc, key, strlen(key), 3, argv, NULL, 1, 100, &rp, &acked));
+    EXPECT_OK(
+        tally_rc_command_wait(rc, key, strlen(key), 3, argv, NULL, 1, 100, &rp, &acked));
     if (rp) freeReplyObject(rp);
     EXPECT_I64(0, acked); /* applied on the master only: the caller is told */
     lost += acked < 1;
@@ -375,7 +379,8 @@ static void test_wait(void) {
     freeReplyObject(r);
     /* after the failover the promoted replica has no replica: WAIT says so */
     rp = NULL;
-    EXPECT_OK(tally_rc_command_wait(rc, key, strlen(key), 3, argv, NULL, 1, 50, &rp, &acked));
+    EXPECT_OK(
+        tally_rc_command_wait(rc, key, strlen(key), 3, argv, NULL, 1, 50, &rp, &acked));
     EXPECT(rp && rp->type == REDIS_REPLY_INTEGER && rp->integer == confirmed + 1);
     if (rp) freeReplyObject(rp);
     EXPECT_I64(0, acked);

@@ -24,9 +24,9 @@
 #include "tally_net.h"
 #include "redis_servers.h"
 
-#define NC 200      /* counters per store */
-#define R 8         /* remote shards */
-#define NWRITERS 4  /* (a) */
+#define NC       200 /* counters per store */
+#define R        8   /* remote shards */
+#define NWRITERS 4   /* (a) */
 
 struct target {
   const char *label;
@@ -175,7 +175,8 @@ static void test_concurrent(const struct target *t) {
   pthread_t th[NWRITERS * 2];
   struct incr_arg args[NWRITERS * 2];
   for (int i = 0; i < NWRITERS * 2; i++) {
-    args[i] = (struct incr_arg){cs[i / 2], &stop, 0x9e3779b97f4a7c15ull * (uint64_t)(i + 1), 0};
+    args[i] =
+        (struct incr_arg){cs[i / 2], &stop, 0x9e3779b97f4a7c15ull * (uint64_t)(i + 1), 0};
     pthread_create(&th[i], NULL, incr_thread, &args[i]);
   }
   tally_flush_stats sum = {0};
@@ -222,7 +223,8 @@ static void test_concurrent(const struct target *t) {
         }
         if (!used[sh]) continue;
         int m = owner(slot);
-        redisReply *r = rawcmd(g_ports[m], "HGET %s v", key); /* no MOVED: it lives there */
+        redisReply *r =
+            rawcmd(g_ports[m], "HGET %s v", key); /* no MOVED: it lives there */
         if (r->type != REDIS_REPLY_STRING) held_bad++;
         freeReplyObject(r);
         if (!seen[m]++) nseen++;
@@ -231,8 +233,8 @@ static void test_concurrent(const struct target *t) {
       if (nseen >= 2) spread++;
     }
     printf("  cluster: %d of %d counters have their shards on >= 2 masters; "
-           "shards per master %d %d %d\n", spread, NC, masters_all[1], masters_all[2],
-           masters_all[3]);
+           "shards per master %d %d %d\n",
+           spread, NC, masters_all[1], masters_all[2], masters_all[3]);
     EXPECT_I64(0, held_bad);
     EXPECT(spread > NC / 2);
     for (int m = 1; m <= NMASTERS; m++) EXPECT(masters_all[m] > 0);
@@ -322,7 +324,8 @@ static void test_faults(const struct target *t) {
   tally_rc_stats rs;
   tally_rc_stats_get(rc, &rs);
   printf("  %d rounds failed, %lld connections killed, client: %llu reconnects, "
-         "%llu errors\n", failed, ca.kills, (unsigned long long)rs.reconnects,
+         "%llu errors\n",
+         failed, ca.kills, (unsigned long long)rs.reconnects,
          (unsigned long long)rs.errors);
   EXPECT(failed > 0);
   EXPECT(sum.errors > 0);
@@ -437,7 +440,8 @@ static void test_lost_reply(const struct target *t) {
   REQUIRE_OK(tu_counter(s, "c:big", 1, TALLY_POLICY_THREAD, TALLY_COUNTER_CREATE, &big));
   EXPECT_OK(tally_counter_incr(big, 4000000000000000000LL));
   char bkey[300];
-  EXPECT(tally_flusher_shard_key("c:big", 5, tally_flusher_shard(f), bkey, sizeof bkey) > 0);
+  EXPECT(tally_flusher_shard_key("c:big", 5, tally_flusher_shard(f), bkey, sizeof bkey) >
+         0);
   const char *hset[] = {"HSET", bkey, "", "-9000000000000000000"};
   char wf[100];
   snprintf(wf, sizeof wf, "w:%s", id);
@@ -543,8 +547,9 @@ static void test_sigkill(const struct target *t) {
     tally_flush_stats sum = {0};
     int n = flush_clean(f, "d:*", 20, &sum);
     printf("  kill after %d us: %d counters behind, %lld unflushed; recovered in %d "
-           "rounds (flushed %llu, already %llu)\n", delays_us[it], behind, local - rem,
-           n, (unsigned long long)sum.flushed, (unsigned long long)sum.already);
+           "rounds (flushed %llu, already %llu)\n",
+           delays_us[it], behind, local - rem, n, (unsigned long long)sum.flushed,
+           (unsigned long long)sum.already);
     EXPECT(n > 0);
     EXPECT(it == 0 ? local > rem : local >= rem); /* 0: killed while holding deltas */
     EXPECT_I64(local - rem, sum.delta);
@@ -577,30 +582,31 @@ static void test_migration(const struct target *t) {
 
   REQUIRE_OK(tally_counter_incr(c, 100));
   EXPECT(flush_clean(f, "mig:*", 10, NULL) > 0);
-  redisReply *r = rawcmd(g_ports[to], "CLUSTER SETSLOT %u IMPORTING %s", slot, g_ids[from]);
+  redisReply *r =
+      rawcmd(g_ports[to], "CLUSTER SETSLOT %u IMPORTING %s", slot, g_ids[from]);
   freeReplyObject(r);
   r = rawcmd(g_ports[from], "CLUSTER SETSLOT %u MIGRATING %s", slot, g_ids[to]);
   freeReplyObject(r);
   REQUIRE_OK(tally_counter_incr(c, 50));
-  EXPECT_OK(tally_flusher_run(f, "mig:*", 5, &st));  /* still on `from` */
+  EXPECT_OK(tally_flusher_run(f, "mig:*", 5, &st)); /* still on `from` */
   r = rawcmd(g_ports[from], "MIGRATE 127.0.0.1 %d %s 0 5000", g_ports[to], key);
   EXPECT(r->type == REDIS_REPLY_STATUS);
   freeReplyObject(r);
   REQUIRE_OK(tally_counter_incr(c, 25));
-  EXPECT_OK(tally_flusher_run(f, "mig:*", 5, &st));  /* moved away: ASK */
+  EXPECT_OK(tally_flusher_run(f, "mig:*", 5, &st)); /* moved away: ASK */
   for (int m = 1; m <= NMASTERS; m++) {
     r = rawcmd(g_ports[m], "CLUSTER SETSLOT %u NODE %s", slot, g_ids[to]);
     freeReplyObject(r);
   }
   REQUIRE_OK(tally_counter_incr(c, 10));
-  EXPECT(flush_clean(f, "mig:*", 10, NULL) > 0);  /* `from` says MOVED */
+  EXPECT(flush_clean(f, "mig:*", 10, NULL) > 0); /* `from` says MOVED */
   tally_rc_stats rs;
   tally_rc_stats_get(rc, &rs);
   EXPECT(rs.asked > 0);
   EXPECT(rs.moved > 0);
   EXPECT_OK(tally_flusher_remote_value(f, "mig:x", 5, &v));
   EXPECT_I64(185, v);
-  r = rawcmd(g_ports[to], "HGET %s v", key);  /* it lives on `to` now */
+  r = rawcmd(g_ports[to], "HGET %s v", key); /* it lives on `to` now */
   EXPECT(r->type == REDIS_REPLY_STRING && atoll(r->str) == 185);
   freeReplyObject(r);
   EXPECT_I64(to, owner(slot));
@@ -638,9 +644,11 @@ static bool status_ok(redisReply *r) {
 }
 
 /* One increment of every counter, then a round; the round's code. */
-static int incr_and_run(tally_flusher *f, tally_counter **cs, int k, tally_flush_stats *sum) {
+static int incr_and_run(tally_flusher *f, tally_counter **cs, int k,
+                        tally_flush_stats *sum) {
   for (int i = 0; i < NRS; i++)
-    if (tally_counter_incr(cs[i], k % 3 + 1) != 0) TU_FAIL("local incr: %s", tally_errmsg());
+    if (tally_counter_incr(cs[i], k % 3 + 1) != 0)
+      TU_FAIL("local incr: %s", tally_errmsg());
   tally_flush_stats st;
   int code = tally_flusher_run(f, "rs:*", 4, &st);
   add_stats(sum, &st);
@@ -668,7 +676,8 @@ static void test_restart(const struct target *t) {
   int m = on[0], port = g_ports[m];
   for (int i = 0; i < NRS; i++) nvictim += on[i] == m;
   printf("(e) %s: master on %d stopped and restarted mid-run (%d of %d counters "
-         "there)\n", t->label, port, nvictim, NRS);
+         "there)\n",
+         t->label, port, nvictim, NRS);
   EXPECT(nvictim > 0 && nvictim < NRS);
 
   /* persistence on that master only, from now on */
@@ -753,8 +762,9 @@ static void test_restart(const struct target *t) {
   print_stats("catching up", n, &after_st);
   printf("  AOF on in %.2f s; stopped in %.2f s; %d of %d rounds failed while down; "
          "restarted (PING) in %.2f s, cluster_state:ok in %.2f s; %d counters exact, "
-         "total %lld (%.2f s)\n", t_aof, t_stop, failed, rounds_down, t_ping, t_ok,
-         NRS - bad, total, tu_now() - t0);
+         "total %lld (%.2f s)\n",
+         t_aof, t_stop, failed, rounds_down, t_ping, t_ok, NRS - bad, total,
+         tu_now() - t0);
   tally_flusher_free(f);
   tally_rc_close(rc);
   for (int i = 0; i < NRS; i++) tally_counter_close(cs[i]);

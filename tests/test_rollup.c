@@ -41,15 +41,20 @@ static void test_bad_schedules(void) {
   tally_schedule *sch = NULL;
   REQUIRE_OK(tally_store_open("memory", NULL, &s));
   tally_ring ok[] = {{1, 60}};
-  tally_ring bad[][2] = {{{0, 60}}, {{1, 0}}, {{1, TALLY_RING_LEN_MAX + 1}},
-                         {{TALLY_RING_RES_MAX + 1, 1}}, {{60, 5}, {60, 10}}};
+  tally_ring bad[][2] = {{{0, 60}},
+                         {{1, 0}},
+                         {{1, TALLY_RING_LEN_MAX + 1}},
+                         {{TALLY_RING_RES_MAX + 1, 1}},
+                         {{60, 5}, {60, 10}}};
   EXPECT_RC(TALLY_EINVAL, tally_schedule_new(s, "x", 1, 0, ok, 1, &sch));
   EXPECT_RC(TALLY_EINVAL, tally_schedule_new(s, "x", 1, -5, ok, 1, &sch));
   EXPECT_RC(TALLY_EINVAL, tally_schedule_new(s, "", 0, 1000, ok, 1, &sch));
   EXPECT_RC(TALLY_EINVAL, tally_schedule_new(s, "x", 1, 1000, NULL, 1, &sch));
-  EXPECT_RC(TALLY_EINVAL, tally_schedule_new(s, "x", 1, 1000, ok, TALLY_RINGS_MAX + 1, &sch));
+  EXPECT_RC(TALLY_EINVAL,
+            tally_schedule_new(s, "x", 1, 1000, ok, TALLY_RINGS_MAX + 1, &sch));
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
-    EXPECT_RC(TALLY_EINVAL, tally_schedule_new(s, "x", 1, 1000, bad[i], i == 4 ? 2 : 1, &sch));
+    EXPECT_RC(TALLY_EINVAL,
+              tally_schedule_new(s, "x", 1, 1000, bad[i], i == 4 ? 2 : 1, &sch));
   EXPECT(sch == NULL);
   REQUIRE_OK(tally_schedule_new(s, "x", 1, 1000, ok, 1, &sch));
   tally_tick_result r;
@@ -59,7 +64,11 @@ static void test_bad_schedules(void) {
   tally_store_close(s);
 }
 
-struct seen { int n; char name[64]; tally_rollup last; };
+struct seen {
+  int n;
+  char name[64];
+  tally_rollup last;
+};
 static void remember(void *ud, const char *name, size_t len, const tally_rollup *r) {
   struct seen *s = ud;
   s->n++;
@@ -72,7 +81,8 @@ static void test_records_and_history(const char *spec) {
   tally_counter *c, *other;
   REQUIRE_OK(tally_store_open(spec, NULL, &s));
   REQUIRE_OK(tu_counter(s, "hits", 4, TALLY_POLICY_RANDOM, TALLY_COUNTER_CREATE, &c));
-  REQUIRE_OK(tu_counter(s, "other", 4, TALLY_POLICY_RANDOM, TALLY_COUNTER_CREATE, &other));
+  REQUIRE_OK(
+      tu_counter(s, "other", 4, TALLY_POLICY_RANDOM, TALLY_COUNTER_CREATE, &other));
   tally_rollup r;
   tally_bucket b[200];
   uint32_t n;
@@ -93,7 +103,7 @@ static void test_records_and_history(const char *spec) {
   EXPECT_I64(0, seen.last.delta);
   EXPECT(tally_rollup_rate(&seen.last) == 0.0);
   EXPECT_I64(TALLY_TICK_NOT_DUE, tick(sch, T0 + 999).status);
-  EXPECT_RC(TALLY_ENOROLLUP, tally_counter_rolled(other, &r));  /* not covered */
+  EXPECT_RC(TALLY_ENOROLLUP, tally_counter_rolled(other, &r)); /* not covered */
   /* three minutes of one rollup a second; value(i) = 7 + i */
   for (int i = 1; i < 180; i++) {
     REQUIRE_OK(tally_counter_incr(c, 1));
@@ -117,7 +127,7 @@ static void test_records_and_history(const char *spec) {
   EXPECT_I64(3, n);
   for (int k = 0; k < 3; k++) {
     EXPECT_I64(T0 / 1000 + 60 * k, m[k].t);
-    EXPECT_I64(7 + 60 * k + 59, m[k].value);  /* the last fine bucket inside */
+    EXPECT_I64(7 + 60 * k + 59, m[k].value); /* the last fine bucket inside */
   }
   EXPECT_I64(m[2].value, b[59].value);
   /* cap smaller than the ring: n still says how many there are */
@@ -127,7 +137,7 @@ static void test_records_and_history(const char *spec) {
   /* a gap empties the buckets in between */
   EXPECT_I64(TALLY_TICK_RAN, tick(sch, T0 + 190000).status);
   EXPECT_OK(tally_counter_history(c, 1, b, 200, &n));
-  EXPECT_I64(50, n);  /* 131..179, then 190: 180..189 empty */
+  EXPECT_I64(50, n); /* 131..179, then 190: 180..189 empty */
   EXPECT_I64(T0 / 1000 + 179, b[48].t);
   EXPECT_I64(T0 / 1000 + 190, b[49].t);
   /* a second schedule with another ring and a longer one: the union */
@@ -142,11 +152,11 @@ static void test_records_and_history(const char *spec) {
   EXPECT_I64(60, have[1].res_s);
   EXPECT_I64(30, have[1].len);
   EXPECT_I64(3600, have[2].res_s);
-  EXPECT_OK(tally_counter_history(c, 60, m, 8, &n));  /* carried over */
+  EXPECT_OK(tally_counter_history(c, 60, m, 8, &n)); /* carried over */
   EXPECT_I64(4, n);
   EXPECT_I64(186, m[3].value);
   EXPECT_OK(tally_counter_history(c, 1, b, 200, &n));
-  EXPECT_I64(50, n);  /* 132..179, 190, 191 */
+  EXPECT_I64(50, n); /* 132..179, 190, 191 */
   EXPECT_I64(T0 / 1000 + 191, b[49].t);
   EXPECT_OK(tally_store_check(s));
   tally_schedule_free(slow);
@@ -174,15 +184,22 @@ static void *reader_main(void *arg) {
   while (!atomic_load(&RW.stop)) {
     int rc = tally_counter_rolled(RW.c, &r);
     if (rc == TALLY_ENOROLLUP) continue;
-    if (rc) { TU_FAIL("rolled -> %s", tally_err_name(rc)); break; }
+    if (rc) {
+      TU_FAIL("rolled -> %s", tally_err_name(rc));
+      break;
+    }
     if (r.at_ms != T0 + r.value * 1000 || (r.count > 1 && r.delta != 1))
       TU_FAIL("torn record: value %lld at %lld delta %lld", (long long)r.value,
               (long long)r.at_ms, (long long)r.delta);
     rc = tally_counter_history(RW.c, 1, b, 64, &n);
-    if (rc) { TU_FAIL("history -> %s", tally_err_name(rc)); break; }
+    if (rc) {
+      TU_FAIL("history -> %s", tally_err_name(rc));
+      break;
+    }
     for (uint32_t i = 0; i < n && i < 64; i++)
       if (b[i].t != T0 / 1000 + b[i].value)
-        TU_FAIL("torn bucket: t %lld value %lld", (long long)b[i].t, (long long)b[i].value);
+        TU_FAIL("torn bucket: t %lld value %lld", (long long)b[i].t,
+                (long long)b[i].value);
     for (uint32_t i = 1; i < n && i < 64; i++)
       if (b[i].t != b[i - 1].t + 1) TU_FAIL("history out of order");
     atomic_fetch_add(&RW.reads, 1);
@@ -202,10 +219,12 @@ static void test_readers(void) {
   /* 20000 rollups at least, and on until the readers have read a few
    * hundred times (a loaded machine may not run them at first), 20 s at most */
   double until = tu_now() + 20;
-  for (int64_t v = 0; v < 20000 || (atomic_load(&RW.reads) < 500 && tu_now() < until); v++) {
+  for (int64_t v = 0; v < 20000 || (atomic_load(&RW.reads) < 500 && tu_now() < until);
+       v++) {
     if (v) REQUIRE_OK(tally_counter_incr(RW.c, 1));
     tally_tick_result t = tick(sch, T0 + v * 1000);
-    if (t.status != TALLY_TICK_RAN) TU_FAIL("tick %lld: status %d", (long long)v, t.status);
+    if (t.status != TALLY_TICK_RAN)
+      TU_FAIL("tick %lld: status %d", (long long)v, t.status);
   }
   atomic_store(&RW.stop, 1);
   for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
@@ -232,8 +251,10 @@ static tally_store *lease_store(const char *file, const char *prefix, char *spec
     tally_counter *c;
     snprintf(name, sizeof name, "%s:%d", prefix, i);
     REQUIRE_OK(tu_counter(s, name, 1, TALLY_POLICY_RANDOM, TALLY_COUNTER_CREATE, &c));
-    if (i < keep) cs[i] = c;
-    else tally_counter_close(c);
+    if (i < keep)
+      cs[i] = c;
+    else
+      tally_counter_close(c);
   }
   return s;
 }
@@ -244,7 +265,8 @@ static void test_stalled_holder(void) {
   tally_store *s = lease_store("lease.tly", "l", spec, &first, 1);
   tally_ring rings[] = {{1, 4}};
   /* the period is 600 ms: the lease lasts that long without renewal */
-  int *status = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  int *status =
+      mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   *status = -1;
   pid_t pid = fork();
   if (pid == 0) {
@@ -274,12 +296,12 @@ static void test_stalled_holder(void) {
      * lease), even if the stopped child holds one of their blocks */
     tally_ring other_rings[] = {{60, 4}};
     tally_schedule *other = schedule(s, "l:*", 1000, other_rings, 1);
-    EXPECT_I64(TALLY_TICK_RAN, tick(other, T0 + 1).status);  /* not BUSY */
+    EXPECT_I64(TALLY_TICK_RAN, tick(other, T0 + 1).status); /* not BUSY */
     tally_schedule_free(other);
-    usleep(700 * 1000);  /* past one period without renewal */
+    usleep(700 * 1000); /* past one period without renewal */
     t = tick(sch, T0 + 2);
     EXPECT_I64(TALLY_TICK_RAN, t.status);
-    EXPECT(t.counters > 0 && t.counters < LEASE_N);  /* from the child's cursor */
+    EXPECT(t.counters > 0 && t.counters < LEASE_N); /* from the child's cursor */
     EXPECT_I64(TALLY_TICK_NOT_DUE, tick(sch, T0 + 3).status);
   }
   kill(pid, SIGCONT);
@@ -331,7 +353,7 @@ static void test_dead_holder(void) {
   if (t.status == TALLY_TICK_NOT_DUE) {
     printf("  dead holder: the child finished first; takeover not exercised\n");
   } else {
-    EXPECT_I64(TALLY_TICK_RAN, t.status);  /* not BUSY for the hour of its lease */
+    EXPECT_I64(TALLY_TICK_RAN, t.status); /* not BUSY for the hour of its lease */
     EXPECT(t.counters < LEASE_N);
   }
   for (int i = 0; i < LEASE_N; i += 4999) {
@@ -339,7 +361,7 @@ static void test_dead_holder(void) {
     snprintf(name, sizeof name, "d:%d", i);
     REQUIRE_OK(tu_counter(s, name, 0, -1, 0, &c));
     EXPECT_OK(tally_counter_rolled(c, &r));
-    EXPECT_I64(1, (int64_t)r.count);  /* once for the period, by one of them */
+    EXPECT_I64(1, (int64_t)r.count); /* once for the period, by one of them */
     tally_counter_close(c);
   }
   tally_schedule_free(sch);
@@ -385,14 +407,15 @@ static void test_resume_after_other_schedule(void) {
     printf("  resume: the child finished first; not exercised\n");
   } else {
     tally_schedule *fast = schedule(s, "m:*", 1000, rings, 1);
-    EXPECT_I64(LEASE_N, tick(fast, T0 + 1).counters);  /* every record is newer now */
+    EXPECT_I64(LEASE_N, tick(fast, T0 + 1).counters); /* every record is newer now */
     tally_schedule *slow = schedule(s, "m:*", 3600000, rings, 1);
     tally_tick_result t;
     g_resumed = 0;
     EXPECT_OK(tally_schedule_tick(slow, T0 + 2, count_one, NULL, &t));
     EXPECT_I64(TALLY_TICK_RAN, t.status);
     /* the member the child was writing when killed may be done again */
-    EXPECT(g_resumed >= LEASE_N - done_by_child - 1 && g_resumed <= LEASE_N - done_by_child + 1);
+    EXPECT(g_resumed >= LEASE_N - done_by_child - 1 &&
+           g_resumed <= LEASE_N - done_by_child + 1);
     EXPECT_I64(g_resumed, t.counters);
     tally_schedule_free(fast);
     tally_schedule_free(slow);
@@ -417,11 +440,15 @@ static void test_torn_block(void) {
   int fd = open(path, O_RDWR);
   struct stat st;
   fstat(fd, &st);
-  unsigned char *m = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  unsigned char *m =
+      mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   const uint32_t want[2] = {7, 77};
   size_t at = 0;
   for (size_t i = 4096; i + 8 <= (size_t)st.st_size; i += 8)
-    if (memcmp(m + i, want, 8) == 0) { at = i; break; }
+    if (memcmp(m + i, want, 8) == 0) {
+      at = i;
+      break;
+    }
   EXPECT(at != 0);
   if (at) atomic_fetch_add((_Atomic uint64_t *)(void *)(m + at - 64), 1); /* seq: odd */
   tally_rollup r;
@@ -449,7 +476,7 @@ static void test_damaged_block(void) {
   tally_counter *c;
   REQUIRE_OK(tally_store_open(spec, NULL, &s));
   REQUIRE_OK(tu_counter(s, "x", 2, TALLY_POLICY_RANDOM, TALLY_COUNTER_CREATE, &c));
-  tally_ring rings[] = {{7, 77}};  /* a ring header easy to find in the file */
+  tally_ring rings[] = {{7, 77}}; /* a ring header easy to find in the file */
   tally_schedule *sch = schedule(s, "x", 1000, rings, 1);
   EXPECT_I64(TALLY_TICK_RAN, tick(sch, T0).status);
   tally_schedule_free(sch);
@@ -459,13 +486,17 @@ static void test_damaged_block(void) {
   int fd = open(path, O_RDWR);
   struct stat st;
   fstat(fd, &st);
-  unsigned char *m = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  unsigned char *m =
+      mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   const uint32_t want[2] = {7, 77};
   size_t at = 0;
   for (size_t i = 4096; i + 8 <= (size_t)st.st_size; i += 8)
-    if (memcmp(m + i, want, 8) == 0) { at = i; break; }
+    if (memcmp(m + i, want, 8) == 0) {
+      at = i;
+      break;
+    }
   EXPECT(at != 0);
-  if (at) m[at + 4] ^= 0x10;  /* the ring's length */
+  if (at) m[at + 4] ^= 0x10; /* the ring's length */
   munmap(m, (size_t)st.st_size);
   close(fd);
 
@@ -474,7 +505,7 @@ static void test_damaged_block(void) {
   tally_rollup r;
   EXPECT_RC(TALLY_ECORRUPT, tally_counter_rolled(c, &r));
   EXPECT_RC(TALLY_ECORRUPT, tally_store_check(s));
-  EXPECT_I64(0 + 1, tu_value(c) + 1);  /* the counter itself still reads */
+  EXPECT_I64(0 + 1, tu_value(c) + 1); /* the counter itself still reads */
   tally_counter_close(c);
   tally_store_close(s);
 }

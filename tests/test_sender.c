@@ -21,10 +21,10 @@
 
 enum { ANSWER_NONE = 0, ANSWER_OK = 200, ANSWER_REFUSED = 400, ANSWER_ERROR = 500 };
 
-#define SRV_MAX_REQS 1024
-#define SRV_MAX_CONNS 64
+#define SRV_MAX_REQS   1024
+#define SRV_MAX_CONNS  64
 #define SRV_LIFETIME_S 30.0
-#define SRV_BUF_BYTES (1u << 20)
+#define SRV_BUF_BYTES  (1u << 20)
 
 typedef struct srv_req {
   char method[8];
@@ -33,7 +33,7 @@ typedef struct srv_req {
   char test_header[64];
   char *body;
   size_t len;
-  int answer;              /* ANSWER_*: what this request got */
+  int answer; /* ANSWER_*: what this request got */
 } srv_req;
 
 typedef struct server server;
@@ -48,11 +48,11 @@ struct server {
   int listen_fd;
   int port;
   char url[64];
-  atomic_int answer;       /* ANSWER_* for requests from now on */
+  atomic_int answer; /* ANSWER_* for requests from now on */
   atomic_int stop;
   double started;
   pthread_t acceptor;
-  pthread_mutex_t mu;      /* guards what follows */
+  pthread_mutex_t mu; /* guards what follows */
   srv_req reqs[SRV_MAX_REQS];
   int nreqs;
   int nconns;
@@ -118,7 +118,7 @@ static void *srv_conn_main(void *arg) {
       have += (size_t)n;
     }
     head_len = (size_t)(end - buf) + 4;
-    end[2] = '\0';  /* the head, as a string ending in its last CRLF */
+    end[2] = '\0'; /* the head, as a string ending in its last CRLF */
     srv_header(buf, "Content-Length", clen, sizeof clen);
     srv_header(buf, "Expect", expect, sizeof expect);
     body_len = (size_t)strtoul(clen, NULL, 10);
@@ -149,7 +149,7 @@ static void *srv_conn_main(void *arg) {
     }
     pthread_mutex_unlock(&srv->mu);
 
-    if (answer == ANSWER_NONE) {  /* hold it until the client gives up */
+    if (answer == ANSWER_NONE) { /* hold it until the client gives up */
       char sink[256];
       while (srv_recv(srv, c->fd, sink, sizeof sink) > 0) {}
       goto out;
@@ -265,8 +265,8 @@ static void expect_delivered(server *srv, const char *const *want, int n,
     if (got >= n)
       TU_FAIL("%s: extra body delivered: '%.*s'", label, (int)r->len, r->body);
     else if (r->len != strlen(want[got]) || memcmp(r->body, want[got], r->len) != 0)
-      TU_FAIL("%s: body %d is '%.*s', expected '%s'", label, got, (int)r->len,
-              r->body, want[got]);
+      TU_FAIL("%s: body %d is '%.*s', expected '%s'", label, got, (int)r->len, r->body,
+              want[got]);
     got++;
   }
   pthread_mutex_unlock(&srv->mu);
@@ -290,8 +290,8 @@ static tally_sender_stats wait_failures(tally_sender *s, uint64_t n, double time
     st = stats_of(s);
   }
   if (st.failures < n)
-    TU_FAIL("waited %.1f s for %llu failures, saw %llu", timeout_s,
-            (unsigned long long)n, (unsigned long long)st.failures);
+    TU_FAIL("waited %.1f s for %llu failures, saw %llu", timeout_s, (unsigned long long)n,
+            (unsigned long long)st.failures);
   return st;
 }
 
@@ -306,8 +306,8 @@ static tally_sender *open_sender(const char *url, const char *method,
                                  const char *const *headers, uint32_t timeout_ms,
                                  uint32_t max_queue, uint32_t backoff_ms,
                                  uint32_t max_backoff_ms) {
-  tally_sender_options o = {url, method, headers, timeout_ms, max_queue,
-                            backoff_ms, max_backoff_ms};
+  tally_sender_options o = {url,       method,     headers,       timeout_ms,
+                            max_queue, backoff_ms, max_backoff_ms};
   tally_sender *s = NULL;
   REQUIRE_OK(tally_sender_open(&o, &s));
   return s;
@@ -323,7 +323,7 @@ static void test_bad_options(void) {
   static const char *const no_colon[] = {"X-Tally-Test", NULL};
   static const char *const no_name[] = {": value", NULL};
   static const char *const two_lines[] = {"X-A: 1\r\nX-B: 2", NULL};
-  tally_sender *s = (tally_sender *)&s;  /* must stay untouched on failure */
+  tally_sender *s = (tally_sender *)&s; /* must stay untouched on failure */
   tally_sender_options o;
   int port, fd = bound_socket(&port);
   char url[64];
@@ -343,7 +343,7 @@ static void test_bad_options(void) {
   o.method = "GET";
   EXPECT_RC(TALLY_EINVAL, tally_sender_open(&o, &s));
   EXPECT(strstr(tally_errmsg(), "method") != NULL);
-  o.method = "post";  /* methods are case-sensitive in HTTP */
+  o.method = "post"; /* methods are case-sensitive in HTTP */
   EXPECT_RC(TALLY_EINVAL, tally_sender_open(&o, &s));
   o.method = NULL;
   o.headers = no_colon;
@@ -364,7 +364,7 @@ static void test_bad_options(void) {
   EXPECT_RC(TALLY_EINVAL, tally_sender_post(s, NULL, 5, 1));
   EXPECT_RC(TALLY_EINVAL, tally_sender_post(NULL, "x", 1, 1));
   EXPECT_RC(TALLY_EINVAL, tally_sender_flush(NULL, 10));
-  EXPECT_OK(tally_sender_flush(s, 0));  /* nothing queued */
+  EXPECT_OK(tally_sender_flush(s, 0)); /* nothing queued */
   tally_sender_stats st = stats_of(s);
   EXPECT_I64(0, st.sent + st.failures + st.dropped + st.queued);
   EXPECT_STR("", st.last_error);
@@ -374,7 +374,7 @@ static void test_bad_options(void) {
   tally_sender_close(s, 0);
   tally_sender_close(NULL, 100);
 
-  o.url = "HTTPS://127.0.0.1:1/x";  /* any case; nothing connects at open */
+  o.url = "HTTPS://127.0.0.1:1/x"; /* any case; nothing connects at open */
   o.method = NULL;
   REQUIRE_OK(tally_sender_open(&o, &s));
   tally_sender_close(s, 0);
@@ -384,10 +384,10 @@ static void test_bad_options(void) {
 /* Bodies arrive intact, in order, once, with the method and headers given,
  * over one kept-alive connection. */
 static void test_delivery(void) {
-  static const char *const json_headers[] = {
-      "Content-Type: application/json", "X-Tally-Test: delivery", NULL};
-  static const char *const bin_headers[] = {
-      "Content-Type: application/octet-stream", NULL};
+  static const char *const json_headers[] = {"Content-Type: application/json",
+                                             "X-Tally-Test: delivery", NULL};
+  static const char *const bin_headers[] = {"Content-Type: application/octet-stream",
+                                            NULL};
   enum { N = 40 };
   char bodies[N][32];
   const char *want[N];
@@ -419,7 +419,7 @@ static void test_delivery(void) {
     EXPECT_STR("delivery", srv->reqs[i].test_header);
   }
   pthread_mutex_unlock(&srv->mu);
-  EXPECT_I64(1, server_conns(srv));  /* keep-alive */
+  EXPECT_I64(1, server_conns(srv)); /* keep-alive */
   tally_sender_close(s, 0);
   server_stop(srv);
 
@@ -448,8 +448,7 @@ static void test_delivery(void) {
     }
     EXPECT(srv->reqs[0].len == sizeof bin &&
            memcmp(srv->reqs[0].body, bin, sizeof bin) == 0);
-    EXPECT(srv->reqs[1].len == big_len &&
-           memcmp(srv->reqs[1].body, big, big_len) == 0);
+    EXPECT(srv->reqs[1].len == big_len && memcmp(srv->reqs[1].body, big, big_len) == 0);
     EXPECT_I64(0, srv->reqs[2].len);
   }
   pthread_mutex_unlock(&srv->mu);
@@ -535,7 +534,7 @@ static void test_retry_500(void) {
   EXPECT_I64(0, st.dropped);
   EXPECT_I64(0, st.queued);
   EXPECT_I64(200, st.last_status);
-  EXPECT_STR("HTTP 500", st.last_error);  /* the last failure stays */
+  EXPECT_STR("HTTP 500", st.last_error); /* the last failure stays */
   expect_delivered(srv, want, 5, "retry_500");
 
   /* a success resets the backoff: the next failure is retried after 40 ms,
@@ -560,14 +559,14 @@ static void test_refused(void) {
   tally_sender *s = open_sender(srv->url, NULL, NULL, 2000, 0, 40, 1000);
   EXPECT_OK(post_str(s, "r0", 3));
   wait_requests(srv, ANSWER_REFUSED, 1, 3.0);
-  EXPECT_OK(tally_sender_flush(s, 3000));  /* nothing waits: it was dropped */
+  EXPECT_OK(tally_sender_flush(s, 3000)); /* nothing waits: it was dropped */
   tally_sender_stats st = stats_of(s);
   EXPECT_I64(3, st.rejected);
   EXPECT_I64(3, st.dropped);
   EXPECT_I64(1, st.failures);
   EXPECT_I64(400, st.last_status);
   EXPECT_STR("HTTP 400", st.last_error);
-  EXPECT_I64(1, server_count(srv, ANSWER_REFUSED));  /* not retried */
+  EXPECT_I64(1, server_count(srv, ANSWER_REFUSED)); /* not retried */
   atomic_store(&srv->answer, ANSWER_OK);
   EXPECT_OK(post_str(s, "r1", 1));
   EXPECT_OK(post_str(s, "r2", 1));
@@ -593,14 +592,14 @@ static void test_slow_server(void) {
     want[i] = bodies[i];
   }
   EXPECT_OK(post_str(s, bodies[0], 1));
-  wait_requests(srv, ANSWER_NONE, 1, 2.0);  /* a request is in flight now */
+  wait_requests(srv, ANSWER_NONE, 1, 2.0); /* a request is in flight now */
   for (int i = 1; i < N; i++) {
     double t0 = tu_now();
     EXPECT_OK(post_str(s, bodies[i], 1));
     double took = tu_now() - t0;
     if (took > slowest) slowest = took;
   }
-  EXPECT(slowest < 0.02);  /* the timeout is 0.2 s */
+  EXPECT(slowest < 0.02); /* the timeout is 0.2 s */
   st = wait_failures(s, 1, 2.0);
   EXPECT(strstr(st.last_error, "timed out") != NULL);
   EXPECT_I64(0, st.last_status);
@@ -619,7 +618,7 @@ static void test_slow_server(void) {
 
 /* Nothing listening: every attempt fails, nothing is lost before close. */
 static void test_dead_port(void) {
-  int port, fd = bound_socket(&port);  /* bound, never listening */
+  int port, fd = bound_socket(&port); /* bound, never listening */
   char url[64];
   snprintf(url, sizeof url, "http://127.0.0.1:%d/ingest", port);
   tally_sender *s = open_sender(url, NULL, NULL, 1000, 0, 20, 40);
@@ -656,26 +655,26 @@ static void test_overflow(void) {
   tally_sender_stats st;
 
   EXPECT_OK(post_str(s, "A", 4));
-  st = wait_failures(s, 1, 2.0);  /* A is back in the queue for 1 s */
+  st = wait_failures(s, 1, 2.0); /* A is back in the queue for 1 s */
   EXPECT_I64(4, st.queued);
   EXPECT_OK(post_str(s, "B", 3));
   EXPECT_OK(post_str(s, "C", 3));
   st = stats_of(s);
   EXPECT_I64(10, st.queued);
   EXPECT_I64(0, st.dropped);
-  EXPECT_OK(post_str(s, "D", 2));   /* drops A */
+  EXPECT_OK(post_str(s, "D", 2)); /* drops A */
   st = stats_of(s);
   EXPECT_I64(8, st.queued);
   EXPECT_I64(4, st.dropped);
-  EXPECT_OK(post_str(s, "E", 5));   /* drops B */
+  EXPECT_OK(post_str(s, "E", 5)); /* drops B */
   st = stats_of(s);
   EXPECT_I64(10, st.queued);
   EXPECT_I64(7, st.dropped);
-  EXPECT_OK(post_str(s, "F", 11));  /* can never fit: dropped itself */
+  EXPECT_OK(post_str(s, "F", 11)); /* can never fit: dropped itself */
   st = stats_of(s);
   EXPECT_I64(10, st.queued);
   EXPECT_I64(18, st.dropped);
-  EXPECT_OK(post_str(s, "G", 1));   /* drops C */
+  EXPECT_OK(post_str(s, "G", 1)); /* drops C */
   st = stats_of(s);
   EXPECT_I64(8, st.queued);
   EXPECT_I64(21, st.dropped);
@@ -707,7 +706,7 @@ static void test_close(void) {
     want[i] = bodies[i];
     EXPECT_OK(post_str(s, bodies[i], 1));
   }
-  tally_sender_close(s, 3000);  /* delivers everything, then returns */
+  tally_sender_close(s, 3000); /* delivers everything, then returns */
   expect_delivered(srv, want, N, "close drain");
 
   /* a request that hangs is cut short by close(0) ... */
@@ -747,7 +746,7 @@ static void test_close(void) {
 
 int main(void) {
   double t0 = tu_now();
-  alarm(120);  /* a hang fails the test instead of stalling the suite */
+  alarm(120); /* a hang fails the test instead of stalling the suite */
 
   test_bad_options();
   test_delivery();

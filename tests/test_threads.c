@@ -10,19 +10,19 @@
 
 #include "testutil.h"
 
-#define NWRITERS 4
+#define NWRITERS  4
 #define MAX_ITERS 4000000
 static double g_phase_secs = 0.8;
 
 typedef struct shared {
   tally_store *s;
-  tally_counter *c;       /* shared handle (even writers use it) */
+  tally_counter *c; /* shared handle (even writers use it) */
   const char *name;
   int policy;
   uint32_t shards;
   atomic_int stop;
-  atomic_llong started;   /* sum of deltas about to be added */
-  atomic_llong done;      /* sum of deltas whose incr returned */
+  atomic_llong started; /* sum of deltas about to be added */
+  atomic_llong done;    /* sum of deltas whose incr returned */
   pthread_barrier_t bar;
 } shared;
 
@@ -33,7 +33,7 @@ typedef struct writer {
   long long iters;
   int errors;
   int signed_deltas;
-  int track;              /* maintain started/done (reader bounds) */
+  int track; /* maintain started/done (reader bounds) */
 } writer;
 
 static void *writer_main(void *arg) {
@@ -41,7 +41,7 @@ static void *writer_main(void *arg) {
   shared *sh = w->sh;
   tally_counter *c = sh->c, *own = NULL;
   uint64_t rng = 0x9E3779B97F4A7C15ull * (uint64_t)(w->id + 1);
-  if (w->id % 2) {  /* odd writers use their own handle */
+  if (w->id % 2) { /* odd writers use their own handle */
     if (tu_counter(sh->s, sh->name, 0, -1, 0, &own) != 0) {
       TU_FAIL("writer %d: open %s: %s", w->id, sh->name, tally_errmsg());
       w->errors++;
@@ -52,30 +52,31 @@ static void *writer_main(void *arg) {
   }
   pthread_barrier_wait(&sh->bar);
   double t0 = tu_now();
-  for (long long i = 0; i < MAX_ITERS && !atomic_load_explicit(&sh->stop, memory_order_relaxed); i++) {
+  for (long long i = 0;
+       i < MAX_ITERS && !atomic_load_explicit(&sh->stop, memory_order_relaxed); i++) {
     if ((i & 1023) == 0 && tu_now() - t0 > g_phase_secs) break;
     int64_t d = 1 + (int64_t)(tu_rng(&rng) % 5);
     if (w->signed_deltas && (i & 3) == 3) d = -d;
     if (w->track) atomic_fetch_add(&sh->started, d);
     int rc;
     switch (sh->policy) {
-      case TALLY_POLICY_KEY: {
-        uint64_t k = tu_rng(&rng) % 1000;
-        rc = tally_counter_incr_key(c, &k, sizeof k, d);
-        break;
-      }
-      case TALLY_POLICY_CUSTOM:
-        rc = tally_counter_incr_shard(c, (uint32_t)(tu_rng(&rng) % sh->shards), d);
-        break;
-      default:
-        rc = tally_counter_incr(c, d);
+    case TALLY_POLICY_KEY: {
+      uint64_t k = tu_rng(&rng) % 1000;
+      rc = tally_counter_incr_key(c, &k, sizeof k, d);
+      break;
+    }
+    case TALLY_POLICY_CUSTOM:
+      rc = tally_counter_incr_shard(c, (uint32_t)(tu_rng(&rng) % sh->shards), d);
+      break;
+    default: rc = tally_counter_incr(c, d);
     }
     if (rc == 0) {
       w->total += d;
       if (w->track) atomic_fetch_add(&sh->done, d);
     } else {
       if (w->errors++ < 3)
-        TU_FAIL("writer %d: incr -> %d %s (%s)", w->id, rc, tally_err_name(rc), tally_errmsg());
+        TU_FAIL("writer %d: incr -> %d %s (%s)", w->id, rc, tally_err_name(rc),
+                tally_errmsg());
       if (w->track) atomic_fetch_sub(&sh->started, d);
     }
     w->iters++;
@@ -85,9 +86,8 @@ static void *writer_main(void *arg) {
 }
 
 /* Start NWRITERS writers (plus `extra` threads running fn), join them. */
-static long long run_writers(shared *sh, int signed_deltas, int track,
-                             int extra, void *(*fn)(void *), void *fnarg,
-                             long long *iters) {
+static long long run_writers(shared *sh, int signed_deltas, int track, int extra,
+                             void *(*fn)(void *), void *fnarg, long long *iters) {
   pthread_t th[NWRITERS], ex[4];
   writer w[NWRITERS];
   memset(w, 0, sizeof w);
@@ -111,8 +111,8 @@ static long long run_writers(shared *sh, int signed_deltas, int track,
   return total;
 }
 
-static void open_counter(shared *sh, tally_store *s, const char *name,
-                         uint32_t shards, int policy) {
+static void open_counter(shared *sh, tally_store *s, const char *name, uint32_t shards,
+                         int policy) {
   memset(sh, 0, sizeof *sh);
   sh->s = s;
   sh->name = name;
@@ -166,19 +166,23 @@ static void *meddler_main(void *arg) {
   }
   pthread_barrier_wait(&sh->bar);
   double t0 = tu_now();
-  for (int i = 0; i < 1000000 && !atomic_load(&sh->stop) && tu_now() - t0 < g_phase_secs + 5; i++) {
+  for (int i = 0;
+       i < 1000000 && !atomic_load(&sh->stop) && tu_now() - t0 < g_phase_secs + 5; i++) {
     uint64_t r = tu_rng(&m->seed);
     if (m->do_reshard && (r & 1)) {
       uint32_t n = 1 + (uint32_t)(tu_rng(&m->seed) % TALLY_MAX_SHARDS);
       int rc = tally_counter_reshard(c, n);
-      if (rc != 0) TU_FAIL("reshard(%u) -> %s (%s)", n, tally_err_name(rc), tally_errmsg());
+      if (rc != 0)
+        TU_FAIL("reshard(%u) -> %s (%s)", n, tally_err_name(rc), tally_errmsg());
       m->reshards++;
     }
     if (m->do_reset && (r & 2)) {
       int64_t rem = 0;
       int rc = tally_counter_reset(c, &rem);
-      if (rc != 0) TU_FAIL("reset -> %s (%s)", tally_err_name(rc), tally_errmsg());
-      else m->removed += rem;
+      if (rc != 0)
+        TU_FAIL("reset -> %s (%s)", tally_err_name(rc), tally_errmsg());
+      else
+        m->removed += rem;
       m->resets++;
     }
     if (m->do_read) {
@@ -188,9 +192,11 @@ static void *meddler_main(void *arg) {
       int64_t v = 0;
       int rc = tally_counter_value(c, &v);
       long long hi = atomic_load(&sh->started);
-      if (rc != 0) TU_FAIL("value -> %s", tally_err_name(rc));
+      if (rc != 0)
+        TU_FAIL("value -> %s", tally_err_name(rc));
       else if (v < lo || v > hi) {
-        TU_FAIL("value() read %lld outside [%lld, %lld] during reshard", (long long)v, lo, hi);
+        TU_FAIL("value() read %lld outside [%lld, %lld] during reshard", (long long)v, lo,
+                hi);
         break;
       }
       int64_t sh_v[1024];
@@ -198,7 +204,8 @@ static void *meddler_main(void *arg) {
       lo = atomic_load(&sh->done);
       rc = tally_counter_shards(c, sh_v, 1024, &n);
       hi = atomic_load(&sh->started);
-      if (rc != 0 || n < 1 || n > 1024) TU_FAIL("shards -> %s n=%u", tally_err_name(rc), n);
+      if (rc != 0 || n < 1 || n > 1024)
+        TU_FAIL("shards -> %s n=%u", tally_err_name(rc), n);
       m->reads++;
     }
     if (!m->do_read) usleep(200);
@@ -208,7 +215,11 @@ static void *meddler_main(void *arg) {
 }
 
 static void test_reset_reshard(tally_store *s) {
-  struct { const char *what; int reset, reshard, readers; int policy; } modes[] = {
+  struct {
+    const char *what;
+    int reset, reshard, readers;
+    int policy;
+  } modes[] = {
       {"reset", 1, 0, 0, TALLY_POLICY_THREAD},
       {"reset", 1, 0, 0, TALLY_POLICY_RANDOM},
       {"reshard", 0, 1, 1, TALLY_POLICY_THREAD},
@@ -288,9 +299,11 @@ static void *creator_main(void *arg) {
     char nm[32];
     tally_counter *c = NULL;
     snprintf(nm, sizeof nm, "same:%d", i);
-    int rc = tu_counter(cr->s, nm, 1 + (uint32_t)(i % 8), TALLY_POLICY_RANDOM, TALLY_COUNTER_CREATE, &c);
+    int rc = tu_counter(cr->s, nm, 1 + (uint32_t)(i % 8), TALLY_POLICY_RANDOM,
+                        TALLY_COUNTER_CREATE, &c);
     if (rc == 0) rc = tally_counter_incr(c, 1);
-    if (rc != 0 && cr->errors++ < 3) TU_FAIL("creator %d %s -> %s (%s)", cr->id, nm, tally_err_name(rc), tally_errmsg());
+    if (rc != 0 && cr->errors++ < 3)
+      TU_FAIL("creator %d %s -> %s (%s)", cr->id, nm, tally_err_name(rc), tally_errmsg());
     tally_counter_close(c);
   }
   for (int i = 0; i < cr->own; i++) {
@@ -299,14 +312,19 @@ static void *creator_main(void *arg) {
     snprintf(nm, sizeof nm, "own:%d:%d", cr->id, i);
     int rc = tu_counter(cr->s, nm, 0, -1, TALLY_COUNTER_CREATE, &c);
     if (rc == 0) rc = tally_counter_incr(c, i);
-    if (rc != 0 && cr->errors++ < 3) TU_FAIL("creator %d %s -> %s (%s)", cr->id, nm, tally_err_name(rc), tally_errmsg());
+    if (rc != 0 && cr->errors++ < 3)
+      TU_FAIL("creator %d %s -> %s (%s)", cr->id, nm, tally_err_name(rc), tally_errmsg());
     tally_counter_close(c);
   }
   return NULL;
 }
 
 /* tally_store_check() while creators run: it must see a consistent store. */
-typedef struct { tally_store *s; atomic_int *stop; int runs, bad; } checker;
+typedef struct {
+  tally_store *s;
+  atomic_int *stop;
+  int runs, bad;
+} checker;
 
 static void *checker_main(void *arg) {
   checker *k = arg;
@@ -325,14 +343,20 @@ static void *checker_main(void *arg) {
  * or is found not to fit only after its cells were retired and must put
  * them back. Writers and readers racing with all that must never get
  * anything but success or ERANGE, and no increment may be lost. */
-typedef struct { tally_counter *c; atomic_int *stop; int64_t net; int bad; } edge;
+typedef struct {
+  tally_counter *c;
+  atomic_int *stop;
+  int64_t net;
+  int bad;
+} edge;
 
 static void *edge_writer(void *arg) {
   edge *e = arg;
   while (!atomic_load(e->stop)) {
     int64_t d = e->net == 0 ? 1 : -1;
     int rc = tally_counter_incr_shard(e->c, 0, d);
-    if (rc == 0) e->net += d;
+    if (rc == 0)
+      e->net += d;
     else if (rc != TALLY_ERANGE && e->bad++ == 0)
       TU_FAIL("edge writer -> %s (%s)", tally_err_name(rc), tally_errmsg());
   }
@@ -365,8 +389,10 @@ static void test_edge_reshard(tally_store *s) {
   double end = tu_now() + g_phase_secs;
   for (int i = 0; tu_now() < end && i < 200000; i++) {
     int rc = tally_counter_reshard(c, i % 2 ? 2 : 1);
-    if (rc == 0) done++;
-    else if (rc == TALLY_ERANGE) refused++;
+    if (rc == 0)
+      done++;
+    else if (rc == TALLY_ERANGE)
+      refused++;
     else if (other++ == 0)
       TU_FAIL("edge reshard -> %s (%s)", tally_err_name(rc), tally_errmsg());
   }
@@ -376,7 +402,8 @@ static void test_edge_reshard(tally_store *s) {
   EXPECT_I64(2 * half - 1 + w.net, tu_value(c));
   EXPECT(refused > 0 && done > 0);
   printf("  %-6s edge reshards: %d done, %d refused with ERANGE, writers and "
-         "readers never failed otherwise\n", tally_store_kind(s), done, refused);
+         "readers never failed otherwise\n",
+         tally_store_kind(s), done, refused);
   tally_counter_close(c);
   EXPECT_OK(tally_store_drop(s, "edge", 4));
 }

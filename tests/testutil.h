@@ -22,67 +22,66 @@
 static atomic_int tu_failures;
 static atomic_int tu_checks;
 
-#define TU_FAIL(...)                                                          \
-  do {                                                                        \
-    atomic_fetch_add(&tu_failures, 1);                                        \
-    fprintf(stderr, "%s:%d: FAIL: ", __FILE__, __LINE__);                     \
-    fprintf(stderr, __VA_ARGS__);                                             \
-    fputc('\n', stderr);                                                      \
+#define TU_FAIL(...)                                                                     \
+  do {                                                                                   \
+    atomic_fetch_add(&tu_failures, 1);                                                   \
+    fprintf(stderr, "%s:%d: FAIL: ", __FILE__, __LINE__);                                \
+    fprintf(stderr, __VA_ARGS__);                                                        \
+    fputc('\n', stderr);                                                                 \
   } while (0)
 
 /* Expect a tally call to return `want` (0 or a TALLY_E* code). */
-#define EXPECT_RC(want, call)                                                 \
-  do {                                                                        \
-    int tu_rc_ = (call);                                                      \
-    atomic_fetch_add(&tu_checks, 1);                                          \
-    if (tu_rc_ != (want))                                                     \
-      TU_FAIL("%s -> %d %s, expected %d %s (errmsg: %s)", #call, tu_rc_,      \
-              tally_err_name(tu_rc_), (int)(want), tally_err_name(want),      \
-              tally_errmsg());                                                \
+#define EXPECT_RC(want, call)                                                            \
+  do {                                                                                   \
+    int tu_rc_ = (call);                                                                 \
+    atomic_fetch_add(&tu_checks, 1);                                                     \
+    if (tu_rc_ != (want))                                                                \
+      TU_FAIL("%s -> %d %s, expected %d %s (errmsg: %s)", #call, tu_rc_,                 \
+              tally_err_name(tu_rc_), (int)(want), tally_err_name(want),                 \
+              tally_errmsg());                                                           \
   } while (0)
 
 #define EXPECT_OK(call) EXPECT_RC(0, call)
 
 /* Expect a tally call to fail (any negative code). */
-#define EXPECT_FAILS(call)                                                    \
-  do {                                                                        \
-    int tu_rc_ = (call);                                                      \
-    atomic_fetch_add(&tu_checks, 1);                                          \
-    if (tu_rc_ >= 0) TU_FAIL("%s -> %d, expected an error", #call, tu_rc_);   \
+#define EXPECT_FAILS(call)                                                               \
+  do {                                                                                   \
+    int tu_rc_ = (call);                                                                 \
+    atomic_fetch_add(&tu_checks, 1);                                                     \
+    if (tu_rc_ >= 0) TU_FAIL("%s -> %d, expected an error", #call, tu_rc_);              \
   } while (0)
 
-#define EXPECT(cond)                                                          \
-  do {                                                                        \
-    atomic_fetch_add(&tu_checks, 1);                                          \
-    if (!(cond)) TU_FAIL("expected %s", #cond);                               \
+#define EXPECT(cond)                                                                     \
+  do {                                                                                   \
+    atomic_fetch_add(&tu_checks, 1);                                                     \
+    if (!(cond)) TU_FAIL("expected %s", #cond);                                          \
   } while (0)
 
-#define EXPECT_I64(want, got)                                                 \
-  do {                                                                        \
-    long long tu_w_ = (long long)(want), tu_g_ = (long long)(got);            \
-    atomic_fetch_add(&tu_checks, 1);                                          \
-    if (tu_w_ != tu_g_)                                                       \
-      TU_FAIL("%s == %s: expected %lld, got %lld", #got, #want, tu_w_, tu_g_); \
+#define EXPECT_I64(want, got)                                                            \
+  do {                                                                                   \
+    long long tu_w_ = (long long)(want), tu_g_ = (long long)(got);                       \
+    atomic_fetch_add(&tu_checks, 1);                                                     \
+    if (tu_w_ != tu_g_)                                                                  \
+      TU_FAIL("%s == %s: expected %lld, got %lld", #got, #want, tu_w_, tu_g_);           \
   } while (0)
 
-#define EXPECT_STR(want, got)                                                 \
-  do {                                                                        \
-    const char *tu_w_ = (want), *tu_g_ = (got);                               \
-    atomic_fetch_add(&tu_checks, 1);                                          \
-    if (!tu_g_ || strcmp(tu_w_, tu_g_) != 0)                                  \
-      TU_FAIL("%s: expected \"%s\", got \"%s\"", #got, tu_w_,                 \
-              tu_g_ ? tu_g_ : "(null)");                                      \
+#define EXPECT_STR(want, got)                                                            \
+  do {                                                                                   \
+    const char *tu_w_ = (want), *tu_g_ = (got);                                          \
+    atomic_fetch_add(&tu_checks, 1);                                                     \
+    if (!tu_g_ || strcmp(tu_w_, tu_g_) != 0)                                             \
+      TU_FAIL("%s: expected \"%s\", got \"%s\"", #got, tu_w_, tu_g_ ? tu_g_ : "(null)"); \
   } while (0)
 
 /* Abort the test program when going on makes no sense (setup failed). */
-#define REQUIRE_OK(call)                                                      \
-  do {                                                                        \
-    int tu_rc_ = (call);                                                      \
-    if (tu_rc_ != 0) {                                                        \
-      fprintf(stderr, "%s:%d: FATAL: %s -> %d %s (%s)\n", __FILE__, __LINE__, \
-              #call, tu_rc_, tally_err_name(tu_rc_), tally_errmsg());         \
-      exit(1);                                                                \
-    }                                                                         \
+#define REQUIRE_OK(call)                                                                 \
+  do {                                                                                   \
+    int tu_rc_ = (call);                                                                 \
+    if (tu_rc_ != 0) {                                                                   \
+      fprintf(stderr, "%s:%d: FATAL: %s -> %d %s (%s)\n", __FILE__, __LINE__, #call,     \
+              tu_rc_, tally_err_name(tu_rc_), tally_errmsg());                           \
+      exit(1);                                                                           \
+    }                                                                                    \
   } while (0)
 
 static inline double tu_now(void) {
@@ -131,8 +130,7 @@ static inline int64_t tu_value(tally_counter *c) {
   int64_t v = INT64_MIN;
   int rc = tally_counter_value(c, &v);
   if (rc != 0) {
-    TU_FAIL("tally_counter_value -> %d %s (%s)", rc, tally_err_name(rc),
-            tally_errmsg());
+    TU_FAIL("tally_counter_value -> %d %s (%s)", rc, tally_err_name(rc), tally_errmsg());
   }
   return v;
 }

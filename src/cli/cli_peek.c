@@ -66,10 +66,13 @@ static int p_counter(lua_State *L) {
   lua_createtable(L, 0, 6);
   lua_pushlstring(L, name, len);
   lua_setfield(L, -2, "name");
-  rc = tally_counter_value(c, &v);  /* the sum now, not of the shards above */
-  if (rc == 0) lua_pushinteger(L, (lua_Integer)v);
-  else if (rc == TALLY_ERANGE) pushbigsum(L, vals, n);
-  else lua_pushnil(L);
+  rc = tally_counter_value(c, &v); /* the sum now, not of the shards above */
+  if (rc == 0)
+    lua_pushinteger(L, (lua_Integer)v);
+  else if (rc == TALLY_ERANGE)
+    pushbigsum(L, vals, n);
+  else
+    lua_pushnil(L);
   lua_setfield(L, -2, "value");
   tl_setint(L, "shards", n);
   lua_pushstring(L, info.policy == TALLY_POLICY_CUSTOM ? "function"
@@ -187,13 +190,11 @@ static int p_fs(lua_State *L) {
 }
 
 int cli_open_peek(lua_State *L) {
-  static const luaL_Reg fns[] = {
-    { "counter", p_counter },
-    { "history", p_history },
-    { "store", p_store },
-    { "fs", p_fs },
-    { NULL, NULL }
-  };
+  static const luaL_Reg fns[] = {{"counter", p_counter},
+                                 {"history", p_history},
+                                 {"store", p_store},
+                                 {"fs", p_fs},
+                                 {NULL, NULL}};
   luaL_newlib(L, fns);
   return 1;
 }

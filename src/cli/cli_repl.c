@@ -60,19 +60,19 @@
 #include "tally.h"
 #include "cli.h"
 
-#define PROMPT "> "
-#define PROMPT2 ">> "
-#define HISTORY_MAX 1000
+#define PROMPT        "> "
+#define PROMPT2       ">> "
+#define HISTORY_MAX   1000
 #define NL_IN_HISTORY '\001'
 
 typedef struct repl {
   lua_State *L;
-  int show, complete;      /* registry refs to tally.repl's functions, or LUA_NOREF */
-  char *buf;               /* the pending chunk: lines so far, '\n'-separated */
+  int show, complete; /* registry refs to tally.repl's functions, or LUA_NOREF */
+  char *buf;          /* the pending chunk: lines so far, '\n'-separated */
   size_t len, cap;
-  char *hist;              /* history file, or NULL */
-  int tty;                 /* lines come from readline */
-  int quit;                /* the signal that ends the prompt, or 0 */
+  char *hist; /* history file, or NULL */
+  int tty;    /* lines come from readline */
+  int quit;   /* the signal that ends the prompt, or 0 */
 } repl;
 
 /* ---- compiling and running a chunk ----------------------------------------- */
@@ -95,7 +95,7 @@ static int compile(repl *r, int eof) {
   lua_State *L = r->L;
   const char *code = r->buf;
   int more, status;
-  if (code[0] == '=') {  /* =expr: Lua 5.1's prompt */
+  if (code[0] == '=') { /* =expr: Lua 5.1's prompt */
     lua_pushfstring(L, "return %s", code + 1);
     status = luaL_loadbuffer(L, lua_tostring(L, -1), lua_rawlen(L, -1), "=stdin");
     lua_remove(L, -2);
@@ -106,12 +106,12 @@ static int compile(repl *r, int eof) {
     }
     return CHUNK_ERROR;
   }
-  lua_pushfstring(L, "return %s", code);  /* an expression? */
+  lua_pushfstring(L, "return %s", code); /* an expression? */
   status = luaL_loadbuffer(L, lua_tostring(L, -1), lua_rawlen(L, -1), "=stdin");
   lua_remove(L, -2);
   if (status == LUA_OK) return CHUNK_READY;
-  more = cut_short(L);  /* its message stays, under the statement's */
-  status = luaL_loadbuffer(L, code, r->len, "=stdin");  /* a statement? */
+  more = cut_short(L); /* its message stays, under the statement's */
+  status = luaL_loadbuffer(L, code, r->len, "=stdin"); /* a statement? */
   if (status == LUA_OK) {
     lua_remove(L, -2);
     return CHUNK_READY;
@@ -120,8 +120,10 @@ static int compile(repl *r, int eof) {
     lua_pop(L, 2);
     return CHUNK_MORE;
   }
-  if (more && !cut_short(L)) lua_pop(L, 1);  /* the expression's message */
-  else lua_remove(L, -2);                    /* the statement's */
+  if (more && !cut_short(L))
+    lua_pop(L, 1); /* the expression's message */
+  else
+    lua_remove(L, -2); /* the statement's */
   return CHUNK_ERROR;
 }
 
@@ -141,7 +143,7 @@ static void show(repl *r, int n) {
       lua_settop(L, base);
       return;
     }
-    cli_report(L, LUA_ERRRUN);  /* show() failed: say so, and print plainly */
+    cli_report(L, LUA_ERRRUN); /* show() failed: say so, and print plainly */
     lua_settop(L, base);
     return;
   }
@@ -179,15 +181,13 @@ static int run_pending(repl *r, int eof) {
   lua_State *L = r->L;
   int top = lua_gettop(L), status;
   switch (compile(r, eof)) {
-  case CHUNK_MORE:
-    return 1;
+  case CHUNK_MORE: return 1;
   case CHUNK_ERROR:
     remember(r);
     r->len = 0;
     cli_report(L, LUA_ERRSYNTAX);
     return 0;
-  default:
-    break;
+  default: break;
   }
   remember(r);
   r->len = 0;
@@ -231,7 +231,7 @@ static char *history_path(void) {
   }
   if (path == NULL) return NULL;
   fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
-  if (fd < 0) {  /* unwritable: no history file, and no complaint */
+  if (fd < 0) { /* unwritable: no history file, and no complaint */
     free(path);
     return NULL;
   }
@@ -244,7 +244,7 @@ static void history_load(repl *r) {
   using_history();
   stifle_history(HISTORY_MAX);
   if (r->hist == NULL || read_history(r->hist) != 0) return;
-  for (i = 0; i < history_length; i++) {  /* \001 back to newlines, in place */
+  for (i = 0; i < history_length; i++) { /* \001 back to newlines, in place */
     HIST_ENTRY *e = history_get(history_base + i);
     char *c;
     if (e == NULL) continue;
@@ -271,9 +271,10 @@ static void remember(repl *r) {
     char *line = (char *)malloc(r->len + 1);
     size_t i;
     if (line != NULL) {
-      for (i = 0; i < r->len; i++) line[i] = r->buf[i] == '\n' ? NL_IN_HISTORY : r->buf[i];
+      for (i = 0; i < r->len; i++)
+        line[i] = r->buf[i] == '\n' ? NL_IN_HISTORY : r->buf[i];
       line[r->len] = '\n';
-      if (write(fd, line, r->len + 1) < 0) {}  /* a full disk loses history only */
+      if (write(fd, line, r->len + 1) < 0) {} /* a full disk loses history only */
       free(line);
     }
     close(fd);
@@ -300,7 +301,7 @@ static char **complete(const char *text, int start, int end) {
   char **m = NULL;
   size_t i, n;
   int top;
-  rl_attempted_completion_over = 1;  /* no file names unless asked */
+  rl_attempted_completion_over = 1; /* no file names unless asked */
   rl_completion_append_character = '\0';
   if (current == NULL || current->complete == LUA_NOREF) return NULL;
   L = current->L;
@@ -342,11 +343,16 @@ static char **complete(const char *text, int start, int end) {
 static volatile sig_atomic_t got_int, got_winch, got_quit, got_tstp, got_cont;
 
 static void on_signal(int sig) {
-  if (sig == SIGINT) got_int = 1;
-  else if (sig == SIGWINCH) got_winch = 1;
-  else if (sig == SIGTSTP) got_tstp = 1;
-  else if (sig == SIGCONT) got_cont = 1;
-  else got_quit = sig;
+  if (sig == SIGINT)
+    got_int = 1;
+  else if (sig == SIGWINCH)
+    got_winch = 1;
+  else if (sig == SIGTSTP)
+    got_tstp = 1;
+  else if (sig == SIGCONT)
+    got_cont = 1;
+  else
+    got_quit = sig;
 }
 
 static char *line_in;
@@ -356,10 +362,10 @@ static void on_line(char *line) {
   line_in = line;
   line_eof = line == NULL;
   line_done = 1;
-  rl_callback_handler_remove();  /* no prompt until the chunk has run */
+  rl_callback_handler_remove(); /* no prompt until the chunk has run */
 }
 
-static const int caught[] = { SIGINT, SIGWINCH, SIGTERM, SIGHUP, SIGTSTP, SIGCONT };
+static const int caught[] = {SIGINT, SIGWINCH, SIGTERM, SIGHUP, SIGTSTP, SIGCONT};
 #define NCAUGHT ((int)(sizeof caught / sizeof caught[0]))
 
 /* Ctrl-Z: put the terminal back as it was, stop (SIGTSTP's default action,
@@ -370,21 +376,21 @@ static const int caught[] = { SIGINT, SIGWINCH, SIGTERM, SIGHUP, SIGTSTP, SIGCON
 static void suspend(const sigset_t *blocked) {
   struct sigaction dfl, ours;
   sigset_t open = *blocked;
-  rl_echo_signal_char(SIGTSTP);      /* "^Z", as readline's own handler shows it */
-  rl_callback_sigcleanup();          /* a half-typed key sequence, a search: dropped */
-  rl_cleanup_after_signal();         /* rl_deprep_terminal(), among others */
+  rl_echo_signal_char(SIGTSTP); /* "^Z", as readline's own handler shows it */
+  rl_callback_sigcleanup();     /* a half-typed key sequence, a search: dropped */
+  rl_cleanup_after_signal();    /* rl_deprep_terminal(), among others */
   memset(&dfl, 0, sizeof dfl);
   dfl.sa_handler = SIG_DFL;
   sigemptyset(&dfl.sa_mask);
   sigaction(SIGTSTP, &dfl, &ours);
-  raise(SIGTSTP);                    /* pending: SIGTSTP is blocked */
+  raise(SIGTSTP); /* pending: SIGTSTP is blocked */
   sigdelset(&open, SIGTSTP);
-  sigdelset(&open, SIGCONT);         /* its handler runs as we go on: got_cont */
-  sigprocmask(SIG_SETMASK, &open, NULL);  /* stops here, until SIGCONT */
+  sigdelset(&open, SIGCONT);             /* its handler runs as we go on: got_cont */
+  sigprocmask(SIG_SETMASK, &open, NULL); /* stops here, until SIGCONT */
   sigprocmask(SIG_SETMASK, blocked, NULL);
   sigaction(SIGTSTP, &ours, NULL);
   got_cont = 0;
-  rl_reset_after_signal();           /* rl_prep_terminal() with readline's meta flag */
+  rl_reset_after_signal(); /* rl_prep_terminal() with readline's meta flag */
   rl_forced_update_display();
 }
 
@@ -401,19 +407,19 @@ static char *tty_line(repl *r) {
     sigaddset(&block, caught[i]);
     sigaction(caught[i], &sa, &old[i]);
     if (caught[i] == SIGTSTP && old[i].sa_handler == SIG_IGN)
-      sigaction(SIGTSTP, &old[i], NULL);  /* no job control here: Ctrl-Z stays ignored */
+      sigaction(SIGTSTP, &old[i], NULL); /* no job control here: Ctrl-Z stays ignored */
   }
   sigprocmask(SIG_BLOCK, &block, &orig);
   sigprocmask(SIG_BLOCK, NULL, &blocked);
   got_int = got_tstp = got_cont = 0;
   line_done = line_eof = 0;
   line_in = NULL;
-  if (rl_instream != NULL) rl_reset_screen_size();  /* resized while a chunk ran? */
+  if (rl_instream != NULL) rl_reset_screen_size(); /* resized while a chunk ran? */
   rl_callback_handler_install(r->len ? PROMPT2 : PROMPT, on_line);
   while (!line_done && !got_quit) {
     fd_set in;
     int n;
-    if (got_int) {  /* Ctrl-C: drop the line and the pending chunk */
+    if (got_int) { /* Ctrl-C: drop the line and the pending chunk */
       got_int = 0;
       rl_point = rl_end;
       rl_redisplay();
@@ -421,19 +427,19 @@ static char *tty_line(repl *r) {
       fflush(rl_outstream);
       rl_free_line_state();
       rl_callback_sigcleanup();
-      rl_callback_handler_remove();  /* may write "\r" (bracketed paste off) */
+      rl_callback_handler_remove(); /* may write "\r" (bracketed paste off) */
       fputc('\n', rl_outstream);
       fflush(rl_outstream);
       r->len = 0;
       rl_callback_handler_install(PROMPT, on_line);
       continue;
     }
-    if (got_tstp) {  /* Ctrl-Z */
+    if (got_tstp) { /* Ctrl-Z */
       got_tstp = 0;
       suspend(&blocked);
       continue;
     }
-    if (got_cont) {  /* continued after a SIGSTOP: the shell has reset the terminal */
+    if (got_cont) { /* continued after a SIGSTOP: the shell has reset the terminal */
       got_cont = 0;
       rl_cleanup_after_signal();
       rl_reset_after_signal();
@@ -462,10 +468,10 @@ static char *tty_line(repl *r) {
 
 static void tty_loop(repl *r) {
   char *line;
-  rl_readline_name = "tally";  /* for $if tally in ~/.inputrc */
+  rl_readline_name = "tally"; /* for $if tally in ~/.inputrc */
   rl_catch_signals = 0;
   rl_catch_sigwinch = 0;
-  rl_change_environment = 0;   /* leave LINES and COLUMNS alone */
+  rl_change_environment = 0; /* leave LINES and COLUMNS alone */
   rl_attempted_completion_function = complete;
   rl_basic_word_break_characters = " \t\n\"'`><=;|&{(,)}[]+-*/%^#~.:";
   rl_completer_word_break_characters = rl_basic_word_break_characters;
@@ -476,7 +482,7 @@ static void tty_loop(repl *r) {
     feed(r, line);
     free(line);
   }
-  if (r->quit == 0) fputc('\n', stdout);  /* after the Ctrl-D */
+  if (r->quit == 0) fputc('\n', stdout); /* after the Ctrl-D */
   fflush(stdout);
   current = NULL;
   if (r->hist != NULL) history_truncate_file(r->hist, HISTORY_MAX);
@@ -504,8 +510,10 @@ static int replfn(lua_State *L, const char *name) {
   lua_pushliteral(L, "tally.repl");
   if (lua_pcall(L, 1, 1, 0) == LUA_OK) {
     lua_getfield(L, -1, name);
-    if (lua_isfunction(L, -1)) ref = luaL_ref(L, LUA_REGISTRYINDEX);
-    else lua_pop(L, 1);
+    if (lua_isfunction(L, -1))
+      ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    else
+      lua_pop(L, 1);
   } else if (strcmp(name, "show") == 0) {
     cli_report(L, LUA_ERRRUN);
     return LUA_NOREF;
@@ -542,7 +550,7 @@ void cli_repl(lua_State *L) {
   free(r.hist);
   luaL_unref(L, LUA_REGISTRYINDEX, r.show);
   luaL_unref(L, LUA_REGISTRYINDEX, r.complete);
-  if (r.quit) {  /* SIGTERM or SIGHUP: the terminal is restored; die of it */
+  if (r.quit) { /* SIGTERM or SIGHUP: the terminal is restored; die of it */
     fflush(NULL);
     signal(r.quit, SIG_DFL);
     raise(r.quit);

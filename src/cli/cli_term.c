@@ -33,7 +33,7 @@
 #include "lauxlib.h"
 #include "cli.h"
 
-static const int caught[] = { SIGINT, SIGTERM, SIGHUP, SIGWINCH };
+static const int caught[] = {SIGINT, SIGTERM, SIGHUP, SIGWINCH};
 #define NCAUGHT ((int)(sizeof caught / sizeof caught[0]))
 
 static struct termios saved;
@@ -43,8 +43,10 @@ static int is_raw, raw_tty, at_exit, catching;
 static volatile sig_atomic_t got_sig, got_winch, got_int;
 
 static void on_signal(int sig) {
-  if (sig == SIGWINCH) got_winch = 1;
-  else if (sig == SIGINT) got_int = 1;
+  if (sig == SIGWINCH)
+    got_winch = 1;
+  else if (sig == SIGINT)
+    got_int = 1;
   if (sig != SIGWINCH && got_sig == 0) got_sig = sig;
 }
 
@@ -66,7 +68,7 @@ static int t_isatty(lua_State *L) {
 }
 
 static int t_size(lua_State *L) {
-  static const int fds[] = { STDOUT_FILENO, STDERR_FILENO, STDIN_FILENO };
+  static const int fds[] = {STDOUT_FILENO, STDERR_FILENO, STDIN_FILENO};
   struct winsize ws;
   int i, cols = 0, rows = 0;
   for (i = 0; i < 3; i++) {
@@ -149,7 +151,7 @@ static const char *signame(int sig) {
 static int t_readkey(lua_State *L) {
   double timeout = luaL_optnumber(L, 1, -1);
   struct timespec ts, *tsp = NULL;
-  sigset_t *mask = is_raw ? &saved_mask : NULL;  /* caught signals come in only here */
+  sigset_t *mask = is_raw ? &saved_mask : NULL; /* caught signals come in only here */
   fd_set in;
   int n, nfds = 0;
   if (timeout >= 0) {
@@ -178,10 +180,10 @@ static int t_readkey(lua_State *L) {
     }
     n = pselect(nfds, &in, NULL, NULL, tsp, mask);
     if (n < 0) {
-      if (errno == EINTR) continue;  /* the flags say why */
+      if (errno == EINTR) continue; /* the flags say why */
       return luaL_error(L, "readkey: %s", strerror(errno));
     }
-    if (n == 0) return 0;  /* timeout */
+    if (n == 0) return 0; /* timeout */
     {
       char buf[64];
       ssize_t got = read(STDIN_FILENO, buf, sizeof buf);
@@ -223,16 +225,14 @@ static int t_interrupted(lua_State *L) {
 }
 
 int cli_open_term(lua_State *L) {
-  static const luaL_Reg fns[] = {
-    { "isatty", t_isatty },
-    { "size", t_size },
-    { "raw", t_raw },
-    { "restore", t_restore },
-    { "readkey", t_readkey },
-    { "catch_interrupt", t_catch_interrupt },
-    { "interrupted", t_interrupted },
-    { NULL, NULL }
-  };
+  static const luaL_Reg fns[] = {{"isatty", t_isatty},
+                                 {"size", t_size},
+                                 {"raw", t_raw},
+                                 {"restore", t_restore},
+                                 {"readkey", t_readkey},
+                                 {"catch_interrupt", t_catch_interrupt},
+                                 {"interrupted", t_interrupted},
+                                 {NULL, NULL}};
   luaL_newlib(L, fns);
   return 1;
 }

@@ -41,9 +41,8 @@ int luaopen_tally_core(lua_State *L);
 
 #define EXIT_USAGE 2
 
-static const char *const subcommands[] = {
-  "ls", "get", "incr", "export", "import", "info", "watch", "help", NULL
-};
+static const char *const subcommands[] = {"ls",   "get",   "incr", "export", "import",
+                                          "info", "watch", "help", NULL};
 
 /* ---- running Lua ---------------------------------------------------------- */
 
@@ -51,8 +50,7 @@ static const char *const subcommands[] = {
 static int msghandler(lua_State *L) {
   const char *msg = lua_tostring(L, 1);
   if (msg == NULL) {
-    if (luaL_callmeta(L, 1, "__tostring") && lua_type(L, -1) == LUA_TSTRING)
-      return 1;
+    if (luaL_callmeta(L, 1, "__tostring") && lua_type(L, -1) == LUA_TSTRING) return 1;
     msg = lua_pushfstring(L, "(error object is a %s value)", luaL_typename(L, 1));
   }
   luaL_traceback(L, L, msg, 1);
@@ -72,7 +70,7 @@ static void lstop(lua_State *L, lua_Debug *ar) {
 
 static void laction(int sig) {
   int flag = LUA_MASKCALL | LUA_MASKRET | LUA_MASKLINE | LUA_MASKCOUNT;
-  signal(sig, SIG_DFL);  /* a second Ctrl-C kills us (say, stuck in a C call) */
+  signal(sig, SIG_DFL); /* a second Ctrl-C kills us (say, stuck in a C call) */
   lua_sethook(sig_L, lstop, flag, 1);
 }
 
@@ -89,7 +87,7 @@ int cli_docall(lua_State *L, int narg, int nres) {
   sigaction(SIGINT, &sa, &old);
   status = lua_pcall(L, narg, nres, base);
   sigaction(SIGINT, &old, NULL);
-  lua_sethook(L, NULL, 0, 0);  /* a Ctrl-C that came too late to stop anything */
+  lua_sethook(L, NULL, 0, 0); /* a Ctrl-C that came too late to stop anything */
   sig_L = prev;
   lua_remove(L, base);
   return status;
@@ -99,7 +97,8 @@ int cli_report(lua_State *L, int status) {
   if (status != LUA_OK) {
     const char *msg = lua_tostring(L, -1);
     fflush(stdout);
-    fprintf(stderr, "%s: %s\n", CLI_PROGNAME, msg ? msg : "(error object is not a string)");
+    fprintf(stderr, "%s: %s\n", CLI_PROGNAME,
+            msg ? msg : "(error object is not a string)");
     fflush(stderr);
     lua_pop(L, 1);
   }
@@ -186,13 +185,14 @@ static int callcli(lua_State *L, const char *fname, int nargs, char **args) {
 
 /* The command's help (or the short usage if the Lua side is missing). */
 static void usage(lua_State *L) {
-  char *args[1] = { (char *)"help" };
+  char *args[1] = {(char *)"help"};
   if (getcli(L, "main")) {
     lua_pop(L, 1);
     callcli(L, "main", 1, args);
     return;
   }
-  printf("usage: " CLI_PROGNAME " [options] [script [args]] | run script [args] | COMMAND ...\n");
+  printf("usage: " CLI_PROGNAME
+         " [options] [script [args]] | run script [args] | COMMAND ...\n");
 }
 
 /* ---- a store truncated under us ------------------------------------------- */
@@ -311,7 +311,7 @@ static int pmain(lua_State *L) {
   luaL_openlibs(L);
   setpaths(L);
 
-  if (argc > 1) {  /* a subcommand? */
+  if (argc > 1) { /* a subcommand? */
     const char *a = argv[1];
     for (i = 0; subcommands[i] != NULL; i++) {
       if (strcmp(a, subcommands[i]) == 0) {
@@ -322,7 +322,7 @@ static int pmain(lua_State *L) {
     if (strcmp(a, "run") == 0) first = 2;
   }
 
-  for (i = first; i < argc; i++) {  /* options up to the script */
+  for (i = first; i < argc; i++) { /* options up to the script */
     const char *a = argv[i];
     if (a[0] != '-' || strcmp(a, "-") == 0) {
       script = i;
@@ -347,7 +347,7 @@ static int pmain(lua_State *L) {
       if (i + 1 == argc) return 0;
     } else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
       if (first == 2) {
-        char *args[2] = { (char *)"help", (char *)"run" };
+        char *args[2] = {(char *)"help", (char *)"run"};
         ra->status = callcli(L, "main", 2, args);
       } else {
         usage(L);
@@ -358,12 +358,14 @@ static int pmain(lua_State *L) {
     }
   }
   if (first == 2 && !script) {
-    fprintf(stderr, "%s run: a script is needed\nusage: %s run [options] script [args...]"
-            "   ('%s help run' for more)\n", CLI_PROGNAME, CLI_PROGNAME, CLI_PROGNAME);
+    fprintf(stderr,
+            "%s run: a script is needed\nusage: %s run [options] script [args...]"
+            "   ('%s help run' for more)\n",
+            CLI_PROGNAME, CLI_PROGNAME, CLI_PROGNAME);
     ra->status = EXIT_USAGE;
     return 0;
   }
-  if (first == 1 && script == 1 && mistyped(argv[1])) {  /* tally lss */
+  if (first == 1 && script == 1 && mistyped(argv[1])) { /* tally lss */
     ra->status = callcli(L, "unknown", 1, argv + 1);
     return 0;
   }
@@ -387,12 +389,13 @@ static int pmain(lua_State *L) {
     }
   }
 
-  for (i = first; i < (script ? script : argc); i++) {  /* -e chunks, in order */
+  for (i = first; i < (script ? script : argc); i++) { /* -e chunks, in order */
     if (strcmp(argv[i], "-e") == 0) {
       const char *chunk = argv[++i];
       if (!ran_e) settally(L);
       ran_e = 1;
-      if (dochunk(L, luaL_loadbuffer(L, chunk, strlen(chunk), "=(command line)")) != LUA_OK) {
+      if (dochunk(L, luaL_loadbuffer(L, chunk, strlen(chunk), "=(command line)")) !=
+          LUA_OK) {
         ra->status = EXIT_FAILURE;
         return 0;
       }
@@ -425,7 +428,7 @@ static int pmain(lua_State *L) {
 }
 
 int main(int argc, char **argv) {
-  run_args ra = { argc, argv, 0 };
+  run_args ra = {argc, argv, 0};
   lua_State *L = luaL_newstate();
   int status;
   if (L == NULL) {

@@ -23,8 +23,9 @@ static int live_match(tally_store *s, uint64_t rec_off, struct walk *w) {
   uint64_t cells;
   uint32_t n;
   bool dropped;
-  int rc = tally__loc_decode(s, rec_off, atomic_load_explicit(&r->loc, memory_order_acquire),
-                             &cells, &n, &dropped);
+  int rc =
+      tally__loc_decode(s, rec_off, atomic_load_explicit(&r->loc, memory_order_acquire),
+                        &cells, &n, &dropped);
   if (rc) return rc;
   return !dropped && tally_glob_match(w->pattern, w->plen, r->name, r->name_len);
 }
@@ -55,16 +56,16 @@ static void pattern_or_all(struct walk *w, const char *pattern, size_t plen) {
   w->plen = pattern && plen ? plen : 1;
 }
 
-int tally_store_each(tally_store *s, const char *pattern, size_t plen,
-                     tally_name_fn fn, void *ud) {
+int tally_store_each(tally_store *s, const char *pattern, size_t plen, tally_name_fn fn,
+                     void *ud) {
   if (!s || !fn) return tally__fail(TALLY_EINVAL, "tally_store_each: NULL argument");
   struct walk w = {.fn = fn, .ud = ud};
   pattern_or_all(&w, pattern, plen);
   return tally__index_each(s, name_one, &w);
 }
 
-int tally_store_sum(tally_store *s, const char *pattern, size_t plen,
-                    int64_t *sum, uint64_t *count) {
+int tally_store_sum(tally_store *s, const char *pattern, size_t plen, int64_t *sum,
+                    uint64_t *count) {
   if (!s || !sum) return tally__fail(TALLY_EINVAL, "tally_store_sum: NULL argument");
   struct walk w = {0};
   pattern_or_all(&w, pattern, plen);
@@ -86,7 +87,8 @@ static int count_one(tally_store *s, uint64_t rec_off, void *ud) {
 }
 
 int tally_store_stats_get(tally_store *s, tally_store_stats *out) {
-  if (!s || !out) return tally__fail(TALLY_EINVAL, "tally_store_stats_get: NULL argument");
+  if (!s || !out)
+    return tally__fail(TALLY_EINVAL, "tally_store_stats_get: NULL argument");
   struct walk w = {.pattern = "*", .plen = 1};
   int rc = tally__truncated(s); /* before the walk touches a missing page */
   if (rc == 0) rc = tally__index_each(s, count_one, &w);

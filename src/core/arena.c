@@ -25,23 +25,24 @@ uint64_t tally__header_check(const struct tally__header *h) {
   return tally__hash(h, offsetof(struct tally__header, check), 0x68647221);
 }
 
-uint64_t tally__seal(const tally_store *s, int field, uint64_t off,
-                     uint64_t extra) {
+uint64_t tally__seal(const tally_store *s, int field, uint64_t off, uint64_t extra) {
   if (!off) return 0;
-  uint64_t check = tally__mix(s->hdr->salt ^ (uint64_t)field << 56 ^ off ^
-                              tally__mix(extra)) >> 32;
+  uint64_t check =
+      tally__mix(s->hdr->salt ^ (uint64_t)field << 56 ^ off ^ tally__mix(extra)) >> 32;
   return (off >> 3) << 32 | check;
 }
 
-int tally__unseal(const tally_store *s, int field, uint64_t word,
-                  uint64_t extra, uint64_t *off) {
+int tally__unseal(const tally_store *s, int field, uint64_t word, uint64_t extra,
+                  uint64_t *off) {
   uint64_t o = (word >> 32) << 3;
   if (word && tally__seal(s, field, o, extra) != word)
     return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (%s pointer)",
-                       tally__store_name(s), field == TALLY__SEAL_INDEX ? "index"
+                       tally__store_name(s),
+                       field == TALLY__SEAL_INDEX      ? "index"
                        : field == TALLY__SEAL_FAMILIES ? "family"
-                       : field == TALLY__SEAL_MOVE ? "move"
-                       : field == TALLY__SEAL_ROLLUPS ? "rollup table" : "rollup");
+                       : field == TALLY__SEAL_MOVE     ? "move"
+                       : field == TALLY__SEAL_ROLLUPS  ? "rollup table"
+                                                       : "rollup");
   *off = word ? o : 0;
   return 0;
 }
@@ -60,8 +61,7 @@ static int grow(tally_store *s, uint64_t need) {
   if (want > TALLY__MAX_BYTES) want = TALLY__MAX_BYTES;
   if (want < need)
     return tally__fail(TALLY_EFULL, "%s: store is full (%llu bytes)",
-                       tally__store_name(s),
-                       (unsigned long long)TALLY__MAX_BYTES);
+                       tally__store_name(s), (unsigned long long)TALLY__MAX_BYTES);
   if (s->kind == TALLY__FILE) {
     /* Reserve real blocks: a sparse file would turn a full disk into
      * SIGBUS on some later increment instead of an error here. */
@@ -87,8 +87,7 @@ int tally__alloc(tally_store *s, uint64_t bytes, uint64_t *off) {
   uint64_t start = (used + 63) & ~(uint64_t)63;
   bytes = (bytes + 7) & ~(uint64_t)7;
   if (bytes > TALLY__MAX_BYTES || start + bytes > TALLY__MAX_BYTES)
-    return tally__fail(TALLY_EFULL, "%s: store is full",
-                       tally__store_name(s));
+    return tally__fail(TALLY_EFULL, "%s: store is full", tally__store_name(s));
   if (start + bytes > atomic_load_explicit(&h->size, memory_order_relaxed)) {
     int rc = grow(s, start + bytes);
     if (rc) return rc;
@@ -98,8 +97,8 @@ int tally__alloc(tally_store *s, uint64_t bytes, uint64_t *off) {
     if (p[i] != 0)
       return tally__fail(TALLY_ECORRUPT,
                          "%s: tally store is corrupt (free space at offset "
-                         "%llu is not empty)", tally__store_name(s),
-                         (unsigned long long)(start + i * 8));
+                         "%llu is not empty)",
+                         tally__store_name(s), (unsigned long long)(start + i * 8));
   atomic_store_explicit(&h->used, start + bytes, memory_order_release);
   *off = start;
   return 0;
@@ -113,13 +112,15 @@ int tally__truncated(tally_store *s) {
   if (s->kind != TALLY__FILE) return 0;
   if (fstat(s->fd, &st) != 0) return tally__fail_sys("cannot stat", s->path);
   if ((uint64_t)st.st_size < TALLY__HEADER_BYTES) /* the header's page is gone */
-    return tally__fail(TALLY_ECORRUPT, "%s: tally store is truncated (file has "
-                       "%lld bytes, less than its header)", s->path,
-                       (long long)st.st_size);
+    return tally__fail(TALLY_ECORRUPT,
+                       "%s: tally store is truncated (file has "
+                       "%lld bytes, less than its header)",
+                       s->path, (long long)st.st_size);
   uint64_t size = atomic_load(&s->hdr->size);
   if (size > (uint64_t)st.st_size)
-    return tally__fail(TALLY_ECORRUPT, "%s: tally store is truncated (header "
-                       "says %llu bytes, file has %llu)", s->path,
-                       (unsigned long long)size, (unsigned long long)st.st_size);
+    return tally__fail(TALLY_ECORRUPT,
+                       "%s: tally store is truncated (header "
+                       "says %llu bytes, file has %llu)",
+                       s->path, (unsigned long long)size, (unsigned long long)st.st_size);
   return 0;
 }

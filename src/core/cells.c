@@ -14,30 +14,32 @@
 #include <sched.h>
 #include <time.h>
 
-static uint64_t loc_check(tally_store *s, uint64_t rec_off, uint64_t cells,
-                          uint32_t n, bool dropped) {
-  uint64_t h = tally__mix(s->hdr->salt ^ rec_off ^ (cells << 21) ^
-                          ((uint64_t)n << 1) ^ dropped);
+static uint64_t loc_check(tally_store *s, uint64_t rec_off, uint64_t cells, uint32_t n,
+                          bool dropped) {
+  uint64_t h =
+      tally__mix(s->hdr->salt ^ rec_off ^ (cells << 21) ^ ((uint64_t)n << 1) ^ dropped);
   return h & TALLY__LOC_CHECK_MASK;
 }
 
-uint64_t tally__loc_make(tally_store *s, uint64_t rec_off, uint64_t cells,
-                         uint32_t n, bool dropped) {
+uint64_t tally__loc_make(tally_store *s, uint64_t rec_off, uint64_t cells, uint32_t n,
+                         bool dropped) {
   return (cells >> 3) << 32 |
          loc_check(s, rec_off, cells, n, dropped) << TALLY__LOC_CHECK_SHIFT |
          (dropped ? TALLY__LOC_DROPPED : 0) | (uint64_t)(n - 1);
 }
 
-int tally__loc_decode(tally_store *s, uint64_t rec_off, uint64_t loc,
-                      uint64_t *cells, uint32_t *n, bool *dropped) {
+int tally__loc_decode(tally_store *s, uint64_t rec_off, uint64_t loc, uint64_t *cells,
+                      uint32_t *n, bool *dropped) {
   uint64_t c = (loc >> 32) << 3;
   uint32_t k = (uint32_t)(loc & TALLY__LOC_SHARDS_MASK) + 1;
   bool d = (loc & TALLY__LOC_DROPPED) != 0;
-  if (((loc >> TALLY__LOC_CHECK_SHIFT) & TALLY__LOC_CHECK_MASK) != loc_check(s, rec_off, c, k, d) ||
+  if (((loc >> TALLY__LOC_CHECK_SHIFT) & TALLY__LOC_CHECK_MASK) !=
+          loc_check(s, rec_off, c, k, d) ||
       !tally__in_arena(s, c, (uint64_t)(k - 1) * TALLY__ROW_BYTES + 8))
-    return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (cell "
-                       "location of the counter at offset %llu)", tally__store_name(s),
-                       (unsigned long long)rec_off);
+    return tally__fail(TALLY_ECORRUPT,
+                       "%s: tally store is corrupt (cell "
+                       "location of the counter at offset %llu)",
+                       tally__store_name(s), (unsigned long long)rec_off);
   *cells = c;
   *n = k;
   *dropped = d;
@@ -47,8 +49,9 @@ int tally__loc_decode(tally_store *s, uint64_t rec_off, uint64_t loc,
 /* A fresh column of cells for a counter of n shards. Caller holds the lock. */
 static uint64_t class_word(const tally_store *s, uint32_t n, uint64_t chunk,
                            uint32_t cols) {
-  uint64_t check = tally__mix(s->hdr->salt ^ (uint64_t)n << 48 ^ chunk ^
-                              (uint64_t)cols << 36) & 0x1ffffff;
+  uint64_t check =
+      tally__mix(s->hdr->salt ^ (uint64_t)n << 48 ^ chunk ^ (uint64_t)cols << 36) &
+      0x1ffffff;
   return (chunk >> 6) << 35 | (uint64_t)cols << 25 | check;
 }
 
@@ -59,8 +62,10 @@ static int class_get(tally_store *s, uint32_t n, uint64_t *chunk, uint32_t *cols
   uint32_t k = (uint32_t)(w >> 25) & 0x3ff;
   if (w && (class_word(s, n, c, k) != w || k > TALLY__ROW_CELLS ||
             !tally__in_arena(s, c, (uint64_t)n * TALLY__ROW_BYTES)))
-    return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (class "
-                       "table entry %u)", tally__store_name(s), n);
+    return tally__fail(TALLY_ECORRUPT,
+                       "%s: tally store is corrupt (class "
+                       "table entry %u)",
+                       tally__store_name(s), n);
   *chunk = w ? c : 0;
   *cols = w ? k : 0;
   return 0;
@@ -88,8 +93,10 @@ int tally__cells_alloc(tally_store *s, uint32_t n, uint64_t *out) {
   uint64_t off = chunk + (uint64_t)cols * 8;
   for (uint32_t i = 0; i < n; i++)
     if (atomic_load((_Atomic int64_t *)(s->base + off + (uint64_t)i * TALLY__ROW_BYTES)))
-      return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (class "
-                         "table entry %u hands out used cells)", tally__store_name(s), n);
+      return tally__fail(TALLY_ECORRUPT,
+                         "%s: tally store is corrupt (class "
+                         "table entry %u hands out used cells)",
+                         tally__store_name(s), n);
   /* one store: a crash before it leaks at most this chunk or column */
   atomic_store_explicit(&s->classes[n - 1].word, class_word(s, n, chunk, cols + 1),
                         memory_order_release);
@@ -133,7 +140,8 @@ int tally__cells_check(tally_store *s, uint64_t rec_off, uint64_t loc) {
       v = atomic_load_explicit(cell, memory_order_acquire);
     }
     if (!tally__cell_live(v) && !tally__cell_retired(v))
-      return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (counter "
+      return tally__fail(TALLY_ECORRUPT,
+                         "%s: tally store is corrupt (counter "
                          "'%s' shard %u holds %lld, outside the live range: a "
                          "writer died mid-increment or the file was damaged; "
                          "the next read clamps and repairs it)",

@@ -13,20 +13,21 @@ static int check_one(tally_store *s, uint64_t off, void *ud) {
   (void)ud;
   const struct tally__rec *r = tally__at(s, off);
   uint64_t hash = tally__hash(r->name, r->name_len, 0), found;
-  if (tally__index_find(s, r->name, r->name_len, hash, &found) != 0 ||
-      found != off)
-    return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (counter "
-                       "'%s' is not where the index says)", tally__store_name(s),
-                       r->name);
+  if (tally__index_find(s, r->name, r->name_len, hash, &found) != 0 || found != off)
+    return tally__fail(TALLY_ECORRUPT,
+                       "%s: tally store is corrupt (counter "
+                       "'%s' is not where the index says)",
+                       tally__store_name(s), r->name);
   uint64_t cells;
   uint32_t n;
   bool dropped;
-  int rc = tally__loc_decode(s, off, atomic_load(&r->loc), &cells, &n,
-                             &dropped);
+  int rc = tally__loc_decode(s, off, atomic_load(&r->loc), &cells, &n, &dropped);
   if (rc) return rc;
   if (dropped)
-    return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (dropped "
-                       "counter '%s' is still indexed)", tally__store_name(s), r->name);
+    return tally__fail(TALLY_ECORRUPT,
+                       "%s: tally store is corrupt (dropped "
+                       "counter '%s' is still indexed)",
+                       tally__store_name(s), r->name);
   if ((rc = tally__cells_check(s, off, atomic_load(&r->loc)))) return rc;
   if ((rc = tally__rollups_check(s, off))) return rc;
   return 0;
@@ -37,8 +38,10 @@ int tally_store_check(tally_store *s) {
   int trc = tally__truncated(s);
   if (trc) return trc;
   if (s->hdr->check != tally__header_check(s->hdr))
-    return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (header "
-                       "checksum)", tally__store_name(s));
+    return tally__fail(TALLY_ECORRUPT,
+                       "%s: tally store is corrupt (header "
+                       "checksum)",
+                       tally__store_name(s));
   int rc = tally__lock(s); /* a consistent view: no create or drop meanwhile */
   if (rc) return rc;
   rc = tally__classes_check(s);

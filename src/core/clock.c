@@ -15,4 +15,6 @@ int64_t tally_monotonic_ns(void) {
   return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-int64_t tally_monotonic_ms(void) { return tally_monotonic_ns() / 1000000; }
+int64_t tally_monotonic_ms(void) {
+  return tally_monotonic_ns() / 1000000;
+}

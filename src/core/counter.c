@@ -40,16 +40,18 @@ static int create(tally_store *s, const char *name, size_t len, uint64_t hash,
 
 int tally__check_name(const char *name, size_t len) {
   if (!name || len == 0 || len > TALLY_NAME_MAX || memchr(name, 0, len))
-    return tally__fail(TALLY_ENAME, "invalid counter name (1 to %d bytes, "
-                       "no NUL)", TALLY_NAME_MAX);
+    return tally__fail(TALLY_ENAME,
+                       "invalid counter name (1 to %d bytes, "
+                       "no NUL)",
+                       TALLY_NAME_MAX);
   return 0;
 }
 
 static int check_options(const tally_counter_options *o) {
   if (!o) return 0;
   if (o->shards > TALLY_MAX_SHARDS)
-    return tally__fail(TALLY_ESHARDS, "shard count %u out of range (1 to %d)",
-                       o->shards, TALLY_MAX_SHARDS);
+    return tally__fail(TALLY_ESHARDS, "shard count %u out of range (1 to %d)", o->shards,
+                       TALLY_MAX_SHARDS);
   if (o->policy < -1 || o->policy >= TALLY_POLICY_COUNT_)
     return tally__fail(TALLY_EPOLICY, "invalid shard policy %d", o->policy);
   return 0;
@@ -90,8 +92,7 @@ int tally_counter_open(tally_store *s, const char *name, size_t len,
     if (rc) return rc;
     if (!dropped) break;
     if (attempt == 8) /* dropped again and again under us */
-      return tally__fail(TALLY_EDROPPED, "counter '%.*s' was dropped",
-                         (int)len, name);
+      return tally__fail(TALLY_EDROPPED, "counter '%.*s' was dropped", (int)len, name);
     if ((rc = tally__lock(s))) return rc; /* a drop is finishing: wait for it */
     tally__unlock(s);
   }
@@ -99,9 +100,10 @@ int tally_counter_open(tally_store *s, const char *name, size_t len,
   uint32_t n = tally__loc_shards(loc);
   if (opt && ((opt->shards && opt->shards != n) ||
               (opt->policy >= 0 && opt->policy != r->policy)))
-    return tally__fail(TALLY_EMISMATCH, "counter '%.*s' exists with %u shards "
-                       "and policy %s", (int)len, name, n,
-                       tally_policy_name(r->policy));
+    return tally__fail(TALLY_EMISMATCH,
+                       "counter '%.*s' exists with %u shards "
+                       "and policy %s",
+                       (int)len, name, n, tally_policy_name(r->policy));
   tally_counter *c = calloc(1, sizeof *c);
   if (!c) return tally__fail(TALLY_ENOMEM, "out of memory");
   c->s = s;
@@ -115,14 +117,16 @@ int tally_counter_open(tally_store *s, const char *name, size_t len,
   return 0;
 }
 
-void tally_counter_close(tally_counter *c) { free(c); }
+void tally_counter_close(tally_counter *c) {
+  free(c);
+}
 
 /* ---- finding the cells again after a move -------------------------------- */
 
 static bool none_retired(tally_store *s, uint64_t loc) {
   for (uint32_t i = 0, n = tally__loc_shards(loc); i < n; i++)
-    if (tally__cell_retired(atomic_load_explicit(tally__cell_at(s, loc, i),
-                                                 memory_order_acquire)))
+    if (tally__cell_retired(
+            atomic_load_explicit(tally__cell_at(s, loc, i), memory_order_acquire)))
       return false;
   return true;
 }
@@ -131,8 +135,7 @@ static bool none_retired(tally_store *s, uint64_t loc) {
  * if its process died; the lock does that) and give the counter's current
  * location, which is `seen` again if the move was undone (ERANGE).
  * TALLY_EDROPPED if the move was a drop. */
-static int settle(tally_store *s, uint64_t rec_off, uint64_t seen,
-                  uint64_t *loc) {
+static int settle(tally_store *s, uint64_t rec_off, uint64_t seen, uint64_t *loc) {
   struct tally__rec *r = tally__at(s, rec_off);
   for (int round = 0; round < 4; round++) {
     uint64_t l = atomic_load_explicit(&r->loc, memory_order_acquire), cells;
@@ -140,8 +143,7 @@ static int settle(tally_store *s, uint64_t rec_off, uint64_t seen,
     bool dropped;
     int rc = tally__loc_decode(s, rec_off, l, &cells, &n, &dropped);
     if (rc) return rc;
-    if (dropped)
-      return tally__fail(TALLY_EDROPPED, "counter '%s' was dropped", r->name);
+    if (dropped) return tally__fail(TALLY_EDROPPED, "counter '%s' was dropped", r->name);
     if (l != seen || (round > 0 && none_retired(s, l))) {
       *loc = l;
       return 0;
@@ -149,8 +151,10 @@ static int settle(tally_store *s, uint64_t rec_off, uint64_t seen,
     if ((rc = tally__lock(s))) return rc;
     tally__unlock(s);
   }
-  return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (counter '%s' "
-                     "has retired cells and no move)", tally__store_name(s), r->name);
+  return tally__fail(TALLY_ECORRUPT,
+                     "%s: tally store is corrupt (counter '%s' "
+                     "has retired cells and no move)",
+                     tally__store_name(s), r->name);
 }
 
 static int refresh(tally_counter *c, uint64_t seen) {
@@ -163,9 +167,10 @@ static int refresh(tally_counter *c, uint64_t seen) {
 /* ---- increments ----------------------------------------------------------- */
 
 static int range_error(tally_counter *c, int64_t delta) {
-  return tally__fail(TALLY_ERANGE, "counter '%s': adding %lld would overflow "
-                     "a shard (shards hold -2^62 to 2^62-1)", c->rec->name,
-                     (long long)delta);
+  return tally__fail(TALLY_ERANGE,
+                     "counter '%s': adding %lld would overflow "
+                     "a shard (shards hold -2^62 to 2^62-1)",
+                     c->rec->name, (long long)delta);
 }
 
 /* 0: added; 1: the cell is retired; 2: another writer's add is in flight
@@ -198,11 +203,17 @@ static int add(tally_counter *c, enum pick how, const void *key, size_t klen,
   for (;;) {
     uint64_t loc = atomic_load_explicit(&c->loc, memory_order_acquire);
     uint32_t n = tally__loc_shards(loc), i;
-    if (how == PICK_POLICY) i = tally__pick_shard(c->s, c->store_id, c->policy, n);
-    else if (how == PICK_KEY) i = tally__key_shard(key, klen, n);
-    else if (shard < n) i = shard;
-    else return tally__fail(TALLY_ESHARDS, "shard %u out of range (counter "
-                            "'%s' has %u shards)", shard, c->rec->name, n);
+    if (how == PICK_POLICY)
+      i = tally__pick_shard(c->s, c->store_id, c->policy, n);
+    else if (how == PICK_KEY)
+      i = tally__key_shard(key, klen, n);
+    else if (shard < n)
+      i = shard;
+    else
+      return tally__fail(TALLY_ESHARDS,
+                         "shard %u out of range (counter "
+                         "'%s' has %u shards)",
+                         shard, c->rec->name, n);
     _Atomic int64_t *cell = tally__cell_in(c->base, loc, i);
     int rc = cell_add(cell, delta);
     if (__builtin_expect(rc == 0, 1)) return 0;
@@ -232,13 +243,15 @@ __attribute__((noinline)) static int incr_slow(tally_counter *c, int64_t delta) 
 
 int tally_counter_incr(tally_counter *c, int64_t delta) {
   if (__builtin_expect(c && c->policy <= TALLY_POLICY_RANDOM &&
-                           delta > -TALLY__FAST_DELTA && delta < TALLY__FAST_DELTA, 1)) {
+                           delta > -TALLY__FAST_DELTA && delta < TALLY__FAST_DELTA,
+                       1)) {
     uint64_t loc = atomic_load_explicit(&c->loc, memory_order_acquire);
     struct tally__writer *me = &tally__me;
     uint32_t n = tally__loc_shards(loc), i;
     /* no calls on this path: a call would make the function save registers,
      * and a locked add waits for those stores to drain */
-    if (c->policy == TALLY_POLICY_THREAD && __builtin_expect(me->store_id == c->store_id, 1))
+    if (c->policy == TALLY_POLICY_THREAD &&
+        __builtin_expect(me->store_id == c->store_id, 1))
       i = tally__reduce(me->ticket, n);
     else if (c->policy == TALLY_POLICY_RANDOM && __builtin_expect(me->rng != 0, 1))
       i = tally__pick_shard(c->s, c->store_id, c->policy, n);
@@ -254,8 +267,7 @@ int tally_counter_incr(tally_counter *c, int64_t delta) {
   return incr_slow(c, delta);
 }
 
-int tally_counter_incr_key(tally_counter *c, const void *key, size_t len,
-                           int64_t delta) {
+int tally_counter_incr_key(tally_counter *c, const void *key, size_t len, int64_t delta) {
   if (!c || (!key && len))
     return tally__fail(TALLY_EINVAL, "tally_counter_incr_key: NULL argument");
   return add(c, PICK_KEY, key, len, 0, delta);
@@ -270,8 +282,8 @@ int tally_counter_incr_shard(tally_counter *c, uint32_t shard, int64_t delta) {
 
 /* Read the cells of a counter, following it through moves: *loc is where
  * to start and receives where the values were read. vals may be NULL. */
-static int read_cells(tally_store *s, uint64_t rec_off, uint64_t *loc,
-                      int64_t *vals, uint32_t cap, __int128 *total) {
+static int read_cells(tally_store *s, uint64_t rec_off, uint64_t *loc, int64_t *vals,
+                      uint32_t cap, __int128 *total) {
   for (;;) {
     __int128 sum = 0;
     bool live = true;
@@ -280,8 +292,10 @@ static int read_cells(tally_store *s, uint64_t rec_off, uint64_t *loc,
       int64_t v = atomic_load_explicit(cell, memory_order_relaxed);
       if (__builtin_expect(!tally__cell_live(v), 0)) {
         v = tally__cell_wait(cell, v);
-        if (tally__cell_retired(v)) live = false;
-        else v = tally__cell_clamp(v);
+        if (tally__cell_retired(v))
+          live = false;
+        else
+          v = tally__cell_clamp(v);
       }
       sum += v;
       if (i < cap) vals[i] = v;
@@ -310,8 +324,10 @@ int tally__current(tally_store *s, uint64_t rec_off, uint64_t *loc) {
 
 static int to_int64(__int128 total, const char *name, int64_t *out) {
   if (total > INT64_MAX || total < INT64_MIN)
-    return tally__fail(TALLY_ERANGE, "counter '%s': value does not fit in "
-                       "64 bits", name);
+    return tally__fail(TALLY_ERANGE,
+                       "counter '%s': value does not fit in "
+                       "64 bits",
+                       name);
   *out = (int64_t)total;
   return 0;
 }
@@ -335,8 +351,7 @@ int tally_counter_value(tally_counter *c, int64_t *out) {
   return to_int64(total, c->rec->name, out);
 }
 
-int tally_counter_shards(tally_counter *c, int64_t *vals, uint32_t cap,
-                         uint32_t *n) {
+int tally_counter_shards(tally_counter *c, int64_t *vals, uint32_t cap, uint32_t *n) {
   if (!c || !n || (!vals && cap))
     return tally__fail(TALLY_EINVAL, "tally_counter_shards: NULL argument");
   uint64_t loc;
@@ -350,7 +365,8 @@ int tally_counter_shards(tally_counter *c, int64_t *vals, uint32_t cap,
 }
 
 int tally_counter_info_get(tally_counter *c, tally_counter_info *out) {
-  if (!c || !out) return tally__fail(TALLY_EINVAL, "tally_counter_info_get: NULL argument");
+  if (!c || !out)
+    return tally__fail(TALLY_EINVAL, "tally_counter_info_get: NULL argument");
   uint64_t loc = 0;
   int rc = tally__current(c->s, c->rec_off, &loc);
   if (rc) return rc;
@@ -366,28 +382,30 @@ int tally_counter_info_get(tally_counter *c, tally_counter_info *out) {
 /* Take every shard's value, one CAS each. If the total stops fitting in
  * int64, everything taken is added back (as if it were concurrent
  * increments) and nothing is removed. */
-static void give_back(tally_store *s, uint64_t loc, const int64_t *taken,
-                      uint32_t upto) {
+static void give_back(tally_store *s, uint64_t loc, const int64_t *taken, uint32_t upto) {
   for (uint32_t i = 0; i < upto; i++)
     if (taken[i]) atomic_fetch_add(tally__cell_at(s, loc, i), taken[i]);
 }
 
 int tally_counter_reset(tally_counter *c, int64_t *removed) {
-  if (!c || !removed) return tally__fail(TALLY_EINVAL, "tally_counter_reset: NULL argument");
+  if (!c || !removed)
+    return tally__fail(TALLY_EINVAL, "tally_counter_reset: NULL argument");
   int64_t total = 0, taken[TALLY_MAX_SHARDS];
   uint64_t loc = 0;
   int rc = tally__current(c->s, c->rec_off, &loc);
   if (rc) return rc;
   for (uint32_t i = 0; i < tally__loc_shards(loc); i++) {
     _Atomic int64_t *cell = tally__cell_at(c->s, loc, i);
-    int64_t raw = tally__cell_wait(cell, atomic_load_explicit(cell, memory_order_relaxed));
+    int64_t raw =
+        tally__cell_wait(cell, atomic_load_explicit(cell, memory_order_relaxed));
     taken[i] = 0;
     while (!tally__cell_retired(raw)) {
       int64_t v = tally__cell_clamp(raw), sum; /* a dead writer's add past the
                                                   bound is dropped */
       if (__builtin_add_overflow(total, v, &sum)) {
         give_back(c->s, loc, taken, i);
-        return tally__fail(TALLY_ERANGE, "counter '%s': the amount to remove "
+        return tally__fail(TALLY_ERANGE,
+                           "counter '%s': the amount to remove "
                            "does not fit in 64 bits; nothing was removed",
                            c->rec->name);
       }
@@ -410,4 +428,3 @@ int tally_counter_reset(tally_counter *c, int64_t *removed) {
   *removed = total;
   return 0;
 }
-

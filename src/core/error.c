@@ -16,7 +16,8 @@ static _Thread_local char last_message[512];
 
 const char *tally_strerror(int code) {
   switch (code) {
-#define XX(name, num, msg) case num: return msg;
+#define XX(name, num, msg)                                                               \
+  case num: return msg;
     TALLY_ERRNO_MAP(XX)
 #undef XX
   case 0: return "success";
@@ -26,7 +27,8 @@ const char *tally_strerror(int code) {
 
 const char *tally_err_name(int code) {
   switch (code) {
-#define XX(name, num, msg) case num: return #name;
+#define XX(name, num, msg)                                                               \
+  case num: return #name;
     TALLY_ERRNO_MAP(XX)
 #undef XX
   case 0: return "OK";

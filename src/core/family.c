@@ -18,31 +18,30 @@
 #define MAX_FAMILIES 100000u /* bounds every walk, even over a damaged list */
 
 static uint32_t family_checksum(const struct tally__family *f) {
-  uint64_t h = tally__hash(f->pattern, f->pattern_len,
-                           f->next ^ ((uint64_t)f->shards << 32) ^
-                               ((uint64_t)f->policy << 16) ^ f->kind ^
-                               ((uint64_t)f->pattern_len << 40));
+  uint64_t h =
+      tally__hash(f->pattern, f->pattern_len,
+                  f->next ^ ((uint64_t)f->shards << 32) ^ ((uint64_t)f->policy << 16) ^
+                      f->kind ^ ((uint64_t)f->pattern_len << 40));
   return (uint32_t)(h ^ (h >> 32));
 }
 
-static int family_at(tally_store *s, uint64_t off,
-                     const struct tally__family **out) {
+static int family_at(tally_store *s, uint64_t off, const struct tally__family **out) {
   const struct tally__family *f = tally__at(s, off);
-  if (off % 8 || !tally__in_arena(s, off, sizeof *f) ||
-      f->kind != TALLY__KIND_FAMILY ||
+  if (off % 8 || !tally__in_arena(s, off, sizeof *f) || f->kind != TALLY__KIND_FAMILY ||
       !tally__in_arena(s, off, sizeof *f + f->pattern_len + 1u) ||
       f->check != family_checksum(f))
-    return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (family "
-                       "record at offset %llu)", tally__store_name(s),
-                       (unsigned long long)off);
+    return tally__fail(TALLY_ECORRUPT,
+                       "%s: tally store is corrupt (family "
+                       "record at offset %llu)",
+                       tally__store_name(s), (unsigned long long)off);
   *out = f;
   return 0;
 }
 
 static int head(tally_store *s, uint64_t *off) {
   return tally__unseal(s, TALLY__SEAL_FAMILIES,
-                       atomic_load_explicit(&s->hdr->families, memory_order_acquire),
-                       0, off);
+                       atomic_load_explicit(&s->hdr->families, memory_order_acquire), 0,
+                       off);
 }
 
 int tally__family_check(tally_store *s) {
@@ -52,13 +51,17 @@ int tally__family_check(tally_store *s) {
   for (uint32_t n = 0; off; n++) {
     const struct tally__family *f = NULL;
     if (n == MAX_FAMILIES)
-      return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (family "
-                         "list loops)", tally__store_name(s));
+      return tally__fail(TALLY_ECORRUPT,
+                         "%s: tally store is corrupt (family "
+                         "list loops)",
+                         tally__store_name(s));
     rc = family_at(s, off, &f);
     if (rc) return rc;
-    if (f->next >= off)  /* always points back to an older record */
-      return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (family "
-                         "list order)", tally__store_name(s));
+    if (f->next >= off) /* always points back to an older record */
+      return tally__fail(TALLY_ECORRUPT,
+                         "%s: tally store is corrupt (family "
+                         "list order)",
+                         tally__store_name(s));
     off = f->next;
   }
   return 0;
@@ -75,11 +78,16 @@ static bool globs_overlap(const char *a, size_t na, const char *b, size_t nb) {
   for (size_t i = na + 1; i-- > 0;)
     for (size_t j = nb + 1; j-- > 0;) {
       bool r;
-      if (i == na && j == nb) r = true;
-      else if (i < na && a[i] == '*') r = m[(i + 1) * w + j] || (j < nb && m[i * w + j + 1]);
-      else if (j < nb && b[j] == '*') r = m[i * w + j + 1] || (i < na && m[(i + 1) * w + j]);
-      else if (i == na || j == nb) r = false;
-      else r = (a[i] == '?' || b[j] == '?' || a[i] == b[j]) && m[(i + 1) * w + j + 1];
+      if (i == na && j == nb)
+        r = true;
+      else if (i < na && a[i] == '*')
+        r = m[(i + 1) * w + j] || (j < nb && m[i * w + j + 1]);
+      else if (j < nb && b[j] == '*')
+        r = m[i * w + j + 1] || (i < na && m[(i + 1) * w + j]);
+      else if (i == na || j == nb)
+        r = false;
+      else
+        r = (a[i] == '?' || b[j] == '?' || a[i] == b[j]) && m[(i + 1) * w + j + 1];
       m[i * w + j] = r;
     }
   bool r = m[0];
@@ -92,8 +100,8 @@ static bool globs_overlap(const char *a, size_t na, const char *b, size_t nb) {
  * record could shadow it for some name. Processes that define their
  * families at every start (nginx workers at every reload) then add no
  * records. Caller holds the lock. */
-static int redundant(tally_store *s, const char *pattern, size_t plen,
-                     uint32_t shards, uint8_t policy, bool *out) {
+static int redundant(tally_store *s, const char *pattern, size_t plen, uint32_t shards,
+                     uint8_t policy, bool *out) {
   uint64_t off;
   int rc = head(s, &off);
   *out = false;
@@ -113,12 +121,13 @@ static int redundant(tally_store *s, const char *pattern, size_t plen,
 int tally_family_set(tally_store *s, const char *pattern, size_t plen,
                      const tally_counter_options *opt) {
   static const tally_counter_options defaults = {0, -1};
-  if (!s || !pattern)
-    return tally__fail(TALLY_EINVAL, "tally_family_set: NULL argument");
+  if (!s || !pattern) return tally__fail(TALLY_EINVAL, "tally_family_set: NULL argument");
   if (!opt) opt = &defaults;
   if (plen == 0 || plen > TALLY_NAME_MAX || memchr(pattern, 0, plen))
-    return tally__fail(TALLY_ENAME, "invalid family pattern (1 to %d bytes, "
-                       "no NUL)", TALLY_NAME_MAX);
+    return tally__fail(TALLY_ENAME,
+                       "invalid family pattern (1 to %d bytes, "
+                       "no NUL)",
+                       TALLY_NAME_MAX);
   if (opt->shards > TALLY_MAX_SHARDS)
     return tally__fail(TALLY_ESHARDS, "shard count %u out of range (1 to %d)",
                        opt->shards, TALLY_MAX_SHARDS);
@@ -158,8 +167,10 @@ int tally_family_resolve(tally_store *s, const char *name, size_t len,
   if (!s || !name || !out)
     return tally__fail(TALLY_EINVAL, "tally_family_resolve: NULL argument");
   if (len == 0 || len > TALLY_NAME_MAX || memchr(name, 0, len))
-    return tally__fail(TALLY_ENAME, "invalid counter name (1 to %d bytes, "
-                       "no NUL)", TALLY_NAME_MAX);
+    return tally__fail(TALLY_ENAME,
+                       "invalid counter name (1 to %d bytes, "
+                       "no NUL)",
+                       TALLY_NAME_MAX);
   tally_counter_options o = {TALLY_DEFAULT_SHARDS, TALLY_POLICY_THREAD};
   uint64_t off;
   int rc = head(s, &off);

@@ -6,8 +6,7 @@
  */
 #include "internal.h"
 
-int tally_glob_match(const char *pattern, size_t plen, const char *name,
-                     size_t nlen) {
+int tally_glob_match(const char *pattern, size_t plen, const char *name, size_t nlen) {
   if (!pattern || !name) return 0;
   size_t p = 0, n = 0, star = (size_t)-1, resume = 0;
   while (n < nlen) {

@@ -21,7 +21,7 @@
 #include <string.h>
 
 #define MIN_CAP 1024u
-#define EMPTY 0ull
+#define EMPTY   0ull
 #define DELETED 0xffffffff00000000ull /* no single bit flip makes it valid */
 
 static uint64_t entry_make(const tally_store *s, uint64_t hash, uint64_t off) {
@@ -30,23 +30,28 @@ static uint64_t entry_make(const tally_store *s, uint64_t hash, uint64_t off) {
   return tag << 56 | check << 32 | o;
 }
 
-static inline uint64_t entry_off(uint64_t e) { return (e & 0xffffffffu) << 3; }
+static inline uint64_t entry_off(uint64_t e) {
+  return (e & 0xffffffffu) << 3;
+}
 
 static bool entry_ok(const tally_store *s, uint64_t e) {
   uint64_t o = e & 0xffffffffu;
   return o >= TALLY__ARENA_OFF / 8 &&
-         ((e >> 32) & 0xffffff) == (tally__mix(s->hdr->salt ^ (e >> 56) << 32 ^ o) & 0xffffff);
+         ((e >> 32) & 0xffffff) ==
+             (tally__mix(s->hdr->salt ^ (e >> 56) << 32 ^ o) & 0xffffff);
 }
 
 static int bad_entry(const tally_store *s, uint64_t slot) {
-  return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (name index "
-                     "entry %llu)", tally__store_name(s), (unsigned long long)slot);
+  return tally__fail(TALLY_ECORRUPT,
+                     "%s: tally store is corrupt (name index "
+                     "entry %llu)",
+                     tally__store_name(s), (unsigned long long)slot);
 }
 
 uint32_t tally__rec_checksum(const struct tally__rec *r) {
-  uint64_t h = tally__hash(r->name, r->name_len,
-                           (uint64_t)r->policy << 24 | (uint64_t)r->kind << 16 |
-                               r->name_len);
+  uint64_t h =
+      tally__hash(r->name, r->name_len,
+                  (uint64_t)r->policy << 24 | (uint64_t)r->kind << 16 | r->name_len);
   return (uint32_t)(h ^ (h >> 32));
 }
 
@@ -58,9 +63,10 @@ int tally__rec_verify(tally_store *s, uint64_t rec_off) {
       !tally__in_arena(s, rec_off, sizeof *r + r->name_len + 1u) ||
       r->name[r->name_len] != '\0' || r->policy >= TALLY_POLICY_COUNT_ ||
       r->check != tally__rec_checksum(r))
-    return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (counter "
-                       "record at offset %llu)", tally__store_name(s),
-                       (unsigned long long)rec_off);
+    return tally__fail(TALLY_ECORRUPT,
+                       "%s: tally store is corrupt (counter "
+                       "record at offset %llu)",
+                       tally__store_name(s), (unsigned long long)rec_off);
   return 0;
 }
 
@@ -68,13 +74,11 @@ int tally__rec_verify(tally_store *s, uint64_t rec_off) {
 static struct tally__index *table(tally_store *s) {
   uint64_t off;
   if (tally__unseal(s, TALLY__SEAL_INDEX,
-                    atomic_load_explicit(&s->hdr->index, memory_order_acquire),
-                    0, &off))
+                    atomic_load_explicit(&s->hdr->index, memory_order_acquire), 0, &off))
     return NULL;
   struct tally__index *t = tally__at(s, off);
-  if (off % 64 || !tally__in_arena(s, off, sizeof *t) ||
-      t->magic != TALLY__INDEX_MAGIC || t->cap < MIN_CAP ||
-      (t->cap & (t->cap - 1)) || t->cap > (TALLY__MAX_BYTES / 8) ||
+  if (off % 64 || !tally__in_arena(s, off, sizeof *t) || t->magic != TALLY__INDEX_MAGIC ||
+      t->cap < MIN_CAP || (t->cap & (t->cap - 1)) || t->cap > (TALLY__MAX_BYTES / 8) ||
       !tally__in_arena(s, off, sizeof *t + t->cap * 8)) {
     tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (name index)",
                 tally__store_name(s));
@@ -108,8 +112,8 @@ static uint64_t name_hash(const struct tally__rec *r) {
   return tally__hash(r->name, r->name_len, 0);
 }
 
-int tally__index_find(tally_store *s, const char *name, size_t len,
-                      uint64_t hash, uint64_t *rec_off) {
+int tally__index_find(tally_store *s, const char *name, size_t len, uint64_t hash,
+                      uint64_t *rec_off) {
   struct tally__index *t = table(s);
   if (!t) return TALLY_ECORRUPT;
   uint64_t mask = t->cap - 1, tag = hash >> 56;
@@ -149,8 +153,7 @@ static bool place(struct tally__index *t, uint64_t hash, uint64_t entry) {
     if (e == EMPTY || e == DELETED) break;
     if (++n == t->cap) return false;
   }
-  if (atomic_load_explicit(&t->entries[i], memory_order_relaxed) == DELETED)
-    t->deleted--;
+  if (atomic_load_explicit(&t->entries[i], memory_order_relaxed) == DELETED) t->deleted--;
   atomic_store_explicit(&t->entries[i], entry, memory_order_release);
   t->live++;
   return true;
@@ -158,8 +161,7 @@ static bool place(struct tally__index *t, uint64_t hash, uint64_t entry) {
 
 /* Rebuild into a table sized for twice the live entries (dropping deleted
  * ones) and publish it. The slot needs the name's hash: read the records. */
-static int rebuild(tally_store *s, struct tally__index *old,
-                   struct tally__index **out) {
+static int rebuild(tally_store *s, struct tally__index *old, struct tally__index **out) {
   uint64_t live = 0, cap = MIN_CAP;
   for (uint64_t i = 0; i < old->cap; i++) { /* recount: the counts are hints */
     uint64_t e = atomic_load_explicit(&old->entries[i], memory_order_relaxed);
@@ -191,8 +193,10 @@ int tally__index_insert(tally_store *s, uint64_t hash, uint64_t rec_off) {
     if (rc) return rc;
   }
   if (!place(t, hash, entry_make(s, hash, rec_off)))
-    return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (name index "
-                       "full)", tally__store_name(s));
+    return tally__fail(TALLY_ECORRUPT,
+                       "%s: tally store is corrupt (name index "
+                       "full)",
+                       tally__store_name(s));
   atomic_fetch_add_explicit(&s->hdr->generation, 1, memory_order_release);
   return 0;
 }
@@ -205,8 +209,7 @@ void tally__index_remove(tally_store *s, uint64_t rec_off) {
   const struct tally__rec *r = tally__at(s, rec_off);
   uint64_t hash = name_hash(r);
   uint64_t mask = t->cap - 1;
-  for (uint64_t i = (hash >> 32) & mask, n = 0; n < t->cap;
-       i = (i + 1) & mask, n++) {
+  for (uint64_t i = (hash >> 32) & mask, n = 0; n < t->cap; i = (i + 1) & mask, n++) {
     uint64_t e = atomic_load_explicit(&t->entries[i], memory_order_relaxed);
     if (e == EMPTY) return;
     if (e != DELETED && entry_ok(s, e) && entry_off(e) == rec_off) {

@@ -29,16 +29,16 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#define TALLY__MAGIC "\x89TALLY\r\n"
-#define TALLY__FORMAT 2u
-#define TALLY__BYTE_ORDER 0x01020304u
+#define TALLY__MAGIC        "\x89TALLY\r\n"
+#define TALLY__FORMAT       2u
+#define TALLY__BYTE_ORDER   0x01020304u
 #define TALLY__HEADER_BYTES 4096u
-#define TALLY__CLASS_OFF 4096u
-#define TALLY__JOURNAL_OFF (TALLY__CLASS_OFF + TALLY_MAX_SHARDS * 16u)
-#define TALLY__ARENA_OFF (TALLY__JOURNAL_OFF + TALLY_MAX_SHARDS * 8u)
-#define TALLY__ROW_CELLS 520u
-#define TALLY__ROW_BYTES (TALLY__ROW_CELLS * 8u)
-#define TALLY__MAX_BYTES (32ull << 30) /* offsets >> 3 fit in 32 bits */
+#define TALLY__CLASS_OFF    4096u
+#define TALLY__JOURNAL_OFF  (TALLY__CLASS_OFF + TALLY_MAX_SHARDS * 16u)
+#define TALLY__ARENA_OFF    (TALLY__JOURNAL_OFF + TALLY_MAX_SHARDS * 8u)
+#define TALLY__ROW_CELLS    520u
+#define TALLY__ROW_BYTES    (TALLY__ROW_CELLS * 8u)
+#define TALLY__MAX_BYTES    (32ull << 30) /* offsets >> 3 fit in 32 bits */
 
 /* A live cell holds a value in [-2^62, 2^62): bits 63 and 62 agree. A move
  * (reshard, drop) retires a cell by swapping in SENTINEL, deep inside the
@@ -50,7 +50,7 @@
  * counter's new cells. Stale writers add at most 2^32 each, so a retired
  * cell stays within 2^60 of SENTINEL. If the new value left the range,
  * the add is undone. */
-#define TALLY__SENTINEL (-(INT64_C(3) << 61))
+#define TALLY__SENTINEL   (-(INT64_C(3) << 61))
 #define TALLY__FAST_DELTA (INT64_C(1) << 32)
 static inline bool tally__cell_live(int64_t v) {
   return (((uint64_t)v ^ ((uint64_t)v << 1)) >> 63) == 0;
@@ -85,20 +85,20 @@ struct tally__header {
   uint32_t byte_order;
   uint64_t max_bytes;
   uint64_t arena_off;
-  uint64_t salt;                /* random per store: seeds location checks */
-  uint64_t check;               /* hash of every byte above */
+  uint64_t salt;  /* random per store: seeds location checks */
+  uint64_t check; /* hash of every byte above */
   char pad0_[64];
   /* mutable, written under the store lock (readers load them atomically) */
-  _Atomic uint64_t size;        /* bytes backed by the file */
-  _Atomic uint64_t used;        /* arena bump pointer */
-  _Atomic uint64_t index;       /* sealed offset of the current index table */
-  _Atomic uint64_t families;    /* sealed offset of the newest family, or 0 */
-  _Atomic uint64_t retired;     /* bytes of cells left behind */
-  _Atomic uint64_t pend_rec;    /* sealed record offset (extra: pend_loc), or 0 */
-  _Atomic uint64_t pend_loc;    /* where it is moving (a loc word) */
-  _Atomic uint64_t pend_done;   /* old cells retired into the journal */
-  _Atomic uint64_t rollups;     /* sealed offset of the rollup table, or 0 */
-  _Atomic uint64_t generation;  /* bumped by every create and drop */
+  _Atomic uint64_t size;       /* bytes backed by the file */
+  _Atomic uint64_t used;       /* arena bump pointer */
+  _Atomic uint64_t index;      /* sealed offset of the current index table */
+  _Atomic uint64_t families;   /* sealed offset of the newest family, or 0 */
+  _Atomic uint64_t retired;    /* bytes of cells left behind */
+  _Atomic uint64_t pend_rec;   /* sealed record offset (extra: pend_loc), or 0 */
+  _Atomic uint64_t pend_loc;   /* where it is moving (a loc word) */
+  _Atomic uint64_t pend_done;  /* old cells retired into the journal */
+  _Atomic uint64_t rollups;    /* sealed offset of the rollup table, or 0 */
+  _Atomic uint64_t generation; /* bumped by every create and drop */
   /* thread tickets: the only word writers touch outside the lock */
   _Alignas(64) _Atomic uint64_t writers;
 };
@@ -116,23 +116,23 @@ struct tally__class {
  *   bits 0..9 shards-1, bit 10 dropped, bits 11..31 check, 32..63 off>>3. */
 struct tally__rec {
   _Atomic uint64_t loc;
-  _Atomic uint64_t rollup;      /* sealed offset of its rollup block, or 0 */
-  uint32_t check;               /* hash of policy, kind, name_len, name */
+  _Atomic uint64_t rollup; /* sealed offset of its rollup block, or 0 */
+  uint32_t check;          /* hash of policy, kind, name_len, name */
   uint8_t policy;
-  uint8_t kind;                 /* TALLY__KIND_COUNTER */
+  uint8_t kind; /* TALLY__KIND_COUNTER */
   uint16_t name_len;
-  char name[];                  /* name_len bytes and a NUL */
+  char name[]; /* name_len bytes and a NUL */
 };
 #define TALLY__KIND_COUNTER 0xC7
-#define TALLY__KIND_FAMILY 0xF4
+#define TALLY__KIND_FAMILY  0xF4
 
 struct tally__family {
-  uint64_t next;                /* older family, or 0 */
+  uint64_t next; /* older family, or 0 */
   uint32_t check;
-  uint8_t policy;               /* 0xFF: unset */
-  uint8_t kind;                 /* TALLY__KIND_FAMILY */
+  uint8_t policy; /* 0xFF: unset */
+  uint8_t kind;   /* TALLY__KIND_FAMILY */
   uint16_t pattern_len;
-  uint32_t shards;              /* 0: unset */
+  uint32_t shards; /* 0: unset */
   uint32_t pad_;
   char pattern[];
 };
@@ -152,33 +152,32 @@ enum { TALLY__MEMORY = 0, TALLY__FILE = 1 };
 struct tally_store {
   int kind;
   int fd;
-  char *path;                   /* file stores; for messages */
+  char *path; /* file stores; for messages */
   unsigned char *base;
-  size_t reserved;              /* bytes of address space mapped */
+  size_t reserved; /* bytes of address space mapped */
   struct tally__header *hdr;
   struct tally__class *classes; /* [0] is class 1 */
   _Atomic int64_t *journal;     /* TALLY_MAX_SHARDS saved cell values */
   pthread_mutex_t lock;
-  bool lock_stale;              /* forked: fd's flock is shared with the parent */
-  uint64_t id;                  /* unique in this process (thread tickets) */
-  tally_store *prev, *next;     /* open stores, for fork handling */
+  bool lock_stale;          /* forked: fd's flock is shared with the parent */
+  uint64_t id;              /* unique in this process (thread tickets) */
+  tally_store *prev, *next; /* open stores, for fork handling */
 };
 
 struct tally_counter {
   /* the increment's hot path reads only this first line */
-  _Atomic uint64_t loc;         /* cached copy of rec->loc (acquire/release:
+  _Atomic uint64_t loc; /* cached copy of rec->loc (acquire/release:
                                    free on x86, and it orders the cells) */
-  unsigned char *base;          /* s->base */
+  unsigned char *base;  /* s->base */
   tally_store *s;
-  uint64_t store_id;            /* s->id, for the thread ticket check */
+  uint64_t store_id; /* s->id, for the thread ticket check */
   int policy;
   struct tally__rec *rec;
   uint64_t rec_off;
 };
 
 /* ---- error.c ---- */
-int tally__fail(int code, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
+int tally__fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 int tally__fail_sys(const char *what, const char *path);
 
 /* ---- hash.c ---- */
@@ -189,10 +188,10 @@ uint64_t tally__mix(uint64_t x);
 /* Per-thread writer state, inline here because picking a shard is on the
  * increment's hot path. */
 struct tally__writer {
-  uint64_t store_id;  /* store the ticket was drawn from, 0: none */
+  uint64_t store_id; /* store the ticket was drawn from, 0: none */
   uint64_t ticket;
-  uint64_t rr;        /* round-robin position */
-  uint64_t rng;       /* xorshift64* state, 0: unseeded */
+  uint64_t rr;  /* round-robin position */
+  uint64_t rng; /* xorshift64* state, 0: unseeded */
 };
 extern _Thread_local struct tally__writer tally__me
     __attribute__((tls_model("initial-exec")));
@@ -205,8 +204,8 @@ static inline uint32_t tally__reduce(uint64_t x, uint32_t n) {
   return (n & (n - 1)) == 0 ? (uint32_t)(x & (n - 1)) : (uint32_t)(x % n);
 }
 
-static inline uint32_t tally__pick_shard(tally_store *s, uint64_t store_id,
-                                         int policy, uint32_t n) {
+static inline uint32_t tally__pick_shard(tally_store *s, uint64_t store_id, int policy,
+                                         uint32_t n) {
   struct tally__writer *me = &tally__me;
   if (policy == TALLY_POLICY_RANDOM) {
     if (__builtin_expect(me->rng == 0, 0)) tally__seed_random();
@@ -224,14 +223,19 @@ static inline uint32_t tally__pick_shard(tally_store *s, uint64_t store_id,
 /* A sealed word: an arena offset with a 32-bit check keyed by the store's
  * salt, the field it lives in and `extra`, so a damaged pointer is caught
  * even when it lands on another valid record. 0 stays 0 ("none"). */
-enum { TALLY__SEAL_INDEX = 1, TALLY__SEAL_FAMILIES = 2, TALLY__SEAL_MOVE = 3,
-       TALLY__SEAL_ROLLUPS = 4, TALLY__SEAL_ROLLUP = 5 };
+enum {
+  TALLY__SEAL_INDEX = 1,
+  TALLY__SEAL_FAMILIES = 2,
+  TALLY__SEAL_MOVE = 3,
+  TALLY__SEAL_ROLLUPS = 4,
+  TALLY__SEAL_ROLLUP = 5
+};
 uint64_t tally__seal(const tally_store *s, int field, uint64_t off, uint64_t extra);
 int tally__unseal(const tally_store *s, int field, uint64_t word, uint64_t extra,
                   uint64_t *off);
 uint64_t tally__header_check(const struct tally__header *h);
 const char *tally__store_name(const tally_store *s); /* for messages */
-int tally__truncated(tally_store *s); /* ECORRUPT if the file shrank */
+int tally__truncated(tally_store *s);                /* ECORRUPT if the file shrank */
 int tally__alloc(tally_store *s, uint64_t bytes, uint64_t *off);
 static inline void *tally__at(const tally_store *s, uint64_t off) {
   return s->base + off;
@@ -240,9 +244,9 @@ static inline void *tally__at(const tally_store *s, uint64_t off) {
 bool tally__in_arena(const tally_store *s, uint64_t off, uint64_t len);
 
 /* ---- lock.c ---- */
-int tally__lock(tally_store *s);        /* also finishes a pending move */
+int tally__lock(tally_store *s); /* also finishes a pending move */
 void tally__unlock(tally_store *s);
-void tally__registry_add(tally_store *s);    /* open stores, for fork() */
+void tally__registry_add(tally_store *s); /* open stores, for fork() */
 void tally__registry_remove(tally_store *s);
 
 /* ---- journal.c ---- */
@@ -254,8 +258,8 @@ bool tally__fits_shards(__int128 total, uint32_t n); /* over n cells' range */
 
 /* ---- index.c ---- */
 int tally__index_create(tally_store *s);
-int tally__index_find(tally_store *s, const char *name, size_t len,
-                      uint64_t hash, uint64_t *rec_off);
+int tally__index_find(tally_store *s, const char *name, size_t len, uint64_t hash,
+                      uint64_t *rec_off);
 int tally__index_insert(tally_store *s, uint64_t hash, uint64_t rec_off);
 void tally__index_remove(tally_store *s, uint64_t rec_off);
 int tally__index_check(tally_store *s); /* the table header */
@@ -269,13 +273,13 @@ int tally__family_check(tally_store *s);
 
 /* ---- cells.c ---- */
 #define TALLY__LOC_SHARDS_MASK 0x3ffull
-#define TALLY__LOC_DROPPED (1ull << 10)
+#define TALLY__LOC_DROPPED     (1ull << 10)
 #define TALLY__LOC_CHECK_SHIFT 11
-#define TALLY__LOC_CHECK_MASK 0x1fffffull
+#define TALLY__LOC_CHECK_MASK  0x1fffffull
 uint64_t tally__loc_make(tally_store *s, uint64_t rec_off, uint64_t cells,
                          uint32_t nshards, bool dropped);
-int tally__loc_decode(tally_store *s, uint64_t rec_off, uint64_t loc,
-                      uint64_t *cells, uint32_t *nshards, bool *dropped);
+int tally__loc_decode(tally_store *s, uint64_t rec_off, uint64_t loc, uint64_t *cells,
+                      uint32_t *nshards, bool *dropped);
 int tally__cells_alloc(tally_store *s, uint32_t nshards, uint64_t *cells);
 int tally__classes_check(tally_store *s);
 int tally__cells_check(tally_store *s, uint64_t rec_off, uint64_t loc);
@@ -303,22 +307,22 @@ int tally__rec_value(tally_store *s, uint64_t rec_off, int64_t *out);
  * schedules over them and calls rollup.c, never the reverse. */
 #define TALLY__SCHED_SLOTS 256
 
-struct tally__sched_slot {       /* one cache line */
-  _Atomic uint64_t id;            /* hash of (pattern, every_ms); 0: free */
-  _Atomic int64_t done;           /* last period rolled up, + 1; 0: none */
-  _Atomic int64_t running;        /* period being rolled up, + 1; 0: none */
-  _Atomic uint64_t cursor;        /* of `running`: sort key of the last
+struct tally__sched_slot {  /* one cache line */
+  _Atomic uint64_t id;      /* hash of (pattern, every_ms); 0: free */
+  _Atomic int64_t done;     /* last period rolled up, + 1; 0: none */
+  _Atomic int64_t running;  /* period being rolled up, + 1; 0: none */
+  _Atomic uint64_t cursor;  /* of `running`: sort key of the last
                                      member rolled, + 1; 0: none yet */
-  _Atomic uint64_t owner;         /* lease: pid << 32 | token; 0: free */
-  _Atomic int64_t until;          /* lease expiry, CLOCK_MONOTONIC ms */
-  _Atomic int64_t every_ms;       /* the schedule's period, for tally info
+  _Atomic uint64_t owner;   /* lease: pid << 32 | token; 0: free */
+  _Atomic int64_t until;    /* lease expiry, CLOCK_MONOTONIC ms */
+  _Atomic int64_t every_ms; /* the schedule's period, for tally info
                                      (0 in stores from before it was kept) */
   uint64_t reserved_;
 };
 
 struct tally__rollup_table {
   uint64_t magic;
-  uint64_t check;                 /* keyed by the store's salt */
+  uint64_t check; /* keyed by the store's salt */
   uint64_t reserved_[6];
   struct tally__sched_slot slot[TALLY__SCHED_SLOTS];
 };
@@ -326,12 +330,12 @@ struct tally__rollup_table {
 struct tally__ring_hdr {
   uint32_t res_s;
   uint32_t len;
-  _Atomic int64_t head;           /* newest bucket number + 1; 0: empty */
+  _Atomic int64_t head; /* newest bucket number + 1; 0: empty */
 };
 
 struct tally__block {
   _Atomic uint64_t seq;
-  uint32_t check;                 /* salt, record, rings: see block_check */
+  uint32_t check; /* salt, record, rings: see block_check */
   uint32_t nrings;
   _Atomic int64_t value, at_ms, delta, prev_at_ms;
   _Atomic uint64_t count;
@@ -370,6 +374,7 @@ void tally__block_roll(struct tally__block *b, int64_t v, int64_t now_ms,
                        tally_rollup *r);
 int tally__rollups_check(tally_store *s, uint64_t rec_off); /* one record's block */
 int tally__rollup_table_check(tally_store *s);
-int tally__rollup_schedules(tally_store *s, uint32_t *n); /* identities kept (schedule.c) */
+int tally__rollup_schedules(tally_store *s,
+                            uint32_t *n); /* identities kept (schedule.c) */
 
 #endif

@@ -18,12 +18,12 @@
  * range has a writer's add in flight, which is waited out. */
 static void retire(tally_store *s, _Atomic int64_t *cell, uint32_t i) {
   for (;;) {
-    int64_t raw = tally__cell_wait(cell, atomic_load_explicit(cell, memory_order_acquire));
+    int64_t raw =
+        tally__cell_wait(cell, atomic_load_explicit(cell, memory_order_acquire));
     if (tally__cell_retired(raw)) return;
     atomic_store_explicit(&s->journal[i], tally__cell_clamp(raw), memory_order_release);
-    if (atomic_compare_exchange_strong_explicit(cell, &raw, TALLY__SENTINEL,
-                                                memory_order_acq_rel,
-                                                memory_order_acquire))
+    if (atomic_compare_exchange_strong_explicit(
+            cell, &raw, TALLY__SENTINEL, memory_order_acq_rel, memory_order_acquire))
       return;
   }
 }
@@ -78,8 +78,7 @@ static int finish(tally_store *s) {
     uint32_t to_n, from_n;
     bool to_dropped, from_dropped;
     rc = tally__loc_decode(s, rec_off, from, &from_cells, &from_n, &from_dropped);
-    if (rc == 0)
-      rc = tally__loc_decode(s, rec_off, to, &to_cells, &to_n, &to_dropped);
+    if (rc == 0) rc = tally__loc_decode(s, rec_off, to, &to_cells, &to_n, &to_dropped);
     if (rc) return rc;
     for (uint32_t i = (uint32_t)atomic_load(&h->pend_done); i < from_n; i++) {
       retire(s, tally__cell_at(s, from, i), i);
@@ -88,11 +87,12 @@ static int finish(tally_store *s) {
     __int128 total = 0;
     for (uint32_t i = 0; i < from_n; i++) total += atomic_load(&s->journal[i]);
     if (!to_dropped && !spread(s, to, total)) {
-      for (uint32_t i = 0; i < from_n; i++)
-        restore(s, tally__cell_at(s, from, i), i);
+      for (uint32_t i = 0; i < from_n; i++) restore(s, tally__cell_at(s, from, i), i);
       atomic_store_explicit(&h->pend_rec, 0, memory_order_release);
-      return tally__fail(TALLY_ERANGE, "counter '%s' would overflow a shard "
-                         "with %u shards", r->name, to_n);
+      return tally__fail(TALLY_ERANGE,
+                         "counter '%s' would overflow a shard "
+                         "with %u shards",
+                         r->name, to_n);
     }
     atomic_store_explicit(&r->loc, to, memory_order_release);
     atomic_fetch_add(&h->retired, (uint64_t)from_n * 8);
@@ -102,13 +102,14 @@ static int finish(tally_store *s) {
   return 0;
 }
 
-int tally__journal_finish(tally_store *s) { return finish(s); }
+int tally__journal_finish(tally_store *s) {
+  return finish(s);
+}
 
 int tally__journal_move(tally_store *s, uint64_t rec_off, uint64_t to) {
   atomic_store_explicit(&s->hdr->pend_done, 0, memory_order_release);
   atomic_store_explicit(&s->hdr->pend_loc, to, memory_order_release);
-  atomic_store_explicit(&s->hdr->pend_rec,
-                        tally__seal(s, TALLY__SEAL_MOVE, rec_off, to),
+  atomic_store_explicit(&s->hdr->pend_rec, tally__seal(s, TALLY__SEAL_MOVE, rec_off, to),
                         memory_order_release);
   return finish(s);
 }

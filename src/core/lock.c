@@ -40,7 +40,9 @@ static void fork_child(void) {
 }
 
 static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
-static void fork_init(void) { pthread_atfork(fork_prepare, fork_parent, fork_child); }
+static void fork_init(void) {
+  pthread_atfork(fork_prepare, fork_parent, fork_child);
+}
 
 void tally__registry_add(tally_store *s) {
   pthread_once(&fork_once, fork_init);
@@ -53,8 +55,10 @@ void tally__registry_add(tally_store *s) {
 
 void tally__registry_remove(tally_store *s) {
   pthread_mutex_lock(&registry_lock);
-  if (s->prev) s->prev->next = s->next;
-  else if (registry == s) registry = s->next;
+  if (s->prev)
+    s->prev->next = s->next;
+  else if (registry == s)
+    registry = s->next;
   if (s->next) s->next->prev = s->prev;
   pthread_mutex_unlock(&registry_lock);
 }
@@ -96,8 +100,7 @@ void tally__unlock(tally_store *s) {
 const char *tally_store_fault_path(const void *addr) {
   const unsigned char *a = addr;
   for (tally_store *s = registry; s; s = s->next) /* no lock: see tally.h */
-    if (s->kind == TALLY__FILE && s->base && a >= s->base &&
-        a < s->base + s->reserved)
+    if (s->kind == TALLY__FILE && s->base && a >= s->base && a < s->base + s->reserved)
       return s->path;
   return NULL;
 }

@@ -18,8 +18,8 @@
 int tally_counter_reshard(tally_counter *c, uint32_t shards) {
   if (!c) return tally__fail(TALLY_EINVAL, "tally_counter_reshard: counter is NULL");
   if (shards < 1 || shards > TALLY_MAX_SHARDS)
-    return tally__fail(TALLY_ESHARDS, "shard count %u out of range (1 to %d)",
-                       shards, TALLY_MAX_SHARDS);
+    return tally__fail(TALLY_ESHARDS, "shard count %u out of range (1 to %d)", shards,
+                       TALLY_MAX_SHARDS);
   tally_store *s = c->s;
   int rc = tally__lock(s);
   if (rc) return rc;
@@ -33,15 +33,18 @@ int tally_counter_reshard(tally_counter *c, uint32_t shards) {
     for (uint32_t i = 0; i < tally__loc_shards(loc); i++)
       value += atomic_load_explicit(tally__cell_at(s, loc, i), memory_order_relaxed);
     if (!tally__fits_shards(value, shards))
-      rc = tally__fail(TALLY_ERANGE, "counter '%s' would overflow a shard with "
-                       "%u shards", c->rec->name, shards);
+      rc = tally__fail(TALLY_ERANGE,
+                       "counter '%s' would overflow a shard with "
+                       "%u shards",
+                       c->rec->name, shards);
     if (rc == 0) rc = tally__cells_alloc(s, shards, &cells);
-    if (rc == 0) rc = tally__journal_move(s, c->rec_off, tally__loc_make(s, c->rec_off, cells,
-                                                          shards, false));
+    if (rc == 0)
+      rc = tally__journal_move(s, c->rec_off,
+                               tally__loc_make(s, c->rec_off, cells, shards, false));
   }
   tally__unlock(s);
-  if (rc == 0) atomic_store_explicit(&c->loc, atomic_load(&c->rec->loc),
-                                     memory_order_release);
+  if (rc == 0)
+    atomic_store_explicit(&c->loc, atomic_load(&c->rec->loc), memory_order_release);
   return rc;
 }
 
@@ -61,7 +64,8 @@ int tally_store_drop(tally_store *s, const char *name, size_t len) {
     loc = atomic_load(&((struct tally__rec *)tally__at(s, rec_off))->loc);
     rc = tally__loc_decode(s, rec_off, loc, &cells, &n, &dropped);
   }
-  if (rc == 0) rc = tally__journal_move(s, rec_off, tally__loc_make(s, rec_off, cells, n, true));
+  if (rc == 0)
+    rc = tally__journal_move(s, rec_off, tally__loc_make(s, rec_off, cells, n, true));
   tally__unlock(s);
   return rc;
 }

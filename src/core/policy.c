@@ -18,30 +18,35 @@
 
 _Thread_local struct tally__writer tally__me;
 
-static void forget_in_child(void) { memset(&tally__me, 0, sizeof tally__me); }
+static void forget_in_child(void) {
+  memset(&tally__me, 0, sizeof tally__me);
+}
 
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
-static void init(void) { pthread_atfork(NULL, NULL, forget_in_child); }
-void tally__policy_init(void) { pthread_once(&init_once, init); }
+static void init(void) {
+  pthread_atfork(NULL, NULL, forget_in_child);
+}
+void tally__policy_init(void) {
+  pthread_once(&init_once, init);
+}
 
 void tally__draw_ticket(tally_store *s) {
-  tally__me.ticket = atomic_fetch_add_explicit(&s->hdr->writers, 1,
-                                               memory_order_relaxed);
+  tally__me.ticket = atomic_fetch_add_explicit(&s->hdr->writers, 1, memory_order_relaxed);
   tally__me.rr = tally__me.ticket;
   tally__me.store_id = s->id;
 }
 
 void tally__seed_random(void) {
-  tally__me.rng = tally__mix((uint64_t)(uintptr_t)&tally__me ^
-                             (uint64_t)tally_monotonic_ns()) | 1;
+  tally__me.rng =
+      tally__mix((uint64_t)(uintptr_t)&tally__me ^ (uint64_t)tally_monotonic_ns()) | 1;
 }
 
 uint32_t tally__key_shard(const void *key, size_t len, uint32_t n) {
   return (uint32_t)(((tally__hash(key, len, 0x6b6579) >> 32) * n) >> 32);
 }
 
-static const char *const names[TALLY_POLICY_COUNT_] = {
-    "thread", "random", "round_robin", "key", "custom"};
+static const char *const names[TALLY_POLICY_COUNT_] = {"thread", "random", "round_robin",
+                                                       "key", "custom"};
 
 const char *tally_policy_name(int policy) {
   return policy >= 0 && policy < TALLY_POLICY_COUNT_ ? names[policy] : NULL;

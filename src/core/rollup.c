@@ -22,7 +22,7 @@
 #include <sched.h>
 
 #define ROLLUPS_MAGIC 0x5350554c4c4f5254ull /* "TROLLUPS" */
-#define EMPTY_SLOT INT64_MIN
+#define EMPTY_SLOT    INT64_MIN
 
 /* ---- small helpers -------------------------------------------------------- */
 
@@ -37,7 +37,8 @@ static uint64_t slots_of(const struct tally__block *b) {
 }
 
 static uint64_t block_bytes(uint32_t nrings, uint64_t nslots) {
-  return sizeof(struct tally__block) + nrings * sizeof(struct tally__ring_hdr) + nslots * 8;
+  return sizeof(struct tally__block) + nrings * sizeof(struct tally__ring_hdr) +
+         nslots * 8;
 }
 
 static uint32_t block_check(const tally_store *s, uint64_t rec_off,
@@ -60,14 +61,14 @@ static bool head_ok(uint32_t res_s, int64_t head) {
  * resolutions and lengths (covered by the check), and heads. */
 bool tally__block_sound(tally_store *s, uint64_t off, uint64_t rec_off,
                         const struct tally__block *b) {
-  if (off % 64 || !tally__in_arena(s, off, sizeof *b) ||
-      b->nrings > TALLY_RINGS_MAX ||
+  if (off % 64 || !tally__in_arena(s, off, sizeof *b) || b->nrings > TALLY_RINGS_MAX ||
       !tally__in_arena(s, off, block_bytes(b->nrings, 0)))
     return false;
   for (uint32_t i = 0; i < b->nrings; i++) {
     tally_ring spec = {b->ring[i].res_s, b->ring[i].len};
     if (!tally__ring_ok(&spec) ||
-        !head_ok(spec.res_s, atomic_load_explicit(&b->ring[i].head, memory_order_relaxed)))
+        !head_ok(spec.res_s,
+                 atomic_load_explicit(&b->ring[i].head, memory_order_relaxed)))
       return false;
   }
   return tally__in_arena(s, off, block_bytes(b->nrings, slots_of(b))) &&
@@ -75,8 +76,10 @@ bool tally__block_sound(tally_store *s, uint64_t off, uint64_t rec_off,
 }
 
 static int corrupt_block(tally_store *s, const struct tally__rec *r) {
-  return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (rollup of "
-                     "counter '%s')", tally__store_name(s), r->name);
+  return tally__fail(TALLY_ECORRUPT,
+                     "%s: tally store is corrupt (rollup of "
+                     "counter '%s')",
+                     tally__store_name(s), r->name);
 }
 
 /* The record's block, validated; *out NULL if it has none. */
@@ -84,8 +87,8 @@ int tally__block_of(tally_store *s, uint64_t rec_off, struct tally__block **out)
   struct tally__rec *r = tally__at(s, rec_off);
   uint64_t off;
   int rc = tally__unseal(s, TALLY__SEAL_ROLLUP,
-                         atomic_load_explicit(&r->rollup, memory_order_acquire),
-                         rec_off, &off);
+                         atomic_load_explicit(&r->rollup, memory_order_acquire), rec_off,
+                         &off);
   if (rc) return rc;
   if (!off) {
     *out = NULL;
@@ -112,8 +115,8 @@ int tally__rollup_table_check(tally_store *s) {
 int tally__table_of(tally_store *s, bool create, struct tally__rollup_table **out) {
   uint64_t off;
   int rc = tally__unseal(s, TALLY__SEAL_ROLLUPS,
-                         atomic_load_explicit(&s->hdr->rollups, memory_order_acquire),
-                         0, &off);
+                         atomic_load_explicit(&s->hdr->rollups, memory_order_acquire), 0,
+                         &off);
   if (rc) return rc;
   if (!off) {
     *out = NULL;
@@ -126,10 +129,12 @@ int tally__table_of(tally_store *s, bool create, struct tally__rollup_table **ou
                           memory_order_release);
   }
   struct tally__rollup_table *t = tally__at(s, off);
-  if (off % 64 || !tally__in_arena(s, off, sizeof *t) ||
-      t->magic != ROLLUPS_MAGIC || t->check != table_check(s))
-    return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (rollup "
-                       "table)", tally__store_name(s));
+  if (off % 64 || !tally__in_arena(s, off, sizeof *t) || t->magic != ROLLUPS_MAGIC ||
+      t->check != table_check(s))
+    return tally__fail(TALLY_ECORRUPT,
+                       "%s: tally store is corrupt (rollup "
+                       "table)",
+                       tally__store_name(s));
   *out = t;
   return 0;
 }
@@ -150,14 +155,14 @@ static void ring_put(struct tally__ring_hdr *r, _Atomic int64_t *slot, int64_t a
   int64_t head = atomic_load_explicit(&r->head, memory_order_relaxed);
   /* the caller checked the block (tally__block_sound); this only keeps a word
    * damaged since then from indexing outside the ring */
-  if (len == 0 || len > TALLY_RING_LEN_MAX || res_s == 0 || !head_ok(res_s, head))
-    return;
+  if (len == 0 || len > TALLY_RING_LEN_MAX || res_s == 0 || !head_ok(res_s, head)) return;
   int64_t b = at_ms / ((int64_t)res_s * 1000);
   if (head == 0) {
     ring_clear(slot, len);
   } else if (b + 1 > head) {
-    int64_t gap = b - head;  /* buckets strictly between newest and b */
-    if (gap >= len) ring_clear(slot, len);
+    int64_t gap = b - head; /* buckets strictly between newest and b */
+    if (gap >= len)
+      ring_clear(slot, len);
     else
       for (int64_t k = head; k < b; k++)
         atomic_store_explicit(&slot[k % len], EMPTY_SLOT, memory_order_release);
@@ -186,8 +191,10 @@ uint64_t tally__block_claim(struct tally__block *b) {
     }
     if ((spins & 255) == 255) {
       int64_t now = tally_monotonic_ms();
-      if (!give_up) give_up = now + CLAIM_WAIT_MS;
-      else if (now >= give_up) return s;
+      if (!give_up)
+        give_up = now + CLAIM_WAIT_MS;
+      else if (now >= give_up)
+        return s;
       sched_yield();
     }
     s = atomic_load_explicit(&b->seq, memory_order_acquire);
@@ -200,7 +207,7 @@ static void ring_copy(struct tally__ring_hdr *to, _Atomic int64_t *to_slot,
                       const struct tally__ring_hdr *from, _Atomic int64_t *from_slot) {
   ring_clear(to_slot, to->len);
   int64_t head = atomic_load(&from->head);
-  if (!head_ok(from->res_s, head)) head = 0;  /* damaged: start it empty */
+  if (!head_ok(from->res_s, head)) head = 0; /* damaged: start it empty */
   atomic_store(&to->head, head);
   if (head == 0) return;
   uint32_t keep = from->len < to->len ? from->len : to->len;
@@ -221,15 +228,18 @@ int tally__block_grow(tally_store *s, uint64_t rec_off, struct tally__block *old
   for (uint32_t i = 0; i < nrings; i++) {
     uint32_t j = 0;
     while (j < n && want[j].res_s != rings[i].res_s) j++;
-    if (j == n) want[n++] = rings[i];
-    else if (want[j].len < rings[i].len) want[j].len = rings[i].len;
+    if (j == n)
+      want[n++] = rings[i];
+    else if (want[j].len < rings[i].len)
+      want[j].len = rings[i].len;
   }
   if (n > TALLY_RINGS_MAX)
-    return tally__fail(TALLY_EINVAL, "counter '%s' would keep %u history "
+    return tally__fail(TALLY_EINVAL,
+                       "counter '%s' would keep %u history "
                        "resolutions (at most %d)",
                        ((struct tally__rec *)tally__at(s, rec_off))->name, n,
                        TALLY_RINGS_MAX);
-  for (uint32_t i = 1; i < n; i++)  /* finest first: insertion sort */
+  for (uint32_t i = 1; i < n; i++) /* finest first: insertion sort */
     for (uint32_t j = i; j > 0 && want[j - 1].res_s > want[j].res_s; j--) {
       tally_ring t = want[j];
       want[j] = want[j - 1];
@@ -246,7 +256,7 @@ int tally__block_grow(tally_store *s, uint64_t rec_off, struct tally__block *old
     b->ring[i].len = want[i].len;
   }
   b->check = block_check(s, rec_off, b);
-  uint64_t old_seq = old ? tally__block_claim(old) : 0;  /* no write while copying */
+  uint64_t old_seq = old ? tally__block_claim(old) : 0; /* no write while copying */
   _Atomic int64_t *slot = tally__slots_at(b);
   for (uint32_t i = 0; i < n; i++) {
     const struct tally__ring_hdr *from = NULL;
@@ -267,13 +277,12 @@ int tally__block_grow(tally_store *s, uint64_t rec_off, struct tally__block *old
     atomic_store(&b->delta, atomic_load(&old->delta));
     atomic_store(&b->prev_at_ms, atomic_load(&old->prev_at_ms));
     atomic_store(&b->count, atomic_load(&old->count));
-    atomic_fetch_add(&s->hdr->retired,
-                     block_bytes(old->nrings, slots_of(old)));
+    atomic_fetch_add(&s->hdr->retired, block_bytes(old->nrings, slots_of(old)));
   }
   struct tally__rec *r = tally__at(s, rec_off);
   atomic_store_explicit(&r->rollup, tally__seal(s, TALLY__SEAL_ROLLUP, off, rec_off),
                         memory_order_release);
-  if (old) tally__block_release(old, old_seq);  /* writers waiting on it look again */
+  if (old) tally__block_release(old, old_seq); /* writers waiting on it look again */
   return 0;
 }
 
@@ -287,11 +296,13 @@ static int64_t sub_sat(int64_t a, int64_t b) {
  * stores are release stores, so none is seen before the odd seq (a fence
  * would do, but ThreadSanitizer does not model fences; on x86 both are
  * plain moves). */
-void tally__block_roll(struct tally__block *b, int64_t v, int64_t now_ms, tally_rollup *r) {
+void tally__block_roll(struct tally__block *b, int64_t v, int64_t now_ms,
+                       tally_rollup *r) {
   uint64_t count = atomic_load_explicit(&b->count, memory_order_relaxed);
   r->value = v;
   r->at_ms = now_ms;
-  r->delta = count ? sub_sat(v, atomic_load_explicit(&b->value, memory_order_relaxed)) : 0;
+  r->delta =
+      count ? sub_sat(v, atomic_load_explicit(&b->value, memory_order_relaxed)) : 0;
   r->prev_at_ms = count ? atomic_load_explicit(&b->at_ms, memory_order_relaxed) : 0;
   r->count = count + 1;
   atomic_store_explicit(&b->value, r->value, memory_order_release);
@@ -331,13 +342,16 @@ static int block_for_read(tally_counter *c, struct tally__block **b) {
   if (rc == 0) rc = tally__block_of(c->s, c->rec_off, b);
   if (rc) return rc;
   if (!*b)
-    return tally__fail(TALLY_ENOROLLUP, "counter '%s' has no rollup (no "
-                       "schedule has rolled it up)", c->rec->name);
+    return tally__fail(TALLY_ENOROLLUP,
+                       "counter '%s' has no rollup (no "
+                       "schedule has rolled it up)",
+                       c->rec->name);
   return 0;
 }
 
 static int busy(tally_counter *c) {
-  return tally__fail(TALLY_EBUSY, "counter '%s': rollup record is being "
+  return tally__fail(TALLY_EBUSY,
+                     "counter '%s': rollup record is being "
                      "written (or its writer died; the next rollup repairs it)",
                      c->rec->name);
 }
@@ -351,26 +365,28 @@ int tally_counter_rolled(tally_counter *c, tally_rollup *out) {
   for (int i = 0; seq_wait(i, &deadline); i++) {
     uint64_t s1 = atomic_load_explicit(&b->seq, memory_order_acquire);
     if (s1 & 1) continue;
-    tally_rollup r = {
-      .value = atomic_load_explicit(&b->value, memory_order_acquire),
-      .at_ms = atomic_load_explicit(&b->at_ms, memory_order_acquire),
-      .delta = atomic_load_explicit(&b->delta, memory_order_acquire),
-      .prev_at_ms = atomic_load_explicit(&b->prev_at_ms, memory_order_acquire),
-      .count = atomic_load_explicit(&b->count, memory_order_acquire)};
+    tally_rollup r = {.value = atomic_load_explicit(&b->value, memory_order_acquire),
+                      .at_ms = atomic_load_explicit(&b->at_ms, memory_order_acquire),
+                      .delta = atomic_load_explicit(&b->delta, memory_order_acquire),
+                      .prev_at_ms =
+                          atomic_load_explicit(&b->prev_at_ms, memory_order_acquire),
+                      .count = atomic_load_explicit(&b->count, memory_order_acquire)};
     if (atomic_load_explicit(&b->seq, memory_order_relaxed) != s1) continue;
     if (r.count == 0)
-      return tally__fail(TALLY_ENOROLLUP, "counter '%s' has not been rolled "
-                         "up yet", c->rec->name);
+      return tally__fail(TALLY_ENOROLLUP,
+                         "counter '%s' has not been rolled "
+                         "up yet",
+                         c->rec->name);
     *out = r;
     return 0;
   }
   return busy(c);
 }
 
-int tally_counter_rings(tally_counter *c, tally_ring *out, uint32_t cap,
-                        uint32_t *n) {
+int tally_counter_rings(tally_counter *c, tally_ring *out, uint32_t cap, uint32_t *n) {
   struct tally__block *b;
-  if (!n || (!out && cap)) return tally__fail(TALLY_EINVAL, "tally_counter_rings: NULL argument");
+  if (!n || (!out && cap))
+    return tally__fail(TALLY_EINVAL, "tally_counter_rings: NULL argument");
   int rc = block_for_read(c, &b);
   if (rc) return rc;
   for (uint32_t i = 0; i < b->nrings && i < cap; i++)
@@ -390,8 +406,10 @@ int tally_counter_history(tally_counter *c, uint32_t res_s, tally_bucket *out,
   uint32_t i = 0;
   while (i < b->nrings && b->ring[i].res_s != res_s) slot += b->ring[i++].len;
   if (i == b->nrings)
-    return tally__fail(TALLY_ENOROLLUP, "counter '%s' keeps no history at "
-                       "%u s resolution", c->rec->name, res_s);
+    return tally__fail(TALLY_ENOROLLUP,
+                       "counter '%s' keeps no history at "
+                       "%u s resolution",
+                       c->rec->name, res_s);
   struct tally__ring_hdr *r = &b->ring[i];
   double deadline = 0;
   for (int tries = 0; seq_wait(tries, &deadline); tries++) {

@@ -23,14 +23,14 @@
 #include <string.h>
 #include <unistd.h>
 
-#define RENEW_EVERY 1024u   /* counters rolled between lease checks */
+#define RENEW_EVERY 1024u /* counters rolled between lease checks */
 
 /* A counter the schedule covers, with its block as last seen: the sealed
  * word tells when another process gave it a new one. */
 struct member {
   uint64_t rec_off;
-  uint64_t key;                   /* cell offset when listed: the roll order */
-  uint64_t word;                  /* rec->rollup when `b` was resolved */
+  uint64_t key;  /* cell offset when listed: the roll order */
+  uint64_t word; /* rec->rollup when `b` was resolved */
   struct tally__block *b;
 };
 
@@ -42,31 +42,35 @@ struct tally_schedule {
   uint64_t id;
   tally_ring rings[TALLY_RINGS_MAX];
   uint32_t nrings;
-  struct member *members;         /* in cell order */
+  struct member *members; /* in cell order */
   size_t nmembers;
-  uint64_t generation;            /* of the store when members was built */
+  uint64_t generation; /* of the store when members was built */
   bool built;
 };
 
 /* ---- schedules --------------------------------------------------------------- */
 
-int tally_schedule_new(tally_store *s, const char *pattern, size_t plen,
-                       int64_t every_ms, const tally_ring *rings,
-                       uint32_t nrings, tally_schedule **out) {
+int tally_schedule_new(tally_store *s, const char *pattern, size_t plen, int64_t every_ms,
+                       const tally_ring *rings, uint32_t nrings, tally_schedule **out) {
   if (!s || !pattern || !out || (nrings && !rings))
     return tally__fail(TALLY_EINVAL, "tally_schedule_new: NULL argument");
   if (plen == 0 || plen > TALLY_NAME_MAX || memchr(pattern, 0, plen))
-    return tally__fail(TALLY_EINVAL, "rollup pattern must be 1 to %d bytes, "
-                       "no NUL", TALLY_NAME_MAX);
+    return tally__fail(TALLY_EINVAL,
+                       "rollup pattern must be 1 to %d bytes, "
+                       "no NUL",
+                       TALLY_NAME_MAX);
   if (every_ms < 1 || every_ms > (int64_t)TALLY_RING_RES_MAX * 1000)
-    return tally__fail(TALLY_EINVAL, "rollup period must be from 1 ms to 366 "
-                       "days, got %lld ms", (long long)every_ms);
+    return tally__fail(TALLY_EINVAL,
+                       "rollup period must be from 1 ms to 366 "
+                       "days, got %lld ms",
+                       (long long)every_ms);
   if (nrings > TALLY_RINGS_MAX)
     return tally__fail(TALLY_EINVAL, "at most %d history resolutions, got %u",
                        TALLY_RINGS_MAX, nrings);
   for (uint32_t i = 0; i < nrings; i++) {
     if (!tally__ring_ok(&rings[i]))
-      return tally__fail(TALLY_EINVAL, "history of %u buckets of %u s is out "
+      return tally__fail(TALLY_EINVAL,
+                         "history of %u buckets of %u s is out "
                          "of range (1 to %d buckets of 1 s to 366 days)",
                          rings[i].len, rings[i].res_s, TALLY_RING_LEN_MAX);
     for (uint32_t j = 0; j < i; j++)
@@ -136,7 +140,7 @@ static bool pid_gone(pid_t pid) {
   size_t n = fread(buf, 1, sizeof buf - 1, f);
   fclose(f);
   buf[n] = '\0';
-  const char *p = strrchr(buf, ')');   /* the state follows "(comm)" */
+  const char *p = strrchr(buf, ')'); /* the state follows "(comm)" */
   return p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X');
 }
 
@@ -156,8 +160,7 @@ static int64_t lease_span(const tally_schedule *sch) {
 static bool lease_take(struct tally__sched_slot *slot, uint64_t me, int64_t span) {
   uint64_t owner = atomic_load_explicit(&slot->owner, memory_order_acquire);
   int64_t now = tally_monotonic_ms();
-  if (owner && now < atomic_load(&slot->until) &&
-      !pid_gone((pid_t)(owner >> 32)))
+  if (owner && now < atomic_load(&slot->until) && !pid_gone((pid_t)(owner >> 32)))
     return false;
   atomic_store(&slot->until, now + span);
   atomic_store_explicit(&slot->owner, me, memory_order_release);
@@ -191,8 +194,7 @@ struct gather {
 static int gather_one(tally_store *s, uint64_t rec_off, void *ud) {
   struct gather *g = ud;
   const struct tally__rec *r = tally__at(s, rec_off);
-  if (!tally_glob_match(g->sch->pattern, g->sch->plen, r->name, r->name_len))
-    return 0;
+  if (!tally_glob_match(g->sch->pattern, g->sch->plen, r->name, r->name_len)) return 0;
   if (atomic_load(&r->loc) & TALLY__LOC_DROPPED) return 0;
   if (g->n == g->cap) {
     size_t cap = g->cap ? g->cap * 2 : 64;
@@ -205,7 +207,7 @@ static int gather_one(tally_store *s, uint64_t rec_off, void *ud) {
   return 0;
 }
 
-static tally_store *sort_store;  /* qsort has no context argument */
+static tally_store *sort_store; /* qsort has no context argument */
 static int by_cells(const void *pa, const void *pb) {
   uint64_t a = *(const uint64_t *)pa, b = *(const uint64_t *)pb;
   uint64_t la = atomic_load(&((struct tally__rec *)tally__at(sort_store, a))->loc) >> 32;
@@ -220,7 +222,6 @@ static pthread_mutex_t sort_lock = PTHREAD_MUTEX_INITIALIZER;
  * row by row instead of at random. */
 struct run;
 static bool run_renew(struct run *u);
-
 
 static int members_refresh(tally_schedule *sch, struct run *u) {
   tally_store *s = sch->s;
@@ -240,21 +241,21 @@ static int members_refresh(tally_schedule *sch, struct run *u) {
   for (size_t i = 0; i < g.n && rc == 0; i++) {
     struct tally__block *b;
     if (i % RENEW_EVERY == 0) {
-      if (locked) tally__unlock(s);  /* let creators in now and then */
+      if (locked) tally__unlock(s); /* let creators in now and then */
       locked = false;
       if (!run_renew(u)) {
-        rc = 1;  /* lost the lease */
+        rc = 1; /* lost the lease */
         break;
       }
     }
-    if (tally__block_of(s, g.v[i], &b)) continue;  /* damaged: check() reports it */
+    if (tally__block_of(s, g.v[i], &b)) continue; /* damaged: check() reports it */
     if (b && block_covers(b, sch)) continue;
     if (!locked && (rc = tally__lock(s))) break;
     locked = true;
     /* again under the lock: another schedule may have grown it meanwhile */
     if (tally__block_of(s, g.v[i], &b) || (b && block_covers(b, sch))) continue;
     rc = tally__block_grow(s, g.v[i], b, sch->rings, sch->nrings);
-    if (rc == TALLY_EINVAL) rc = 0;  /* too many rings: rolled with those it has */
+    if (rc == TALLY_EINVAL) rc = 0; /* too many rings: rolled with those it has */
   }
   if (locked) tally__unlock(s);
   struct member *m = rc ? NULL : malloc((g.n ? g.n : 1) * sizeof *m);
@@ -264,7 +265,7 @@ static int members_refresh(tally_schedule *sch, struct run *u) {
     m[i].rec_off = g.v[i];
     m[i].key = atomic_load_explicit(&r->loc, memory_order_acquire) >> 32;
     m[i].word = atomic_load_explicit(&r->rollup, memory_order_acquire);
-    if (tally__block_of(s, g.v[i], &m[i].b)) m[i].b = NULL;  /* skipped, see above */
+    if (tally__block_of(s, g.v[i], &m[i].b)) m[i].b = NULL; /* skipped, see above */
   }
   free(g.v);
   if (rc) {
@@ -286,7 +287,7 @@ struct run {
   struct tally__sched_slot *slot;
   uint64_t me;
   int64_t now_ms;
-  uint64_t resume_after;          /* members with key + 1 <= this are done */
+  uint64_t resume_after; /* members with key + 1 <= this are done */
   tally_rollup_fn fn;
   void *ud;
   uint64_t rolled, skipped;
@@ -298,14 +299,14 @@ static void prefetch_slots(struct tally__block *b, int64_t now_ms) {
   _Atomic int64_t *slot = tally__slots_at(b);
   for (uint32_t i = 0; i < b->nrings && i < TALLY_RINGS_MAX; i++) {
     uint32_t res_s = b->ring[i].res_s, len = b->ring[i].len;
-    if (!res_s || !len) return;  /* damaged: tally__block_sound skips it */
+    if (!res_s || !len) return; /* damaged: tally__block_sound skips it */
     int64_t k = now_ms / ((int64_t)res_s * 1000);
     __builtin_prefetch(&slot[k % len], 1);
     slot += len;
   }
 }
 
-#define AHEAD 16  /* members prefetched ahead: record and block, then slots */
+#define AHEAD 16 /* members prefetched ahead: record and block, then slots */
 
 static bool run_renew(struct run *u) {
   return lease_renew(u->slot, u->me, lease_span(u->sch));
@@ -316,14 +317,14 @@ static uint64_t member_claim(tally_store *s, struct member *m, struct tally__blo
   struct tally__rec *rec = tally__at(s, m->rec_off);
   for (;;) {
     uint64_t word = atomic_load_explicit(&rec->rollup, memory_order_acquire);
-    if (word != m->word || !m->b) {  /* another process gave it a new block */
+    if (word != m->word || !m->b) { /* another process gave it a new block */
       if (tally__block_of(s, m->rec_off, &m->b)) m->b = NULL;
       m->word = word;
     }
     if (!(*b = m->b)) return 0;
     uint64_t odd = tally__block_claim(m->b);
     if (atomic_load_explicit(&rec->rollup, memory_order_acquire) == m->word) return odd;
-    tally__block_release(m->b, odd);  /* replaced while we waited: look again */
+    tally__block_release(m->b, odd); /* replaced while we waited: look again */
   }
 }
 
@@ -346,24 +347,27 @@ static int roll_members(struct run *u) {
     }
     if (i + AHEAD / 2 < n && m[i + AHEAD / 2].b)
       prefetch_slots(m[i + AHEAD / 2].b, u->now_ms);
-    if (m[i].key + 1 <= u->resume_after) continue;  /* the dead holder did it */
+    if (m[i].key + 1 <= u->resume_after) continue; /* the dead holder did it */
     struct tally__block *b;
     int64_t v;
     uint64_t odd = member_claim(s, &m[i], &b);
-    if (b && !tally__block_sound(s, (uint64_t)((unsigned char *)b - s->base), m[i].rec_off, b)) {
-      tally__block_release(b, odd);  /* damaged since it was resolved */
+    if (b && !tally__block_sound(s, (uint64_t)((unsigned char *)b - s->base),
+                                 m[i].rec_off, b)) {
+      tally__block_release(b, odd); /* damaged since it was resolved */
       m[i].b = NULL;
       b = NULL;
     }
     if (!b) {
-      u->skipped++;  /* damaged: check() reports it */
+      u->skipped++; /* damaged: check() reports it */
       continue;
     }
     int rc = tally__rec_value(s, m[i].rec_off, &v);
     if (rc || atomic_load_explicit(&b->at_ms, memory_order_relaxed) > u->now_ms) {
       tally__block_release(b, odd);
-      if (rc == TALLY_EDROPPED) sch->built = false;  /* list it anew */
-      else u->skipped++;  /* out of range, or never back in time */
+      if (rc == TALLY_EDROPPED)
+        sch->built = false; /* list it anew */
+      else
+        u->skipped++; /* out of range, or never back in time */
       continue;
     }
     tally_rollup r;
@@ -379,9 +383,10 @@ static int roll_members(struct run *u) {
   return 0;
 }
 
-int tally_schedule_tick(tally_schedule *sch, int64_t now_ms, tally_rollup_fn fn,
-                        void *ud, tally_tick_result *out) {
-  if (!sch || !out) return tally__fail(TALLY_EINVAL, "tally_schedule_tick: NULL argument");
+int tally_schedule_tick(tally_schedule *sch, int64_t now_ms, tally_rollup_fn fn, void *ud,
+                        tally_tick_result *out) {
+  if (!sch || !out)
+    return tally__fail(TALLY_EINVAL, "tally_schedule_tick: NULL argument");
   if (now_ms < 0)
     return tally__fail(TALLY_EINVAL, "rollup time must not be before the epoch");
   tally_store *s = sch->s;
@@ -408,7 +413,7 @@ int tally_schedule_tick(tally_schedule *sch, int64_t now_ms, tally_rollup_fn fn,
     return 0;
   }
   if (atomic_load(&u.slot->running) == period + 1) {
-    u.resume_after = atomic_load(&u.slot->cursor);  /* a holder died in it */
+    u.resume_after = atomic_load(&u.slot->cursor); /* a holder died in it */
   } else {
     atomic_store(&u.slot->cursor, 0);
     atomic_store(&u.slot->running, period + 1);
@@ -422,7 +427,7 @@ int tally_schedule_tick(tally_schedule *sch, int64_t now_ms, tally_rollup_fn fn,
   out->skipped = (uint32_t)(u.skipped > UINT32_MAX ? UINT32_MAX : u.skipped);
 
   int lrc = tally__lock(s);
-  if (lrc) {  /* the lease runs out by itself */
+  if (lrc) { /* the lease runs out by itself */
     return rc ? rc : lrc;
   }
   if (atomic_load(&u.slot->owner) == u.me) {

@@ -52,35 +52,34 @@ static void header_init(struct tally__header *h) {
 static int header_validate(const struct tally__header *h, uint64_t file_size,
                            const char *path) {
   if (memcmp(h->magic, TALLY__MAGIC, 8) != 0)
-    return tally__fail(TALLY_ENOTSTORE, "%s: not a tally store (bad magic)",
-                       path);
+    return tally__fail(TALLY_ENOTSTORE, "%s: not a tally store (bad magic)", path);
   if (h->format != TALLY__FORMAT)
     return tally__fail(TALLY_EVERSION,
-                       "%s: unsupported tally store format %u (this is %u)",
-                       path, h->format, TALLY__FORMAT);
+                       "%s: unsupported tally store format %u (this is %u)", path,
+                       h->format, TALLY__FORMAT);
   if (h->header_bytes != TALLY__HEADER_BYTES || h->cell_bytes != 8 ||
       h->row_cells != TALLY__ROW_CELLS || h->max_shards != TALLY_MAX_SHARDS ||
       h->byte_order != TALLY__BYTE_ORDER || h->max_bytes != TALLY__MAX_BYTES ||
       h->arena_off != TALLY__ARENA_OFF)
     return tally__fail(TALLY_EVERSION,
                        "%s: tally store has another layout (built for "
-                       "another version or machine)", path);
+                       "another version or machine)",
+                       path);
   if (h->check != tally__header_check(h))
-    return tally__fail(TALLY_ECORRUPT,
-                       "%s: tally store is corrupt (header checksum)", path);
+    return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (header checksum)",
+                       path);
   uint64_t size = atomic_load(&h->size), used = atomic_load(&h->used);
   if (size > file_size)
     return tally__fail(TALLY_ECORRUPT,
                        "%s: tally store is truncated (header says %llu bytes, "
-                       "file has %llu)", path, (unsigned long long)size,
-                       (unsigned long long)file_size);
-  if (used < TALLY__ARENA_OFF || used > size || size > TALLY__MAX_BYTES ||
-      used % 8 != 0)
-    return tally__fail(TALLY_ECORRUPT,
-                       "%s: tally store is corrupt (bad size fields)", path);
+                       "file has %llu)",
+                       path, (unsigned long long)size, (unsigned long long)file_size);
+  if (used < TALLY__ARENA_OFF || used > size || size > TALLY__MAX_BYTES || used % 8 != 0)
+    return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (bad size fields)",
+                       path);
   if (atomic_load(&h->pend_done) > TALLY_MAX_SHARDS)
-    return tally__fail(TALLY_ECORRUPT,
-                       "%s: tally store is corrupt (bad pending move)", path);
+    return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (bad pending move)",
+                       path);
   return 0;
 }
 
@@ -90,7 +89,7 @@ static int create_file(const char *path, mode_t mode) {
   size_t n = strlen(path) + 16;
   char *tmp = malloc(n);
   if (!tmp) return tally__fail(TALLY_ENOMEM, "out of memory");
-  snprintf(tmp, n, "%s.tmp.XXXXXX", path);  /* unique even after a crash */
+  snprintf(tmp, n, "%s.tmp.XXXXXX", path); /* unique even after a crash */
   int fd = mkostemp(tmp, O_CLOEXEC);
   if (fd < 0) {
     int rc = tally__fail_sys("cannot create", path);
@@ -103,8 +102,8 @@ static int create_file(const char *path, mode_t mode) {
   unsigned char page[TALLY__ARENA_OFF];
   memset(page, 0, sizeof page);
   memcpy(page, &h, sizeof h);
-  if (fchmod(fd, mode & 0777) != 0 || pwrite(fd, page, sizeof page, 0) !=
-      (ssize_t)sizeof page || fsync(fd) != 0)
+  if (fchmod(fd, mode & 0777) != 0 ||
+      pwrite(fd, page, sizeof page, 0) != (ssize_t)sizeof page || fsync(fd) != 0)
     rc = tally__fail_sys("cannot write", path);
   else if (link(tmp, path) != 0 && errno != EEXIST)
     rc = tally__fail_sys("cannot create", path);
@@ -123,18 +122,21 @@ static int open_own(const char *path, uint32_t flags, int *out) {
   if (fd < 0 && errno == ELOOP && !trust) {
     struct stat lst;
     if (lstat(path, &lst) == 0 && S_ISLNK(lst.st_mode))
-      return tally__fail(TALLY_EUNTRUSTED, "%s: refusing to open a symbolic "
+      return tally__fail(TALLY_EUNTRUSTED,
+                         "%s: refusing to open a symbolic "
                          "link as a store (open its target, or trust the "
-                         "path: TALLY_OPEN_TRUST, Lua { trust = true })", path);
+                         "path: TALLY_OPEN_TRUST, Lua { trust = true })",
+                         path);
   }
   if (fd < 0) return errno; /* positive: the caller decides */
   struct stat st;
   if (!trust && fstat(fd, &st) == 0 && st.st_uid != geteuid()) {
     close(fd);
-    return tally__fail(TALLY_EUNTRUSTED, "%s: refusing a store owned by "
+    return tally__fail(TALLY_EUNTRUSTED,
+                       "%s: refusing a store owned by "
                        "another user (uid %lu, this process runs as %lu; trust "
-                       "the path: TALLY_OPEN_TRUST, Lua { trust = true })", path,
-                       (unsigned long)st.st_uid, (unsigned long)geteuid());
+                       "the path: TALLY_OPEN_TRUST, Lua { trust = true })",
+                       path, (unsigned long)st.st_uid, (unsigned long)geteuid());
   }
   *out = fd;
   return 0;
@@ -164,22 +166,26 @@ static int map_file(tally_store *s, const char *path, const tally_open_options *
   struct stat st;
   if (fstat(fd, &st) != 0) return tally__fail_sys("cannot stat", path);
   if (!S_ISREG(st.st_mode))
-    return tally__fail(TALLY_ENOTSTORE, "%s: not a tally store (not a "
-                       "regular file)", path);
+    return tally__fail(TALLY_ENOTSTORE,
+                       "%s: not a tally store (not a "
+                       "regular file)",
+                       path);
   if (got < 0) return tally__fail_sys("cannot read", path);
   if (st.st_size == 0)
-    return tally__fail(TALLY_ENOTSTORE, "%s: not a tally store (empty file)",
-                       path);
+    return tally__fail(TALLY_ENOTSTORE, "%s: not a tally store (empty file)", path);
   if (got < 8 || memcmp(h.magic, TALLY__MAGIC, 8) != 0)
-    return tally__fail(TALLY_ENOTSTORE, "%s: not a tally store (bad magic)",
-                       path);
+    return tally__fail(TALLY_ENOTSTORE, "%s: not a tally store (bad magic)", path);
   if ((size_t)got < sizeof h)
-    return tally__fail(TALLY_ECORRUPT, "%s: tally store is truncated "
-                       "(%lld bytes)", path, (long long)st.st_size);
+    return tally__fail(TALLY_ECORRUPT,
+                       "%s: tally store is truncated "
+                       "(%lld bytes)",
+                       path, (long long)st.st_size);
   if ((uint64_t)st.st_size < TALLY__ARENA_OFF)
-    return tally__fail(TALLY_ECORRUPT, "%s: tally store is truncated (header "
-                       "says %llu bytes, file has %lld)", path,
-                       (unsigned long long)atomic_load(&h.size), (long long)st.st_size);
+    return tally__fail(TALLY_ECORRUPT,
+                       "%s: tally store is truncated (header "
+                       "says %llu bytes, file has %lld)",
+                       path, (unsigned long long)atomic_load(&h.size),
+                       (long long)st.st_size);
   rc = header_validate(&h, (uint64_t)st.st_size, path);
   if (rc) return rc;
   void *p = mmap(NULL, TALLY__MAX_BYTES, PROT_READ | PROT_WRITE,
@@ -201,9 +207,7 @@ static int map_memory(tally_store *s) {
   return 0;
 }
 
-
-int tally_store_open(const char *spec, const tally_open_options *opt,
-                     tally_store **out) {
+int tally_store_open(const char *spec, const tally_open_options *opt, tally_store **out) {
   if (!out) return tally__fail(TALLY_EINVAL, "tally_store_open: out is NULL");
   const uint32_t known = TALLY_OPEN_NOCREATE | TALLY_OPEN_TRUST;
   if (opt && (opt->flags & ~known))
@@ -217,8 +221,10 @@ int tally_store_open(const char *spec, const tally_open_options *opt,
     kind = TALLY__FILE;
     path = spec + 5;
   } else {
-    return tally__fail(TALLY_EINVAL, "unknown store '%s' (expected 'memory' "
-                       "or 'file:PATH')", spec);
+    return tally__fail(TALLY_EINVAL,
+                       "unknown store '%s' (expected 'memory' "
+                       "or 'file:PATH')",
+                       spec);
   }
   tally__policy_init();
   tally_store *s = calloc(1, sizeof *s);

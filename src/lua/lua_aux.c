@@ -49,7 +49,7 @@ int tl_argerror_got(lua_State *L, int arg, const char *what, int idx, int bools)
 int tl_typeerror(lua_State *L, int arg, const char *tname) {
   const char *got;
   if (luaL_getmetafield(L, arg, "__name") != 0 && lua_type(L, -1) == LUA_TSTRING)
-    got = lua_tostring(L, -1);  /* (5.1's returns 1 when found, 5.4's the type) */
+    got = lua_tostring(L, -1); /* (5.1's returns 1 when found, 5.4's the type) */
   else if (lua_type(L, arg) == LUA_TLIGHTUSERDATA)
     got = "light userdata";
   else
@@ -59,7 +59,7 @@ int tl_typeerror(lua_State *L, int arg, const char *tname) {
 
 void *tl_checkudata(lua_State *L, int idx, const char *tname) {
   void *p = luaL_testudata(L, idx, tname);
-  if (p == NULL) tl_typeerror(L, idx, tname);  /* as luaL_checkudata in 5.4 */
+  if (p == NULL) tl_typeerror(L, idx, tname); /* as luaL_checkudata in 5.4 */
   return p;
 }
 
@@ -105,7 +105,7 @@ void tl_newclass(lua_State *L, const char *tname, const luaL_Reg *meta,
                  const luaL_Reg *methods) {
   if (luaL_newmetatable(L, tname)) {
     luaL_setfuncs(L, meta, 0);
-    lua_pushstring(L, tname);             /* 5.4's luaL_newmetatable does it */
+    lua_pushstring(L, tname); /* 5.4's luaL_newmetatable does it */
     lua_setfield(L, -2, "__name");
     lua_newtable(L);
     luaL_setfuncs(L, methods, 0);
@@ -123,7 +123,7 @@ void tl_newclass(lua_State *L, const char *tname, const luaL_Reg *meta,
  * box(hi, lo) -> int64_t cdata of the bits hi * 2^32 + lo (both numbers
  * in [0, 2^32)); unbox(x) -> hi, lo for an int64_t or uint64_t cdata, or
  * nil and the reason. */
-#define TL_BOX_KEY "tally.box"
+#define TL_BOX_KEY   "tally.box"
 #define TL_UNBOX_KEY "tally.unbox"
 
 static int tl_exact(int64_t v) {
@@ -148,7 +148,7 @@ void tl_pushint64(lua_State *L, int64_t v) {
   lua_getfield(L, LUA_REGISTRYINDEX, TL_BOX_KEY);
   if (!lua_isfunction(L, -1))
     luaL_error(L, "a value beyond +-2^53 cannot be returned exactly as a LuaJIT "
-               "number: require \"tally\" (it registers the int64_t box)");
+                  "number: require \"tally\" (it registers the int64_t box)");
   lua_pushnumber(L, (lua_Number)(u >> 32));
   lua_pushnumber(L, (lua_Number)(u & 0xffffffffu));
   lua_call(L, 2, 1);
@@ -184,8 +184,9 @@ static int64_t tl_checkint64(lua_State *L, int arg) {
   if (lua_type(L, arg) == TL_TCDATA) return tl_unbox(L, arg);
   if (!lua_isnumber(L, arg)) tl_typeerror(L, arg, "number");
   d = lua_tonumber(L, arg);
-  if ((d > TL_EXACT || d < -TL_EXACT) && d - d == 0)  /* finite: an integer */
-    luaL_argerror(L, arg, "integer beyond +-2^53 is not exact as a LuaJIT number "
+  if ((d > TL_EXACT || d < -TL_EXACT) && d - d == 0) /* finite: an integer */
+    luaL_argerror(L, arg,
+                  "integer beyond +-2^53 is not exact as a LuaJIT number "
                   "(pass an int64_t cdata)");
   luaL_argerror(L, arg, "number has no integer representation");
   return 0;
@@ -223,5 +224,5 @@ void tl_set_classic(lua_State *L, const char *name, lua_CFunction fn) {
 
 int64_t tl_checkdelta(lua_State *L, int arg) {
   if (lua_isnoneornil(L, arg)) return 1;
-  return tl_checkint64(L, arg);  /* raises with the standard message */
+  return tl_checkint64(L, arg); /* raises with the standard message */
 }

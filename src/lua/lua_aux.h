@@ -30,22 +30,22 @@
  * as int64_t cdata built by the Lua function registered with
  * core.set_box (see tl_pushint64), and integer arguments must be exact. */
 #if LUA_VERSION_NUM >= 504
-#define TL_LUAJIT 0
-#define tl_newud(L, sz, nuv) lua_newuserdatauv((L), (sz), (nuv))
-#define tl_getuv(L, idx, n) ((void)lua_getiuservalue((L), (idx), (n)))
-#define tl_setuv(L, idx, n) ((void)lua_setiuservalue((L), (idx), (n)))
-#define tl_checkversion(L) luaL_checkversion(L)
+#define TL_LUAJIT                0
+#define tl_newud(L, sz, nuv)     lua_newuserdatauv((L), (sz), (nuv))
+#define tl_getuv(L, idx, n)      ((void)lua_getiuservalue((L), (idx), (n)))
+#define tl_setuv(L, idx, n)      ((void)lua_setiuservalue((L), (idx), (n)))
+#define tl_checkversion(L)       luaL_checkversion(L)
 #define tl_tointx(L, idx, isnum) lua_tointegerx((L), (idx), (isnum))
-#define tl_checkinteger(L, arg) luaL_checkinteger((L), (arg))
-#define tl_pushint64(L, v) lua_pushinteger((L), (lua_Integer)(v))
-#define tl_canpush(L, v) ((void)(L), (void)(v), 1)
+#define tl_checkinteger(L, arg)  luaL_checkinteger((L), (arg))
+#define tl_pushint64(L, v)       lua_pushinteger((L), (lua_Integer)(v))
+#define tl_canpush(L, v)         ((void)(L), (void)(v), 1)
 #elif LUA_VERSION_NUM == 501
-#include "luajit.h"   /* LuaJIT 2.1; plain Lua 5.1 is not supported */
-#define TL_LUAJIT 1
-#define TL_TCDATA 10  /* what lua_type() says for a cdata (not in lua.h) */
-#define TL_EXACT 9007199254740992.0   /* 2^53: larger doubles skip integers */
+#include "luajit.h" /* LuaJIT 2.1; plain Lua 5.1 is not supported */
+#define TL_LUAJIT          1
+#define TL_TCDATA          10 /* what lua_type() says for a cdata (not in lua.h) */
+#define TL_EXACT           9007199254740992.0 /* 2^53: larger doubles skip integers */
 #define lua_rawlen(L, idx) lua_objlen((L), (idx))
-#define lua_absindex(L, idx) \
+#define lua_absindex(L, idx)                                                             \
   ((idx) > 0 || (idx) <= LUA_REGISTRYINDEX ? (idx) : lua_gettop(L) + (idx) + 1)
 /* The module takes the address of luaJIT_setmode, which only LuaJIT
  * exports, so loading it into any other Lua fails at require time
@@ -68,7 +68,7 @@ static inline void tl_getuv(lua_State *L, int idx, int n) {
   lua_rawgeti(L, -1, n);
   lua_remove(L, -2);
 }
-static inline void tl_setuv(lua_State *L, int idx, int n) {  /* pops the value */
+static inline void tl_setuv(lua_State *L, int idx, int n) { /* pops the value */
   idx = lua_absindex(L, idx);
   lua_getfenv(L, idx);
   lua_insert(L, -2);
@@ -96,11 +96,11 @@ int tl_canpush(lua_State *L, int64_t v);
 #endif
 
 #if defined(__GNUC__)
-#define TL_LIKELY(x) __builtin_expect(!!(x), 1)
+#define TL_LIKELY(x)   __builtin_expect(!!(x), 1)
 #define TL_UNLIKELY(x) __builtin_expect(!!(x), 0)
-#define TL_EXPORT __attribute__((visibility("default")))
+#define TL_EXPORT      __attribute__((visibility("default")))
 #else
-#define TL_LIKELY(x) (x)
+#define TL_LIKELY(x)   (x)
 #define TL_UNLIKELY(x) (x)
 #define TL_EXPORT
 #endif
@@ -110,24 +110,24 @@ int tl_canpush(lua_State *L, int64_t v);
  * tally_store pointer and its spec; a counter handle ("tally.counter",
  * lua_counter.c) holds the tally_counter pointer and a link in its store's
  * list of open handles. Closing sets the C pointer to NULL. */
-#define TL_STORE_MT "tally.store"
+#define TL_STORE_MT   "tally.store"
 #define TL_COUNTER_MT "tally.counter"
 
 /* Salts for the self-pointers: a counter never passes for a store. */
-#define TL_STORE_SALT ((uintptr_t)0x5a17e5u)
+#define TL_STORE_SALT   ((uintptr_t)0x5a17e5u)
 #define TL_COUNTER_SALT ((uintptr_t)0xc0417e5u)
 
-enum { TL_SUV_CACHE = 1, TL_SUV_FAMILIES = 2, TL_SUV_N = 2 };  /* store */
-enum { TL_CUV_STORE = 1, TL_CUV_POLICY = 2, TL_CUV_N = 2 };    /* counter */
+enum { TL_SUV_CACHE = 1, TL_SUV_FAMILIES = 2, TL_SUV_N = 2 }; /* store */
+enum { TL_CUV_STORE = 1, TL_CUV_POLICY = 2, TL_CUV_N = 2 };   /* counter */
 
 typedef struct tl_counter tl_counter;
 
 typedef struct tl_store {
-  uintptr_t key;          /* (uintptr_t)self ^ TL_STORE_SALT */
-  tally_store *store;     /* NULL once closed */
-  tl_counter *counters;   /* open counter handles made on this store */
+  uintptr_t key;        /* (uintptr_t)self ^ TL_STORE_SALT */
+  tally_store *store;   /* NULL once closed */
+  tl_counter *counters; /* open counter handles made on this store */
   size_t speclen;
-  char spec[];            /* "memory" or "file:PATH" */
+  char spec[]; /* "memory" or "file:PATH" */
 } tl_store;
 
 /* Under LuaJIT, lua/tally/ffi.lua reads c and policy straight from the
@@ -135,12 +135,12 @@ typedef struct tl_store {
  * against core._ffi_info() (lua_counter.c) and stays classic if they
  * differ. */
 struct tl_counter {
-  uintptr_t key;          /* (uintptr_t)self ^ TL_COUNTER_SALT */
-  tally_counter *c;       /* NULL once closed (also when its store closes) */
-  tl_store *db;           /* kept alive through user value TL_CUV_STORE */
+  uintptr_t key;    /* (uintptr_t)self ^ TL_COUNTER_SALT */
+  tally_counter *c; /* NULL once closed (also when its store closes) */
+  tl_store *db;     /* kept alive through user value TL_CUV_STORE */
   tl_counter *prev, *next;
-  int32_t policy;         /* the stored policy */
-  int hasfn;              /* CUSTOM with a Lua function in TL_CUV_POLICY */
+  int32_t policy; /* the stored policy */
+  int hasfn;      /* CUSTOM with a Lua function in TL_CUV_POLICY */
   size_t namelen;
   char name[];
 };
@@ -210,19 +210,18 @@ void tl_set_classic(lua_State *L, const char *name, lua_CFunction fn);
 /* ---- the parts (lua_module.c lists them) -------------------------------------
  * Each adds its functions to the module table on top of the stack and
  * creates its metatables; returns 0. */
-int tl_open_store(lua_State *L);     /* lua_store.c: core.open, store_methods */
-int tl_open_counter(lua_State *L);   /* lua_counter.c: counter_methods */
-int tl_open_rollup(lua_State *L);    /* lua_rollup.c: schedules, c:rolled() */
-int tl_open_sender(lua_State *L);    /* lua_sender.c: core.sender, the spool */
-int tl_open_redis(lua_State *L);     /* lua_redis.c: core.redis, core.flusher */
+int tl_open_store(lua_State *L);   /* lua_store.c: core.open, store_methods */
+int tl_open_counter(lua_State *L); /* lua_counter.c: counter_methods */
+int tl_open_rollup(lua_State *L);  /* lua_rollup.c: schedules, c:rolled() */
+int tl_open_sender(lua_State *L);  /* lua_sender.c: core.sender, the spool */
+int tl_open_redis(lua_State *L);   /* lua_redis.c: core.redis, core.flusher */
 
 /* ---- the counter handle, for lua_store.c (made in lua_counter.c) -------------- */
 
 /* Counter options at arg (nil or a table): shards, policy, and (if create
  * is not NULL, for db:counter) create = false, which opens an existing
  * counter only. Leaves the policy function (or nil) on top of the stack. */
-void tl_checkcounteropts(lua_State *L, int arg, tally_counter_options *o,
-                         int *create);
+void tl_checkcounteropts(lua_State *L, int arg, tally_counter_options *o, int *create);
 /* "thread", ..., "function" for a stored policy; "?" if unknown. */
 const char *tl_policy_label(int32_t policy);
 /* Open counter name on the store at dbidx and push its handle. fnidx is

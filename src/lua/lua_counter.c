@@ -21,12 +21,11 @@
 
 #include "lua_aux.h"
 #if TL_LUAJIT
-#include <dlfcn.h>  /* dladdr: core._ffi_info().path */
+#include <dlfcn.h> /* dladdr: core._ffi_info().path */
 #endif
 
-static const char *const tl_policy_names[] = {
-  "thread", "random", "round_robin", "key", NULL
-};
+static const char *const tl_policy_names[] = {"thread", "random", "round_robin", "key",
+                                              NULL};
 
 /* ---- options ----------------------------------------------------------------- */
 
@@ -41,8 +40,8 @@ static uint32_t tl_checkshards(lua_State *L, int vidx, int arg) {
   int isnum = 0;
   if (lua_type(L, vidx) == LUA_TNUMBER) n = tl_tointx(L, vidx, &isnum);
   if (!isnum || n < 1 || n > TALLY_MAX_SHARDS)
-    tl_argerror(L, arg, "shards must be an integer from 1 to %d, got %s", TALLY_MAX_SHARDS,
-                tl_describe(L, vidx, TL_BOOL_VALUE));
+    tl_argerror(L, arg, "shards must be an integer from 1 to %d, got %s",
+                TALLY_MAX_SHARDS, tl_describe(L, vidx, TL_BOOL_VALUE));
   return (uint32_t)n;
 }
 
@@ -55,16 +54,16 @@ static int32_t tl_checkpolicy(lua_State *L, int vidx, int arg) {
     for (i = 0; tl_policy_names[i] != NULL; i++)
       if (strcmp(s, tl_policy_names[i]) == 0) return i;
   }
-  tl_argerror(L, arg,
-              "policy must be one of thread, random, round_robin, key or a function, got %s",
-              tl_describe(L, vidx, TL_BOOL_VALUE));
+  tl_argerror(
+      L, arg,
+      "policy must be one of thread, random, round_robin, key or a function, got %s",
+      tl_describe(L, vidx, TL_BOOL_VALUE));
   return -1;
 }
 
 /* Counter and family options (see lua_aux.h): used by db:counter and
  * db:family. */
-void tl_checkcounteropts(lua_State *L, int arg, tally_counter_options *o,
-                         int *create) {
+void tl_checkcounteropts(lua_State *L, int arg, tally_counter_options *o, int *create) {
   o->shards = 0;
   o->policy = -1;
   if (lua_isnoneornil(L, arg)) {
@@ -108,8 +107,10 @@ static tl_counter *tl_tocounter(lua_State *L) {
 
 void tl_counter_release(tl_counter *h) {
   if (h->c == NULL) return;
-  if (h->prev != NULL) h->prev->next = h->next;
-  else h->db->counters = h->next;
+  if (h->prev != NULL)
+    h->prev->next = h->next;
+  else
+    h->db->counters = h->next;
   if (h->next != NULL) h->next->prev = h->prev;
   h->prev = h->next = NULL;
   tally_counter_close(h->c);
@@ -176,8 +177,10 @@ int tl_counter_push(lua_State *L, int dbidx, const char *name, size_t len,
   }
   h->policy = info.policy;
   if (h->policy == TALLY_POLICY_CUSTOM) {
-    if (fnidx != 0) lua_pushvalue(L, fnidx);
-    else tl_family_fn(L, dbidx, name, len);
+    if (fnidx != 0)
+      lua_pushvalue(L, fnidx);
+    else
+      tl_family_fn(L, dbidx, name, len);
     h->hasfn = !lua_isnil(L, -1);
     tl_setuv(L, -2, TL_CUV_POLICY);
   }
@@ -189,7 +192,7 @@ int tl_counter_push(lua_State *L, int dbidx, const char *name, size_t len,
 /* Key and function policies: the counter handle is at hidx, the key at kidx. */
 int tl_counter_incr_policy(lua_State *L, tl_counter *h, int hidx, int kidx,
                            lua_Integer n) {
-  if (lua_gettop(L) < kidx) lua_settop(L, kidx);  /* pushes below stay above it */
+  if (lua_gettop(L) < kidx) lua_settop(L, kidx); /* pushes below stay above it */
   if (h->policy == TALLY_POLICY_KEY) {
     size_t klen;
     const char *k;
@@ -198,7 +201,7 @@ int tl_counter_incr_policy(lua_State *L, tl_counter *h, int hidx, int kidx,
       luaL_argerror(L, kidx, "key expected for a counter with the key policy");
     if (t != LUA_TSTRING && t != LUA_TNUMBER) tl_typeerror(L, kidx, "string or number");
     lua_pushvalue(L, kidx);
-    k = lua_tolstring(L, -1, &klen);  /* left on the stack: it stays alive */
+    k = lua_tolstring(L, -1, &klen); /* left on the stack: it stays alive */
     return tally_counter_incr_key(h->c, k, klen, (int64_t)n);
   }
   if (h->policy == TALLY_POLICY_CUSTOM) {
@@ -206,8 +209,10 @@ int tl_counter_incr_policy(lua_State *L, tl_counter *h, int hidx, int kidx,
     lua_Integer s;
     int isnum, rc;
     if (!h->hasfn)
-      luaL_error(L, "counter '%s' has a function policy: "
-                 "pass it as policy = function to db:counter", h->name);
+      luaL_error(L,
+                 "counter '%s' has a function policy: "
+                 "pass it as policy = function to db:counter",
+                 h->name);
     rc = tally_counter_info_get(h->c, &info);
     if (rc < 0) return rc;
     tl_getuv(L, hidx, TL_CUV_POLICY);
@@ -218,7 +223,8 @@ int tl_counter_incr_policy(lua_State *L, tl_counter *h, int hidx, int kidx,
     if (h->c == NULL) luaL_error(L, "attempt to use a closed counter");
     s = tl_tointx(L, -1, &isnum);
     if (!isnum || lua_type(L, -1) != LUA_TNUMBER || s < 1 || s > (lua_Integer)info.shards)
-      luaL_error(L, "policy function for '%s' returned %s "
+      luaL_error(L,
+                 "policy function for '%s' returned %s "
                  "(expected an integer from 1 to %d)",
                  h->name, tl_describe(L, -1, TL_BOOL_VALUE), (int)info.shards);
     lua_pop(L, 1);
@@ -248,9 +254,16 @@ static int tl_counter_incr_(lua_State *L, int sign) {
   return 1;
 }
 
-static int tl_counter_incr(lua_State *L) { return tl_counter_incr_(L, 1); }
-static int tl_counter_decr(lua_State *L) { return tl_counter_incr_(L, -1); }
-static int tl_counter_nop(lua_State *L) { (void)L; return 0; }
+static int tl_counter_incr(lua_State *L) {
+  return tl_counter_incr_(L, 1);
+}
+static int tl_counter_decr(lua_State *L) {
+  return tl_counter_incr_(L, -1);
+}
+static int tl_counter_nop(lua_State *L) {
+  (void)L;
+  return 0;
+}
 
 /* ---- counter methods --------------------------------------------------------- */
 
@@ -260,7 +273,8 @@ static int tl_counter_value(lua_State *L) {
   tl_counter *h = tl_tocounter(L);
   int64_t v;
   int rc;
-  if (TL_UNLIKELY(lua_gettop(L) >= 2 && !lua_isnil(L, 2))) return tl_counter_value_opts(L);
+  if (TL_UNLIKELY(lua_gettop(L) >= 2 && !lua_isnil(L, 2)))
+    return tl_counter_value_opts(L);
   rc = tally_counter_value(h->c, &v);
   if (rc < 0) return tl_counter_fail(L, h, rc);
   tl_pushint64(L, (int64_t)v);
@@ -357,16 +371,14 @@ static int tl_counter_close(lua_State *L) {
 static int tl_counter_tostring(lua_State *L) {
   tl_counter *h = (tl_counter *)tl_checkudata(L, 1, TL_COUNTER_MT);
   tally_counter_info info;
-  if (h->c == NULL || h->db->store == NULL ||
-      tally_counter_info_get(h->c, &info) < 0) {
+  if (h->c == NULL || h->db->store == NULL || tally_counter_info_get(h->c, &info) < 0) {
     lua_pushliteral(L, "tally.counter (closed)");
     return 1;
   }
-  lua_pushfstring(L, "tally.counter '%s' (%d shards, %s)", h->name,
-                  (int)info.shards, tl_policy_label(info.policy));
+  lua_pushfstring(L, "tally.counter '%s' (%d shards, %s)", h->name, (int)info.shards,
+                  tl_policy_label(info.policy));
   return 1;
 }
-
 
 /* c:value(opts): the Lua function registered as core.set_value_opts does
  * the work (it knows the store's clock); C keeps c:value() itself fast. */
@@ -413,28 +425,24 @@ static int tl_ffi_info(lua_State *L) {
 
 /* ---- the class ------------------------------------------------------------------ */
 
-static const luaL_Reg tl_counter_methods[] = {
-  { "incr", tl_counter_incr },
-  { "decr", tl_counter_decr },
-  { "value", tl_counter_value },
-  { "shards", tl_counter_shards },
-  { "reset", tl_counter_reset },
-  { "reshard", tl_counter_reshard },
-  { "add_shard", tl_counter_add_shard },
-  { "info", tl_counter_info },
-  { "name", tl_counter_name },
-  { "store", tl_counter_store },
-  { "close", tl_counter_close },
-  { "_nop", tl_counter_nop },
-  { NULL, NULL }
-};
+static const luaL_Reg tl_counter_methods[] = {{"incr", tl_counter_incr},
+                                              {"decr", tl_counter_decr},
+                                              {"value", tl_counter_value},
+                                              {"shards", tl_counter_shards},
+                                              {"reset", tl_counter_reset},
+                                              {"reshard", tl_counter_reshard},
+                                              {"add_shard", tl_counter_add_shard},
+                                              {"info", tl_counter_info},
+                                              {"name", tl_counter_name},
+                                              {"store", tl_counter_store},
+                                              {"close", tl_counter_close},
+                                              {"_nop", tl_counter_nop},
+                                              {NULL, NULL}};
 
-static const luaL_Reg tl_counter_meta[] = {
-  { "__gc", tl_counter_close },
-  { "__close", tl_counter_close },
-  { "__tostring", tl_counter_tostring },
-  { NULL, NULL }
-};
+static const luaL_Reg tl_counter_meta[] = {{"__gc", tl_counter_close},
+                                           {"__close", tl_counter_close},
+                                           {"__tostring", tl_counter_tostring},
+                                           {NULL, NULL}};
 
 int tl_open_counter(lua_State *L) {
   tl_newclass(L, TL_COUNTER_MT, tl_counter_meta, tl_counter_methods);
@@ -442,7 +450,7 @@ int tl_open_counter(lua_State *L) {
   lua_pushcfunction(L, tl_set_value_opts);
   lua_setfield(L, -2, "set_value_opts");
 #if TL_LUAJIT
-  tl_set_classic(L, "counter_incr", tl_counter_incr);  /* what ffi.lua replaces */
+  tl_set_classic(L, "counter_incr", tl_counter_incr); /* what ffi.lua replaces */
   tl_set_classic(L, "counter_decr", tl_counter_decr);
   tl_set_classic(L, "counter_value", tl_counter_value);
   lua_pushcfunction(L, tl_ffi_info);

@@ -9,13 +9,12 @@
 #include "lua_aux.h"
 
 static const luaL_Reg tl_parts[] = {
-  { "store", tl_open_store },       /* core.open, the store handle */
-  { "counter", tl_open_counter },   /* the counter handle */
-  { "rollup", tl_open_rollup },     /* schedules, c:rolled(), the clock */
-  { "sender", tl_open_sender },     /* core.sender, the spool's helpers */
-  { "redis", tl_open_redis },       /* core.redis, core.flusher */
-  { NULL, NULL }
-};
+    {"store", tl_open_store},     /* core.open, the store handle */
+    {"counter", tl_open_counter}, /* the counter handle */
+    {"rollup", tl_open_rollup},   /* schedules, c:rolled(), the clock */
+    {"sender", tl_open_sender},   /* core.sender, the spool's helpers */
+    {"redis", tl_open_redis},     /* core.redis, core.flusher */
+    {NULL, NULL}};
 
 TL_EXPORT int luaopen_tally_core(lua_State *L) {
   const luaL_Reg *part;
@@ -31,7 +30,7 @@ TL_EXPORT int luaopen_tally_core(lua_State *L) {
   lua_pushinteger(L, TALLY_DEFAULT_SHARDS);
   lua_setfield(L, -2, "DEFAULT_SHARDS");
 #if TL_LUAJIT
-  lua_pushcfunction(L, tl_set_box);   /* 64-bit integers as cdata */
+  lua_pushcfunction(L, tl_set_box); /* 64-bit integers as cdata */
   lua_setfield(L, -2, "set_box");
 #endif
   return 1;

@@ -59,16 +59,16 @@
 #include "lua_aux.h"
 #include "tally_net.h"
 
-#define TL_REDIS_MT "tally.redis"
+#define TL_REDIS_MT   "tally.redis"
 #define TL_FLUSHER_MT "tally.flusher"
-#define TL_SEEDS_MAX 4096
-#define TL_ARGV_MAX 4096
+#define TL_SEEDS_MAX  4096
+#define TL_ARGV_MAX   4096
 
 typedef struct tl_flusher tl_flusher;
 
 typedef struct tl_redis {
-  tally_rc *rc;            /* NULL once closed */
-  tl_flusher *flushers;    /* open flushers made on it */
+  tally_rc *rc;         /* NULL once closed */
+  tl_flusher *flushers; /* open flushers made on it */
 } tl_redis;
 
 struct tl_flusher {
@@ -86,8 +86,7 @@ static void tl_seeds(lua_State *L, const char *uri, const char *s, size_t len,
                      int allow_many, char *out, size_t cap) {
   size_t o = 0, i = 0;
   int n = 0;
-  if (len == 0)
-    tl_argerror(L, 1, "bad Redis URI '%s': no host", uri);
+  if (len == 0) tl_argerror(L, 1, "bad Redis URI '%s': no host", uri);
   while (i <= len) {
     size_t j = i, colon = (size_t)-1;
     char port[8];
@@ -96,21 +95,20 @@ static void tl_seeds(lua_State *L, const char *uri, const char *s, size_t len,
       j++;
     }
     size_t hend = colon == (size_t)-1 ? j : colon;
-    if (hend == i)
-      tl_argerror(L, 1, "bad Redis URI '%s': empty host", uri);
+    if (hend == i) tl_argerror(L, 1, "bad Redis URI '%s': empty host", uri);
     for (size_t k = i; k < hend; k++)
-      if (!(s[k] == '.' || s[k] == '-' || s[k] == '_' ||
-            (s[k] >= '0' && s[k] <= '9') || (s[k] >= 'a' && s[k] <= 'z') ||
-            (s[k] >= 'A' && s[k] <= 'Z')))
-        tl_argerror(L, 1, "bad Redis URI '%s': bad character in host (query options are "
-                    "not supported)", uri);
+      if (!(s[k] == '.' || s[k] == '-' || s[k] == '_' || (s[k] >= '0' && s[k] <= '9') ||
+            (s[k] >= 'a' && s[k] <= 'z') || (s[k] >= 'A' && s[k] <= 'Z')))
+        tl_argerror(L, 1,
+                    "bad Redis URI '%s': bad character in host (query options are "
+                    "not supported)",
+                    uri);
     if (colon == (size_t)-1) {
       strcpy(port, "6379");
     } else {
       long p = 0;
       size_t plen = j - colon - 1;
-      if (plen == 0 || plen > 5)
-        tl_argerror(L, 1, "bad Redis URI '%s': bad port", uri);
+      if (plen == 0 || plen > 5) tl_argerror(L, 1, "bad Redis URI '%s': bad port", uri);
       for (size_t k = colon + 1; k < j; k++) {
         if (s[k] < '0' || s[k] > '9')
           tl_argerror(L, 1, "bad Redis URI '%s': bad port", uri);
@@ -154,7 +152,7 @@ static const char *tl_userinfo(const char *uri, const char **at) {
 static const char *tl_redact(lua_State *L, const char *uri) {
   const char *at, *h = tl_userinfo(uri, &at);
   const char *colon = h && at ? memchr(h, ':', (size_t)(at - h)) : NULL;
-  if (!colon) {  /* no userinfo, or a user alone */
+  if (!colon) { /* no userinfo, or a user alone */
     lua_pushstring(L, uri);
     return lua_tostring(L, -1);
   }
@@ -182,18 +180,18 @@ static const char *tl_unescape(lua_State *L, const char *red, const char *what,
       int v = 0;
       for (int k = 1; k <= 2; k++) {
         int d = i + (size_t)k < len ? (unsigned char)s[i + (size_t)k] : -1;
-        int x = d >= '0' && d <= '9' ? d - '0' : d >= 'a' && d <= 'f' ? d - 'a' + 10
-              : d >= 'A' && d <= 'F' ? d - 'A' + 10 : -1;
+        int x = d >= '0' && d <= '9'   ? d - '0'
+                : d >= 'a' && d <= 'f' ? d - 'a' + 10
+                : d >= 'A' && d <= 'F' ? d - 'A' + 10
+                                       : -1;
         if (x < 0)
-          tl_argerror(L, 1, "bad Redis URI '%s': bad %%-escape in the %s",
-                      red, what);
+          tl_argerror(L, 1, "bad Redis URI '%s': bad %%-escape in the %s", red, what);
         v = v * 16 + x;
       }
       c = v;
       i += 2;
     }
-    if (c == 0)
-      tl_argerror(L, 1, "bad Redis URI '%s': NUL in the %s", red, what);
+    if (c == 0) tl_argerror(L, 1, "bad Redis URI '%s': NUL in the %s", red, what);
     luaL_addchar(&b, (char)c);
   }
   luaL_pushresult(&b);
@@ -206,8 +204,10 @@ static void tl_flusher_release(tl_flusher *h) {
   if (h->f == NULL) return;
   tally_flusher_free(h->f);
   h->f = NULL;
-  if (h->prev != NULL) h->prev->next = h->next;
-  else h->r->flushers = h->next;
+  if (h->prev != NULL)
+    h->prev->next = h->next;
+  else
+    h->r->flushers = h->next;
   if (h->next != NULL) h->next->prev = h->prev;
   h->prev = h->next = NULL;
 }
@@ -241,15 +241,19 @@ static int tl_redis_new(lua_State *L) {
 
   lua_settop(L, 2);
   if (strlen(uri) != len) luaL_argerror(L, 1, "URI must not contain NUL bytes");
-  red = tl_redact(L, uri);              /* index 3: what messages show */
+  red = tl_redact(L, uri); /* index 3: what messages show */
   hstart = tl_userinfo(uri, &at);
-  if (at) {                             /* user:password@ or :password@ or user@ */
+  if (at) { /* user:password@ or :password@ or user@ */
     const char *colon = memchr(hstart, ':', (size_t)(at - hstart));
     const char *uend = colon ? colon : at;
-    if (uend > hstart) user = tl_unescape(L, red, "user", hstart, (size_t)(uend - hstart));
-    else lua_pushnil(L);
-    if (colon) password = tl_unescape(L, red, "password", colon + 1, (size_t)(at - colon - 1));
-    else lua_pushnil(L);
+    if (uend > hstart)
+      user = tl_unescape(L, red, "user", hstart, (size_t)(uend - hstart));
+    else
+      lua_pushnil(L);
+    if (colon)
+      password = tl_unescape(L, red, "password", colon + 1, (size_t)(at - colon - 1));
+    else
+      lua_pushnil(L);
     /* the rest of the URI, without the userinfo, for the host parser */
     lua_pushlstring(L, uri, (size_t)(hstart - uri));
     uri = lua_pushfstring(L, "%s%s", lua_tostring(L, -1), at + 1);
@@ -267,13 +271,14 @@ static int tl_redis_new(lua_State *L) {
     if (hlen > 0 && h[hlen - 1] == '/') hlen--;
     tl_seeds(L, red, h, hlen, 1, seeds, sizeof seeds);
   } else {
-    tl_argerror(L, 1, "bad Redis URI '%s' (expected redis://host:port or "
-                "redis+cluster://host:port,host:port,...)", red);
+    tl_argerror(L, 1,
+                "bad Redis URI '%s' (expected redis://host:port or "
+                "redis+cluster://host:port,host:port,...)",
+                red);
   }
   if (!lua_isnoneornil(L, 2)) {
     if (lua_type(L, 2) != LUA_TTABLE)
-      tl_argerror(L, 2, "options table expected, got %s",
-                  luaL_typename(L, 2));
+      tl_argerror(L, 2, "options table expected, got %s", luaL_typename(L, 2));
     lua_pushnil(L);
     while (lua_next(L, 2)) {
       const char *k = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : "";
@@ -287,17 +292,18 @@ static int tl_redis_new(lua_State *L) {
         if (ro.timeout_ms < ms) ro.timeout_ms++;
       } else if (strcmp(k, "password") == 0 || strcmp(k, "user") == 0) {
         size_t vl;
-        if (lua_type(L, -1) != LUA_TSTRING)  /* never quote the value */
-          tl_argerror(L, 2, "%s must be a string, got %s", k,
-                      luaL_typename(L, -1));
-        const char *v = lua_tolstring(L, -1, &vl);  /* the options table keeps it */
+        if (lua_type(L, -1) != LUA_TSTRING) /* never quote the value */
+          tl_argerror(L, 2, "%s must be a string, got %s", k, luaL_typename(L, -1));
+        const char *v = lua_tolstring(L, -1, &vl); /* the options table keeps it */
         if (vl == 0 || strlen(v) != vl)
           tl_argerror(L, 2, "%s must be 1 or more bytes without NULs", k);
         if (k[0] == 'p' && !password) password = v;
         if (k[0] == 'u' && !user) user = v;
       } else {
-        tl_argerror(L, 2, "unknown option %s (expected timeout, "
-                    "password, user)", tl_describe(L, -2, TL_BOOL_TYPE));
+        tl_argerror(L, 2,
+                    "unknown option %s (expected timeout, "
+                    "password, user)",
+                    tl_describe(L, -2, TL_BOOL_TYPE));
       }
       lua_pop(L, 1);
     }
@@ -331,13 +337,9 @@ static int tl_redis_new(lua_State *L) {
 /* Push a reply; nested nils are false and nested errors { err = msg }. */
 static void tl_pushreply(lua_State *L, const redisReply *rp, int nested) {
   switch (rp->type) {
-  case REDIS_REPLY_INTEGER:
-    tl_pushint64(L, (int64_t)rp->integer);
-    break;
+  case REDIS_REPLY_INTEGER: tl_pushint64(L, (int64_t)rp->integer); break;
   case REDIS_REPLY_STRING:
-  case REDIS_REPLY_STATUS:
-    lua_pushlstring(L, rp->str, rp->len);
-    break;
+  case REDIS_REPLY_STATUS: lua_pushlstring(L, rp->str, rp->len); break;
   case REDIS_REPLY_ERROR:
     lua_createtable(L, 0, 1);
     lua_pushlstring(L, rp->str, rp->len);
@@ -351,9 +353,11 @@ static void tl_pushreply(lua_State *L, const redisReply *rp, int nested) {
       lua_rawseti(L, -2, (int)(i + 1));
     }
     break;
-  default:  /* NIL */
-    if (nested) lua_pushboolean(L, 0);
-    else lua_pushnil(L);
+  default: /* NIL */
+    if (nested)
+      lua_pushboolean(L, 0);
+    else
+      lua_pushnil(L);
     break;
   }
 }
@@ -369,10 +373,11 @@ static int tl_replyok(lua_State *L, const redisReply *rp) {
 
 static int tl_keyless(const char *cmd) {
   static const char *const names[] = {
-    "PING", "INFO", "CLIENT", "CLUSTER", "CONFIG", "DBSIZE", "FLUSHALL",
-    "FLUSHDB", "TIME", "DEBUG", "SCRIPT", "COMMAND", "ECHO", "ROLE", "SCAN",
-    "KEYS", "RANDOMKEY", "LASTSAVE", "SAVE", "BGSAVE", "SLOWLOG", "MEMORY",
-    "LATENCY", "MONITOR", "SHUTDOWN", "READONLY", "READWRITE", "ASKING", NULL };
+      "PING",     "INFO",     "CLIENT",    "CLUSTER", "CONFIG",    "DBSIZE",
+      "FLUSHALL", "FLUSHDB",  "TIME",      "DEBUG",   "SCRIPT",    "COMMAND",
+      "ECHO",     "ROLE",     "SCAN",      "KEYS",    "RANDOMKEY", "LASTSAVE",
+      "SAVE",     "BGSAVE",   "SLOWLOG",   "MEMORY",  "LATENCY",   "MONITOR",
+      "SHUTDOWN", "READONLY", "READWRITE", "ASKING",  NULL};
   for (int i = 0; names[i]; i++)
     if (strcasecmp(cmd, names[i]) == 0) return 1;
   return 0;
@@ -392,8 +397,9 @@ static int tl_redis_run(lua_State *L, int first, int wait, uint32_t replicas,
   long long acked = -1;
   int rc;
 
-  if (argc < 1) return luaL_error(L, "bad argument #%d to '%s' (command name expected)",
-                                  first - 1, wait ? "command_wait" : "command");
+  if (argc < 1)
+    return luaL_error(L, "bad argument #%d to '%s' (command name expected)", first - 1,
+                      wait ? "command_wait" : "command");
   if (argc > TL_ARGV_MAX) return luaL_error(L, "too many arguments to 'command'");
   argv = (const char **)lua_newuserdata(L, sizeof(*argv) * (size_t)argc);
   argvlen = (size_t *)lua_newuserdata(L, sizeof(*argvlen) * (size_t)argc);
@@ -402,7 +408,7 @@ static int tl_redis_run(lua_State *L, int first, int wait, uint32_t replicas,
     if (t != LUA_TSTRING && t != LUA_TNUMBER)
       tl_argerror(L, i + first - 1, "string or number expected, got %s",
                   luaL_typename(L, i + first));
-    argv[i] = lua_tolstring(L, i + first, &argvlen[i]);  /* converts numbers in place */
+    argv[i] = lua_tolstring(L, i + first, &argvlen[i]); /* converts numbers in place */
   }
   if (strcasecmp(argv[0], "EVAL") == 0 || strcasecmp(argv[0], "EVALSHA") == 0) {
     if (argc >= 4 && strcmp(argv[2], "0") != 0) key = argv[3], keylen = argvlen[3];
@@ -422,9 +428,10 @@ static int tl_redis_run(lua_State *L, int first, int wait, uint32_t replicas,
     freeReplyObject(reply);
     return 2;
   }
-  if (!tl_replyok(L, reply)) {  /* the push would raise and leak the reply */
+  if (!tl_replyok(L, reply)) { /* the push would raise and leak the reply */
     freeReplyObject(reply);
-    return luaL_error(L, "integer in the reply beyond 2^53 and no box registered (core.set_box)");
+    return luaL_error(
+        L, "integer in the reply beyond 2^53 and no box registered (core.set_box)");
   }
   tl_pushreply(L, reply, 0);
   freeReplyObject(reply);
@@ -444,7 +451,8 @@ static int tl_redis_command_wait(lua_State *L) {
     luaL_argerror(L, 1, "replicas must be an integer from 0 to 1000000");
   lua_Integer t = lua_type(L, 3) == LUA_TNUMBER ? tl_tointx(L, 3, &isnum) : 0;
   if (!isnum || t < 1 || t > 3600000)
-    luaL_argerror(L, 2, "timeout must be an integer number of milliseconds from 1 to 3600000");
+    luaL_argerror(L, 2,
+                  "timeout must be an integer number of milliseconds from 1 to 3600000");
   return tl_redis_run(L, 4, 1, (uint32_t)n, (uint32_t)t);
 }
 
@@ -474,10 +482,11 @@ static int tl_redis_close(lua_State *L) {
 
 static int tl_redis_tostring(lua_State *L) {
   tl_redis *r = (tl_redis *)tl_checkudata(L, 1, TL_REDIS_MT);
-  if (r->rc == NULL) lua_pushliteral(L, "tally.redis (closed)");
-  else lua_pushfstring(L, "tally.redis (%s, %p)",
-                       tally_rc_is_cluster(r->rc) ? "cluster" : "standalone",
-                       (void *)r->rc);
+  if (r->rc == NULL)
+    lua_pushliteral(L, "tally.redis (closed)");
+  else
+    lua_pushfstring(L, "tally.redis (%s, %p)",
+                    tally_rc_is_cluster(r->rc) ? "cluster" : "standalone", (void *)r->rc);
   return 1;
 }
 
@@ -512,7 +521,7 @@ static int tl_flusher_new(lua_State *L) {
       if (lua_type(L, -1) != LUA_TSTRING)
         tl_argerror(L, 3, "writer must be a string, got %s",
                     tl_describe(L, -1, TL_BOOL_TYPE));
-      writer = lua_tolstring(L, -1, &wl);  /* the options table keeps it */
+      writer = lua_tolstring(L, -1, &wl); /* the options table keeps it */
       if (wl < 1 || wl > TALLY_FLUSH_WRITER_MAX || strlen(writer) != wl)
         luaL_argerror(L, 3, "writer must be 1 to 128 bytes without NULs");
     } else if (strcmp(k, "shards") == 0) {
@@ -622,40 +631,32 @@ static int tl_flusher_close(lua_State *L) {
 
 static int tl_flusher_tostring(lua_State *L) {
   tl_flusher *h = (tl_flusher *)tl_checkudata(L, 1, TL_FLUSHER_MT);
-  if (h->f == NULL) lua_pushliteral(L, "tally.flusher (closed)");
-  else lua_pushfstring(L, "tally.flusher (%p)", (void *)h->f);
+  if (h->f == NULL)
+    lua_pushliteral(L, "tally.flusher (closed)");
+  else
+    lua_pushfstring(L, "tally.flusher (%p)", (void *)h->f);
   return 1;
 }
 
 /* ---- registration ---------------------------------------------------------------- */
 
-static const luaL_Reg tl_redis_methods[] = {
-  { "command", tl_redis_command },
-  { "command_wait", tl_redis_command_wait },
-  { "stats", tl_redis_stats },
-  { "close", tl_redis_close },
-  { NULL, NULL }
-};
-static const luaL_Reg tl_redis_meta[] = {
-  { "__gc", tl_redis_close },
-  { "__close", tl_redis_close },
-  { "__tostring", tl_redis_tostring },
-  { NULL, NULL }
-};
+static const luaL_Reg tl_redis_methods[] = {{"command", tl_redis_command},
+                                            {"command_wait", tl_redis_command_wait},
+                                            {"stats", tl_redis_stats},
+                                            {"close", tl_redis_close},
+                                            {NULL, NULL}};
+static const luaL_Reg tl_redis_meta[] = {{"__gc", tl_redis_close},
+                                         {"__close", tl_redis_close},
+                                         {"__tostring", tl_redis_tostring},
+                                         {NULL, NULL}};
 static const luaL_Reg tl_flusher_methods[] = {
-  { "run", tl_flusher_run },
-  { "remote_value", tl_flusher_remote_value },
-  { "shard", tl_flusher_shard },
-  { "verify", tl_flusher_verify },
-  { "close", tl_flusher_close },
-  { NULL, NULL }
-};
-static const luaL_Reg tl_flusher_meta[] = {
-  { "__gc", tl_flusher_close },
-  { "__close", tl_flusher_close },
-  { "__tostring", tl_flusher_tostring },
-  { NULL, NULL }
-};
+    {"run", tl_flusher_run},     {"remote_value", tl_flusher_remote_value},
+    {"shard", tl_flusher_shard}, {"verify", tl_flusher_verify},
+    {"close", tl_flusher_close}, {NULL, NULL}};
+static const luaL_Reg tl_flusher_meta[] = {{"__gc", tl_flusher_close},
+                                           {"__close", tl_flusher_close},
+                                           {"__tostring", tl_flusher_tostring},
+                                           {NULL, NULL}};
 
 int tl_open_redis(lua_State *L) {
   tl_newclass(L, TL_REDIS_MT, tl_redis_meta, tl_redis_methods);

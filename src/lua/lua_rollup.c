@@ -23,16 +23,18 @@
 #define TL_SCHEDULE_MT "tally.schedule"
 
 typedef struct tl_schedule {
-  tally_schedule *sch;   /* NULL once freed */
-  tl_store *db;          /* kept alive by the user value */
+  tally_schedule *sch; /* NULL once freed */
+  tl_store *db;        /* kept alive by the user value */
 } tl_schedule;
 
 /* Seconds (a Lua number) to milliseconds; raises unless finite and >= 0. */
 static int64_t tl_checkms(lua_State *L, int arg, const char *what) {
   double s = luaL_checknumber(L, arg);
-  if (!(s >= 0 && s < 9.2e15))  /* also refuses NaN */
-    tl_argerror(L, arg, "%s must be a time in seconds "
-                "since the epoch", what);
+  if (!(s >= 0 && s < 9.2e15)) /* also refuses NaN */
+    tl_argerror(L, arg,
+                "%s must be a time in seconds "
+                "since the epoch",
+                what);
   return (int64_t)llround(s * 1000.0);
 }
 
@@ -78,8 +80,8 @@ static int tl_schedule_new(lua_State *L) {
   luaL_checktype(L, 4, LUA_TTABLE);
   count = (lua_Integer)lua_rawlen(L, 4);
   if (count > TALLY_RINGS_MAX)
-    return luaL_error(L, "at most %d history resolutions, got %d",
-                      TALLY_RINGS_MAX, (int)count);
+    return luaL_error(L, "at most %d history resolutions, got %d", TALLY_RINGS_MAX,
+                      (int)count);
   for (i = 1; i <= count; i++, n++) {
     lua_rawgeti(L, 4, i);
     luaL_checktype(L, -1, LUA_TTABLE);
@@ -91,16 +93,16 @@ static int tl_schedule_new(lua_State *L) {
   }
   if (!(every > 0 && every <= 366.0 * 86400))
     return luaL_error(L, "every must be a number of seconds, more than 0 and "
-                      "at most 366 days");
+                         "at most 366 days");
   u = (tl_schedule *)tl_newud(L, sizeof *u, 1);
   u->sch = NULL;
   u->db = d;
   luaL_setmetatable(L, TL_SCHEDULE_MT);
   lua_pushvalue(L, 1);
-  tl_setuv(L, -2, 1);  /* the store handle outlives its schedules */
+  tl_setuv(L, -2, 1); /* the store handle outlives its schedules */
   every_ms = (int64_t)llround(every * 1000.0);
-  rc = tally_schedule_new(d->store, pattern, plen, every_ms > 0 ? every_ms : 1,
-                          rings, n, &u->sch);
+  rc = tally_schedule_new(d->store, pattern, plen, every_ms > 0 ? every_ms : 1, rings, n,
+                          &u->sch);
   if (rc < 0) return luaL_error(L, "%s", tally_errmsg());
   return 1;
 }
@@ -115,13 +117,16 @@ static int tl_schedule_free(lua_State *L) {
 /* Records gathered during a tick, turned into Lua tables after it: no Lua
  * call may raise while the lease is held. */
 struct tl_gather {
-  struct tl_item { const char *name; size_t len; tally_rollup r; } *v;
+  struct tl_item {
+    const char *name;
+    size_t len;
+    tally_rollup r;
+  } * v;
   size_t n, cap;
   int nomem;
 };
 
-static void tl_gather_one(void *ud, const char *name, size_t len,
-                          const tally_rollup *r) {
+static void tl_gather_one(void *ud, const char *name, size_t len, const tally_rollup *r) {
   struct tl_gather *g = ud;
   if (g->nomem) return;
   if (g->n == g->cap) {
@@ -140,14 +145,14 @@ static void tl_gather_one(void *ud, const char *name, size_t len,
   g->n++;
 }
 
-static const char *const tl_tick_status[] = { "ran", "not_due", "busy", "lost" };
+static const char *const tl_tick_status[] = {"ran", "not_due", "busy", "lost"};
 
 /* sched:tick(now_s, collect) -> status, period, counters, records or nil, skipped */
 static int tl_schedule_tick(lua_State *L) {
   tl_schedule *u = tl_checkschedule(L);
   int64_t now = tl_checkms(L, 2, "now");
   int collect = lua_toboolean(L, 3);
-  struct tl_gather g = { NULL, 0, 0, 0 };
+  struct tl_gather g = {NULL, 0, 0, 0};
   tally_tick_result res;
   size_t i;
   int rc = tally_schedule_tick(u->sch, now, collect ? tl_gather_one : NULL, &g, &res);
@@ -167,11 +172,11 @@ static int tl_schedule_tick(lua_State *L) {
     free(g.v);
     return luaL_error(L, "out of memory gathering rollup records");
   }
-  for (i = 0; i < g.n; i++) {  /* under LuaJIT: no raise while g.v is held */
+  for (i = 0; i < g.n; i++) { /* under LuaJIT: no raise while g.v is held */
     if (!tl_canpush(L, g.v[i].r.value) || !tl_canpush(L, g.v[i].r.delta)) {
       free(g.v);
       g.v = NULL;
-      tl_pushint64(L, INT64_MAX);  /* raises: no int64_t box registered */
+      tl_pushint64(L, INT64_MAX); /* raises: no int64_t box registered */
     }
   }
   lua_createtable(L, (int)g.n, 0);
@@ -213,7 +218,7 @@ static int tl_counter_history(lua_State *L) {
     rc = tally_counter_history(h->c, (uint32_t)res, buf, cap, &n);
     if (rc < 0 || n <= cap) break;
     if (buf != stackbuf) free(buf);
-    cap = n + 64;  /* rings only grow by a rollup; a little slack */
+    cap = n + 64; /* rings only grow by a rollup; a little slack */
     buf = malloc(cap * sizeof *buf);
     if (!buf) return luaL_error(L, "out of memory");
   }
@@ -221,11 +226,11 @@ static int tl_counter_history(lua_State *L) {
     if (buf != stackbuf) free(buf);
     return tl_fail(L, rc);
   }
-  for (i = 0; i < n; i++) {  /* under LuaJIT: no raise while buf is held */
+  for (i = 0; i < n; i++) { /* under LuaJIT: no raise while buf is held */
     if (!tl_canpush(L, buf[i].value)) {
       int64_t v = buf[i].value;
       if (buf != stackbuf) free(buf);
-      tl_pushint64(L, v);  /* raises: no int64_t box registered */
+      tl_pushint64(L, v); /* raises: no int64_t box registered */
     }
   }
   lua_createtable(L, (int)n, 0);
@@ -281,25 +286,17 @@ static int tl_sleep(lua_State *L) {
   return 0;
 }
 
-static const luaL_Reg tl_schedule_meta[] = {
-  { "__gc", tl_schedule_free },
-  { NULL, NULL }
-};
+static const luaL_Reg tl_schedule_meta[] = {{"__gc", tl_schedule_free}, {NULL, NULL}};
 
 static const luaL_Reg tl_schedule_methods[] = {
-  { "tick", tl_schedule_tick },
-  { "free", tl_schedule_free },
-  { NULL, NULL }
-};
+    {"tick", tl_schedule_tick}, {"free", tl_schedule_free}, {NULL, NULL}};
 
 /* Needs the counter class (tl_open_counter): adds methods to it. */
 int tl_open_rollup(lua_State *L) {
-  static const luaL_Reg counter_extra[] = {
-    { "rolled", tl_counter_rolled },
-    { "_history", tl_counter_history },
-    { "_rings", tl_counter_rings },
-    { NULL, NULL }
-  };
+  static const luaL_Reg counter_extra[] = {{"rolled", tl_counter_rolled},
+                                           {"_history", tl_counter_history},
+                                           {"_rings", tl_counter_rings},
+                                           {NULL, NULL}};
   tl_newclass(L, TL_SCHEDULE_MT, tl_schedule_meta, tl_schedule_methods);
   lua_pop(L, 1);
   lua_getfield(L, -1, "counter_methods");

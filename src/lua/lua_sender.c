@@ -37,12 +37,12 @@
 #include "lua_aux.h"
 #include "tally_net.h"
 
-#define TL_SENDER_MT "tally.sender"
-#define TL_SECONDS_MAX 4294967.0  /* UINT32_MAX milliseconds */
+#define TL_SENDER_MT   "tally.sender"
+#define TL_SECONDS_MAX 4294967.0 /* UINT32_MAX milliseconds */
 
 typedef struct tl_sender {
-  tally_sender *s;       /* NULL once closed */
-  uint32_t timeout_ms;   /* the request timeout: flush()'s default wait */
+  tally_sender *s;     /* NULL once closed */
+  uint32_t timeout_ms; /* the request timeout: flush()'s default wait */
 } tl_sender;
 
 /* ---- option parsing --------------------------------------------------------- */
@@ -55,12 +55,16 @@ static uint32_t tl_checkms(lua_State *L, int arg, int idx, const char *name,
   double ms;
   uint32_t whole;
   if (lua_type(L, idx) != LUA_TNUMBER || !(zero_ok ? sec >= 0 : sec > 0))
-    tl_argerror_got(L, arg, lua_pushfstring(L, zero_ok ? "%s must be a non-negative number"
-                    : "%s must be a positive number",
-                    name), idx, TL_BOOL_TYPE);
-  if (sec > TL_SECONDS_MAX)  /* NaN failed above */
-    tl_argerror_got(L, arg, lua_pushfstring(L, "%s must be at most 4294967 seconds", name),
+    tl_argerror_got(L, arg,
+                    lua_pushfstring(L,
+                                    zero_ok ? "%s must be a non-negative number"
+                                            : "%s must be a positive number",
+                                    name),
                     idx, TL_BOOL_TYPE);
+  if (sec > TL_SECONDS_MAX) /* NaN failed above */
+    tl_argerror_got(L, arg,
+                    lua_pushfstring(L, "%s must be at most 4294967 seconds", name), idx,
+                    TL_BOOL_TYPE);
   ms = (double)sec * 1000.0;
   whole = (uint32_t)ms;
   return whole < ms ? whole + 1 : whole;
@@ -71,8 +75,8 @@ static uint32_t tl_checkcount(lua_State *L, int arg, int idx, const char *name) 
   lua_Number n = lua_tonumber(L, idx);
   if (lua_type(L, idx) != LUA_TNUMBER || !(n >= 1 && n <= 4294967295.0) ||
       (lua_Number)(uint32_t)n != n)
-    tl_argerror_got(L, arg, lua_pushfstring(L, "%s must be a positive integer", name), idx,
-                    TL_BOOL_TYPE);
+    tl_argerror_got(L, arg, lua_pushfstring(L, "%s must be a positive integer", name),
+                    idx, TL_BOOL_TYPE);
   return (uint32_t)n;
 }
 
@@ -81,11 +85,11 @@ static void tl_checkheader(lua_State *L) {
   size_t len;
   const char *h;
   if (lua_type(L, -1) != LUA_TSTRING)
-    tl_argerror_got(L, 1, "headers must map names to strings or list \"Name: value\" strings",
+    tl_argerror_got(L, 1,
+                    "headers must map names to strings or list \"Name: value\" strings",
                     lua_gettop(L), TL_BOOL_TYPE);
   h = lua_tolstring(L, -1, &len);
-  if (strlen(h) != len)
-    luaL_argerror(L, 1, "headers must not contain NUL bytes");
+  if (strlen(h) != len) luaL_argerror(L, 1, "headers must not contain NUL bytes");
 }
 
 /* Copy the headers table at idx into anchor as a list of "Name: value"
@@ -106,12 +110,13 @@ static int tl_collect_headers(lua_State *L, int idx, int anchor) {
     if (lua_type(L, -2) == LUA_TNUMBER) {
       lua_Number k = lua_tonumber(L, -2);
       if (k >= 1 && k <= (lua_Number)listed && (lua_Number)(size_t)k == k) {
-        lua_pop(L, 1);  /* copied above */
+        lua_pop(L, 1); /* copied above */
         continue;
       }
     }
     if (lua_type(L, -2) != LUA_TSTRING)
-      tl_argerror_got(L, 1, "headers must map names to strings or list \"Name: value\" strings",
+      tl_argerror_got(L, 1,
+                      "headers must map names to strings or list \"Name: value\" strings",
                       lua_gettop(L) - 1, TL_BOOL_TYPE);
     tl_checkheader(L);
     lua_pushfstring(L, "%s: %s", lua_tostring(L, -2), lua_tostring(L, -1));
@@ -138,14 +143,14 @@ static int tl_sender_new(lua_State *L) {
   memset(&o, 0, sizeof o);
   luaL_checktype(L, 1, LUA_TTABLE);
   lua_settop(L, 1);
-  lua_newtable(L);  /* 2: keeps the header strings alive */
+  lua_newtable(L); /* 2: keeps the header strings alive */
   lua_pushnil(L);
-  while (lua_next(L, 1)) {  /* key at 3, value at 4 */
+  while (lua_next(L, 1)) { /* key at 3, value at 4 */
     const char *k = lua_type(L, 3) == LUA_TSTRING ? lua_tostring(L, 3) : "";
     if (strcmp(k, "url") == 0) {
       if (lua_type(L, 4) != LUA_TSTRING)
         tl_argerror_got(L, 1, "url must be a string", 4, TL_BOOL_TYPE);
-      o.url = lua_tostring(L, 4);  /* the options table keeps it */
+      o.url = lua_tostring(L, 4); /* the options table keeps it */
     } else if (strcmp(k, "method") == 0) {
       const char *m = lua_type(L, 4) == LUA_TSTRING ? lua_tostring(L, 4) : "";
       if (strcmp(m, "POST") != 0 && strcmp(m, "PUT") != 0)
@@ -168,10 +173,11 @@ static int tl_sender_new(lua_State *L) {
   }
   if (o.url == NULL) luaL_argerror(L, 1, "url is required");
   if (nheaders > 0) {
-    headers = (const char **)lua_newuserdata(L, sizeof(*headers) * (size_t)(nheaders + 1));
+    headers =
+        (const char **)lua_newuserdata(L, sizeof(*headers) * (size_t)(nheaders + 1));
     for (int i = 0; i < nheaders; i++) {
       lua_rawgeti(L, 2, i + 1);
-      headers[i] = lua_tostring(L, -1);  /* table 2 keeps it */
+      headers[i] = lua_tostring(L, -1); /* table 2 keeps it */
       lua_pop(L, 1);
     }
     headers[nheaders] = NULL;
@@ -202,8 +208,7 @@ static int tl_sender_post(lua_State *L) {
 
 static int tl_sender_flush(lua_State *L) {
   tl_sender *h = tl_checksender(L);
-  uint32_t ms = lua_isnoneornil(L, 2) ? h->timeout_ms
-                                      : tl_checkms(L, 2, 2, "timeout", 1);
+  uint32_t ms = lua_isnoneornil(L, 2) ? h->timeout_ms : tl_checkms(L, 2, 2, "timeout", 1);
   int rc = tally_sender_flush(h->s, ms);
   if (rc == TALLY_ETIMEDOUT) return tl_fail_msg(L, rc, tally_strerror(rc));
   if (rc < 0) return tl_fail(L, rc);
@@ -257,27 +262,23 @@ static int tl_sender_tostring(lua_State *L) {
   return 1;
 }
 
-static const luaL_Reg tl_sender_methods[] = {
-  { "post", tl_sender_post },
-  { "flush", tl_sender_flush },
-  { "stats", tl_sender_stats },
-  { "close", tl_sender_close },
-  { NULL, NULL }
-};
+static const luaL_Reg tl_sender_methods[] = {{"post", tl_sender_post},
+                                             {"flush", tl_sender_flush},
+                                             {"stats", tl_sender_stats},
+                                             {"close", tl_sender_close},
+                                             {NULL, NULL}};
 
-static const luaL_Reg tl_sender_meta[] = {
-  { "__gc", tl_sender_gc },
-  { "__close", tl_sender_gc },
-  { "__tostring", tl_sender_tostring },
-  { NULL, NULL }
-};
+static const luaL_Reg tl_sender_meta[] = {{"__gc", tl_sender_gc},
+                                          {"__close", tl_sender_gc},
+                                          {"__tostring", tl_sender_tostring},
+                                          {NULL, NULL}};
 
 /* ---- the spool's file helpers ---------------------------------------------- */
 
 static int tl_errno_fail(lua_State *L, const char *what, const char *path, int err) {
   lua_pushnil(L);
   lua_pushfstring(L, "%s %s: %s", what, path, strerror(err));
-  switch (err) {  /* the common ones by name; others as a number */
+  switch (err) { /* the common ones by name; others as a number */
   case ENOENT: lua_pushliteral(L, "ENOENT"); break;
   case EACCES: lua_pushliteral(L, "EACCES"); break;
   case ENOSPC: lua_pushliteral(L, "ENOSPC"); break;
@@ -295,8 +296,11 @@ static int tl_sync_parent(const char *path) {
   size_t n = slash ? (size_t)(slash - path) : 0;
   int fd, rc;
   if (n >= sizeof dir) return -1;
-  if (n == 0) { dir[0] = slash ? '/' : '.'; n = 1; }
-  else memcpy(dir, path, n);
+  if (n == 0) {
+    dir[0] = slash ? '/' : '.';
+    n = 1;
+  } else
+    memcpy(dir, path, n);
   dir[n] = 0;
   fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return -1;
@@ -329,7 +333,8 @@ static int tl_spool_append(lua_State *L) {
     return tl_errno_fail(L, "cannot sync", path, err);
   }
   close(fd);
-  if (fresh && tl_sync_parent(path) != 0) return tl_errno_fail(L, "cannot sync the directory of", path, errno);
+  if (fresh && tl_sync_parent(path) != 0)
+    return tl_errno_fail(L, "cannot sync the directory of", path, errno);
   lua_pushboolean(L, 1);
   return 1;
 }

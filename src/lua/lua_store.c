@@ -22,8 +22,7 @@
 #include "lua_aux.h"
 
 /* Counter names and family patterns: 1..255 bytes, no NUL. */
-static const char *tl_checkname(lua_State *L, int arg, size_t *len,
-                                const char *what) {
+static const char *tl_checkname(lua_State *L, int arg, size_t *len, const char *what) {
   const char *s = tl_checkstring(L, arg, len);
   if (*len < 1 || *len > TALLY_NAME_MAX)
     tl_argerror(L, arg, "%s must be 1 to %d bytes, got %d", what, TALLY_NAME_MAX,
@@ -35,7 +34,9 @@ static const char *tl_checkname(lua_State *L, int arg, size_t *len,
 
 /* ---- the handle ------------------------------------------------------------------ */
 
-static tl_store *tl_tostore_slow(lua_State *L) { return tl_checkstore(L, 1); }
+static tl_store *tl_tostore_slow(lua_State *L) {
+  return tl_checkstore(L, 1);
+}
 
 /* The store at argument 1, open; raises otherwise. */
 static tl_store *tl_tostore(lua_State *L) {
@@ -108,8 +109,10 @@ static int tl_incr_new_fails(lua_State *L, tl_store *d, lua_Integer n) {
     luaL_argerror(L, 4, "key expected for a counter with the key policy");
   /* a new counter's shards are 0: n itself must fit [-2^62, 2^62) */
   if (n < -((lua_Integer)1 << 62) || n > ((lua_Integer)1 << 62) - 1) {
-    snprintf(msg, sizeof msg, "counter '%.*s': adding %lld would overflow a shard "
-             "(shards hold -2^62 to 2^62-1)", (int)len, name, (long long)n);
+    snprintf(msg, sizeof msg,
+             "counter '%.*s': adding %lld would overflow a shard "
+             "(shards hold -2^62 to 2^62-1)",
+             (int)len, name, (long long)n);
     return tl_fail_msg(L, TALLY_ERANGE, msg);
   }
   return 0;
@@ -121,25 +124,25 @@ static int tl_store_incr_(lua_State *L, int sign) {
   lua_Integer n;
   int isnum, rc, tries;
   if (TL_UNLIKELY(lua_type(L, 2) != LUA_TSTRING)) tl_typeerror(L, 2, "string");
-  lua_settop(L, 4);               /* db name n key */
+  lua_settop(L, 4); /* db name n key */
   n = tl_tointx(L, 3, &isnum);
   if (TL_UNLIKELY(!isnum)) n = tl_checkdelta(L, 3);
   if (sign < 0) n = tl_negate(n);
   for (tries = 0;; tries++) {
-    tl_getuv(L, 1, TL_SUV_CACHE);  /* 5: cache */
+    tl_getuv(L, 1, TL_SUV_CACHE); /* 5: cache */
     lua_pushvalue(L, 2);
-    lua_rawget(L, 5);              /* 6: handle or nil */
+    lua_rawget(L, 5); /* 6: handle or nil */
     h = (tl_counter *)lua_touserdata(L, 6);
     if (TL_UNLIKELY(h == NULL || h->c == NULL)) {
       lua_settop(L, 4);
-      rc = tl_cached(L, 0);          /* an existing counter */
-      if (rc == TALLY_ENOENT) {      /* else create it, unless the add would fail */
+      rc = tl_cached(L, 0);     /* an existing counter */
+      if (rc == TALLY_ENOENT) { /* else create it, unless the add would fail */
         if ((rc = tl_incr_new_fails(L, d, n)) != 0) return rc;
         rc = tl_cached(L, 1);
       }
       if (rc < 0) return tl_fail(L, rc);
       h = (tl_counter *)lua_touserdata(L, -1);
-      lua_pushnil(L);              /* keep the handle at 6 */
+      lua_pushnil(L); /* keep the handle at 6 */
       lua_insert(L, 5);
     }
     if (TL_LIKELY(h->policy < TALLY_POLICY_KEY))
@@ -148,15 +151,19 @@ static int tl_store_incr_(lua_State *L, int sign) {
       rc = tl_counter_incr_policy(L, h, 6, 4, n);
     if (TL_LIKELY(rc == 0)) break;
     if (rc != TALLY_EDROPPED || tries > 0) return tl_counter_fail(L, h, rc);
-    tl_uncache(L);                 /* dropped: reopen (and recreate) once */
+    tl_uncache(L); /* dropped: reopen (and recreate) once */
     lua_settop(L, 4);
   }
   lua_pushboolean(L, 1);
   return 1;
 }
 
-static int tl_store_incr(lua_State *L) { return tl_store_incr_(L, 1); }
-static int tl_store_decr(lua_State *L) { return tl_store_incr_(L, -1); }
+static int tl_store_incr(lua_State *L) {
+  return tl_store_incr_(L, 1);
+}
+static int tl_store_decr(lua_State *L) {
+  return tl_store_incr_(L, -1);
+}
 
 static int tl_no_such(lua_State *L, int rc) {
   if (rc == TALLY_ENOENT || rc == TALLY_EDROPPED)
@@ -202,8 +209,8 @@ static int tl_mismatch(lua_State *L, tl_store *d, const char *name, size_t len,
     snprintf(asked, sizeof(asked), "%u shards", (unsigned)o->shards);
   if (o->policy >= 0 && o->policy != info.policy) {
     size_t used = strlen(asked);
-    snprintf(asked + used, sizeof(asked) - used, "%spolicy %s",
-             used ? " and " : "", tl_policy_label(o->policy));
+    snprintf(asked + used, sizeof(asked) - used, "%spolicy %s", used ? " and " : "",
+             tl_policy_label(o->policy));
   }
   return luaL_error(L, "counter '%s' exists with %d shards and policy %s (asked for %s)",
                     name, (int)info.shards, tl_policy_label(info.policy),
@@ -218,7 +225,7 @@ static int tl_store_counter(lua_State *L) {
   int rc, fnidx, create = 1;
   tl_counter *h, *old;
   lua_settop(L, 3);
-  tl_checkcounteropts(L, 3, &o, &create);   /* 4: policy function or nil */
+  tl_checkcounteropts(L, 3, &o, &create); /* 4: policy function or nil */
   fnidx = lua_isnil(L, 4) ? 0 : 4;
   rc = tl_counter_push(L, 1, name, len, &o, create ? TALLY_COUNTER_CREATE : 0, fnidx);
   if (rc == TALLY_EMISMATCH) return tl_mismatch(L, d, name, len, &o);
@@ -259,7 +266,7 @@ static int tl_store_family(lua_State *L) {
   lua_Integer i, j, n;
   int rc;
   lua_settop(L, 3);
-  tl_checkcounteropts(L, 3, &o, NULL);   /* 4: policy function or nil */
+  tl_checkcounteropts(L, 3, &o, NULL); /* 4: policy function or nil */
   rc = tally_family_set(d->store, pattern, plen, &o);
   if (rc < 0) return tl_fail(L, rc);
   /* the store's function families: { pattern1, fn1, pattern2, fn2, ... } */
@@ -355,10 +362,10 @@ static int tl_store_names(lua_State *L) {
   tl_store *d = tl_tostore(L);
   size_t plen, i;
   const char *pattern = tl_optpattern(L, 2, &plen);
-  tl_names a = { NULL, NULL, 0, 0 };
+  tl_names a = {NULL, NULL, 0, 0};
   int rc = tally_store_each(d->store, pattern, plen, tl_names_add, &a);
   if (rc == 0) {
-    if (a.n > 1) qsort(a.v, a.n, sizeof(*a.v), tl_names_cmp);  /* a.v is NULL when empty */
+    if (a.n > 1) qsort(a.v, a.n, sizeof(*a.v), tl_names_cmp); /* a.v is NULL when empty */
     if (!lua_checkstack(L, 4)) rc = TALLY_ENOMEM;
   }
   if (rc == 0) {
@@ -422,8 +429,10 @@ static int tl_store_close(lua_State *L) {
 
 static int tl_store_tostring(lua_State *L) {
   tl_store *d = (tl_store *)tl_checkudata(L, 1, TL_STORE_MT);
-  if (d->store == NULL) lua_pushliteral(L, "tally.store (closed)");
-  else lua_pushfstring(L, "tally.store (%s)", d->spec);
+  if (d->store == NULL)
+    lua_pushliteral(L, "tally.store (closed)");
+  else
+    lua_pushfstring(L, "tally.store (%s)", d->spec);
   return 1;
 }
 
@@ -434,7 +443,7 @@ static int tl_store_tostring(lua_State *L) {
 static int tl_open(lua_State *L) {
   size_t len = 6;
   const char *spec = "memory";
-  tally_open_options o = { 0600, 0 };
+  tally_open_options o = {0600, 0};
   tally_store *s;
   tl_store *d;
   int rc;
@@ -459,11 +468,13 @@ static int tl_open(lua_State *L) {
         o.mode = (uint32_t)m;
       } else if (strcmp(k, "create") == 0) {
         if (!lua_isboolean(L, -1))
-          tl_argerror(L, 2, "create must be a boolean, got %s", tl_describe(L, -1, TL_BOOL_VALUE));
+          tl_argerror(L, 2, "create must be a boolean, got %s",
+                      tl_describe(L, -1, TL_BOOL_VALUE));
         if (!lua_toboolean(L, -1)) o.flags |= TALLY_OPEN_NOCREATE;
-      } else if (strcmp(k, "trust") == 0) {  /* a symlink, another user's file */
+      } else if (strcmp(k, "trust") == 0) { /* a symlink, another user's file */
         if (!lua_isboolean(L, -1))
-          tl_argerror(L, 2, "trust must be a boolean, got %s", tl_describe(L, -1, TL_BOOL_VALUE));
+          tl_argerror(L, 2, "trust must be a boolean, got %s",
+                      tl_describe(L, -1, TL_BOOL_VALUE));
         if (lua_toboolean(L, -1)) o.flags |= TALLY_OPEN_TRUST;
       } else {
         tl_argerror(L, 2, "unknown option %s", tl_describe(L, -2, TL_BOOL_VALUE));
@@ -480,13 +491,13 @@ static int tl_open(lua_State *L) {
   memcpy(d->spec, spec, len);
   d->spec[len] = '\0';
   luaL_setmetatable(L, TL_STORE_MT);
-  lua_newtable(L);                        /* the weak cache of counters by name */
+  lua_newtable(L); /* the weak cache of counters by name */
   lua_createtable(L, 0, 1);
   lua_pushliteral(L, "v");
   lua_setfield(L, -2, "__mode");
   lua_setmetatable(L, -2);
   tl_setuv(L, -2, TL_SUV_CACHE);
-  lua_newtable(L);                        /* function families */
+  lua_newtable(L); /* function families */
   tl_setuv(L, -2, TL_SUV_FAMILIES);
 
   rc = tally_store_open(d->spec, &o, &s);
@@ -495,28 +506,24 @@ static int tl_open(lua_State *L) {
   return 1;
 }
 
-static const luaL_Reg tl_store_methods[] = {
-  { "counter", tl_store_counter },
-  { "incr", tl_store_incr },
-  { "decr", tl_store_decr },
-  { "value", tl_store_value },
-  { "drop", tl_store_drop },
-  { "family", tl_store_family },
-  { "sum", tl_store_sum },
-  { "names", tl_store_names },
-  { "sync", tl_store_sync },
-  { "check", tl_store_check },
-  { "stats", tl_store_stats },
-  { "close", tl_store_close },
-  { NULL, NULL }
-};
+static const luaL_Reg tl_store_methods[] = {{"counter", tl_store_counter},
+                                            {"incr", tl_store_incr},
+                                            {"decr", tl_store_decr},
+                                            {"value", tl_store_value},
+                                            {"drop", tl_store_drop},
+                                            {"family", tl_store_family},
+                                            {"sum", tl_store_sum},
+                                            {"names", tl_store_names},
+                                            {"sync", tl_store_sync},
+                                            {"check", tl_store_check},
+                                            {"stats", tl_store_stats},
+                                            {"close", tl_store_close},
+                                            {NULL, NULL}};
 
-static const luaL_Reg tl_store_meta[] = {
-  { "__gc", tl_store_close },
-  { "__close", tl_store_close },
-  { "__tostring", tl_store_tostring },
-  { NULL, NULL }
-};
+static const luaL_Reg tl_store_meta[] = {{"__gc", tl_store_close},
+                                         {"__close", tl_store_close},
+                                         {"__tostring", tl_store_tostring},
+                                         {NULL, NULL}};
 
 #if TL_LUAJIT
 /* core._store_cache(db) -> the store's weak cache of counter handles by
@@ -534,7 +541,7 @@ int tl_open_store(lua_State *L) {
   lua_pushcfunction(L, tl_open);
   lua_setfield(L, -2, "open");
 #if TL_LUAJIT
-  tl_set_classic(L, "store_incr", tl_store_incr);  /* what ffi.lua replaces */
+  tl_set_classic(L, "store_incr", tl_store_incr); /* what ffi.lua replaces */
   tl_set_classic(L, "store_decr", tl_store_decr);
   tl_set_classic(L, "store_value", tl_store_value);
   lua_pushcfunction(L, tl_store_cache);

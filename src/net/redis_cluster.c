@@ -28,16 +28,16 @@
 #include <sys/socket.h>
 #include <time.h>
 
-#define NO_NODE UINT16_MAX
-#define MAX_NODES 1024u      /* far above any real cluster; bounds a bad map */
+#define NO_NODE        UINT16_MAX
+#define MAX_NODES      1024u /* far above any real cluster; bounds a bad map */
 #define BACKOFF_MIN_MS 10u
 #define BACKOFF_MAX_MS 200u
 
 struct node {
   char *host;
   int port;
-  redisContext *c;  /* NULL: not connected */
-  bool ever;        /* was connected once: the next connect is a reconnect */
+  redisContext *c; /* NULL: not connected */
+  bool ever;       /* was connected once: the next connect is a reconnect */
 };
 
 struct tally_rc {
@@ -50,18 +50,18 @@ struct tally_rc {
   uint32_t nnodes, cap;
   struct node *nodes;
   tally_rc_stats stats;
-  uint16_t slots[TALLY_RC_SLOTS];  /* node index, or NO_NODE */
+  uint16_t slots[TALLY_RC_SLOTS]; /* node index, or NO_NODE */
 };
 
 enum { CMD_PENDING, CMD_DONE, CMD_FAILED };
 
 struct cmd {
   int argc;
-  const char **argv;     /* into the same allocation as the cmd */
+  const char **argv; /* into the same allocation as the cmd */
   size_t *argvlen;
   uint16_t slot;
-  uint16_t ask;          /* one-shot target from ASK, or NO_NODE */
-  uint16_t node;         /* target in the current round */
+  uint16_t ask;  /* one-shot target from ASK, or NO_NODE */
+  uint16_t node; /* target in the current round */
   uint8_t state;
   uint32_t attempts;
   redisReply *reply;
@@ -90,17 +90,16 @@ static void sleep_ms(uint64_t ms) {
  * since a late reply would otherwise be taken for the next command's, and
  * return the code. saved_errno is errno right after the failing call:
  * hiredis reports a socket timeout as an I/O error with EAGAIN. */
-static int node_fail(tally_rc *rc, struct node *n, const char *what,
-                     int saved_errno) {
+static int node_fail(tally_rc *rc, struct node *n, const char *what, int saved_errno) {
   int code = TALLY_ECONNECT;
   const char *why = n->c ? n->c->errstr : "out of memory";
   if (n->c && n->c->err == REDIS_ERR_IO &&
-      (saved_errno == EAGAIN || saved_errno == EWOULDBLOCK ||
-       saved_errno == ETIMEDOUT || saved_errno == EINPROGRESS))
+      (saved_errno == EAGAIN || saved_errno == EWOULDBLOCK || saved_errno == ETIMEDOUT ||
+       saved_errno == EINPROGRESS))
     code = TALLY_ETIMEDOUT;
   if (n->c && n->c->err == REDIS_ERR_EOF) why = "connection closed by server";
   tally_error_set(code, "redis %s:%d: %s: %s", n->host, n->port, what,
-              code == TALLY_ETIMEDOUT ? "timed out" : why);
+                  code == TALLY_ETIMEDOUT ? "timed out" : why);
   rc->stats.errors++;
   if (n->c) redisFree(n->c);
   n->c = NULL;
@@ -144,7 +143,8 @@ static uint16_t node_find(tally_rc *rc, const char *host, size_t hlen, int port)
         memcmp(rc->nodes[i].host, host, hlen) == 0)
       return (uint16_t)i;
   if (rc->nnodes == MAX_NODES) {
-    tally_error_set(TALLY_ENOMEM, "redis: more than %u nodes", MAX_NODES); /* a resource limit */
+    tally_error_set(TALLY_ENOMEM, "redis: more than %u nodes",
+                    MAX_NODES); /* a resource limit */
     return NO_NODE;
   }
   if (rc->nnodes == rc->cap) {
@@ -188,8 +188,9 @@ static int node_auth(tally_rc *rc, struct node *n) {
   if (r->type == REDIS_REPLY_ERROR) {
     /* Redis' reasons (WRONGPASS ..., ERR ... no password is set) never
      * quote the password */
-    code = tally_error_set(TALLY_EREMOTE, "redis %s:%d: AUTH%s refused: %s", n->host, n->port,
-                       rc->user ? " (user and password)" : " (password)", r->str);
+    code = tally_error_set(TALLY_EREMOTE, "redis %s:%d: AUTH%s refused: %s", n->host,
+                           n->port, rc->user ? " (user and password)" : " (password)",
+                           r->str);
     rc->stats.errors++;
     redisFree(n->c);
     n->c = NULL;
@@ -243,7 +244,10 @@ static int node_ready(tally_rc *rc, uint16_t i, uint64_t deadline) {
 static uint16_t node_parse(tally_rc *rc, const char *s, size_t len, uint16_t dflt) {
   const char *colon = NULL;
   for (size_t i = len; i > 0; i--)
-    if (s[i - 1] == ':') { colon = s + i - 1; break; }
+    if (s[i - 1] == ':') {
+      colon = s + i - 1;
+      break;
+    }
   if (!colon) {
     tally_error_set(TALLY_EINVAL, "redis: bad address '%.*s'", (int)len, s);
     return NO_NODE;
@@ -281,7 +285,7 @@ static int map_load(tally_rc *rc, const redisReply *r, uint16_t from) {
         e->element[2]->element[0]->type != REDIS_REPLY_STRING ||
         e->element[2]->element[1]->type != REDIS_REPLY_INTEGER) {
       code = tally_error_set(TALLY_EREMOTE, "redis %s:%d: malformed CLUSTER SLOTS reply",
-                         rc->nodes[from].host, rc->nodes[from].port);
+                             rc->nodes[from].host, rc->nodes[from].port);
       break;
     }
     long long lo = e->element[0]->integer, hi = e->element[1]->integer;
@@ -289,7 +293,7 @@ static int map_load(tally_rc *rc, const redisReply *r, uint16_t from) {
     long long port = e->element[2]->element[1]->integer;
     if (lo < 0 || hi < lo || hi >= TALLY_RC_SLOTS || port <= 0 || port > 65535) {
       code = tally_error_set(TALLY_EREMOTE, "redis %s:%d: bad range in CLUSTER SLOTS",
-                         rc->nodes[from].host, rc->nodes[from].port);
+                             rc->nodes[from].host, rc->nodes[from].port);
       break;
     }
     uint16_t idx;
@@ -307,7 +311,8 @@ static int map_load(tally_rc *rc, const redisReply *r, uint16_t from) {
     for (long long s = lo; s <= hi; s++) tmp[s] = idx;
   }
   if (code == 0) {
-    if (rc->stats.refreshes > 0 && memcmp(rc->slots, tmp, TALLY_RC_SLOTS * sizeof *tmp) != 0)
+    if (rc->stats.refreshes > 0 &&
+        memcmp(rc->slots, tmp, TALLY_RC_SLOTS * sizeof *tmp) != 0)
       rc->stats.topology++;
     memcpy(rc->slots, tmp, TALLY_RC_SLOTS * sizeof *tmp);
     rc->stats.refreshes++;
@@ -346,8 +351,8 @@ int tally_rc_refresh(tally_rc *rc) {
         }
       } else {
         code = tally_error_set(TALLY_EREMOTE, "redis %s:%d: CLUSTER SLOTS: %s",
-                           rc->nodes[i].host, rc->nodes[i].port,
-                           r->type == REDIS_REPLY_ERROR ? r->str : "no slots");
+                               rc->nodes[i].host, rc->nodes[i].port,
+                               r->type == REDIS_REPLY_ERROR ? r->str : "no slots");
         freeReplyObject(r);
       }
     }
@@ -380,7 +385,10 @@ int tally_rc_open_opts(const char *seeds, const tally_rc_opts *opts, tally_rc **
   }
   for (const char *p = seeds; *p;) {
     size_t len = strcspn(p, ",");
-    while (len && p[0] == ' ') { p++; len--; }
+    while (len && p[0] == ' ') {
+      p++;
+      len--;
+    }
     while (len && p[len - 1] == ' ') len--;
     if (len == 0 || node_parse(rc, p, len, NO_NODE) == NO_NODE) {
       tally_rc_close(rc);
@@ -393,7 +401,7 @@ int tally_rc_open_opts(const char *seeds, const tally_rc_opts *opts, tally_rc **
     }
   }
   int code = TALLY_ECONNECT;
-  uint32_t nseeds = rc->nnodes;  /* map_load may add nodes past the seeds */
+  uint32_t nseeds = rc->nnodes; /* map_load may add nodes past the seeds */
   for (uint32_t i = 0; i < nseeds; i++) {
     redisReply *r;
     code = ask_slots(rc, (uint16_t)i, &r);
@@ -401,13 +409,14 @@ int tally_rc_open_opts(const char *seeds, const tally_rc_opts *opts, tally_rc **
     if (r->type == REDIS_REPLY_ARRAY && r->elements > 0) {
       rc->cluster = true;
       code = map_load(rc, r, (uint16_t)i);
-    } else if (r->type == REDIS_REPLY_ERROR && strstr(r->str, "cluster support disabled")) {
+    } else if (r->type == REDIS_REPLY_ERROR &&
+               strstr(r->str, "cluster support disabled")) {
       for (uint32_t s = 0; s < TALLY_RC_SLOTS; s++) rc->slots[s] = (uint16_t)i;
       code = 0;
     } else {
       code = tally_error_set(TALLY_EREMOTE, "redis %s:%d: CLUSTER SLOTS: %s",
-                         rc->nodes[i].host, rc->nodes[i].port,
-                         r->type == REDIS_REPLY_ERROR ? r->str : "no slots assigned");
+                             rc->nodes[i].host, rc->nodes[i].port,
+                             r->type == REDIS_REPLY_ERROR ? r->str : "no slots assigned");
     }
     freeReplyObject(r);
     if (code == 0) {
@@ -434,7 +443,9 @@ void tally_rc_close(tally_rc *rc) {
   free(rc);
 }
 
-bool tally_rc_is_cluster(const tally_rc *rc) { return rc && rc->cluster; }
+bool tally_rc_is_cluster(const tally_rc *rc) {
+  return rc && rc->cluster;
+}
 
 void tally_rc_stats_get(const tally_rc *rc, tally_rc_stats *out) {
   if (out) *out = rc ? rc->stats : (tally_rc_stats){0};
@@ -469,15 +480,17 @@ void tally_rc_pipe_free(tally_rc_pipe *p) {
   free(p);
 }
 
-uint32_t tally_rc_pipe_count(const tally_rc_pipe *p) { return p ? p->n : 0; }
+uint32_t tally_rc_pipe_count(const tally_rc_pipe *p) {
+  return p ? p->n : 0;
+}
 
 const redisReply *tally_rc_pipe_reply(const tally_rc_pipe *p, uint32_t i) {
   return p && i < p->n ? p->cmds[i]->reply : NULL;
 }
 
 /* One allocation: the cmd, argv pointers, lengths, then the bytes. */
-static struct cmd *cmd_new(const void *key, size_t key_len, int argc,
-                           const char **argv, const size_t *argvlen) {
+static struct cmd *cmd_new(const void *key, size_t key_len, int argc, const char **argv,
+                           const size_t *argvlen) {
   size_t bytes = 0;
   for (int i = 0; i < argc; i++) bytes += (argvlen ? argvlen[i] : strlen(argv[i])) + 1;
   size_t head = sizeof(struct cmd) + (size_t)argc * (sizeof(char *) + sizeof(size_t));
@@ -504,8 +517,7 @@ static struct cmd *cmd_new(const void *key, size_t key_len, int argc,
   return c;
 }
 
-static int check_args(const void *key, size_t key_len, int argc,
-                      const char **argv) {
+static int check_args(const void *key, size_t key_len, int argc, const char **argv) {
   if (argc <= 0 || !argv || (!key && key_len))
     return tally_error_set(TALLY_EINVAL, "redis: bad command arguments");
   for (int i = 0; i < argc; i++)
@@ -513,8 +525,8 @@ static int check_args(const void *key, size_t key_len, int argc,
   return 0;
 }
 
-int tally_rc_pipe_add(tally_rc_pipe *p, const void *key, size_t key_len,
-                      int argc, const char **argv, const size_t *argvlen) {
+int tally_rc_pipe_add(tally_rc_pipe *p, const void *key, size_t key_len, int argc,
+                      const char **argv, const size_t *argvlen) {
   if (!p) return tally_error_set(TALLY_EINVAL, "redis: NULL pipeline");
   int code = check_args(key, key_len, argc, argv);
   if (code) return code;
@@ -544,8 +556,8 @@ static bool take_reply(tally_rc *rc, struct cmd *c, redisReply *r, uint16_t from
     /* "MOVED <slot> <host>:<port>" */
     bool moved = r->str[0] == 'M';
     const char *sp = strchr(r->str + (moved ? 6 : 4), ' ');
-    uint16_t to = sp ? node_parse(rc, sp + 1, r->len - (size_t)(sp + 1 - r->str), from)
-                     : NO_NODE;
+    uint16_t to =
+        sp ? node_parse(rc, sp + 1, r->len - (size_t)(sp + 1 - r->str), from) : NO_NODE;
     if (to != NO_NODE) {
       if (moved) {
         if (rc->slots[c->slot] != to) rc->stats.topology++;
@@ -618,7 +630,8 @@ static bool node_send(tally_rc *rc, struct cmd **cmds, uint32_t n, uint16_t ni,
   for (uint32_t i = 0; i < n; i++) {
     struct cmd *c = cmds[i];
     if (c->state != CMD_PENDING || c->node != ni) continue;
-    if (unsent && ++c->attempts < TALLY_RC_CONNECT_TRIES && (uint64_t)tally_monotonic_ms() < deadline) {
+    if (unsent && ++c->attempts < TALLY_RC_CONNECT_TRIES &&
+        (uint64_t)tally_monotonic_ms() < deadline) {
       rc->stats.resent++;
       retry = true;
       continue; /* stays pending; its ASK, if any, still holds */
@@ -635,8 +648,8 @@ static bool node_send(tally_rc *rc, struct cmd **cmds, uint32_t n, uint16_t ni,
  * TRYAGAIN / CLUSTERDOWN asks for a backoff. After a failed read the
  * connection is gone, and this and the later commands fail: they may or
  * may not have run. */
-static bool node_recv(tally_rc *rc, struct cmd **cmds, uint32_t n, uint16_t ni,
-                      int *code, char *msg, size_t cap) {
+static bool node_recv(tally_rc *rc, struct cmd **cmds, uint32_t n, uint16_t ni, int *code,
+                      char *msg, size_t cap) {
   struct node *nd = &rc->nodes[ni];
   bool backoff = false;
   for (uint32_t i = 0; i < n; i++) {
@@ -677,7 +690,8 @@ static int pipe_run(tally_rc *rc, struct cmd **cmds, uint32_t n) {
     if (!pending) break;
     if (backoff) {
       uint64_t now = (uint64_t)tally_monotonic_ms();
-      sleep_ms(now + backoff < deadline ? backoff : (now < deadline ? deadline - now : 0));
+      sleep_ms(now + backoff < deadline ? backoff
+                                        : (now < deadline ? deadline - now : 0));
     }
     if (rc->refresh_now) { /* a node refused: a failover may have moved its slots */
       rc->refresh_now = false;
@@ -692,11 +706,14 @@ static int pipe_run(tally_rc *rc, struct cmd **cmds, uint32_t n) {
       if (c->node == NO_NODE)
         why = tally_error_set(TALLY_EREMOTE, "redis: no node serves slot %u", c->slot);
       else if (c->attempts >= TALLY_RC_MAX_ATTEMPTS)
-        why = tally_error_set(TALLY_EREMOTE, "redis: %s: gave up after %u redirections or retries",
-                          c->argv[0], c->attempts);
+        why = tally_error_set(TALLY_EREMOTE,
+                              "redis: %s: gave up after %u redirections or retries",
+                              c->argv[0], c->attempts);
       else if ((uint64_t)tally_monotonic_ms() >= deadline)
-        why = tally_error_set(TALLY_ETIMEDOUT, "redis: %s: no reply within %u ms "
-                          "(redirections or retries)", c->argv[0], rc->timeout_ms);
+        why = tally_error_set(TALLY_ETIMEDOUT,
+                              "redis: %s: no reply within %u ms "
+                              "(redirections or retries)",
+                              c->argv[0], rc->timeout_ms);
       if (why) {
         if (c->node == NO_NODE) rc->stale = true;
         c->state = CMD_FAILED;
@@ -707,7 +724,8 @@ static int pipe_run(tally_rc *rc, struct cmd **cmds, uint32_t n) {
      * work in parallel */
     bool *used = calloc(rc->nnodes ? rc->nnodes : 1, sizeof *used);
     if (!used) {
-      first_fail(&code, msg, sizeof msg, tally_error_set(TALLY_ENOMEM, "redis: out of memory"));
+      first_fail(&code, msg, sizeof msg,
+                 tally_error_set(TALLY_ENOMEM, "redis: out of memory"));
       for (uint32_t i = 0; i < n; i++)
         if (cmds[i]->state == CMD_PENDING) cmds[i]->state = CMD_FAILED;
       break;
@@ -717,14 +735,17 @@ static int pipe_run(tally_rc *rc, struct cmd **cmds, uint32_t n) {
       if (cmds[i]->state == CMD_PENDING) used[cmds[i]->node] = true;
     bool again = false;
     for (uint32_t ni = 0; ni < nn; ni++)
-      if (used[ni] && node_send(rc, cmds, n, (uint16_t)ni, deadline, &code, msg, sizeof msg))
+      if (used[ni] &&
+          node_send(rc, cmds, n, (uint16_t)ni, deadline, &code, msg, sizeof msg))
         again = true, used[ni] = false; /* nothing sent there: no replies to read */
     for (uint32_t ni = 0; ni < nn; ni++)
       if (used[ni]) again |= node_recv(rc, cmds, n, (uint16_t)ni, &code, msg, sizeof msg);
     free(used);
     /* exponential: a migration or an election takes a while */
-    backoff = !again ? 0 : !backoff ? BACKOFF_MIN_MS
-              : backoff * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : backoff * 2;
+    backoff = !again                         ? 0
+              : !backoff                     ? BACKOFF_MIN_MS
+              : backoff * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS
+                                             : backoff * 2;
   }
   if (code) return tally_error_set(code, "%s", msg);
   return 0;
@@ -743,8 +764,7 @@ int tally_rc_pipe_exec(tally_rc_pipe *p) {
 }
 
 int tally_rc_command(tally_rc *rc, const void *key, size_t key_len, int argc,
-                     const char **argv, const size_t *argvlen,
-                     redisReply **reply) {
+                     const char **argv, const size_t *argvlen, redisReply **reply) {
   if (!reply) return tally_error_set(TALLY_EINVAL, "redis: NULL reply");
   *reply = NULL;
   if (!rc) return tally_error_set(TALLY_EINVAL, "redis: NULL handle");
@@ -759,9 +779,8 @@ int tally_rc_command(tally_rc *rc, const void *key, size_t key_len, int argc,
 }
 
 int tally_rc_command_wait(tally_rc *rc, const void *key, size_t key_len, int argc,
-                          const char **argv, const size_t *argvlen,
-                          uint32_t replicas, uint32_t timeout_ms,
-                          redisReply **reply, long long *acked) {
+                          const char **argv, const size_t *argvlen, uint32_t replicas,
+                          uint32_t timeout_ms, redisReply **reply, long long *acked) {
   if (!reply || !acked) return tally_error_set(TALLY_EINVAL, "redis: NULL reply");
   *reply = NULL;
   *acked = -1;

@@ -18,18 +18,17 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char SCRIPT[] =
-    "local f = 'w:' .. ARGV[1]\n"
-    "local cur = redis.call('HGET', KEYS[1], f)\n"
-    "if not cur then cur = '0' end\n"
-    "if cur == ARGV[2] then\n"
-    "  redis.call('HINCRBY', KEYS[1], 'v', ARGV[4])\n"
-    "  redis.call('HSET', KEYS[1], f, ARGV[3])\n"
-    "  return 1\n"
-    "elseif cur == ARGV[3] then\n"
-    "  return 0\n"
-    "end\n"
-    "return cur\n";
+static const char SCRIPT[] = "local f = 'w:' .. ARGV[1]\n"
+                             "local cur = redis.call('HGET', KEYS[1], f)\n"
+                             "if not cur then cur = '0' end\n"
+                             "if cur == ARGV[2] then\n"
+                             "  redis.call('HINCRBY', KEYS[1], 'v', ARGV[4])\n"
+                             "  redis.call('HSET', KEYS[1], f, ARGV[3])\n"
+                             "  return 1\n"
+                             "elseif cur == ARGV[3] then\n"
+                             "  return 0\n"
+                             "end\n"
+                             "return cur\n";
 
 #define KEY_MAX (TALLY_NAME_MAX + 32)
 
@@ -41,7 +40,7 @@ struct entry {
   bool pending;     /* in this round */
   tally_counter *c; /* NULL: not open */
   int64_t prev;
-  int64_t cur;      /* local value read this round */
+  int64_t cur; /* local value read this round */
 };
 
 struct tally_flusher {
@@ -49,15 +48,15 @@ struct tally_flusher {
   tally_rc *rc;
   char *writer;
   size_t wlen;
-  char *wfield;     /* "w:" writer */
+  char *wfield; /* "w:" writer */
   size_t wflen;
-  uint32_t shards;  /* R */
-  uint32_t shard;   /* this writer's shard */
+  uint32_t shards; /* R */
+  uint32_t shard;  /* this writer's shard */
   struct entry *ents;
   uint32_t n, cap;
-  uint32_t *table;  /* index + 1, 0 = empty */
-  uint32_t tcap;    /* power of two */
-  uint32_t *order;  /* entries sent in the current batch, in add order */
+  uint32_t *table; /* index + 1, 0 = empty */
+  uint32_t tcap;   /* power of two */
+  uint32_t *order; /* entries sent in the current batch, in add order */
   tally_rc_pipe *pipe;
   /* re-verification */
   uint32_t verify_ms;   /* 0: no timer */
@@ -82,9 +81,13 @@ static uint32_t fnv1a32(const void *p, size_t n) {
   return h;
 }
 
-const char *tally_flusher_script(void) { return SCRIPT; }
+const char *tally_flusher_script(void) {
+  return SCRIPT;
+}
 
-uint32_t tally_flusher_shard(const tally_flusher *f) { return f->shard; }
+uint32_t tally_flusher_shard(const tally_flusher *f) {
+  return f->shard;
+}
 
 int tally_flusher_shard_key(const char *name, size_t len, uint32_t i, char *buf,
                             size_t cap) {
@@ -93,7 +96,8 @@ int tally_flusher_shard_key(const char *name, size_t len, uint32_t i, char *buf,
   char num[16];
   int nl = snprintf(num, sizeof num, "%" PRIu32, i);
   size_t need = 7 + len + 1 + (size_t)nl + 1; /* "tally:{" name "#" i "}" */
-  if (need + 1 > cap) return tally_error_set(TALLY_EINVAL, "redis flush: key buffer too small");
+  if (need + 1 > cap)
+    return tally_error_set(TALLY_EINVAL, "redis flush: key buffer too small");
   memcpy(buf, "tally:{", 7);
   memcpy(buf + 7, name, len);
   buf[7 + len] = '#';
@@ -158,10 +162,11 @@ int tally_flusher_new(tally_store *local, tally_rc *rc, const char *writer,
   size_t wlen = strlen(writer);
   if (wlen == 0 || wlen > TALLY_FLUSH_WRITER_MAX)
     return tally_error_set(TALLY_EINVAL, "redis flush: writer id must be 1..%u bytes",
-                       TALLY_FLUSH_WRITER_MAX);
+                           TALLY_FLUSH_WRITER_MAX);
   if (remote_shards == 0 || remote_shards > TALLY_MAX_SHARDS)
-    return tally_error_set(TALLY_ESHARDS, "redis flush: remote shards %" PRIu32
-                       " not in 1..%d", remote_shards, TALLY_MAX_SHARDS);
+    return tally_error_set(TALLY_ESHARDS,
+                           "redis flush: remote shards %" PRIu32 " not in 1..%d",
+                           remote_shards, TALLY_MAX_SHARDS);
   tally_flusher *f = calloc(1, sizeof *f);
   if (!f) return tally_error_set(TALLY_ENOMEM, "redis flush: out of memory");
   f->local = local;
@@ -298,8 +303,8 @@ static int collect(void *ud, const char *name, size_t len) {
   return 0;
 }
 
-static int add_cmd(tally_flusher *f, tally_flush_stats *st, const char *key,
-                   size_t klen, int argc, const char **argv, const size_t *argvlen) {
+static int add_cmd(tally_flusher *f, tally_flush_stats *st, const char *key, size_t klen,
+                   int argc, const char **argv, const size_t *argvlen) {
   int code = tally_rc_pipe_add(f->pipe, key, klen, argc, argv, argvlen);
   if (code) return code;
   st->commands++;
@@ -319,8 +324,8 @@ static void fail_entry(tally_flusher *f, tally_flush_stats *st, struct entry *en
 static void bad_reply(tally_flusher *f, tally_flush_stats *st, struct entry *en,
                       const char *what, const redisReply *r) {
   tally_error_set(TALLY_EREMOTE, "redis flush: %s tally:{%s#%" PRIu32 "}: %s", what,
-              en->name, f->shard,
-              r->type == REDIS_REPLY_ERROR ? r->str : "unexpected reply type");
+                  en->name, f->shard,
+                  r->type == REDIS_REPLY_ERROR ? r->str : "unexpected reply type");
   fail_entry(f, st, en, TALLY_EREMOTE);
 }
 
@@ -379,8 +384,9 @@ static int phase_eval(tally_flusher *f, tally_flush_stats *st) {
     }
     int64_t delta;
     if (__builtin_sub_overflow(en->cur, en->prev, &delta)) {
-      tally_error_set(TALLY_ERANGE, "redis flush: %s: delta %" PRId64 " - %" PRId64
-                  " overflows int64", en->name, en->cur, en->prev);
+      tally_error_set(TALLY_ERANGE,
+                      "redis flush: %s: delta %" PRId64 " - %" PRId64 " overflows int64",
+                      en->name, en->cur, en->prev);
       fail_entry(f, st, en, TALLY_ERANGE);
       continue;
     }
@@ -391,8 +397,8 @@ static int phase_eval(tally_flusher *f, tally_flush_stats *st) {
     int ln = snprintf(sn, sizeof sn, "%" PRId64, en->cur);
     int ld = snprintf(sd, sizeof sd, "%" PRId64, delta);
     const char *argv[] = {"EVAL", SCRIPT, "1", key, f->writer, sp, sn, sd};
-    size_t lens[] = {4, sizeof SCRIPT - 1, 1, (size_t)klen, f->wlen,
-                     (size_t)lp, (size_t)ln, (size_t)ld};
+    size_t lens[] = {4,       sizeof SCRIPT - 1, 1,          (size_t)klen,
+                     f->wlen, (size_t)lp,        (size_t)ln, (size_t)ld};
     int code = add_cmd(f, st, key, (size_t)klen, 8, argv, lens);
     if (code) return code;
     f->order[nb++] = i;
@@ -511,12 +517,13 @@ int tally_flusher_remote_value(tally_flusher *f, const char *name, size_t len,
     int64_t v = 0;
     if (r->type == REDIS_REPLY_NIL) continue;
     if (r->type != REDIS_REPLY_STRING || !parse_i64(r->str, r->len, &v))
-      code = tally_error_set(TALLY_EREMOTE, "redis flush: HGET tally:{%.*s#%" PRIu32 "} v: %s",
-                         (int)len, name, i,
-                         r->type == REDIS_REPLY_ERROR ? r->str : "not an integer");
+      code = tally_error_set(
+          TALLY_EREMOTE, "redis flush: HGET tally:{%.*s#%" PRIu32 "} v: %s", (int)len,
+          name, i, r->type == REDIS_REPLY_ERROR ? r->str : "not an integer");
     else if (__builtin_add_overflow(sum, v, &sum))
-      code = tally_error_set(TALLY_ERANGE, "redis flush: %.*s: remote total overflows int64",
-                         (int)len, name);
+      code =
+          tally_error_set(TALLY_ERANGE, "redis flush: %.*s: remote total overflows int64",
+                          (int)len, name);
   }
   tally_rc_pipe_reset(f->pipe);
   if (!code) *out = sum;

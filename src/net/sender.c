@@ -32,9 +32,9 @@
 #include <strings.h>
 #include <time.h>
 
-#define SENDER_TIMEOUT_MS 5000u
-#define SENDER_MAX_QUEUE 100000u
-#define SENDER_BACKOFF_MS 100u
+#define SENDER_TIMEOUT_MS     5000u
+#define SENDER_MAX_QUEUE      100000u
+#define SENDER_BACKOFF_MS     100u
 #define SENDER_MAX_BACKOFF_MS 5000u
 
 struct sender_body {
@@ -46,8 +46,8 @@ struct sender_body {
 
 struct tally_sender {
   pthread_mutex_t mu;
-  pthread_cond_t wake;            /* to the thread: a body came, or close() */
-  pthread_cond_t settled;         /* from the thread: idle, or finished */
+  pthread_cond_t wake;    /* to the thread: a body came, or close() */
+  pthread_cond_t settled; /* from the thread: idle, or finished */
   pthread_t thread;
   uint32_t max_queue;
   uint32_t backoff_ms, max_backoff_ms;
@@ -58,17 +58,17 @@ struct tally_sender {
   struct curl_slist *headers;
   char *url;
   char curl_error[CURL_ERROR_SIZE];
-  atomic_bool abort_request;      /* close() gave up on the request in flight */
+  atomic_bool abort_request; /* close() gave up on the request in flight */
 
   /* under mu */
   struct sender_body *head, *tail;
-  uint64_t waiting;               /* records on the list */
+  uint64_t waiting; /* records on the list */
   struct sender_body *in_flight;
-  int64_t retry_at_ms;            /* no request before this (backoff) */
+  int64_t retry_at_ms; /* no request before this (backoff) */
   uint32_t next_backoff_ms;
   bool stopping;
-  int64_t stop_at_ms;             /* end of close()'s drain */
-  bool finished;                  /* the thread is about to return */
+  int64_t stop_at_ms; /* end of close()'s drain */
+  bool finished;      /* the thread is about to return */
   uint64_t sent, requests, failures, dropped, rejected;
   int32_t last_status;
   char last_error[256];
@@ -85,8 +85,7 @@ static void curl_init_once(void) {
 }
 
 /* Wait on c until signalled or until deadline_ms (CLOCK_MONOTONIC). */
-static void wait_until(pthread_cond_t *c, pthread_mutex_t *mu,
-                       int64_t deadline_ms) {
+static void wait_until(pthread_cond_t *c, pthread_mutex_t *mu, int64_t deadline_ms) {
   struct timespec ts;
   ts.tv_sec = (time_t)(deadline_ms / 1000);
   ts.tv_nsec = (long)(deadline_ms % 1000) * 1000000;
@@ -139,8 +138,8 @@ static struct sender_body *pop_front(tally_sender *s) {
 
 /* One request for b. Returns SEND_*; *status gets the HTTP status (0 when
  * no answer came) and err the failure's text. Runs without mu. */
-static int send_body(tally_sender *s, const struct sender_body *b,
-                     int32_t *status, char *err, size_t errcap) {
+static int send_body(tally_sender *s, const struct sender_body *b, int32_t *status,
+                     char *err, size_t errcap) {
   CURLMcode mc;
   CURLcode cc = CURLE_OK;
   bool done = false;
@@ -289,11 +288,10 @@ static void sender_free(tally_sender *s) {
 }
 
 /* Set up the curl handles; 0 or a TALLY_E* code. */
-static int sender_curl_setup(tally_sender *s, const tally_sender_options *o,
-                             bool put) {
+static int sender_curl_setup(tally_sender *s, const tally_sender_options *o, bool put) {
   CURLcode cc = CURLE_OK;
   uint32_t timeout_ms = o->timeout_ms ? o->timeout_ms : SENDER_TIMEOUT_MS;
-  if (timeout_ms > INT32_MAX) timeout_ms = INT32_MAX;  /* a long may be 32 bits */
+  if (timeout_ms > INT32_MAX) timeout_ms = INT32_MAX; /* a long may be 32 bits */
 
   if (o->headers) {
     for (const char *const *h = o->headers; *h; h++) {
@@ -312,8 +310,7 @@ static int sender_curl_setup(tally_sender *s, const tally_sender_options *o,
   if (!cc) cc = curl_easy_setopt(s->easy, CURLOPT_TIMEOUT_MS, (long)timeout_ms);
   if (!cc) cc = curl_easy_setopt(s->easy, CURLOPT_ERRORBUFFER, s->curl_error);
   if (!cc) cc = curl_easy_setopt(s->easy, CURLOPT_WRITEFUNCTION, discard_response);
-  if (!cc && s->headers)
-    cc = curl_easy_setopt(s->easy, CURLOPT_HTTPHEADER, s->headers);
+  if (!cc && s->headers) cc = curl_easy_setopt(s->easy, CURLOPT_HTTPHEADER, s->headers);
   if (!cc && put) cc = curl_easy_setopt(s->easy, CURLOPT_CUSTOMREQUEST, "PUT");
   if (cc == CURLE_OUT_OF_MEMORY)
     return tally_error_set(TALLY_ENOMEM, "sender: out of memory");
@@ -331,32 +328,30 @@ int tally_sender_open(const tally_sender_options *o, tally_sender **out) {
 
   if (!o || !out)
     return tally_error_set(TALLY_EINVAL, "sender: options and out must not be NULL");
-  if (!o->url)
-    return tally_error_set(TALLY_EINVAL, "sender: url is required");
-  if (strncasecmp(o->url, "http://", 7) != 0 &&
-      strncasecmp(o->url, "https://", 8) != 0)
-    return tally_error_set(TALLY_EINVAL,
-                       "sender: url must start with http:// or https://, got '%.200s'",
-                       o->url);
+  if (!o->url) return tally_error_set(TALLY_EINVAL, "sender: url is required");
+  if (strncasecmp(o->url, "http://", 7) != 0 && strncasecmp(o->url, "https://", 8) != 0)
+    return tally_error_set(
+        TALLY_EINVAL, "sender: url must start with http:// or https://, got '%.200s'",
+        o->url);
   if (!o->method || strcmp(o->method, "POST") == 0)
     put = false;
   else if (strcmp(o->method, "PUT") == 0)
     put = true;
   else
-    return tally_error_set(TALLY_EINVAL, "sender: method must be POST or PUT, got '%.32s'",
-                       o->method);
+    return tally_error_set(TALLY_EINVAL,
+                           "sender: method must be POST or PUT, got '%.32s'", o->method);
   if (o->headers) {
     for (const char *const *h = o->headers; *h; h++)
       if (!header_ok(*h))
-        return tally_error_set(TALLY_EINVAL,
-                           "sender: header '%.100s' is not \"Name: value\" on one line",
-                           *h);
+        return tally_error_set(
+            TALLY_EINVAL, "sender: header '%.100s' is not \"Name: value\" on one line",
+            *h);
   }
 
   pthread_once(&curl_once, curl_init_once);
   if (curl_init_result != CURLE_OK)
     return tally_error_set(TALLY_ESYS, "sender: curl_global_init: %s",
-                       curl_easy_strerror(curl_init_result));
+                           curl_easy_strerror(curl_init_result));
 
   s = calloc(1, sizeof *s);
   if (!s) return tally_error_set(TALLY_ENOMEM, "sender: out of memory");
@@ -398,8 +393,7 @@ int tally_sender_open(const tally_sender_options *o, tally_sender **out) {
   return 0;
 }
 
-int tally_sender_post(tally_sender *s, const void *body, size_t len,
-                      uint32_t records) {
+int tally_sender_post(tally_sender *s, const void *body, size_t len, uint32_t records) {
   struct sender_body *b;
 
   if (!s) return tally_error_set(TALLY_EINVAL, "sender: NULL sender");
@@ -416,7 +410,9 @@ int tally_sender_post(tally_sender *s, const void *body, size_t len,
   if (len > SIZE_MAX - sizeof *b)
     return tally_error_set(TALLY_ENOMEM, "sender: body of %zu bytes", len);
   b = malloc(sizeof *b + len);
-  if (!b) return tally_error_set(TALLY_ENOMEM, "sender: no memory for a body of %zu bytes", len);
+  if (!b)
+    return tally_error_set(TALLY_ENOMEM, "sender: no memory for a body of %zu bytes",
+                           len);
   b->records = records;
   b->len = len;
   if (len) memcpy(b->data, body, len);
@@ -440,8 +436,8 @@ int tally_sender_flush(tally_sender *s, uint32_t timeout_ms) {
       uint64_t left = s->waiting + (s->in_flight ? s->in_flight->records : 0);
       pthread_mutex_unlock(&s->mu);
       return tally_error_set(TALLY_ETIMEDOUT,
-                         "sender: %llu records still queued after %u ms",
-                         (unsigned long long)left, timeout_ms);
+                             "sender: %llu records still queued after %u ms",
+                             (unsigned long long)left, timeout_ms);
     }
     wait_until(&s->settled, &s->mu, deadline);
   }
