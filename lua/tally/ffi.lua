@@ -48,7 +48,7 @@ if not pcall(ffi.typeof, "struct tally_ffi_counter") then
     typedef struct tally_counter tally_counter;
     int tally_counter_incr(tally_counter *c, int64_t delta);
     int tally_counter_value(tally_counter *c, int64_t *out);
-    /* the head of a counter handle (struct tl_counter in src/lua_tally.h) */
+    /* the head of a counter handle (struct tl_counter in src/lua/lua_aux.h) */
     struct tally_ffi_counter {
       uintptr_t key;
       tally_counter *c;        /* NULL once closed */

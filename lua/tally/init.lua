@@ -25,7 +25,7 @@ local _M = { _VERSION = core.version }
 
 _M.version = core.version
 -- tally.open: redis:// and redis+cluster:// specs open a Redis-backed store
--- (tally/redis_store.lua); everything else goes to the C open.
+-- (tally/redis/store.lua); everything else goes to the C open.
 -- (Not a tail call, and through a local named open: the C function's
 -- argument errors keep naming 'open'.)
 local redis_store
@@ -33,7 +33,7 @@ do
   local open = core.open
   function _M.open(spec, ...)
     if type(spec) == "string" and (spec:find("^redis://") or spec:find("^redis%+cluster://")) then
-      redis_store = redis_store or require "tally.redis_store"
+      redis_store = redis_store or require "tally.redis.store"
       return redis_store.open(spec, ...)
     end
     local db, msg, code = open(spec, ...)

@@ -9,7 +9,7 @@
 
 local core = require "tally.core"
 local sink = require "tally.sink"
-local remote = require "tally.remote"
+local remote = require "tally.redis.flush"
 local check_self = require("tally.util").self
 
 local type, error, ipairs, pairs, tostring, pcall = type, error, ipairs, pairs, tostring, pcall
@@ -23,7 +23,7 @@ local argerror = require("tally.util").argerror
 local _M = {}
 
 -- Per store handle: { schedules = { ... }, flushes = { ... } (db:flush_to,
--- tally.remote), clock = function or nil }.
+-- tally.redis.flush), clock = function or nil }.
 local state = setmetatable({}, { __mode = "k" })
 
 local function state_of(db)
@@ -230,7 +230,7 @@ local function tick(db, now)
       end
     end
   end
-  -- flush schedules (tally.remote): one round per due period; their
+  -- flush schedules (tally.redis.flush): one round per due period; their
   -- failures are counted in their stats and listed here, never raised
   for _, rf in ipairs(st.flushes) do
     local period = floor(now / rf.every)
@@ -314,7 +314,7 @@ local function flush(db, timeout)
   return true
 end
 
--- db:flush_to(uri, opts) -> a flush schedule (see tally.remote)
+-- db:flush_to(uri, opts) -> a flush schedule (see tally.redis.flush)
 local function flush_to(db, uri, opts)
   check_self(db, "tally.store", "flush_to")
   core.store_methods.stats(db)  -- raises on a closed store

@@ -5,8 +5,8 @@
  * leading `=` means `return`, as in Lua 5.1's prompt), then as a statement.
  * A chunk the parser finds cut short (its message ends in "<eof>", lua.c's
  * test) reads another line under the continuation prompt ">> "; so does an
- * unfinished expression (`{1,`). Results go through tally.repl's show()
- * (lua/tally/repl.lua), which pretty-prints tables, counters and stores;
+ * unfinished expression (`{1,`). Results go through tally.cmd.repl's show()
+ * (lua/tally/cmd/repl.lua), which pretty-prints tables, counters and stores;
  * errors print "tally: message" and a traceback, and the prompt goes on.
  *
  * On a terminal, lines come from GNU readline through its callback
@@ -36,7 +36,7 @@
  * psql does) so it stays one line of the file; the file is cut to the last
  * 1000 entries on exit.
  *
- * Tab completion asks tally.repl's complete(): Lua keywords and globals,
+ * Tab completion asks tally.cmd.repl's complete(): Lua keywords and globals,
  * fields and methods after `x.` and `x:` (through __index tables), counter
  * names inside the string argument of a store method (`db:counter("po<TAB>`).
  *
@@ -67,7 +67,7 @@
 
 typedef struct repl {
   lua_State *L;
-  int show, complete; /* registry refs to tally.repl's functions, or LUA_NOREF */
+  int show, complete; /* registry refs to tally.cmd.repl's functions, or LUA_NOREF */
   char *buf;          /* the pending chunk: lines so far, '\n'-separated */
   size_t len, cap;
   char *hist; /* history file, or NULL */
@@ -294,7 +294,7 @@ static char *next_candidate(const char *text, int state) {
   return nextcand < ncands ? strdup(cands[nextcand++]) : NULL;
 }
 
-/* complete(line, start, text, quote) from tally.repl: a list of words to
+/* complete(line, start, text, quote) from tally.cmd.repl: a list of words to
  * put in place of text, and "files" to let readline complete file names. */
 static char **complete(const char *text, int start, int end) {
   lua_State *L;
@@ -503,11 +503,11 @@ static void plain_loop(repl *r) {
 
 /* ---- the prompt ------------------------------------------------------------- */
 
-/* Ref to require("tally.repl")[name], or LUA_NOREF. */
+/* Ref to require("tally.cmd.repl")[name], or LUA_NOREF. */
 static int replfn(lua_State *L, const char *name) {
   int ref = LUA_NOREF;
   lua_getglobal(L, "require");
-  lua_pushliteral(L, "tally.repl");
+  lua_pushliteral(L, "tally.cmd.repl");
   if (lua_pcall(L, 1, 1, 0) == LUA_OK) {
     lua_getfield(L, -1, name);
     if (lua_isfunction(L, -1))

@@ -7,7 +7,7 @@
  *
  * A subcommand is recognised only as the first argument, and only by its
  * exact name: `tally ls` lists a store, `tally ./ls` and `tally run ls` run
- * a script called ls. Subcommands are lua/tally/cli.lua's `main`; help texts
+ * a script called ls. Subcommands are lua/tally/cmd/cli.lua's `main`; help texts
  * live there too. Scripts get `arg` as lua5.4 sets it (arg[0] the script,
  * negative indices for what came before it, arg[1..] the arguments, also
  * passed as `...`), after any -e chunks. With no script and no -e the
@@ -154,12 +154,12 @@ static void settally(lua_State *L) {
   lua_setglobal(L, "tally");
 }
 
-/* Push require("tally.cli")[fname]; 0 (nothing pushed, reported) if the Lua
+/* Push require("tally.cmd.cli")[fname]; 0 (nothing pushed, reported) if the Lua
  * side of the command cannot be loaded. */
 static int getcli(lua_State *L, const char *fname) {
   int status;
   lua_getglobal(L, "require");
-  lua_pushliteral(L, "tally.cli");
+  lua_pushliteral(L, "tally.cmd.cli");
   status = cli_docall(L, 1, 1);
   if (status != LUA_OK) {
     cli_report(L, status);

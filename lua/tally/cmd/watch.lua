@@ -1,4 +1,4 @@
--- tally.watch: `tally watch STORE [pattern]`, a live full-screen view of a
+-- tally.cmd.watch: `tally watch STORE [pattern]`, a live full-screen view of a
 -- store's counters, refreshed like top.
 --
 -- Runs only under the `tally` command, which is Lua 5.4 (it uses
@@ -24,7 +24,7 @@
 local tally = require "tally"
 local term = require "tally.term"
 local peek = require "tally.peek"
-local cli = require "tally.cli"
+local cli = require "tally.cmd.common"
 
 local type, tostring, ipairs, pcall, error = type, tostring, ipairs, pcall, error
 local fmt, rep = string.format, string.rep

@@ -1,4 +1,4 @@
--- tally.repl: what the tally prompt shows and completes (src/cli_repl.c
+-- tally.cmd.repl: what the tally prompt shows and completes (src/cli/cli_repl.c
 -- reads the lines and calls these).
 --
 -- Runs only under the `tally` command, which is Lua 5.4 (it uses

@@ -1,5 +1,5 @@
--- tally.cli: the subcommands of the tally command (ls, get, incr, export,
--- import, info, watch, help) and its help texts. src/main.c calls
+-- tally.cmd.cli: the subcommands of the tally command (ls, get, incr, export,
+-- import, info, watch, help) and its help texts. src/cli/main.c calls
 -- main(command, args...) and exits with what it returns: 0, 1 for a failure
 -- (a missing store or counter, a bad file), 2 for a usage error.
 --
@@ -202,10 +202,8 @@ _M.help_text = help_text
 
 -- ---- failing ------------------------------------------------------------------
 
-local Fail = {}
-local function fail(msg, status)
-  error(setmetatable({ msg = msg, status = status or 1 }, Fail), 0)
-end
+local common = require "tally.cmd.common"
+local Fail, fail = common.Fail, common.fail
 _M.fail = fail
 
 local current = "tally"   -- the command running, for messages
@@ -337,12 +335,7 @@ local function bytes(n)
 end
 _M.bytes = bytes
 
-local function rate_text(r)
-  if r == nil or r ~= r or r == huge or r == -huge then return "-" end
-  if r == floor(r) and r > -1e15 and r < 1e15 then return fmt("%d", r) end
-  local a = r < 0 and -r or r
-  return fmt(a < 10 and "%.2f" or "%.1f", r)
-end
+local rate_text = common.rate_text
 _M.rate_text = rate_text
 
 local function time_text(at)
@@ -716,7 +709,7 @@ function cmd.watch(args)
   if not term.isatty(1) then
     fail("needs a terminal (stdout is not one); 'tally ls' lists the counters once")
   end
-  return require("tally.watch").run(db, { store = "file:" .. path, pattern = pos[2],
+  return require("tally.cmd.watch").run(db, { store = "file:" .. path, pattern = pos[2],
                                           interval = interval, sort = sort })
 end
 

@@ -1,4 +1,4 @@
--- tally.remote: db:flush_to(uri, opts), a schedule that ships the local
+-- tally.redis.flush: db:flush_to(uri, opts), a schedule that ships the local
 -- counters of a store handle to Redis or Redis Cluster exactly once
 -- (src/redis_flush.h), driven by db:tick() and db:run() like the rollups.
 --

@@ -1,5 +1,5 @@
--- tally.redis_store: a store whose counters live in Redis or Redis Cluster,
--- over core.redis (src/lua_redis.c). tally.open("redis://host:port") and
+-- tally.redis.store: a store whose counters live in Redis or Redis Cluster,
+-- over core.redis (src/lua/lua_redis.c). tally.open("redis://host:port") and
 -- tally.open("redis+cluster://h1:p1,h2:p2") return one.
 --
 -- Key layout (the same as the flusher's, src/redis_flush.h, so a counter
