@@ -24,6 +24,7 @@ local tointeger, int_text, add, sub = compat.tointeger, compat.int_text, compat.
 
 local describe, typename = require("tally.util").describe, require("tally.util").typename
 local check_self = require("tally.util").self
+local json_string = require("tally.format").json_string
 local argerror = require("tally.util").argerror
 
 -- lua-cjson, a private instance loaded on first use (require "tally" does
@@ -66,7 +67,6 @@ function store:export(pattern)
   if pattern ~= nil and type(pattern) ~= "string" then
     argerror(1, "export", "string expected, got " .. typename(pattern), 2)
   end
-  local json = load_json()
   local out = {}
   local names, nmsg, ncode = self:names(pattern)
   if not names then return nil, nmsg, ncode end   -- a damaged store
@@ -83,7 +83,7 @@ function store:export(pattern)
         local parts = {}
         for i = 1, #shards do parts[i] = SHARD_HEAD[i] .. count_text(shards[i]) .. "}" end
         out[#out + 1] = fmt('%s:{"num_shards":%d,"policy":%s,"shards":{%s}}',
-                            json.encode(name), #shards, json.encode(info.policy),
+                            json_string(name), #shards, json_string(info.policy),
                             concat(parts, ","))
       end
     end

@@ -3,10 +3,10 @@
 -- JSON (one object, or an array), InfluxDB line protocol and the Prometheus
 -- text exposition format 0.0.4. Every integer is written exactly (with
 -- string.format("%d"); under LuaJIT see tally.compat.int_text), so any
--- int64 survives: lua-cjson 2.1.0 writes
--- numbers with 14 significant digits, so it is used here only to escape
--- strings. Floats are written with the fewest digits that read back as the
--- same double, and never as nan or inf, which none of these formats has.
+-- int64 survives (lua-cjson 2.1.0 writes numbers with 14 significant
+-- digits, and is used by tally only to read JSON). Floats are written with
+-- the fewest digits that read back as the same double, and never as nan or
+-- inf, which none of these formats has.
 --
 -- A record is { name = string, value = integer, at = seconds since the
 -- epoch (ms precision), delta = integer, rate = number }; name and value
@@ -24,16 +24,16 @@ local mtype, isnum, int_text, utf8len = compat.mtype, compat.isnum, compat.int_t
       compat.utf8len
 local idiv, mod, mul = compat.idiv, compat.mod, compat.mul
 
--- lua-cjson, a private instance loaded on first use: only JSON needs it.
-local json
+-- A JSON string literal: `"`, `\\` and control bytes escaped, every other
+-- byte as it is (names are bytes; a name that is not UTF-8 stays so).
+local JESC = { ['"'] = '\\"', ["\\"] = "\\\\", ["\n"] = "\\n", ["\r"] = "\\r", ["\t"] = "\\t" }
+local function jesc(c) return JESC[c] or fmt("\\u%04x", byte(c)) end
 local function quote(s)
-  if not json then json = require("cjson").new() end
-  return json.encode(s)
+  return '"' .. gsub(s, '[%c"\\]', jesc) .. '"'
 end
 
 
 local _M = { _VERSION = require("tally.core").version }
-_M._quote = quote
 
 -- ---- helpers -----------------------------------------------------------------
 
@@ -56,6 +56,18 @@ local function float_text(x)
     if tonumber(s) ~= x then s = fmt("%.17g", x) end
   end
   return s
+end
+
+-- The one JSON writer of the Lua side: records (below), exports and the
+-- tally command's listings all write strings and numbers through these.
+-- format.json_string(s) -> '"..."'; format.json_number(x) -> integers
+-- exact (int64 cdata under LuaJIT too), floats in the fewest digits that
+-- read back the same, "null" for nil, NaN and infinities.
+_M.json_string = quote
+function _M.json_number(x)
+  if x == nil then return "null" end
+  if type(x) == "number" and not finite(x) then return "null" end
+  return int_text(x) or float_text(x)
 end
 
 -- at (seconds) rounded to an integer count of units per second (1000 for

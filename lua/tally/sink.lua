@@ -312,7 +312,7 @@ local function spooled_record(line)       -- a spool line back to its record, ex
   if not ok or type(t) ~= "table" or type(t.name) ~= "string" or type(t.id) ~= "string" then
     return nil
   end
-  local head = '{"name":' .. format._quote(t.name) .. ',"value":'
+  local head = '{"name":' .. format.json_string(t.name) .. ',"value":'
   if line:sub(1, #head) ~= head then return nil end
   local rest = line:sub(#head + 1)         -- no string before "id" is left in it
   local v = tointeger(rest:match("^(%-?%d+)"))

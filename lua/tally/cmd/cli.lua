@@ -19,7 +19,7 @@ local type, tostring, tonumber, ipairs, error, setmetatable, getmetatable =
       type, tostring, tonumber, ipairs, error, setmetatable, getmetatable
 local fmt, rep = string.format, string.rep
 local concat = table.concat
-local floor, huge, mtype = math.floor, math.huge, math.type
+local floor, mtype = math.floor, math.type
 
 local _M = {}
 
@@ -343,19 +343,12 @@ local function time_text(at)
   return os.date("%Y-%m-%d %H:%M:%S", floor(at))
 end
 
-local JESC = { ['"'] = '\\"', ["\\"] = "\\\\", ["\n"] = "\\n", ["\r"] = "\\r", ["\t"] = "\\t" }
-local function jstr(s)
-  return '"' .. s:gsub('[%c"\\]', function(c) return JESC[c] or fmt("\\u%04x", c:byte()) end) .. '"'
-end
-
+-- JSON through tally.format, the one writer (a sum beyond int64 comes as
+-- its decimal string and is written as a JSON string).
+local jstr = tally.format.json_string
 local function jnum(x)
-  if x == nil then return "null" end
-  if type(x) == "string" then return jstr(x) end            -- a sum beyond int64
-  if mtype(x) == "integer" then return fmt("%d", x) end
-  if x ~= x or x == huge or x == -huge then return "null" end
-  local s = fmt("%.15g", x)
-  if tonumber(s) ~= x then s = fmt("%.17g", x) end
-  return s
+  if type(x) == "string" then return jstr(x) end
+  return tally.format.json_number(x)
 end
 
 local function jobject(keys, t)
