@@ -9,17 +9,7 @@ local q = helper.q
 
 -- Run tally with stdout and stderr apart: out, err, exit code.
 local function run(...)
-  local args = {}
-  for i = 1, select("#", ...) do args[i] = q((select(i, ...))) end
-  local errfile = helper.tmpfile("stderr")
-  local f = assert(io.popen(q(helper.bin) .. " " .. table.concat(args, " ") .. " 2>" .. q(errfile)))
-  local out = f:read("a")
-  local _, _, code = f:close()
-  local e = io.open(errfile)
-  local err = e and e:read("a") or ""
-  if e then e:close() end
-  os.remove(errfile)
-  return out, err, code
+  return helper.tally_split(nil, ...)
 end
 
 local function exists(path)

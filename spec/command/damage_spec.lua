@@ -11,27 +11,7 @@ local tally = require "tally"
 local q = helper.q
 
 -- Run tally with stdout and stderr apart: out, err, exit code.
-local function run(stdin, ...)
-  local args = {}
-  for i = 1, select("#", ...) do args[i] = q((select(i, ...))) end
-  local errfile = helper.tmpfile("stderr")
-  local cmd = q(helper.bin) .. " " .. table.concat(args, " ") .. " 2>" .. q(errfile)
-  if stdin then
-    local infile = helper.tmpfile("stdin")
-    helper.write(infile, stdin)
-    cmd = cmd .. " <" .. q(infile)
-  else
-    cmd = cmd .. " </dev/null"
-  end
-  local f = assert(io.popen(cmd))
-  local out = f:read("a")
-  local _, _, code = f:close()
-  local e = io.open(errfile)
-  local err = e and e:read("a") or ""
-  if e then e:close() end
-  os.remove(errfile)
-  return out, err, code
-end
+local run = helper.tally_split
 
 local function store_with_counters(n)
   local path = helper.tmpfile("damaged.tly")

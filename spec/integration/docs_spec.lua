@@ -22,13 +22,7 @@ local peers = require "spec.support.peers"
 
 local q = helper.q
 
-local function slurp(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("a")
-  f:close()
-  return s
-end
+local slurp = helper.slurp
 
 -- The documentation files: README.md, then docs/*.md in name order.
 local function doc_files()

@@ -59,6 +59,37 @@ function M.sh(cmd)
   return out, code
 end
 
+-- The contents of a file, or nil if it cannot be read.
+function M.slurp(path)
+  local f = io.open(path, "rb")
+  if not f then return nil end
+  local s = f:read("a")
+  f:close()
+  return s
+end
+
+-- Run the tally executable with stdout and stderr apart: out, err, exit
+-- code. stdin: text for its standard input, or nil (/dev/null).
+function M.tally_split(stdin, ...)
+  local args = {}
+  for i = 1, select("#", ...) do args[i] = M.q((select(i, ...))) end
+  local errfile = M.tmpfile("stderr")
+  local cmd = M.q(M.bin) .. " " .. table.concat(args, " ") .. " 2>" .. M.q(errfile)
+  if stdin then
+    local infile = M.tmpfile("stdin")
+    M.write(infile, stdin)
+    cmd = cmd .. " <" .. M.q(infile)
+  else
+    cmd = cmd .. " </dev/null"
+  end
+  local f = assert(io.popen(cmd))
+  local out = f:read("a")
+  local _, _, code = f:close()
+  local err = M.slurp(errfile) or ""
+  os.remove(errfile)
+  return out, err, code
+end
+
 -- Run the tally executable with the given arguments (quoted for the shell).
 function M.tally(...)
   local args = {}
