@@ -52,7 +52,7 @@ describe("the installed tree", function()
                          "share/lua/5.4/tally/init.lua" }) do
       assert.is_true(os.rename(prefix .. "/" .. f, prefix .. "/" .. f), f .. " is not installed")
     end
-    local man = sh_ok("man -l " .. q(prefix .. "/share/man/man1/tally.1") .. " 2>/dev/null | col -b")
+    local man = sh_ok("env -u LD_PRELOAD MANWIDTH=100 man -l " .. q(prefix .. "/share/man/man1/tally.1") .. " 2>/dev/null | col -b")
     assert.truthy(man:find("tally ls STORE [pattern] [--json]", 1, true), man)
   end)
 
