@@ -146,9 +146,9 @@ describe("the documentation's code blocks", function()
     local url = "http://127.0.0.1:" .. port
     local ok, why = false, "no answer on " .. url
     for _ = 1, 50 do
-      local _, code1 = helper.sh("curl -s -o /dev/null " .. url .. "/page/1")
+      local _, code1 = helper.sh("env -u LD_PRELOAD curl -s -m 5 -o /dev/null " .. url .. "/page/1")
       if code1 == 0 then
-        local metrics = helper.sh("curl -s " .. url .. "/metrics")
+        local metrics = helper.sh("env -u LD_PRELOAD curl -s -m 5 " .. url .. "/metrics")
         ok = metrics:find('path="/page/1"', 1, true) ~= nil
         why = "/metrics does not show the request:\n" .. metrics
         break
@@ -173,6 +173,10 @@ describe("the documentation's code blocks", function()
             pending(title .. " (not run: " .. b.skip .. ")")
           elseif b.root and io.popen("id -u"):read("l") ~= "0" then
             pending(title .. " (needs root)")
+          elseif b.lang == "sh" and os.getenv("LD_PRELOAD") then
+            -- a sanitizer build: its runtime, preloaded for what the block
+            -- starts, makes curl hang; the plain build runs these blocks
+            pending(title .. " (sanitizer build: run by the plain build)")
           else
             it("runs the " .. title, function()
               dir = helper.tmpfile("docs")
