@@ -71,7 +71,11 @@ Options:
   --              stop handling options
   -               run stdin as the script
 
-STORE is file:PATH or a path. A command is recognised only as the first
+STORE is file:PATH or a path. Every command that opens a STORE refuses a
+symbolic link and a file owned by another user (it could have been planted
+to make this user write through it) unless given --trust (for example root
+looking at a store nginx workers running as nobody made).
+A command is recognised only as the first
 argument: to run a script named like one, write 'tally ./ls' or
 'tally run ls'. No command creates a store unless given --create.
 Exit status: 0 done, 1 failed (a missing store or counter, a bad file),
@@ -218,6 +222,8 @@ end
 -- name the options (--name, or --name VALUE / --name=VALUE); spec.min and
 -- spec.max bound the positionals. "-h"/"--help" sets options.help. An
 -- argument like -5 is a positional (incr STORE name -5).
+local trust = false   -- --trust: open a symlink or another user's store
+
 local function parse(args, spec)
   local o, pos, only = {}, {}, false
   local i = 1
@@ -229,6 +235,8 @@ local function parse(args, spec)
       only = true
     elseif a == "-h" or a == "--help" then
       o.help = true
+    elseif a == "--trust" then
+      trust = true                       -- every command that opens a STORE
     else
       local name, val = a:match("^%-%-([%w][%w-]*)=(.*)$")
       if not name then name = a:match("^%-%-([%w][%w-]*)$") end
@@ -287,7 +295,8 @@ function _M.open_store(uri, opts)
                       opts.create == false and "; --create makes one" or "")
     end
   end
-  local db, msg = tally.open("file:" .. path, { create = opts.create and true or false })
+  local db, msg = tally.open("file:" .. path, { create = opts.create and true or false,
+                                                 trust = opts.trust and true or false })
   if not db then
     if type(msg) == "string" and msg:find("Permission denied$") then
       msg = msg .. " (the store must be writable by this user"
@@ -303,7 +312,7 @@ end
 local READS = { ls = true, get = true, info = true, export = true, watch = true }
 
 local function open(uri, create)
-  local db, path = _M.open_store(uri, { create = create, memory = false,
+  local db, path = _M.open_store(uri, { create = create, memory = false, trust = trust,
                                         writes = not READS[current], help = current })
   if not db then fail(path) end
   return db, path
