@@ -165,4 +165,25 @@ describe("Redis passwords", function()
     assert.is_false(ok)
     assert.matches("password must be a string, got number", err, 1, true)
   end)
+
+  it("never echoes a password with '/' in it, nor one in a URI of another scheme", function()
+    local secret = "se/cr@t/" .. PW
+    local function clean(...)
+      for i = 1, select("#", ...) do
+        local v = tostring((select(i, ...)))
+        assert.is_nil(v:find(secret, 1, true), "password leaked: " .. v)
+        assert.is_nil(v:find("se/cr", 1, true), "password leaked: " .. v)
+      end
+    end
+    clean(tally.open("redis://:" .. secret .. "@127.0.0.1:1"))
+    clean(pcall(tally.open, "rediss://:" .. secret .. "@127.0.0.1:1"))
+    clean(pcall(tally.open, "REDIS://user:" .. secret .. "@127.0.0.1:1"))
+    local mem = tally.open("memory")
+    clean(pcall(mem.flush_to, mem, "redis://user:" .. secret .. "@127.0.0.1:1", { every = 1 }))
+    mem:close()
+    local out, code = helper.tally("ls", "redis://:" .. secret .. "@127.0.0.1:1")
+    assert.equal(1, code)
+    clean(out)
+    assert.truthy(out:find("redis://***@127.0.0.1:1", 1, true), out)
+  end)
 end)

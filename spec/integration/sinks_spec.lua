@@ -526,3 +526,44 @@ describe("an HTTP sink with a spool", function()
     mem:close()
   end)
 end)
+
+describe("core.spool_append", function()
+  local core = require "tally.core"
+
+  it("starts a line of its own after a line left half written", function()
+    local path = helper.tmpfile("spool.jsonl")
+    helper.write(path, '{"name":"cut off')            -- a writer killed mid-line
+    assert(core.spool_append(path, '{"name":"next"}\n'))
+    assert.equal('{"name":"cut off\n{"name":"next"}\n', helper.slurp(path))
+  end)
+
+  it("undoes a write the disk had no room for, so the next line is whole (as root)", function()
+    if not helper.sh("id -u"):match("^0%s") then
+      pending("needs root to mount a small tmpfs")
+      return
+    end
+    local dir = helper.tmpfile("full")
+    os.execute("mkdir -p " .. helper.q(dir))
+    local _, code = helper.sh("mount -t tmpfs -o size=16k tmpfs " .. helper.q(dir))
+    if code ~= 0 then
+      pending("cannot mount a tmpfs here")
+      return
+    end
+    finally(function() helper.sh("umount " .. helper.q(dir)) end)
+    helper.sh("head -c 8192 /dev/zero > " .. helper.q(dir .. "/filler"))
+    local path = dir .. "/spool.jsonl"
+    local big = '{"name":"' .. string.rep("a", 6000) .. '"}\n'
+    local failed = 0
+    for _ = 1, 4 do
+      if not core.spool_append(path, big) then failed = failed + 1 end
+    end
+    assert.is_true(failed > 0)                          -- the disk filled
+    os.remove(dir .. "/filler")
+    assert(core.spool_append(path, '{"name":"victim"}\n'))
+    local text = helper.slurp(path)
+    assert.equal('{"name":"victim"}\n', text:sub(-18))
+    for line in text:gmatch("[^\n]+") do               -- every line whole
+      assert.truthy(line == '{"name":"victim"}' or line == big:sub(1, -2), line:sub(1, 40))
+    end
+  end)
+end)

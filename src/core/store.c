@@ -221,6 +221,13 @@ int tally_store_open(const char *spec, const tally_open_options *opt, tally_stor
     kind = TALLY__FILE;
     path = spec + 5;
   } else {
+    /* never echo credentials: the userinfo of a URI (user:secret before
+     * the last '@') is shown as three stars */
+    const char *scheme = strstr(spec, "://"), *at = scheme ? strrchr(scheme, '@') : NULL;
+    if (at)
+      return tally__fail(TALLY_EINVAL,
+                         "unknown store '%.*s***%s' (expected 'memory' or 'file:PATH')",
+                         (int)(scheme + 3 - spec), spec, at);
     return tally__fail(TALLY_EINVAL,
                        "unknown store '%s' (expected 'memory' "
                        "or 'file:PATH')",

@@ -141,9 +141,9 @@ static const char *tl_userinfo(const char *uri, const char **at) {
   *at = NULL;
   if (!h) return NULL;
   h += 3;
-  const char *end = strncmp(uri, "redis://", 8) == 0 ? strchr(h, '/') : NULL;
-  if (!end) end = h + strlen(h);
-  for (const char *p = h; p < end; p++)
+  /* the last '@' anywhere: a password may hold '/' (and '@' escaped or
+   * not), a host and a database number never hold '@' */
+  for (const char *p = h; *p; p++)
     if (*p == '@') *at = p;
   return h;
 }

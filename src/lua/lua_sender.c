@@ -315,13 +315,27 @@ static int tl_spool_append(lua_State *L) {
   const char *data = luaL_checklstring(L, 2, &len);
   struct stat st;
   int fresh = stat(path, &st) != 0, fd, err;
-  fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
+  fd = open(path, O_RDWR | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
   if (fd < 0) return tl_errno_fail(L, "cannot open", path, errno);
+  /* A line left half written (a full disk, a process killed mid-write)
+   * must not swallow this one: start on a line of its own, and undo a
+   * write that fails part way. */
+  off_t before = lseek(fd, 0, SEEK_END);
+  char last = '\n';
+  if (before > 0 && pread(fd, &last, 1, before - 1) == 1 && last != '\n') {
+    if (write(fd, "\n", 1) != 1) {
+      err = errno;
+      close(fd);
+      return tl_errno_fail(L, "cannot write", path, err);
+    }
+    before++;
+  }
   while (off < len) {
     ssize_t w = write(fd, data + off, len - off);
     if (w < 0) {
       if (errno == EINTR) continue;
       err = errno;
+      if (before >= 0) (void)!ftruncate(fd, before); /* best effort: report the write */
       close(fd);
       return tl_errno_fail(L, "cannot write", path, err);
     }

@@ -450,8 +450,17 @@ static int tl_open(lua_State *L) {
 
   if (!lua_isnoneornil(L, 1)) spec = tl_checkstring(L, 1, &len);
   if (!((len == 6 && memcmp(spec, "memory", 6) == 0) ||
-        (len > 5 && memcmp(spec, "file:", 5) == 0 && strlen(spec) == len)))
+        (len > 5 && memcmp(spec, "file:", 5) == 0 && strlen(spec) == len))) {
+    /* never echo credentials: a URI's userinfo (before its last '@') is
+     * shown as three stars */
+    const char *scheme = strstr(spec, "://"), *at = scheme ? strrchr(scheme, '@') : NULL;
+    if (at) {
+      lua_pushlstring(L, spec, (size_t)(scheme + 3 - spec)); /* 5.1: returns nothing */
+      tl_argerror(L, 1, "unknown store '%s***%s' (expected 'memory' or 'file:PATH')",
+                  lua_tostring(L, -1), at);
+    }
     tl_argerror(L, 1, "unknown store '%s' (expected 'memory' or 'file:PATH')", spec);
+  }
   if (!lua_isnoneornil(L, 2)) {
     if (!lua_istable(L, 2)) tl_typeerror(L, 2, "table");
     lua_pushnil(L);

@@ -275,6 +275,12 @@ end
 -- even to read: "Permission denied" says so (opts.writes: the caller is
 -- about to write anyway, so less is said; opts.help: the command whose help
 -- tells more).
+-- A store spec as messages show it: the userinfo of a URI masked
+-- (redis://user:secret@host -> redis://***@host).
+local function shown(spec)
+  return (spec:gsub("^(%a[%w+.-]*://).*@", "%1***@"))
+end
+
 function _M.open_store(uri, opts)
   opts = opts or {}
   if type(uri) ~= "string" or uri == "" then return nil, "a store is needed (file:PATH or a path)" end
@@ -285,13 +291,13 @@ function _M.open_store(uri, opts)
     return tally.open()
   end
   local path = uri:match("^file:(.*)$") or uri
-  if path == "" then return nil, "empty store path in '" .. uri .. "'" end
+  if path == "" then return nil, "empty store path in '" .. shown(uri) .. "'" end
   if not opts.create then
     local f, _, code = io.open(path, "rb")
     if f then
       f:close()
     elseif code == 2 then
-      return nil, fmt("no store at %s (no such file%s)", path,
+      return nil, fmt("no store at %s (no such file%s)", shown(path),
                       opts.create == false and "; --create makes one" or "")
     end
   end
