@@ -1,5 +1,5 @@
 -- bench/bench_redis.lua: run by scripts/bench-redis (see there). Starts a
--- 3-master cluster (spec/redis.lua), then measures, in this one run:
+-- 3-master cluster (spec/support/redis.lua), then measures, in this one run:
 --   * events/s absorbed by local shards (c:incr on a memory store) while
 --     db:flush_to flushes to the cluster every second (db:tick in the loop),
 --     and the Redis commands per second those flushes cost;

@@ -100,15 +100,15 @@ local function check_opts(opts)
                   on_tick = true, flush_on_exit = true }
   for k in pairs(opts) do
     if not known[k] then
-      error("bad argument #1 to 'init_worker' (unknown option '" .. tostring(k)
-            .. "'; expected store, open, families, rollups, tick, on_tick, flush_on_exit)", 3)
+      argerror(1, "init_worker", "unknown option '" .. tostring(k)
+               .. "'; expected store, open, families, rollups, tick, on_tick, flush_on_exit", 3)
     end
   end
   local spec = opts.store
   if type(spec) ~= "string" or sub(spec, 1, 5) ~= "file:" or #spec == 5 then
-    error("bad argument #1 to 'init_worker' (store must be \"file:PATH\", got "
-          .. (type(spec) == "string" and "'" .. spec .. "'" or type(spec))
-          .. "; a memory store would be private to each worker)", 3)
+    argerror(1, "init_worker", "store must be \"file:PATH\", got "
+             .. (type(spec) == "string" and "'" .. spec .. "'" or type(spec))
+             .. "; a memory store would be private to each worker", 3)
   end
   for _, k in ipairs({ "open", "families", "rollups" }) do
     if opts[k] ~= nil and type(opts[k]) ~= "table" then

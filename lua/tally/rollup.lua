@@ -129,8 +129,7 @@ local function rollup(db, pattern, opts)
   end
   for k in pairs(opts) do
     if not OPTIONS[k] then
-      error("bad argument #2 to 'rollup' (unknown option '" .. tostring(k)
-            .. "'; expected every, keep, sinks)", 2)
+      argerror(2, "rollup", "unknown option '" .. tostring(k) .. "'; expected every, keep, sinks", 2)
     end
   end
   local every = opts.every

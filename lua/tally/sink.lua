@@ -278,8 +278,8 @@ function _M.http(opts)
     end
   end
   if fmt_name == "influx" and opts.precision ~= nil and not opts.url:find("precision=", 1, true) then
-    error("bad argument #1 to 'http' (the url must carry precision=" .. tostring(opts.precision)
-          .. " too, so InfluxDB reads the timestamps as sent)", 2)
+    argerror(1, "http", "the url must carry precision=" .. tostring(opts.precision)
+             .. " too, so InfluxDB reads the timestamps as sent", 2)
   end
   local ok, sender = pcall(core.sender, {
     url = opts.url, method = opts.method, headers = headers, timeout = opts.timeout,

@@ -1,4 +1,4 @@
--- The tally prompt on a terminal (tmux, spec/tty.lua): what a person sees.
+-- The tally prompt on a terminal (tmux, spec/support/tty.lua): what a person sees.
 local helper = require "spec.support.helper"
 local tty = require "spec.support.tty"
 local tally = require "tally"

@@ -1,4 +1,4 @@
--- `tally watch` on a terminal (tmux, spec/tty.lua), while other processes
+-- `tally watch` on a terminal (tmux, spec/support/tty.lua), while other processes
 -- write the store; and progress bars on a terminal.
 local helper = require "spec.support.helper"
 local tty = require "spec.support.tty"

@@ -1,4 +1,4 @@
--- The real peers of spec/peers.lua start, answer, keep what they are sent,
+-- The real peers of spec/support/peers.lua start, answer, keep what they are sent,
 -- and are gone after stop().
 local helper = require "spec.support.helper"
 local peers = require "spec.support.peers"

@@ -1,5 +1,5 @@
 -- Redis and Redis Cluster: core.redis, core.flusher and db:flush_to against
--- real servers (spec/redis.lua starts them once for the whole file).
+-- real servers (spec/support/redis.lua starts them once for the whole file).
 local helper = require "spec.support.helper"
 local redis = require "spec.support.redis"
 local tally = require "tally"

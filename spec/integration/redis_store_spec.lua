@@ -1,5 +1,5 @@
 -- The Redis store: tally.open("redis://...") and "redis+cluster://...",
--- against the real servers of spec/redis.lua (started once for this file).
+-- against the real servers of spec/support/redis.lua (started once for this file).
 local helper = require "spec.support.helper"
 local redis = require "spec.support.redis"
 local tally = require "tally"

@@ -1,4 +1,4 @@
--- spec/helper.lua: module paths, temporary files and child processes for specs.
+-- spec/support/helper.lua: module paths, temporary files and child processes for specs.
 --
 -- busted loads it first (--helper, or .busted); specs get the same table with
 -- `local helper = require "spec.support.helper"`. TALLY_BUILD_DIR (default ./build)

@@ -1,4 +1,4 @@
--- spec/nginx.lua: a real nginx with the Lua module (Debian's nginx-light
+-- spec/support/nginx.lua: a real nginx with the Lua module (Debian's nginx-light
 -- and libnginx-mod-http-lua, LuaJIT) for the OpenResty specs, plus curl
 -- request bursts against it.
 --

@@ -1,4 +1,4 @@
--- spec/peers.lua: real HTTP peers for the sink specs -- a Prometheus
+-- spec/support/peers.lua: real HTTP peers for the sink specs -- a Prometheus
 -- Pushgateway, an InfluxDB 1.x and tally-http-sink (tests/http_sink.c) --
 -- plus curl-based HTTP for reading back what they got.
 --

@@ -1,4 +1,4 @@
--- spec/redis.lua: real Redis servers for the Redis specs: one standalone
+-- spec/support/redis.lua: real Redis servers for the Redis specs: one standalone
 -- redis-server and one 3-master Redis Cluster (redis-cli --cluster create),
 -- on free 127.0.0.1 ports (cluster bus ports, port + 10000, free too).
 --
@@ -8,7 +8,7 @@
 --   redis.cli(port, "CLUSTER", "INFO") -> output of redis-cli
 --   s.stop()                    -- by PID: SIGTERM, SIGKILL after 10 s
 --
--- Servers still running when Lua closes are stopped too. Model: spec/peers.lua.
+-- Servers still running when Lua closes are stopped too. Model: spec/support/peers.lua.
 
 if package.loaded["spec.support.redis"] then return package.loaded["spec.support.redis"] end
 

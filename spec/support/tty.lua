@@ -1,4 +1,4 @@
--- spec/tty.lua: a pseudo-terminal for specs of the tally command (the
+-- spec/support/tty.lua: a pseudo-terminal for specs of the tally command (the
 -- prompt, watch, progress bars), through a private tmux server.
 --
 --   local tty = require "spec.support.tty"

@@ -1,5 +1,5 @@
-/* cli.h -- what the tally command's C files share (main.c, cli_repl.c,
- * cli_term.c, cli_peek.c). They are compiled into the `tally` executable
+/* cli.h -- what the tally command's C files share (main.c, cli_run.c,
+ * cli_repl.c, cli_term.c, cli_peek.c). They are compiled into the `tally` executable
  * only, never into libtally or the Lua module. */
 #ifndef TALLY_CLI_H
 #define TALLY_CLI_H
@@ -8,7 +8,7 @@
 
 #define CLI_PROGNAME "tally"
 
-/* lua_pcall with a traceback message handler; while the chunk runs, Ctrl-C
+/* cli_run.c: lua_pcall with a traceback message handler; while the chunk runs, Ctrl-C
  * (SIGINT) stops it with the error "interrupted!" as lua.c does, and a
  * second Ctrl-C kills the process. Returns the pcall status. */
 int cli_docall(lua_State *L, int narg, int nres);

@@ -1,6 +1,6 @@
 -- tally.redis.flush: db:flush_to(uri, opts), a schedule that ships the local
 -- counters of a store handle to Redis or Redis Cluster exactly once
--- (src/redis_flush.h), driven by db:tick() and db:run() like the rollups.
+-- (include/tally_net.h), driven by db:tick() and db:run() like the rollups.
 --
 --   local rf = db:flush_to("redis+cluster://10.0.0.1:7000,10.0.0.2:7000",
 --                          { every = 1, pattern = "*", shards = 8,
@@ -197,8 +197,8 @@ function _M.flush_to(db, uri, opts, list, unlink)
   end
   for k in pairs(opts) do
     if not OPTIONS[k] then
-      error("bad argument #2 to 'flush_to' (unknown option '" .. tostring(k)
-            .. "'; expected every, pattern, shards, writer, timeout, password, user, verify)", 3)
+      argerror(2, "flush_to", "unknown option '" .. tostring(k)
+               .. "'; expected every, pattern, shards, writer, timeout, password, user, verify", 3)
     end
   end
   local every = opts.every == nil and 1 or opts.every

@@ -2,7 +2,7 @@
 -- over core.redis (src/lua/lua_redis.c). tally.open("redis://host:port") and
 -- tally.open("redis+cluster://h1:p1,h2:p2") return one.
 --
--- Key layout (the same as the flusher's, src/redis_flush.h, so a counter
+-- Key layout (the same as the flusher's, include/tally_net.h, so a counter
 -- flushed by db:flush_to reads the same total here when opened with the
 -- flusher's number of shards):
 --
@@ -67,8 +67,8 @@ local seq = redis.call('HINCRBY', KEYS[1], '#seq', 1)
 redis.call('HSET', KEYS[1], ARGV[1], seq .. ' ' .. ARGV[2] .. ' ' .. ARGV[3])
 return seq]]
 
--- ---- the key policy's hash: tally__hash (src/hash.c), seed 0x6b6579 -----------
--- shard = ((hash >> 32) * n) >> 32, as src/policy.c. Exact under Lua 5.4
+-- ---- the key policy's hash: tally__hash (src/core/hash.c), seed 0x6b6579 -----------
+-- shard = ((hash >> 32) * n) >> 32, as src/core/policy.c. Exact under Lua 5.4
 -- (wrapping integers); under LuaJIT through uint64_t cdata.
 local key_shard
 if not compat.luajit then
@@ -606,8 +606,8 @@ function _M.open(uri, opts)
       end
       ropts[k] = v
     else
-      error("bad argument #2 to 'open' (unknown option '" .. tostring(k)
-            .. "'; the redis store takes timeout, password, user, replicas, replica_timeout)", 3)
+      argerror(2, "open", "unknown option '" .. tostring(k)
+               .. "'; the redis store takes timeout, password, user, replicas, replica_timeout", 3)
     end
   end
   local ok, r, err, code = pcall(core.redis, uri, ropts)
