@@ -5,8 +5,8 @@
  *       cells = { ... } if asked } or nil, message, code
  *   peek.history(db, name, last) -> res_s, { { t=, v= }, ... } or nil
  *       the newest `last` buckets of the counter's finest history ring
- *   peek.store(db) -> { format=, max_bytes=, writers=, schedules = {
- *       { every=, last_period=, holder= }, ... } } or nil, message, code
+ *   peek.schedules(db) -> { { every=, last_period=, holder= }, ... } or
+ *       nil, message, code: the rollup schedule identities the store keeps
  *   peek.fs(path) -> { avail=, size= } of the file system holding path
  *
  * `tally ls`, `get`, `info` and `watch` read through these. Counters are
@@ -142,21 +142,14 @@ static int p_history(lua_State *L) {
   return 2;
 }
 
-/* What db:stats() leaves out, through the library's API (never the file
- * format): format, size limit, thread tickets drawn, and the schedule
- * identities the store keeps. */
-static int p_store(lua_State *L) {
+/* The schedule identities the store keeps (db:stats() counts them), read
+ * through the library's API, never the file format. */
+static int p_schedules(lua_State *L) {
   tl_store *d = tl_checkstore(L, 1);
-  tally_store_stats st;
   tally_schedule_info sch[64];
   uint32_t n, i;
-  int rc = tally_store_stats_get(d->store, &st);
-  if (rc == 0) rc = tally_store_schedules(d->store, sch, 64, &n);
+  int rc = tally_store_schedules(d->store, sch, 64, &n);
   if (rc < 0) return tl_fail(L, rc);
-  lua_createtable(L, 0, 4);
-  tl_setint(L, "format", st.format);
-  tl_setint(L, "max_bytes", (int64_t)st.max_bytes);
-  tl_setint(L, "writers", (int64_t)st.writers);
   lua_createtable(L, n < 64 ? (int)n : 64, 0);
   for (i = 0; i < n && i < 64; i++) {
     lua_createtable(L, 0, 3);
@@ -171,7 +164,6 @@ static int p_store(lua_State *L) {
     if (sch[i].holder_pid > 0) tl_setint(L, "holder", sch[i].holder_pid);
     lua_rawseti(L, -2, (lua_Integer)i + 1);
   }
-  lua_setfield(L, -2, "schedules");
   return 1;
 }
 
@@ -192,7 +184,7 @@ static int p_fs(lua_State *L) {
 int cli_open_peek(lua_State *L) {
   static const luaL_Reg fns[] = {{"counter", p_counter},
                                  {"history", p_history},
-                                 {"store", p_store},
+                                 {"schedules", p_schedules},
                                  {"fs", p_fs},
                                  {NULL, NULL}};
   luaL_newlib(L, fns);

@@ -407,9 +407,17 @@ static int tl_store_stats(lua_State *L) {
   tally_store_stats st;
   int rc = tally_store_stats_get(d->store, &st);
   if (rc < 0) return tl_fail(L, rc);
-  lua_createtable(L, 0, 5);
+  lua_createtable(L, 0, 9);
   lua_pushstring(L, tally_store_kind(d->store));
   lua_setfield(L, -2, "kind");
+  lua_pushinteger(L, (lua_Integer)st.format);
+  lua_setfield(L, -2, "format");
+  tl_pushint64(L, (int64_t)st.max_bytes);
+  lua_setfield(L, -2, "max_bytes");
+  tl_pushint64(L, (int64_t)st.writers);
+  lua_setfield(L, -2, "writers");
+  lua_pushinteger(L, (lua_Integer)st.schedules);
+  lua_setfield(L, -2, "schedules");
   tl_pushint64(L, (int64_t)st.counters);
   lua_setfield(L, -2, "counters");
   tl_pushint64(L, (int64_t)st.file_bytes);

@@ -648,14 +648,14 @@ function cmd.info(args)
   if o.help then return "help" end
   local db, path = open(pos[1])
   local st = must(db:stats())
-  local h = must(peek.store(db))
+  local schedules = must(peek.schedules(db))
   local fs = peek.fs(path)
   local free_in_file = st.file_bytes - st.used_bytes
-  local grow = h.max_bytes - st.file_bytes
+  local grow = st.max_bytes - st.file_bytes
   local checked, check_msg
   if o.check then checked, check_msg = db:check() end
   local rollups = {}
-  for i, sc in ipairs(h.schedules) do
+  for i, sc in ipairs(schedules) do
     local keys = {}
     for _, k in ipairs({ "every", "last_period", "holder" }) do
       if sc[k] then keys[#keys + 1] = k end
@@ -663,10 +663,10 @@ function cmd.info(args)
     rollups[i] = jobject(keys, sc)
   end
   local info = {
-    store = "file:" .. path, format = h.format, counters = st.counters,
+    store = "file:" .. path, format = st.format, counters = st.counters,
     file_bytes = st.file_bytes, used_bytes = st.used_bytes, free_bytes = free_in_file,
-    max_bytes = h.max_bytes, fs_avail_bytes = fs and fs.avail or nil,
-    retired_bytes = st.retired_bytes, writers = h.writers,
+    max_bytes = st.max_bytes, fs_avail_bytes = fs and fs.avail or nil,
+    retired_bytes = st.retired_bytes, writers = st.writers,
     rollups = { json = "[" .. concat(rollups, ",") .. "]" },
   }
   if o.check then info.check = checked and "ok" or check_msg end
@@ -678,17 +678,17 @@ function cmd.info(args)
   else
     local lines = {
       { "store", info.store },
-      { "format", tostring(h.format) },
+      { "format", tostring(st.format) },
       { "counters", tostring(st.counters) },
       { "file size", fmt("%s (%d bytes)", bytes(st.file_bytes), st.file_bytes) },
       { "used", fmt("%s; %s free inside the file", bytes(st.used_bytes), bytes(free_in_file)) },
-      { "can grow", fmt("by %s more (limit %s)%s", bytes(grow), bytes(h.max_bytes),
+      { "can grow", fmt("by %s more (limit %s)%s", bytes(grow), bytes(st.max_bytes),
                         fs and fmt("; %s free on the file system", bytes(fs.avail)) or "") },
       { "retired", fmt("%s (cells left behind by reshard and drop)", bytes(st.retired_bytes)) },
-      { "writers", fmt("%d thread ticket%s drawn", h.writers, h.writers == 1 and "" or "s") },
+      { "writers", fmt("%d thread ticket%s drawn", st.writers, st.writers == 1 and "" or "s") },
     }
-    if #h.schedules == 0 then lines[#lines + 1] = { "rollups", "none" } end
-    for i, sc in ipairs(h.schedules) do
+    if #schedules == 0 then lines[#lines + 1] = { "rollups", "none" } end
+    for i, sc in ipairs(schedules) do
       lines[#lines + 1] = { i == 1 and "rollups" or "", schedule_text(sc) }
     end
     if o.check then lines[#lines + 1] = { "check", info.check } end
