@@ -234,7 +234,7 @@ describe("tally inspection commands", function()
     -- opening a store takes its lock, so even reading needs write permission
     os.execute("chmod 0444 " .. q(path))
     local as = ""                        -- root writes anything: be nobody then
-    if helper.sh("id -u"):match("^0\n") then
+    if helper.is_root() then
       if not os.execute("command -v setpriv >/dev/null 2>&1") then
         pending("running as root without setpriv (util-linux) to be another user")
         return

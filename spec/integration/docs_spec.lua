@@ -171,7 +171,7 @@ describe("the documentation's code blocks", function()
           local title = ("%s block at line %d"):format(b.lang, b.line)
           if b.skip then
             pending(title .. " (not run: " .. b.skip .. ")")
-          elseif b.root and io.popen("id -u"):read("l") ~= "0" then
+          elseif b.root and not helper.is_root() then
             pending(title .. " (needs root)")
           elseif b.lang == "sh" and os.getenv("LD_PRELOAD") then
             -- a sanitizer build: its runtime, preloaded for what the block

@@ -59,6 +59,11 @@ function M.sh(cmd)
   return out, code
 end
 
+-- Does this process run as root (files can be given away, tmpfs mounted)?
+function M.is_root()
+  return (M.sh("id -u")):match("^0%s") ~= nil
+end
+
 -- The contents of a file, or nil if it cannot be read.
 function M.slurp(path)
   local f = io.open(path, "rb")

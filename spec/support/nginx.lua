@@ -229,7 +229,7 @@ function M.start(opts)
     os.execute("chmod 755 " .. q(dir))
     local port = peers.free_port()
     local conf = opts.conf:gsub("PORT", tostring(port))
-    if helper.sh("id -u"):match("^0%s") and not conf:find("\nuser ", 1, true) then
+    if helper.is_root() and not conf:find("\nuser ", 1, true) then
       conf = conf:gsub("\nworker_processes", "\nuser root;\nworker_processes", 1)
     end
     if opts.workers then
