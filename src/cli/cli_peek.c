@@ -146,12 +146,16 @@ static int p_history(lua_State *L) {
  * through the library's API, never the file format. */
 static int p_schedules(lua_State *L) {
   tl_store *d = tl_checkstore(L, 1);
-  tally_schedule_info sch[64];
-  uint32_t n, i;
-  int rc = tally_store_schedules(d->store, sch, 64, &n);
+  tally_schedule_info *sch;
+  uint32_t n, got, i;
+  int rc = tally_store_schedules(d->store, NULL, 0, &n); /* how many */
   if (rc < 0) return tl_fail(L, rc);
-  lua_createtable(L, n < 64 ? (int)n : 64, 0);
-  for (i = 0; i < n && i < 64; i++) {
+  sch = lua_newuserdata(L, (n ? n : 1) * sizeof *sch); /* freed by the GC */
+  rc = tally_store_schedules(d->store, sch, n, &got);
+  if (rc < 0) return tl_fail(L, rc);
+  if (got < n) n = got; /* identities are never freed, but stay safe */
+  lua_createtable(L, (int)n, 0);
+  for (i = 0; i < n; i++) {
     lua_createtable(L, 0, 3);
     if (sch[i].every_ms > 0) {
       lua_pushnumber(L, (lua_Number)sch[i].every_ms / 1000);
