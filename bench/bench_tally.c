@@ -582,7 +582,93 @@ static int cmd_rollup(const char *path, long n, double secs, int reps) {
   return 0;
 }
 
+/* Churn (issue 12): `rounds` rounds of n counters created, incremented and
+ * then dropped (mode "drop") or left idle until expiry ("expire", a family
+ * with idle_s = 1 and a synthetic clock), with at most n live, against a
+ * store that simply holds n counters. Reuse needs no wait: the grace time
+ * is 0 (TALLY_GRACE_MS) and this is the only process. */
+static long file_bytes(const char *path) {
+  struct stat st;
+  return stat(path, &st) == 0 ? (long)st.st_size : -1;
+}
+
+static void churn_round(tally_store *s, long n, int round, int expire,
+                        int64_t *clock_ms) {
+  char name[64];
+  int rc;
+  for (long i = 0; i < n; i++) {
+    tally_counter *c;
+    int len = snprintf(name, sizeof name, "c.%d.%ld", round, i);
+    if ((rc = tally_counter_open(s, name, (size_t)len, NULL, TALLY_COUNTER_CREATE, &c)))
+      die("create", rc);
+    if ((rc = tally_counter_incr(c, 1))) die("incr", rc);
+    tally_counter_close(c);
+  }
+  if (!expire) {
+    for (long i = 0; i < n; i++) {
+      int len = snprintf(name, sizeof name, "c.%d.%ld", round, i);
+      if ((rc = tally_store_drop(s, name, (size_t)len))) die("drop", rc);
+    }
+  } else { /* one pass sees the values, the next (2 s later) expires them */
+    tally_maintain_result r;
+    for (int pass = 0; pass < 2; pass++) {
+      *clock_ms += 2000;
+      if ((rc = tally_store_maintain(s, *clock_ms, UINT32_MAX, &r))) die("maintain", rc);
+    }
+  }
+  if ((rc = tally_store_maintain(s, *clock_ms, 0, NULL))) die("maintain", rc);
+}
+
+static int cmd_churn(const char *path, long n, int rounds, const char *mode) {
+  char spec[4200];
+  tally_store *s = NULL;
+  int expire = strcmp(mode, "expire") == 0, rc;
+  int64_t clock_ms = 1700000000000;
+  setenv("TALLY_GRACE_MS", "0", 1);
+  snprintf(spec, sizeof spec, "file:%s", path);
+  unlink(path); /* the baseline: a store that simply holds n counters */
+  if ((rc = tally_store_open(spec, NULL, &s))) die("open", rc);
+  char name[64];
+  for (long i = 0; i < n; i++) {
+    tally_counter *c;
+    int len = snprintf(name, sizeof name, "c.0.%ld", i);
+    if ((rc = tally_counter_open(s, name, (size_t)len, NULL, TALLY_COUNTER_CREATE, &c)))
+      die("create", rc);
+    tally_counter_close(c);
+  }
+  tally_store_close(s);
+  long base = file_bytes(path);
+  unlink(path);
+  if ((rc = tally_store_open(spec, NULL, &s))) die("open", rc);
+  if (expire) {
+    tally_family_options fo = {0, -1, 1, 0};
+    if ((rc = tally_family_define(s, "c.*", 3, &fo))) die("family", rc);
+  }
+  double t0 = now();
+  for (int r = 1; r <= rounds; r++) {
+    progress("churn", r - 1, rounds);
+    churn_round(s, n, r, expire, &clock_ms);
+  }
+  progress("churn", rounds, rounds);
+  double t1 = now();
+  tally_store_stats st;
+  if ((rc = tally_store_stats_get(s, &st))) die("stats", rc);
+  if ((rc = tally_store_check(s))) die("check", rc);
+  tally_store_close(s);
+  long churned = file_bytes(path);
+  unlink(path);
+  printf("RESULT churn.%s.base_bytes %ld\n", mode, base);
+  printf("RESULT churn.%s.file_bytes %ld\n", mode, churned);
+  printf("RESULT churn.%s.round_secs %.3f\n", mode, (t1 - t0) / rounds);
+  printf("RESULT churn.%s.reused_bytes %llu\n", mode,
+         (unsigned long long)st.reused_bytes);
+  printf("RESULT churn.%s.live %llu\n", mode, (unsigned long long)st.counters);
+  return 0;
+}
+
 int main(int argc, char **argv) {
+  if (argc >= 6 && strcmp(argv[1], "churn") == 0)
+    return cmd_churn(argv[2], atol(argv[3]), atoi(argv[4]), argv[5]);
   if (argc >= 4 && strcmp(argv[1], "incr") == 0)
     return cmd_incr(atof(argv[2]), atoi(argv[3]));
   if (argc >= 3 && strcmp(argv[1], "value") == 0) return cmd_value(atoi(argv[2]));
@@ -594,6 +680,7 @@ int main(int argc, char **argv) {
   if (argc >= 6 && strcmp(argv[1], "rollup") == 0)
     return cmd_rollup(argv[2], atol(argv[3]), atof(argv[4]), atoi(argv[5]));
   fprintf(stderr, "usage: bench_tally incr SECS REPS | value REPS | create PATH N | "
-                  "open PATH | procs PATH SECS REPS | rollup PATH N SECS REPS\n");
+                  "open PATH | procs PATH SECS REPS | rollup PATH N SECS REPS | "
+                  "churn PATH N ROUNDS drop|expire\n");
   return 2;
 }

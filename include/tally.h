@@ -153,19 +153,68 @@ TALLY_API int tally_store_check(tally_store *s);
 TALLY_API const char *tally_store_fault_path(const void *addr);
 
 typedef struct tally_store_stats {
-  uint64_t counters;      /* live counters */
-  uint64_t file_bytes;    /* bytes the store occupies (file length) */
-  uint64_t used_bytes;    /* bytes allocated inside it */
-  uint64_t retired_bytes; /* cells left behind by reshard and drop */
-  uint64_t max_bytes;     /* the most the store can grow to */
-  uint64_t writers;       /* thread tickets drawn: each thread, in any
+  uint64_t counters;       /* live counters */
+  uint64_t file_bytes;     /* bytes the store occupies (file length) */
+  uint64_t used_bytes;     /* bytes of the arena handed out so far */
+  uint64_t live_bytes;     /* used_bytes less retired and reusable */
+  uint64_t retired_bytes;  /* left behind by drop, expiry, reshard and index
+                             growth, waiting out the grace period */
+  uint64_t reusable_bytes; /* past it: on the free lists, handed out first */
+  uint64_t reused_bytes;   /* handed out again, in all */
+  uint64_t expired;        /* counters expired for idleness, in all */
+  uint64_t capped;         /* new names sent to an overflow counter, in all */
+  uint64_t max_bytes;      /* the most the store can grow to */
+  uint64_t writers;        /* thread tickets drawn: each thread, in any
                               process, that incremented a thread-policy
                               counter of the store */
-  uint32_t format;        /* file format version */
-  uint32_t schedules;     /* rollup schedule identities the store keeps */
+  uint32_t format;         /* file format version */
+  uint32_t schedules;      /* rollup schedule identities the store keeps */
 } tally_store_stats;
 
 TALLY_API int tally_store_stats_get(tally_store *s, tally_store_stats *out);
+
+/* ---- lifecycle: reuse, expiry ------------------------------------------ */
+
+/* What a drop, an expiry, a reshard or the index's growth leaves behind is
+ * reused once every live process that has the store open has passed a
+ * grace step since (and it is at least the grace time old: 1 s, or
+ * TALLY_GRACE_MS milliseconds from the environment at open). A process
+ * passes one in tally_store_maintain, and when it creates or drops a
+ * counter; one that holds no counter handle never holds reuse back, a
+ * dead one never does, a stopped one does until it runs again. */
+typedef struct tally_maintain_result {
+  uint64_t scanned; /* counters looked at for expiry */
+  uint64_t expired; /* counters expired by this call */
+  uint64_t held;    /* idle counters kept until a rollup records their
+                       final value */
+} tally_maintain_result;
+
+/* One bounded step of upkeep, for a host's timer (db:tick calls it): pass
+ * a grace step, reuse what every process has passed, and look at up to
+ * `budget` counters for idle expiry (families with idle_s) at now_ms (the
+ * caller's clock, milliseconds; the same clock in every process). out may
+ * be NULL. */
+TALLY_API int tally_store_maintain(tally_store *s, int64_t now_ms, uint32_t budget,
+                                   tally_maintain_result *out);
+
+typedef struct tally_grace_info {
+  uint64_t epoch;       /* the store's epoch */
+  uint32_t processes;   /* live processes with the store open */
+  uint32_t behind;      /* of those, how many hold reuse back */
+  int64_t oldest_pid;   /* the one furthest behind, 0 if none */
+  uint64_t oldest_seen; /* the epoch it has passed */
+} tally_grace_info;
+
+/* Who holds reuse back (for tally info). */
+TALLY_API int tally_store_grace(tally_store *s, tally_grace_info *out);
+
+/* Rewrite the file store at path with no retired or reusable space: the
+ * counters (values, shards, policies), families, rollup records and
+ * history are kept. TALLY_EBUSY if another live process has it open.
+ * progress (may be NULL) is called with counters done and their total. */
+typedef void (*tally_progress_fn)(void *ud, uint64_t done, uint64_t total);
+TALLY_API int tally_store_compact(const char *path, uint32_t flags,
+                                  tally_progress_fn progress, void *ud);
 
 /* ---- counters ---------------------------------------------------------- */
 
@@ -186,7 +235,8 @@ typedef struct tally_counter_options {
 TALLY_API int tally_counter_open(tally_store *s, const char *name, size_t len,
                                  const tally_counter_options *opt, uint32_t flags,
                                  tally_counter **out);
-/* Release a handle (not the counter); NULL is allowed. */
+/* Release a handle (not the counter); NULL is allowed. It may outlive its
+ * store (closing it is then all it is good for). */
 TALLY_API void tally_counter_close(tally_counter *c);
 
 /* Add delta (any int64, negative allowed) to the shard the policy picks.
@@ -223,12 +273,16 @@ typedef struct tally_counter_info {
   uint32_t name_len;
   uint32_t shards;
   int32_t policy;
+  uint64_t incarnation; /* random per creation: a counter dropped or
+                           expired and created again has another */
 } tally_counter_info;
 
 TALLY_API int tally_counter_info_get(tally_counter *c, tally_counter_info *out);
 
 /* Drop counter `name`: it disappears from the store; handles to it in any
- * process get TALLY_EDROPPED. TALLY_ENOENT if absent. */
+ * process get TALLY_EDROPPED (an expired counter's handles re-create it
+ * instead). TALLY_ENOENT if absent. Its space is reused after the grace
+ * period. */
 TALLY_API int tally_store_drop(tally_store *s, const char *name, size_t len);
 
 /* ---- names, patterns, families ----------------------------------------- */
@@ -255,6 +309,31 @@ TALLY_API int tally_store_sum(tally_store *s, const char *pattern, size_t plen,
  * Families live in the store, so they apply in every process. */
 TALLY_API int tally_family_set(tally_store *s, const char *pattern, size_t plen,
                                const tally_counter_options *opt);
+
+typedef struct tally_family_options {
+  uint32_t shards; /* as in tally_counter_options */
+  int32_t policy;
+  /* Expire a counter of the family once its value has not moved for
+   * idle_s seconds (0: never), in tally_store_maintain. A counter that a
+   * rollup schedule covers waits until a rollup has recorded its final
+   * value. The drop is exact: an increment that races with it makes it
+   * give up (and the counter stays). A late increment through a handle
+   * re-creates the counter. */
+  uint32_t idle_s;
+  /* Cap on the family's live counters (0: none). Once it holds that many,
+   * opening a new name with TALLY_COUNTER_CREATE opens the family's
+   * overflow counter instead: the pattern with each '*' replaced by
+   * "_overflow" and each '?' by '_' (tally_family_overflow). Totals stay
+   * exact; per-name detail is capped. */
+  uint64_t max_counters;
+} tally_family_options;
+
+TALLY_API int tally_family_define(tally_store *s, const char *pattern, size_t plen,
+                                  const tally_family_options *opt);
+/* The overflow counter's name for pattern into buf (cap bytes, NUL
+ * added); returns its length, or TALLY_ENAME if it does not fit. */
+TALLY_API int tally_family_overflow(const char *pattern, size_t plen, char *buf,
+                                    size_t cap);
 /* Options a new counter named name would get (family or defaults). */
 TALLY_API int tally_family_resolve(tally_store *s, const char *name, size_t len,
                                    tally_counter_options *out);

@@ -232,7 +232,9 @@ local function db_value(db, ...)
   local c = cache and cache[(...)]
   if c then
     local p = cast(CPTR, c).c
-    if p ~= nil and value_c(p, vbuf) == 0 then return result(vbuf[0]) end
+    -- 0 may be a cached handle of an expired counter: the classic method
+    -- says whether the name still exists
+    if p ~= nil and value_c(p, vbuf) == 0 and vbuf[0] ~= 0 then return result(vbuf[0]) end
   end
   return s_value(db, ...)
 end

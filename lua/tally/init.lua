@@ -44,6 +44,7 @@ _M.policies = { "thread", "random", "round_robin", "key" }
 _M.MAX_SHARDS = core.MAX_SHARDS
 _M.NAME_MAX = core.NAME_MAX
 _M.DEFAULT_SHARDS = core.DEFAULT_SHARDS
+_M.compact = core.compact  -- (path, progress_fn) -> true | nil, msg, code
 
 -- The method tables, for hosts and libraries that add methods of their own.
 _M.store_methods = core.store_methods

@@ -146,7 +146,9 @@ function _M.tick()
   end
   st.ticks = st.ticks + 1
   for _, r in ipairs(res) do
-    if r.status == "error" then
+    if r.status == "error" and r.upkeep then
+      log(ngx and ngx.ERR, "upkeep (expiry, space reuse) failed: ", tostring(r.error))
+    elseif r.status == "error" then
       log(ngx and ngx.ERR, "rollup '", r.pattern, "' every ", r.every, "s failed: ", tostring(r.error))
     elseif r.status == "lost" then
       log(ngx and ngx.WARN, "rollup '", r.pattern, "' every ", r.every, "s: lost the lease in period ",

@@ -1,14 +1,15 @@
 -- tally.prometheus: metric mappings for families, and the Prometheus
 -- exposition of a store's counters.
 --
--- db:family(pattern, opts) is wrapped here: the C method takes only shards
--- and policy, and this layer takes metric, labels, type and help off the
--- options, validates them and records the mapping for the store handle
--- (process-local, like a function policy: other processes and other
--- handles to the same file do not see it). tally.prometheus(db [, pattern])
--- reads the matching counters' exact values in one pass over db:names()
--- and renders them with tally.format.prometheus, the newest matching
--- mapping deciding each counter's series.
+-- db:family(pattern, opts) is wrapped here: the C method takes the store's
+-- options (shards, policy, idle, max_counters), and this layer takes
+-- metric, labels, type and help off the options, validates them and
+-- records the mapping for the store handle (process-local, like a
+-- function policy: other processes and other handles to the same file do
+-- not see it). tally.prometheus(db [, pattern]) reads the matching
+-- counters' exact values in one pass over db:names() and renders them with
+-- tally.format.prometheus, the newest matching mapping deciding each
+-- counter's series.
 
 local core = require "tally.core"
 local format = require "tally.format"
@@ -129,8 +130,9 @@ end
 
 -- db:family(pattern, opts): the C method, plus opts.metric, opts.labels,
 -- opts.type and opts.help, which record how counters under pattern are
--- exposed to Prometheus. Only shards and policy reach the C side; a call
--- with metric options only leaves the family's shard options alone.
+-- exposed to Prometheus. Only the other options (shards, policy, idle,
+-- max_counters) reach the C side; a call with metric options only leaves
+-- the family's store options alone.
 function store:family(pattern, opts)
   if type(opts) ~= "table" then return call_c("family", c_family, self, pattern, opts) end
   local has_metric, copts = false, nil

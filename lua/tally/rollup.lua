@@ -13,7 +13,7 @@ local remote = require "tally.redis.flush"
 local check_self = require("tally.util").self
 
 local type, error, ipairs, pairs, tostring, pcall = type, error, ipairs, pairs, tostring, pcall
-local floor, huge = math.floor, math.huge
+local floor = math.floor
 local compat = require "tally.compat"
 local tointeger, idiv = compat.tointeger, compat.idiv
 local fmt = string.format
@@ -187,11 +187,25 @@ local function rollup(db, pattern, opts)
   return sch
 end
 
+-- The store's upkeep (db:maintain): reuse of retired space and idle
+-- expiry, one bounded step per tick, on the tick's clock in milliseconds.
+-- Returns a result entry for db:tick() when it failed, else nil.
+local maintain = core.store_methods.maintain
+local function upkeep(db, now)
+  local ms = tointeger(floor(now * 1000))
+  if not ms or ms > 9007199254740992 then return nil end  -- past any clock: none due
+  local r, msg = maintain(db, ms)
+  if r then return nil end
+  return { upkeep = true, status = "error", error = msg }
+end
+
 -- db:tick([now]) -> { { pattern =, every =, status =, period =, counters = }, ... }
 -- Runs every schedule of this store handle that is due at `now` (default:
--- the store's clock) and hands the records to its sinks. Lists what
+-- the store's clock) and hands the records to its sinks; first, one step
+-- of the store's upkeep (db:maintain), schedules or not. Lists what
 -- happened, leaving out schedules that were not due. Failures of the store
--- are reported in the list (status "error"), never raised.
+-- are reported in the list (status "error"; upkeep = true for the
+-- upkeep's), never raised.
 local function tick(db, now)
   check_self(db, "tally.store", "tick")
   if now == nil then
@@ -200,6 +214,7 @@ local function tick(db, now)
     argerror(1, "tick", "time in seconds expected, got " .. tostring(now), 2)
   end
   local st, done = state[db], {}
+  done[1] = upkeep(db, now)
   if not st then return done end
   for _, sch in ipairs(st.schedules) do
     local status, period, n, recs, skipped = sch.handle:tick(now, #sch.sinks > 0)
@@ -240,11 +255,13 @@ local function tick(db, now)
   return done
 end
 
--- Seconds from now until the next period of any schedule begins.
+-- Seconds from now until the next period of any schedule begins, or
+-- until the next step of upkeep is due.
 local BUSY_RETRY = 0.05  -- seconds: another process holds a lease
+local UPKEEP_EVERY = 1   -- seconds between two steps of upkeep in db:run
 
 local function next_due(st, now, done)
-  local wait = huge
+  local wait = UPKEEP_EVERY
   for _, sch in ipairs(st.schedules) do
     local w = (floor(now / sch.every) + 1) * sch.every - now
     if w < wait then wait = w end
@@ -279,7 +296,7 @@ local function run(db, seconds, on_tick)
     local left = deadline - core.now()
     if left <= 0 then break end
     local st = state[db]
-    local wait = st and next_due(st, clock_of(db), done) or left
+    local wait = st and next_due(st, clock_of(db), done) or UPKEEP_EVERY
     -- a little past the boundary, so the clock has crossed it
     core.sleep(math.min(wait + 0.001, left))
   end

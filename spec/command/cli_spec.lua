@@ -151,7 +151,8 @@ describe("the tally command", function()
     local out, err, code = run("--help")
     assert.equal(0, code, err)
     assert.matches("^usage: tally %[options%] %[script %[args%.%.%.%]%]\n", out)
-    for _, c in ipairs({ "ls", "get", "incr", "export", "import", "info", "watch", "help" }) do
+    for _, c in ipairs({ "ls", "get", "incr", "export", "import", "info", "compact", "watch",
+                         "help" }) do
       assert.matches("\n  " .. c .. " ", out)
       local a = run("help", c)
       local b, _, bcode = run(c, "--help")
@@ -418,12 +419,18 @@ describe("tally inspection commands", function()
     local out, err, code = run("info", path)
     assert.equal(0, code, err)
     assert.matches("^store      file:" .. path:gsub("%p", "%%%0") .. "\n", out)
-    assert.matches("\nformat     2\n", out)
+    assert.matches("\nformat     3\n", out)
     assert.matches("\ncounters   3\n", out)
     assert.matches("\nfile size  [%d.]+ [KMG]?i?B %(%d+ bytes%)\n", out)
     assert.matches("\nused       [%d.]+ [KMG]?i?B; [%d.]+ [KMG]?i?B free inside the file\n", out)
     assert.matches("\ncan grow   by [%d.]+ GiB more %(limit 32%.0 GiB%); [%d.]+ [KMGT]?i?B free on the file system\n", out)
+    assert.matches("\nlive       [%d.]+ [KMG]?i?B in use\n", out)
     assert.matches("\nretired    0 B ", out)
+    assert.matches("\nreusable   0 B ", out)
+    assert.matches("\nreused     0 B handed out again so far\n", out)
+    assert.matches("\nexpired    0 counters expired for idleness\n", out)
+    assert.matches("\ncapped     0 new names sent to an overflow counter\n", out)
+    assert.matches("\nprocesses  no other process has the store open\n", out)
     assert.matches("\nwriters    1 thread ticket drawn\n", out)  -- this process's db:incr
     assert.matches("\nrollups    none\n$", out)
     out, err, code = run("info", path, "--json", "--check")
@@ -432,10 +439,13 @@ describe("tally inspection commands", function()
     local db = assert(tally.open("file:" .. path))
     local st = db:stats()
     db:close()
-    assert.same({ store = "file:" .. path, format = 2, counters = 3, file_bytes = st.file_bytes,
+    assert.same({ store = "file:" .. path, format = 3, counters = 3, file_bytes = st.file_bytes,
                   used_bytes = st.used_bytes, free_bytes = st.file_bytes - st.used_bytes,
                   max_bytes = 32 * 2^30, fs_avail_bytes = doc.fs_avail_bytes,
-                  retired_bytes = 0, writers = 1, rollups = {}, check = "ok" }, doc)
+                  live_bytes = st.live_bytes, retired_bytes = 0, reusable_bytes = 0,
+                  reused_bytes = 0, expired = 0, capped = 0, processes = 0, behind = 0,
+                  oldest_pid = require("cjson").null, writers = 1, rollups = {},
+                  check = "ok" }, doc)
     assert.is_true(doc.fs_avail_bytes > 0)
   end)
 
@@ -455,6 +465,48 @@ describe("tally inspection commands", function()
     local doc = require("cjson").decode(out)
     assert.same({ { every = 10, last_period = 1700000000 }, { every = 3600, last_period = 1699999200 } },
                 doc.rollups)
+  end)
+
+  it("info: says what expiry and caps did, and who holds reuse back", function()
+    local p = helper.tmpfile("held.tly")
+    local db = assert(tally.open("file:" .. p))
+    db:family("cap:*", { max_counters = 1 })
+    db:incr("cap:1")
+    db:incr("cap:2")                     -- to cap:_overflow
+    db:family("idle:*", { idle = 5 })
+    db:incr("idle:1")
+    db:tick(1700000000)
+    db:tick(1700000010)                  -- idle:1 expires
+    -- another process with a counter handle, that has passed a grace step
+    -- and then sleeps: what a drop retires now waits for it
+    local script = helper.tmpfile("holder.lua")
+    helper.write(script, "local tally = require 'tally'\n"
+                 .. "local db = assert(tally.open('file:' .. arg[1]))\n"
+                 .. "local c = db:counter('held') db:maintain(0)\n"
+                 .. "print('ready') io.stdout:flush() tally.sleep(60)\n")
+    local h = assert(io.popen("sh -c 'echo $$; exec \"$0\" \"$@\"' " .. q(helper.bin) .. " "
+                              .. q(script) .. " " .. q(p) .. " 2>&1", "r"))
+    local pid = math.tointeger(tonumber(h:read("l")))
+    assert.equal("ready", h:read("l"))
+    db:incr("gone")
+    db:drop("gone")
+    db:close()
+    local out, err, code = run("info", p)
+    local jout = run("info", p, "--json")
+    os.execute("kill " .. pid)
+    h:close()
+    assert.equal(0, code, err)
+    assert.matches("\nexpired    1 counter expired for idleness\n", out)
+    assert.matches("\ncapped     1 new name sent to an overflow counter\n", out)
+    assert.matches("\nprocesses  1 other has the store open; 1 holds reuse back "
+                   .. "%(furthest behind: pid " .. pid .. "%)\n", out)
+    local doc = require("cjson").decode(jout)
+    assert.same({ 1, 1, 1, pid }, { doc.expired, doc.capped, doc.processes, doc.oldest_pid })
+    assert.equal(1, doc.behind)
+    assert.is_true(doc.retired_bytes > 0)           -- the drop's, held back
+    assert.is_true(doc.live_bytes + doc.retired_bytes + doc.reusable_bytes <= doc.used_bytes)
+    out = run("info", p)                            -- it is gone now
+    assert.matches("\nprocesses  no other process has the store open\n", out)
   end)
 
   it("watch: needs a terminal", function()
@@ -624,8 +676,10 @@ describe("examples/likes.lua", function()
     assert.matches("\nexact: every like counted\n$", out)
     local db = assert(tally.open("file:" .. path))
     assert.equal(15000, db:value("post:42:likes"))
-    assert.same({ name = "post:42:likes", shards = 16, policy = "thread" },
-                db:counter("post:42:likes"):info())
+    local info = db:counter("post:42:likes"):info()
+    assert.matches("^" .. ("%x"):rep(16) .. "$", info.incarnation)
+    info.incarnation = nil
+    assert.same({ name = "post:42:likes", shards = 16, policy = "thread" }, info)
     db:close()
   end)
 end)

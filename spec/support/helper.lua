@@ -13,13 +13,21 @@ M.build = os.getenv("TALLY_BUILD_DIR") or "build"
 M.bin = os.getenv("TALLY_BIN") or (M.build .. "/bin/tally")
 M.tmpdir = os.getenv("TALLY_TEST_TMP") or "/tmp/tally-spec"
 
+-- First, always: .busted puts ./build's paths in front of ctest's, and a
+-- sanitizer build's specs must load that build's module, not ./build's.
 local b = M.build
-if not package.path:find(b .. "/?.lua;", 1, true) then
-  package.path = b .. "/?.lua;" .. b .. "/?/init.lua;" .. package.path
+local function first(path, entries)
+  for _, e in ipairs(entries) do
+    local at = path:find(e .. ";", 1, true)
+    while at do
+      path = path:sub(1, at - 1) .. path:sub(at + #e + 1)
+      at = path:find(e .. ";", 1, true)
+    end
+  end
+  return table.concat(entries, ";") .. ";" .. path
 end
-if not package.cpath:find(b .. "/?.so;", 1, true) then
-  package.cpath = b .. "/?.so;" .. package.cpath
-end
+package.path = first(package.path, { b .. "/?.lua", b .. "/?/init.lua" })
+package.cpath = first(package.cpath, { b .. "/?.so" })
 
 -- A single-quoted shell word.
 function M.q(s)

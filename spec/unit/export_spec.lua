@@ -4,6 +4,13 @@ local helper = require "spec.support.helper"
 local tally = require "tally"
 local cjson = require "cjson"
 
+-- c:info() less its incarnation (random per creation), which must be there.
+local function plain(info)
+  assert.matches("^" .. ("%x"):rep(16) .. "$", info.incarnation)
+  info.incarnation = nil
+  return info
+end
+
 local err = helper.err
 local fmt = string.format
 
@@ -136,7 +143,7 @@ describe("tally.store", function()
       local fresh = tally.open()
       assert.equal(#specs, fresh:import(text))
       for _, s in ipairs(specs) do
-        assert.same(db:counter(s[1]):info(), fresh:counter(s[1]):info())
+        assert.same(plain(db:counter(s[1]):info()), plain(fresh:counter(s[1]):info()))
         assert.same(db:counter(s[1]):shards(), fresh:counter(s[1]):shards())
       end
       assert.equal(text, fresh:export())
@@ -163,7 +170,7 @@ describe("tally.store", function()
       assert.equal(2, db:import(doc({ { name = "a", shards = { 1, 2, '"-3"' } },
                                       { name = "new", shards = { 8, 9 }, policy = "random" } })))
       assert.same({ 1, 2, -3 }, c:shards())
-      assert.same({ name = "new", shards = 2, policy = "random" }, db:counter("new"):info())
+      assert.same({ name = "new", shards = 2, policy = "random" }, plain(db:counter("new"):info()))
       assert.same({ 8, 9 }, db:counter("new"):shards())
       assert.equal(4, db:value("untouched"))
       assert.equal(1, db:import(doc({ { name = "a", shards = { 0, 0, 0 } } }), { mode = "replace" }))
@@ -184,7 +191,7 @@ describe("tally.store", function()
     it("gives new counters without a policy their family's", function()
       db:family("f:*", { shards = 4, policy = "round_robin" })
       db:import(doc({ { name = "f:1", shards = { 1, 2 } } }))
-      assert.same({ name = "f:1", shards = 2, policy = "round_robin" }, db:counter("f:1"):info())
+      assert.same({ name = "f:1", shards = 2, policy = "round_robin" }, plain(db:counter("f:1"):info()))
     end)
 
     it("imports into a counter with a function policy, but cannot create one", function()

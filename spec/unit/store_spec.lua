@@ -4,6 +4,14 @@ local tally = require "tally"
 
 local err = helper.err
 
+-- c:info() less its incarnation (random per creation), which must be there.
+local function plain_info(c)
+  local info = c:info()
+  assert.matches("^" .. ("%x"):rep(16) .. "$", info.incarnation)
+  info.incarnation = nil
+  return info
+end
+
 describe("tally", function()
   it("has a version and the list of policies", function()
     assert.is_string(tally.version)
@@ -202,7 +210,7 @@ describe("tally.store", function()
       assert.is_true(db:decr("a", 2))
       assert.is_true(db:decr("a"))
       assert.equal(3, db:value("a"))
-      assert.same({ name = "a", shards = 16, policy = "thread" }, db:counter("a"):info())
+      assert.same({ name = "a", shards = 16, policy = "thread" }, plain_info(db:counter("a")))
     end)
 
     it("accept negative amounts and integral floats", function()
@@ -425,7 +433,8 @@ describe("a file store", function()
     local b = assert(tally.open("file:" .. path))
     local ca = a:counter("hits", { shards = 4 })
     local cb = b:counter("hits")
-    assert.same({ name = "hits", shards = 4, policy = "thread" }, cb:info())
+    assert.same({ name = "hits", shards = 4, policy = "thread" }, plain_info(cb))
+    assert.equal(ca:info().incarnation, cb:info().incarnation)   -- one counter
     ca:incr(3)
     cb:incr(4)
     assert.equal(7, ca:value())
@@ -462,13 +471,27 @@ describe("tally.store:stats()", function()
   it("says the format, the size limit, the writers and the schedules kept", function()
     local db = assert(tally.open("file:" .. helper.tmpfile()))
     local st = db:stats()
-    assert.same({ 2, 32 * 2^30, 0, 0 }, { st.format, st.max_bytes, st.writers, st.schedules })
+    assert.same({ 3, 32 * 2^30, 0, 0 }, { st.format, st.max_bytes, st.writers, st.schedules })
     db:incr("a")                                    -- this thread draws a ticket
     db:rollup("a", { every = 10 })
     db:rollup("*", { every = 60 })
     db:tick(1700000005)
     st = db:stats()
     assert.same({ "file", 1, 1, 2 }, { st.kind, st.counters, st.writers, st.schedules })
+    db:close()
+  end)
+
+  it("says how the space used splits, and what reuse, expiry and caps did", function()
+    local db = assert(tally.open("file:" .. helper.tmpfile()))
+    local st = db:stats()
+    assert.same({ 0, 0, 0, 0, 0 }, { st.retired_bytes, st.reusable_bytes, st.reused_bytes,
+                                     st.expired, st.capped })
+    assert.is_true(st.live_bytes > 0 and st.live_bytes <= st.used_bytes)
+    db:incr("a")
+    db:drop("a")
+    st = db:stats()
+    assert.is_true(st.retired_bytes + st.reusable_bytes > 0)
+    assert.is_true(st.live_bytes + st.retired_bytes + st.reusable_bytes <= st.used_bytes)
     db:close()
   end)
 end)

@@ -41,8 +41,8 @@ int luaopen_tally_core(lua_State *L);
 
 #define EXIT_USAGE 2
 
-static const char *const subcommands[] = {"ls",   "get",   "incr", "export", "import",
-                                          "info", "watch", "help", NULL};
+static const char *const subcommands[] = {"ls",   "get",   "incr", "export",  "import",
+                                          "info", "watch", "help", "compact", NULL};
 
 /* package.path = <exe dir>/../?.lua;...;<old>, and the preloaded C modules. */
 static void setpaths(lua_State *L) {

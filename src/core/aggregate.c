@@ -96,6 +96,14 @@ int tally_store_stats_get(tally_store *s, tally_store_stats *out) {
   out->counters = w.count;
   out->used_bytes = atomic_load(&s->hdr->used);
   out->retired_bytes = atomic_load(&s->hdr->retired);
+  out->reusable_bytes = atomic_load(&s->hdr->free_bytes);
+  out->reused_bytes = atomic_load(&s->hdr->reused);
+  out->expired = atomic_load(&s->hdr->expired);
+  out->capped = atomic_load(&s->hdr->capped);
+  uint64_t idle = out->retired_bytes + out->reusable_bytes;
+  out->live_bytes = out->used_bytes > idle + TALLY__ARENA_OFF
+                        ? out->used_bytes - idle - TALLY__ARENA_OFF
+                        : 0;
   out->file_bytes = atomic_load(&s->hdr->size);
   if (s->kind != TALLY__FILE) out->file_bytes = out->used_bytes;
   out->max_bytes = s->hdr->max_bytes;

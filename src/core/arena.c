@@ -2,7 +2,8 @@
  *
  * A store is one mapping: the header, the size classes, the move journal,
  * then the arena, where records, index tables, family and rollup tables and
- * cells are handed out in 64-byte aligned pieces and never given back.
+ * cells are handed out. Fresh space comes from a bump pointer; what was
+ * retired comes back through limbo and the free lists (space.c).
  * Pointers between them are sealed words (an offset plus a check keyed by
  * the store's salt and the field), so a damaged pointer is caught before it
  * is followed. A file store grows with fallocate; the mapping was made at
@@ -42,7 +43,11 @@ int tally__unseal(const tally_store *s, int field, uint64_t word, uint64_t extra
                        : field == TALLY__SEAL_FAMILIES ? "family"
                        : field == TALLY__SEAL_MOVE     ? "move"
                        : field == TALLY__SEAL_ROLLUPS  ? "rollup table"
-                                                       : "rollup");
+                       : field == TALLY__SEAL_ROLLUP   ? "rollup"
+                       : field == TALLY__SEAL_FREE     ? "free list"
+                       : field == TALLY__SEAL_COLUMN   ? "free column"
+                       : field == TALLY__SEAL_LIMBO    ? "limbo"
+                                                       : "process table");
   *off = word ? o : 0;
   return 0;
 }
@@ -78,14 +83,15 @@ static int grow(tally_store *s, uint64_t need) {
   return 0;
 }
 
-/* Hand out `bytes` zeroed bytes, 64-aligned. Caller holds the lock.
- * The space past `used` was never handed out, so it must be zero; if it is
- * not, `used` is damaged and handing it out would overwrite live data. */
-int tally__alloc(tally_store *s, uint64_t bytes, uint64_t *off) {
+/* Hand out `bytes` zeroed bytes of fresh arena, aligned to `align` (a
+ * power of two). Caller holds the lock. The space past `used` was never
+ * handed out, so it must be zero; if it is not, `used` is damaged and
+ * handing it out would overwrite live data. */
+int tally__alloc_fresh(tally_store *s, uint64_t bytes, uint64_t align, uint64_t *off) {
   struct tally__header *h = s->hdr;
   uint64_t used = atomic_load_explicit(&h->used, memory_order_relaxed);
-  uint64_t start = (used + 63) & ~(uint64_t)63;
-  bytes = (bytes + 7) & ~(uint64_t)7;
+  uint64_t start = tally__round(used, align);
+  bytes = tally__round(bytes, 8);
   if (bytes > TALLY__MAX_BYTES || start + bytes > TALLY__MAX_BYTES)
     return tally__fail(TALLY_EFULL, "%s: store is full", tally__store_name(s));
   if (start + bytes > atomic_load_explicit(&h->size, memory_order_relaxed)) {

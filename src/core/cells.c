@@ -6,8 +6,9 @@
  * damaged or misplaced word is caught before it is followed.
  *
  * Cells come in chunks of one shard count (a class): ROW_CELLS columns of
- * n rows (see internal.h for why). A counter takes one column; columns are
- * handed out once and never reused.
+ * n rows (see internal.h for why). A counter takes one column; a column
+ * retired by a move comes back through limbo (space.c) and is handed out
+ * again before a chunk's fresh columns.
  */
 #include "internal.h"
 
@@ -84,7 +85,9 @@ int tally__classes_check(tally_store *s) {
 int tally__cells_alloc(tally_store *s, uint32_t n, uint64_t *out) {
   uint64_t chunk;
   uint32_t cols;
-  int rc = class_get(s, n, &chunk, &cols);
+  int rc = tally__column_pop(s, n, out);
+  if (rc || *out) return rc;
+  rc = class_get(s, n, &chunk, &cols);
   if (rc) return rc;
   if (!chunk || cols == TALLY__ROW_CELLS) {
     if ((rc = tally__alloc(s, (uint64_t)n * TALLY__ROW_BYTES, &chunk))) return rc;

@@ -4,7 +4,8 @@
  * size classes, the family and rollup tables' words). check() holds the
  * store lock and walks everything: each index entry leads to a valid
  * record that the index finds again by its name, with a valid location,
- * cells in the live range and sound rollup rings. It is the one place that
+ * cells in the live range and sound rollup rings, and the free lists and
+ * limbo hold nothing twice and nothing live. It is the one place that
  * knows every concept's own check, so none of them has to call another.
  */
 #include "internal.h"
@@ -49,6 +50,7 @@ int tally_store_check(tally_store *s) {
   if (rc == 0) rc = tally__index_each(s, check_one, NULL);
   if (rc == 0) rc = tally__family_check(s);
   if (rc == 0) rc = tally__rollup_table_check(s);
+  if (rc == 0) rc = tally__space_check(s);
   tally__unlock(s);
   return rc;
 }

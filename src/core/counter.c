@@ -19,22 +19,67 @@
 
 /* ---- creation ------------------------------------------------------------- */
 
+static uint64_t new_incarnation(tally_store *s) {
+  static _Atomic uint64_t seq;
+  uint64_t x = tally__mix(s->hdr->salt ^ (uint64_t)tally_monotonic_ns() ^
+                          atomic_fetch_add(&seq, 1) << 40 ^ (uint64_t)(uintptr_t)&seq);
+  return x ? x : 1;
+}
+
+/* Caller holds the lock. family: the pattern hash it counts under, or 0. */
 static int create(tally_store *s, const char *name, size_t len, uint64_t hash,
-                  const tally_counter_options *o, uint64_t *rec_off) {
+                  const tally_counter_options *o, uint32_t family, uint64_t *rec_off) {
   uint64_t cells, off;
   int rc = tally__cells_alloc(s, o->shards, &cells);
-  if (rc == 0) rc = tally__alloc(s, sizeof(struct tally__rec) + len + 1, &off);
+  if (rc == 0) rc = tally__alloc_small(s, tally__rec_bytes(len), &off);
   if (rc) return rc;
   struct tally__rec *r = tally__at(s, off);
   r->policy = (uint8_t)o->policy;
   r->kind = TALLY__KIND_COUNTER;
   r->name_len = (uint16_t)len;
+  r->incarnation = new_incarnation(s);
+  r->family = family;
   memcpy(r->name, name, len);
   r->check = tally__rec_checksum(r);
   atomic_store_explicit(&r->loc, tally__loc_make(s, off, cells, o->shards, false),
                         memory_order_release);
   rc = tally__index_insert(s, hash, off);
   if (rc == 0) *rec_off = off;
+  return rc;
+}
+
+/* Create name under the lock, with its family's options and cap: a family
+ * at its cap gets the name of its overflow counter instead (in *name,
+ * *len: over, a buffer of TALLY_NAME_MAX + 1). */
+static int create_locked(tally_store *s, const char **name, size_t *len, uint64_t *hash,
+                         const tally_counter_options *opt, char *over,
+                         uint64_t *rec_off) {
+  const struct tally__family *f;
+  int rc = tally__family_of(s, *name, *len, &f);
+  if (rc) return rc;
+  uint32_t fam = f ? tally__pattern_hash(f->pattern, f->pattern_len) : 0;
+  if (f && f->max_counters &&
+      atomic_load(&((struct tally__family *)f)->live) >= f->max_counters) {
+    int n = tally_family_overflow(f->pattern, f->pattern_len, over, TALLY_NAME_MAX + 1);
+    if (n < 0) return n;
+    fam = 0; /* the overflow counter is not one of the capped names */
+    atomic_fetch_add(&s->hdr->capped, 1);
+    if ((size_t)n != *len || memcmp(over, *name, *len) != 0) {
+      *name = over;
+      *len = (size_t)n;
+      *hash = tally__hash(over, (size_t)n, 0);
+      rc = tally__index_find(s, over, (size_t)n, *hash, rec_off);
+      if (rc != TALLY_ENOENT) return rc; /* it exists (or the index is damaged) */
+    }
+  }
+  tally_counter_options o;
+  rc = tally_family_resolve(s, *name, *len, &o);
+  if (rc == 0 && opt && opt->shards) o.shards = opt->shards;
+  if (rc == 0 && opt && opt->policy >= 0) o.policy = opt->policy;
+  if (rc == 0) rc = create(s, *name, *len, *hash, &o, fam, rec_off);
+  if (rc == 0 && fam) atomic_fetch_add(&((struct tally__family *)f)->live, 1);
+  if (rc == 0 && atomic_load_explicit(&s->hdr->limbo_head, memory_order_relaxed))
+    tally__grace_step(s); /* churn: reuse what was retired */
   return rc;
 }
 
@@ -65,18 +110,15 @@ int tally_counter_open(tally_store *s, const char *name, size_t len,
   if (rc == 0) rc = check_options(opt);
   if (rc) return rc;
   uint64_t hash = tally__hash(name, len, 0), rec_off = 0, loc = 0;
+  char over[TALLY_NAME_MAX + 1];
+  tally__grace_busy(s);
   for (int attempt = 0;; attempt++) {
     rc = tally__index_find(s, name, len, hash, &rec_off);
     if (rc == TALLY_ENOENT && (flags & TALLY_COUNTER_CREATE)) {
       if ((rc = tally__lock(s))) return rc;
       rc = tally__index_find(s, name, len, hash, &rec_off);
-      if (rc == TALLY_ENOENT) {
-        tally_counter_options o;
-        rc = tally_family_resolve(s, name, len, &o);
-        if (rc == 0 && opt && opt->shards) o.shards = opt->shards;
-        if (rc == 0 && opt && opt->policy >= 0) o.policy = opt->policy;
-        if (rc == 0) rc = create(s, name, len, hash, &o, &rec_off);
-      }
+      if (rc == TALLY_ENOENT)
+        rc = create_locked(s, &name, &len, &hash, opt, over, &rec_off);
       tally__unlock(s);
     }
     if (rc == TALLY_ENOENT)
@@ -104,21 +146,65 @@ int tally_counter_open(tally_store *s, const char *name, size_t len,
                        "counter '%.*s' exists with %u shards "
                        "and policy %s",
                        (int)len, name, n, tally_policy_name(r->policy));
-  tally_counter *c = calloc(1, sizeof *c);
+  tally_counter *c = calloc(1, sizeof *c + len + 1);
   if (!c) return tally__fail(TALLY_ENOMEM, "out of memory");
   c->s = s;
   c->base = s->base;
   c->store_id = s->id;
-  c->rec = r;
-  c->rec_off = rec_off;
+  atomic_init(&c->rec_off, rec_off);
   c->policy = r->policy;
+  c->name_len = (uint32_t)len;
+  memcpy(c->name, name, len);
   atomic_init(&c->loc, loc);
+  tally__handle_add(s, c);
   *out = c;
   return 0;
 }
 
 void tally_counter_close(tally_counter *c) {
+  if (!c) return;
+  if (c->s) tally__handle_remove(c->s, c); /* NULL: its store was closed first */
   free(c);
+}
+
+/* ---- a handle whose counter expired: it comes back ----------------------- */
+
+/* Point c at its counter of the same name, created again if `create`. */
+static int revive(tally_counter *c, bool create) {
+  tally_store *s = c->s;
+  tally_counter *fresh;
+  int rc = tally_counter_open(s, c->name, c->name_len, NULL,
+                              create ? TALLY_COUNTER_CREATE : 0, &fresh);
+  if (rc) return rc;
+  tally__handle_remove(s, c); /* it moves to its new record's chain */
+  pthread_mutex_lock(&s->hlock);
+  atomic_store(&c->rec_off, tally__crec(fresh));
+  c->policy = fresh->policy;
+  atomic_store_explicit(&c->loc, atomic_load(&fresh->loc), memory_order_release);
+  atomic_store(&c->gone, 0);
+  pthread_mutex_unlock(&s->hlock);
+  tally__handle_add(s, c);
+  tally_counter_close(fresh);
+  return 0;
+}
+
+/* Did c's counter expire (rather than being dropped)? Its record is still
+ * its own unless this process's grace step has marked the handle. */
+static bool expired(tally_counter *c) {
+  int g = atomic_load(&c->gone);
+  if (g) return g == 2;
+  struct tally__rec *r = tally__at(c->s, tally__crec(c));
+  return (atomic_load(&r->flags) & TALLY__REC_EXPIRED) != 0;
+}
+
+static int dropped_error(tally_counter *c) {
+  return tally__fail(TALLY_EDROPPED, "counter '%s' was dropped", c->name);
+}
+
+int tally__counter_live(tally_counter *c) {
+  int g = atomic_load(&c->gone);
+  if (!g) return 0;
+  return g == 2 ? revive(c, false) : dropped_error(c);
 }
 
 /* ---- finding the cells again after a move -------------------------------- */
@@ -159,7 +245,10 @@ static int settle(tally_store *s, uint64_t rec_off, uint64_t seen, uint64_t *loc
 
 static int refresh(tally_counter *c, uint64_t seen) {
   uint64_t loc;
-  int rc = settle(c->s, c->rec_off, seen, &loc);
+  if (atomic_load(&c->gone))
+    return atomic_load(&c->gone) == 2 ? revive(c, true) : dropped_error(c);
+  int rc = settle(c->s, tally__crec(c), seen, &loc);
+  if (rc == TALLY_EDROPPED && expired(c)) return revive(c, true);
   if (rc == 0) atomic_store_explicit(&c->loc, loc, memory_order_release);
   return rc;
 }
@@ -170,7 +259,7 @@ static int range_error(tally_counter *c, int64_t delta) {
   return tally__fail(TALLY_ERANGE,
                      "counter '%s': adding %lld would overflow "
                      "a shard (shards hold -2^62 to 2^62-1)",
-                     c->rec->name, (long long)delta);
+                     c->name, (long long)delta);
 }
 
 /* 0: added; 1: the cell is retired; 2: another writer's add is in flight
@@ -209,15 +298,27 @@ static int add(tally_counter *c, enum pick how, const void *key, size_t klen,
       i = tally__key_shard(key, klen, n);
     else if (shard < n)
       i = shard;
-    else
-      return tally__fail(TALLY_ESHARDS,
-                         "shard %u out of range (counter "
-                         "'%s' has %u shards)",
-                         shard, c->rec->name, n);
+    else { /* out of range of the cached cells: they may be stale */
+      uint64_t cur = loc;
+      int rc = atomic_load(&c->gone) ? TALLY_EDROPPED
+                                     : tally__current(c->s, tally__crec(c), &cur);
+      if (rc == 0 && cur == loc)
+        return tally__fail(TALLY_ESHARDS,
+                           "shard %u out of range (counter "
+                           "'%s' has %u shards)",
+                           shard, c->name, n);
+      if (rc == 0) /* resharded since */
+        atomic_store_explicit(&c->loc, cur, memory_order_release);
+      else if ((rc = refresh(c, loc))) /* dropped; an expired one comes back */
+        return rc;
+      continue;
+    }
     _Atomic int64_t *cell = tally__cell_in(c->base, loc, i);
     int rc = cell_add(cell, delta);
     if (__builtin_expect(rc == 0, 1)) return 0;
     if (rc < 0) return range_error(c, delta);
+    if (rc == 1 && cell == &c->s->hdr->tombstone) /* stale adds never count */
+      atomic_store_explicit(cell, TALLY__SENTINEL, memory_order_relaxed);
     if (rc == 2) { /* wait for the other add to be undone; if it never is, */
       int64_t v = tally__cell_wait(cell, atomic_load(cell)); /* the cell is */
       if (!tally__cell_live(v) && !tally__cell_retired(v))   /* at the bound */
@@ -234,8 +335,8 @@ static int add(tally_counter *c, enum pick how, const void *key, size_t klen,
 __attribute__((noinline)) static int incr_slow(tally_counter *c, int64_t delta) {
   if (!c) return tally__fail(TALLY_EINVAL, "tally_counter_incr: counter is NULL");
   if (c->policy >= TALLY_POLICY_KEY)
-    return tally__fail(TALLY_EPOLICY, "counter '%s' has the %s policy: use %s",
-                       c->rec->name, tally_policy_name(c->policy),
+    return tally__fail(TALLY_EPOLICY, "counter '%s' has the %s policy: use %s", c->name,
+                       tally_policy_name(c->policy),
                        c->policy == TALLY_POLICY_KEY ? "tally_counter_incr_key"
                                                      : "tally_counter_incr_shard");
   return add(c, PICK_POLICY, NULL, 0, 0, delta);
@@ -343,12 +444,20 @@ int tally__rec_value(tally_store *s, uint64_t rec_off, int64_t *out) {
 
 int tally_counter_value(tally_counter *c, int64_t *out) {
   if (!c || !out) return tally__fail(TALLY_EINVAL, "tally_counter_value: NULL argument");
+  if (atomic_load(&c->gone)) {
+    int rc = tally__counter_live(c);
+    if (rc == TALLY_ENOENT && atomic_load(&c->gone) == 2) { /* expired, not back */
+      *out = 0;
+      return 0;
+    }
+    if (rc) return rc;
+  }
   uint64_t loc = atomic_load_explicit(&c->loc, memory_order_acquire);
   __int128 total;
-  int rc = read_cells(c->s, c->rec_off, &loc, NULL, 0, &total);
+  int rc = read_cells(c->s, tally__crec(c), &loc, NULL, 0, &total);
   if (rc) return rc;
   atomic_store_explicit(&c->loc, loc, memory_order_release);
-  return to_int64(total, c->rec->name, out);
+  return to_int64(total, c->name, out);
 }
 
 int tally_counter_shards(tally_counter *c, int64_t *vals, uint32_t cap, uint32_t *n) {
@@ -356,8 +465,9 @@ int tally_counter_shards(tally_counter *c, int64_t *vals, uint32_t cap, uint32_t
     return tally__fail(TALLY_EINVAL, "tally_counter_shards: NULL argument");
   uint64_t loc;
   __int128 total;
-  int rc = tally__current(c->s, c->rec_off, &loc);
-  if (rc == 0) rc = read_cells(c->s, c->rec_off, &loc, vals, cap, &total);
+  int rc = tally__counter_live(c);
+  if (rc == 0) rc = tally__current(c->s, tally__crec(c), &loc);
+  if (rc == 0) rc = read_cells(c->s, tally__crec(c), &loc, vals, cap, &total);
   if (rc) return rc;
   atomic_store_explicit(&c->loc, loc, memory_order_release);
   *n = tally__loc_shards(loc);
@@ -368,12 +478,16 @@ int tally_counter_info_get(tally_counter *c, tally_counter_info *out) {
   if (!c || !out)
     return tally__fail(TALLY_EINVAL, "tally_counter_info_get: NULL argument");
   uint64_t loc = 0;
-  int rc = tally__current(c->s, c->rec_off, &loc);
+  int rc = tally__counter_live(c); /* gone: its record may be another's now */
+  if (rc == 0) rc = tally__current(c->s, tally__crec(c), &loc);
+  if (rc == TALLY_EDROPPED && expired(c) && (rc = revive(c, false)) == 0)
+    rc = tally__current(c->s, tally__crec(c), &loc);
   if (rc) return rc;
-  out->name = c->rec->name;
-  out->name_len = c->rec->name_len;
+  out->name = c->name;
+  out->name_len = c->name_len;
   out->shards = tally__loc_shards(loc);
   out->policy = c->policy;
+  out->incarnation = ((struct tally__rec *)tally__at(c->s, tally__crec(c)))->incarnation;
   return 0;
 }
 
@@ -392,7 +506,8 @@ int tally_counter_reset(tally_counter *c, int64_t *removed) {
     return tally__fail(TALLY_EINVAL, "tally_counter_reset: NULL argument");
   int64_t total = 0, taken[TALLY_MAX_SHARDS];
   uint64_t loc = 0;
-  int rc = tally__current(c->s, c->rec_off, &loc);
+  int rc = tally__counter_live(c);
+  if (rc == 0) rc = tally__current(c->s, tally__crec(c), &loc);
   if (rc) return rc;
   for (uint32_t i = 0; i < tally__loc_shards(loc); i++) {
     _Atomic int64_t *cell = tally__cell_at(c->s, loc, i);
@@ -407,7 +522,7 @@ int tally_counter_reset(tally_counter *c, int64_t *removed) {
         return tally__fail(TALLY_ERANGE,
                            "counter '%s': the amount to remove "
                            "does not fit in 64 bits; nothing was removed",
-                           c->rec->name);
+                           c->name);
       }
       if (atomic_compare_exchange_weak_explicit(cell, &raw, 0, memory_order_relaxed,
                                                 memory_order_relaxed)) {
@@ -419,7 +534,7 @@ int tally_counter_reset(tally_counter *c, int64_t *removed) {
     }
     if (tally__cell_retired(raw)) {
       /* moved: what was taken is in total and did not move; the rest did */
-      rc = settle(c->s, c->rec_off, loc, &loc);
+      rc = settle(c->s, tally__crec(c), loc, &loc);
       if (rc) return rc;
       i = (uint32_t)-1; /* start over on the new cells */
     }

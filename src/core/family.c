@@ -21,7 +21,8 @@ static uint32_t family_checksum(const struct tally__family *f) {
   uint64_t h =
       tally__hash(f->pattern, f->pattern_len,
                   f->next ^ ((uint64_t)f->shards << 32) ^ ((uint64_t)f->policy << 16) ^
-                      f->kind ^ ((uint64_t)f->pattern_len << 40));
+                      f->kind ^ ((uint64_t)f->pattern_len << 40) ^
+                      tally__mix((uint64_t)f->idle_s << 32 ^ f->max_counters));
   return (uint32_t)(h ^ (h >> 32));
 }
 
@@ -101,7 +102,7 @@ static bool globs_overlap(const char *a, size_t na, const char *b, size_t nb) {
  * families at every start (nginx workers at every reload) then add no
  * records. Caller holds the lock. */
 static int redundant(tally_store *s, const char *pattern, size_t plen, uint32_t shards,
-                     uint8_t policy, bool *out) {
+                     uint8_t policy, const tally_family_options *o, bool *out) {
   uint64_t off;
   int rc = head(s, &off);
   *out = false;
@@ -109,7 +110,8 @@ static int redundant(tally_store *s, const char *pattern, size_t plen, uint32_t 
     const struct tally__family *f = NULL;
     if ((rc = family_at(s, off, &f))) break;
     if (f->pattern_len == plen && memcmp(f->pattern, pattern, plen) == 0) {
-      *out = f->shards == shards && f->policy == policy;
+      *out = f->shards == shards && f->policy == policy && f->idle_s == o->idle_s &&
+             f->max_counters == o->max_counters;
       break;
     }
     if (globs_overlap(f->pattern, f->pattern_len, pattern, plen)) break;
@@ -118,9 +120,35 @@ static int redundant(tally_store *s, const char *pattern, size_t plen, uint32_t 
   return rc;
 }
 
+uint32_t tally__pattern_hash(const char *p, size_t n) {
+  uint32_t h = (uint32_t)(tally__hash(p, n, 0x66616d) >> 32);
+  return h ? h : 1;
+}
+
+struct count_under {
+  uint32_t hash;
+  uint64_t n;
+};
+static int count_one(tally_store *s, uint64_t rec_off, void *ud) {
+  struct count_under *c = ud;
+  const struct tally__rec *r = tally__at(s, rec_off);
+  c->n += r->family == c->hash && !(atomic_load(&r->loc) & TALLY__LOC_DROPPED);
+  return 0;
+}
+
 int tally_family_set(tally_store *s, const char *pattern, size_t plen,
                      const tally_counter_options *opt) {
-  static const tally_counter_options defaults = {0, -1};
+  tally_family_options o = {0, -1, 0, 0};
+  if (opt) {
+    o.shards = opt->shards;
+    o.policy = opt->policy;
+  }
+  return tally_family_define(s, pattern, plen, &o);
+}
+
+int tally_family_define(tally_store *s, const char *pattern, size_t plen,
+                        const tally_family_options *opt) {
+  static const tally_family_options defaults = {0, -1, 0, 0};
   if (!s || !pattern) return tally__fail(TALLY_EINVAL, "tally_family_set: NULL argument");
   if (!opt) opt = &defaults;
   if (plen == 0 || plen > TALLY_NAME_MAX || memchr(pattern, 0, plen))
@@ -133,22 +161,35 @@ int tally_family_set(tally_store *s, const char *pattern, size_t plen,
                        opt->shards, TALLY_MAX_SHARDS);
   if (opt->policy < -1 || opt->policy >= TALLY_POLICY_COUNT_)
     return tally__fail(TALLY_EPOLICY, "invalid shard policy %d", opt->policy);
+  char over[TALLY_NAME_MAX + 1];
+  if (opt->max_counters && tally_family_overflow(pattern, plen, over, sizeof over) < 0)
+    return tally__fail(TALLY_ENAME,
+                       "family '%.*s': its overflow counter's name would "
+                       "pass %d bytes",
+                       (int)plen, pattern, TALLY_NAME_MAX);
   int rc = tally__lock(s);
   if (rc) return rc;
   uint8_t policy = opt->policy < 0 ? POLICY_UNSET : (uint8_t)opt->policy;
   bool same;
-  rc = redundant(s, pattern, plen, opt->shards, policy, &same);
+  rc = redundant(s, pattern, plen, opt->shards, policy, opt, &same);
   if (rc || same) {
     tally__unlock(s);
     return rc;
   }
+  /* the live count moves to the new record: count the counters created
+   * under this pattern (rare: only when the options change) */
+  struct count_under cu = {tally__pattern_hash(pattern, plen), 0};
+  rc = tally__index_each(s, count_one, &cu);
   uint64_t off;
-  rc = tally__alloc(s, sizeof(struct tally__family) + plen + 1, &off);
+  if (rc == 0) rc = tally__alloc(s, sizeof(struct tally__family) + plen + 1, &off);
   if (rc == 0) {
     struct tally__family *f = tally__at(s, off);
     rc = head(s, &f->next);
     f->shards = opt->shards;
     f->policy = policy;
+    f->idle_s = opt->idle_s;
+    f->max_counters = opt->max_counters;
+    atomic_store(&f->live, cu.n);
     f->kind = TALLY__KIND_FAMILY;
     f->pattern_len = (uint16_t)plen;
     memcpy(f->pattern, pattern, plen);
@@ -162,6 +203,63 @@ int tally_family_set(tally_store *s, const char *pattern, size_t plen,
   return rc;
 }
 
+int tally_family_overflow(const char *pattern, size_t plen, char *buf, size_t cap) {
+  static const char word[] = "_overflow";
+  size_t n = 0;
+  for (size_t i = 0; i < plen; i++) {
+    const char *add = pattern[i] == '*' ? word : pattern[i] == '?' ? "_" : NULL;
+    size_t k = add ? strlen(add) : 1;
+    if (n + k >= cap || n + k > TALLY_NAME_MAX)
+      return tally__fail(TALLY_ENAME, "overflow name too long");
+    memcpy(buf + n, add ? add : &pattern[i], k);
+    n += k;
+  }
+  buf[n] = 0;
+  return (int)n;
+}
+
+int tally__family_of(tally_store *s, const char *name, size_t len,
+                     const struct tally__family **out) {
+  uint64_t off;
+  int rc = head(s, &off);
+  *out = NULL;
+  for (uint32_t n = 0; rc == 0 && off && n < MAX_FAMILIES; n++) {
+    const struct tally__family *f = NULL;
+    if ((rc = family_at(s, off, &f))) break;
+    if (tally_glob_match(f->pattern, f->pattern_len, name, len)) {
+      *out = f;
+      break;
+    }
+    off = f->next;
+  }
+  return rc;
+}
+
+bool tally__family_any_idle(tally_store *s) {
+  uint64_t off;
+  if (head(s, &off)) return false;
+  for (uint32_t n = 0; off && n < MAX_FAMILIES; n++) {
+    const struct tally__family *f = NULL;
+    if (family_at(s, off, &f)) return false;
+    if (f->idle_s) return true;
+    off = f->next;
+  }
+  return false;
+}
+
+struct tally__family *tally__family_by_hash(tally_store *s, uint32_t h) {
+  uint64_t off;
+  if (head(s, &off)) return NULL;
+  for (uint32_t n = 0; off && n < MAX_FAMILIES; n++) {
+    const struct tally__family *f = NULL;
+    if (family_at(s, off, &f)) return NULL;
+    if (tally__pattern_hash(f->pattern, f->pattern_len) == h)
+      return (struct tally__family *)f;
+    off = f->next;
+  }
+  return NULL;
+}
+
 int tally_family_resolve(tally_store *s, const char *name, size_t len,
                          tally_counter_options *out) {
   if (!s || !name || !out)
@@ -172,20 +270,11 @@ int tally_family_resolve(tally_store *s, const char *name, size_t len,
                        "no NUL)",
                        TALLY_NAME_MAX);
   tally_counter_options o = {TALLY_DEFAULT_SHARDS, TALLY_POLICY_THREAD};
-  uint64_t off;
-  int rc = head(s, &off);
+  const struct tally__family *f;
+  int rc = tally__family_of(s, name, len, &f);
   if (rc) return rc;
-  for (uint32_t n = 0; off && n < MAX_FAMILIES; n++) {
-    const struct tally__family *f = NULL;
-    rc = family_at(s, off, &f);
-    if (rc) return rc;
-    if (tally_glob_match(f->pattern, f->pattern_len, name, len)) {
-      if (f->shards) o.shards = f->shards;
-      if (f->policy != POLICY_UNSET) o.policy = f->policy;
-      break;
-    }
-    off = f->next;
-  }
+  if (f && f->shards) o.shards = f->shards;
+  if (f && f->policy != POLICY_UNSET) o.policy = f->policy;
   *out = o;
   return 0;
 }

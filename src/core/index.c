@@ -13,8 +13,8 @@
  * (rehashing the names) and published with one store to the header; a
  * reader still probing the old table can at worst miss a counter created
  * at that instant, and creation re-checks under the lock, so no name is
- * ever created twice. Old tables are left in place (together smaller than
- * the current one).
+ * ever created twice. Old tables are retired (space.c) and reused after
+ * the grace period.
  */
 #include "internal.h"
 
@@ -51,7 +51,8 @@ static int bad_entry(const tally_store *s, uint64_t slot) {
 uint32_t tally__rec_checksum(const struct tally__rec *r) {
   uint64_t h =
       tally__hash(r->name, r->name_len,
-                  (uint64_t)r->policy << 24 | (uint64_t)r->kind << 16 | r->name_len);
+                  ((uint64_t)r->policy << 24 | (uint64_t)r->kind << 16 | r->name_len) ^
+                      r->incarnation ^ (uint64_t)r->family << 32);
   return (uint32_t)(h ^ (h >> 32));
 }
 
@@ -168,6 +169,10 @@ static int rebuild(tally_store *s, struct tally__index *old, struct tally__index
     live += e != EMPTY && e != DELETED;
   }
   while (cap < (live + 1) * 4) cap *= 2;
+  /* a rebuild forced by dropped entries keeps the size it has, if that
+   * still leaves the table half empty: churn then swaps two tables of one
+   * size, and the retired one is reused */
+  if ((live + 1) * 2 <= old->cap && cap > old->cap) cap = old->cap;
   struct tally__index *t;
   uint64_t off;
   int rc = new_table(s, cap, &t, &off);
@@ -182,7 +187,11 @@ static int rebuild(tally_store *s, struct tally__index *old, struct tally__index
   atomic_store_explicit(&s->hdr->index, tally__seal(s, TALLY__SEAL_INDEX, off, 0),
                         memory_order_release);
   *out = t;
-  return 0;
+  /* readers may still probe the old table: it waits out the grace period */
+  uint64_t item =
+      tally__item(TALLY__ITEM_ALIGNED, (uint64_t)((unsigned char *)old - s->base),
+                  tally__round(sizeof *old + old->cap * 8, 64) / 64);
+  return tally__retire(s, 0, &item, 1);
 }
 
 int tally__index_insert(tally_store *s, uint64_t hash, uint64_t rec_off) {
@@ -236,6 +245,27 @@ int tally__index_each(tally_store *s, tally__rec_fn fn, void *ud) {
     if (rc == 0) rc = fn(s, off, ud);
     if (rc) return rc;
   }
+  return 0;
+}
+
+int tally__index_range(tally_store *s, uint64_t *cursor, uint64_t count, tally__rec_fn fn,
+                       void *ud) {
+  struct tally__index *t = table(s);
+  if (!t) return TALLY_ECORRUPT;
+  if (count > t->cap) count = t->cap;
+  uint64_t i = *cursor & (t->cap - 1);
+  for (uint64_t k = 0; k < count; k++, i = (i + 1) & (t->cap - 1)) {
+    uint64_t e = atomic_load_explicit(&t->entries[i], memory_order_acquire);
+    if (e == EMPTY || e == DELETED) continue;
+    if (!entry_ok(s, e)) return bad_entry(s, i);
+    int rc = tally__rec_verify(s, entry_off(e));
+    if (rc == 0) rc = fn(s, entry_off(e), ud);
+    if (rc) {
+      *cursor = i;
+      return rc;
+    }
+  }
+  *cursor = i;
   return 0;
 }
 

@@ -9,8 +9,11 @@
  *   [4096, 20480)     class table: for each shard count n, the chunk being
  *                     filled and how many of its columns are handed out
  *   [20480, 28672)    move journal: old cell values of the move in progress
- *   [28672, used)     arena: counter records, index tables, family records
- *                     and cell chunks, bump-allocated under the store lock
+ *   [28672, used)     arena: counter records, index tables, family records,
+ *                     cell chunks and the process table, allocated under the
+ *                     store lock; what is retired goes through limbo (a
+ *                     grace period) to free lists and is handed out again
+ *                     (space.c, grace.c)
  *
  * Cells use a per-CPU-like layout. A chunk of class n holds ROW_CELLS
  * counters of n shards as n rows; shard s of the counter in column c is
@@ -25,20 +28,23 @@
 #include "tally.h"
 
 #include <pthread.h>
+#include <sys/types.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
-#define TALLY__MAGIC        "\x89TALLY\r\n"
-#define TALLY__FORMAT       2u
-#define TALLY__BYTE_ORDER   0x01020304u
-#define TALLY__HEADER_BYTES 4096u
-#define TALLY__CLASS_OFF    4096u
-#define TALLY__JOURNAL_OFF  (TALLY__CLASS_OFF + TALLY_MAX_SHARDS * 16u)
-#define TALLY__ARENA_OFF    (TALLY__JOURNAL_OFF + TALLY_MAX_SHARDS * 8u)
-#define TALLY__ROW_CELLS    520u
-#define TALLY__ROW_BYTES    (TALLY__ROW_CELLS * 8u)
-#define TALLY__MAX_BYTES    (32ull << 30) /* offsets >> 3 fit in 32 bits */
+#define TALLY__MAGIC         "\x89TALLY\r\n"
+#define TALLY__FORMAT        3u
+#define TALLY__BYTE_ORDER    0x01020304u
+#define TALLY__HEADER_BYTES  4096u
+#define TALLY__CLASS_OFF     4096u
+#define TALLY__JOURNAL_OFF   (TALLY__CLASS_OFF + TALLY_MAX_SHARDS * 16u)
+#define TALLY__ARENA_OFF     (TALLY__JOURNAL_OFF + TALLY_MAX_SHARDS * 8u)
+#define TALLY__ROW_CELLS     520u
+#define TALLY__ROW_BYTES     (TALLY__ROW_CELLS * 8u)
+#define TALLY__MAX_BYTES     (32ull << 30) /* offsets >> 3 fit in 32 bits */
+#define TALLY__PIECE_CLASSES 64u           /* sizes with a free list each */
+#define TALLY__PROCS         1024u         /* processes with a store open */
 
 /* A live cell holds a value in [-2^62, 2^62): bits 63 and 62 agree. A move
  * (reshard, drop) retires a cell by swapping in SENTINEL, deep inside the
@@ -93,12 +99,32 @@ struct tally__header {
   _Atomic uint64_t used;       /* arena bump pointer */
   _Atomic uint64_t index;      /* sealed offset of the current index table */
   _Atomic uint64_t families;   /* sealed offset of the newest family, or 0 */
-  _Atomic uint64_t retired;    /* bytes of cells left behind */
+  _Atomic uint64_t retired;    /* bytes in limbo: retired, not yet reusable */
   _Atomic uint64_t pend_rec;   /* sealed record offset (extra: pend_loc), or 0 */
   _Atomic uint64_t pend_loc;   /* where it is moving (a loc word) */
   _Atomic uint64_t pend_done;  /* old cells retired into the journal */
   _Atomic uint64_t rollups;    /* sealed offset of the rollup table, or 0 */
   _Atomic uint64_t generation; /* bumped by every create and drop */
+  /* lifecycle (space.c, grace.c, expire.c) */
+  _Atomic uint64_t epoch;      /* grace periods: a step bumps it past what was retired */
+  _Atomic uint64_t limbo_head; /* sealed: oldest limbo node, or 0 */
+  _Atomic uint64_t limbo_tail; /* sealed: newest limbo node, or 0 */
+  _Atomic uint64_t procs;      /* sealed offset of the process table */
+  _Atomic uint64_t free_bytes; /* bytes on the free lists: reusable now */
+  _Atomic uint64_t reused;     /* bytes handed out again, in all */
+  _Atomic uint64_t expired;    /* counters expired for idleness, in all */
+  _Atomic uint64_t capped;     /* new names sent to an overflow counter */
+  _Atomic uint64_t pend_cond;  /* 1: the pending move is a drop that only
+                                   happens if the value is pend_expect */
+  _Atomic int64_t pend_expect;
+  _Atomic int64_t tombstone; /* a cell that stays retired: handles of
+                                   counters gone for good point here */
+  /* free lists (space.c), heads sealed: small pieces by 16-byte units,
+   * aligned ones by 64-byte units ([0] unused), larger aligned ones in
+   * buckets by size */
+  _Atomic uint64_t free_small[TALLY__PIECE_CLASSES];
+  _Atomic uint64_t free_aligned[TALLY__PIECE_CLASSES];
+  _Atomic uint64_t free_big[TALLY__PIECE_CLASSES];
   /* thread tickets: the only word writers touch outside the lock */
   _Alignas(64) _Atomic uint64_t writers;
 };
@@ -108,7 +134,7 @@ struct tally__header {
  * 25..34, a check in 0..24; 0 means no chunk yet. See cells.c. */
 struct tally__class {
   _Atomic uint64_t word;
-  uint64_t reserved_;
+  _Atomic uint64_t free; /* sealed: a free column of this class, or 0 */
 };
 
 /* A counter record. loc packs where the cells are, so a reshard publishes
@@ -116,8 +142,15 @@ struct tally__class {
  *   bits 0..9 shards-1, bit 10 dropped, bits 11..31 check, 32..63 off>>3. */
 struct tally__rec {
   _Atomic uint64_t loc;
-  _Atomic uint64_t rollup; /* sealed offset of its rollup block, or 0 */
-  uint32_t check;          /* hash of policy, kind, name_len, name */
+  _Atomic uint64_t rollup;    /* sealed offset of its rollup block, or 0 */
+  _Atomic int64_t idle_value; /* expiry: the value when last seen moving */
+  _Atomic int64_t idle_since; /* ... and when (caller's ms), 0: not yet */
+  uint64_t incarnation;       /* random at creation: a re-created counter
+                                  of the same name has another */
+  _Atomic uint32_t flags;     /* TALLY__REC_* */
+  uint32_t family;            /* hash of the pattern of the family it was
+                                  created under (caps), 0: none */
+  uint32_t check;             /* hash of the fixed fields and name */
   uint8_t policy;
   uint8_t kind; /* TALLY__KIND_COUNTER */
   uint16_t name_len;
@@ -125,6 +158,8 @@ struct tally__rec {
 };
 #define TALLY__KIND_COUNTER 0xC7
 #define TALLY__KIND_FAMILY  0xF4
+#define TALLY__REC_EXPIRED  0x1u /* its drop was an expiry: handles re-create it */
+#define TALLY__REC_LIMBO    0x2u /* its drop put it in limbo (exactly once) */
 
 struct tally__family {
   uint64_t next; /* older family, or 0 */
@@ -132,8 +167,12 @@ struct tally__family {
   uint8_t policy; /* 0xFF: unset */
   uint8_t kind;   /* TALLY__KIND_FAMILY */
   uint16_t pattern_len;
-  uint32_t shards; /* 0: unset */
-  uint32_t pad_;
+  uint32_t shards;       /* 0: unset */
+  uint32_t idle_s;       /* expire counters idle this long; 0: never */
+  uint64_t max_counters; /* cap on live counters; 0: none */
+  _Atomic uint64_t live; /* live counters created under this pattern
+                            (kept by the newest record of the pattern;
+                            not in check: it changes) */
   char pattern[];
 };
 
@@ -149,6 +188,8 @@ struct tally__index {
 
 enum { TALLY__MEMORY = 0, TALLY__FILE = 1 };
 
+struct tally__handles; /* grace.c: this process's counter handles */
+
 struct tally_store {
   int kind;
   int fd;
@@ -162,6 +203,16 @@ struct tally_store {
   bool lock_stale;          /* forked: fd's flock is shared with the parent */
   uint64_t id;              /* unique in this process (thread tickets) */
   tally_store *prev, *next; /* open stores, for fork handling */
+  /* grace periods (grace.c) */
+  uint32_t proc;         /* this process's slot in the process table */
+  pid_t pid;             /* ... taken by this pid (a forked child takes one) */
+  uint64_t procs_end;    /* where the process table ends (close checks the
+                           file still reaches it) */
+  uint64_t seen;         /* the epoch this process has passed */
+  int64_t grace_ms;      /* least age of limbo before reuse */
+  pthread_mutex_t hlock; /* guards handles */
+  struct tally__handles *handles;
+  uint64_t expire_cursor; /* expire.c: next index slot to scan */
 };
 
 struct tally_counter {
@@ -172,8 +223,15 @@ struct tally_counter {
   tally_store *s;
   uint64_t store_id; /* s->id, for the thread ticket check */
   int policy;
-  struct tally__rec *rec;
-  uint64_t rec_off;
+  /* Set by this process's grace step (grace.c) when the record is gone
+   * for good: loc then points at the tombstone cell, and rec must not be
+   * read (it may belong to another counter now). 1: dropped, 2: expired. */
+  _Atomic int gone;
+  _Atomic uint64_t rec_off; /* changes only when an expired counter is
+                               re-created through this handle */
+  tally_counter *next_same; /* grace.c: handles of the same record */
+  uint32_t name_len;
+  char name[]; /* a copy: the record may be reused once the counter is gone */
 };
 
 /* ---- error.c ---- */
@@ -228,7 +286,11 @@ enum {
   TALLY__SEAL_FAMILIES = 2,
   TALLY__SEAL_MOVE = 3,
   TALLY__SEAL_ROLLUPS = 4,
-  TALLY__SEAL_ROLLUP = 5
+  TALLY__SEAL_ROLLUP = 5,
+  TALLY__SEAL_FREE = 6,
+  TALLY__SEAL_COLUMN = 7,
+  TALLY__SEAL_LIMBO = 8,
+  TALLY__SEAL_PROCS = 9
 };
 uint64_t tally__seal(const tally_store *s, int field, uint64_t off, uint64_t extra);
 int tally__unseal(const tally_store *s, int field, uint64_t word, uint64_t extra,
@@ -236,7 +298,16 @@ int tally__unseal(const tally_store *s, int field, uint64_t word, uint64_t extra
 uint64_t tally__header_check(const struct tally__header *h);
 const char *tally__store_name(const tally_store *s); /* for messages */
 int tally__truncated(tally_store *s);                /* ECORRUPT if the file shrank */
+/* `bytes` zeroed bytes, 64-aligned and rounded up to 64 (alloc), or
+ * 16-aligned and rounded up to 16 (alloc_small: records, limbo nodes): a
+ * free piece of the kind if one fits (space.c), else fresh arena. Caller
+ * holds the lock. */
 int tally__alloc(tally_store *s, uint64_t bytes, uint64_t *off);
+int tally__alloc_small(tally_store *s, uint64_t bytes, uint64_t *off);
+int tally__alloc_fresh(tally_store *s, uint64_t bytes, uint64_t align, uint64_t *off);
+static inline uint64_t tally__round(uint64_t bytes, uint64_t to) {
+  return (bytes + to - 1) & ~(to - 1);
+}
 static inline void *tally__at(const tally_store *s, uint64_t off) {
   return s->base + off;
 }
@@ -249,10 +320,80 @@ void tally__unlock(tally_store *s);
 void tally__registry_add(tally_store *s); /* open stores, for fork() */
 void tally__registry_remove(tally_store *s);
 
+/* ---- space.c: limbo and free lists ---- */
+/* A limbo node: what retirements at one epoch freed, reusable once every
+ * process has passed that epoch and the newest item is grace_ms old.
+ * Items: off >> 3 in bits 0..31, kind in 32..33, size in 34..63 (SMALL: a
+ * counter record of bytes / 16, from alloc_small; ALIGNED: bytes / 64,
+ * from alloc; COLUMN: cells of `size` shards; REF: no space, a counter
+ * whose handles must look again, size 0). */
+enum {
+  TALLY__ITEM_REF = 0,
+  TALLY__ITEM_SMALL = 1,
+  TALLY__ITEM_ALIGNED = 2,
+  TALLY__ITEM_COLUMN = 3
+};
+#define TALLY__LIMBO_ITEMS 26
+struct tally__limbo {
+  uint64_t next;       /* sealed: newer node, or 0 */
+  uint64_t epoch;      /* the epoch its items were retired in */
+  int64_t at_ms;       /* CLOCK_MONOTONIC ms of the newest item */
+  uint64_t last_ident; /* what retired the newest items (a move's sealed
+                          word): an interrupted retirement is not queued
+                          twice */
+  uint32_t n;          /* items */
+  uint32_t done;       /* items already moved to the free lists */
+  uint64_t item[TALLY__LIMBO_ITEMS];
+};
+static inline uint64_t tally__item(int kind, uint64_t off, uint64_t size) {
+  return (off >> 3) | (uint64_t)kind << 32 | size << 34;
+}
+/* Queue items retired together (caller holds the lock): into the newest
+ * node if it is of the current epoch and has room, else a new one. A
+ * retirement with the newest items' ident is not queued again. The grace
+ * step bumps the epoch. */
+int tally__retire(tally_store *s, uint64_t ident, const uint64_t *items, uint32_t n);
+/* Move ripe limbo to the free lists (caller holds the lock). */
+void tally__reclaim(tally_store *s, uint64_t min_seen, int64_t now_ms);
+void tally__limbo_repair(tally_store *s); /* after a holder died; lock held */
+int tally__column_pop(tally_store *s, uint32_t n, uint64_t *off); /* 0 none */
+int tally__space_check(tally_store *s);
+int tally__space_open_check(tally_store *s); /* O(1), at open */
+/* Walk limbo nodes newer than epoch `from` (caller holds the lock). */
+typedef void (*tally__limbo_fn)(tally_store *s, const struct tally__limbo *node,
+                                void *ud);
+int tally__limbo_each(tally_store *s, uint64_t from, tally__limbo_fn fn, void *ud);
+
+/* ---- grace.c: processes, epochs, handles ---- */
+struct tally__proc {
+  _Atomic uint64_t owner; /* pid << 32 | start-time hash; 0: free */
+  _Atomic uint64_t seen;  /* epoch passed << 1 | idle (holds nothing) */
+};
+int tally__grace_open(tally_store *s);   /* take a slot */
+void tally__grace_close(tally_store *s); /* give it back */
+void tally__grace_fork_child(tally_store *s);
+/* Pass the current epoch: refresh this process's handles for what was
+ * retired since, then publish it; then reclaim what every process has
+ * passed. Caller holds the lock. */
+void tally__grace_step(tally_store *s);
+void tally__handle_add(tally_store *s, tally_counter *c);
+void tally__grace_busy(tally_store *s); /* before a lookup that makes a handle */
+void tally__handle_remove(tally_store *s, tally_counter *c);
+void tally__handles_free(tally_store *s);
+int tally__grace_table_create(tally_store *s);
+uint64_t tally__tombstone_loc(void); /* a one-shard loc at hdr->tombstone */
+/* 1 and its pid in *pid if a live process other than this handle's slot
+ * (another handle of this process too) has the store open, else 0; the
+ * slots of dead (and zombie) processes are freed on the way. */
+int tally__grace_others(tally_store *s, int64_t *pid);
+
 /* ---- journal.c ---- */
 /* Record and make the move of rec_off's counter to location `to` (new
  * cells, or its cells marked dropped). Caller holds the lock. */
 int tally__journal_move(tally_store *s, uint64_t rec_off, uint64_t to);
+/* A drop that happens only if the counter's value is `expect` (an
+ * expiry): TALLY_EBUSY, with every cell restored, if it moved meanwhile. */
+int tally__journal_drop_if(tally_store *s, uint64_t rec_off, uint64_t to, int64_t expect);
 int tally__journal_finish(tally_store *s); /* a pending move; caller holds the lock */
 bool tally__fits_shards(__int128 total, uint32_t n); /* over n cells' range */
 
@@ -266,10 +407,21 @@ int tally__index_check(tally_store *s); /* the table header */
 int tally__rec_verify(tally_store *s, uint64_t rec_off);
 typedef int (*tally__rec_fn)(tally_store *s, uint64_t rec_off, void *ud);
 int tally__index_each(tally_store *s, tally__rec_fn fn, void *ud);
+/* fn for the live entries among `count` slots from *cursor on (wrapping);
+ * *cursor is left where the walk stopped. */
+int tally__index_range(tally_store *s, uint64_t *cursor, uint64_t count, tally__rec_fn fn,
+                       void *ud);
 uint32_t tally__rec_checksum(const struct tally__rec *r);
 
 /* ---- family.c ---- */
 int tally__family_check(tally_store *s);
+/* The family a new counter `name` falls under, or *out NULL. */
+int tally__family_of(tally_store *s, const char *name, size_t len,
+                     const struct tally__family **out);
+/* The newest family record with pattern hash h (0: none). */
+struct tally__family *tally__family_by_hash(tally_store *s, uint32_t h);
+uint32_t tally__pattern_hash(const char *p, size_t n); /* never 0 */
+bool tally__family_any_idle(tally_store *s);           /* does any family expire? */
 
 /* ---- cells.c ---- */
 #define TALLY__LOC_SHARDS_MASK 0x3ffull
@@ -298,9 +450,19 @@ static inline _Atomic int64_t *tally__cell_at(tally_store *s, uint64_t loc,
 }
 
 /* ---- counter.c ---- */
+static inline uint64_t tally__crec(tally_counter *c) {
+  return atomic_load_explicit(&c->rec_off, memory_order_acquire);
+}
+/* 0 if the handle's counter is there (re-creating an expired one through
+ * it); TALLY_EDROPPED if it was dropped. */
+int tally__counter_live(tally_counter *c);
 int tally__current(tally_store *s, uint64_t rec_off, uint64_t *loc);
 int tally__check_name(const char *name, size_t len);
 int tally__rec_value(tally_store *s, uint64_t rec_off, int64_t *out);
+/* Bytes a record of name length len takes. */
+static inline uint64_t tally__rec_bytes(size_t len) {
+  return sizeof(struct tally__rec) + len + 1;
+}
 
 /* ---- rollup.c, schedule.c ---- */
 /* The rollup block and table formats (rollup.c); schedule.c runs the
@@ -354,6 +516,7 @@ static inline _Atomic int64_t *tally__slots_at(struct tally__block *b) {
 int tally__block_of(tally_store *s, uint64_t rec_off, struct tally__block **out);
 /* Is the block at off, of record rec_off, whole (ring count, rings, heads,
  * check, all inside the arena)? */
+uint64_t tally__block_bytes(const struct tally__block *b);
 bool tally__block_sound(tally_store *s, uint64_t off, uint64_t rec_off,
                         const struct tally__block *b);
 /* The store's rollup table, created if `create` (caller holds the lock);

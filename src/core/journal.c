@@ -59,6 +59,31 @@ static bool spread(tally_store *s, uint64_t loc, __int128 total) {
   return true;
 }
 
+/* A dropped counter's record, cells and rollup block go to limbo, once:
+ * the record's LIMBO flag says it was done (a crash between the two is
+ * caught by tally__retire's ident). Its family's count goes down. */
+static int bury(tally_store *s, uint64_t rec_off, uint64_t ident) {
+  struct tally__rec *r = tally__at(s, rec_off);
+  if (atomic_load(&r->flags) & TALLY__REC_LIMBO) return 0;
+  uint64_t loc = atomic_load(&r->loc), items[3];
+  uint32_t n = 0;
+  items[n++] = tally__item(TALLY__ITEM_SMALL, rec_off,
+                           tally__round(tally__rec_bytes(r->name_len), 16) / 16);
+  items[n++] = tally__item(TALLY__ITEM_COLUMN, (loc >> 32) << 3, tally__loc_shards(loc));
+  struct tally__block *b = NULL;
+  if (tally__block_of(s, rec_off, &b) == 0 && b)
+    items[n++] =
+        tally__item(TALLY__ITEM_ALIGNED, (uint64_t)((unsigned char *)b - s->base),
+                    tally__block_bytes(b) / 64);
+  int rc = tally__retire(s, ident, items, n);
+  if (rc) return rc;
+  atomic_fetch_or(&r->flags, TALLY__REC_LIMBO);
+  struct tally__family *f = r->family ? tally__family_by_hash(s, r->family) : NULL;
+  if (f && atomic_load(&f->live) > 0) atomic_fetch_sub(&f->live, 1);
+  if (atomic_load(&r->flags) & TALLY__REC_EXPIRED) atomic_fetch_add(&s->hdr->expired, 1);
+  return 0;
+}
+
 /* Complete the move recorded in the header. Caller holds the lock.
  * TALLY_ERANGE (and the move undone) if the value does not fit the new
  * shards; a damaged record leaves the move recorded for a repair. */
@@ -86,6 +111,12 @@ static int finish(tally_store *s) {
     }
     __int128 total = 0;
     for (uint32_t i = 0; i < from_n; i++) total += atomic_load(&s->journal[i]);
+    if (to_dropped && atomic_load(&h->pend_cond) &&
+        total != atomic_load(&h->pend_expect)) { /* an expiry that lost a race */
+      for (uint32_t i = 0; i < from_n; i++) restore(s, tally__cell_at(s, from, i), i);
+      atomic_store_explicit(&h->pend_rec, 0, memory_order_release);
+      return tally__fail(TALLY_EBUSY, "counter '%s' moved while it expired", r->name);
+    }
     if (!to_dropped && !spread(s, to, total)) {
       for (uint32_t i = 0; i < from_n; i++) restore(s, tally__cell_at(s, from, i), i);
       atomic_store_explicit(&h->pend_rec, 0, memory_order_release);
@@ -94,10 +125,17 @@ static int finish(tally_store *s) {
                          "with %u shards",
                          r->name, to_n);
     }
+    if (!to_dropped) { /* the old column waits out the grace period */
+      uint64_t items[2] = {tally__item(TALLY__ITEM_COLUMN, from_cells, from_n),
+                           tally__item(TALLY__ITEM_REF, rec_off, 0)};
+      if ((rc = tally__retire(s, word, items, 2))) return rc;
+    }
     atomic_store_explicit(&r->loc, to, memory_order_release);
-    atomic_fetch_add(&h->retired, (uint64_t)from_n * 8);
   }
-  if (to & TALLY__LOC_DROPPED) tally__index_remove(s, rec_off); /* idempotent */
+  if (to & TALLY__LOC_DROPPED) {
+    tally__index_remove(s, rec_off); /* idempotent */
+    if ((rc = bury(s, rec_off, word))) return rc;
+  }
   atomic_store_explicit(&h->pend_rec, 0, memory_order_release);
   return 0;
 }
@@ -107,6 +145,18 @@ int tally__journal_finish(tally_store *s) {
 }
 
 int tally__journal_move(tally_store *s, uint64_t rec_off, uint64_t to) {
+  atomic_store_explicit(&s->hdr->pend_cond, 0, memory_order_release);
+  atomic_store_explicit(&s->hdr->pend_done, 0, memory_order_release);
+  atomic_store_explicit(&s->hdr->pend_loc, to, memory_order_release);
+  atomic_store_explicit(&s->hdr->pend_rec, tally__seal(s, TALLY__SEAL_MOVE, rec_off, to),
+                        memory_order_release);
+  return finish(s);
+}
+
+int tally__journal_drop_if(tally_store *s, uint64_t rec_off, uint64_t to,
+                           int64_t expect) {
+  atomic_store_explicit(&s->hdr->pend_expect, expect, memory_order_release);
+  atomic_store_explicit(&s->hdr->pend_cond, 1, memory_order_release);
   atomic_store_explicit(&s->hdr->pend_done, 0, memory_order_release);
   atomic_store_explicit(&s->hdr->pend_loc, to, memory_order_release);
   atomic_store_explicit(&s->hdr->pend_rec, tally__seal(s, TALLY__SEAL_MOVE, rec_off, to),

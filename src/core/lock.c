@@ -34,6 +34,7 @@ static void fork_parent(void) {
 static void fork_child(void) {
   for (tally_store *s = registry; s; s = s->next) {
     s->lock_stale = s->kind == TALLY__FILE;
+    if (s->kind == TALLY__FILE) tally__grace_fork_child(s); /* a slot of its own */
     pthread_mutex_unlock(&s->lock);
   }
   pthread_mutex_unlock(&registry_lock);
@@ -89,6 +90,7 @@ int tally__lock(tally_store *s) {
   if (atomic_load_explicit(&s->hdr->pend_rec, memory_order_acquire))
     (void)tally__journal_finish(s); /* a holder died mid-move: finish its work
                                     (a damaged move record is reported at open) */
+  tally__limbo_repair(s);           /* ... or in the middle of limbo's updates */
   return 0;
 }
 

@@ -7,9 +7,9 @@
  * the next lock holder finishes. Writers and readers that meet a retired
  * cell follow the counter to its new location (counter.c).
  *
- * Retired cells are never reused: a handle in another process may still
- * hold their location and must find them retired, not owned by some newer
- * counter.
+ * Retired cells are reused only after the grace period (space.c,
+ * grace.c): a handle in another process may still hold their location and
+ * must find them retired, not owned by some newer counter.
  */
 #include "internal.h"
 
@@ -21,10 +21,11 @@ int tally_counter_reshard(tally_counter *c, uint32_t shards) {
     return tally__fail(TALLY_ESHARDS, "shard count %u out of range (1 to %d)", shards,
                        TALLY_MAX_SHARDS);
   tally_store *s = c->s;
-  int rc = tally__lock(s);
+  int rc = tally__counter_live(c);
+  if (rc == 0) rc = tally__lock(s);
   if (rc) return rc;
   uint64_t loc, cells;
-  rc = tally__current(s, c->rec_off, &loc);
+  rc = tally__current(s, tally__crec(c), &loc);
   if (rc == 0 && tally__loc_shards(loc) != shards) {
     /* refuse before retiring anything if the value cannot fit (a raw sum:
      * under the lock no move is pending, and a reader's wait for one here
@@ -36,15 +37,17 @@ int tally_counter_reshard(tally_counter *c, uint32_t shards) {
       rc = tally__fail(TALLY_ERANGE,
                        "counter '%s' would overflow a shard with "
                        "%u shards",
-                       c->rec->name, shards);
+                       c->name, shards);
     if (rc == 0) rc = tally__cells_alloc(s, shards, &cells);
     if (rc == 0)
-      rc = tally__journal_move(s, c->rec_off,
-                               tally__loc_make(s, c->rec_off, cells, shards, false));
+      rc = tally__journal_move(s, tally__crec(c),
+                               tally__loc_make(s, tally__crec(c), cells, shards, false));
   }
   tally__unlock(s);
   if (rc == 0)
-    atomic_store_explicit(&c->loc, atomic_load(&c->rec->loc), memory_order_release);
+    atomic_store_explicit(
+        &c->loc, atomic_load(&((struct tally__rec *)tally__at(s, tally__crec(c)))->loc),
+        memory_order_release);
   return rc;
 }
 
@@ -66,6 +69,7 @@ int tally_store_drop(tally_store *s, const char *name, size_t len) {
   }
   if (rc == 0)
     rc = tally__journal_move(s, rec_off, tally__loc_make(s, rec_off, cells, n, true));
+  if (rc == 0) tally__grace_step(s);
   tally__unlock(s);
   return rc;
 }

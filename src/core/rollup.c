@@ -41,6 +41,10 @@ static uint64_t block_bytes(uint32_t nrings, uint64_t nslots) {
          nslots * 8;
 }
 
+uint64_t tally__block_bytes(const struct tally__block *b) {
+  return tally__round(block_bytes(b->nrings, slots_of(b)), 64);
+}
+
 static uint32_t block_check(const tally_store *s, uint64_t rec_off,
                             const struct tally__block *b) {
   uint64_t h = tally__mix(s->hdr->salt ^ rec_off ^ (uint64_t)b->nrings << 48);
@@ -277,13 +281,20 @@ int tally__block_grow(tally_store *s, uint64_t rec_off, struct tally__block *old
     atomic_store(&b->delta, atomic_load(&old->delta));
     atomic_store(&b->prev_at_ms, atomic_load(&old->prev_at_ms));
     atomic_store(&b->count, atomic_load(&old->count));
-    atomic_fetch_add(&s->hdr->retired, block_bytes(old->nrings, slots_of(old)));
   }
   struct tally__rec *r = tally__at(s, rec_off);
   atomic_store_explicit(&r->rollup, tally__seal(s, TALLY__SEAL_ROLLUP, off, rec_off),
                         memory_order_release);
-  if (old) tally__block_release(old, old_seq); /* writers waiting on it look again */
-  return 0;
+  if (old) {
+    tally__block_release(old, old_seq); /* writers waiting on it look again */
+    /* after the new one is published: a crash in between leaks it, never
+     * reuses it while it is reachable */
+    uint64_t item =
+        tally__item(TALLY__ITEM_ALIGNED, (uint64_t)((unsigned char *)old - s->base),
+                    tally__block_bytes(old) / 64);
+    rc = tally__retire(s, 0, &item, 1);
+  }
+  return rc;
 }
 
 static int64_t sub_sat(int64_t a, int64_t b) {
@@ -338,14 +349,15 @@ static bool seq_wait(int tries, double *deadline) {
 }
 static int block_for_read(tally_counter *c, struct tally__block **b) {
   if (!c) return tally__fail(TALLY_EINVAL, "NULL counter");
-  int rc = tally__current(c->s, c->rec_off, &(uint64_t){0});
-  if (rc == 0) rc = tally__block_of(c->s, c->rec_off, b);
+  int rc = tally__counter_live(c);
+  if (rc == 0) rc = tally__current(c->s, tally__crec(c), &(uint64_t){0});
+  if (rc == 0) rc = tally__block_of(c->s, tally__crec(c), b);
   if (rc) return rc;
   if (!*b)
     return tally__fail(TALLY_ENOROLLUP,
                        "counter '%s' has no rollup (no "
                        "schedule has rolled it up)",
-                       c->rec->name);
+                       c->name);
   return 0;
 }
 
@@ -353,7 +365,7 @@ static int busy(tally_counter *c) {
   return tally__fail(TALLY_EBUSY,
                      "counter '%s': rollup record is being "
                      "written (or its writer died; the next rollup repairs it)",
-                     c->rec->name);
+                     c->name);
 }
 
 int tally_counter_rolled(tally_counter *c, tally_rollup *out) {
@@ -376,7 +388,7 @@ int tally_counter_rolled(tally_counter *c, tally_rollup *out) {
       return tally__fail(TALLY_ENOROLLUP,
                          "counter '%s' has not been rolled "
                          "up yet",
-                         c->rec->name);
+                         c->name);
     *out = r;
     return 0;
   }
@@ -409,14 +421,15 @@ int tally_counter_history(tally_counter *c, uint32_t res_s, tally_bucket *out,
     return tally__fail(TALLY_ENOROLLUP,
                        "counter '%s' keeps no history at "
                        "%u s resolution",
-                       c->rec->name, res_s);
+                       c->name, res_s);
   struct tally__ring_hdr *r = &b->ring[i];
   double deadline = 0;
   for (int tries = 0; seq_wait(tries, &deadline); tries++) {
     uint64_t s1 = atomic_load_explicit(&b->seq, memory_order_acquire);
     if (s1 & 1) continue;
     int64_t head = atomic_load_explicit(&r->head, memory_order_acquire);
-    if (!head_ok(r->res_s, head)) return corrupt_block(c->s, c->rec);
+    if (!head_ok(r->res_s, head))
+      return corrupt_block(c->s, tally__at(c->s, tally__crec(c)));
     uint32_t k = 0;
     for (int64_t bk = head - (int64_t)r->len; head && bk < head; bk++) {
       if (bk < 0) continue;

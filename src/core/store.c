@@ -46,6 +46,7 @@ static void header_init(struct tally__header *h) {
   h->check = tally__header_check(h);
   atomic_store(&h->size, TALLY__ARENA_OFF);
   atomic_store(&h->used, TALLY__ARENA_OFF);
+  atomic_store(&h->tombstone, TALLY__SENTINEL);
 }
 
 /* Checks of the header as read from disk, before anything is mapped. */
@@ -207,7 +208,22 @@ static int map_memory(tally_store *s) {
   return 0;
 }
 
-int tally_store_open(const char *spec, const tally_open_options *opt, tally_store **out) {
+/* 1 if path names another file than the one open now: a compaction
+ * (compact.c) renamed a new store over it. Checked under the lock after
+ * this process took its slot, since a compaction holds the lock from its
+ * look at the slots to its rename: either it sees this process, or this
+ * process sees the rename. */
+static int replaced(tally_store *s) {
+  struct stat now, mine;
+  int rc = tally__lock(s);
+  if (rc) return rc;
+  bool moved = stat(s->path, &now) == 0 && fstat(s->fd, &mine) == 0 &&
+               (now.st_ino != mine.st_ino || now.st_dev != mine.st_dev);
+  tally__unlock(s);
+  return moved;
+}
+
+static int open_once(const char *spec, const tally_open_options *opt, tally_store **out) {
   if (!out) return tally__fail(TALLY_EINVAL, "tally_store_open: out is NULL");
   const uint32_t known = TALLY_OPEN_NOCREATE | TALLY_OPEN_TRUST;
   if (opt && (opt->flags & ~known))
@@ -240,6 +256,7 @@ int tally_store_open(const char *spec, const tally_open_options *opt, tally_stor
   s->fd = -1;
   s->id = atomic_fetch_add(&next_store_id, 1);
   pthread_mutex_init(&s->lock, NULL);
+  pthread_mutex_init(&s->hlock, NULL);
   int rc;
   if (kind == TALLY__FILE) {
     s->path = strdup(path);
@@ -252,16 +269,20 @@ int tally_store_open(const char *spec, const tally_open_options *opt, tally_stor
     s->classes = (struct tally__class *)(s->base + TALLY__CLASS_OFF);
     s->journal = (_Atomic int64_t *)(s->base + TALLY__JOURNAL_OFF);
     if ((rc = tally__lock(s)) == 0) {
-      if (atomic_load(&s->hdr->index) == 0) /* new store: make its index */
+      if (atomic_load(&s->hdr->index) == 0) /* new store: its index, process table */
         rc = tally__index_create(s);
       else /* the lock finished a move a dead process left; a damaged one fails */
         rc = tally__journal_finish(s);
+      if (rc == 0 && atomic_load(&s->hdr->procs) == 0) rc = tally__grace_table_create(s);
       tally__unlock(s);
     }
     if (rc == 0) rc = tally__index_check(s); /* header only: O(1) */
     if (rc == 0) rc = tally__classes_check(s);
     if (rc == 0) rc = tally__family_check(s);
     if (rc == 0) rc = tally__rollup_table_check(s);
+    if (rc == 0) rc = tally__space_open_check(s);
+    if (rc == 0) rc = tally__grace_open(s); /* after: it trusts the table word */
+    if (rc == 0 && kind == TALLY__FILE) rc = replaced(s); /* 1: open it again */
   }
   if (rc) {
     tally_store_close(s);
@@ -272,12 +293,27 @@ int tally_store_open(const char *spec, const tally_open_options *opt, tally_stor
   return 0;
 }
 
+int tally_store_open(const char *spec, const tally_open_options *opt, tally_store **out) {
+  for (int tries = 0;; tries++) {
+    int rc = open_once(spec, opt, out);
+    if (rc != 1) return rc;
+    if (tries == 8)
+      return tally__fail(TALLY_EBUSY,
+                         "%s: the store was replaced again and again while "
+                         "it was opened",
+                         spec + 5);
+  }
+}
+
 void tally_store_close(tally_store *s) {
   if (!s) return;
   tally__registry_remove(s);
+  if (s->hdr) tally__grace_close(s);
+  tally__handles_free(s);
   if (s->base) munmap(s->base, s->reserved);
   if (s->fd >= 0) close(s->fd);
   pthread_mutex_destroy(&s->lock);
+  pthread_mutex_destroy(&s->hlock);
   free(s->path);
   free(s);
 }

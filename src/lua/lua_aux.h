@@ -215,6 +215,7 @@ int tl_open_counter(lua_State *L); /* lua_counter.c: counter_methods */
 int tl_open_rollup(lua_State *L);  /* lua_rollup.c: schedules, c:rolled() */
 int tl_open_sender(lua_State *L);  /* lua_sender.c: core.sender, the spool */
 int tl_open_redis(lua_State *L);   /* lua_redis.c: core.redis, core.flusher */
+int tl_open_compact(lua_State *L); /* lua_compact.c: core.compact */
 
 /* ---- the counter handle, for lua_store.c (made in lua_counter.c) -------------- */
 

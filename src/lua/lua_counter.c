@@ -17,6 +17,7 @@
  */
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "lua_aux.h"
@@ -337,15 +338,22 @@ static int tl_counter_reshard(lua_State *L) {
 static int tl_counter_info(lua_State *L) {
   tl_counter *h = tl_tocounter(L);
   tally_counter_info info;
-  int rc = tally_counter_info_get(h->c, &info);
+  char inc[17];
+  int rc;
+  memset(&info, 0, sizeof info); /* a core that leaves a field unset says 0 */
+  rc = tally_counter_info_get(h->c, &info);
   if (rc < 0) return tl_counter_fail(L, h, rc);
-  lua_createtable(L, 0, 3);
+  lua_createtable(L, 0, 4);
   lua_pushlstring(L, h->name, h->namelen);
   lua_setfield(L, -2, "name");
   lua_pushinteger(L, (lua_Integer)info.shards);
   lua_setfield(L, -2, "shards");
   lua_pushstring(L, tl_policy_label(info.policy));
   lua_setfield(L, -2, "policy");
+  /* all 64 bits, which no Lua number holds under LuaJIT: as hex text */
+  snprintf(inc, sizeof inc, "%016llx", (unsigned long long)info.incarnation);
+  lua_pushstring(L, inc);
+  lua_setfield(L, -2, "incarnation");
   return 1;
 }
 

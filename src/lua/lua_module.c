@@ -14,6 +14,7 @@ static const luaL_Reg tl_parts[] = {
     {"rollup", tl_open_rollup},   /* schedules, c:rolled(), the clock */
     {"sender", tl_open_sender},   /* core.sender, the spool's helpers */
     {"redis", tl_open_redis},     /* core.redis, core.flusher */
+    {"compact", tl_open_compact}, /* core.compact */
     {NULL, NULL}};
 
 TL_EXPORT int luaopen_tally_core(lua_State *L) {

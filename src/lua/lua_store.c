@@ -173,9 +173,9 @@ static int tl_no_such(lua_State *L, int rc) {
 }
 
 static int tl_store_value(lua_State *L) {
+  tl_store *d = tl_tostore(L);
   int64_t v;
   int rc, tries;
-  tl_tostore(L);
   tl_checkstring(L, 2, NULL);
   lua_settop(L, 2);
   for (tries = 0;; tries++) {
@@ -184,6 +184,15 @@ static int tl_store_value(lua_State *L) {
     if (rc < 0) return tl_no_such(L, rc);
     h = (tl_counter *)lua_touserdata(L, -1);
     rc = tally_counter_value(h->c, &v);
+    if (rc == 0 && v == 0 && tries == 0) { /* a cached handle reads 0 once its */
+      tally_counter *c;                    /* counter expired: is it there? */
+      rc = tally_counter_open(d->store, h->name, h->namelen, NULL, 0, &c);
+      if (rc == 0) tally_counter_close(c);
+      if (rc == TALLY_ENOENT) {
+        tl_uncache(L);
+        return tl_no_such(L, rc);
+      }
+    }
     if (rc == 0) break;
     if (rc != TALLY_EDROPPED || tries > 0) return tl_counter_fail(L, h, rc);
     tl_uncache(L);
@@ -258,16 +267,69 @@ static int tl_store_drop(lua_State *L) {
   return 1;
 }
 
+/* The option key of the table at arg as an integer from 0 to max (0 if
+ * absent); raises "bad argument #arg (key must be ..., got ...)". */
+static lua_Integer tl_optcount(lua_State *L, int arg, const char *key, lua_Integer max,
+                               const char *what) {
+  lua_Integer n = 0;
+  int isnum = 1;
+  lua_getfield(L, arg, key);
+  if (!lua_isnil(L, -1)) {
+    isnum = 0;
+    if (lua_type(L, -1) == LUA_TNUMBER) n = tl_tointx(L, -1, &isnum);
+  }
+  if (!isnum || n < 0 || n > max)
+    tl_argerror(L, arg, "%s must be %s, got %s", key, what,
+                tl_describe(L, -1, TL_BOOL_VALUE));
+  lua_pop(L, 1);
+  return n;
+}
+
+/* db:family's own options at arg (idle, max_counters) into fo; the table
+ * at arg is then replaced by a copy without them, for
+ * tl_checkcounteropts, which takes the options counters share. */
+static void tl_familyopts(lua_State *L, int arg, tally_family_options *fo) {
+  fo->idle_s = 0;
+  fo->max_counters = 0;
+  if (!lua_istable(L, arg)) return;
+  fo->idle_s = (uint32_t)tl_optcount(L, arg, "idle", (lua_Integer)UINT32_MAX,
+                                     "an integer number of seconds from 0 to 4294967295");
+#if TL_LUAJIT
+  fo->max_counters = (uint64_t)tl_optcount(L, arg, "max_counters", (lua_Integer)TL_EXACT,
+                                           "an integer >= 0");
+#else
+  fo->max_counters =
+      (uint64_t)tl_optcount(L, arg, "max_counters", LUA_MAXINTEGER, "an integer >= 0");
+#endif
+  lua_newtable(L);
+  lua_pushnil(L);
+  while (lua_next(L, arg) != 0) { /* copy: t k v */
+    const char *k = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : "";
+    if (strcmp(k, "idle") == 0 || strcmp(k, "max_counters") == 0) {
+      lua_pop(L, 1);
+      continue;
+    }
+    lua_pushvalue(L, -2);
+    lua_insert(L, -2);
+    lua_rawset(L, -4);
+  }
+  lua_replace(L, arg);
+}
+
 static int tl_store_family(lua_State *L) {
   tl_store *d = tl_tostore(L);
   tally_counter_options o;
+  tally_family_options fo;
   size_t plen;
   const char *pattern = tl_checkname(L, 2, &plen, "pattern");
   lua_Integer i, j, n;
   int rc;
   lua_settop(L, 3);
+  tl_familyopts(L, 3, &fo);
   tl_checkcounteropts(L, 3, &o, NULL); /* 4: policy function or nil */
-  rc = tally_family_set(d->store, pattern, plen, &o);
+  fo.shards = o.shards;
+  fo.policy = o.policy;
+  rc = tally_family_define(d->store, pattern, plen, &fo);
   if (rc < 0) return tl_fail(L, rc);
   /* the store's function families: { pattern1, fn1, pattern2, fn2, ... } */
   tl_getuv(L, 1, TL_SUV_FAMILIES); /* 5 */
@@ -407,7 +469,7 @@ static int tl_store_stats(lua_State *L) {
   tally_store_stats st;
   int rc = tally_store_stats_get(d->store, &st);
   if (rc < 0) return tl_fail(L, rc);
-  lua_createtable(L, 0, 9);
+  lua_createtable(L, 0, 14);
   lua_pushstring(L, tally_store_kind(d->store));
   lua_setfield(L, -2, "kind");
   lua_pushinteger(L, (lua_Integer)st.format);
@@ -424,8 +486,56 @@ static int tl_store_stats(lua_State *L) {
   lua_setfield(L, -2, "file_bytes");
   tl_pushint64(L, (int64_t)st.used_bytes);
   lua_setfield(L, -2, "used_bytes");
-  tl_pushint64(L, (int64_t)st.retired_bytes);
-  lua_setfield(L, -2, "retired_bytes");
+  tl_setint(L, "live_bytes", (int64_t)st.live_bytes);
+  tl_setint(L, "retired_bytes", (int64_t)st.retired_bytes);
+  tl_setint(L, "reusable_bytes", (int64_t)st.reusable_bytes);
+  tl_setint(L, "reused_bytes", (int64_t)st.reused_bytes);
+  tl_setint(L, "expired", (int64_t)st.expired);
+  tl_setint(L, "capped", (int64_t)st.capped);
+  return 1;
+}
+
+/* db:maintain(now_ms [, budget]) -> { scanned =, expired =, held = }: one
+ * bounded step of upkeep (reuse, idle expiry); db:tick calls it. */
+static int tl_store_maintain(lua_State *L) {
+  tl_store *d = tl_tostore(L);
+  tally_maintain_result r;
+  lua_Integer now = 0, budget = 4096;
+  int isnum = 0, rc;
+  if (lua_type(L, 2) == LUA_TNUMBER) now = tl_tointx(L, 2, &isnum);
+  if (!isnum || now < 0)
+    return tl_argerror_got(L, 2, "time in milliseconds (an integer >= 0) expected", 2,
+                           TL_BOOL_VALUE);
+  if (!lua_isnoneornil(L, 3)) {
+    isnum = 0;
+    if (lua_type(L, 3) == LUA_TNUMBER) budget = tl_tointx(L, 3, &isnum);
+    if (!isnum || budget < 0 || budget > (lua_Integer)UINT32_MAX)
+      return tl_argerror_got(L, 3, "budget must be an integer from 0 to 4294967295", 3,
+                             TL_BOOL_VALUE);
+  }
+  rc = tally_store_maintain(d->store, (int64_t)now, (uint32_t)budget, &r);
+  if (rc < 0) return tl_fail(L, rc);
+  lua_createtable(L, 0, 3);
+  tl_setint(L, "scanned", (int64_t)r.scanned);
+  tl_setint(L, "expired", (int64_t)r.expired);
+  tl_setint(L, "held", (int64_t)r.held);
+  return 1;
+}
+
+/* db:grace() -> { epoch =, processes =, behind =, oldest_pid =,
+ * oldest_seen = }: the processes with the store open (this one too) and
+ * those holding reuse back. */
+static int tl_store_grace(lua_State *L) {
+  tl_store *d = tl_tostore(L);
+  tally_grace_info g;
+  int rc = tally_store_grace(d->store, &g);
+  if (rc < 0) return tl_fail(L, rc);
+  lua_createtable(L, 0, 5);
+  tl_setint(L, "epoch", (int64_t)g.epoch);
+  tl_setint(L, "processes", (int64_t)g.processes);
+  tl_setint(L, "behind", (int64_t)g.behind);
+  tl_setint(L, "oldest_pid", g.oldest_pid);
+  tl_setint(L, "oldest_seen", (int64_t)g.oldest_seen);
   return 1;
 }
 
@@ -534,6 +644,8 @@ static const luaL_Reg tl_store_methods[] = {{"counter", tl_store_counter},
                                             {"sync", tl_store_sync},
                                             {"check", tl_store_check},
                                             {"stats", tl_store_stats},
+                                            {"maintain", tl_store_maintain},
+                                            {"grace", tl_store_grace},
                                             {"close", tl_store_close},
                                             {NULL, NULL}};
 

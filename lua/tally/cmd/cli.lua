@@ -1,5 +1,5 @@
 -- tally.cmd.cli: the subcommands of the tally command (ls, get, incr, export,
--- import, info, watch, help) and its help texts. src/cli/main.c calls
+-- import, info, compact, watch, help) and its help texts. src/cli/main.c calls
 -- main(command, args...) and exits with what it returns: 0, 1 for a failure
 -- (a missing store or counter, a bad file), 2 for a usage error.
 --
@@ -36,6 +36,7 @@ local USAGE = {
   export = "tally export STORE [pattern]",
   import = "tally import STORE FILE [--add] [--create]",
   info = "tally info STORE [--json] [--check]",
+  compact = "tally compact STORE",
   watch = "tally watch STORE [pattern] [--interval S] [--sort rate|value|name]",
   help = "tally help [command | --man]",
 }
@@ -56,7 +57,8 @@ Commands:
   incr STORE name [n] [--key K] [--create]   add n (default 1); print the value
   export STORE [pattern]             counters as JSON (Firestore layout) on stdout
   import STORE FILE [--add] [--create]   read an export ('-': stdin)
-  info STORE [--json] [--check]      format, counters, size, free space, writers
+  info STORE [--json] [--check]      format, counters, size, space, reuse, writers
+  compact STORE                      rewrite the store without its retired space
   watch STORE [pattern] [--interval S] [--sort rate|value|name]
                                      a live view, like top
   help [command]                     this text, or a command's
@@ -165,15 +167,38 @@ to the end.
 HELP.info = [[
 Describe STORE for an operator: format version; counters; file size; space
 used and free inside the file; room left to grow (to the store's 32 GiB
-limit and on the file system); bytes retired by reshard and drop (never
-reused); thread tickets drawn (each thread, in any process, that has
-incremented a 'thread' counter draws one: the writers so far); the rollup
-schedules the store keeps (period, last period rolled up, lease holder).
+limit and on the file system); how the space used splits: live (in use),
+retired (left by drop, idle expiry, reshard and the index's growth, waiting
+out its grace period) and reusable (past it, handed out again before the
+file grows); bytes reused so far; counters expired for idleness and new
+names sent to a family's overflow counter (max_counters); the other
+processes that have the store open and how many of them hold reuse back
+(a process holds it back until its next db:tick, create or drop; the pid
+of the one furthest behind); thread tickets drawn (each thread, in any
+process, that has incremented a 'thread' counter draws one: the writers so
+far); the rollup schedules the store keeps (period, last period rolled up,
+lease holder). 'tally compact' gives retired and reusable space back to
+the file system.
 
-  --json    the same as one JSON object (integers exact)
+  --json    the same as one JSON object (integers exact; processes counts
+            the others, not this command)
   --check   also verify every structure of the store (db:check(), which
             holds the store lock while it runs)
 ]] .. writable("info")
+
+HELP.compact = [[
+Rewrite STORE without retired or reusable space (what drops, idle expiry,
+reshards and the index's growth leave behind: 'tally info' shows how
+much), so the file shrinks to what its counters use. Counters (values,
+shards, policies), families, rollup records and history are kept. Print
+the size before and after.
+
+The store must not be open in any other process: compact refuses (exit
+status 1, naming one) while one has it open ('tally info' counts them);
+stop them first. On a terminal a progress bar shows on stderr; otherwise one
+line there says how many counters were rewritten. Ctrl-C does not stop a
+compaction that has begun.
+]]
 
 HELP.watch = [[
 A live view of the counters matching pattern, refreshed like top: NAME,
@@ -197,7 +222,7 @@ Print the help of the tally command, or of one command. --man prints the
 same texts as a manual page (roff), the one installed as tally(1).
 ]]
 
-local COMMANDS = { "ls", "get", "incr", "export", "import", "info", "watch", "help" }
+local COMMANDS = { "ls", "get", "incr", "export", "import", "info", "compact", "watch", "help" }
 
 local function help_text(name)
   return "usage: " .. USAGE[name] .. "\n\n" .. HELP[name]
@@ -633,6 +658,18 @@ local function duration(secs)
   return fmt("%g s", secs)
 end
 
+local function plural(n) return n == 1 and "" or "s" end
+
+-- Who else has the store open, and who holds reuse back.
+local function processes_text(info)
+  local n = info.processes
+  if n == 0 then return "no other process has the store open" end
+  local text = fmt("%d other%s ha%s the store open; ", n, n == 1 and "" or "s", n == 1 and "s" or "ve")
+  if info.behind == 0 then return text .. "none holds reuse back" end
+  return text .. fmt("%d hold%s reuse back (furthest behind: pid %d)", info.behind,
+                     info.behind == 1 and "s" or "", info.oldest_pid or 0)
+end
+
 -- One schedule identity as tally info shows it (the store keeps no pattern:
 -- that lives in the processes defining the schedule).
 local function schedule_text(sc)
@@ -648,6 +685,7 @@ function cmd.info(args)
   if o.help then return "help" end
   local db, path = open(pos[1])
   local st = must(db:stats())
+  local grace = must(db:grace())
   local schedules = must(peek.schedules(db))
   local fs = peek.fs(path)
   local free_in_file = st.file_bytes - st.used_bytes
@@ -666,13 +704,20 @@ function cmd.info(args)
     store = "file:" .. path, format = st.format, counters = st.counters,
     file_bytes = st.file_bytes, used_bytes = st.used_bytes, free_bytes = free_in_file,
     max_bytes = st.max_bytes, fs_avail_bytes = fs and fs.avail or nil,
-    retired_bytes = st.retired_bytes, writers = st.writers,
-    rollups = { json = "[" .. concat(rollups, ",") .. "]" },
+    live_bytes = st.live_bytes, retired_bytes = st.retired_bytes,
+    reusable_bytes = st.reusable_bytes, reused_bytes = st.reused_bytes,
+    expired = st.expired, capped = st.capped,
+    -- this command has the store open too (idle: it holds nothing back)
+    processes = grace.processes > 0 and grace.processes - 1 or 0, behind = grace.behind,
+    oldest_pid = grace.oldest_pid ~= 0 and grace.oldest_pid or nil,
+    writers = st.writers, rollups = { json = "[" .. concat(rollups, ",") .. "]" },
   }
   if o.check then info.check = checked and "ok" or check_msg end
   if o.json then
     local keys = { "store", "format", "counters", "file_bytes", "used_bytes", "free_bytes",
-                   "max_bytes", "fs_avail_bytes", "retired_bytes", "writers", "rollups" }
+                   "max_bytes", "fs_avail_bytes", "live_bytes", "retired_bytes", "reusable_bytes",
+                   "reused_bytes", "expired", "capped", "processes", "behind", "oldest_pid",
+                   "writers", "rollups" }
     if o.check then keys[#keys + 1] = "check" end
     out(jobject(keys, info), "\n")
   else
@@ -684,7 +729,15 @@ function cmd.info(args)
       { "used", fmt("%s; %s free inside the file", bytes(st.used_bytes), bytes(free_in_file)) },
       { "can grow", fmt("by %s more (limit %s)%s", bytes(grow), bytes(st.max_bytes),
                         fs and fmt("; %s free on the file system", bytes(fs.avail)) or "") },
-      { "retired", fmt("%s (cells left behind by reshard and drop)", bytes(st.retired_bytes)) },
+      { "live", fmt("%s in use", bytes(st.live_bytes)) },
+      { "retired", fmt("%s (left by drop, expiry, reshard, index growth: in its grace period)",
+                       bytes(st.retired_bytes)) },
+      { "reusable", fmt("%s (past it: handed out again before the file grows)",
+                        bytes(st.reusable_bytes)) },
+      { "reused", fmt("%s handed out again so far", bytes(st.reused_bytes)) },
+      { "expired", fmt("%d counter%s expired for idleness", st.expired, plural(st.expired)) },
+      { "capped", fmt("%d new name%s sent to an overflow counter", st.capped, plural(st.capped)) },
+      { "processes", processes_text(info) },
       { "writers", fmt("%d thread ticket%s drawn", st.writers, st.writers == 1 and "" or "s") },
     }
     if #schedules == 0 then lines[#lines + 1] = { "rollups", "none" } end
@@ -695,6 +748,55 @@ function cmd.info(args)
     for _, l in ipairs(lines) do out(fmt("%-10s %s\n", l[1], l[2])) end
   end
   if o.check and not checked then return 1 end
+  return 0
+end
+
+-- The length of the file at path, or nil, message.
+local function file_size(path)
+  local f, msg = io.open(path, "rb")
+  if not f then return nil, msg end
+  local n, smsg = f:seek("end")
+  f:close()
+  return n, smsg
+end
+
+function cmd.compact(args)
+  local o, pos = parse(args, { min = 1, max = 1 })
+  if o.help then return "help" end
+  local uri = pos[1]
+  if uri == "memory" then
+    fail("'memory' is a store of one process, empty here: give a file store (file:PATH or a path)")
+  end
+  local path = uri:match("^file:(.*)$") or uri
+  if path == "" then fail("empty store path in '" .. uri .. "'") end
+  local before, msg = file_size(path)
+  if not before then
+    if msg:find("No such file or directory$") then fail(fmt("no store at %s (no such file)", path)) end
+    fail(msg)
+  end
+  local compact = tally.compact or require("tally.core").compact
+  if not compact then fail("this build of tally has no compact") end
+  -- the rewrite cannot stop half-way: Ctrl-C is noted, not raised
+  local bar, total = progress("compact"), nil
+  term.catch_interrupt(true)
+  local ok, done, cmsg = pcall(compact, "file:" .. path, function(n, of)
+    total = of
+    if bar then pcall(bar.update, "rewrite", n, of, "counters", n == of) end
+  end)
+  if bar then bar.done() end
+  local stopped = term.interrupted()
+  term.catch_interrupt(false)
+  if not ok then error(done, 0) end
+  if not done then fail(tostring(cmsg)) end   -- EBUSY names a process that has it open
+  if not bar and total then
+    io.stderr:write(fmt("compact: %d counter%s rewritten\n", total, plural(total)))
+  end
+  local after = file_size(path) or 0
+  out(fmt("compacted %s: %s -> %s (%d -> %d bytes)\n", path, bytes(before), bytes(after),
+          before, after))
+  if stopped then
+    io.stderr:write("tally compact: Ctrl-C came while compacting: the compaction was completed\n")
+  end
   return 0
 end
 
@@ -737,7 +839,8 @@ function _M.man()
     ".SH DESCRIPTION", ".nf", roff(HELP.tally), ".fi",
     ".SH COMMANDS",
   }
-  for _, name in ipairs({ "run", "ls", "get", "incr", "export", "import", "info", "watch", "help" }) do
+  for _, name in ipairs({ "run", "ls", "get", "incr", "export", "import", "info", "compact", "watch",
+                          "help" }) do
     parts[#parts + 1] = ".SS " .. name
     parts[#parts + 1] = ".nf"
     parts[#parts + 1] = roff(USAGE[name])

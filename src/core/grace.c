@@ -1,0 +1,353 @@
+/* grace.c -- grace periods across processes, and this process's handles.
+ *
+ * Retired space (space.c) may be reused once no process can still reach
+ * it. Each process that opens a store takes a slot in the store's process
+ * table: its owner (pid and start time, so a recycled pid is not taken
+ * for it) and the epoch it has passed. A process passes an epoch in its
+ * grace step (run by tally_store_maintain, hence db:tick, and by creates
+ * and drops): it points every handle it holds to a counter retired since
+ * at the counter's new cells, or at the tombstone cell if the counter is
+ * gone, and then publishes the epoch. Limbo retired before the smallest
+ * epoch of all live processes, and at least grace_ms old, is reused.
+ *
+ * A dead process (its pid gone) never holds reuse back: its slot is freed.
+ * A stopped one (SIGSTOP) holds it back until it runs again. A process
+ * that holds no handle publishes itself idle and holds nothing back (an
+ * nginx master that opened the store in init_by_lua). The increment's
+ * fast path does none of this: it only ever follows the handle's loc.
+ *
+ * What the epochs cannot see is a thread stopped between loading a
+ * handle's loc and its add while another thread of its process runs the
+ * grace step; grace_ms (default 1 s) bounds that window, as Varnish's
+ * cooling period does.
+ */
+#include "internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define DEFAULT_GRACE_MS 1000
+
+/* ---- the process table --------------------------------------------------- */
+
+/* pid << 32 | a hash of the process's start time (field 22 of
+ * /proc/PID/stat), or | 1 where /proc cannot tell. */
+static uint64_t owner_of(pid_t pid) {
+  char path[64], buf[1024];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  uint32_t start = 1;
+  if (fd >= 0) {
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n > 0) {
+      buf[n] = 0;
+      char *p = strrchr(buf, ')'); /* the command may hold spaces */
+      for (int field = 2; p && *p && field < 22; p++)
+        if (*p == ' ') field++;
+      if (p) start = (uint32_t)tally__mix(strtoull(p, NULL, 10)) | 1;
+    }
+  }
+  return (uint64_t)(uint32_t)pid << 32 | start;
+}
+
+/* A zombie (killed, not yet reaped) holds nothing: its state is Z. */
+static bool zombie(pid_t pid) {
+  char path[64], buf[512];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  ssize_t n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (n <= 0) return false;
+  buf[n] = 0;
+  char *p = strrchr(buf, ')');
+  return p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X');
+}
+
+static bool owner_alive(uint64_t owner) {
+  pid_t pid = (pid_t)(owner >> 32);
+  if (pid <= 0) return false;
+  if (kill(pid, 0) != 0 && errno == ESRCH) return false;
+  if (zombie(pid)) return false;
+  uint64_t now = owner_of(pid);
+  return (now & 0xffffffffu) == 1 || (owner & 0xffffffffu) == 1 || now == owner;
+}
+
+static struct tally__proc *procs(tally_store *s) {
+  uint64_t off;
+  if (tally__unseal(s, TALLY__SEAL_PROCS, atomic_load(&s->hdr->procs), 0, &off) || !off ||
+      !tally__in_arena(s, off, TALLY__PROCS * sizeof(struct tally__proc)))
+    return NULL;
+  s->procs_end = off + TALLY__PROCS * sizeof(struct tally__proc);
+  return tally__at(s, off);
+}
+
+static int claim(tally_store *s, uint64_t seen) {
+  struct tally__proc *t = procs(s);
+  if (!t)
+    return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (process table)",
+                       tally__store_name(s));
+  uint64_t me = owner_of(getpid());
+  for (int pass = 0; pass < 2; pass++) {
+    for (uint32_t i = 0; i < TALLY__PROCS; i++) {
+      uint64_t o = atomic_load(&t[i].owner);
+      if (o && pass == 1 && !owner_alive(o)) { /* a dead process's slot */
+        atomic_compare_exchange_strong(&t[i].owner, &o, 0);
+        o = atomic_load(&t[i].owner);
+      }
+      if (o) continue;
+      atomic_store(&t[i].seen, seen); /* before the owner: never a stale epoch */
+      if (atomic_compare_exchange_strong(&t[i].owner, &o, me)) {
+        atomic_store(&t[i].seen, seen);
+        s->proc = i;
+        s->pid = getpid();
+        return 0;
+      }
+    }
+  }
+  return tally__fail(TALLY_EBUSY, "%s: %u processes have the store open (the most)",
+                     tally__store_name(s), TALLY__PROCS);
+}
+
+int tally__grace_open(tally_store *s) {
+  s->grace_ms = DEFAULT_GRACE_MS;
+  const char *g = getenv("TALLY_GRACE_MS");
+  if (g && *g) s->grace_ms = strtoll(g, NULL, 10);
+  s->seen = atomic_load(&s->hdr->epoch);
+  return claim(s, s->seen << 1 | 1);
+}
+
+void tally__grace_close(tally_store *s) {
+  struct stat st; /* a file truncated under us: touching the table is SIGBUS */
+  if (!s->hdr || !s->pid ||
+      (s->kind == TALLY__FILE && (fstat(s->fd, &st) != 0 ||
+                                  (uint64_t)st.st_size < s->procs_end)))
+    return;
+  struct tally__proc *t = procs(s);
+  if (!t) return;
+  uint64_t me = atomic_load(&t[s->proc].owner);
+  if (me >> 32 == (uint64_t)getpid() && atomic_compare_exchange_strong(&t[s->proc].owner, &me, 0))
+    atomic_store(&t[s->proc].seen, 0); /* a free slot is all zero */
+}
+
+/* A forked child holds copies of its parent's handles, valid as of the
+ * parent's epoch: it takes a slot of its own at that epoch. */
+void tally__grace_fork_child(tally_store *s) {
+  struct tally__proc *t = procs(s);
+  if (!t) return;
+  (void)claim(s, atomic_load(&t[s->proc].seen));
+}
+
+/* ---- this process's handles, by record ----------------------------------- */
+
+struct tally__handles {
+  size_t cap, n; /* buckets (a power of two), handles */
+  tally_counter **bucket;
+};
+
+static size_t bucket_of(const struct tally__handles *h, uint64_t rec_off) {
+  return (size_t)(tally__mix(rec_off) & (h->cap - 1));
+}
+
+static void insert(struct tally__handles *h, tally_counter *c) {
+  size_t b = bucket_of(h, c->rec_off);
+  c->next_same = h->bucket[b];
+  h->bucket[b] = c;
+}
+
+void tally__handle_add(tally_store *s, tally_counter *c) {
+  pthread_mutex_lock(&s->hlock);
+  struct tally__handles *h = s->handles;
+  if (!h && (h = s->handles = calloc(1, sizeof *h))) {
+    h->cap = 64;
+    if (!(h->bucket = calloc(h->cap, sizeof *h->bucket))) {
+      free(h);
+      h = s->handles = NULL;
+    }
+  }
+  if (h && h->n >= h->cap) { /* grow: rehash every chain */
+    tally_counter **nb = calloc(h->cap * 2, sizeof *nb);
+    if (nb) {
+      tally_counter **old = h->bucket;
+      size_t oc = h->cap;
+      h->bucket = nb;
+      h->cap *= 2;
+      for (size_t i = 0; i < oc; i++)
+        for (tally_counter *x = old[i], *next; x; x = next) {
+          next = x->next_same;
+          insert(h, x);
+        }
+      free(old);
+    }
+  }
+  if (h) {
+    insert(h, c);
+    h->n++;
+  }
+  pthread_mutex_unlock(&s->hlock);
+}
+
+/* Before a lookup that may make a handle: a process published idle (it
+ * held none) must hold back, from before the lookup, what is retired
+ * from now on. It has nothing to refresh, so it passes the epoch as is. */
+void tally__grace_busy(tally_store *s) {
+  pthread_mutex_lock(&s->hlock);
+  if ((!s->handles || !s->handles->n) && s->pid == getpid()) {
+    struct tally__proc *t = procs(s);
+    uint64_t e = atomic_load_explicit(&s->hdr->epoch, memory_order_seq_cst);
+    if (t && atomic_load(&t[s->proc].seen) != e << 1) {
+      s->seen = e;
+      atomic_store_explicit(&t[s->proc].seen, e << 1, memory_order_seq_cst);
+    }
+  }
+  pthread_mutex_unlock(&s->hlock);
+}
+
+void tally__handle_remove(tally_store *s, tally_counter *c) {
+  pthread_mutex_lock(&s->hlock);
+  struct tally__handles *h = s->handles;
+  if (h)
+    for (tally_counter **p = &h->bucket[bucket_of(h, c->rec_off)]; *p; p = &(*p)->next_same)
+      if (*p == c) {
+        *p = c->next_same;
+        h->n--;
+        break;
+      }
+  pthread_mutex_unlock(&s->hlock);
+}
+
+/* The store closes: handles still open (a host's garbage collector may
+ * close them later) forget it, so closing them touches nothing freed. */
+void tally__handles_free(tally_store *s) {
+  struct tally__handles *h = s->handles;
+  for (size_t i = 0; h && i < h->cap; i++)
+    for (tally_counter *c = h->bucket[i]; c; c = c->next_same) c->s = NULL;
+  if (s->handles) free(s->handles->bucket);
+  free(s->handles);
+  s->handles = NULL;
+}
+
+uint64_t tally__tombstone_loc(void) {
+  return (uint64_t)(offsetof(struct tally__header, tombstone) >> 3) << 32;
+}
+
+/* Point this process's handles of the counter at rec_off where they must
+ * go: its current cells, or the tombstone if it is gone. */
+static void refresh_rec(tally_store *s, uint64_t rec_off) {
+  struct tally__handles *h = s->handles;
+  struct tally__rec *r = tally__at(s, rec_off);
+  uint64_t loc = atomic_load_explicit(&r->loc, memory_order_acquire);
+  int gone = 0;
+  if (loc & TALLY__LOC_DROPPED)
+    gone = (atomic_load(&r->flags) & TALLY__REC_EXPIRED) ? 2 : 1;
+  for (tally_counter *c = h->bucket[bucket_of(h, rec_off)]; c; c = c->next_same) {
+    if (tally__crec(c) != rec_off || atomic_load(&c->gone)) continue;
+    if (gone) atomic_store(&c->gone, gone);
+    atomic_store_explicit(&c->loc, gone ? tally__tombstone_loc() : loc,
+                          memory_order_release);
+  }
+}
+
+/* A record retired (SMALL) or moved (REF) in the node: its handles. */
+static void refresh_node(tally_store *s, const struct tally__limbo *l, void *ud) {
+  (void)ud;
+  if (!s->handles || !s->handles->n) return;
+  for (uint32_t i = 0; i < l->n; i++) {
+    int kind = (int)((l->item[i] >> 32) & 3);
+    if (kind == TALLY__ITEM_SMALL || kind == TALLY__ITEM_REF)
+      refresh_rec(s, (l->item[i] & 0xffffffffu) << 3);
+  }
+}
+
+void tally__grace_step(tally_store *s) {
+  struct tally__header *h = s->hdr;
+  struct tally__proc *t = procs(s);
+  if (!t) return;
+  uint64_t epoch = atomic_load_explicit(&h->epoch, memory_order_acquire), tail_off;
+  /* close the current epoch if something was retired in it: what is
+   * retired from now on is stamped with the next one */
+  if (tally__unseal(s, TALLY__SEAL_LIMBO, atomic_load(&h->limbo_tail), 0, &tail_off) == 0 &&
+      tail_off && ((struct tally__limbo *)tally__at(s, tail_off))->epoch >= epoch) {
+    epoch = ((struct tally__limbo *)tally__at(s, tail_off))->epoch + 1;
+    atomic_store_explicit(&h->epoch, epoch, memory_order_release);
+  }
+  pthread_mutex_lock(&s->hlock);
+  if (s->seen < epoch) (void)tally__limbo_each(s, s->seen, refresh_node, NULL);
+  bool idle = !s->handles || s->handles->n == 0;
+  pthread_mutex_unlock(&s->hlock);
+  s->seen = epoch;
+  if (s->pid != getpid()) (void)claim(s, epoch << 1 | idle); /* forked */
+  atomic_store_explicit(&t[s->proc].seen, epoch << 1 | idle, memory_order_release);
+  uint64_t min_seen = epoch;
+  for (uint32_t i = 0; i < TALLY__PROCS; i++) {
+    uint64_t o = atomic_load(&t[i].owner);
+    if (!o) continue;
+    uint64_t w = atomic_load(&t[i].seen);
+    if (w & 1) continue; /* idle: holds nothing */
+    if ((w >> 1) >= min_seen) continue;
+    if (!owner_alive(o)) { /* dead: never holds reuse back */
+      atomic_compare_exchange_strong(&t[i].owner, &o, 0);
+      continue;
+    }
+    min_seen = w >> 1;
+  }
+  tally__reclaim(s, min_seen, tally_monotonic_ms());
+}
+
+int tally__grace_table_create(tally_store *s) {
+  uint64_t off;
+  int rc = tally__alloc(s, TALLY__PROCS * sizeof(struct tally__proc), &off);
+  if (rc == 0)
+    atomic_store(&s->hdr->procs, tally__seal(s, TALLY__SEAL_PROCS, off, 0));
+  return rc;
+}
+
+int tally__grace_others(tally_store *s, int64_t *pid) {
+  struct tally__proc *t = procs(s);
+  if (!t)
+    return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (process table)",
+                       tally__store_name(s));
+  for (uint32_t i = 0; i < TALLY__PROCS; i++) {
+    uint64_t o = atomic_load(&t[i].owner);
+    if (!o || i == s->proc) continue;
+    if (!owner_alive(o)) { /* dead (or a zombie): its slot is free now */
+      atomic_compare_exchange_strong(&t[i].owner, &o, 0);
+      continue;
+    }
+    *pid = (int64_t)(o >> 32);
+    return 1;
+  }
+  return 0;
+}
+
+/* Processes holding reuse back, for tally info. */
+int tally_store_grace(tally_store *s, tally_grace_info *out) {
+  if (!s || !out) return tally__fail(TALLY_EINVAL, "tally_store_grace: NULL argument");
+  memset(out, 0, sizeof *out);
+  struct tally__proc *t = procs(s);
+  if (!t)
+    return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (process table)",
+                       tally__store_name(s));
+  uint64_t epoch = atomic_load(&s->hdr->epoch);
+  out->epoch = epoch;
+  for (uint32_t i = 0; i < TALLY__PROCS; i++) {
+    uint64_t o = atomic_load(&t[i].owner), w = atomic_load(&t[i].seen);
+    if (!o || !owner_alive(o)) continue;
+    out->processes++;
+    if (!(w & 1) && (w >> 1) < epoch) {
+      if (!out->oldest_pid || (w >> 1) < out->oldest_seen) {
+        out->oldest_pid = (int64_t)(o >> 32);
+        out->oldest_seen = w >> 1;
+      }
+      out->behind++;
+    }
+  }
+  return 0;
+}
