@@ -279,6 +279,11 @@ typedef struct tally_counter_info {
 
 TALLY_API int tally_counter_info_get(tally_counter *c, tally_counter_info *out);
 
+/* Keep this incarnation of the counter from idle expiry: a flusher that
+ * ships its value elsewhere pins it, since a counter re-created from zero
+ * would flush a negative delta (tally_net.h). Expiry counts it as held. */
+TALLY_API int tally_counter_pin(tally_counter *c);
+
 /* Drop counter `name`: it disappears from the store; handles to it in any
  * process get TALLY_EDROPPED (an expired counter's handles re-create it
  * instead). TALLY_ENOENT if absent. Its space is reused after the grace

@@ -299,7 +299,9 @@ TALLY_API const redisReply *tally_rc_pipe_reply(const tally_rc_pipe *p, uint32_t
  *
  * Consequences of "local value = contribution": resetting or dropping and
  * re-creating a local counter flushes a negative delta (the remote total
- * then no longer includes what that writer had contributed).
+ * then no longer includes what that writer had contributed). So the
+ * flusher pins every counter it ships (tally_counter_pin): idle expiry
+ * leaves them alone.
  *
  * Reads. tally_flusher_remote_value sums `v` over the R shards
  * (scatter-gather, pipelined): it includes every flush that completed

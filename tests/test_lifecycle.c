@@ -1197,6 +1197,29 @@ static void test_close_order(void) {
   tally_counter_close(a);
 }
 
+/* A pinned counter (a flusher ships it) never expires; it counts as held. */
+static void test_pinned(void) {
+  tally_store *s = NULL;
+  tally_counter *a = NULL, *b = NULL;
+  tally_maintain_result mr;
+  tally_family_options fo = {0, -1, 1, 0};
+  REQUIRE_OK(tally_store_open("memory", NULL, &s));
+  REQUIRE_OK(tally_family_define(s, "p:*", 3, &fo));
+  REQUIRE_OK(tally_counter_open(s, "p:a", 3, NULL, TALLY_COUNTER_CREATE, &a));
+  REQUIRE_OK(tally_counter_open(s, "p:b", 3, NULL, TALLY_COUNTER_CREATE, &b));
+  EXPECT_OK(tally_counter_incr(a, 7));
+  EXPECT_OK(tally_counter_incr(b, 7));
+  EXPECT_OK(tally_counter_pin(a));
+  EXPECT_OK(tally_store_maintain(s, 10000, 1000, &mr));
+  EXPECT_OK(tally_store_maintain(s, 12000, 1000, &mr));
+  EXPECT_I64(1, (int64_t)mr.expired); /* p:b */
+  EXPECT_I64(1, (int64_t)mr.held);    /* p:a */
+  EXPECT_I64(7, tu_value(a));
+  tally_counter_close(a);
+  tally_counter_close(b);
+  tally_store_close(s);
+}
+
 int main(int argc, char **argv) {
   const char *only = argc > 1 ? argv[1] : NULL; /* run one test by name */
   snprintf(g_dir, sizeof g_dir, "%s", tu_tmpdir("lifecycle"));
@@ -1228,6 +1251,7 @@ int main(int argc, char **argv) {
   RUN("caps", test_caps());
   RUN("check", test_check_damage());
   RUN("close", test_close_order());
+  RUN("pinned", test_pinned());
   printf("total %.2f s\n", tu_now() - t0);
   tu_rmrf(g_dir);
   return tu_finish("test_lifecycle");

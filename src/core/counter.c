@@ -491,6 +491,17 @@ int tally_counter_info_get(tally_counter *c, tally_counter_info *out) {
   return 0;
 }
 
+int tally_counter_pin(tally_counter *c) {
+  if (!c) return tally__fail(TALLY_EINVAL, "tally_counter_pin: counter is NULL");
+  int rc = tally__counter_live(c);
+  uint64_t loc;
+  if (rc == 0) rc = tally__current(c->s, tally__crec(c), &loc);
+  if (rc == 0)
+    atomic_fetch_or(&((struct tally__rec *)tally__at(c->s, tally__crec(c)))->flags,
+                    TALLY__REC_PINNED);
+  return rc;
+}
+
 /* ---- reset, reshard, drop ------------------------------------------------- */
 
 /* Take every shard's value, one CAS each. If the total stops fitting in

@@ -37,7 +37,8 @@ static int expire_one(tally_store *s, uint64_t rec_off, int64_t v) {
   rc = tally__loc_decode(s, rec_off, loc, &cells, &n, &dropped);
   if (rc == 0 && !dropped) {
     atomic_fetch_or(&r->flags, TALLY__REC_EXPIRED); /* before handles can see it gone */
-    rc = tally__journal_drop_if(s, rec_off, tally__loc_make(s, rec_off, cells, n, true), v);
+    rc = tally__journal_drop_if(s, rec_off, tally__loc_make(s, rec_off, cells, n, true),
+                                v);
     if (rc) atomic_fetch_and(&r->flags, ~TALLY__REC_EXPIRED);
   }
   tally__unlock(s);
@@ -78,6 +79,10 @@ static int scan_one(tally_store *s, uint64_t rec_off, void *ud) {
     return 0;
   }
   if (sc->now_ms - since < (int64_t)f->idle_s * 1000) return 0;
+  if (atomic_load(&r->flags) & TALLY__REC_PINNED) { /* a flusher ships it */
+    sc->r->held++;
+    return 0;
+  }
   struct tally__block *b = NULL;
   if (tally__block_of(s, rec_off, &b)) return 0;
   if (b ? atomic_load(&b->count) == 0 || atomic_load(&b->value) != v

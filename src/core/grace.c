@@ -127,13 +127,14 @@ int tally__grace_open(tally_store *s) {
 void tally__grace_close(tally_store *s) {
   struct stat st; /* a file truncated under us: touching the table is SIGBUS */
   if (!s->hdr || !s->pid ||
-      (s->kind == TALLY__FILE && (fstat(s->fd, &st) != 0 ||
-                                  (uint64_t)st.st_size < s->procs_end)))
+      (s->kind == TALLY__FILE &&
+       (fstat(s->fd, &st) != 0 || (uint64_t)st.st_size < s->procs_end)))
     return;
   struct tally__proc *t = procs(s);
   if (!t) return;
   uint64_t me = atomic_load(&t[s->proc].owner);
-  if (me >> 32 == (uint64_t)getpid() && atomic_compare_exchange_strong(&t[s->proc].owner, &me, 0))
+  if (me >> 32 == (uint64_t)getpid() &&
+      atomic_compare_exchange_strong(&t[s->proc].owner, &me, 0))
     atomic_store(&t[s->proc].seen, 0); /* a free slot is all zero */
 }
 
@@ -214,7 +215,8 @@ void tally__handle_remove(tally_store *s, tally_counter *c) {
   pthread_mutex_lock(&s->hlock);
   struct tally__handles *h = s->handles;
   if (h)
-    for (tally_counter **p = &h->bucket[bucket_of(h, c->rec_off)]; *p; p = &(*p)->next_same)
+    for (tally_counter **p = &h->bucket[bucket_of(h, c->rec_off)]; *p;
+         p = &(*p)->next_same)
       if (*p == c) {
         *p = c->next_same;
         h->n--;
@@ -273,7 +275,8 @@ void tally__grace_step(tally_store *s) {
   uint64_t epoch = atomic_load_explicit(&h->epoch, memory_order_acquire), tail_off;
   /* close the current epoch if something was retired in it: what is
    * retired from now on is stamped with the next one */
-  if (tally__unseal(s, TALLY__SEAL_LIMBO, atomic_load(&h->limbo_tail), 0, &tail_off) == 0 &&
+  if (tally__unseal(s, TALLY__SEAL_LIMBO, atomic_load(&h->limbo_tail), 0, &tail_off) ==
+          0 &&
       tail_off && ((struct tally__limbo *)tally__at(s, tail_off))->epoch >= epoch) {
     epoch = ((struct tally__limbo *)tally__at(s, tail_off))->epoch + 1;
     atomic_store_explicit(&h->epoch, epoch, memory_order_release);
@@ -304,8 +307,7 @@ void tally__grace_step(tally_store *s) {
 int tally__grace_table_create(tally_store *s) {
   uint64_t off;
   int rc = tally__alloc(s, TALLY__PROCS * sizeof(struct tally__proc), &off);
-  if (rc == 0)
-    atomic_store(&s->hdr->procs, tally__seal(s, TALLY__SEAL_PROCS, off, 0));
+  if (rc == 0) atomic_store(&s->hdr->procs, tally__seal(s, TALLY__SEAL_PROCS, off, 0));
   return rc;
 }
 

@@ -160,6 +160,7 @@ struct tally__rec {
 #define TALLY__KIND_FAMILY  0xF4
 #define TALLY__REC_EXPIRED  0x1u /* its drop was an expiry: handles re-create it */
 #define TALLY__REC_LIMBO    0x2u /* its drop put it in limbo (exactly once) */
+#define TALLY__REC_PINNED   0x4u /* never expires (tally_counter_pin) */
 
 struct tally__family {
   uint64_t next; /* older family, or 0 */

@@ -24,8 +24,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define SMALL   16u
-#define ALIGNED 64u
+#define SMALL    16u
+#define ALIGNED  64u
 #define BIG_WALK 64u /* entries looked at in a bucket of large pieces */
 
 /* A list's identity keys the seals of its words: a piece linked into
@@ -79,7 +79,8 @@ static int piece_at(tally_store *s, uint64_t word, uint64_t id, uint64_t want,
   if (rc) return rc;
   if (!*off) return 0;
   uint64_t align = (id & 0xf00) == LIST_SMALL ? SMALL : ALIGNED;
-  if (*off % align || !tally__in_arena(s, *off, 16)) return corrupt(s, "free piece", *off);
+  if (*off % align || !tally__in_arena(s, *off, 16))
+    return corrupt(s, "free piece", *off);
   *bytes = atomic_load_explicit(&words(s, *off)[1], memory_order_relaxed);
   if ((want ? *bytes != want : *bytes % ALIGNED != 0) || *bytes < 16 ||
       !tally__in_arena(s, *off, *bytes))
@@ -112,8 +113,8 @@ static int pop(tally_store *s, _Atomic uint64_t *head, uint64_t id, uint64_t byt
   /* a bucket of large pieces: the first of exactly this size */
   _Atomic uint64_t *link = head;
   for (uint32_t i = 0; i < BIG_WALK; i++) {
-    int rc = piece_at(s, atomic_load_explicit(link, memory_order_acquire), id, 0, &got,
-                      &size);
+    int rc =
+        piece_at(s, atomic_load_explicit(link, memory_order_acquire), id, 0, &got, &size);
     if (rc || !got) return rc;
     if (size == bytes) {
       atomic_store_explicit(link, atomic_load(&words(s, got)[0]), memory_order_release);
@@ -378,8 +379,10 @@ int tally__space_open_check(tally_store *s) {
   if (rc == 0) rc = piece_at(s, atomic_load(&h->free_big[0]), LIST_BIG, 0, &off, &bytes);
   for (uint32_t n = 1; rc == 0 && n <= TALLY_MAX_SHARDS; n++)
     rc = column_at(s, atomic_load(&s->classes[n - 1].free), n, &off);
-  if (rc == 0 && atomic_load(&h->limbo_head)) node_at(s, atomic_load(&h->limbo_head), &rc);
-  if (rc == 0 && atomic_load(&h->limbo_tail)) node_at(s, atomic_load(&h->limbo_tail), &rc);
+  if (rc == 0 && atomic_load(&h->limbo_head))
+    node_at(s, atomic_load(&h->limbo_head), &rc);
+  if (rc == 0 && atomic_load(&h->limbo_tail))
+    node_at(s, atomic_load(&h->limbo_tail), &rc);
   if (rc == 0 && atomic_load(&h->epoch) > (UINT64_C(1) << 62))
     rc = corrupt(s, "epoch", 0);
   return rc;

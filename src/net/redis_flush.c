@@ -464,6 +464,13 @@ int tally_flusher_run(tally_flusher *f, const char *pattern, size_t plen,
     if (!en->c) {
       code = tally_counter_open(f->local, name, len, NULL, 0, &en->c);
       if (code == TALLY_ENOENT) continue; /* dropped since listed */
+      /* never expire what this flusher ships: re-created from zero, it
+       * would flush a negative delta */
+      if (code == 0 && tally_counter_pin(en->c) != 0) { /* dropped meanwhile */
+        tally_counter_close(en->c);
+        en->c = NULL;
+        continue;
+      }
       if (code) {
         note_fail(f, code);
         st->errors++;
