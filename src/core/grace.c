@@ -85,7 +85,6 @@ static struct tally__proc *procs(tally_store *s) {
   if (tally__unseal(s, TALLY__SEAL_PROCS, atomic_load(&s->hdr->procs), 0, &off) || !off ||
       !tally__in_arena(s, off, TALLY__PROCS * sizeof(struct tally__proc)))
     return NULL;
-  s->procs_end = off + TALLY__PROCS * sizeof(struct tally__proc);
   return tally__at(s, off);
 }
 
@@ -108,6 +107,7 @@ static int claim(tally_store *s, uint64_t seen) {
         atomic_store(&t[i].seen, seen);
         s->proc = i;
         s->pid = getpid();
+        s->procs_end = (uint64_t)((unsigned char *)&t[TALLY__PROCS] - s->base);
         return 0;
       }
     }
@@ -284,10 +284,10 @@ void tally__grace_step(tally_store *s) {
   pthread_mutex_lock(&s->hlock);
   if (s->seen < epoch) (void)tally__limbo_each(s, s->seen, refresh_node, NULL);
   bool idle = !s->handles || s->handles->n == 0;
-  pthread_mutex_unlock(&s->hlock);
-  s->seen = epoch;
+  s->seen = epoch; /* this process's words change under hlock only */
   if (s->pid != getpid()) (void)claim(s, epoch << 1 | idle); /* forked */
   atomic_store_explicit(&t[s->proc].seen, epoch << 1 | idle, memory_order_release);
+  pthread_mutex_unlock(&s->hlock);
   uint64_t min_seen = epoch;
   for (uint32_t i = 0; i < TALLY__PROCS; i++) {
     uint64_t o = atomic_load(&t[i].owner);
