@@ -33,8 +33,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define INDEX_MIN_CAP 1024u /* index.c's smallest table */
-
 struct job {
   tally_store *from, *to;
   uint64_t *recs; /* live records of `from`, in index order */
@@ -61,15 +59,8 @@ static int lay_out(tally_store *to, uint64_t names) {
   atomic_store(&h->used, TALLY__ARENA_OFF);
   atomic_store(&h->index, 0);
   atomic_store(&h->procs, 0);
-  uint64_t cap = INDEX_MIN_CAP, off; /* as index.c sizes a rebuilt table */
-  while (cap < (names + 1) * 4) cap *= 2;
-  int rc = tally__alloc(to, sizeof(struct tally__index) + cap * 8, &off);
-  if (rc) return rc;
-  struct tally__index *t = tally__at(to, off);
-  t->magic = TALLY__INDEX_MAGIC;
-  t->cap = cap;
-  atomic_store(&h->index, tally__seal(to, TALLY__SEAL_INDEX, off, 0));
-  return tally__grace_table_create(to);
+  int rc = tally__index_create(to, names);
+  return rc ? rc : tally__grace_table_create(to);
 }
 
 /* ---- families -------------------------------------------------------------- */

@@ -37,18 +37,21 @@
 /* ---- the process table --------------------------------------------------- */
 
 /* pid << 32 | a hash of the process's start time (field 22 of
- * /proc/PID/stat), or | 1 where /proc cannot tell. */
-static uint64_t owner_of(pid_t pid) {
+ * /proc/PID/stat), or | 1 where /proc cannot tell. *zombie (may be NULL):
+ * is it killed and not yet reaped (state Z or X)? */
+static uint64_t owner_of(pid_t pid, bool *zombie) {
   char path[64], buf[1024];
   snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
   int fd = open(path, O_RDONLY | O_CLOEXEC);
   uint32_t start = 1;
+  if (zombie) *zombie = false;
   if (fd >= 0) {
     ssize_t n = read(fd, buf, sizeof buf - 1);
     close(fd);
     if (n > 0) {
       buf[n] = 0;
       char *p = strrchr(buf, ')'); /* the command may hold spaces */
+      if (p && zombie && p[1] == ' ') *zombie = p[2] == 'Z' || p[2] == 'X';
       for (int field = 2; p && *p && field < 22; p++)
         if (*p == ' ') field++;
       if (p) start = (uint32_t)tally__mix(strtoull(p, NULL, 10)) | 1;
@@ -57,26 +60,14 @@ static uint64_t owner_of(pid_t pid) {
   return (uint64_t)(uint32_t)pid << 32 | start;
 }
 
-/* A zombie (killed, not yet reaped) holds nothing: its state is Z. */
-static bool zombie(pid_t pid) {
-  char path[64], buf[512];
-  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return false;
-  ssize_t n = read(fd, buf, sizeof buf - 1);
-  close(fd);
-  if (n <= 0) return false;
-  buf[n] = 0;
-  char *p = strrchr(buf, ')');
-  return p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X');
-}
-
+/* A zombie holds nothing; a recycled pid is another process. */
 static bool owner_alive(uint64_t owner) {
   pid_t pid = (pid_t)(owner >> 32);
+  bool zombie;
   if (pid <= 0) return false;
   if (kill(pid, 0) != 0 && errno == ESRCH) return false;
-  if (zombie(pid)) return false;
-  uint64_t now = owner_of(pid);
+  uint64_t now = owner_of(pid, &zombie);
+  if (zombie) return false;
   return (now & 0xffffffffu) == 1 || (owner & 0xffffffffu) == 1 || now == owner;
 }
 
@@ -93,7 +84,7 @@ static int claim(tally_store *s, uint64_t seen) {
   if (!t)
     return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (process table)",
                        tally__store_name(s));
-  uint64_t me = owner_of(getpid());
+  uint64_t me = owner_of(getpid(), NULL);
   for (int pass = 0; pass < 2; pass++) {
     for (uint32_t i = 0; i < TALLY__PROCS; i++) {
       uint64_t o = atomic_load(&t[i].owner);

@@ -99,10 +99,18 @@ static int new_table(tally_store *s, uint64_t cap, struct tally__index **out,
   return 0;
 }
 
-int tally__index_create(tally_store *s) {
+/* A table for `names` names: at most a quarter full, so it is used up to
+ * half full before it is rebuilt. */
+static uint64_t cap_for(uint64_t names) {
+  uint64_t cap = MIN_CAP;
+  while (cap < (names + 1) * 4) cap *= 2;
+  return cap;
+}
+
+int tally__index_create(tally_store *s, uint64_t names) {
   struct tally__index *t;
   uint64_t off;
-  int rc = new_table(s, MIN_CAP, &t, &off);
+  int rc = new_table(s, cap_for(names), &t, &off);
   if (rc == 0)
     atomic_store_explicit(&s->hdr->index, tally__seal(s, TALLY__SEAL_INDEX, off, 0),
                           memory_order_release);
@@ -163,12 +171,12 @@ static bool place(struct tally__index *t, uint64_t hash, uint64_t entry) {
 /* Rebuild into a table sized for twice the live entries (dropping deleted
  * ones) and publish it. The slot needs the name's hash: read the records. */
 static int rebuild(tally_store *s, struct tally__index *old, struct tally__index **out) {
-  uint64_t live = 0, cap = MIN_CAP;
+  uint64_t live = 0, cap;
   for (uint64_t i = 0; i < old->cap; i++) { /* recount: the counts are hints */
     uint64_t e = atomic_load_explicit(&old->entries[i], memory_order_relaxed);
     live += e != EMPTY && e != DELETED;
   }
-  while (cap < (live + 1) * 4) cap *= 2;
+  cap = cap_for(live);
   /* a rebuild forced by dropped entries keeps the size it has, if that
    * still leaves the table half empty: churn then swaps two tables of one
    * size, and the retired one is reused */

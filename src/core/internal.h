@@ -399,7 +399,7 @@ int tally__journal_finish(tally_store *s); /* a pending move; caller holds the l
 bool tally__fits_shards(__int128 total, uint32_t n); /* over n cells' range */
 
 /* ---- index.c ---- */
-int tally__index_create(tally_store *s);
+int tally__index_create(tally_store *s, uint64_t names); /* a table sized for them */
 int tally__index_find(tally_store *s, const char *name, size_t len, uint64_t hash,
                       uint64_t *rec_off);
 int tally__index_insert(tally_store *s, uint64_t hash, uint64_t rec_off);

@@ -270,7 +270,7 @@ static int open_once(const char *spec, const tally_open_options *opt, tally_stor
     s->journal = (_Atomic int64_t *)(s->base + TALLY__JOURNAL_OFF);
     if ((rc = tally__lock(s)) == 0) {
       if (atomic_load(&s->hdr->index) == 0) /* new store: its index, process table */
-        rc = tally__index_create(s);
+        rc = tally__index_create(s, 0);
       else /* the lock finished a move a dead process left; a damaged one fails */
         rc = tally__journal_finish(s);
       if (rc == 0 && atomic_load(&s->hdr->procs) == 0) rc = tally__grace_table_create(s);
