@@ -173,9 +173,9 @@ static int tl_no_such(lua_State *L, int rc) {
 }
 
 static int tl_store_value(lua_State *L) {
-  tl_store *d = tl_tostore(L);
   int64_t v;
   int rc, tries;
+  tl_tostore(L);
   tl_checkstring(L, 2, NULL);
   lua_settop(L, 2);
   for (tries = 0;; tries++) {
@@ -185,13 +185,13 @@ static int tl_store_value(lua_State *L) {
     h = (tl_counter *)lua_touserdata(L, -1);
     rc = tally_counter_value(h->c, &v);
     if (rc == 0 && v == 0 && tries == 0) { /* a cached handle reads 0 once its */
-      tally_counter *c;                    /* counter expired: is it there? */
-      rc = tally_counter_open(d->store, h->name, h->namelen, NULL, 0, &c);
-      if (rc == 0) tally_counter_close(c);
-      if (rc == TALLY_ENOENT) {
+      tally_counter_info info;             /* counter expired: info re-attaches */
+      int irc = tally_counter_info_get(h->c, &info); /* it, or says it is gone */
+      if (irc == TALLY_ENOENT) {
         tl_uncache(L);
-        return tl_no_such(L, rc);
+        return tl_no_such(L, irc);
       }
+      if (irc == 0) rc = tally_counter_value(h->c, &v); /* back: read it again */
     }
     if (rc == 0) break;
     if (rc != TALLY_EDROPPED || tries > 0) return tl_counter_fail(L, h, rc);
