@@ -274,13 +274,14 @@ static int open_once(const char *spec, const tally_open_options *opt, tally_stor
       else /* the lock finished a move a dead process left; a damaged one fails */
         rc = tally__journal_finish(s);
       if (rc == 0 && atomic_load(&s->hdr->procs) == 0) rc = tally__grace_table_create(s);
+      /* under the lock: a holder changing a free list mid-check is no damage */
+      if (rc == 0) rc = tally__space_open_check(s);
       tally__unlock(s);
     }
     if (rc == 0) rc = tally__index_check(s); /* header only: O(1) */
     if (rc == 0) rc = tally__classes_check(s);
     if (rc == 0) rc = tally__family_check(s);
     if (rc == 0) rc = tally__rollup_table_check(s);
-    if (rc == 0) rc = tally__space_open_check(s);
     if (rc == 0) rc = tally__grace_open(s); /* after: it trusts the table word */
     if (rc == 0 && kind == TALLY__FILE) rc = replaced(s); /* 1: open it again */
   }
