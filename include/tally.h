@@ -279,10 +279,23 @@ typedef struct tally_counter_info {
 
 TALLY_API int tally_counter_info_get(tally_counter *c, tally_counter_info *out);
 
-/* Keep this incarnation of the counter from idle expiry: a flusher that
- * ships its value elsewhere pins it, since a counter re-created from zero
- * would flush a negative delta (tally_net.h). Expiry counts it as held. */
-TALLY_API int tally_counter_pin(tally_counter *c);
+/* The value and the incarnation it belongs to, read together: a flusher
+ * must not credit one incarnation's value to another. An expired counter
+ * that was not created again reads 0 with incarnation 0. */
+TALLY_API int tally_counter_read(tally_counter *c, int64_t *value, uint64_t *incarnation);
+
+/* Flushers (tally_net.h). tally_store_ship records, in the store, that
+ * `writer` ships the counters matching `pattern` (glob) elsewhere; from
+ * then on such a counter expires only while its value equals the last
+ * value marked shipped for its incarnation with tally_counter_ship (a
+ * mark for another incarnation is ignored). A name two writers cover
+ * never expires. The store keeps 8 registrations of patterns up to 112
+ * bytes; past that every counter counts as covered. Registrations last
+ * (across restarts, for file stores) until tally_store_unship(writer). */
+TALLY_API int tally_store_ship(tally_store *s, const char *writer, size_t wlen,
+                               const char *pattern, size_t plen);
+TALLY_API int tally_store_unship(tally_store *s, const char *writer, size_t wlen);
+TALLY_API int tally_counter_ship(tally_counter *c, uint64_t incarnation, int64_t value);
 
 /* Drop counter `name`: it disappears from the store; handles to it in any
  * process get TALLY_EDROPPED (an expired counter's handles re-create it

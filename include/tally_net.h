@@ -254,8 +254,11 @@ TALLY_API const redisReply *tally_rc_pipe_reply(const tally_rc_pipe *p, uint32_t
  *                          spread over the cluster's nodes)
  *
  * with the field `v`, the shard's total, and, per writer W, the field
- * `w:W`, the total W has contributed through that shard. Values are int64
- * decimal strings. A writer always flushes into shard FNV-1a-32(W) % R.
+ * `w:W`, "INC:VALUE": the local counter's incarnation (16 lowercase hex
+ * digits, tally_counter_read) and the total that incarnation has
+ * contributed through that shard. Values are int64 decimal strings; a
+ * bare VALUE (written by versions before incarnations) is taken as the
+ * current incarnation's, and rewritten with it on the next flush. A writer always flushes into shard FNV-1a-32(W) % R.
  * (A NAME containing '}' shortens the hash tag; the keys stay distinct, only
  * the spread over nodes suffers.)
  *
@@ -265,14 +268,21 @@ TALLY_API const redisReply *tally_rc_pipe_reply(const tally_rc_pipe *p, uint32_t
  * processes flushing the same W concurrently are not supported.
  *
  * Exactly once, without a journal. The local counter's value IS the total
- * W has contributed to NAME. A flush of NAME runs one Lua script (EVAL,
- * never EVALSHA, so no NOSCRIPT) with KEYS[1] = the shard key and
- * ARGV = W, prev, new, new - prev:
+ * its incarnation has contributed to NAME. A flush of NAME runs one Lua
+ * script (EVAL, never EVALSHA, so no NOSCRIPT) with KEYS[1] = the shard
+ * key and ARGV = W, prev, new, delta, where prev is w:W as the flusher
+ * believes it and new is "INC:value" for the local incarnation INC:
  *
  *     cur = HGET w:W (nil = "0")
- *     cur == prev : HINCRBY v (new - prev); HSET w:W new; return 1  (applied)
+ *     cur == prev : HINCRBY v delta; HSET w:W new; return 1  (applied)
  *     cur == new  : return 0               (already applied: a lost reply)
  *     otherwise   : return cur as a string (conflict)
+ *
+ * delta is value - prev's value when prev is of the same incarnation, and
+ * value itself when prev is of an earlier one: that incarnation is over
+ * (it expired, only once w:W held its final value, or it was dropped) and
+ * the new one counts from 0. A delayed retry of an earlier incarnation's
+ * script can never match, since prev names its incarnation.
  *
  * The delta travels as its own argument because Redis' Lua has only
  * doubles; the script trusts it. The flusher keeps prev per counter in
@@ -297,11 +307,18 @@ TALLY_API const redisReply *tally_rc_pipe_reply(const tally_rc_pipe *p, uint32_t
  * than believed is sent again through the same compare-and-set script:
  * exactly the missing amount, exactly once.
  *
- * Consequences of "local value = contribution": resetting or dropping and
- * re-creating a local counter flushes a negative delta (the remote total
- * then no longer includes what that writer had contributed). So the
- * flusher pins every counter it ships (tally_counter_pin): idle expiry
- * leaves them alone.
+ * Expiry. A round first registers (W, pattern) in the local store
+ * (tally_store_ship), so upkeep keeps every counter the flusher covers
+ * until its value is marked shipped. The flusher marks it
+ * (tally_counter_ship) only when it has read w:W back from Redis with
+ * that incarnation and value: after a script applied, the next round in
+ * which the counter is quiet re-reads w:W (one HGET), so a flush that a
+ * failover lost is sent again before the counter may expire.
+ *
+ * Consequences of "local value = contribution": resetting a local counter
+ * flushes a negative delta (the remote total then no longer includes what
+ * that writer had contributed); dropping it and creating it again does
+ * not (a new incarnation: what the old one flushed stays).
  *
  * Reads. tally_flusher_remote_value sums `v` over the R shards
  * (scatter-gather, pipelined): it includes every flush that completed

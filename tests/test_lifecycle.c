@@ -1197,26 +1197,80 @@ static void test_close_order(void) {
   tally_counter_close(a);
 }
 
-/* A pinned counter (a flusher ships it) never expires; it counts as held. */
-static void test_pinned(void) {
+/* Counters a flusher ships (tally_store_ship) expire only once their
+ * value is marked shipped for their incarnation; others are not held. */
+static void test_shipped(void) {
   tally_store *s = NULL;
-  tally_counter *a = NULL, *b = NULL;
+  tally_counter *a = NULL, *b = NULL, *o = NULL, *z = NULL;
   tally_maintain_result mr;
   tally_family_options fo = {0, -1, 1, 0};
+  uint64_t inc = 0;
+  int64_t v = -1;
   REQUIRE_OK(tally_store_open("memory", NULL, &s));
   REQUIRE_OK(tally_family_define(s, "p:*", 3, &fo));
+  REQUIRE_OK(tally_store_ship(s, "w1", 2, "p:a*", 4));
+  REQUIRE_OK(tally_store_ship(s, "w1", 2, "p:a*", 4)); /* once is enough */
   REQUIRE_OK(tally_counter_open(s, "p:a", 3, NULL, TALLY_COUNTER_CREATE, &a));
   REQUIRE_OK(tally_counter_open(s, "p:b", 3, NULL, TALLY_COUNTER_CREATE, &b));
+  REQUIRE_OK(tally_counter_open(s, "p:ab", 4, NULL, TALLY_COUNTER_CREATE, &o));
+  REQUIRE_OK(tally_counter_open(s, "p:az", 4, NULL, TALLY_COUNTER_CREATE, &z));
   EXPECT_OK(tally_counter_incr(a, 7));
   EXPECT_OK(tally_counter_incr(b, 7));
-  EXPECT_OK(tally_counter_pin(a));
+  EXPECT_OK(tally_counter_incr(o, 7));
+  EXPECT_OK(tally_counter_read(a, &v, &inc));
+  EXPECT_I64(7, v);
+  EXPECT(inc != 0);
+  EXPECT_OK(tally_counter_ship(a, inc ^ 1, 7)); /* another incarnation's: ignored */
+  EXPECT_OK(tally_counter_ship(o, 0, 7));
   EXPECT_OK(tally_store_maintain(s, 10000, 1000, &mr));
   EXPECT_OK(tally_store_maintain(s, 12000, 1000, &mr));
-  EXPECT_I64(1, (int64_t)mr.expired); /* p:b */
-  EXPECT_I64(1, (int64_t)mr.held);    /* p:a */
+  EXPECT_I64(2, (int64_t)mr.expired); /* p:b (not covered), p:az (never moved) */
+  EXPECT_I64(2, (int64_t)mr.held);    /* p:a, p:ab: 7 not shipped */
   EXPECT_I64(7, tu_value(a));
+  EXPECT_OK(tally_counter_ship(a, inc, 6)); /* not its final value */
+  EXPECT_OK(tally_store_maintain(s, 14000, 1000, &mr));
+  EXPECT_I64(0, (int64_t)mr.expired);
+  EXPECT_OK(tally_counter_ship(a, inc, 7));
+  /* a second writer covering p:ab keeps it for good */
+  REQUIRE_OK(tally_store_ship(s, "w2", 2, "p:ab", 4));
+  EXPECT_OK(tally_counter_read(o, &v, &inc));
+  EXPECT_OK(tally_counter_ship(o, inc, 7));
+  EXPECT_OK(tally_store_maintain(s, 16000, 1000, &mr));
+  EXPECT_I64(1, (int64_t)mr.expired); /* p:a */
+  EXPECT_I64(1, (int64_t)mr.held);    /* p:ab */
+  /* an expired counter reads 0, incarnation 0, until created again */
+  EXPECT_OK(tally_counter_read(a, &v, &inc));
+  EXPECT_I64(0, v);
+  EXPECT_I64(0, (int64_t)inc);
+  EXPECT_OK(tally_counter_incr(a, 2)); /* a late increment: a new incarnation */
+  uint64_t inc2 = 0;
+  EXPECT_OK(tally_counter_read(a, &v, &inc2));
+  EXPECT_I64(2, v);
+  EXPECT(inc2 != 0);
+  /* the writers forgotten: nothing is held */
+  EXPECT_OK(tally_store_unship(s, "w1", 2));
+  EXPECT_OK(tally_store_unship(s, "w2", 2));
+  EXPECT_OK(tally_store_maintain(s, 18000, 1000, &mr));
+  EXPECT_I64(1, (int64_t)mr.expired); /* p:ab */
+  EXPECT_OK(tally_store_maintain(s, 20000, 1000, &mr));
+  EXPECT_I64(1, (int64_t)mr.expired); /* p:a again */
+  EXPECT_I64(0, (int64_t)mr.held);
+  /* a full table covers every name */
+  char w[8];
+  for (int i = 0; i < 9; i++) {
+    snprintf(w, sizeof w, "x%d", i);
+    REQUIRE_OK(tally_store_ship(s, w, strlen(w), "q:*", 3));
+  }
+  EXPECT_OK(tally_counter_incr(b, 1)); /* p:b again, no writer's pattern */
+  EXPECT_OK(tally_store_maintain(s, 22000, 1000, &mr));
+  EXPECT_OK(tally_store_maintain(s, 24000, 1000, &mr));
+  EXPECT_I64(0, (int64_t)mr.expired);
+  EXPECT_I64(1, (int64_t)mr.held);
+  EXPECT_I64(1, tu_value(b));
   tally_counter_close(a);
   tally_counter_close(b);
+  tally_counter_close(o);
+  tally_counter_close(z);
   tally_store_close(s);
 }
 
@@ -1251,7 +1305,7 @@ int main(int argc, char **argv) {
   RUN("caps", test_caps());
   RUN("check", test_check_damage());
   RUN("close", test_close_order());
-  RUN("pinned", test_pinned());
+  RUN("shipped", test_shipped());
   printf("total %.2f s\n", tu_now() - t0);
   tu_rmrf(g_dir);
   return tu_finish("test_lifecycle");

@@ -14,12 +14,18 @@
  *      a new flusher in another process (same writer id) flushes them once;
  *  (e) a cluster master (AOF turned on at runtime) stopped with SIGTERM and
  *      restarted on the same port and node config mid-run: rounds report
- *      errors, then catch up; its data kept, no conflict, totals exact.
+ *      errors, then catch up; its data kept, no conflict, totals exact;
+ *  (f) idle expiry of a flushed counter: held until w:W is read back, a
+ *      lost flush resent first, a late increment (new incarnation) and a
+ *      drop and re-create add to the remote total, a bare w:W migrates;
+ *  (g) 2 writer processes, an expirer and a flusher on one file store with
+ *      idle expiry: remote totals == increments acknowledged, exactly.
  * Everything is bounded in time; servers are stopped by PID.
  */
 #include <limits.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sys/mman.h>
 
 #include "tally_net.h"
 #include "redis_servers.h"
@@ -344,11 +350,18 @@ static void test_faults(const struct target *t) {
 /* ---- (c) a lost reply, retried ---------------------------------------------------- */
 
 /* EVAL the flush script as the flusher would; the reply (caller frees). */
-static redisReply *eval(tally_rc *rc, const char *key, const char *w, long long prev,
-                        long long next) {
-  char sp[24], sn[24], sd[24];
-  snprintf(sp, sizeof sp, "%lld", prev);
-  snprintf(sn, sizeof sn, "%lld", next);
+/* w:W as the flusher writes it for incarnation inc */
+static const char *field(char *buf, uint64_t inc, long long v) {
+  snprintf(buf, 40, "%016llx:%lld", (unsigned long long)inc, v);
+  return buf;
+}
+
+/* The flusher's script, as it sends it for (prev, next) of incarnation inc. */
+static redisReply *eval(tally_rc *rc, const char *key, const char *w, uint64_t inc,
+                        long long prev, long long next) {
+  char sp[40], sn[40], sd[24];
+  field(sp, inc, prev);
+  field(sn, inc, next);
   snprintf(sd, sizeof sd, "%lld", next - prev);
   const char *argv[] = {"EVAL", tally_flusher_script(), "1", key, w, sp, sn, sd};
   redisReply *r = NULL;
@@ -358,6 +371,21 @@ static redisReply *eval(tally_rc *rc, const char *key, const char *w, long long 
 
 static bool is_int(const redisReply *r, long long v) {
   return r && r->type == REDIS_REPLY_INTEGER && r->integer == v;
+}
+
+/* Does w:W of key read `want`? */
+static bool hget_is(tally_rc *rc, const char *key, const char *w, const char *want) {
+  char wf[200];
+  snprintf(wf, sizeof wf, "w:%s", w);
+  const char *argv[] = {"HGET", key, wf};
+  redisReply *r = NULL;
+  EXPECT_OK(tally_rc_command(rc, key, strlen(key), 3, argv, NULL, &r));
+  bool ok = r && r->type == REDIS_REPLY_STRING && strcmp(r->str, want) == 0;
+  if (!ok)
+    TU_FAIL("HGET %s %s: %s, expected %s", key, wf,
+            r && r->type == REDIS_REPLY_STRING ? r->str : "not a string", want);
+  freeReplyObject(r);
+  return ok;
 }
 
 static int64_t remote(tally_flusher *f, const char *name) {
@@ -386,14 +414,19 @@ static void test_lost_reply(const struct target *t) {
   EXPECT_I64(1, st.flushed);
   EXPECT_I64(2, st.commands); /* HGET, then EVAL */
   EXPECT_I64(10, remote(f, "c:x"));
+  uint64_t inc = 0;
+  int64_t v = 0;
+  EXPECT_OK(tally_counter_read(c, &v, &inc));
+  char want[40];
+  EXPECT(hget_is(rc, key, id, field(want, inc, 10))); /* w:W names the incarnation */
 
   /* the flusher's next send (10 -> 25) reached Redis but its reply was lost:
    * run it here, twice, as a retry would */
   EXPECT_OK(tally_counter_incr(c, 15));
-  redisReply *r = eval(rc, key, id, 10, 25);
+  redisReply *r = eval(rc, key, id, inc, 10, 25);
   EXPECT(is_int(r, 1));
   freeReplyObject(r);
-  r = eval(rc, key, id, 10, 25);
+  r = eval(rc, key, id, inc, 10, 25);
   EXPECT(is_int(r, 0)); /* already applied */
   freeReplyObject(r);
   EXPECT_I64(25, remote(f, "c:x"));
@@ -402,20 +435,23 @@ static void test_lost_reply(const struct target *t) {
   EXPECT_I64(0, st.flushed);
   EXPECT_I64(1, st.already);
   EXPECT_I64(25, remote(f, "c:x"));
+  EXPECT_OK(tally_flusher_run(f, "c:*", 3, &st)); /* quiet: w:W read back once */
+  EXPECT_I64(1, st.unchanged);
+  EXPECT_I64(1, st.commands);
   EXPECT_OK(tally_flusher_run(f, "c:*", 3, &st));
   EXPECT_I64(1, st.unchanged);
   EXPECT_I64(0, st.commands);
 
   /* a stale prev: the script answers the current w:W and changes nothing */
-  r = eval(rc, key, id, 3, 30);
-  EXPECT(r && r->type == REDIS_REPLY_STRING && strcmp(r->str, "25") == 0);
+  r = eval(rc, key, id, inc, 3, 30);
+  EXPECT(r && r->type == REDIS_REPLY_STRING && strcmp(r->str, field(want, inc, 25)) == 0);
   freeReplyObject(r);
   EXPECT_I64(25, remote(f, "c:x"));
 
   /* lost reply, then more increments before the next round: a conflict,
    * prev adopted, applied in the round after */
   EXPECT_OK(tally_counter_incr(c, 7)); /* 32 */
-  r = eval(rc, key, id, 25, 32);
+  r = eval(rc, key, id, inc, 25, 32);
   EXPECT(is_int(r, 1));
   freeReplyObject(r);
   EXPECT_OK(tally_counter_incr(c, 3)); /* 35 */
@@ -771,6 +807,236 @@ static void test_restart(const struct target *t) {
   tally_store_close(s);
 }
 
+/* ---- (f) idle expiry of the counters a flusher ships -------------------------- */
+
+static void hset_back(tally_rc *rc, const char *key, const char *w) {
+  char wf[200];
+  snprintf(wf, sizeof wf, "w:%s", w);
+  const char *hdel[] = {"HDEL", key, wf}, *hset[] = {"HSET", key, "v", "0"};
+  redisReply *r = NULL;
+  EXPECT_OK(tally_rc_command(rc, key, strlen(key), 3, hdel, NULL, &r));
+  freeReplyObject(r);
+  EXPECT_OK(tally_rc_command(rc, key, strlen(key), 4, hset, NULL, &r));
+  freeReplyObject(r);
+}
+
+/* One counter step by step: held until its final value has been read back
+ * from Redis, then expired; a flush a failover lost is resent first; a late
+ * increment is a new incarnation whose flush adds to the remote total, and
+ * so is a counter dropped and created again. */
+static void test_expiry(const struct target *t) {
+  printf("(f) %s: idle expiry of flushed counters\n", t->label);
+  tally_rc *rc;
+  REQUIRE_OK(tally_rc_open(t->seeds, 2000, &rc));
+  char sname[64], id[64], key[300], want[40];
+  snprintf(sname, sizeof sname, "f-%s.tly", t->label);
+  snprintf(id, sizeof id, "writer-f-%s", t->label);
+  tally_store *s = open_store(sname);
+  tally_family_options fo = {0, -1, 1, 0}; /* idle 1 s */
+  REQUIRE_OK(tally_family_define(s, "e:*", 3, &fo));
+  tally_counter *c, *c2;
+  REQUIRE_OK(tu_counter(s, "e:x", 2, TALLY_POLICY_THREAD, TALLY_COUNTER_CREATE, &c));
+  tally_flusher *f;
+  REQUIRE_OK(tally_flusher_new(s, rc, id, R, &f));
+  EXPECT(tally_flusher_shard_key("e:x", 3, tally_flusher_shard(f), key, sizeof key) > 0);
+  tally_flush_stats st;
+  tally_maintain_result mr;
+  int64_t now = 1000, v;
+  uint64_t inc, inc2;
+
+  EXPECT_OK(tally_counter_incr(c, 5));
+  EXPECT_OK(tally_flusher_run(f, "e:*", 3, &st));
+  EXPECT_I64(1, st.flushed);
+  EXPECT_OK(tally_store_maintain(s, now, 1000, &mr)); /* e:x seen at 5 */
+  EXPECT_OK(tally_store_maintain(s, now += 2000, 1000, &mr));
+  EXPECT_I64(0, mr.expired); /* 5 was written, never read back */
+  EXPECT_I64(1, mr.held);
+
+  /* a failover lost that flush: the read-back finds it and sends it again */
+  hset_back(rc, key, id);
+  EXPECT_OK(tally_flusher_run(f, "e:*", 3, &st));
+  EXPECT_I64(1, st.flushed);
+  EXPECT_I64(2, st.commands); /* HGET, EVAL */
+  EXPECT_I64(5, remote(f, "e:x"));
+  EXPECT_OK(tally_store_maintain(s, now += 2000, 1000, &mr));
+  EXPECT_I64(1, mr.held);
+  EXPECT_OK(tally_flusher_run(f, "e:*", 3, &st)); /* read back: shipped */
+  EXPECT_I64(1, st.commands);
+  EXPECT_I64(1, st.unchanged);
+  EXPECT_OK(tally_counter_read(c, &v, &inc));
+  EXPECT(hget_is(rc, key, id, field(want, inc, 5)));
+  EXPECT_OK(tally_store_maintain(s, now += 2000, 1000, &mr));
+  EXPECT_I64(1, mr.expired);
+  EXPECT_OK(tally_counter_read(c, &v, &inc2));
+  EXPECT_I64(0, (int64_t)inc2); /* gone */
+  EXPECT_OK(tally_flusher_run(f, "e:*", 3, &st));
+  EXPECT_I64(0, st.commands);
+  EXPECT_I64(5, remote(f, "e:x"));
+
+  /* a late increment: a new incarnation, on top of what went out */
+  EXPECT_OK(tally_counter_incr(c, 3));
+  EXPECT_OK(tally_counter_read(c, &v, &inc2));
+  EXPECT(inc2 != 0 && inc2 != inc);
+  EXPECT_I64(3, v);
+  EXPECT_OK(tally_flusher_run(f, "e:*", 3, &st));
+  EXPECT_I64(1, st.flushed);
+  EXPECT_I64(3, st.delta);
+  EXPECT_I64(8, remote(f, "e:x"));
+  EXPECT(hget_is(rc, key, id, field(want, inc2, 3)));
+  /* the old incarnation's script, retried late, can no longer apply */
+  redisReply *r = eval(rc, key, id, inc, 0, 5);
+  EXPECT(r && r->type == REDIS_REPLY_STRING && strcmp(r->str, want) == 0);
+  freeReplyObject(r);
+  EXPECT_I64(8, remote(f, "e:x"));
+
+  /* dropped and created again: what the dropped one flushed stays */
+  EXPECT_OK(tally_store_drop(s, "e:x", 3));
+  REQUIRE_OK(tu_counter(s, "e:x", 2, TALLY_POLICY_THREAD, TALLY_COUNTER_CREATE, &c2));
+  EXPECT_OK(tally_counter_incr(c2, 4));
+  EXPECT_OK(tally_flusher_run(f, "e:*", 3, &st)); /* its handle reopens by name */
+  EXPECT_I64(1, st.flushed);
+  EXPECT_I64(4, st.delta);
+  EXPECT_I64(12, remote(f, "e:x"));
+
+  /* a w:W from before incarnations (a bare value) is this incarnation's */
+  char wf[200];
+  snprintf(wf, sizeof wf, "w:%s", id);
+  const char *hset[] = {"HSET", key, wf, "1"};
+  EXPECT_OK(tally_rc_command(rc, key, strlen(key), 4, hset, NULL, &r));
+  freeReplyObject(r);
+  tally_flusher_free(f); /* a restarted flusher */
+  REQUIRE_OK(tally_flusher_new(s, rc, id, R, &f));
+  EXPECT_OK(tally_flusher_run(f, "e:*", 3, &st));
+  EXPECT_I64(1, st.flushed);
+  EXPECT_I64(3, st.delta); /* 4 - 1 */
+  EXPECT_OK(tally_counter_read(c2, &v, &inc));
+  EXPECT(hget_is(rc, key, id, field(want, inc, 4)));
+  tally_flusher_free(f);
+  tally_counter_close(c);
+  tally_counter_close(c2);
+  tally_store_close(s);
+  tally_rc_close(rc);
+}
+
+#define NG 32 /* names in (g) */
+
+struct churn_page {
+  atomic_llong acked[NG];
+  atomic_llong expired, held, rounds, incrs;
+  atomic_bool stop;
+};
+
+/* (g) writers, an expirer and a flusher, each its own process */
+static void churn_child(const struct target *t, const char *sname, const char *id,
+                        struct churn_page *pg, int role, uint64_t seed) {
+  memset(g_pids, 0, sizeof g_pids); /* an exit() here must not stop the servers */
+  tally_store *s = open_store(sname);
+  g_dir = NULL;
+  double t0 = tu_now(), end = t0 + 20; /* a bound, whatever happens */
+  if (role == 0) {                     /* writer: names in phases, so they go idle */
+    tally_counter *cs[NG];
+    for (int i = 0; i < NG; i++) {
+      char name[16];
+      snprintf(name, sizeof name, "g:%d", i);
+      if (tally_counter_open(s, name, strlen(name), NULL, TALLY_COUNTER_CREATE, &cs[i]))
+        _exit(2);
+    }
+    while (tu_now() < t0 + 2.5) {
+      int phase = (int)((tu_now() - t0) / 0.25) % 4;
+      for (int k = 0; k < 100; k++) {
+        uint64_t x = tu_rng(&seed);
+        int i = (int)(x % (NG / 4)) * 4 + phase;
+        if (tally_counter_incr(cs[i], 1) != 0) _exit(3);
+        atomic_fetch_add(&pg->acked[i], 1);
+        atomic_fetch_add(&pg->incrs, 1);
+      }
+      usleep(2000);
+    }
+    _exit(0);
+  }
+  if (role == 1) { /* expirer: a fast clock, 400 ms a call */
+    int64_t clock = 0;
+    while (!atomic_load(&pg->stop) && tu_now() < end) {
+      tally_maintain_result mr;
+      if (tally_store_maintain(s, clock += 400, 4096, &mr)) _exit(4);
+      atomic_fetch_add(&pg->expired, (long long)mr.expired);
+      atomic_fetch_add(&pg->held, (long long)mr.held);
+      usleep(20000);
+    }
+    _exit(0);
+  }
+  tally_rc *rc; /* flusher */
+  tally_flusher *f;
+  if (tally_rc_open(t->seeds, 2000, &rc) || tally_flusher_new(s, rc, id, R, &f)) _exit(5);
+  while (!atomic_load(&pg->stop) && tu_now() < end) {
+    tally_flusher_run(f, "g:*", 3, NULL); /* failures: the next round retries */
+    atomic_fetch_add(&pg->rounds, 1);
+    usleep(100000); /* 2 s of the expirer's clock: idle names wait for it */
+  }
+  _exit(0);
+}
+
+/* Exactness under expiry: every increment acknowledged reaches Redis
+ * exactly once, through however many incarnations each name went. */
+static void test_expiry_churn(const struct target *t) {
+  printf("(g) %s: 2 writers, an expirer and a flusher, each a process\n", t->label);
+  char sname[64], id[64];
+  snprintf(sname, sizeof sname, "g-%s.tly", t->label);
+  snprintf(id, sizeof id, "writer-g-%s", t->label);
+  tally_store *s = open_store(sname);
+  tally_family_options fo = {0, -1, 1, 0};
+  REQUIRE_OK(tally_family_define(s, "g:*", 3, &fo));
+  struct churn_page *pg =
+      mmap(NULL, sizeof *pg, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  REQUIRE_OK(pg == MAP_FAILED ? TALLY_ESYS : 0);
+  memset(pg, 0, sizeof *pg);
+  pid_t pids[4];
+  int roles[4] = {0, 0, 1, 2};
+  fflush(NULL);
+  for (int i = 0; i < 4; i++)
+    if ((pids[i] = fork()) == 0) churn_child(t, sname, id, pg, roles[i], 0x9e37 + i);
+  int status;
+  for (int i = 0; i < 2; i++) {
+    waitpid(pids[i], &status, 0);
+    EXPECT(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  }
+  usleep(300000); /* the last names go idle and expire */
+  atomic_store(&pg->stop, true);
+  for (int i = 2; i < 4; i++) {
+    waitpid(pids[i], &status, 0);
+    EXPECT(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  }
+  tally_rc *rc;
+  REQUIRE_OK(tally_rc_open(t->seeds, 2000, &rc));
+  tally_flusher *f;
+  REQUIRE_OK(tally_flusher_new(s, rc, id, R, &f)); /* same writer, after it */
+  EXPECT(flush_clean(f, "g:*", 10, NULL) > 0);
+  int bad = 0;
+  long long total = 0;
+  for (int i = 0; i < NG; i++) {
+    char name[16];
+    snprintf(name, sizeof name, "g:%d", i);
+    int64_t rem = INT64_MIN;
+    EXPECT_OK(tally_flusher_remote_value(f, name, strlen(name), &rem));
+    long long acked = atomic_load(&pg->acked[i]);
+    if (rem != acked && bad++ < 5)
+      TU_FAIL("%s: acknowledged %lld, remote %lld", name, acked, (long long)rem);
+    total += acked;
+  }
+  EXPECT_I64(0, bad);
+  EXPECT(atomic_load(&pg->expired) > 0);
+  EXPECT(atomic_load(&pg->held) > 0);
+  EXPECT_OK(tally_store_check(s));
+  printf("  %lld increments, %lld flush rounds, %lld expiries (%lld held back "
+         "until shipped); remote totals exact (%lld)\n",
+         (long long)atomic_load(&pg->incrs), (long long)atomic_load(&pg->rounds),
+         (long long)atomic_load(&pg->expired), (long long)atomic_load(&pg->held), total);
+  tally_flusher_free(f);
+  tally_rc_close(rc);
+  tally_store_close(s);
+  munmap(pg, sizeof *pg);
+}
+
 int main(void) {
   double t0 = tu_now();
   start_all();
@@ -789,6 +1055,10 @@ int main(void) {
     test_lost_reply(&ts[i]);
     test_sigkill(&ts[i]);
     printf("  (c)+(d) %.2f s\n", tu_now() - t1);
+    t1 = tu_now();
+    test_expiry(&ts[i]);
+    test_expiry_churn(&ts[i]);
+    printf("  (f)+(g) %.2f s\n", tu_now() - t1);
   }
   test_migration(&ts[1]);
   test_restart(&ts[1]);

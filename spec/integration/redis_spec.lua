@@ -148,7 +148,11 @@ describe("core.flusher", function()
     assert.equal(1, st.flushed)
     local key = "tally:{" .. name .. "#0}"
     assert.equal(150, f:remote_value(name))
-    r:command("HSET", key, "v", 100, "w:" .. w, 100)   -- the lost flush of 50
+    local inc = db:counter(name):info().incarnation
+    assert.equal(inc .. ":150", r:command("HGET", key, "w:" .. w))
+    st = assert(f:run())                              -- quiet: read back once
+    assert.same({ 1, 0 }, { st.commands, st.flushed })
+    r:command("HSET", key, "v", 100, "w:" .. w, inc .. ":100")  -- the lost flush of 50
     st = assert(f:run())
     assert.equal(0, st.commands)                      -- believed up to date
     assert.equal(100, f:remote_value(name))
@@ -163,6 +167,7 @@ describe("core.flusher", function()
     -- the timer: verify = 0.2 s re-reads by itself
     local f2 = core.flusher(db, r, { writer = w .. "b", shards = 1, verify = 0.2 })
     assert(f2:run())
+    assert.equal(1, assert(f2:run()).commands)        -- read back once
     r:command("HSET", key, "v", 0, "w:" .. w .. "b", 0)
     r:command("HDEL", key, "w:" .. w)
     assert.equal(0, assert(f2:run()).verified)
@@ -199,6 +204,39 @@ describe("db:flush_to", function()
     assert.equal(0, st.errors)
     assert.matches("^mem%-", st.writer)
     rf:close()
+  end)
+
+  -- Idle expiry (docs/lifecycle.md) of what a flush_to ships: a counter
+  -- leaves only once its final value has been read back from Redis, and a
+  -- late increment (a new incarnation) adds to the remote total.
+  it("lets shipped counters expire only after their final value is in Redis", function()
+    local db = tally.open("memory")
+    local t = 1000
+    db:clock(function() return t end)
+    db:family("exp:*", { idle = 5 })
+    local name = "exp:" .. fresh("x")
+    local rf = db:flush_to(srv.uri, { every = 100, pattern = "exp:*" })
+    db:incr(name, 3)
+    db:tick()                          -- flushed: 3 written
+    assert.equal(3, rf:remote_value(name))
+    t = 1010; db:tick()                -- idle for 10 s: due to expire
+    t = 1020; db:tick()
+    assert.equal(0, db:stats().expired) -- held: 3 written, never read back
+    t = 1100; db:tick()                -- the next round reads it back
+    t = 1110; db:tick()
+    assert.equal(1, db:stats().expired)
+    assert.is_nil(db:value(name))
+    db:incr(name, 4)                   -- late: a new incarnation
+    t = 1200; db:tick()
+    assert.equal(7, rf:remote_value(name))
+    -- a writer that no longer flushes this store: nothing waits for it
+    db:incr(name, 1)
+    assert.is_true(rf:unship())
+    t = 1210; db:tick()
+    t = 1220; db:tick()
+    assert.equal(2, db:stats().expired)
+    assert.equal(7, rf:remote_value(name))  -- that 5th went nowhere, by request
+    rf:close(); db:close()
   end)
 
   it("keeps totals exact through db:run on the cluster", function()

@@ -4,11 +4,11 @@
  * Space a store retires (space.c) is reused by later allocations of the
  * same size, but never given back to the file system. Compaction writes
  * the store again, next to it (PATH.compact.XXXXXX): an index sized for
- * the live counters, the process table, the families, the rollup table's
- * schedule slots, then each live counter in index order: its record (same
- * name, policy, incarnation, family, idle marks), its cells (every shard's
- * value, not just the sum) and its rollup block (record and rings, slot
- * for slot). The new file is checked, synced and renamed over the old one
+ * the live counters, the process table, the families, the flushers that
+ * ship from it, the rollup table's schedule slots, then each live counter
+ * in index order: its record (same name, policy, incarnation, family, idle
+ * and shipped marks), its cells (every shard's value, not just the sum)
+ * and its rollup block (record and rings, slot for slot). The new file is checked, synced and renamed over the old one
  * with the old one's mode and owner.
  *
  * It is offline: it refuses (TALLY_EBUSY) while another live process has
@@ -282,6 +282,7 @@ static int copy_counter(struct job *j, uint64_t rec_off) {
   memcpy(w->name, r->name, r->name_len); /* the NUL: fresh space is zero */
   atomic_store(&w->idle_value, atomic_load(&r->idle_value));
   atomic_store(&w->idle_since, atomic_load(&r->idle_since));
+  atomic_store(&w->shipped, atomic_load(&r->shipped));
   w->check = tally__rec_checksum(w);
   uint64_t wloc = tally__loc_make(to, off, cells, n, false);
   for (uint32_t i = 0; i < n; i++)
@@ -293,9 +294,23 @@ static int copy_counter(struct job *j, uint64_t rec_off) {
   return rc;
 }
 
+/* Which flushers ship what: without it, counters not yet flushed expire. */
+static void copy_shippers(tally_store *from, tally_store *to) {
+  const struct tally__header *f = from->hdr;
+  struct tally__header *t = to->hdr;
+  for (int i = 0; i < TALLY__SHIPPERS; i++) {
+    t->shippers[i].writer = f->shippers[i].writer;
+    t->shippers[i].pattern_len = f->shippers[i].pattern_len;
+    memcpy(t->shippers[i].pattern, f->shippers[i].pattern, TALLY__SHIP_PATTERN_MAX);
+    atomic_store(&t->shippers[i].id, atomic_load(&f->shippers[i].id));
+  }
+  atomic_store(&t->ship_all, atomic_load(&f->ship_all));
+}
+
 static int copy_counters(struct job *j, tally_progress_fn progress, void *ud) {
   uint64_t total = j->n, pct = 0;
   int rc = copy_schedules(j->from, j->to);
+  copy_shippers(j->from, j->to);
   if (progress) progress(ud, 0, total);
   for (size_t i = 0; rc == 0 && i < j->n; i++) {
     rc = copy_counter(j, j->recs[i]);

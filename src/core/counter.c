@@ -491,15 +491,31 @@ int tally_counter_info_get(tally_counter *c, tally_counter_info *out) {
   return 0;
 }
 
-int tally_counter_pin(tally_counter *c) {
-  if (!c) return tally__fail(TALLY_EINVAL, "tally_counter_pin: counter is NULL");
-  int rc = tally__counter_live(c);
-  uint64_t loc;
-  if (rc == 0) rc = tally__current(c->s, tally__crec(c), &loc);
-  if (rc == 0)
-    atomic_fetch_or(&((struct tally__rec *)tally__at(c->s, tally__crec(c)))->flags,
-                    TALLY__REC_PINNED);
-  return rc;
+int tally_counter_read(tally_counter *c, int64_t *value, uint64_t *incarnation) {
+  if (!c || !value || !incarnation)
+    return tally__fail(TALLY_EINVAL, "tally_counter_read: NULL argument");
+  for (int round = 0;; round++) {
+    int rc = tally__counter_live(c);
+    if (rc == TALLY_ENOENT && atomic_load(&c->gone) == 2) break; /* expired */
+    if (rc) return rc;
+    uint64_t rec = tally__crec(c);
+    uint64_t inc = ((struct tally__rec *)tally__at(c->s, rec))->incarnation;
+    uint64_t loc = atomic_load_explicit(&c->loc, memory_order_acquire);
+    __int128 total;
+    rc = read_cells(c->s, rec, &loc, NULL, 0, &total);
+    if (rc == TALLY_EDROPPED && round < 4 && expired(c)) { /* not marked gone yet */
+      if ((rc = revive(c, false)) == TALLY_ENOENT) break;
+      if (rc) return rc;
+      continue;
+    }
+    if (rc) return rc;
+    if (rec == tally__crec(c)) atomic_store_explicit(&c->loc, loc, memory_order_release);
+    *incarnation = inc;
+    return to_int64(total, c->name, value);
+  }
+  *value = 0; /* expired and not created again */
+  *incarnation = 0;
+  return 0;
 }
 
 /* ---- reset, reshard, drop ------------------------------------------------- */

@@ -13,8 +13,10 @@
  * cells. A counter that a rollup schedule covers leaves only once its
  * latest rollup record holds that same value, so its final value has gone
  * out; one with no rollup yet waits until every running schedule has
- * rolled up a period since it went idle. Handles of an expired counter create it again on their next
- * increment (counter.c).
+ * rolled up a period since it went idle. One that a flusher ships leaves
+ * only once the flusher has confirmed that value remotely (ship.c).
+ * Handles of an expired counter create it again on their next increment
+ * (counter.c).
  *
  * The scan walks the index from where this process's last call stopped,
  * `budget` entries a call, so a host's timer pays a bounded cost.
@@ -79,7 +81,7 @@ static int scan_one(tally_store *s, uint64_t rec_off, void *ud) {
     return 0;
   }
   if (sc->now_ms - since < (int64_t)f->idle_s * 1000) return 0;
-  if (atomic_load(&r->flags) & TALLY__REC_PINNED) { /* a flusher ships it */
+  if (tally__ship_holds(s, r, v)) { /* its final value has not been flushed */
     sc->r->held++;
     return 0;
   }

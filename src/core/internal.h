@@ -34,7 +34,7 @@
 #include <stdint.h>
 
 #define TALLY__MAGIC         "\x89TALLY\r\n"
-#define TALLY__FORMAT        3u
+#define TALLY__FORMAT        4u
 #define TALLY__BYTE_ORDER    0x01020304u
 #define TALLY__HEADER_BYTES  4096u
 #define TALLY__CLASS_OFF     4096u
@@ -81,6 +81,19 @@ static inline int64_t tally__cell_clamp(int64_t v) {
   return v < 0 ? -(INT64_C(1) << 62) : (INT64_C(1) << 62) - 1;
 }
 
+/* A registration: writer W ships the counters matching pattern from this
+ * store, so they expire only once their value has been shipped. Written
+ * under the store lock; id is stored last (0: free). */
+#define TALLY__SHIPPERS         8
+#define TALLY__SHIP_PATTERN_MAX 112
+struct tally__shipper {
+  _Atomic uint64_t id; /* hash of (writer, pattern), never 0; 0: free */
+  uint64_t writer;     /* hash of the writer id */
+  uint32_t pattern_len;
+  uint32_t reserved_;
+  char pattern[TALLY__SHIP_PATTERN_MAX];
+};
+
 struct tally__header {
   char magic[8];
   uint32_t format;
@@ -125,6 +138,10 @@ struct tally__header {
   _Atomic uint64_t free_small[TALLY__PIECE_CLASSES];
   _Atomic uint64_t free_aligned[TALLY__PIECE_CLASSES];
   _Atomic uint64_t free_big[TALLY__PIECE_CLASSES];
+  /* flushers that ship counters of this store (ship.c) */
+  struct tally__shipper shippers[TALLY__SHIPPERS];
+  _Atomic uint64_t ship_all; /* 1: the table overflowed: every counter
+                                 counts as covered by a flusher */
   /* thread tickets: the only word writers touch outside the lock */
   _Alignas(64) _Atomic uint64_t writers;
 };
@@ -145,6 +162,8 @@ struct tally__rec {
   _Atomic uint64_t rollup;    /* sealed offset of its rollup block, or 0 */
   _Atomic int64_t idle_value; /* expiry: the value when last seen moving */
   _Atomic int64_t idle_since; /* ... and when (caller's ms), 0: not yet */
+  _Atomic int64_t shipped;    /* the value a flusher has confirmed shipped
+                                  (ship.c); 0 until one does */
   uint64_t incarnation;       /* random at creation: a re-created counter
                                   of the same name has another */
   _Atomic uint32_t flags;     /* TALLY__REC_* */
@@ -160,7 +179,6 @@ struct tally__rec {
 #define TALLY__KIND_FAMILY  0xF4
 #define TALLY__REC_EXPIRED  0x1u /* its drop was an expiry: handles re-create it */
 #define TALLY__REC_LIMBO    0x2u /* its drop put it in limbo (exactly once) */
-#define TALLY__REC_PINNED   0x4u /* never expires (tally_counter_pin) */
 
 struct tally__family {
   uint64_t next; /* older family, or 0 */
@@ -457,6 +475,9 @@ static inline uint64_t tally__crec(tally_counter *c) {
 /* 0 if the handle's counter is there (re-creating an expired one through
  * it); TALLY_EDROPPED if it was dropped. */
 int tally__counter_live(tally_counter *c);
+/* ---- ship.c ---- */
+/* Must upkeep keep r (value v) for a flusher that has not shipped v? */
+bool tally__ship_holds(tally_store *s, const struct tally__rec *r, int64_t v);
 int tally__current(tally_store *s, uint64_t rec_off, uint64_t *loc);
 int tally__check_name(const char *name, size_t len);
 int tally__rec_value(tally_store *s, uint64_t rec_off, int64_t *out);

@@ -39,10 +39,12 @@
  *   f:run([pattern]) -> stats table, or nil, message, code, stats table
  *       stats: counters, unchanged, flushed, already, conflicts, errors,
  *              commands, bytes, delta, verified, repaired
- *   f:verify()  the next run reads every w:W again (see redis_flush.h)
+ *   f:verify()  the next run reads every w:W again (see tally_net.h)
  *   f:remote_value(name) -> integer, or nil, message, code
  *   f:shard() -> the remote shard index (0-based) this writer flushes into
  *   f:close()  (also __gc, __close)
+ *   core.unship(db, writer)  the store forgets that writer ships its
+ *       counters (tally_store_unship): they may expire unshipped
  *
  * Lifetimes. A flusher keeps its store and redis handles alive through its
  * user values. Closing the store first makes the flusher's next use raise
@@ -623,6 +625,18 @@ static int tl_flusher_shard(lua_State *L) {
   return 1;
 }
 
+static int tl_unship(lua_State *L) {
+  tl_store *db = tl_checkstore(L, 1);
+  size_t wl;
+  const char *writer = luaL_checklstring(L, 2, &wl);
+  if (wl < 1 || wl > TALLY_FLUSH_WRITER_MAX)
+    luaL_argerror(L, 2, "writer must be 1 to 128 bytes");
+  int rc = tally_store_unship(db->store, writer, wl);
+  if (rc < 0) return tl_fail(L, rc);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
 static int tl_flusher_close(lua_State *L) {
   tl_flusher *h = (tl_flusher *)tl_checkudata(L, 1, TL_FLUSHER_MT);
   tl_flusher_release(h);
@@ -668,5 +682,7 @@ int tl_open_redis(lua_State *L) {
   lua_setfield(L, -2, "redis_redact");
   lua_pushcfunction(L, tl_flusher_new);
   lua_setfield(L, -2, "flusher");
+  lua_pushcfunction(L, tl_unship);
+  lua_setfield(L, -2, "unship");
   return 0;
 }

@@ -1,12 +1,15 @@
 /* redis_flush.c -- exactly-once flushing of local counters to Redis.
  *
  * The flusher keeps one entry per local counter it has seen: the name, an
- * open counter handle, and prev (the writer's w:W as last known, valid when
- * `known`). Entries live in a growing array, found by name through an
- * open-addressing table of indices. A round collects the matching names,
- * reads their local values, pipelines HGET w:W for entries with unknown
- * prev, then pipelines the compare-and-set script for entries whose value
- * moved. See redis_flush.h for the protocol.
+ * open counter handle, and (pinc, prev), the writer's w:W as last known
+ * (valid when `known`): the incarnation it was written for and the value.
+ * Entries live in a growing array, found by name through an open-addressing
+ * table of indices. A round collects the matching names, reads their local
+ * values with their incarnations, pipelines HGET w:W for entries with
+ * unknown prev and for quiet ones not read back since their last write,
+ * then pipelines the compare-and-set script for entries whose value or
+ * incarnation moved. A value read back is marked shipped in the local
+ * store, which lets the counter expire. See tally_net.h for the protocol.
  */
 
 #include "tally_net.h"
@@ -35,13 +38,24 @@ static const char SCRIPT[] = "local f = 'w:' .. ARGV[1]\n"
 struct entry {
   char *name;
   uint32_t len;
-  bool known;       /* prev is w:W as last seen */
+  bool known;       /* (pinc, prev) is w:W as last seen */
+  bool confirmed;   /* ... and was read from Redis, not only written */
   bool verifying;   /* known was cleared by a re-verification: expect prev */
   bool pending;     /* in this round */
   tally_counter *c; /* NULL: not open */
+  uint64_t pinc;    /* w:W's incarnation; 0: none (nil, or an older format) */
   int64_t prev;
-  int64_t cur; /* local value read this round */
+  uint64_t inc; /* local incarnation read this round */
+  int64_t cur;  /* ... and its value */
 };
+
+/* w:W holds "INCARNATION:VALUE" (16 lowercase hex digits, a colon, int64
+ * decimal); a bare VALUE (nil reads "0") has no incarnation. */
+#define FIELD_MAX 40
+static int format_field(char *buf, uint64_t inc, int64_t v) {
+  if (!inc) return snprintf(buf, FIELD_MAX, "%" PRId64, v);
+  return snprintf(buf, FIELD_MAX, "%016" PRIx64 ":%" PRId64, inc, v);
+}
 
 struct tally_flusher {
   tally_store *local;
@@ -145,6 +159,30 @@ static bool parse_i64(const char *s, size_t len, int64_t *out) {
   if (errno || end != tmp + len) return false;
   *out = v;
   return true;
+}
+
+/* Parse w:W as format_field writes it, exactly (the script compares
+ * strings, so only the canonical form can match). */
+static bool parse_field(const char *str, size_t len, uint64_t *inc, int64_t *v) {
+  const char *colon = str ? memchr(str, ':', len) : NULL;
+  if (!colon) {
+    *inc = 0;
+    return parse_i64(str, len, v);
+  }
+  if (colon - str != 16) return false;
+  uint64_t x = 0;
+  for (int i = 0; i < 16; i++) {
+    char ch = str[i];
+    int d = ch >= '0' && ch <= '9'   ? ch - '0'
+            : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10
+                                     : -1;
+    if (d < 0) return false;
+    x = x << 4 | (uint64_t)d;
+  }
+  if (!x || !parse_i64(colon + 1, len - 17, v)) return false;
+  char again[FIELD_MAX];
+  *inc = x;
+  return (size_t)format_field(again, x, *v) == len && memcmp(again, str, len) == 0;
 }
 
 /* Remember the first failure of a round (code and message). */
@@ -329,14 +367,32 @@ static void bad_reply(tally_flusher *f, tally_flush_stats *st, struct entry *en,
   fail_entry(f, st, en, TALLY_EREMOTE);
 }
 
-/* HGET w:W for the pending entries whose prev is not known. */
+/* A quiet counter whose w:W was written, not read, since it last moved:
+ * read it back before marking it shipped, so a flush that a failover lost
+ * is found before the counter may expire. */
+static bool to_confirm(const struct entry *en) {
+  return en->known && !en->confirmed && en->pinc == en->inc && en->cur == en->prev;
+}
+
+/* w:W read for this incarnation: the local store may let the counter go. */
+static void confirm(tally_flusher *f, tally_flush_stats *st, struct entry *en) {
+  en->confirmed = true;
+  if (en->pinc != en->inc) return;
+  int code = tally_counter_ship(en->c, en->inc, en->prev);
+  if (code && code != TALLY_EDROPPED) {
+    note_fail(f, code);
+    st->errors++;
+  }
+}
+
+/* HGET w:W for the pending entries whose prev is not known, or to confirm. */
 static int phase_hget(tally_flusher *f, tally_flush_stats *st) {
   char key[KEY_MAX];
   uint32_t nb = 0;
   tally_rc_pipe_reset(f->pipe);
   for (uint32_t i = 0; i < f->n; i++) {
     struct entry *en = &f->ents[i];
-    if (!en->pending || en->known) continue;
+    if (!en->pending || (en->known && !to_confirm(en))) continue;
     int klen = tally_flusher_shard_key(en->name, en->len, f->shard, key, sizeof key);
     if (klen < 0) return klen;
     const char *argv[] = {"HGET", key, f->wfield};
@@ -352,17 +408,20 @@ static int phase_hget(tally_flusher *f, tally_flush_stats *st) {
     struct entry *en = &f->ents[f->order[j]];
     const redisReply *r = tally_rc_pipe_reply(f->pipe, j);
     int64_t v = 0;
+    uint64_t inc = 0;
     if (!r) {
       fail_entry(f, st, en, xcode ? xcode : TALLY_EREMOTE);
     } else if (r->type == REDIS_REPLY_NIL ||
-               (r->type == REDIS_REPLY_STRING && parse_i64(r->str, r->len, &v))) {
+               (r->type == REDIS_REPLY_STRING && parse_field(r->str, r->len, &inc, &v))) {
       if (en->verifying) {
         st->verified++;
-        if (v != en->prev) st->repaired++;
+        if (v != en->prev || inc != en->pinc) st->repaired++;
         en->verifying = false;
       }
+      en->pinc = inc;
       en->prev = v;
       en->known = true;
+      confirm(f, st, en);
     } else {
       bad_reply(f, st, en, "HGET", r);
     }
@@ -378,23 +437,25 @@ static int phase_eval(tally_flusher *f, tally_flush_stats *st) {
   for (uint32_t i = 0; i < f->n; i++) {
     struct entry *en = &f->ents[i];
     if (!en->pending || !en->known) continue;
-    if (en->cur == en->prev) {
+    if (en->cur == en->prev && en->pinc == en->inc) {
       st->unchanged++;
       continue;
     }
-    int64_t delta;
-    if (__builtin_sub_overflow(en->cur, en->prev, &delta)) {
+    /* w:W of an earlier incarnation holds its final value: that one expired
+     * (once shipped) or was dropped, and this one counts from 0 */
+    int64_t base = en->pinc == en->inc || en->pinc == 0 ? en->prev : 0, delta;
+    if (__builtin_sub_overflow(en->cur, base, &delta)) {
       tally_error_set(TALLY_ERANGE,
                       "redis flush: %s: delta %" PRId64 " - %" PRId64 " overflows int64",
-                      en->name, en->cur, en->prev);
+                      en->name, en->cur, base);
       fail_entry(f, st, en, TALLY_ERANGE);
       continue;
     }
     int klen = tally_flusher_shard_key(en->name, en->len, f->shard, key, sizeof key);
     if (klen < 0) return klen;
-    char sp[24], sn[24], sd[24];
-    int lp = snprintf(sp, sizeof sp, "%" PRId64, en->prev);
-    int ln = snprintf(sn, sizeof sn, "%" PRId64, en->cur);
+    char sp[FIELD_MAX], sn[FIELD_MAX], sd[24];
+    int lp = format_field(sp, en->pinc, en->prev);
+    int ln = format_field(sn, en->inc, en->cur);
     int ld = snprintf(sd, sizeof sd, "%" PRId64, delta);
     const char *argv[] = {"EVAL", SCRIPT, "1", key, f->writer, sp, sn, sd};
     size_t lens[] = {4,       sizeof SCRIPT - 1, 1,          (size_t)klen,
@@ -410,6 +471,7 @@ static int phase_eval(tally_flusher *f, tally_flush_stats *st) {
     struct entry *en = &f->ents[f->order[j]];
     const redisReply *r = tally_rc_pipe_reply(f->pipe, j);
     int64_t cur;
+    uint64_t inc;
     if (!r) {
       /* it may have run: prev stays, and the next round's script answers
        * 0 (same value) or a conflict carrying the applied value */
@@ -417,16 +479,21 @@ static int phase_eval(tally_flusher *f, tally_flush_stats *st) {
     } else if (r->type == REDIS_REPLY_INTEGER && (r->integer == 1 || r->integer == 0)) {
       if (r->integer == 1) {
         st->flushed++;
-        int64_t d = en->cur - en->prev;
+        int64_t base = en->pinc == en->inc || en->pinc == 0 ? en->prev : 0;
+        int64_t d = en->cur - base;
         if (__builtin_add_overflow(st->delta, d, &st->delta))
           st->delta = d > 0 ? INT64_MAX : INT64_MIN;
       } else {
         st->already++;
       }
+      en->pinc = en->inc;
       en->prev = en->cur;
-    } else if (r->type == REDIS_REPLY_STRING && parse_i64(r->str, r->len, &cur)) {
+      en->confirmed = false;
+    } else if (r->type == REDIS_REPLY_STRING && parse_field(r->str, r->len, &inc, &cur)) {
       st->conflicts++;
+      en->pinc = inc;
       en->prev = cur;
+      confirm(f, st, en);
     } else {
       bad_reply(f, st, en, "EVAL", r);
     }
@@ -449,7 +516,9 @@ int tally_flusher_run(tally_flusher *f, const char *pattern, size_t plen,
   f->first_msg[0] = '\0';
   f->nlen = 0;
   maybe_verify(f);
-  int code = tally_store_each(f->local, pattern, plen, collect, f);
+  /* before listing: a counter created from now on is held until shipped */
+  int code = tally_store_ship(f->local, f->writer, f->wlen, pattern, plen);
+  if (!code) code = tally_store_each(f->local, pattern, plen, collect, f);
   if (code) return code;
 
   /* local values */
@@ -461,33 +530,25 @@ int tally_flusher_run(tally_flusher *f, const char *pattern, size_t plen,
     struct entry *en = entry_get(f, name, len);
     if (!en) return TALLY_ENOMEM;
     en->pending = false;
-    if (!en->c) {
-      code = tally_counter_open(f->local, name, len, NULL, 0, &en->c);
-      if (code == TALLY_ENOENT) continue; /* dropped since listed */
-      /* never expire what this flusher ships: re-created from zero, it
-       * would flush a negative delta */
-      if (code == 0 && tally_counter_pin(en->c) != 0) { /* dropped meanwhile */
-        tally_counter_close(en->c);
-        en->c = NULL;
-        continue;
+    /* a handle whose counter was dropped is opened again by name, once:
+     * a counter created again is a new incarnation, flushed this round */
+    for (int attempt = 0; attempt < 2; attempt++) {
+      if (!en->c) {
+        code = tally_counter_open(f->local, name, len, NULL, 0, &en->c);
+        if (code) break;
       }
-      if (code) {
-        note_fail(f, code);
-        st->errors++;
-        continue;
-      }
-    }
-    code = tally_counter_value(en->c, &en->cur);
-    if (code == TALLY_EDROPPED) { /* reopened next round if re-created */
+      code = tally_counter_read(en->c, &en->cur, &en->inc);
+      if (code != TALLY_EDROPPED) break;
       tally_counter_close(en->c);
       en->c = NULL;
-      continue;
     }
+    if (code == TALLY_ENOENT || code == TALLY_EDROPPED) continue; /* gone since listed */
     if (code) {
       note_fail(f, code);
       st->errors++;
       continue;
     }
+    if (en->inc == 0) continue; /* expired since listed */
     en->pending = true;
     st->counters++;
   }

@@ -172,6 +172,13 @@ function Remote:stats()
   }
 end
 
+-- rf:unship(): the store forgets that this writer ships its counters, so
+-- idle expiry no longer waits for their final values to reach Redis. For
+-- a store this writer will not flush again; the next round ships again.
+function Remote:unship()
+  return core.unship(self.db, self.writer)
+end
+
 -- rf:close(): stop flushing (the schedule is removed from its store handle).
 function Remote:close()
   if self.closed then return end
