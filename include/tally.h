@@ -220,8 +220,18 @@ TALLY_API int tally_store_compact(const char *path, uint32_t flags,
 
 typedef struct tally_counter tally_counter;
 
+/* shards = TALLY_SHARDS_AUTO: the counter starts with one cell and the
+ * engine reshards it online: it doubles (up to the writers seen, at most
+ * the CPUs) when sampled increments find several writers on it within
+ * TALLY_AUTO_WINDOW_MS, and upkeep (tally_store_maintain) takes it back to
+ * one cell after TALLY_AUTO_QUIET_MS without such contention. */
+#define TALLY_SHARDS_AUTO    0xFFFFFFFFu
+#define TALLY_AUTO_WINDOW_MS 2
+#define TALLY_AUTO_QUIET_MS  60000 /* env TALLY_AUTO_QUIET_MS overrides it */
+
 typedef struct tally_counter_options {
-  uint32_t shards; /* 1..TALLY_MAX_SHARDS, or 0 for the family/default */
+  uint32_t shards; /* 1..TALLY_MAX_SHARDS, TALLY_SHARDS_AUTO, or 0 for the
+                      family/default */
   int32_t policy;  /* a tally_policy, or -1 for the family/default */
 } tally_counter_options;
 
@@ -273,8 +283,10 @@ typedef struct tally_counter_info {
   uint32_t name_len;
   uint32_t shards;
   int32_t policy;
-  uint64_t incarnation; /* random per creation: a counter dropped or
+  uint64_t incarnation;   /* random per creation: a counter dropped or
                            expired and created again has another */
+  int auto_shards;        /* created with TALLY_SHARDS_AUTO */
+  uint32_t grown, shrunk; /* automatic reshards so far (saturate at 4095) */
 } tally_counter_info;
 
 TALLY_API int tally_counter_info_get(tally_counter *c, tally_counter_info *out);

@@ -39,6 +39,19 @@ describe("a file store shared by processes", function()
     end)
   end
 
+  it("counts exactly into a counter with automatic shards", function()
+    local path = helper.tmpfile()
+    local db = assert(tally.open("file:" .. path))
+    local c = db:counter("auto", { shards = "auto" })
+    assert.same({ 1, true, 0, 0 }, { c:info().shards, c:info().auto, c:info().grown,
+                                     c:info().shrunk })
+    run_workers(path, "auto", "family", PROCS, EACH * 10)
+    assert.equal(PROCS * EACH * 10, c:value())
+    assert.is_true(c:info().auto)
+    assert.is_true(db:check())
+    db:close()
+  end)
+
   it("creates one counter when processes race to create it", function()
     local path = helper.tmpfile()
     assert(tally.open("file:" .. path)):close()

@@ -33,6 +33,24 @@ describe("tally.counter", function()
                   plain(db:counter("c", { shards = 1024, policy = "key" }):info()))
     end)
 
+    it("creates a counter whose shards the engine sizes with shards = 'auto'", function()
+      local c = db:counter("a", { shards = "auto" })
+      assert.same({ name = "a", shards = 1, policy = "thread", auto = true, grown = 0,
+                    shrunk = 0 }, plain(c:info()))
+      assert.matches("'a' %(1 auto shards, thread%)", tostring(c))
+      c:incr(3)
+      c:reshard(4)                     -- by hand, too: it stays automatic
+      assert.same({ 4, true, 3 }, { c:info().shards, c:info().auto, c:value() })
+      assert.equal(3, db:counter("a", { shards = "auto" }):value())
+      assert.has_error(function() db:counter("a", { shards = 8 }) end)
+      assert.matches("needs a policy that picks the shard itself",
+                     err(db.counter, db, "f", { shards = "auto", policy = "key" }), 1, true)
+      db:family("fam:*", { shards = "auto" })
+      assert.is_true(db:counter("fam:1"):info().auto)
+      assert.is_nil(db:counter("b", { shards = 16 }):info().auto)
+      assert.has_error(function() db:counter("b", { shards = "auto" }) end)
+    end)
+
     it("gets the existing counter with no options or the same ones", function()
       db:counter("a", { shards = 8, policy = "random" }):incr(5)
       assert.equal(5, db:counter("a"):value())
@@ -76,7 +94,7 @@ describe("tally.counter", function()
     end)
 
     it("raises on bad shards", function()
-      local msg = "bad argument #2 to 'counter' (shards must be an integer from 1 to 1024, got %s)"
+      local msg = "bad argument #2 to 'counter' (shards must be an integer from 1 to 1024 or \"auto\", got %s)"
       for _, case in ipairs({ { 0, "0" }, { 1025, "1025" }, { -1, "-1" }, { 1.5, "1.5" },
                               { "8", "'8'" }, { true, "true" }, { {}, "table" } }) do
         assert.equal(msg:format(case[2]), err(function() db:counter("a", { shards = case[1] }) end))

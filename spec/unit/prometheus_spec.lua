@@ -127,7 +127,7 @@ describe("tally.store", function()
       assert.equal("bad argument #2 to 'family' (metric 'tally_value' is reserved for counters without a mapping)",
                    bad({ metric = "tally_value", labels = { "post" } }))
       -- the C side still checks shards and policy, and nothing is recorded
-      assert.equal("bad argument #2 to 'family' (shards must be an integer from 1 to 1024, got 0)",
+      assert.equal("bad argument #2 to 'family' (shards must be an integer from 1 to 1024 or \"auto\", got 0)",
                    bad({ shards = 0, metric = "m", labels = { "post" } }))
       assert.equal("bad argument #2 to 'family' (unknown option 'every')",
                    bad({ every = 1, metric = "m", labels = { "post" } }))

@@ -1,6 +1,7 @@
 /* cli_peek.c -- tally.peek: read-only looks at a store, for the tally command.
  *
  *   peek.counter(db, name [, cells]) -> { name=, value=, shards=, policy=,
+ *       auto=, grown=, shrunk= (counters with automatic shards only),
  *       rolled = { value=, at=, delta=, rate=, count= } or nil,
  *       cells = { ... } if asked } or nil, message, code
  *   peek.history(db, name, last) -> res_s, { { t=, v= }, ... } or nil
@@ -75,6 +76,12 @@ static int p_counter(lua_State *L) {
     lua_pushnil(L);
   lua_setfield(L, -2, "value");
   tl_setint(L, "shards", n);
+  if (info.auto_shards) { /* the engine sizes it: how often it did */
+    lua_pushboolean(L, 1);
+    lua_setfield(L, -2, "auto");
+    tl_setint(L, "grown", info.grown);
+    tl_setint(L, "shrunk", info.shrunk);
+  }
   lua_pushstring(L, info.policy == TALLY_POLICY_CUSTOM ? "function"
                                                        : tally_policy_name(info.policy));
   lua_setfield(L, -2, "policy");

@@ -283,6 +283,9 @@ static int copy_counter(struct job *j, uint64_t rec_off) {
   atomic_store(&w->idle_value, atomic_load(&r->idle_value));
   atomic_store(&w->idle_since, atomic_load(&r->idle_since));
   atomic_store(&w->shipped, atomic_load(&r->shipped));
+  atomic_store(&w->flags,
+               atomic_load(&r->flags) & ~(TALLY__REC_EXPIRED | TALLY__REC_LIMBO));
+  atomic_store(&w->contended_ms, atomic_load(&r->contended_ms));
   w->check = tally__rec_checksum(w);
   uint64_t wloc = tally__loc_make(to, off, cells, n, false);
   for (uint32_t i = 0; i < n; i++)
@@ -305,6 +308,7 @@ static void copy_shippers(tally_store *from, tally_store *to) {
     atomic_store(&t->shippers[i].id, atomic_load(&f->shippers[i].id));
   }
   atomic_store(&t->ship_all, atomic_load(&f->ship_all));
+  atomic_store(&t->autos, atomic_load(&f->autos));
 }
 
 static int copy_counters(struct job *j, tally_progress_fn progress, void *ud) {

@@ -30,7 +30,12 @@ static uint64_t new_incarnation(tally_store *s) {
 static int create(tally_store *s, const char *name, size_t len, uint64_t hash,
                   const tally_counter_options *o, uint32_t family, uint64_t *rec_off) {
   uint64_t cells, off;
-  int rc = tally__cells_alloc(s, o->shards, &cells);
+  /* auto from a family, with a key or shard policy from elsewhere: fixed */
+  bool is_auto = o->shards == TALLY_SHARDS_AUTO && o->policy < TALLY_POLICY_KEY;
+  uint32_t shards = is_auto                          ? 1
+                    : o->shards == TALLY_SHARDS_AUTO ? TALLY_DEFAULT_SHARDS
+                                                     : o->shards;
+  int rc = tally__cells_alloc(s, shards, &cells);
   if (rc == 0) rc = tally__alloc_small(s, tally__rec_bytes(len), &off);
   if (rc) return rc;
   struct tally__rec *r = tally__at(s, off);
@@ -39,10 +44,12 @@ static int create(tally_store *s, const char *name, size_t len, uint64_t hash,
   r->name_len = (uint16_t)len;
   r->incarnation = new_incarnation(s);
   r->family = family;
+  if (is_auto) atomic_store(&r->flags, TALLY__REC_AUTO);
   memcpy(r->name, name, len);
   r->check = tally__rec_checksum(r);
-  atomic_store_explicit(&r->loc, tally__loc_make(s, off, cells, o->shards, false),
+  atomic_store_explicit(&r->loc, tally__loc_make(s, off, cells, shards, false),
                         memory_order_release);
+  if (is_auto) atomic_store(&s->hdr->autos, 1); /* upkeep looks for them */
   rc = tally__index_insert(s, hash, off);
   if (rc == 0) *rec_off = off;
   return rc;
@@ -94,7 +101,12 @@ int tally__check_name(const char *name, size_t len) {
 
 static int check_options(const tally_counter_options *o) {
   if (!o) return 0;
-  if (o->shards > TALLY_MAX_SHARDS)
+  if (o->shards == TALLY_SHARDS_AUTO && o->policy >= TALLY_POLICY_KEY)
+    return tally__fail(TALLY_EPOLICY,
+                       "automatic shards need a policy that picks "
+                       "the shard itself (not %s)",
+                       tally_policy_name(o->policy));
+  if (o->shards > TALLY_MAX_SHARDS && o->shards != TALLY_SHARDS_AUTO)
     return tally__fail(TALLY_ESHARDS, "shard count %u out of range (1 to %d)", o->shards,
                        TALLY_MAX_SHARDS);
   if (o->policy < -1 || o->policy >= TALLY_POLICY_COUNT_)
@@ -140,12 +152,15 @@ int tally_counter_open(tally_store *s, const char *name, size_t len,
   }
   struct tally__rec *r = tally__at(s, rec_off);
   uint32_t n = tally__loc_shards(loc);
-  if (opt && ((opt->shards && opt->shards != n) ||
-              (opt->policy >= 0 && opt->policy != r->policy)))
+  bool is_auto = (atomic_load(&r->flags) & TALLY__REC_AUTO) != 0;
+  if (opt &&
+      ((opt->shards == TALLY_SHARDS_AUTO ? !is_auto : opt->shards && opt->shards != n) ||
+       (opt->policy >= 0 && opt->policy != r->policy)))
     return tally__fail(TALLY_EMISMATCH,
-                       "counter '%.*s' exists with %u shards "
+                       "counter '%.*s' exists with %u%s shards "
                        "and policy %s",
-                       (int)len, name, n, tally_policy_name(r->policy));
+                       (int)len, name, n, is_auto ? " (auto)" : "",
+                       tally_policy_name(r->policy));
   tally_counter *c = calloc(1, sizeof *c + len + 1);
   if (!c) return tally__fail(TALLY_ENOMEM, "out of memory");
   c->s = s;
@@ -153,6 +168,7 @@ int tally_counter_open(tally_store *s, const char *name, size_t len,
   c->store_id = s->id;
   atomic_init(&c->rec_off, rec_off);
   c->policy = r->policy;
+  c->auto_shards = is_auto;
   c->name_len = (uint32_t)len;
   memcpy(c->name, name, len);
   atomic_init(&c->loc, loc);
@@ -180,6 +196,7 @@ static int revive(tally_counter *c, bool create) {
   pthread_mutex_lock(&s->hlock);
   atomic_store(&c->rec_off, tally__crec(fresh));
   c->policy = fresh->policy;
+  c->auto_shards = fresh->auto_shards;
   atomic_store_explicit(&c->loc, atomic_load(&fresh->loc), memory_order_release);
   atomic_store(&c->gone, 0);
   pthread_mutex_unlock(&s->hlock);
@@ -315,7 +332,11 @@ static int add(tally_counter *c, enum pick how, const void *key, size_t klen,
     }
     _Atomic int64_t *cell = tally__cell_in(c->base, loc, i);
     int rc = cell_add(cell, delta);
-    if (__builtin_expect(rc == 0, 1)) return 0;
+    if (__builtin_expect(rc == 0, 1)) {
+      if (c->auto_shards && how == PICK_POLICY && tally__me.sample-- == 0)
+        return tally__auto_sample(c, loc);
+      return 0;
+    }
     if (rc < 0) return range_error(c, delta);
     if (rc == 1 && cell == &c->s->hdr->tombstone) /* stale adds never count */
       atomic_store_explicit(cell, TALLY__SENTINEL, memory_order_relaxed);
@@ -360,8 +381,11 @@ int tally_counter_incr(tally_counter *c, int64_t delta) {
       return incr_slow(c, delta);
     _Atomic int64_t *cell = tally__cell_in(c->base, loc, i);
     int64_t old = atomic_fetch_add_explicit(cell, delta, memory_order_relaxed);
-    if (__builtin_expect(tally__cell_live(old) && tally__cell_live(old + delta), 1))
+    if (__builtin_expect(tally__cell_live(old) && tally__cell_live(old + delta), 1)) {
+      if (__builtin_expect(c->auto_shards, 0) && me->sample-- == 0)
+        return tally__auto_sample(c, loc); /* a tail call: no registers saved */
       return 0;
+    }
     if (!tally__cell_retired(old)) /* out of range: undo; retired: see internal.h */
       atomic_fetch_sub_explicit(cell, delta, memory_order_relaxed);
   }
@@ -487,7 +511,12 @@ int tally_counter_info_get(tally_counter *c, tally_counter_info *out) {
   out->name_len = c->name_len;
   out->shards = tally__loc_shards(loc);
   out->policy = c->policy;
-  out->incarnation = ((struct tally__rec *)tally__at(c->s, tally__crec(c)))->incarnation;
+  struct tally__rec *r = tally__at(c->s, tally__crec(c));
+  uint32_t fl = atomic_load(&r->flags);
+  out->incarnation = r->incarnation;
+  out->auto_shards = (fl & TALLY__REC_AUTO) != 0;
+  out->grown = fl >> TALLY__REC_GROWN_SHIFT & 0xfff;
+  out->shrunk = fl >> TALLY__REC_SHRUNK_SHIFT & 0xfff;
   return 0;
 }
 

@@ -72,6 +72,7 @@ static int scan_one(tally_store *s, uint64_t rec_off, void *ud) {
   const struct tally__family *f;
   int64_t v;
   sc->r->scanned++;
+  tally__auto_upkeep(s, rec_off); /* fails only to stay as it is */
   if (tally__family_of(s, r->name, r->name_len, &f) || !f || !f->idle_s) return 0;
   if (tally__rec_value(s, rec_off, &v)) return 0; /* dropped meanwhile, or check() */
   int64_t since = atomic_load(&r->idle_since);
@@ -107,7 +108,7 @@ int tally_store_maintain(tally_store *s, int64_t now_ms, uint32_t budget,
   tally__grace_step(s);
   tally__unlock(s);
   struct scan sc = {now_ms, &r};
-  if (budget && tally__family_any_idle(s))
+  if (budget && (tally__family_any_idle(s) || atomic_load(&s->hdr->autos)))
     rc = tally__index_range(s, &s->expire_cursor, budget, scan_one, &sc);
   if (rc == 0 && r.expired) { /* its handles here: let them know at once */
     if ((rc = tally__lock(s)) == 0) {

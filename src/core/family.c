@@ -156,11 +156,16 @@ int tally_family_define(tally_store *s, const char *pattern, size_t plen,
                        "invalid family pattern (1 to %d bytes, "
                        "no NUL)",
                        TALLY_NAME_MAX);
-  if (opt->shards > TALLY_MAX_SHARDS)
+  if (opt->shards > TALLY_MAX_SHARDS && opt->shards != TALLY_SHARDS_AUTO)
     return tally__fail(TALLY_ESHARDS, "shard count %u out of range (1 to %d)",
                        opt->shards, TALLY_MAX_SHARDS);
   if (opt->policy < -1 || opt->policy >= TALLY_POLICY_COUNT_)
     return tally__fail(TALLY_EPOLICY, "invalid shard policy %d", opt->policy);
+  if (opt->shards == TALLY_SHARDS_AUTO && opt->policy >= TALLY_POLICY_KEY)
+    return tally__fail(TALLY_EPOLICY,
+                       "automatic shards need a policy that picks the shard "
+                       "itself (not %s)",
+                       tally_policy_name(opt->policy));
   char over[TALLY_NAME_MAX + 1];
   if (opt->max_counters && tally_family_overflow(pattern, plen, over, sizeof over) < 0)
     return tally__fail(TALLY_ENAME,

@@ -142,6 +142,7 @@ struct tally__header {
   struct tally__shipper shippers[TALLY__SHIPPERS];
   _Atomic uint64_t ship_all; /* 1: the table overflowed: every counter
                                  counts as covered by a flusher */
+  _Atomic uint64_t autos;    /* 1: some counter has automatic shards */
   /* thread tickets: the only word writers touch outside the lock */
   _Alignas(64) _Atomic uint64_t writers;
 };
@@ -159,26 +160,34 @@ struct tally__class {
  *   bits 0..9 shards-1, bit 10 dropped, bits 11..31 check, 32..63 off>>3. */
 struct tally__rec {
   _Atomic uint64_t loc;
-  _Atomic uint64_t rollup;    /* sealed offset of its rollup block, or 0 */
-  _Atomic int64_t idle_value; /* expiry: the value when last seen moving */
-  _Atomic int64_t idle_since; /* ... and when (caller's ms), 0: not yet */
-  _Atomic int64_t shipped;    /* the value a flusher has confirmed shipped
+  _Atomic uint64_t rollup;      /* sealed offset of its rollup block, or 0 */
+  _Atomic int64_t idle_value;   /* expiry: the value when last seen moving */
+  _Atomic int64_t idle_since;   /* ... and when (caller's ms), 0: not yet */
+  _Atomic int64_t shipped;      /* the value a flusher has confirmed shipped
                                   (ship.c); 0 until one does */
-  uint64_t incarnation;       /* random at creation: a re-created counter
+  _Atomic uint64_t contention;  /* auto shards (autoshard.c): last sample's
+                                   writer, contended hits and time */
+  _Atomic int64_t contended_ms; /* monotonic ms of the last contended
+                                   sample (auto shards), 0: none */
+  uint64_t incarnation;         /* random at creation: a re-created counter
                                   of the same name has another */
-  _Atomic uint32_t flags;     /* TALLY__REC_* */
-  uint32_t family;            /* hash of the pattern of the family it was
+  _Atomic uint32_t flags;       /* TALLY__REC_* */
+  uint32_t family;              /* hash of the pattern of the family it was
                                   created under (caps), 0: none */
-  uint32_t check;             /* hash of the fixed fields and name */
+  uint32_t check;               /* hash of the fixed fields and name */
   uint8_t policy;
   uint8_t kind; /* TALLY__KIND_COUNTER */
   uint16_t name_len;
   char name[]; /* name_len bytes and a NUL */
 };
-#define TALLY__KIND_COUNTER 0xC7
-#define TALLY__KIND_FAMILY  0xF4
-#define TALLY__REC_EXPIRED  0x1u /* its drop was an expiry: handles re-create it */
-#define TALLY__REC_LIMBO    0x2u /* its drop put it in limbo (exactly once) */
+#define TALLY__KIND_COUNTER     0xC7
+#define TALLY__KIND_FAMILY      0xF4
+#define TALLY__REC_EXPIRED      0x1u /* its drop was an expiry: handles re-create it */
+#define TALLY__REC_LIMBO        0x2u /* its drop put it in limbo (exactly once) */
+#define TALLY__REC_AUTO         0x8u /* TALLY_SHARDS_AUTO (autoshard.c) */
+/* flags bits 8..19: automatic grows, 20..31: shrinks (saturating) */
+#define TALLY__REC_GROWN_SHIFT  8
+#define TALLY__REC_SHRUNK_SHIFT 20
 
 struct tally__family {
   uint64_t next; /* older family, or 0 */
@@ -242,6 +251,7 @@ struct tally_counter {
   tally_store *s;
   uint64_t store_id; /* s->id, for the thread ticket check */
   int policy;
+  int auto_shards; /* sample increments for contention (autoshard.c) */
   /* Set by this process's grace step (grace.c) when the record is gone
    * for good: loc then points at the tombstone cell, and rec must not be
    * read (it may belong to another counter now). 1: dropped, 2: expired. */
@@ -267,8 +277,9 @@ uint64_t tally__mix(uint64_t x);
 struct tally__writer {
   uint64_t store_id; /* store the ticket was drawn from, 0: none */
   uint64_t ticket;
-  uint64_t rr;  /* round-robin position */
-  uint64_t rng; /* xorshift64* state, 0: unseeded */
+  uint64_t rr;     /* round-robin position */
+  uint64_t rng;    /* xorshift64* state, 0: unseeded */
+  uint32_t sample; /* increments of auto counters until the next sample */
 };
 extern _Thread_local struct tally__writer tally__me
     __attribute__((tls_model("initial-exec")));
@@ -475,6 +486,15 @@ static inline uint64_t tally__crec(tally_counter *c) {
 /* 0 if the handle's counter is there (re-creating an expired one through
  * it); TALLY_EDROPPED if it was dropped. */
 int tally__counter_live(tally_counter *c);
+/* ---- autoshard.c ---- */
+/* Every TALLY__AUTO_SAMPLE-th increment of an auto counter by a thread. */
+#define TALLY__AUTO_SAMPLE 64
+int tally__auto_sample(tally_counter *c, uint64_t loc); /* returns 0 */
+/* upkeep: shrink an auto counter back to one cell once quiet */
+int tally__auto_upkeep(tally_store *s, uint64_t rec_off);
+/* Reshard the counter at rec_off to `shards` under the lock; *loc gets its
+ * location (move.c). */
+int tally__reshard(tally_store *s, uint64_t rec_off, uint32_t shards, uint64_t *loc);
 /* ---- ship.c ---- */
 /* Must upkeep keep r (value v) for a flusher that has not shipped v? */
 bool tally__ship_holds(tally_store *s, const struct tally__rec *r, int64_t v);

@@ -15,17 +15,11 @@
 
 #include <string.h>
 
-int tally_counter_reshard(tally_counter *c, uint32_t shards) {
-  if (!c) return tally__fail(TALLY_EINVAL, "tally_counter_reshard: counter is NULL");
-  if (shards < 1 || shards > TALLY_MAX_SHARDS)
-    return tally__fail(TALLY_ESHARDS, "shard count %u out of range (1 to %d)", shards,
-                       TALLY_MAX_SHARDS);
-  tally_store *s = c->s;
-  int rc = tally__counter_live(c);
-  if (rc == 0) rc = tally__lock(s);
+int tally__reshard(tally_store *s, uint64_t rec_off, uint32_t shards, uint64_t *out) {
+  int rc = tally__lock(s);
   if (rc) return rc;
   uint64_t loc, cells;
-  rc = tally__current(s, tally__crec(c), &loc);
+  rc = tally__current(s, rec_off, &loc);
   if (rc == 0 && tally__loc_shards(loc) != shards) {
     /* refuse before retiring anything if the value cannot fit (a raw sum:
      * under the lock no move is pending, and a reader's wait for one here
@@ -34,20 +28,28 @@ int tally_counter_reshard(tally_counter *c, uint32_t shards) {
     for (uint32_t i = 0; i < tally__loc_shards(loc); i++)
       value += atomic_load_explicit(tally__cell_at(s, loc, i), memory_order_relaxed);
     if (!tally__fits_shards(value, shards))
-      rc = tally__fail(TALLY_ERANGE,
-                       "counter '%s' would overflow a shard with "
-                       "%u shards",
-                       c->name, shards);
+      rc = tally__fail(TALLY_ERANGE, "counter '%s' would overflow a shard with %u shards",
+                       ((struct tally__rec *)tally__at(s, rec_off))->name, shards);
     if (rc == 0) rc = tally__cells_alloc(s, shards, &cells);
     if (rc == 0)
-      rc = tally__journal_move(s, tally__crec(c),
-                               tally__loc_make(s, tally__crec(c), cells, shards, false));
+      rc = tally__journal_move(s, rec_off,
+                               tally__loc_make(s, rec_off, cells, shards, false));
   }
   tally__unlock(s);
-  if (rc == 0)
-    atomic_store_explicit(
-        &c->loc, atomic_load(&((struct tally__rec *)tally__at(s, tally__crec(c)))->loc),
-        memory_order_release);
+  if (rc == 0 && out)
+    *out = atomic_load(&((struct tally__rec *)tally__at(s, rec_off))->loc);
+  return rc;
+}
+
+int tally_counter_reshard(tally_counter *c, uint32_t shards) {
+  if (!c) return tally__fail(TALLY_EINVAL, "tally_counter_reshard: counter is NULL");
+  if (shards < 1 || shards > TALLY_MAX_SHARDS)
+    return tally__fail(TALLY_ESHARDS, "shard count %u out of range (1 to %d)", shards,
+                       TALLY_MAX_SHARDS);
+  uint64_t loc;
+  int rc = tally__counter_live(c);
+  if (rc == 0) rc = tally__reshard(c->s, tally__crec(c), shards, &loc);
+  if (rc == 0) atomic_store_explicit(&c->loc, loc, memory_order_release);
   return rc;
 }
 

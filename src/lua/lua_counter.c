@@ -36,13 +36,14 @@ const char *tl_policy_label(int32_t policy) {
 }
 
 /* Validate the shard count at vidx; messages name argument arg. */
-static uint32_t tl_checkshards(lua_State *L, int vidx, int arg) {
+static uint32_t tl_checkshards(lua_State *L, int vidx, int arg, int allow_auto) {
   lua_Integer n = 0;
   int isnum = 0;
   if (lua_type(L, vidx) == LUA_TNUMBER) n = tl_tointx(L, vidx, &isnum);
   if (!isnum || n < 1 || n > TALLY_MAX_SHARDS)
-    tl_argerror(L, arg, "shards must be an integer from 1 to %d, got %s",
-                TALLY_MAX_SHARDS, tl_describe(L, vidx, TL_BOOL_VALUE));
+    tl_argerror(L, arg, "shards must be an integer from 1 to %d%s, got %s",
+                TALLY_MAX_SHARDS, allow_auto ? " or \"auto\"" : "",
+                tl_describe(L, vidx, TL_BOOL_VALUE));
   return (uint32_t)n;
 }
 
@@ -73,7 +74,10 @@ void tl_checkcounteropts(lua_State *L, int arg, tally_counter_options *o, int *c
   }
   if (!lua_istable(L, arg)) tl_typeerror(L, arg, "table");
   lua_getfield(L, arg, "shards");
-  if (!lua_isnil(L, -1)) o->shards = tl_checkshards(L, lua_gettop(L), arg);
+  if (lua_type(L, -1) == LUA_TSTRING && strcmp(lua_tostring(L, -1), "auto") == 0)
+    o->shards = TALLY_SHARDS_AUTO;
+  else if (!lua_isnil(L, -1))
+    o->shards = tl_checkshards(L, lua_gettop(L), arg, 1);
   lua_pop(L, 1);
   lua_pushnil(L);
   while (lua_next(L, arg) != 0) {
@@ -89,6 +93,10 @@ void tl_checkcounteropts(lua_State *L, int arg, tally_counter_options *o, int *c
   }
   lua_getfield(L, arg, "policy");
   if (!lua_isnil(L, -1)) o->policy = tl_checkpolicy(L, lua_gettop(L), arg);
+  if (o->shards == TALLY_SHARDS_AUTO && o->policy >= TALLY_POLICY_KEY)
+    luaL_argerror(L, arg,
+                  "shards = \"auto\" needs a policy that picks the shard itself "
+                  "(thread, random or round_robin)");
   if (o->policy != TALLY_POLICY_CUSTOM) {
     lua_pop(L, 1);
     lua_pushnil(L);
@@ -328,7 +336,7 @@ static int tl_counter_add_shard(lua_State *L) {
 
 static int tl_counter_reshard(lua_State *L) {
   tl_counter *h = tl_tocounter(L);
-  uint32_t n = tl_checkshards(L, 2, 2);
+  uint32_t n = tl_checkshards(L, 2, 2, 0);
   int rc = tally_counter_reshard(h->c, n);
   if (rc < 0) return tl_counter_fail(L, h, rc);
   lua_pushboolean(L, 1);
@@ -354,6 +362,14 @@ static int tl_counter_info(lua_State *L) {
   snprintf(inc, sizeof inc, "%016llx", (unsigned long long)info.incarnation);
   lua_pushstring(L, inc);
   lua_setfield(L, -2, "incarnation");
+  if (info.auto_shards) { /* only then: and the engine's reshards so far */
+    lua_pushboolean(L, 1);
+    lua_setfield(L, -2, "auto");
+    lua_pushinteger(L, (lua_Integer)info.grown);
+    lua_setfield(L, -2, "grown");
+    lua_pushinteger(L, (lua_Integer)info.shrunk);
+    lua_setfield(L, -2, "shrunk");
+  }
   return 1;
 }
 
@@ -383,8 +399,8 @@ static int tl_counter_tostring(lua_State *L) {
     lua_pushliteral(L, "tally.counter (closed)");
     return 1;
   }
-  lua_pushfstring(L, "tally.counter '%s' (%d shards, %s)", h->name, (int)info.shards,
-                  tl_policy_label(info.policy));
+  lua_pushfstring(L, "tally.counter '%s' (%d%s shards, %s)", h->name, (int)info.shards,
+                  info.auto_shards ? " auto" : "", tl_policy_label(info.policy));
   return 1;
 }
 

@@ -488,7 +488,9 @@ function cmd.ls(args)
   local rows, i, CHUNK = {}, 0, 5000
   local function cells(p)
     local r = p.rolled
-    return { p.name, tostring(p.value), tostring(p.shards), p.policy,
+    local sh = p.auto and fmt("%d auto (+%d -%d)", p.shards, p.grown, p.shrunk)
+               or tostring(p.shards)
+    return { p.name, tostring(p.value), sh, p.policy,
              r and time_text(r.at) or "-", r and rate_text(r.rate) or "-" }
   end
   local function emit(c)
