@@ -354,7 +354,11 @@ static void test_dead_holder(void) {
     printf("  dead holder: the child finished first; takeover not exercised\n");
   } else {
     EXPECT_I64(TALLY_TICK_RAN, t.status); /* not BUSY for the hour of its lease */
-    EXPECT(t.counters < LEASE_N);
+    /* it resumes after the dead holder's last published cursor; a kill
+     * before its first one (a slow sanitizer run) leaves all to redo */
+    EXPECT(t.counters <= LEASE_N);
+    printf("  dead holder: taken over at once, %llu of %d counters left to roll\n",
+           (unsigned long long)t.counters, LEASE_N);
   }
   for (int i = 0; i < LEASE_N; i += 4999) {
     tally_counter *c;
