@@ -3,11 +3,20 @@
  * Each subcommand measures one thing and prints "RESULT key value" lines
  * (medians of `reps` runs) for scripts/bench to put in one table:
  *
- *   bench_tally incr SECS REPS        increments/s, 1 and 2 threads: tally
- *                                     thread and random policies (16 shards,
- *                                     one shared handle) against one shared
- *                                     atomic, a mutex-protected counter and
- *                                     ideal per-thread cells on own lines
+ *   bench_tally incr SECS REPS [T]    increments/s, 1 and T threads (default
+ *                                     2): tally thread and random policies
+ *                                     (16 shards, one shared handle) against
+ *                                     one shared atomic, a mutex-protected
+ *                                     counter and ideal per-thread cells on
+ *                                     own lines
+ *   bench_tally many PATH K SECS REPS T  random increments over K counters
+ *                                     (memory store; 16 shards, then 1), 1,
+ *                                     2 and T threads, against a shared
+ *                                     atomic array of K words and one shared
+ *                                     atomic; every repetition's figure; and
+ *                                     bytes per counter of a file store of K
+ *                                     counters at PATH, file size and live
+ *                                     arena bytes ("memory": skipped)
  *   bench_tally value REPS            value() cost for 1/16/256/1024 shards
  *   bench_tally create PATH N         N counters x 16 shards into a new file
  *   bench_tally open PATH             open it (run in a fresh process), then
@@ -72,6 +81,11 @@ static void progress(const char *what, long i, long n) {
   fflush(stderr);
 }
 
+static void oom(void) {
+  fputs("bench_tally: out of memory\n", stderr);
+  exit(1);
+}
+
 static int cmp_d(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
   return x < y ? -1 : x > y;
@@ -83,6 +97,8 @@ static double median(double *v, int n) {
 }
 
 /* ---- incr ---------------------------------------------------------------- */
+
+#define MAX_THREADS 64
 
 enum {
   IMPL_THREAD,
@@ -106,7 +122,7 @@ static struct {
   _Alignas(64) _Atomic int64_t shared;
   _Alignas(64) pthread_mutex_t mu;
   int64_t mu_val;
-  padded cells[8];
+  padded cells[MAX_THREADS];
   _Alignas(64) atomic_int go;
   _Alignas(64) atomic_int stop;
 } B;
@@ -114,6 +130,7 @@ static struct {
 typedef struct {
   int impl, id;
   uint64_t ops;
+  uint64_t rng; /* many: this thread's xorshift state */
 } worker;
 
 /* Ideal cells behind the same call shape as tally_counter_incr: a function
@@ -160,23 +177,20 @@ static void *worker_main(void *arg) {
   return NULL;
 }
 
-static double run_incr(tally_store *s, int impl, int nthreads, double secs) {
-  pthread_t th[8];
-  worker w[8];
-  int rc;
-  B.c = NULL;
-  if (impl == IMPL_THREAD || impl == IMPL_RANDOM) {
-    tally_counter_options o = {16, impl == IMPL_THREAD ? TALLY_POLICY_THREAD
-                                                       : TALLY_POLICY_RANDOM};
-    const char *name = impl_names[impl];
-    if ((rc = tally_counter_open(s, name, strlen(name), &o, TALLY_COUNTER_CREATE, &B.c)))
-      die("counter", rc);
-  }
+/* Operations per second of nthreads threads running fn(worker) for secs:
+ * they start together on B.go and stop on B.stop. Thread i's RNG starts
+ * from the same seed in every run, so two loops see the same indexes. */
+static double timed_run(void *(*fn)(void *), int impl, int nthreads, double secs) {
+  pthread_t th[MAX_THREADS];
+  worker w[MAX_THREADS];
   atomic_store(&B.go, 0);
   atomic_store(&B.stop, 0);
   for (int i = 0; i < nthreads; i++) {
-    w[i] = (worker){impl, i, 0};
-    pthread_create(&th[i], NULL, worker_main, &w[i]);
+    w[i] = (worker){impl, i, 0, 0x9E3779B97F4A7C15ull * (uint64_t)(i + 1) | 1};
+    if (pthread_create(&th[i], NULL, fn, &w[i])) {
+      fprintf(stderr, "bench_tally: cannot start thread %d\n", i);
+      exit(1);
+    }
   }
   usleep(20000);
   double t0 = now();
@@ -189,17 +203,39 @@ static double run_incr(tally_store *s, int impl, int nthreads, double secs) {
     total += w[i].ops;
   }
   double t1 = now();
-  if (B.c) tally_counter_close(B.c);
   return (double)total / (t1 - t0);
 }
 
-static int cmd_incr(double secs, int reps) {
+static double run_incr(tally_store *s, int impl, int nthreads, double secs) {
+  int rc;
+  B.c = NULL;
+  if (impl == IMPL_THREAD || impl == IMPL_RANDOM) {
+    tally_counter_options o = {16, impl == IMPL_THREAD ? TALLY_POLICY_THREAD
+                                                       : TALLY_POLICY_RANDOM};
+    const char *name = impl_names[impl];
+    if ((rc = tally_counter_open(s, name, strlen(name), &o, TALLY_COUNTER_CREATE, &B.c)))
+      die("counter", rc);
+  }
+  double r = timed_run(worker_main, impl, nthreads, secs);
+  if (B.c) tally_counter_close(B.c);
+  return r;
+}
+
+static int bad_threads(int nthreads) {
+  if (nthreads >= 1 && nthreads <= MAX_THREADS) return 0;
+  fprintf(stderr, "bench_tally: threads must be 1..%d\n", MAX_THREADS);
+  return 1;
+}
+
+static int cmd_incr(double secs, int reps, int nthreads) {
   tally_store *s = NULL;
+  if (bad_threads(nthreads)) return 2;
+  if (reps > 32) reps = 32;
   int rc = tally_store_open("memory", NULL, &s);
   if (rc) die("open", rc);
   pthread_mutex_init(&B.mu, NULL);
   for (int impl = 0; impl < IMPL_N; impl++)
-    for (int t = 1; t <= 2; t++) {
+    for (int t = 1; t <= nthreads; t = t < nthreads ? nthreads : t + 1) { /* 1, n */
       double v[32];
       for (int r = 0; r < reps; r++) v[r] = run_incr(s, impl, t, secs);
       printf("RESULT incr.%s.%dt %.0f\n", impl_names[impl], t, median(v, reps));
@@ -332,6 +368,152 @@ static int cmd_open(const char *path) {
   printf("RESULT open.counters %llu\n", (unsigned long long)st.counters);
   tally_store_close(s);
   (void)total;
+  return 0;
+}
+
+/* ---- many cold counters (issue 13) ---------------------------------------- */
+
+/* Random increments over K counters: each thread draws an index with its
+ * own xorshift and adds 1 there, through tally handles (16 shards, then 1;
+ * thread policy; a memory store) or into a plain array of K atomic words
+ * shared by all threads. The RNG and the loop are the same for every kind;
+ * one shared atomic draws the indexes too and ignores them. */
+enum { MANY_TALLY16, MANY_TALLY1, MANY_ARRAY, MANY_ATOMIC, MANY_N };
+static const char *many_names[] = {"tally16", "tally1", "array", "atomic"};
+
+static struct {
+  tally_counter **cs[2]; /* handles: [0] 16 shards, [1] 1 shard */
+  _Atomic int64_t *arr;
+  uint64_t k;
+  _Alignas(64) _Atomic int64_t one;
+} M;
+
+/* xorshift64, then a multiply-shift onto [0, k): no division. */
+static inline uint64_t pick(uint64_t *x, uint64_t k) {
+  uint64_t v = *x;
+  v ^= v << 13;
+  v ^= v >> 7;
+  v ^= v << 17;
+  *x = v;
+  return ((v >> 32) * k) >> 32;
+}
+
+static void *many_main(void *arg) {
+  worker *w = arg;
+  uint64_t ops = 0, x = w->rng, k = M.k;
+  while (!atomic_load_explicit(&B.go, memory_order_acquire)) {}
+  switch (w->impl) {
+  case MANY_TALLY16:
+  case MANY_TALLY1: {
+    tally_counter **cs = M.cs[w->impl == MANY_TALLY1];
+    LOOP(if (tally_counter_incr(cs[pick(&x, k)], 1) != 0) abort());
+    break;
+  }
+  case MANY_ARRAY: {
+    _Atomic int64_t *a = M.arr;
+    LOOP(atomic_fetch_add_explicit(&a[pick(&x, k)], 1, memory_order_relaxed));
+    break;
+  }
+  case MANY_ATOMIC:
+    LOOP((void)pick(&x, k); atomic_fetch_add_explicit(&M.one, 1, memory_order_relaxed));
+    break;
+  }
+  w->ops = ops;
+  w->rng = x; /* keeps the RNG live in the one-atomic loop */
+  return NULL;
+}
+
+/* K counters "m:I" with `shards` shards (thread policy) in s; handles into
+ * *out when out is not NULL (else each is closed at once). */
+static void many_create(tally_store *s, uint64_t k, uint32_t shards, const char *what,
+                        tally_counter ***out) {
+  tally_counter_options o = {shards, TALLY_POLICY_THREAD};
+  tally_counter **cs = out ? malloc(k * sizeof *cs) : NULL;
+  int rc;
+  if (out && !cs) oom();
+  for (uint64_t i = 0; i < k; i++) {
+    char name[32];
+    tally_counter *c;
+    int len = snprintf(name, sizeof name, "m:%llu", (unsigned long long)i);
+    progress(what, (long)i, (long)k);
+    if ((rc = tally_counter_open(s, name, (size_t)len, &o, TALLY_COUNTER_CREATE, &c)))
+      die("create", rc);
+    if (cs) {
+      cs[i] = c;
+      if ((rc = tally_counter_incr(c, 1))) die("incr", rc); /* cells resident */
+    } else {
+      tally_counter_close(c);
+    }
+  }
+  progress(what, (long)k, (long)k);
+  if (out) *out = cs;
+}
+
+/* Bytes of a fresh file store at path holding k counters of `shards`
+ * shards, per counter: the file's size (stat) over k, and the arena's live
+ * bytes (tally_store_stats_get) over k: the file grows in steps. */
+static void many_bytes(const char *path, uint64_t k, uint32_t shards) {
+  char spec[4200], what[64];
+  tally_store *s = NULL;
+  struct stat st;
+  tally_store_stats ss;
+  int rc;
+  snprintf(spec, sizeof spec, "file:%s", path);
+  snprintf(what, sizeof what, "file store, %u shard%s", shards, shards > 1 ? "s" : "");
+  unlink(path);
+  if ((rc = tally_store_open(spec, NULL, &s))) die("open", rc);
+  many_create(s, k, shards, what, NULL);
+  if ((rc = tally_store_stats_get(s, &ss))) die("stats", rc);
+  tally_store_close(s);
+  if (stat(path, &st) != 0) {
+    perror(path);
+    exit(1);
+  }
+  unlink(path);
+  printf("RESULT many.bytes.tally%u %.2f\n", shards, (double)st.st_size / (double)k);
+  printf("RESULT many.live.tally%u %.2f\n", shards, (double)ss.live_bytes / (double)k);
+  fflush(stdout);
+}
+
+static int cmd_many(const char *path, uint64_t k, double secs, int reps, int nthreads) {
+  static const uint32_t shards[2] = {16, 1};
+  tally_store *s[2] = {NULL, NULL};
+  int rc;
+  if (bad_threads(nthreads)) return 2;
+  if (k < 1 || k > UINT32_MAX) {
+    fprintf(stderr, "bench_tally: K must be 1..%u\n", UINT32_MAX);
+    return 2;
+  }
+  if (strcmp(path, "memory") != 0) {
+    many_bytes(path, k, 16);
+    many_bytes(path, k, 1);
+  }
+  printf("RESULT many.bytes.array %zu\n", sizeof(int64_t));
+  for (int j = 0; j < 2; j++) {
+    char what[64];
+    snprintf(what, sizeof what, "memory store, %u shard%s", shards[j],
+             shards[j] > 1 ? "s" : "");
+    if ((rc = tally_store_open("memory", NULL, &s[j]))) die("open", rc);
+    many_create(s[j], k, shards[j], what, &M.cs[j]);
+  }
+  M.k = k;
+  M.arr = malloc(k * sizeof *M.arr);
+  if (!M.arr) oom();
+  for (uint64_t i = 0; i < k; i++) atomic_init(&M.arr[i], 1); /* resident, as tally's */
+  /* repetitions outermost: drift on a noisy machine hits every kind alike */
+  for (int r = 0; r < reps; r++)
+    for (int t = 1; t <= nthreads; t = t < 2 ? 2 : t < nthreads ? nthreads : t + 1)
+      for (int kind = 0; kind < MANY_N; kind++) {
+        double v = timed_run(many_main, kind, t, secs);
+        printf("RESULT many.%s.%dt %.0f\n", many_names[kind], t, v);
+        fflush(stdout);
+      }
+  for (int j = 0; j < 2; j++) {
+    for (uint64_t i = 0; i < k; i++) tally_counter_close(M.cs[j][i]);
+    free(M.cs[j]);
+    tally_store_close(s[j]);
+  }
+  free(M.arr);
   return 0;
 }
 
@@ -670,7 +852,10 @@ int main(int argc, char **argv) {
   if (argc >= 6 && strcmp(argv[1], "churn") == 0)
     return cmd_churn(argv[2], atol(argv[3]), atoi(argv[4]), argv[5]);
   if (argc >= 4 && strcmp(argv[1], "incr") == 0)
-    return cmd_incr(atof(argv[2]), atoi(argv[3]));
+    return cmd_incr(atof(argv[2]), atoi(argv[3]), argc >= 5 ? atoi(argv[4]) : 2);
+  if (argc >= 7 && strcmp(argv[1], "many") == 0)
+    return cmd_many(argv[2], strtoull(argv[3], NULL, 10), atof(argv[4]), atoi(argv[5]),
+                    atoi(argv[6]));
   if (argc >= 3 && strcmp(argv[1], "value") == 0) return cmd_value(atoi(argv[2]));
   if (argc >= 4 && strcmp(argv[1], "create") == 0)
     return cmd_create(argv[2], atol(argv[3]));
@@ -679,8 +864,9 @@ int main(int argc, char **argv) {
     return cmd_procs(argv[2], atof(argv[3]), atoi(argv[4]));
   if (argc >= 6 && strcmp(argv[1], "rollup") == 0)
     return cmd_rollup(argv[2], atol(argv[3]), atof(argv[4]), atoi(argv[5]));
-  fprintf(stderr, "usage: bench_tally incr SECS REPS | value REPS | create PATH N | "
-                  "open PATH | procs PATH SECS REPS | rollup PATH N SECS REPS | "
-                  "churn PATH N ROUNDS drop|expire\n");
+  fprintf(stderr, "usage: bench_tally incr SECS REPS [THREADS] | value REPS | "
+                  "create PATH N | open PATH | procs PATH SECS REPS | "
+                  "rollup PATH N SECS REPS | churn PATH N ROUNDS drop|expire | "
+                  "many PATH|memory K SECS REPS THREADS\n");
   return 2;
 }
