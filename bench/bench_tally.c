@@ -245,6 +245,46 @@ static int cmd_incr(double secs, int reps, int nthreads) {
   return 0;
 }
 
+/* ---- one hot counter with automatic shards -------------------------------- */
+
+/* nthreads writers on one counter: a fixed 16-shard one, then a fresh auto
+ * one for its first 100 ms (it starts with one cell and grows) and after. */
+static int cmd_autohot(double secs, int reps, int nthreads) {
+  tally_store *s = NULL;
+  if (bad_threads(nthreads)) return 2;
+  int rc = tally_store_open("memory", NULL, &s);
+  if (rc) die("open", rc);
+  for (int r = 0; r < reps; r++) {
+    char name[32];
+    tally_counter_options fixed = {16, TALLY_POLICY_THREAD},
+                          autos = {TALLY_SHARDS_AUTO, TALLY_POLICY_THREAD};
+    snprintf(name, sizeof name, "fixed%d", r);
+    if ((rc = tally_counter_open(s, name, strlen(name), &fixed, TALLY_COUNTER_CREATE,
+                                 &B.c)))
+      die("counter", rc);
+    double f = timed_run(worker_main, IMPL_THREAD, nthreads, secs);
+    tally_counter_close(B.c);
+    snprintf(name, sizeof name, "auto%d", r);
+    if ((rc = tally_counter_open(s, name, strlen(name), &autos, TALLY_COUNTER_CREATE,
+                                 &B.c)))
+      die("counter", rc);
+    double first = timed_run(worker_main, IMPL_THREAD, nthreads, 0.1);
+    tally_counter_info in;
+    if ((rc = tally_counter_info_get(B.c, &in))) die("info", rc);
+    double after = timed_run(worker_main, IMPL_THREAD, nthreads, secs);
+    tally_counter_info in2;
+    if ((rc = tally_counter_info_get(B.c, &in2))) die("info", rc);
+    tally_counter_close(B.c);
+    printf("RESULT autohot.fixed16 %.0f\nRESULT autohot.first %.0f\n"
+           "RESULT autohot.after %.0f\nRESULT autohot.shards100ms %u\n"
+           "RESULT autohot.shards %u\n",
+           f, first, after, in.shards, in2.shards);
+    fflush(stdout);
+  }
+  tally_store_close(s);
+  return 0;
+}
+
 /* ---- value --------------------------------------------------------------- */
 
 static int cmd_value(int reps) {
@@ -299,7 +339,9 @@ static long status_kb(const char *field) {
   return kb;
 }
 
-static int cmd_create(const char *path, long n) {
+/* n counters x 16 shards, or with the default options (automatic shards:
+ * one cell each) when dflt; results under "create." or "create_default." */
+static int cmd_create(const char *path, long n, int dflt) {
   char spec[4200];
   tally_store *s = NULL;
   snprintf(spec, sizeof spec, "file:%s", path);
@@ -307,13 +349,14 @@ static int cmd_create(const char *path, long n) {
   double t0 = now();
   int rc = tally_store_open(spec, NULL, &s);
   if (rc) die("open", rc);
-  tally_counter_options o = {16, TALLY_POLICY_THREAD};
+  tally_counter_options o16 = {16, TALLY_POLICY_THREAD}, *o = dflt ? NULL : &o16;
+  const char *key = dflt ? "create_default" : "create";
   for (long i = 0; i < n; i++) {
     char name[48];
     tally_counter *c;
     int len = snprintf(name, sizeof name, "post:%ld:likes", i);
     progress("create", i, n);
-    if ((rc = tally_counter_open(s, name, (size_t)len, &o, TALLY_COUNTER_CREATE, &c)))
+    if ((rc = tally_counter_open(s, name, (size_t)len, o, TALLY_COUNTER_CREATE, &c)))
       die("create", rc);
     tally_counter_close(c);
   }
@@ -322,9 +365,9 @@ static int cmd_create(const char *path, long n) {
   double t1 = now();
   struct stat st;
   stat(path, &st);
-  printf("RESULT create.secs %.3f\n", t1 - t0);
-  printf("RESULT create.file_bytes %lld\n", (long long)st.st_size);
-  printf("RESULT create.disk_bytes %lld\n", (long long)st.st_blocks * 512);
+  printf("RESULT %s.secs %.3f\n", key, t1 - t0);
+  printf("RESULT %s.file_bytes %lld\n", key, (long long)st.st_size);
+  printf("RESULT %s.disk_bytes %lld\n", key, (long long)st.st_blocks * 512);
   return 0;
 }
 
@@ -857,16 +900,19 @@ int main(int argc, char **argv) {
     return cmd_many(argv[2], strtoull(argv[3], NULL, 10), atof(argv[4]), atoi(argv[5]),
                     atoi(argv[6]));
   if (argc >= 3 && strcmp(argv[1], "value") == 0) return cmd_value(atoi(argv[2]));
+  if (argc >= 5 && strcmp(argv[1], "autohot") == 0)
+    return cmd_autohot(atof(argv[2]), atoi(argv[3]), atoi(argv[4]));
   if (argc >= 4 && strcmp(argv[1], "create") == 0)
-    return cmd_create(argv[2], atol(argv[3]));
+    return cmd_create(argv[2], atol(argv[3]),
+                      argc >= 5 && strcmp(argv[4], "default") == 0);
   if (argc >= 3 && strcmp(argv[1], "open") == 0) return cmd_open(argv[2]);
   if (argc >= 5 && strcmp(argv[1], "procs") == 0)
     return cmd_procs(argv[2], atof(argv[3]), atoi(argv[4]));
   if (argc >= 6 && strcmp(argv[1], "rollup") == 0)
     return cmd_rollup(argv[2], atol(argv[3]), atof(argv[4]), atoi(argv[5]));
   fprintf(stderr, "usage: bench_tally incr SECS REPS [THREADS] | value REPS | "
-                  "create PATH N | open PATH | procs PATH SECS REPS | "
+                  "create PATH N [default] | open PATH | procs PATH SECS REPS | "
                   "rollup PATH N SECS REPS | churn PATH N ROUNDS drop|expire | "
-                  "many PATH|memory K SECS REPS THREADS\n");
+                  "many PATH|memory K SECS REPS THREADS | autohot SECS REPS THREADS\n");
   return 2;
 }

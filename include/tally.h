@@ -36,6 +36,9 @@ extern "C" {
 #define TALLY_VERSION        "0.1.0"
 #define TALLY_MAX_SHARDS     1024
 #define TALLY_NAME_MAX       255 /* bytes; names are 1..255 bytes, no NUL */
+/* New counters get automatic shards (TALLY_SHARDS_AUTO) and the thread
+ * policy unless a family or the caller says otherwise; a key or shard
+ * policy, which cannot have automatic shards, gets this many. */
 #define TALLY_DEFAULT_SHARDS 16
 
 /* Error codes: XX(NAME, code, static message). */
@@ -286,7 +289,7 @@ typedef struct tally_counter_info {
   uint64_t incarnation;   /* random per creation: a counter dropped or
                            expired and created again has another */
   int auto_shards;        /* created with TALLY_SHARDS_AUTO */
-  uint32_t grown, shrunk; /* automatic reshards so far (saturate at 4095) */
+  uint32_t grown, shrunk; /* automatic reshards so far (saturate at 1023) */
 } tally_counter_info;
 
 TALLY_API int tally_counter_info_get(tally_counter *c, tally_counter_info *out);
@@ -364,7 +367,8 @@ TALLY_API int tally_family_define(tally_store *s, const char *pattern, size_t pl
  * added); returns its length, or TALLY_ENAME if it does not fit. */
 TALLY_API int tally_family_overflow(const char *pattern, size_t plen, char *buf,
                                     size_t cap);
-/* Options a new counter named name would get (family or defaults). */
+/* Options a new counter named name would get (family or defaults:
+ * TALLY_SHARDS_AUTO, TALLY_POLICY_THREAD). */
 TALLY_API int tally_family_resolve(tally_store *s, const char *name, size_t len,
                                    tally_counter_options *out);
 

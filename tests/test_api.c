@@ -576,7 +576,7 @@ static void test_families(tally_store *s) {
 
   /* defaults */
   EXPECT_OK(tally_family_resolve(s, "nofam", 5, &o));
-  EXPECT_I64(TALLY_DEFAULT_SHARDS, o.shards);
+  EXPECT_I64(TALLY_SHARDS_AUTO, o.shards);
   EXPECT_I64(TALLY_POLICY_THREAD, o.policy);
   EXPECT_RC(TALLY_ENAME, tally_family_resolve(s, "", 0, &o));
   EXPECT_RC(TALLY_EINVAL, tally_family_resolve(s, "x", 1, NULL));
@@ -589,13 +589,13 @@ static void test_families(tally_store *s) {
   EXPECT_RC(TALLY_EPOLICY, tally_family_set(s, "bad:*", 5, &fam));
   EXPECT_FAILS(tally_family_set(s, "", 0, &fam));
   EXPECT_OK(tally_family_resolve(s, "bad:1", 5, &o));
-  EXPECT_I64(TALLY_DEFAULT_SHARDS, o.shards);
+  EXPECT_I64(TALLY_SHARDS_AUTO, o.shards);
 
   EXPECT_OK(tally_family_resolve(s, "fam:1:likes", 11, &o));
   EXPECT_I64(8, o.shards);
   EXPECT_I64(TALLY_POLICY_RANDOM, o.policy);
   EXPECT_OK(tally_family_resolve(s, "fam:1:views", 11, &o));
-  EXPECT_I64(TALLY_DEFAULT_SHARDS, o.shards);
+  EXPECT_I64(TALLY_SHARDS_AUTO, o.shards);
 
   /* a later, broader family wins where both match */
   fam = (tally_counter_options){4, TALLY_POLICY_ROUND_ROBIN};
@@ -687,7 +687,7 @@ static void test_families(tally_store *s) {
   fam = (tally_counter_options){0, TALLY_POLICY_RANDOM};
   EXPECT_OK(tally_family_set(s, "solo:*", 6, &fam));
   EXPECT_OK(tally_family_resolve(s, "solo:a", 6, &o));
-  EXPECT_I64(TALLY_DEFAULT_SHARDS, o.shards);
+  EXPECT_I64(TALLY_SHARDS_AUTO, o.shards);
   EXPECT_I64(TALLY_POLICY_RANDOM, o.policy);
   {
     /* NULL options: refused, or taken as all defaults */
@@ -696,7 +696,7 @@ static void test_families(tally_store *s) {
     if (rc != 0 && rc != TALLY_EINVAL)
       TU_FAIL("family_set(NULL opt) -> %s", tally_err_name(rc));
     EXPECT_OK(tally_family_resolve(s, "solo:a", 6, &o));
-    EXPECT_I64(TALLY_DEFAULT_SHARDS, o.shards);
+    EXPECT_I64(TALLY_SHARDS_AUTO, o.shards);
     EXPECT_I64(rc == 0 ? TALLY_POLICY_THREAD : TALLY_POLICY_RANDOM, o.policy);
   }
 

@@ -269,7 +269,7 @@ describe("tally inspection commands", function()
       "NAME                     VALUE  SHARDS  POLICY  ROLLED AT            RATE/S\n" ..
       "post:1:likes                 7       4  thread  -                         -\n" ..
       "post:2:likes  9007199254740993       2  random  -                         -\n" ..
-      "views                        3      16  thread  -                         -\n", out)
+      "views                        3  1 auto  thread  -                         -\n", out)
     out, err, code = run("ls", "file:" .. path, "post:*")
     assert.equal(0, code, err)
     assert.equal(3, select(2, out:gsub("\n", "")))
@@ -290,9 +290,10 @@ describe("tally inspection commands", function()
     assert.equal(0, code, err)
     local when = os.date("%Y-%m-%d %H:%M:%S", 1700000010)
     assert.equal("NAME   VALUE  SHARDS  POLICY  ROLLED AT            RATE/S\n"
-                 .. "views     23      16  thread  " .. when .. "       2\n", out)
+                 .. "views     23  1 auto  thread  " .. when .. "       2\n", out)
     out = run("ls", path, "views", "--json")
-    assert.equal('[\n{"name":"views","value":23,"shards":16,"policy":"thread","rolled":'
+    assert.equal('[\n{"name":"views","value":23,"shards":1,"auto":true,"grown":0,"shrunk":0,'
+                 .. '"policy":"thread","rolled":'
                  .. '{"value":23,"at":1700000010.000,"delta":20,"rate":2,"count":2}}\n]\n', out)
   end)
 
@@ -302,7 +303,8 @@ describe("tally inspection commands", function()
     assert.equal('[\n'
       .. '{"name":"post:1:likes","value":7,"shards":4,"policy":"thread","rolled":null},\n'
       .. '{"name":"post:2:likes","value":9007199254740993,"shards":2,"policy":"random","rolled":null},\n'
-      .. '{"name":"views","value":3,"shards":16,"policy":"thread","rolled":null}\n]\n', out)
+      .. '{"name":"views","value":3,"shards":1,"auto":true,"grown":0,"shrunk":0,"policy":"thread",'
+      .. '"rolled":null}\n]\n', out)
     local doc = require("cjson").decode(out)
     assert.equal(3, #doc)
     out = run("ls", path, "none", "--json")
@@ -419,7 +421,7 @@ describe("tally inspection commands", function()
     local out, err, code = run("info", path)
     assert.equal(0, code, err)
     assert.matches("^store      file:" .. path:gsub("%p", "%%%0") .. "\n", out)
-    assert.matches("\nformat     4\n", out)
+    assert.matches("\nformat     5\n", out)
     assert.matches("\ncounters   3\n", out)
     assert.matches("\nfile size  [%d.]+ [KMG]?i?B %(%d+ bytes%)\n", out)
     assert.matches("\nused       [%d.]+ [KMG]?i?B; [%d.]+ [KMG]?i?B free inside the file\n", out)
@@ -439,7 +441,7 @@ describe("tally inspection commands", function()
     local db = assert(tally.open("file:" .. path))
     local st = db:stats()
     db:close()
-    assert.same({ store = "file:" .. path, format = 4, counters = 3, file_bytes = st.file_bytes,
+    assert.same({ store = "file:" .. path, format = 5, counters = 3, file_bytes = st.file_bytes,
                   used_bytes = st.used_bytes, free_bytes = st.file_bytes - st.used_bytes,
                   max_bytes = 32 * 2^30, fs_avail_bytes = doc.fs_avail_bytes,
                   live_bytes = st.live_bytes, retired_bytes = 0, reusable_bytes = 0,

@@ -51,7 +51,7 @@ describe("the tally prompt", function()
     t:line("=db")
     t:wait("\ntally%.store %(memory%): 2 counters\n  post:1:likes  5\n  post:2:likes  1\n>$")
     t:line("db:counter('post:1:likes')")
-    t:wait("\ntally%.counter 'post:1:likes' = 5  %(16 shards, thread%)\n  shards: [05 ]+\n>$")
+    t:wait("\ntally%.counter 'post:1:likes' = 5  %(1 auto shards, thread%)\n  shards: 5\n>$")
   end)
 
   it("prints an error's message and goes on", function()

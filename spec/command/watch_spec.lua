@@ -156,7 +156,8 @@ describe("progress bars", function()
   it("follow a large import on a terminal, and leave no trace when done", function()
     local src = helper.tmpfile()
     local db = assert(tally.open("file:" .. src))
-    for i = 1, 5000 do db:incr("c:" .. i, i) end
+    -- 16 shards each: an export large enough that every phase shows a bar
+    for i = 1, 5000 do db:counter("c:" .. i, { shards = 16 }):incr(i) end
     local json = helper.tmpfile("export.json")
     helper.write(json, assert(db:export()))
     db:close()

@@ -148,7 +148,7 @@ for _, path in ipairs(helper.paths) do
         { function() c:reshard(2.5) end,
           "bad argument #1 to 'reshard' (shards must be an integer from 1 to 1024, got 2.5)" },
         { function() c:add_shard(1, 0.5) end, "bad argument #2 to 'add_shard' (number has no integer representation)" },
-        { function() c:add_shard(1.5, 1) end, "bad argument #1 to 'add_shard' (shard must be an integer from 1 to 16, got 1.5)" },
+        { function() c:add_shard(1.5, 1) end, "bad argument #1 to 'add_shard' (shard must be an integer from 1 to 1, got 1.5)" },
         { function() tally.open("memory", { mode = 1.5 }) end,
           "bad argument #2 to 'open' (mode must be an integer from 0 to 4095 (permission bits), got 1.5)" },
       }
@@ -222,7 +222,7 @@ for _, path in ipairs(helper.paths) do
       assert.equal(7, top[1].value)
       local sk = c:skew()
       assert.equal(7, sk.max)
-      assert.equal(16, sk.shards)
+      assert.equal(1, sk.shards)
     end)
   end)
 end

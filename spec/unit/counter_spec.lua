@@ -17,9 +17,9 @@ describe("tally.counter", function()
   after_each(function() db:close() end)
 
   describe("db:counter()", function()
-    it("creates a counter with 16 shards and the thread policy by default", function()
+    it("creates a counter with automatic shards (one cell) and the thread policy by default", function()
       local c = db:counter("a")
-      assert.same({ name = "a", shards = 16, policy = "thread" }, plain(c:info()))
+      assert.same({ name = "a", shards = 1, policy = "thread", auto = true, grown = 0, shrunk = 0 }, plain(c:info()))
       assert.equal(0, c:value())
       assert.same({ "a" }, db:names())
     end)
@@ -68,15 +68,15 @@ describe("tally.counter", function()
 
     it("raises when the options differ from the existing counter's", function()
       db:counter("a")
-      assert.equal("counter 'a' exists with 16 shards and policy thread (asked for 8 shards)",
+      assert.equal("counter 'a' exists with 1 (auto) shards and policy thread (asked for 8 shards)",
                    err(function() db:counter("a", { shards = 8 }) end))
-      assert.equal("counter 'a' exists with 16 shards and policy thread (asked for policy key)",
+      assert.equal("counter 'a' exists with 1 (auto) shards and policy thread (asked for policy key)",
                    err(function() db:counter("a", { policy = "key" }) end))
-      assert.equal("counter 'a' exists with 16 shards and policy thread (asked for 2 shards and policy random)",
+      assert.equal("counter 'a' exists with 1 (auto) shards and policy thread (asked for 2 shards and policy random)",
                    err(function() db:counter("a", { shards = 2, policy = "random" }) end))
-      assert.equal("counter 'a' exists with 16 shards and policy thread (asked for policy function)",
+      assert.equal("counter 'a' exists with 1 (auto) shards and policy thread (asked for policy function)",
                    err(function() db:counter("a", { policy = function() return 1 end }) end))
-      assert.same({ name = "a", shards = 16, policy = "thread" }, plain(db:counter("a"):info()))
+      assert.same({ name = "a", shards = 1, policy = "thread", auto = true, grown = 0, shrunk = 0 }, plain(db:counter("a"):info()))
     end)
 
     it("raises on a bad name", function()
@@ -290,10 +290,11 @@ describe("tally.counter", function()
       c1:reshard(2)
       assert.equal(2, c2:info().shards)
       assert.equal(2, #c2:shards())
-      assert.equal("tally.counter 'a' (2 shards, thread)", tostring(c2))
+      assert.equal("tally.counter 'a' (2 auto shards, thread)", tostring(c2))
       c2:incr(1)
       assert.equal(10, c1:value())
-      assert.same({ name = "a", shards = 2, policy = "thread" }, plain(db:counter("a", { shards = 2 }):info()))
+      assert.same({ name = "a", shards = 2, policy = "thread", auto = true, grown = 0, shrunk = 0 },
+                  plain(db:counter("a", { shards = 2 }):info()))
     end)
 
     it("raises on a bad shard count", function()
@@ -303,7 +304,7 @@ describe("tally.counter", function()
       assert.equal(msg:format("1025"), err(function() c:reshard(1025) end))
       assert.equal(msg:format("2.5"), err(function() c:reshard(2.5) end))
       assert.equal(msg:format("no value"), err(function() c:reshard() end))
-      assert.equal(16, c:info().shards)
+      assert.equal(1, c:info().shards)
     end)
   end)
 
@@ -357,7 +358,7 @@ describe("tally.counter", function()
 
   describe("__tostring", function()
     it("shows name, shards and policy", function()
-      assert.equal("tally.counter 'x' (16 shards, thread)", tostring(db:counter("x")))
+      assert.equal("tally.counter 'x' (1 auto shards, thread)", tostring(db:counter("x")))
       assert.equal("tally.counter 'y' (4 shards, key)",
                    tostring(db:counter("y", { shards = 4, policy = "key" })))
       assert.equal("tally.counter 'z' (2 shards, function)",

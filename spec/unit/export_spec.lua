@@ -97,7 +97,7 @@ describe("tally.store", function()
       for i, n in ipairs(names) do db:incr(n, i) end
       local d = cjson.decode(db:export())
       for i, n in ipairs(names) do
-        assert.equal(16, d.counters[n].num_shards)
+        assert.equal(1, d.counters[n].num_shards)
         local sum = 0
         for _, s in pairs(d.counters[n].shards) do sum = sum + s.count end
         assert.equal(i, sum)

@@ -24,7 +24,7 @@ describe("tally.store", function()
       db:incr("post:2:likes")
       assert.same({ name = "post:2:likes", shards = 8, policy = "random" },
                   plain(db:counter("post:2:likes"):info()))
-      assert.same({ name = "post:1:views", shards = 16, policy = "thread" },
+      assert.same({ name = "post:1:views", shards = 1, policy = "thread", auto = true, grown = 0, shrunk = 0 },
                   plain(db:counter("post:1:views"):info()))
     end)
 
@@ -33,8 +33,8 @@ describe("tally.store", function()
       db:family("b:*", { policy = "round_robin" })
       db:family("c:*")
       assert.same({ name = "a:1", shards = 4, policy = "thread" }, plain(db:counter("a:1"):info()))
-      assert.same({ name = "b:1", shards = 16, policy = "round_robin" }, plain(db:counter("b:1"):info()))
-      assert.same({ name = "c:1", shards = 16, policy = "thread" }, plain(db:counter("c:1"):info()))
+      assert.same({ name = "b:1", shards = 1, policy = "round_robin", auto = true, grown = 0, shrunk = 0 }, plain(db:counter("b:1"):info()))
+      assert.same({ name = "c:1", shards = 1, policy = "thread", auto = true, grown = 0, shrunk = 0 }, plain(db:counter("c:1"):info()))
     end)
 
     it("lets options given to db:counter() win over the family's", function()
@@ -55,7 +55,7 @@ describe("tally.store", function()
     it("does not change counters that already exist", function()
       db:incr("x:1", 4)
       db:family("x:*", { shards = 2 })
-      assert.equal(16, db:counter("x:1"):info().shards)
+      assert.equal(1, db:counter("x:1"):info().shards)
       assert.equal(2, db:counter("x:2"):info().shards)
       assert.equal(4, db:value("x:1"))
     end)
@@ -129,7 +129,7 @@ describe("tally.store", function()
                    err(function() db:family("a:*", { every = 10 }) end))
       assert.equal("bad argument #2 to 'family' (table expected, got number)",
                    err(function() db:family("a:*", 16) end))
-      assert.equal(16, db:counter("a:1"):info().shards)
+      assert.equal(1, db:counter("a:1"):info().shards)
     end)
   end)
 

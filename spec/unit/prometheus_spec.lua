@@ -54,7 +54,7 @@ describe("tally.store", function()
       assert.same({ name = "post:1:likes", shards = 2, policy = "random" },
                   plain(db:counter("post:1:likes"):info()))
       db:family("x:*", { metric = "x" , labels = { "id" } })
-      assert.same({ name = "x:1", shards = 16, policy = "thread" }, plain(db:counter("x:1"):info()))
+      assert.same({ name = "x:1", shards = 1, policy = "thread", auto = true, grown = 0, shrunk = 0 }, plain(db:counter("x:1"):info()))
     end)
 
     it("without metric options, leaves the mapping alone", function()
@@ -134,7 +134,7 @@ describe("tally.store", function()
       assert.equal("bad argument #1 to 'family' (pattern must be 1 to 255 bytes, got 0)",
                    err(function() db:family("", { metric = "m" }) end))
       assert.same({}, db:mappings())
-      assert.equal(16, db:counter("post:1:likes"):info().shards)
+      assert.equal(1, db:counter("post:1:likes"):info().shards)
     end)
 
     it("refuses a second type for one metric", function()

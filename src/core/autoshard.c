@@ -14,7 +14,9 @@
  * shard as this one, within TALLY_AUTO_WINDOW_MS of the previous sample, is
  * a hit; a gap longer than the window starts over. 8 hits double the
  * shards, up to the writers seen (thread tickets drawn from the store) and
- * the CPUs. Why this signal: it costs a byte test on the increment of
+ * the CPUs. After a sample without a hit a thread looks 8 times less
+ * often, and the record is written only when something changed, so two
+ * writers already on separate cells do not bounce the record's line. Why this signal: it costs a byte test on the increment of
  * fixed counters and one thread-local decrement on auto ones, and it only
  * fires at rates where sharing a cache line costs something: a cold
  * counter that several threads touch now and then is almost never sampled
@@ -29,8 +31,20 @@
 
 #define HITS_TO_GROW 8
 
-static uint64_t pack(uint64_t ticket16, uint64_t hits, int64_t ms) {
-  return (uint64_t)ms << 24 | (hits & 0xff) << 16 | (ticket16 & 0xffff);
+/* The contention word: the last sampling writer's ticket + 1 (bits 0..15),
+ * hits (16..23), that sample's time in monotonic ms (24..43, wrapping) and
+ * when two writers were last seen, in units of 1024 ms (44..63, wrapping;
+ * 0: never). */
+#define MS_MASK   0xfffffu
+#define BUSY_UNIT 10 /* log2 ms */
+static uint64_t pack(uint64_t who, uint64_t hits, int64_t ms, uint64_t busy) {
+  return (busy & MS_MASK) << 44 | ((uint64_t)ms & MS_MASK) << 24 | (hits & 0xff) << 16 |
+         (who & 0xffff);
+}
+
+/* now - then for 20-bit wrapping times */
+static uint64_t since20(uint64_t now, uint64_t then) {
+  return (now - then) & MS_MASK;
 }
 
 /* The most shards growth goes to: the writers seen, at most the CPUs,
@@ -47,16 +61,16 @@ static uint32_t cap_of(tally_store *s) {
   return cap;
 }
 
-/* Count an automatic reshard in flags (12 bits, saturating). */
+/* Count an automatic reshard in flags (10 bits, saturating). */
 static void bump(struct tally__rec *r, int shift) {
   uint32_t f = atomic_load(&r->flags);
-  while (((f >> shift) & 0xfff) != 0xfff &&
+  while (((f >> shift) & 0x3ff) != 0x3ff &&
          !atomic_compare_exchange_weak(&r->flags, &f, f + (1u << shift))) {}
 }
 
 int tally__auto_sample(tally_counter *c, uint64_t loc) {
   struct tally__writer *me = &tally__me;
-  me->sample = TALLY__AUTO_SAMPLE;
+  me->sample = TALLY__AUTO_SAMPLE * 8; /* no collision: look less often */
   if (atomic_load_explicit(&c->gone, memory_order_relaxed)) return 0;
   tally_store *s = c->s;
   if (me->store_id != c->store_id) tally__draw_ticket(s); /* random: no ticket yet */
@@ -65,21 +79,33 @@ int tally__auto_sample(tally_counter *c, uint64_t loc) {
   int64_t now = tally_monotonic_ms();
   uint64_t w = atomic_load_explicit(&r->contention, memory_order_relaxed);
   uint64_t mine = (me->ticket & 0xffff) + 1, last = w & 0xffff, hits = (w >> 16) & 0xff;
-  int64_t then = (int64_t)(w >> 24);
+  uint64_t then = (w >> 24) & MS_MASK, busy = w >> 44;
+  uint64_t now20 = (uint64_t)now & MS_MASK, unit = ((uint64_t)now >> BUSY_UNIT) | 1;
   uint32_t n = tally__loc_shards(loc);
-  if (!last || now - then > TALLY_AUTO_WINDOW_MS) {
-    hits = 0;
-  } else if (last != mine) {
+  bool near = last && since20(now20, then) <= TALLY_AUTO_WINDOW_MS;
+  if (near && last != mine) {
     bool same = c->policy != TALLY_POLICY_THREAD ||
                 tally__reduce(last - 1, n) == tally__reduce(mine - 1, n);
-    if (same) hits++;
-    atomic_store_explicit(&r->contended_ms, now, memory_order_relaxed); /* busy */
+    if (!same) { /* writers on separate cells: no growth; busy once a unit */
+      if ((busy & MS_MASK) != (unit & MS_MASK))
+        atomic_store_explicit(&r->contention, pack(last, hits, (int64_t)then, unit),
+                              memory_order_relaxed);
+      return 0;
+    }
+    hits++;
+    busy = unit;
+    me->sample = TALLY__AUTO_SAMPLE;
+  } else if (near && now20 == then) {
+    return 0; /* still its own, and fresh: nothing to write */
+  } else if (!near) {
+    hits = 0;
   }
-  if (hits < HITS_TO_GROW) {
-    atomic_store_explicit(&r->contention, pack(mine, hits, now), memory_order_relaxed);
+  if (hits < HITS_TO_GROW) { /* the record's line is written only here */
+    atomic_store_explicit(&r->contention, pack(mine, hits, now, busy),
+                          memory_order_relaxed);
     return 0;
   }
-  atomic_store_explicit(&r->contention, pack(mine, 0, now), memory_order_relaxed);
+  atomic_store_explicit(&r->contention, pack(mine, 0, now, busy), memory_order_relaxed);
   uint32_t cap = cap_of(s);
   if (n >= cap) return 0;
   uint32_t to = n * 2 < cap ? n * 2 : cap;
@@ -104,8 +130,9 @@ int tally__auto_upkeep(tally_store *s, uint64_t rec_off) {
   struct tally__rec *r = tally__at(s, rec_off);
   if (!(atomic_load(&r->flags) & TALLY__REC_AUTO)) return 0;
   if (tally__loc_shards(atomic_load(&r->loc)) <= 1) return 0;
-  int64_t busy = atomic_load(&r->contended_ms);
-  if (busy && tally_monotonic_ms() - busy < quiet_ms()) return 0;
+  uint64_t busy = atomic_load(&r->contention) >> 44;
+  uint64_t unit = (uint64_t)tally_monotonic_ms() >> BUSY_UNIT;
+  if (busy && since20(unit, busy) < ((uint64_t)quiet_ms() >> BUSY_UNIT)) return 0;
   int rc = tally__reshard(s, rec_off, 1, NULL);
   if (rc == 0) bump(r, TALLY__REC_SHRUNK_SHIFT);
   return rc;

@@ -275,7 +275,6 @@ static int copy_counter(struct job *j, uint64_t rec_off) {
   if ((rc = tally__alloc_small(to, tally__rec_bytes(r->name_len), &off))) return rc;
   struct tally__rec *w = tally__at(to, off);
   w->policy = r->policy;
-  w->kind = TALLY__KIND_COUNTER;
   w->name_len = r->name_len;
   w->incarnation = r->incarnation;
   w->family = r->family;
@@ -285,7 +284,7 @@ static int copy_counter(struct job *j, uint64_t rec_off) {
   atomic_store(&w->shipped, atomic_load(&r->shipped));
   atomic_store(&w->flags,
                atomic_load(&r->flags) & ~(TALLY__REC_EXPIRED | TALLY__REC_LIMBO));
-  atomic_store(&w->contended_ms, atomic_load(&r->contended_ms));
+  atomic_store(&w->contention, atomic_load(&r->contention));
   w->check = tally__rec_checksum(w);
   uint64_t wloc = tally__loc_make(to, off, cells, n, false);
   for (uint32_t i = 0; i < n; i++)

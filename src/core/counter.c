@@ -40,11 +40,11 @@ static int create(tally_store *s, const char *name, size_t len, uint64_t hash,
   if (rc) return rc;
   struct tally__rec *r = tally__at(s, off);
   r->policy = (uint8_t)o->policy;
-  r->kind = TALLY__KIND_COUNTER;
-  r->name_len = (uint16_t)len;
+  r->name_len = (uint8_t)len;
   r->incarnation = new_incarnation(s);
   r->family = family;
-  if (is_auto) atomic_store(&r->flags, TALLY__REC_AUTO);
+  atomic_store(&r->flags, (uint32_t)TALLY__KIND_COUNTER << TALLY__REC_KIND_SHIFT |
+                              (is_auto ? TALLY__REC_AUTO : 0));
   memcpy(r->name, name, len);
   r->check = tally__rec_checksum(r);
   atomic_store_explicit(&r->loc, tally__loc_make(s, off, cells, shards, false),
@@ -515,8 +515,8 @@ int tally_counter_info_get(tally_counter *c, tally_counter_info *out) {
   uint32_t fl = atomic_load(&r->flags);
   out->incarnation = r->incarnation;
   out->auto_shards = (fl & TALLY__REC_AUTO) != 0;
-  out->grown = fl >> TALLY__REC_GROWN_SHIFT & 0xfff;
-  out->shrunk = fl >> TALLY__REC_SHRUNK_SHIFT & 0xfff;
+  out->grown = fl >> TALLY__REC_GROWN_SHIFT & 0x3ff;
+  out->shrunk = fl >> TALLY__REC_SHRUNK_SHIFT & 0x3ff;
   return 0;
 }
 

@@ -75,13 +75,17 @@ static int scan_one(tally_store *s, uint64_t rec_off, void *ud) {
   tally__auto_upkeep(s, rec_off); /* fails only to stay as it is */
   if (tally__family_of(s, r->name, r->name_len, &f) || !f || !f->idle_s) return 0;
   if (tally__rec_value(s, rec_off, &v)) return 0; /* dropped meanwhile, or check() */
-  int64_t since = atomic_load(&r->idle_since);
+  /* whole seconds, so the time fits in 32 bits: first seen rounded up,
+   * now rounded down, so a counter never leaves early (at most a second
+   * late) */
+  int64_t now_ms = sc->now_ms > 0 ? sc->now_ms : 0;
+  uint32_t since = atomic_load(&r->idle_since);
   if (since == 0 || v != atomic_load(&r->idle_value)) {
     atomic_store(&r->idle_value, v);
-    atomic_store(&r->idle_since, sc->now_ms ? sc->now_ms : 1);
+    atomic_store(&r->idle_since, (uint32_t)((now_ms + 999) / 1000 + 1));
     return 0;
   }
-  if (sc->now_ms - since < (int64_t)f->idle_s * 1000) return 0;
+  if ((int64_t)(now_ms / 1000 + 1) - (int64_t)since < (int64_t)f->idle_s) return 0;
   if (tally__ship_holds(s, r, v)) { /* its final value has not been flushed */
     sc->r->held++;
     return 0;
@@ -89,7 +93,7 @@ static int scan_one(tally_store *s, uint64_t rec_off, void *ud) {
   struct tally__block *b = NULL;
   if (tally__block_of(s, rec_off, &b)) return 0;
   if (b ? atomic_load(&b->count) == 0 || atomic_load(&b->value) != v
-        : schedules_behind(s, since)) {
+        : schedules_behind(s, (int64_t)(since - 1) * 1000)) {
     sc->r->held++; /* its final value has not gone out in a rollup yet */
     return 0;
   }

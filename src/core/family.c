@@ -274,7 +274,7 @@ int tally_family_resolve(tally_store *s, const char *name, size_t len,
                        "invalid counter name (1 to %d bytes, "
                        "no NUL)",
                        TALLY_NAME_MAX);
-  tally_counter_options o = {TALLY_DEFAULT_SHARDS, TALLY_POLICY_THREAD};
+  tally_counter_options o = {TALLY_SHARDS_AUTO, TALLY_POLICY_THREAD};
   const struct tally__family *f;
   int rc = tally__family_of(s, name, len, &f);
   if (rc) return rc;

@@ -34,7 +34,7 @@
 #include <stdint.h>
 
 #define TALLY__MAGIC         "\x89TALLY\r\n"
-#define TALLY__FORMAT        4u
+#define TALLY__FORMAT        5u
 #define TALLY__BYTE_ORDER    0x01020304u
 #define TALLY__HEADER_BYTES  4096u
 #define TALLY__CLASS_OFF     4096u
@@ -158,36 +158,38 @@ struct tally__class {
 /* A counter record. loc packs where the cells are, so a reshard publishes
  * cells and shard count with one atomic store:
  *   bits 0..9 shards-1, bit 10 dropped, bits 11..31 check, 32..63 off>>3. */
-struct tally__rec {
+struct tally__rec { /* 64 bytes and the name: keep it so (test_footprint) */
   _Atomic uint64_t loc;
-  _Atomic uint64_t rollup;      /* sealed offset of its rollup block, or 0 */
-  _Atomic int64_t idle_value;   /* expiry: the value when last seen moving */
-  _Atomic int64_t idle_since;   /* ... and when (caller's ms), 0: not yet */
-  _Atomic int64_t shipped;      /* the value a flusher has confirmed shipped
-                                  (ship.c); 0 until one does */
-  _Atomic uint64_t contention;  /* auto shards (autoshard.c): last sample's
-                                   writer, contended hits and time */
-  _Atomic int64_t contended_ms; /* monotonic ms of the last contended
-                                   sample (auto shards), 0: none */
-  uint64_t incarnation;         /* random at creation: a re-created counter
-                                  of the same name has another */
-  _Atomic uint32_t flags;       /* TALLY__REC_* */
-  uint32_t family;              /* hash of the pattern of the family it was
-                                  created under (caps), 0: none */
-  uint32_t check;               /* hash of the fixed fields and name */
+  _Atomic uint64_t rollup;     /* sealed offset of its rollup block, or 0 */
+  _Atomic int64_t idle_value;  /* expiry: the value when last seen moving */
+  _Atomic int64_t shipped;     /* the value a flusher has confirmed shipped
+                                   (ship.c); 0 until one does */
+  _Atomic uint64_t contention; /* auto shards (autoshard.c): last sample's
+                                   writer, hits, its time, and when two
+                                   writers were last seen on it */
+  uint64_t incarnation;        /* random at creation: a re-created counter
+                                   of the same name has another */
+  _Atomic uint32_t flags;      /* TALLY__REC_*, and the kind (top byte) */
+  uint32_t family;             /* hash of the pattern of the family it was
+                                   created under (caps), 0: none */
+  _Atomic uint32_t idle_since; /* ... since when: whole seconds of the
+                                   caller's clock, rounded up, + 1; 0: not
+                                   yet (expire.c) */
+  uint16_t check;              /* hash of the fixed fields and name */
   uint8_t policy;
-  uint8_t kind; /* TALLY__KIND_COUNTER */
-  uint16_t name_len;
-  char name[]; /* name_len bytes and a NUL */
+  uint8_t name_len; /* TALLY_NAME_MAX is 255 */
+  char name[];      /* name_len bytes and a NUL */
 };
 #define TALLY__KIND_COUNTER     0xC7
 #define TALLY__KIND_FAMILY      0xF4
 #define TALLY__REC_EXPIRED      0x1u /* its drop was an expiry: handles re-create it */
 #define TALLY__REC_LIMBO        0x2u /* its drop put it in limbo (exactly once) */
 #define TALLY__REC_AUTO         0x8u /* TALLY_SHARDS_AUTO (autoshard.c) */
-/* flags bits 8..19: automatic grows, 20..31: shrinks (saturating) */
-#define TALLY__REC_GROWN_SHIFT  8
-#define TALLY__REC_SHRUNK_SHIFT 20
+/* flags bits 4..13: automatic grows, 14..23: shrinks (saturating at
+ * 1023); 24..31: the kind, TALLY__KIND_COUNTER, set at creation */
+#define TALLY__REC_GROWN_SHIFT  4
+#define TALLY__REC_SHRUNK_SHIFT 14
+#define TALLY__REC_KIND_SHIFT   24
 
 struct tally__family {
   uint64_t next; /* older family, or 0 */
@@ -441,7 +443,7 @@ int tally__index_each(tally_store *s, tally__rec_fn fn, void *ud);
  * *cursor is left where the walk stopped. */
 int tally__index_range(tally_store *s, uint64_t *cursor, uint64_t count, tally__rec_fn fn,
                        void *ud);
-uint32_t tally__rec_checksum(const struct tally__rec *r);
+uint16_t tally__rec_checksum(const struct tally__rec *r);
 
 /* ---- family.c ---- */
 int tally__family_check(tally_store *s);
@@ -502,6 +504,8 @@ int tally__current(tally_store *s, uint64_t rec_off, uint64_t *loc);
 int tally__check_name(const char *name, size_t len);
 int tally__rec_value(tally_store *s, uint64_t rec_off, int64_t *out);
 /* Bytes a record of name length len takes. */
+_Static_assert(sizeof(struct tally__rec) == 64,
+               "a counter record's fixed part is 64 bytes");
 static inline uint64_t tally__rec_bytes(size_t len) {
   return sizeof(struct tally__rec) + len + 1;
 }

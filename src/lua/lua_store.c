@@ -214,16 +214,19 @@ static int tl_mismatch(lua_State *L, tl_store *d, const char *name, size_t len,
   tally_counter_close(c);
   if (rc < 0) return tl_fail(L, rc);
   asked[0] = '\0';
-  if (o->shards != 0 && o->shards != info.shards)
+  if (o->shards == TALLY_SHARDS_AUTO && !info.auto_shards)
+    snprintf(asked, sizeof(asked), "automatic shards");
+  else if (o->shards != 0 && o->shards != TALLY_SHARDS_AUTO && o->shards != info.shards)
     snprintf(asked, sizeof(asked), "%u shards", (unsigned)o->shards);
   if (o->policy >= 0 && o->policy != info.policy) {
     size_t used = strlen(asked);
     snprintf(asked + used, sizeof(asked) - used, "%spolicy %s", used ? " and " : "",
              tl_policy_label(o->policy));
   }
-  return luaL_error(L, "counter '%s' exists with %d shards and policy %s (asked for %s)",
-                    name, (int)info.shards, tl_policy_label(info.policy),
-                    asked[0] ? asked : "different options");
+  return luaL_error(L,
+                    "counter '%s' exists with %d%s shards and policy %s (asked for %s)",
+                    name, (int)info.shards, info.auto_shards ? " (auto)" : "",
+                    tl_policy_label(info.policy), asked[0] ? asked : "different options");
 }
 
 static int tl_store_counter(lua_State *L) {

@@ -472,8 +472,11 @@ function cmd.ls(args)
         local r = p.rolled
         if r then r.json = jobject({ "value", "at", "delta", "rate", "count" }, r) end
         out(first and "\n" or ",\n",
-            jobject({ "name", "value", "shards", "policy", "rolled" },
+            jobject(p.auto and { "name", "value", "shards", "auto", "grown", "shrunk", "policy",
+                                 "rolled" }
+                    or { "name", "value", "shards", "policy", "rolled" },
                     { name = p.name, value = p.value, shards = p.shards, policy = p.policy,
+                      auto = p.auto, grown = p.grown, shrunk = p.shrunk,
                       rolled = r or { json = "null" } }))
         first = false
       end
@@ -488,8 +491,11 @@ function cmd.ls(args)
   local rows, i, CHUNK = {}, 0, 5000
   local function cells(p)
     local r = p.rolled
-    local sh = p.auto and fmt("%d auto (+%d -%d)", p.shards, p.grown, p.shrunk)
-               or tostring(p.shards)
+    local sh = tostring(p.shards)
+    if p.auto then  -- the engine's reshards: grown and shrunk so far
+      sh = (p.grown + p.shrunk > 0) and fmt("%d auto +%d -%d", p.shards, p.grown, p.shrunk)
+           or sh .. " auto"
+    end
     return { p.name, tostring(p.value), sh, p.policy,
              r and time_text(r.at) or "-", r and rate_text(r.rate) or "-" }
   end

@@ -95,7 +95,8 @@ local function counter_text(c, block)
   end
   local head = fmt("tally.counter '%s' = %s", info.name, tostring(v))
   if not block then return head end
-  local lines = { head .. fmt("  (%d shards, %s)", info.shards, info.policy) }
+  local lines = { head .. fmt("  (%d%s shards, %s)", info.shards, info.auto and " auto" or "",
+                              info.policy) }
   local shards = c:shards()
   if shards then
     local parts = {}
