@@ -5,24 +5,25 @@
  * when writers collide on one cell, and upkeep takes it back to one cell
  * once it has been quiet.
  *
- * The signal has to stay off the increment's path, so it is sampled: a
- * thread looks at the record on every TALLY__AUTO_SAMPLE-th increment it
- * makes on auto counters (a countdown in its thread-local writer state;
- * the increment itself is unchanged). The record's contention word holds
- * the ticket of the last sampling writer, a hit count and the time. A
- * sample that finds another writer's ticket, one that lands on the same
- * shard as this one, within TALLY_AUTO_WINDOW_MS of the previous sample, is
- * a hit; a gap longer than the window starts over. 8 hits double the
- * shards, up to the writers seen (thread tickets drawn from the store) and
- * the CPUs. After a sample without a hit a thread looks 8 times less
- * often, and the record is written only when something changed, so two
- * writers already on separate cells do not bounce the record's line. Why this signal: it costs a byte test on the increment of
- * fixed counters and one thread-local decrement on auto ones, and it only
- * fires at rates where sharing a cache line costs something: a cold
- * counter that several threads touch now and then is almost never sampled
- * twice within 2 ms, and a hot one with one writer only ever finds its own
- * ticket. Two writers already on separate shards are not a hit (no
- * growth), but they keep the counter from shrinking.
+ * The signal has to stay off the increment's path, so it is sampled:
+ * about one increment in 256 of an auto counter looks at the record, chosen
+ * by the value its atomic add returned (a multiplicative hash, counter.c),
+ * so the increment touches no memory but its cell. The record's contention
+ * word holds the ticket of the last sampling writer, a hit count and the
+ * time. A sample that finds another writer's ticket, one that lands on the
+ * same shard as this one, within TALLY_AUTO_WINDOW_MS of the previous
+ * sample, is a hit; a gap longer than the window starts over. 8 hits double
+ * the shards, up to the writers seen (thread tickets drawn from the store)
+ * and the CPUs. The record is written only when something changed, so two
+ * writers already on separate cells do not bounce its line.
+ *
+ * Why this signal: it costs fixed counters a register test after the add,
+ * and auto ones a multiply, and it only fires at rates where sharing a
+ * cache line costs something: a cold counter that several threads touch
+ * now and then is almost never sampled twice within 2 ms, and a hot one
+ * with one writer only ever finds its own ticket. Two writers already on
+ * separate shards are not a hit (no growth), but they keep the counter from
+ * shrinking.
  */
 #include "internal.h"
 
@@ -70,7 +71,6 @@ static void bump(struct tally__rec *r, int shift) {
 
 int tally__auto_sample(tally_counter *c, uint64_t loc) {
   struct tally__writer *me = &tally__me;
-  me->sample = TALLY__AUTO_SAMPLE * 8; /* no collision: look less often */
   if (atomic_load_explicit(&c->gone, memory_order_relaxed)) return 0;
   tally_store *s = c->s;
   if (me->store_id != c->store_id) tally__draw_ticket(s); /* random: no ticket yet */
@@ -94,7 +94,6 @@ int tally__auto_sample(tally_counter *c, uint64_t loc) {
     }
     hits++;
     busy = unit;
-    me->sample = TALLY__AUTO_SAMPLE;
   } else if (near && now20 == then) {
     return 0; /* still its own, and fresh: nothing to write */
   } else if (!near) {

@@ -114,6 +114,12 @@ static int check_options(const tally_counter_options *o) {
   return 0;
 }
 
+/* The increment's fast path for a policy (struct tally_counter.fast). */
+static short fast_path(int policy, bool is_auto) {
+  if (policy != TALLY_POLICY_THREAD && policy != TALLY_POLICY_RANDOM) return 4;
+  return (short)((policy == TALLY_POLICY_RANDOM) | (is_auto ? 2 : 0));
+}
+
 int tally_counter_open(tally_store *s, const char *name, size_t len,
                        const tally_counter_options *opt, uint32_t flags,
                        tally_counter **out) {
@@ -169,6 +175,7 @@ int tally_counter_open(tally_store *s, const char *name, size_t len,
   atomic_init(&c->rec_off, rec_off);
   c->policy = r->policy;
   c->auto_shards = is_auto;
+  c->fast = fast_path(c->policy, is_auto);
   c->name_len = (uint32_t)len;
   memcpy(c->name, name, len);
   atomic_init(&c->loc, loc);
@@ -197,6 +204,7 @@ static int revive(tally_counter *c, bool create) {
   atomic_store(&c->rec_off, tally__crec(fresh));
   c->policy = fresh->policy;
   c->auto_shards = fresh->auto_shards;
+  c->fast = fresh->fast;
   atomic_store_explicit(&c->loc, atomic_load(&fresh->loc), memory_order_release);
   atomic_store(&c->gone, 0);
   pthread_mutex_unlock(&s->hlock);
@@ -304,6 +312,14 @@ static inline int cell_add(_Atomic int64_t *cell, int64_t delta) {
 
 enum pick { PICK_POLICY, PICK_KEY, PICK_SHARD };
 
+/* Should an automatic counter's increment that saw `old` sample for
+ * contention? About one in 256, decided by the value (Fibonacci hashing:
+ * consecutive values spread evenly), so the fast path touches no memory
+ * but the cell: only registers after its atomic add. */
+static inline bool sample_due(int64_t old) {
+  return ((uint64_t)old * 0x9E3779B97F4A7C15ull) >> 56 == 0;
+}
+
 static int add(tally_counter *c, enum pick how, const void *key, size_t klen,
                uint32_t shard, int64_t delta) {
   for (;;) {
@@ -331,9 +347,10 @@ static int add(tally_counter *c, enum pick how, const void *key, size_t klen,
       continue;
     }
     _Atomic int64_t *cell = tally__cell_in(c->base, loc, i);
+    int64_t seen = atomic_load_explicit(cell, memory_order_relaxed);
     int rc = cell_add(cell, delta);
     if (__builtin_expect(rc == 0, 1)) {
-      if (c->auto_shards && how == PICK_POLICY && tally__me.sample-- == 0)
+      if (c->auto_shards && how == PICK_POLICY && sample_due(seen))
         return tally__auto_sample(c, loc);
       return 0;
     }
@@ -364,25 +381,25 @@ __attribute__((noinline)) static int incr_slow(tally_counter *c, int64_t delta) 
 }
 
 int tally_counter_incr(tally_counter *c, int64_t delta) {
-  if (__builtin_expect(c && c->policy <= TALLY_POLICY_RANDOM &&
-                           delta > -TALLY__FAST_DELTA && delta < TALLY__FAST_DELTA,
+  if (__builtin_expect(c && c->fast < 4 && delta > -TALLY__FAST_DELTA &&
+                           delta < TALLY__FAST_DELTA,
                        1)) {
+    int fast = c->fast;
     uint64_t loc = atomic_load_explicit(&c->loc, memory_order_acquire);
     struct tally__writer *me = &tally__me;
     uint32_t n = tally__loc_shards(loc), i;
     /* no calls on this path: a call would make the function save registers,
      * and a locked add waits for those stores to drain */
-    if (c->policy == TALLY_POLICY_THREAD &&
-        __builtin_expect(me->store_id == c->store_id, 1))
+    if ((fast & 1) == 0 && __builtin_expect(me->store_id == c->store_id, 1))
       i = tally__reduce(me->ticket, n);
-    else if (c->policy == TALLY_POLICY_RANDOM && __builtin_expect(me->rng != 0, 1))
-      i = tally__pick_shard(c->s, c->store_id, c->policy, n);
+    else if ((fast & 1) && __builtin_expect(me->rng != 0, 1))
+      i = tally__pick_shard(c->s, c->store_id, TALLY_POLICY_RANDOM, n);
     else
       return incr_slow(c, delta);
     _Atomic int64_t *cell = tally__cell_in(c->base, loc, i);
     int64_t old = atomic_fetch_add_explicit(cell, delta, memory_order_relaxed);
     if (__builtin_expect(tally__cell_live(old) && tally__cell_live(old + delta), 1)) {
-      if (__builtin_expect(c->auto_shards, 0) && me->sample-- == 0)
+      if (__builtin_expect((fast & 2) && sample_due(old), 0))
         return tally__auto_sample(c, loc); /* a tail call: no registers saved */
       return 0;
     }

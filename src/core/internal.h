@@ -253,7 +253,9 @@ struct tally_counter {
   tally_store *s;
   uint64_t store_id; /* s->id, for the thread ticket check */
   int policy;
-  int auto_shards; /* sample increments for contention (autoshard.c) */
+  short auto_shards; /* sample increments for contention (autoshard.c) */
+  short fast;        /* the increment's path: 0 thread, 1 random, | 2 automatic
+                 shards; 4: the slow path (other policies) */
   /* Set by this process's grace step (grace.c) when the record is gone
    * for good: loc then points at the tombstone cell, and rec must not be
    * read (it may belong to another counter now). 1: dropped, 2: expired. */
@@ -279,9 +281,8 @@ uint64_t tally__mix(uint64_t x);
 struct tally__writer {
   uint64_t store_id; /* store the ticket was drawn from, 0: none */
   uint64_t ticket;
-  uint64_t rr;     /* round-robin position */
-  uint64_t rng;    /* xorshift64* state, 0: unseeded */
-  uint32_t sample; /* increments of auto counters until the next sample */
+  uint64_t rr;  /* round-robin position */
+  uint64_t rng; /* xorshift64* state, 0: unseeded */
 };
 extern _Thread_local struct tally__writer tally__me
     __attribute__((tls_model("initial-exec")));
@@ -489,8 +490,7 @@ static inline uint64_t tally__crec(tally_counter *c) {
  * it); TALLY_EDROPPED if it was dropped. */
 int tally__counter_live(tally_counter *c);
 /* ---- autoshard.c ---- */
-/* Every TALLY__AUTO_SAMPLE-th increment of an auto counter by a thread. */
-#define TALLY__AUTO_SAMPLE 64
+/* About one increment in 256 of an auto counter (counter.c sample_due). */
 int tally__auto_sample(tally_counter *c, uint64_t loc); /* returns 0 */
 /* upkeep: shrink an auto counter back to one cell once quiet */
 int tally__auto_upkeep(tally_store *s, uint64_t rec_off);
