@@ -1274,6 +1274,42 @@ static void test_shipped(void) {
   tally_store_close(s);
 }
 
+/* The index tables a growing store outgrows are large pieces nothing asks
+ * for again: once reusable, allocations of other sizes are carved from
+ * them before the arena grows. */
+static void test_carve(void) {
+  tally_store *s = open_file("carve.tly", "0");
+  char name[32];
+  for (int i = 0; i < 9000; i++) { /* the index grows past 64 KiB tables */
+    snprintf(name, sizeof name, "cv:%d", i);
+    EXPECT_OK(make(s, name, 0, i));
+  }
+  EXPECT_OK(tally_store_maintain(s, 0, 0, NULL)); /* grace step: reusable */
+  EXPECT_OK(tally_store_maintain(s, 0, 0, NULL));
+  tally_store_stats a = stats(s);
+  EXPECT(a.reusable_bytes >= 64 * 1024);
+  for (int i = 9000; i < 9500; i++) { /* about 45 KiB of records and cells */
+    snprintf(name, sizeof name, "cv:%d", i);
+    EXPECT_OK(make(s, name, 0, i));
+  }
+  tally_store_stats b = stats(s);
+  EXPECT_I64((int64_t)a.used_bytes, (int64_t)b.used_bytes); /* the arena did not grow */
+  EXPECT(b.reused_bytes >= a.reused_bytes + 500 * 80);
+  EXPECT(b.reusable_bytes < a.reusable_bytes);
+  expect_check(s, "after carving");
+  int bad = 0;
+  for (int i = 0; i < 9500; i += 7) {
+    snprintf(name, sizeof name, "cv:%d", i);
+    bad += value_of(s, name, NULL) != i;
+  }
+  EXPECT_I64(0, bad);
+  printf("  carve: %llu bytes reusable after the index grew; 500 counters made "
+         "without growing the arena (%llu bytes handed out again)\n",
+         (unsigned long long)a.reusable_bytes,
+         (unsigned long long)(b.reused_bytes - a.reused_bytes));
+  untrack_close(s);
+}
+
 int main(int argc, char **argv) {
   const char *only = argc > 1 ? argv[1] : NULL; /* run one test by name */
   snprintf(g_dir, sizeof g_dir, "%s", tu_tmpdir("lifecycle"));
@@ -1306,6 +1342,7 @@ int main(int argc, char **argv) {
   RUN("check", test_check_damage());
   RUN("close", test_close_order());
   RUN("shipped", test_shipped());
+  RUN("carve", test_carve());
   printf("total %.2f s\n", tu_now() - t0);
   tu_rmrf(g_dir);
   return tu_finish("test_lifecycle");

@@ -34,7 +34,7 @@
 #include <stdint.h>
 
 #define TALLY__MAGIC         "\x89TALLY\r\n"
-#define TALLY__FORMAT        5u
+#define TALLY__FORMAT        6u
 #define TALLY__BYTE_ORDER    0x01020304u
 #define TALLY__HEADER_BYTES  4096u
 #define TALLY__CLASS_OFF     4096u
@@ -138,6 +138,9 @@ struct tally__header {
   _Atomic uint64_t free_small[TALLY__PIECE_CLASSES];
   _Atomic uint64_t free_aligned[TALLY__PIECE_CLASSES];
   _Atomic uint64_t free_big[TALLY__PIECE_CLASSES];
+  /* a large free piece being carved into pieces of other sizes (space.c):
+   * [carve_cur, carve_end) is free; carve_cur 0: none */
+  _Atomic uint64_t carve_cur, carve_end;
   /* flushers that ship counters of this store (ship.c) */
   struct tally__shipper shippers[TALLY__SHIPPERS];
   _Atomic uint64_t ship_all; /* 1: the table overflowed: every counter

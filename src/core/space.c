@@ -11,7 +11,13 @@
  * Three kinds of space: small pieces (records, limbo nodes; 16-aligned),
  * aligned pieces (index tables, rollup blocks; 64-aligned) and columns of
  * cells (a counter's shards inside a chunk). Each has lists by exact size,
- * so reuse never splits or searches: churn creates the sizes it frees.
+ * so reuse rarely splits or searches: churn creates the sizes it frees.
+ * The exception is a large piece nothing asks for again, such as the
+ * index tables a growing store outgrew: when an allocation finds no piece
+ * of its size, one of at least CARVE_MIN bytes becomes the carve region,
+ * and allocations of any size are cut from its front before the arena
+ * grows (a million counters would otherwise leave 16 MiB of old tables
+ * behind for good).
  *
  * Everything here runs under the store lock. Each step is one store of a
  * head or tail word, ordered so that a process killed between two steps
@@ -24,9 +30,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define SMALL    16u
-#define ALIGNED  64u
-#define BIG_WALK 64u /* entries looked at in a bucket of large pieces */
+#define SMALL     16u
+#define ALIGNED   64u
+#define BIG_WALK  64u          /* entries looked at in a bucket of large pieces */
+#define CARVE_MIN (64u * 1024) /* the smallest piece worth carving */
 
 /* A list's identity keys the seals of its words: a piece linked into
  * another list is caught. */
@@ -127,6 +134,62 @@ static int pop(tally_store *s, _Atomic uint64_t *head, uint64_t id, uint64_t byt
   return 0;
 }
 
+/* Take the first piece of at least `min` bytes from the large pieces'
+ * buckets (it stays counted in free_bytes: it becomes the carve region). */
+static int pop_large(tally_store *s, uint64_t min, uint64_t *off, uint64_t *bytes) {
+  struct tally__header *h = s->hdr;
+  *off = 0;
+  if (atomic_load(&h->free_bytes) < min) return 0; /* none can be that big */
+  for (uint64_t b = 0; b < TALLY__PIECE_CLASSES; b++) {
+    _Atomic uint64_t *link = &h->free_big[b];
+    for (uint32_t i = 0; i < BIG_WALK; i++) {
+      uint64_t got = 0, size = 0;
+      int rc = piece_at(s, atomic_load_explicit(link, memory_order_acquire), LIST_BIG | b,
+                        0, &got, &size);
+      if (rc) return rc;
+      if (!got) break;
+      if (size >= min) {
+        atomic_store_explicit(link, atomic_load(&words(s, got)[0]), memory_order_release);
+        *off = got;
+        *bytes = size;
+        return 0;
+      }
+      link = &words(s, got)[0];
+    }
+  }
+  return 0;
+}
+
+/* Cut `bytes` (aligned to align) from the carve region, taking a new one
+ * when it runs short; *off 0 if there is none. Each step is one store, so
+ * a crash leaks at worst the region's rest, never hands it out twice. */
+static int carve(tally_store *s, uint64_t bytes, uint64_t align, uint64_t *off) {
+  struct tally__header *h = s->hdr;
+  *off = 0;
+  for (int round = 0; round < 2; round++) {
+    uint64_t cur = atomic_load(&h->carve_cur), end = atomic_load(&h->carve_end);
+    uint64_t start = tally__round(cur, align);
+    if (cur && start + bytes <= end) {
+      atomic_store(&h->carve_cur, start + bytes < end ? start + bytes : 0);
+      memset(tally__at(s, start), 0, bytes);
+      uint64_t gone = start + bytes < end ? start + bytes - cur : end - cur;
+      atomic_fetch_sub(&h->free_bytes, gone); /* the alignment gap is lost */
+      atomic_fetch_add(&h->reused, bytes);
+      *off = start;
+      return 0;
+    }
+    if (round) break;
+    uint64_t got = 0, size = 0;
+    int rc = pop_large(s, CARVE_MIN > bytes ? CARVE_MIN : bytes + align, &got, &size);
+    if (rc || !got) return rc;
+    if (cur) atomic_fetch_sub(&h->free_bytes, end - cur); /* the rest is lost */
+    atomic_store(&h->carve_cur, 0);
+    atomic_store(&h->carve_end, got + size);
+    atomic_store(&h->carve_cur, got);
+  }
+  return 0;
+}
+
 int tally__alloc_small(tally_store *s, uint64_t bytes, uint64_t *off) {
   bytes = tally__round(bytes ? bytes : 1, SMALL);
   uint64_t units = bytes / SMALL, id;
@@ -135,6 +198,8 @@ int tally__alloc_small(tally_store *s, uint64_t bytes, uint64_t *off) {
     int rc = pop(s, head, id, bytes, true, off);
     if (rc || *off) return rc;
   }
+  int rc = carve(s, bytes, SMALL, off);
+  if (rc || *off) return rc;
   return tally__alloc_fresh(s, bytes, SMALL, off);
 }
 
@@ -144,6 +209,7 @@ int tally__alloc(tally_store *s, uint64_t bytes, uint64_t *off) {
   _Atomic uint64_t *head = list_of(s, TALLY__ITEM_ALIGNED, units, &id);
   int rc = pop(s, head, id, bytes, units < TALLY__PIECE_CLASSES, off);
   if (rc || *off) return rc;
+  if ((rc = carve(s, bytes, ALIGNED, off)) || *off) return rc;
   return tally__alloc_fresh(s, bytes, ALIGNED, off);
 }
 
@@ -385,6 +451,10 @@ int tally__space_open_check(tally_store *s) {
     node_at(s, atomic_load(&h->limbo_tail), &rc);
   if (rc == 0 && atomic_load(&h->epoch) > (UINT64_C(1) << 62))
     rc = corrupt(s, "epoch", 0);
+  uint64_t cur = atomic_load(&h->carve_cur), end = atomic_load(&h->carve_end);
+  if (rc == 0 && cur &&
+      (cur % SMALL || cur >= end || !tally__in_arena(s, cur, end - cur)))
+    rc = corrupt(s, "carve region", cur);
   return rc;
 }
 
@@ -526,6 +596,13 @@ int tally__space_check(tally_store *s) {
         rc = add_span(&sp, item_off(it), item_bytes(it));
     }
     w = l->next;
+  }
+  uint64_t cur = atomic_load(&h->carve_cur), end = atomic_load(&h->carve_end);
+  if (rc == 0 && cur) { /* the carve region is free space too */
+    if (cur % SMALL || cur >= end || !tally__in_arena(s, cur, end - cur))
+      rc = corrupt(s, "carve region", cur);
+    if (rc == 0) rc = add_span(&sp, cur, end - cur);
+    sum += end - cur;
   }
   /* the byte count is a statistic: a holder killed between a list's
    * update and the count's leaves it off; set it right */
