@@ -86,17 +86,24 @@ describe("tally.openresty in nginx, 2 workers", function()
 
   it("counts every request of a concurrent burst exactly, in counters that size themselves", function()
     srv = nginx.start { conf = nginx.example { every = 1 } }
-    local r = nginx.burst(srv.url .. "/page/[1-100]?r=[1-100]", { parallel = 32 }).wait()
-    assert.equal(10000, r.n, r.err)
-    assert.same({ [200] = 10000 }, r.codes)
-    assert.equal(2, #nginx.keys(r.workers))           -- both workers answered
+    -- a burst that one worker happened to take whole (a loaded machine:
+    -- it failed so once under ASan in CI) is followed by another, at most 3
+    local bursts, seen = 0, {}
+    repeat
+      local r = nginx.burst(srv.url .. "/page/[1-100]?r=[1-100]", { parallel = 32 }).wait()
+      assert.equal(10000, r.n, r.err)
+      assert.same({ [200] = 10000 }, r.codes)
+      for pid in pairs(r.workers) do seen[pid] = true end
+      bursts = bursts + 1
+    until #nginx.keys(seen) >= 2 or bursts == 3
+    assert.equal(2, #nginx.keys(seen))                -- both workers answered
 
     local db = store_of(srv)
     local sum, count = db:sum("http:*")
-    assert.equal(10000, sum)
+    assert.equal(10000 * bursts, sum)
     assert.equal(100, count)
     for _, name in ipairs(db:names("http:*")) do
-      assert.equal(100, db:value(name))
+      assert.equal(100 * bursts, db:value(name))
       -- automatic shards: 100 requests from 2 workers are no contention, so
       -- each counter stays one cell (spec/integration/procs_spec.lua and
       -- tests/test_autoshard.c make them grow)
@@ -114,11 +121,13 @@ describe("tally.openresty in nginx, 2 workers", function()
     assert.matches("# TYPE http_requests_total counter", text, 1, true)
     local reqs, total = series(text, "http_requests_total"), 0
     for _, v in pairs(reqs) do total = total + v end
-    assert.equal(10000, total)
-    assert.equal(100, reqs['{path="/page/7"}'])
+    assert.equal(10000 * bursts, total)
+    assert.equal(100 * bursts, reqs['{path="/page/7"}'])
     assert.equal(100, #nginx.keys(reqs))
     -- responses by status are counted in the log phase, just after each response
-    assert.is_truthy(nginx.eventually(function() return (db:value("status:200") or 0) >= 10000 end, 5))
+    assert.is_truthy(nginx.eventually(function()
+      return (db:value("status:200") or 0) >= 10000 * bursts
+    end, 5))
     db:close()
     assert.same({}, srv.errors())
   end)
