@@ -101,15 +101,18 @@ static int new_table(tally_store *s, uint64_t cap, struct tally__index **out,
   return 0;
 }
 
-/* A table for `names` names: at most a quarter full, so it is used up to
- * half full before it is rebuilt. */
-/* Room for names at most 44% full: inserts rebuild past half full, so a
- * table runs between about a quarter and a half full (8 bytes a slot: at
- * a million names, 16 MiB instead of the 32 MiB twice as much room cost) */
+/* A table for `names` names, at most 44% full: inserts rebuild past half
+ * full, so a table runs between about a quarter and a half full (8 bytes a
+ * slot: at a million names 16 MiB, where twice the room cost 32 MiB) */
 static uint64_t cap_for(uint64_t names) {
   uint64_t cap = MIN_CAP;
   while (cap < (names + 1) * 2 + names / 4) cap *= 2;
   return cap;
+}
+
+uint64_t tally__index_bytes(tally_store *s) {
+  struct tally__index *t = table(s);
+  return t ? tally__round(sizeof *t + t->cap * 8, 64) : 0;
 }
 
 int tally__index_create(tally_store *s, uint64_t names) {

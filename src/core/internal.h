@@ -435,6 +435,7 @@ bool tally__fits_shards(__int128 total, uint32_t n); /* over n cells' range */
 
 /* ---- index.c ---- */
 int tally__index_create(tally_store *s, uint64_t names); /* a table sized for them */
+uint64_t tally__index_bytes(tally_store *s);             /* the current table's size */
 int tally__index_find(tally_store *s, const char *name, size_t len, uint64_t hash,
                       uint64_t *rec_off);
 int tally__index_insert(tally_store *s, uint64_t hash, uint64_t rec_off);

@@ -135,11 +135,14 @@ static int pop(tally_store *s, _Atomic uint64_t *head, uint64_t id, uint64_t byt
 }
 
 /* Take the first piece of at least `min` bytes from the large pieces'
- * buckets (it stays counted in free_bytes: it becomes the carve region). */
+ * buckets (it stays counted in free_bytes: it becomes the carve region).
+ * Only pieces smaller than the index table now: outgrown ones. A table of
+ * its size is what a rebuild after drops wants again (churn swaps two). */
 static int pop_large(tally_store *s, uint64_t min, uint64_t *off, uint64_t *bytes) {
   struct tally__header *h = s->hdr;
+  uint64_t below = tally__index_bytes(s);
   *off = 0;
-  if (atomic_load(&h->free_bytes) < min) return 0; /* none can be that big */
+  if (atomic_load(&h->free_bytes) < min || below <= min) return 0;
   for (uint64_t b = 0; b < TALLY__PIECE_CLASSES; b++) {
     _Atomic uint64_t *link = &h->free_big[b];
     for (uint32_t i = 0; i < BIG_WALK; i++) {
@@ -148,7 +151,7 @@ static int pop_large(tally_store *s, uint64_t min, uint64_t *off, uint64_t *byte
                         0, &got, &size);
       if (rc) return rc;
       if (!got) break;
-      if (size >= min) {
+      if (size >= min && size < below) {
         atomic_store_explicit(link, atomic_load(&words(s, got)[0]), memory_order_release);
         *off = got;
         *bytes = size;
