@@ -98,7 +98,10 @@ static int scan_one(tally_store *s, uint64_t rec_off, void *ud) {
     return 0;
   }
   int rc = expire_one(s, rec_off, v);
-  if (rc == 0) sc->r->expired++;
+  if (rc == 0 && ++sc->r->expired % 1024 == 0 && (rc = tally__lock(s)) == 0) {
+    tally__grace_step(s); /* as drops do: limbo is reclaimed along the way, */
+    tally__unlock(s);     /* not only after a scan that expired a million */
+  }
   return rc == TALLY_EBUSY ? 0 : rc;
 }
 
