@@ -108,9 +108,10 @@ int tally__auto_sample(tally_counter *c, uint64_t loc) {
   uint32_t cap = cap_of(s);
   if (n >= cap) return 0;
   uint32_t to = n * 2 < cap ? n * 2 : cap;
-  if (tally__reshard(s, rec_off, to, &loc) == 0) { /* else: stays as it is */
+  /* grow only: another writer may have grown it past what this handle saw */
+  if (tally__reshard(s, rec_off, to, true, &loc) == 0) { /* else: stays as it is */
     atomic_store_explicit(&c->loc, loc, memory_order_release);
-    bump(r, TALLY__REC_GROWN_SHIFT);
+    if (tally__loc_shards(loc) > n) bump(r, TALLY__REC_GROWN_SHIFT);
   }
   return 0;
 }
@@ -132,7 +133,7 @@ int tally__auto_upkeep(tally_store *s, uint64_t rec_off) {
   uint64_t busy = atomic_load(&r->contention) >> 44;
   uint64_t unit = (uint64_t)tally_monotonic_ms() >> BUSY_UNIT;
   if (busy && since20(unit, busy) < ((uint64_t)quiet_ms() >> BUSY_UNIT)) return 0;
-  int rc = tally__reshard(s, rec_off, 1, NULL);
+  int rc = tally__reshard(s, rec_off, 1, false, NULL);
   if (rc == 0) bump(r, TALLY__REC_SHRUNK_SHIFT);
   return rc;
 }

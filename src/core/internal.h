@@ -498,9 +498,10 @@ int tally__counter_live(tally_counter *c);
 int tally__auto_sample(tally_counter *c, uint64_t loc); /* returns 0 */
 /* upkeep: shrink an auto counter back to one cell once quiet */
 int tally__auto_upkeep(tally_store *s, uint64_t rec_off);
-/* Reshard the counter at rec_off to `shards` under the lock; *loc gets its
- * location (move.c). */
-int tally__reshard(tally_store *s, uint64_t rec_off, uint32_t shards, uint64_t *loc);
+/* Reshard the counter at rec_off to `shards` under the lock (grow_only:
+ * unless it already has more); *loc gets its location (move.c). */
+int tally__reshard(tally_store *s, uint64_t rec_off, uint32_t shards, bool grow_only,
+                   uint64_t *loc);
 /* ---- ship.c ---- */
 /* Must upkeep keep r (value v) for a flusher that has not shipped v? */
 bool tally__ship_holds(tally_store *s, const struct tally__rec *r, int64_t v);

@@ -15,12 +15,14 @@
 
 #include <string.h>
 
-int tally__reshard(tally_store *s, uint64_t rec_off, uint32_t shards, uint64_t *out) {
+int tally__reshard(tally_store *s, uint64_t rec_off, uint32_t shards, bool grow_only,
+                   uint64_t *out) {
   int rc = tally__lock(s);
   if (rc) return rc;
   uint64_t loc, cells;
   rc = tally__current(s, rec_off, &loc);
-  if (rc == 0 && tally__loc_shards(loc) != shards) {
+  uint32_t n = rc == 0 ? tally__loc_shards(loc) : 0;
+  if (rc == 0 && n != shards && !(grow_only && n > shards)) {
     /* refuse before retiring anything if the value cannot fit (a raw sum:
      * under the lock no move is pending, and a reader's wait for one here
      * would wait for ourselves) */
@@ -48,7 +50,7 @@ int tally_counter_reshard(tally_counter *c, uint32_t shards) {
                        TALLY_MAX_SHARDS);
   uint64_t loc;
   int rc = tally__counter_live(c);
-  if (rc == 0) rc = tally__reshard(c->s, tally__crec(c), shards, &loc);
+  if (rc == 0) rc = tally__reshard(c->s, tally__crec(c), shards, false, &loc);
   if (rc == 0) atomic_store_explicit(&c->loc, loc, memory_order_release);
   return rc;
 }
