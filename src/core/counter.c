@@ -114,10 +114,10 @@ static int check_options(const tally_counter_options *o) {
   return 0;
 }
 
-/* The increment's fast path for a policy (struct tally_counter.fast). */
-static short fast_path(int policy, bool is_auto) {
-  if (policy != TALLY_POLICY_THREAD && policy != TALLY_POLICY_RANDOM) return 4;
-  return (short)((policy == TALLY_POLICY_RANDOM) | (is_auto ? 2 : 0));
+/* The increment's path for a policy (struct tally_counter.fast). */
+static int fast_path(int policy, bool is_auto) {
+  int path = policy == TALLY_POLICY_THREAD ? 0 : policy == TALLY_POLICY_RANDOM ? 1 : 4;
+  return path | (is_auto ? 2 : 0);
 }
 
 int tally_counter_open(tally_store *s, const char *name, size_t len,
@@ -174,7 +174,6 @@ int tally_counter_open(tally_store *s, const char *name, size_t len,
   c->store_id = s->id;
   atomic_init(&c->rec_off, rec_off);
   c->policy = r->policy;
-  c->auto_shards = is_auto;
   c->fast = fast_path(c->policy, is_auto);
   c->name_len = (uint32_t)len;
   memcpy(c->name, name, len);
@@ -203,7 +202,6 @@ static int revive(tally_counter *c, bool create) {
   pthread_mutex_lock(&s->hlock);
   atomic_store(&c->rec_off, tally__crec(fresh));
   c->policy = fresh->policy;
-  c->auto_shards = fresh->auto_shards;
   c->fast = fresh->fast;
   atomic_store_explicit(&c->loc, atomic_load(&fresh->loc), memory_order_release);
   atomic_store(&c->gone, 0);
@@ -347,10 +345,10 @@ static int add(tally_counter *c, enum pick how, const void *key, size_t klen,
       continue;
     }
     _Atomic int64_t *cell = tally__cell_in(c->base, loc, i);
-    int64_t seen = atomic_load_explicit(cell, memory_order_relaxed);
     int rc = cell_add(cell, delta);
     if (__builtin_expect(rc == 0, 1)) {
-      if (c->auto_shards && how == PICK_POLICY && sample_due(seen))
+      if ((c->fast & 2) && how == PICK_POLICY &&
+          sample_due(atomic_load_explicit(cell, memory_order_relaxed)))
         return tally__auto_sample(c, loc);
       return 0;
     }

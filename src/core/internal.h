@@ -256,9 +256,8 @@ struct tally_counter {
   tally_store *s;
   uint64_t store_id; /* s->id, for the thread ticket check */
   int policy;
-  short auto_shards; /* sample increments for contention (autoshard.c) */
-  short fast;        /* the increment's path: 0 thread, 1 random, | 2 automatic
-                 shards; 4: the slow path (other policies) */
+  int fast; /* the increment's path: 0 thread, 1 random, 4 the slow path
+               (other policies); | 2: automatic shards (autoshard.c) */
   /* Set by this process's grace step (grace.c) when the record is gone
    * for good: loc then points at the tombstone cell, and rec must not be
    * read (it may belong to another counter now). 1: dropped, 2: expired. */

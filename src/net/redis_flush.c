@@ -45,8 +45,9 @@ struct entry {
   tally_counter *c; /* NULL: not open */
   uint64_t pinc;    /* w:W's incarnation; 0: none (nil, or an older format) */
   int64_t prev;
-  uint64_t inc; /* local incarnation read this round */
-  int64_t cur;  /* ... and its value */
+  uint64_t inc;  /* local incarnation read this round */
+  int64_t cur;   /* ... and its value */
+  int64_t delta; /* what this round's script adds, if it applies */
 };
 
 /* w:W holds "INCARNATION:VALUE" (16 lowercase hex digits, a colon, int64
@@ -443,8 +444,8 @@ static int phase_eval(tally_flusher *f, tally_flush_stats *st) {
     }
     /* w:W of an earlier incarnation holds its final value: that one expired
      * (once shipped) or was dropped, and this one counts from 0 */
-    int64_t base = en->pinc == en->inc || en->pinc == 0 ? en->prev : 0, delta;
-    if (__builtin_sub_overflow(en->cur, base, &delta)) {
+    int64_t base = en->pinc == en->inc || en->pinc == 0 ? en->prev : 0;
+    if (__builtin_sub_overflow(en->cur, base, &en->delta)) {
       tally_error_set(TALLY_ERANGE,
                       "redis flush: %s: delta %" PRId64 " - %" PRId64 " overflows int64",
                       en->name, en->cur, base);
@@ -456,7 +457,7 @@ static int phase_eval(tally_flusher *f, tally_flush_stats *st) {
     char sp[FIELD_MAX], sn[FIELD_MAX], sd[24];
     int lp = format_field(sp, en->pinc, en->prev);
     int ln = format_field(sn, en->inc, en->cur);
-    int ld = snprintf(sd, sizeof sd, "%" PRId64, delta);
+    int ld = snprintf(sd, sizeof sd, "%" PRId64, en->delta);
     const char *argv[] = {"EVAL", SCRIPT, "1", key, f->writer, sp, sn, sd};
     size_t lens[] = {4,       sizeof SCRIPT - 1, 1,          (size_t)klen,
                      f->wlen, (size_t)lp,        (size_t)ln, (size_t)ld};
@@ -479,8 +480,7 @@ static int phase_eval(tally_flusher *f, tally_flush_stats *st) {
     } else if (r->type == REDIS_REPLY_INTEGER && (r->integer == 1 || r->integer == 0)) {
       if (r->integer == 1) {
         st->flushed++;
-        int64_t base = en->pinc == en->inc || en->pinc == 0 ? en->prev : 0;
-        int64_t d = en->cur - base;
+        int64_t d = en->delta;
         if (__builtin_add_overflow(st->delta, d, &st->delta))
           st->delta = d > 0 ? INT64_MAX : INT64_MIN;
       } else {
