@@ -167,8 +167,13 @@ int tally_counter_open(tally_store *s, const char *name, size_t len,
                        "and policy %s",
                        (int)len, name, n, is_auto ? " (auto)" : "",
                        tally_policy_name(r->policy));
-  tally_counter *c = calloc(1, sizeof *c + len + 1);
+  /* Line-aligned: malloc's 16-byte alignment would split the hot first
+   * line (loc, base, store_id, fast) across two cache lines for half the
+   * handles, two misses per increment on a cold counter instead of one. */
+  size_t bytes = tally__round(sizeof(tally_counter) + len + 1, 64);
+  tally_counter *c = aligned_alloc(64, bytes);
   if (!c) return tally__fail(TALLY_ENOMEM, "out of memory");
+  memset(c, 0, bytes);
   c->s = s;
   c->base = s->base;
   c->store_id = s->id;

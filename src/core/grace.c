@@ -84,7 +84,7 @@ static int claim(tally_store *s, uint64_t seen) {
   if (!t)
     return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (process table)",
                        tally__store_name(s));
-  uint64_t me = owner_of(getpid(), NULL);
+  uint64_t me = owner_of(tally__pid(), NULL);
   for (int pass = 0; pass < 2; pass++) {
     for (uint32_t i = 0; i < TALLY__PROCS; i++) {
       uint64_t o = atomic_load(&t[i].owner);
@@ -97,7 +97,7 @@ static int claim(tally_store *s, uint64_t seen) {
       if (atomic_compare_exchange_strong(&t[i].owner, &o, me)) {
         atomic_store(&t[i].seen, seen);
         s->proc = i;
-        s->pid = getpid();
+        s->pid = tally__pid();
         s->procs_end = (uint64_t)((unsigned char *)&t[TALLY__PROCS] - s->base);
         return 0;
       }
@@ -124,7 +124,7 @@ void tally__grace_close(tally_store *s) {
   struct tally__proc *t = procs(s);
   if (!t) return;
   uint64_t me = atomic_load(&t[s->proc].owner);
-  if (me >> 32 == (uint64_t)getpid() &&
+  if (me >> 32 == (uint64_t)tally__pid() &&
       atomic_compare_exchange_strong(&t[s->proc].owner, &me, 0))
     atomic_store(&t[s->proc].seen, 0); /* a free slot is all zero */
 }
@@ -191,7 +191,7 @@ void tally__handle_add(tally_store *s, tally_counter *c) {
  * from now on. It has nothing to refresh, so it passes the epoch as is. */
 void tally__grace_busy(tally_store *s) {
   pthread_mutex_lock(&s->hlock);
-  if ((!s->handles || !s->handles->n) && s->pid == getpid()) {
+  if ((!s->handles || !s->handles->n) && s->pid == tally__pid()) {
     struct tally__proc *t = procs(s);
     uint64_t e = atomic_load_explicit(&s->hdr->epoch, memory_order_seq_cst);
     if (t && atomic_load(&t[s->proc].seen) != e << 1) {
@@ -276,7 +276,7 @@ void tally__grace_step(tally_store *s) {
   if (s->seen < epoch) (void)tally__limbo_each(s, s->seen, refresh_node, NULL);
   bool idle = !s->handles || s->handles->n == 0;
   s->seen = epoch; /* this process's words change under hlock only */
-  if (s->pid != getpid()) (void)claim(s, epoch << 1 | idle); /* forked */
+  if (s->pid != tally__pid()) (void)claim(s, epoch << 1 | idle); /* forked */
   atomic_store_explicit(&t[s->proc].seen, epoch << 1 | idle, memory_order_release);
   pthread_mutex_unlock(&s->hlock);
   uint64_t min_seen = epoch;

@@ -268,6 +268,8 @@ struct tally_counter {
   uint32_t name_len;
   char name[]; /* a copy: the record may be reused once the counter is gone */
 };
+_Static_assert(offsetof(struct tally_counter, fast) + sizeof(int) <= 64,
+               "the increment's fields fit the handle's first cache line");
 
 /* ---- error.c ---- */
 int tally__fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -353,6 +355,7 @@ bool tally__in_arena(const tally_store *s, uint64_t off, uint64_t len);
 int tally__lock(tally_store *s); /* also finishes a pending move */
 void tally__unlock(tally_store *s);
 void tally__registry_add(tally_store *s); /* open stores, for fork() */
+pid_t tally__pid(void);                   /* getpid(), cached; a fork handler renews it */
 void tally__registry_remove(tally_store *s);
 
 /* ---- space.c: limbo and free lists ---- */

@@ -31,7 +31,13 @@ static void fork_parent(void) {
   pthread_mutex_unlock(&registry_lock);
 }
 
+/* This process's pid, cached: getpid() is a system call, and lookups and
+ * every lock check it (a fork is noticed through the slot it changes). A
+ * child learns its own pid in the fork handler below. */
+static _Atomic pid_t self_pid;
+
 static void fork_child(void) {
+  atomic_store_explicit(&self_pid, getpid(), memory_order_relaxed);
   for (tally_store *s = registry; s; s = s->next) {
     s->lock_stale = s->kind == TALLY__FILE;
     if (s->kind == TALLY__FILE) tally__grace_fork_child(s); /* a slot of its own */
@@ -43,6 +49,16 @@ static void fork_child(void) {
 static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
 static void fork_init(void) {
   pthread_atfork(fork_prepare, fork_parent, fork_child);
+}
+
+pid_t tally__pid(void) {
+  pid_t pid = atomic_load_explicit(&self_pid, memory_order_relaxed);
+  if (__builtin_expect(pid == 0, 0)) {
+    pthread_once(&fork_once, fork_init); /* from now on a child corrects it */
+    pid = getpid();
+    atomic_store_explicit(&self_pid, pid, memory_order_relaxed);
+  }
+  return pid;
 }
 
 void tally__registry_add(tally_store *s) {
