@@ -101,10 +101,13 @@ typedef enum tally_policy {
   TALLY_POLICY_ROUND_ROBIN = 2, /* each thread cycles through the shards */
   TALLY_POLICY_KEY = 3,         /* hash of a caller-supplied key */
   TALLY_POLICY_CUSTOM = 4,      /* caller supplies the shard index */
-  TALLY_POLICY_COUNT_ = 5
+  TALLY_POLICY_SLOT = 5,        /* batched: each writer thread owns one shard
+                                   (TALLY_SLOT_SHARDS); see tally_batch_incr */
+  TALLY_POLICY_COUNT_ = 6
 } tally_policy;
 
-/* "thread", "random", "round_robin", "key", "custom"; NULL if out of range. */
+/* "thread", "random", "round_robin", "key", "custom", "slot"; NULL if out
+ * of range. */
 TALLY_API const char *tally_policy_name(int policy);
 /* Policy for a name, or TALLY_EPOLICY. */
 TALLY_API int tally_policy_parse(const char *name, size_t len);
@@ -335,6 +338,45 @@ TALLY_API int tally_store_each(tally_store *s, const char *pattern, size_t plen,
 /* Exact sum over matching counters; *count receives how many matched. */
 TALLY_API int tally_store_sum(tally_store *s, const char *pattern, size_t plen,
                               int64_t *sum, uint64_t *count);
+
+/* ---- batches and snapshots (batch.c) ------------------------------------ */
+
+/* Counters of policy TALLY_POLICY_SLOT have TALLY_SLOT_SHARDS shards, one per
+ * writer slot: each writing thread (in any process) leases a slot of the
+ * store on its first such increment and adds only to its own shard, under
+ * its slot's sequence number. That makes two things exact across threads
+ * and processes:
+ *   - a batch (tally_batch_incr) is seen by tally_store_snapshot wholly or
+ *     not at all, and a writer killed in the middle of one leaves nothing of
+ *     it: the next reader or writer that meets the dead slot rolls it back;
+ *   - one thread's increments of slot counters are seen in its order.
+ * Such counters are never resharded, never automatic and never expire for
+ * idleness (a family's idle rule skips them). A thread's slot goes back to
+ * the store when the thread exits or the store is closed; a process that
+ * dies gives its slots back to the next one that needs a slot. */
+#define TALLY_SLOT_SHARDS 64 /* writer slots per store, shards per slot counter */
+#define TALLY_BATCH_MAX   64 /* distinct counters in one batch */
+
+/* Add deltas[i] to cs[i] for i < n, atomically for snapshots: every counter
+ * must be a TALLY_POLICY_SLOT counter of s (TALLY_EPOLICY otherwise); a
+ * counter named twice gets the sum of its deltas. n is 1 to TALLY_BATCH_MAX
+ * distinct counters (TALLY_EINVAL). On any error nothing is added.
+ * TALLY_EBUSY: all TALLY_SLOT_SHARDS slots are held by live threads. */
+TALLY_API int tally_batch_incr(tally_store *s, tally_counter *const *cs,
+                               const int64_t *deltas, size_t n);
+
+/* A consistent snapshot of the counters matching pattern: fn is called once
+ * per counter with its value, after every value was read. The values of
+ * slot counters form a consistent cut: every batch wholly or not at all,
+ * and for each writer thread a prefix of its increments in its order (a
+ * histogram's count always equals the sum of its buckets). Other counters
+ * are read one after the other, as tally_counter_value would. A writer
+ * stopped in the middle of a batch is waited for while it lives; a dead
+ * one's batch is rolled back at once. fn returns 0 to go on, non-zero to
+ * stop (that value is then returned). */
+typedef int (*tally_value_fn)(void *ud, const char *name, size_t len, int64_t value);
+TALLY_API int tally_store_snapshot(tally_store *s, const char *pattern, size_t plen,
+                                   tally_value_fn fn, void *ud);
 
 /* Define a family: counters created later under pattern take opt (fields
  * left 0 / -1, or opt NULL, fall back to the defaults). The most recently defined

@@ -219,7 +219,7 @@ static void wait_ready(int from, int to) {
 
 static void test_policies(tally_store *s) {
   const int NP = 4;
-  for (int p = 0; p < TALLY_POLICY_COUNT_; p++) {
+  for (int p = 0; p < TALLY_POLICY_SLOT; p++) { /* slot: test_batch */
     char name[64];
     tally_counter *c = NULL;
     pid_t pids[MAXC];

@@ -122,7 +122,7 @@ static void open_counter(shared *sh, tally_store *s, const char *name, uint32_t 
 }
 
 static void test_policies(tally_store *s) {
-  for (int p = 0; p < TALLY_POLICY_COUNT_; p++) {
+  for (int p = 0; p < TALLY_POLICY_SLOT; p++) { /* slot: test_batch */
     shared sh;
     char name[64];
     long long iters;

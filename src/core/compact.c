@@ -59,6 +59,7 @@ static int lay_out(tally_store *to, uint64_t names) {
   atomic_store(&h->used, TALLY__ARENA_OFF);
   atomic_store(&h->index, 0);
   atomic_store(&h->procs, 0);
+  atomic_store(&h->wslots, 0);
   int rc = tally__index_create(to, names);
   return rc ? rc : tally__grace_table_create(to);
 }
@@ -313,6 +314,7 @@ static void copy_shippers(tally_store *from, tally_store *to) {
 static int copy_counters(struct job *j, tally_progress_fn progress, void *ud) {
   uint64_t total = j->n, pct = 0;
   int rc = copy_schedules(j->from, j->to);
+  if (rc == 0) rc = tally__slots_copy(j->from, j->to);
   copy_shippers(j->from, j->to);
   if (progress) progress(ud, 0, total);
   for (size_t i = 0; rc == 0 && i < j->n; i++) {
@@ -440,6 +442,8 @@ int tally_store_compact(const char *path, uint32_t flags, tally_progress_fn prog
                        "%s: store is in use by process %lld (compaction needs it "
                        "closed everywhere)",
                        path, (long long)pid);
+    /* nobody else has it open: a batch left half done was a dead writer's */
+    if (rc == 0) rc = tally__slots_recover(j.from);
     if (rc == 0) rc = tally__index_each(j.from, collect, &j);
     if (rc == 0) rc = temp_spec(target, &tmp);
     if (rc == 0) {

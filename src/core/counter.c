@@ -32,7 +32,8 @@ static int create(tally_store *s, const char *name, size_t len, uint64_t hash,
   uint64_t cells, off;
   /* auto from a family, with a key or shard policy from elsewhere: fixed */
   bool is_auto = o->shards == TALLY_SHARDS_AUTO && o->policy < TALLY_POLICY_KEY;
-  uint32_t shards = is_auto                          ? 1
+  uint32_t shards = o->policy == TALLY_POLICY_SLOT   ? TALLY_SLOT_SHARDS
+                    : is_auto                        ? 1
                     : o->shards == TALLY_SHARDS_AUTO ? TALLY_DEFAULT_SHARDS
                                                      : o->shards;
   int rc = tally__cells_alloc(s, shards, &cells);
@@ -101,7 +102,8 @@ int tally__check_name(const char *name, size_t len) {
 
 static int check_options(const tally_counter_options *o) {
   if (!o) return 0;
-  if (o->shards == TALLY_SHARDS_AUTO && o->policy >= TALLY_POLICY_KEY)
+  if (o->shards == TALLY_SHARDS_AUTO && o->policy >= TALLY_POLICY_KEY &&
+      o->policy != TALLY_POLICY_SLOT)
     return tally__fail(TALLY_EPOLICY,
                        "automatic shards need a policy that picks "
                        "the shard itself (not %s)",
@@ -111,6 +113,11 @@ static int check_options(const tally_counter_options *o) {
                        TALLY_MAX_SHARDS);
   if (o->policy < -1 || o->policy >= TALLY_POLICY_COUNT_)
     return tally__fail(TALLY_EPOLICY, "invalid shard policy %d", o->policy);
+  if (o->policy == TALLY_POLICY_SLOT && o->shards && o->shards != TALLY_SHARDS_AUTO &&
+      o->shards != TALLY_SLOT_SHARDS)
+    return tally__fail(TALLY_ESHARDS,
+                       "the slot policy has one shard per writer slot: %d shards, not %u",
+                       TALLY_SLOT_SHARDS, o->shards);
   return 0;
 }
 
@@ -159,9 +166,11 @@ int tally_counter_open(tally_store *s, const char *name, size_t len,
   struct tally__rec *r = tally__at(s, rec_off);
   uint32_t n = tally__loc_shards(loc);
   bool is_auto = (atomic_load(&r->flags) & TALLY__REC_AUTO) != 0;
-  if (opt &&
-      ((opt->shards == TALLY_SHARDS_AUTO ? !is_auto : opt->shards && opt->shards != n) ||
-       (opt->policy >= 0 && opt->policy != r->policy)))
+  if (opt && ((r->policy == TALLY_POLICY_SLOT
+                   ? opt->shards && opt->shards != TALLY_SHARDS_AUTO && opt->shards != n
+               : opt->shards == TALLY_SHARDS_AUTO ? !is_auto
+                                                  : opt->shards && opt->shards != n) ||
+              (opt->policy >= 0 && opt->policy != r->policy)))
     return tally__fail(TALLY_EMISMATCH,
                        "counter '%.*s' exists with %u%s shards "
                        "and policy %s",
@@ -375,6 +384,7 @@ static int add(tally_counter *c, enum pick how, const void *key, size_t klen,
  * the store buffer to drain, so the fast path must not spill registers. */
 __attribute__((noinline)) static int incr_slow(tally_counter *c, int64_t delta) {
   if (!c) return tally__fail(TALLY_EINVAL, "tally_counter_incr: counter is NULL");
+  if (c->policy == TALLY_POLICY_SLOT) return tally__slot_incr(c, delta);
   if (c->policy >= TALLY_POLICY_KEY)
     return tally__fail(TALLY_EPOLICY, "counter '%s' has the %s policy: use %s", c->name,
                        tally_policy_name(c->policy),
@@ -412,14 +422,24 @@ int tally_counter_incr(tally_counter *c, int64_t delta) {
   return incr_slow(c, delta);
 }
 
+/* A slot counter's shard is its writer's: nobody else may pick it. */
+static int slot_refused(const tally_counter *c) {
+  return tally__fail(TALLY_EPOLICY,
+                     "counter '%s' has the slot policy: each writer adds to its "
+                     "own shard (tally_counter_incr, tally_batch_incr)",
+                     c->name);
+}
+
 int tally_counter_incr_key(tally_counter *c, const void *key, size_t len, int64_t delta) {
   if (!c || (!key && len))
     return tally__fail(TALLY_EINVAL, "tally_counter_incr_key: NULL argument");
+  if (c->policy == TALLY_POLICY_SLOT) return slot_refused(c);
   return add(c, PICK_KEY, key, len, 0, delta);
 }
 
 int tally_counter_incr_shard(tally_counter *c, uint32_t shard, int64_t delta) {
   if (!c) return tally__fail(TALLY_EINVAL, "tally_counter_incr_shard: counter is NULL");
+  if (c->policy == TALLY_POLICY_SLOT) return slot_refused(c);
   return add(c, PICK_SHARD, NULL, 0, shard, delta);
 }
 

@@ -74,6 +74,8 @@ static int scan_one(tally_store *s, uint64_t rec_off, void *ud) {
   sc->r->scanned++;
   tally__auto_upkeep(s, rec_off); /* fails only to stay as it is */
   if (tally__family_of(s, r->name, r->name_len, &f) || !f || !f->idle_s) return 0;
+  /* a dead writer's batch may still be undone in its cells (batch.c) */
+  if (r->policy == TALLY_POLICY_SLOT) return 0;
   if (tally__rec_value(s, rec_off, &v)) return 0; /* dropped meanwhile, or check() */
   /* whole seconds, so the time fits in 32 bits: first seen rounded up,
    * now rounded down, so a counter never leaves early (at most a second

@@ -39,7 +39,7 @@
 /* pid << 32 | a hash of the process's start time (field 22 of
  * /proc/PID/stat), or | 1 where /proc cannot tell. *zombie (may be NULL):
  * is it killed and not yet reaped (state Z or X)? */
-static uint64_t owner_of(pid_t pid, bool *zombie) {
+uint64_t tally__owner_of(pid_t pid, bool *zombie) {
   char path[64], buf[1024];
   snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
   int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -61,12 +61,12 @@ static uint64_t owner_of(pid_t pid, bool *zombie) {
 }
 
 /* A zombie holds nothing; a recycled pid is another process. */
-static bool owner_alive(uint64_t owner) {
+bool tally__owner_alive(uint64_t owner) {
   pid_t pid = (pid_t)(owner >> 32);
   bool zombie;
   if (pid <= 0) return false;
   if (kill(pid, 0) != 0 && errno == ESRCH) return false;
-  uint64_t now = owner_of(pid, &zombie);
+  uint64_t now = tally__owner_of(pid, &zombie);
   if (zombie) return false;
   return (now & 0xffffffffu) == 1 || (owner & 0xffffffffu) == 1 || now == owner;
 }
@@ -84,11 +84,11 @@ static int claim(tally_store *s, uint64_t seen) {
   if (!t)
     return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (process table)",
                        tally__store_name(s));
-  uint64_t me = owner_of(tally__pid(), NULL);
+  uint64_t me = tally__owner_of(tally__pid(), NULL);
   for (int pass = 0; pass < 2; pass++) {
     for (uint32_t i = 0; i < TALLY__PROCS; i++) {
       uint64_t o = atomic_load(&t[i].owner);
-      if (o && pass == 1 && !owner_alive(o)) { /* a dead process's slot */
+      if (o && pass == 1 && !tally__owner_alive(o)) { /* a dead process's slot */
         atomic_compare_exchange_strong(&t[i].owner, &o, 0);
         o = atomic_load(&t[i].owner);
       }
@@ -286,7 +286,7 @@ void tally__grace_step(tally_store *s) {
     uint64_t w = atomic_load(&t[i].seen);
     if (w & 1) continue; /* idle: holds nothing */
     if ((w >> 1) >= min_seen) continue;
-    if (!owner_alive(o)) { /* dead: never holds reuse back */
+    if (!tally__owner_alive(o)) { /* dead: never holds reuse back */
       atomic_compare_exchange_strong(&t[i].owner, &o, 0);
       continue;
     }
@@ -310,7 +310,7 @@ int tally__grace_others(tally_store *s, int64_t *pid) {
   for (uint32_t i = 0; i < TALLY__PROCS; i++) {
     uint64_t o = atomic_load(&t[i].owner);
     if (!o || i == s->proc) continue;
-    if (!owner_alive(o)) { /* dead (or a zombie): its slot is free now */
+    if (!tally__owner_alive(o)) { /* dead (or a zombie): its slot is free now */
       atomic_compare_exchange_strong(&t[i].owner, &o, 0);
       continue;
     }
@@ -332,7 +332,7 @@ int tally_store_grace(tally_store *s, tally_grace_info *out) {
   out->epoch = epoch;
   for (uint32_t i = 0; i < TALLY__PROCS; i++) {
     uint64_t o = atomic_load(&t[i].owner), w = atomic_load(&t[i].seen);
-    if (!o || !owner_alive(o)) continue;
+    if (!o || !tally__owner_alive(o)) continue;
     out->processes++;
     if (!(w & 1) && (w >> 1) < epoch) {
       if (!out->oldest_pid || (w >> 1) < out->oldest_seen) {

@@ -34,7 +34,7 @@
 #include <stdint.h>
 
 #define TALLY__MAGIC         "\x89TALLY\r\n"
-#define TALLY__FORMAT        6u
+#define TALLY__FORMAT        7u
 #define TALLY__BYTE_ORDER    0x01020304u
 #define TALLY__HEADER_BYTES  4096u
 #define TALLY__CLASS_OFF     4096u
@@ -146,6 +146,7 @@ struct tally__header {
   _Atomic uint64_t ship_all; /* 1: the table overflowed: every counter
                                  counts as covered by a flusher */
   _Atomic uint64_t autos;    /* 1: some counter has automatic shards */
+  _Atomic uint64_t wslots;   /* sealed offset of the writer slots (batch.c), or 0 */
   /* thread tickets: the only word writers touch outside the lock */
   _Alignas(64) _Atomic uint64_t writers;
 };
@@ -246,6 +247,9 @@ struct tally_store {
   pthread_mutex_t hlock; /* guards handles */
   struct tally__handles *handles;
   uint64_t expire_cursor; /* expire.c: next index slot to scan */
+  /* batch.c: which writer slot each thread of this process holds */
+  _Atomic int wkey_state; /* 1: wkey made */
+  pthread_key_t wkey;     /* -> the thread's slot record */
 };
 
 struct tally_counter {
@@ -278,6 +282,32 @@ int tally__fail_sys(const char *what, const char *path);
 /* ---- hash.c ---- */
 uint64_t tally__hash(const void *data, size_t len, uint64_t seed);
 uint64_t tally__mix(uint64_t x);
+
+/* ---- batch.c ---- */
+/* One entry of a writer slot's journal: enough to undo the add exactly
+ * (the cell is the slot's own, so nobody else changes it) and to know the
+ * cell still belongs to that counter (loc and incarnation unchanged). */
+struct tally__wentry {
+  _Atomic uint64_t rec_off, loc, incarnation, cell_off;
+  _Atomic int64_t before, delta;
+};
+/* A writer slot: leased by one thread; seq is odd while its journal's
+ * entries are being added. */
+struct tally__wslot {
+  _Atomic uint64_t owner;  /* grace.c's owner word of the process; 0: free */
+  _Atomic uint64_t tid;    /* the thread (gettid) */
+  _Atomic uint64_t seq;    /* odd: a batch is being applied */
+  _Atomic uint64_t n;      /* entries in the journal */
+  _Atomic int64_t hold_ms; /* a reader asks the writer to wait (monotonic ms) */
+  uint64_t pad_[3];
+  struct tally__wentry e[TALLY_BATCH_MAX];
+};
+int tally__slot_incr(tally_counter *c, int64_t delta); /* a batch of one */
+void tally__slots_release(tally_store *s);             /* this process's, at close */
+int tally__slots_recover(tally_store *s); /* roll back dead writers' batches; locked */
+int tally__slots_copy(tally_store *from, tally_store *to); /* compaction */
+uint64_t tally__owner_of(pid_t pid, bool *zombie);         /* grace.c */
+bool tally__owner_alive(uint64_t owner);                   /* grace.c */
 
 /* ---- policy.c ---- */
 /* Per-thread writer state, inline here because picking a shard is on the
@@ -327,7 +357,8 @@ enum {
   TALLY__SEAL_FREE = 6,
   TALLY__SEAL_COLUMN = 7,
   TALLY__SEAL_LIMBO = 8,
-  TALLY__SEAL_PROCS = 9
+  TALLY__SEAL_PROCS = 9,
+  TALLY__SEAL_WSLOTS = 10
 };
 uint64_t tally__seal(const tally_store *s, int field, uint64_t off, uint64_t extra);
 int tally__unseal(const tally_store *s, int field, uint64_t word, uint64_t extra,

@@ -49,6 +49,9 @@ int tally_counter_reshard(tally_counter *c, uint32_t shards) {
     return tally__fail(TALLY_ESHARDS, "shard count %u out of range (1 to %d)", shards,
                        TALLY_MAX_SHARDS);
   uint64_t loc;
+  if (c->policy == TALLY_POLICY_SLOT)
+    return tally__fail(TALLY_EPOLICY,
+                       "counter '%s' has the slot policy: one shard per writer", c->name);
   int rc = tally__counter_live(c);
   if (rc == 0) rc = tally__reshard(c->s, tally__crec(c), shards, false, &loc);
   if (rc == 0) atomic_store_explicit(&c->loc, loc, memory_order_release);

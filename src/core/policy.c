@@ -46,7 +46,7 @@ uint32_t tally__key_shard(const void *key, size_t len, uint32_t n) {
 }
 
 static const char *const names[TALLY_POLICY_COUNT_] = {"thread", "random", "round_robin",
-                                                       "key", "custom"};
+                                                       "key",    "custom", "slot"};
 
 const char *tally_policy_name(int policy) {
   return policy >= 0 && policy < TALLY_POLICY_COUNT_ ? names[policy] : NULL;

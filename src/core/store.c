@@ -309,6 +309,7 @@ int tally_store_open(const char *spec, const tally_open_options *opt, tally_stor
 void tally_store_close(tally_store *s) {
   if (!s) return;
   tally__registry_remove(s);
+  if (s->hdr) tally__slots_release(s);
   if (s->hdr) tally__grace_close(s);
   tally__handles_free(s);
   if (s->base) munmap(s->base, s->reserved);

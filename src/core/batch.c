@@ -1,0 +1,532 @@
+/* batch.c -- batched counters: increments that land together, and snapshots
+ * that see them together, across threads and processes.
+ *
+ * A counter of policy TALLY_POLICY_SLOT has one shard per writer slot. A
+ * thread leases a slot of the store (under the lock, once) and from then on
+ * adds only to shard `slot` of such counters, so each of those cells has
+ * exactly one writer. A batch is:
+ *
+ *   1. the journal: for each counter, its cell, the cell's value before
+ *      (exact: nobody else writes it) and the delta;
+ *   2. seq made odd; 3. the adds; 4. seq made even.
+ *
+ * A snapshot reads each slot's cells between two loads of its seq, as a
+ * seqlock reader, and retries that slot if seq was odd or moved. So every
+ * batch is seen wholly or not at all, and one thread's increments in their
+ * order. Slots are read one after the other: the result is a consistent cut
+ * (each writer's prefix), not one instant of a global clock.
+ *
+ * A writer that dies between 2 and 4 leaves seq odd. A reader waiting on it
+ * checks every millisecond whether its thread still lives; when it does
+ * not, it takes the lock and rolls the journal back: each cell is set from
+ * before + delta to before (a compare-and-swap: an add the writer never
+ * made is left as it is), then seq even, then the slot free. The journal
+ * also names the counter's record, location word and incarnation, so a
+ * cell that was dropped and reused meanwhile is never touched.
+ *
+ * A busy writer could starve a reader of a quiet window, so a reader that
+ * failed twice on a slot sets the slot's hold_ms: the writer waits (at most
+ * HOLD_MS, so a reader that dies holding it stalls nobody for long) before
+ * its next batch.
+ */
+#include "internal.h"
+
+#include <errno.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#define HOLD_MS      10 /* how long a reader's request to pause holds */
+#define LIVENESS_MS  1  /* how often a waiting reader checks on the writer */
+#define READ_RETRIES 2  /* optimistic reads of a slot before asking for a hold */
+#define SLOTS_BYTES  ((uint64_t)TALLY_SLOT_SHARDS * sizeof(struct tally__wslot))
+
+_Static_assert(sizeof(struct tally__wslot) % 64 == 0, "writer slots fill whole lines");
+_Static_assert(TALLY_SLOT_SHARDS <= TALLY_MAX_SHARDS, "a slot counter's shards fit");
+
+/* ---- the slot table ------------------------------------------------------- */
+
+static struct tally__wslot *slot_table(tally_store *s) {
+  uint64_t off;
+  if (tally__unseal(s, TALLY__SEAL_WSLOTS, atomic_load(&s->hdr->wslots), 0, &off) ||
+      !off || !tally__in_arena(s, off, SLOTS_BYTES))
+    return NULL;
+  return tally__at(s, off);
+}
+
+/* The table, made on first use. Caller holds the lock. */
+static int slot_table_make(tally_store *s, struct tally__wslot **out) {
+  if ((*out = slot_table(s))) return 0;
+  if (atomic_load(&s->hdr->wslots))
+    return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (writer slots)",
+                       tally__store_name(s));
+  uint64_t off;
+  int rc = tally__alloc(s, SLOTS_BYTES, &off);
+  if (rc) return rc;
+  memset(tally__at(s, off), 0, SLOTS_BYTES);
+  atomic_store(&s->hdr->wslots, tally__seal(s, TALLY__SEAL_WSLOTS, off, 0));
+  *out = tally__at(s, off);
+  return 0;
+}
+
+static pid_t self_tid(void) {
+  static _Thread_local pid_t tid, pid; /* a forked child's thread has a new tid */
+  if (pid != tally__pid()) {
+    pid = tally__pid();
+    tid = (pid_t)syscall(SYS_gettid);
+  }
+  return tid;
+}
+
+/* Does the slot's thread still run? A pid reused by another process fails
+ * the owner word's start-time check; a thread gone fails tgkill. */
+static bool holder_alive(const struct tally__wslot *sl) {
+  uint64_t owner = atomic_load(&sl->owner);
+  pid_t tid = (pid_t)atomic_load(&sl->tid);
+  if (!owner) return false;
+  if (!tally__owner_alive(owner)) return false;
+  return syscall(SYS_tgkill, (pid_t)(owner >> 32), tid, 0) == 0 || errno == EPERM;
+}
+
+/* The dead writer's half-applied batch, undone. Caller holds the lock. */
+static void roll_back(tally_store *s, struct tally__wslot *sl) {
+  uint64_t seq = atomic_load_explicit(&sl->seq, memory_order_acquire);
+  if (seq & 1) {
+    uint64_t n = atomic_load(&sl->n);
+    for (uint64_t k = 0; k < n && k < TALLY_BATCH_MAX; k++) {
+      struct tally__wentry *e = &sl->e[k];
+      uint64_t rec_off = atomic_load(&e->rec_off), cell_off = atomic_load(&e->cell_off);
+      if (!tally__in_arena(s, rec_off, sizeof(struct tally__rec)) ||
+          !tally__in_arena(s, cell_off, 8))
+        continue; /* damaged: check() reports the store */
+      const struct tally__rec *r = tally__at(s, rec_off);
+      if (atomic_load(&r->loc) != atomic_load(&e->loc) ||
+          r->incarnation != atomic_load(&e->incarnation))
+        continue; /* dropped since: the cell is not this counter's any more */
+      int64_t before = atomic_load(&e->before), after;
+      if (__builtin_add_overflow(before, atomic_load(&e->delta), &after)) continue;
+      atomic_compare_exchange_strong((_Atomic int64_t *)tally__at(s, cell_off), &after,
+                                     before);
+    }
+    atomic_store_explicit(&sl->seq, seq + 1, memory_order_release);
+  }
+  atomic_store(&sl->tid, 0);
+  atomic_store_explicit(&sl->owner, 0, memory_order_release);
+}
+
+int tally__slots_recover(tally_store *s) {
+  struct tally__wslot *t = slot_table(s);
+  if (!t) return 0;
+  for (uint32_t w = 0; w < TALLY_SLOT_SHARDS; w++)
+    if (atomic_load(&t[w].owner) && !holder_alive(&t[w])) roll_back(s, &t[w]);
+  return 0;
+}
+
+/* ---- this thread's slot --------------------------------------------------- */
+
+struct mine {
+  tally_store *s;
+  uint32_t slot;
+  pid_t pid, tid;
+  uint64_t owner;
+};
+
+static void give_back(struct mine *m) {
+  struct tally__wslot *t = slot_table(m->s);
+  if (!t || m->pid != tally__pid()) return; /* a forked child's copy */
+  struct tally__wslot *sl = &t[m->slot];
+  uint64_t owner = m->owner;
+  if ((pid_t)atomic_load(&sl->tid) != m->tid || (atomic_load(&sl->seq) & 1)) return;
+  atomic_store(&sl->tid, 0);
+  atomic_compare_exchange_strong(&sl->owner, &owner, 0);
+}
+
+static void thread_exit(void *p) {
+  give_back(p);
+  free(p);
+}
+
+static int key_ready(tally_store *s) {
+  if (atomic_load_explicit(&s->wkey_state, memory_order_acquire) == 1) return 0;
+  pthread_mutex_lock(&s->hlock);
+  int rc = 0;
+  if (atomic_load(&s->wkey_state) == 0) {
+    if (pthread_key_create(&s->wkey, thread_exit) == 0)
+      atomic_store_explicit(&s->wkey_state, 1, memory_order_release);
+    else
+      rc = tally__fail(TALLY_ENOMEM, "no thread-specific key left for writer slots");
+  }
+  pthread_mutex_unlock(&s->hlock);
+  return rc;
+}
+
+/* The calling thread's slot, leased on first use. */
+static int my_slot(tally_store *s, struct tally__wslot **out) {
+  int rc = key_ready(s);
+  if (rc) return rc;
+  struct mine *m = pthread_getspecific(s->wkey);
+  struct tally__wslot *t = slot_table(s);
+  if (m && m->pid == tally__pid() && t) {
+    *out = &t[m->slot];
+    return 0;
+  }
+  free(m); /* NULL, or the parent's before a fork */
+  pthread_setspecific(s->wkey, NULL);
+  if (!(m = malloc(sizeof *m))) return tally__fail(TALLY_ENOMEM, "out of memory");
+  *m = (struct mine){
+      .s = s, .slot = TALLY_SLOT_SHARDS, .pid = tally__pid(), .tid = self_tid()};
+  m->owner = tally__owner_of(m->pid, NULL);
+  if ((rc = tally__lock(s)) == 0) {
+    if ((rc = slot_table_make(s, &t)) == 0) {
+      uint32_t w = 0;
+      for (int pass = 0; pass < 2; pass++) {
+        for (w = 0; w < TALLY_SLOT_SHARDS && atomic_load(&t[w].owner); w++) {}
+        if (w < TALLY_SLOT_SHARDS || pass) break;
+        tally__slots_recover(s); /* dead threads' slots come back */
+      }
+      if (w == TALLY_SLOT_SHARDS) {
+        rc = tally__fail(TALLY_EBUSY, "%s: %d threads hold writer slots (the most)",
+                         tally__store_name(s), TALLY_SLOT_SHARDS);
+      } else {
+        atomic_store(&t[w].tid, (uint64_t)m->tid);
+        atomic_store(&t[w].hold_ms, 0);
+        atomic_store_explicit(&t[w].owner, m->owner, memory_order_release);
+        m->slot = w;
+      }
+    }
+    tally__unlock(s);
+  }
+  if (rc == 0 && pthread_setspecific(s->wkey, m) != 0)
+    rc = tally__fail(TALLY_ENOMEM, "out of memory");
+  if (rc) {
+    if (t && m->slot < TALLY_SLOT_SHARDS && atomic_load(&t[m->slot].owner) == m->owner &&
+        (pid_t)atomic_load(&t[m->slot].tid) == m->tid)
+      give_back(m);
+    free(m);
+    return rc;
+  }
+  *out = &t[m->slot];
+  return 0;
+}
+
+void tally__slots_release(tally_store *s) {
+  if (atomic_load(&s->wkey_state) != 1) return;
+  struct mine *m = pthread_getspecific(s->wkey);
+  if (m) give_back(m);
+  free(m);
+  pthread_key_delete(s->wkey); /* other threads' records leak: close after them */
+  atomic_store(&s->wkey_state, 0);
+  struct tally__wslot *t = slot_table(s);
+  uint64_t me = tally__owner_of(tally__pid(), NULL);
+  for (uint32_t w = 0; t && w < TALLY_SLOT_SHARDS; w++) {
+    uint64_t owner = me;
+    if (atomic_load(&t[w].owner) == me && !(atomic_load(&t[w].seq) & 1)) {
+      atomic_store(&t[w].tid, 0);
+      atomic_compare_exchange_strong(&t[w].owner, &owner, 0);
+    }
+  }
+}
+
+/* Compaction copies every cell as it is: the new store's slots start as
+ * written (seq 2, even), so snapshots read all their cells. Caller holds
+ * both locks. */
+int tally__slots_copy(tally_store *from, tally_store *to) {
+  struct tally__wslot *t;
+  if (!slot_table(from)) return 0;
+  int rc = slot_table_make(to, &t);
+  for (uint32_t w = 0; rc == 0 && w < TALLY_SLOT_SHARDS; w++) atomic_store(&t[w].seq, 2);
+  return rc;
+}
+
+/* ---- writing ----------------------------------------------------------------- */
+
+/* Tests only: TALLY_TEST_BATCH_STALL=K stops a writer for good after K adds
+ * of its next batch, so a test can SIGKILL it in the middle of one. */
+static int stall_after(void) {
+  static _Atomic int after;
+  static _Atomic pid_t read_by; /* a forked child reads its own environment */
+  if (atomic_load_explicit(&read_by, memory_order_relaxed) != tally__pid()) {
+    const char *e = getenv("TALLY_TEST_BATCH_STALL");
+    atomic_store_explicit(&after, e && *e ? atoi(e) : -1, memory_order_relaxed);
+    atomic_store_explicit(&read_by, tally__pid(), memory_order_relaxed);
+  }
+  return atomic_load_explicit(&after, memory_order_relaxed);
+}
+
+static void sleep_us(long us) {
+  struct timespec ts = {0, us * 1000};
+  nanosleep(&ts, NULL);
+}
+
+/* A reader asked for a quiet moment: give it one, for HOLD_MS at most. */
+static void honour_hold(struct tally__wslot *sl) {
+  for (;;) {
+    int64_t h = atomic_load_explicit(&sl->hold_ms, memory_order_relaxed);
+    if (!h || tally_monotonic_ms() - h >= HOLD_MS) return;
+    sleep_us(50);
+  }
+}
+
+int tally_batch_incr(tally_store *s, tally_counter *const *cs, const int64_t *deltas,
+                     size_t n) {
+  if (!s || !cs || !deltas)
+    return tally__fail(TALLY_EINVAL, "tally_batch_incr: NULL argument");
+  if (n == 0) return tally__fail(TALLY_EINVAL, "tally_batch_incr: an empty batch");
+  tally_counter *c[TALLY_BATCH_MAX];
+  int64_t d[TALLY_BATCH_MAX];
+  size_t m = 0;
+  int rc;
+  for (size_t i = 0; i < n; i++) { /* distinct counters, deltas summed */
+    if (!cs[i])
+      return tally__fail(TALLY_EINVAL, "tally_batch_incr: counter %zu is NULL", i);
+    if (cs[i]->s != s)
+      return tally__fail(TALLY_EINVAL,
+                         "tally_batch_incr: counter '%s' is of another store",
+                         cs[i]->name);
+    if (cs[i]->policy != TALLY_POLICY_SLOT)
+      return tally__fail(TALLY_EPOLICY,
+                         "counter '%s' has the %s policy: only slot counters can be "
+                         "batched",
+                         cs[i]->name, tally_policy_name(cs[i]->policy));
+    size_t j = 0;
+    while (j < m && c[j] != cs[i]) j++;
+    if (j == m) {
+      if (m == TALLY_BATCH_MAX)
+        return tally__fail(TALLY_EINVAL, "a batch holds at most %d counters",
+                           TALLY_BATCH_MAX);
+      c[m] = cs[i];
+      d[m++] = 0;
+    }
+    if (__builtin_add_overflow(d[j], deltas[i], &d[j]))
+      return tally__fail(TALLY_ERANGE, "counter '%s': the batch's deltas overflow",
+                         cs[i]->name);
+  }
+  for (size_t j = 0; j < m; j++)
+    if ((rc = tally__counter_live(c[j]))) return rc;
+  struct tally__wslot *sl;
+  if ((rc = my_slot(s, &sl))) return rc;
+  uint32_t w = (uint32_t)(sl - slot_table(s));
+  honour_hold(sl);
+  /* 1. the journal; everything is checked before anything is added */
+  for (size_t j = 0; j < m; j++) {
+    uint64_t rec_off = tally__crec(c[j]);
+    const struct tally__rec *r = tally__at(s, rec_off);
+    uint64_t loc = atomic_load_explicit(&r->loc, memory_order_acquire), cells;
+    uint32_t shards;
+    bool dropped;
+    if ((rc = tally__loc_decode(s, rec_off, loc, &cells, &shards, &dropped))) return rc;
+    if (dropped || shards != TALLY_SLOT_SHARDS)
+      return tally__fail(TALLY_EDROPPED, "counter '%s' was dropped", c[j]->name);
+    _Atomic int64_t *cell = tally__cell_at(s, loc, w);
+    int64_t before = atomic_load_explicit(cell, memory_order_relaxed), after;
+    if (!tally__cell_live(before))
+      return tally__fail(TALLY_EDROPPED, "counter '%s' was dropped", c[j]->name);
+    if (__builtin_add_overflow(before, d[j], &after) || !tally__cell_live(after))
+      return tally__fail(TALLY_ERANGE,
+                         "counter '%s': adding %lld would overflow its writer's shard",
+                         c[j]->name, (long long)d[j]);
+    struct tally__wentry *e = &sl->e[j];
+    atomic_store_explicit(&e->rec_off, rec_off, memory_order_relaxed);
+    atomic_store_explicit(&e->loc, loc, memory_order_relaxed);
+    atomic_store_explicit(&e->incarnation, r->incarnation, memory_order_relaxed);
+    atomic_store_explicit(&e->cell_off, (uint64_t)((unsigned char *)cell - s->base),
+                          memory_order_relaxed);
+    atomic_store_explicit(&e->before, before, memory_order_relaxed);
+    atomic_store_explicit(&e->delta, d[j], memory_order_relaxed);
+  }
+  atomic_store_explicit(&sl->n, m, memory_order_relaxed);
+  /* 2. odd: the journal before it (seq_cst), the adds after it (release) */
+  uint64_t seq = atomic_load_explicit(&sl->seq, memory_order_relaxed);
+  atomic_store(&sl->seq, seq + 1);
+  /* 3. the adds: this slot's cells have no other writer, so each lands on
+   * exactly `before`; a drop meanwhile retires the cell, and the add into a
+   * retired cell counts for nothing (as any increment racing a drop) */
+  int stall = stall_after();
+  for (size_t j = 0; j < m; j++) {
+    if (__builtin_expect(stall >= 0, 0) && (size_t)stall == j)
+      for (;;) pause();
+    atomic_fetch_add_explicit(
+        (_Atomic int64_t *)tally__at(
+            s, atomic_load_explicit(&sl->e[j].cell_off, memory_order_relaxed)),
+        d[j], memory_order_release); /* a reader that sees it sees seq odd */
+  }
+  /* 4. even: a reader that sees it sees every add */
+  atomic_store_explicit(&sl->seq, seq + 2, memory_order_release);
+  return 0;
+}
+
+int tally__slot_incr(tally_counter *c, int64_t delta) {
+  return tally_batch_incr(c->s, &c, &delta, 1);
+}
+
+/* ---- reading ----------------------------------------------------------------- */
+
+struct snap {
+  const char *pattern;
+  size_t plen;
+  uint64_t *rec_off, *loc; /* every matching counter */
+  bool *slot;
+  __int128 *total;
+  char *names; /* copies: a record may be reused once its counter is dropped */
+  size_t *name_at;
+  size_t n, cap, names_len, names_cap;
+};
+
+static int grow(void **p, size_t *cap, size_t need, size_t size) {
+  if (need <= *cap) return 0;
+  size_t c = *cap ? *cap : 64;
+  while (c < need) c *= 2;
+  void *q = realloc(*p, c * size);
+  if (!q) return tally__fail(TALLY_ENOMEM, "out of memory");
+  *p = q;
+  *cap = c;
+  return 0;
+}
+
+static int gather(tally_store *s, uint64_t rec_off, void *ud) {
+  struct snap *g = ud;
+  const struct tally__rec *r = tally__at(s, rec_off);
+  uint64_t loc = atomic_load_explicit(&r->loc, memory_order_acquire), cells;
+  uint32_t shards;
+  bool dropped;
+  int rc = tally__loc_decode(s, rec_off, loc, &cells, &shards, &dropped);
+  if (rc) return rc;
+  if (dropped || !tally_glob_match(g->pattern, g->plen, r->name, r->name_len)) return 0;
+  size_t cap = g->cap;
+  if (g->n == cap) {
+    size_t c1 = cap, c2 = cap, c3 = cap, c4 = cap, c5 = cap;
+    if ((rc = grow((void **)&g->rec_off, &c1, g->n + 1, sizeof *g->rec_off)) ||
+        (rc = grow((void **)&g->loc, &c2, g->n + 1, sizeof *g->loc)) ||
+        (rc = grow((void **)&g->slot, &c3, g->n + 1, sizeof *g->slot)) ||
+        (rc = grow((void **)&g->total, &c4, g->n + 1, sizeof *g->total)) ||
+        (rc = grow((void **)&g->name_at, &c5, g->n + 1, sizeof *g->name_at)))
+      return rc;
+    g->cap = c1;
+  }
+  if ((rc = grow((void **)&g->names, &g->names_cap, g->names_len + r->name_len, 1)))
+    return rc;
+  memcpy(g->names + g->names_len, r->name, r->name_len);
+  g->name_at[g->n] = g->names_len;
+  g->names_len += r->name_len;
+  g->rec_off[g->n] = rec_off;
+  g->loc[g->n] = loc;
+  g->slot[g->n] = r->policy == TALLY_POLICY_SLOT && shards == TALLY_SLOT_SHARDS;
+  g->total[g->n] = 0;
+  g->n++;
+  return 0;
+}
+
+/* Wait out a live writer's batch; roll back a dead one's. */
+static int wait_slot(tally_store *s, struct tally__wslot *sl, uint64_t seq) {
+  int64_t t0 = tally_monotonic_ms();
+  while (atomic_load_explicit(&sl->seq, memory_order_acquire) == seq) {
+    if (tally_monotonic_ms() - t0 < LIVENESS_MS) {
+      sched_yield();
+      continue;
+    }
+    if (!holder_alive(sl)) {
+      int rc = tally__lock(s);
+      if (rc) return rc;
+      if (atomic_load(&sl->seq) == seq && !holder_alive(sl)) roll_back(s, sl);
+      tally__unlock(s);
+      return 0;
+    }
+    sleep_us(100);
+    t0 = tally_monotonic_ms();
+  }
+  return 0;
+}
+
+/* Add slot w's shard of every slot counter to the totals, as one reading. */
+static int read_slot(tally_store *s, struct tally__wslot *sl, uint32_t w, struct snap *g,
+                     int64_t *vals) {
+  int64_t asked = 0;
+  int rc = 0;
+  for (int attempt = 0;; attempt++) {
+    uint64_t s1 = atomic_load_explicit(&sl->seq, memory_order_acquire);
+    if (s1 == 0) break; /* never written: all its cells are 0 */
+    if (s1 & 1) {
+      if ((rc = wait_slot(s, sl, s1))) break;
+      continue;
+    }
+    for (size_t i = 0; i < g->n; i++)
+      if (g->slot[i])
+        vals[i] =
+            atomic_load_explicit(tally__cell_at(s, g->loc[i], w), memory_order_acquire);
+    /* acquire loads: seq is read again after them, and an add seen makes
+     * its seq odd (or later) seen */
+    if (atomic_load_explicit(&sl->seq, memory_order_relaxed) == s1) {
+      for (size_t i = 0; i < g->n; i++) {
+        if (!g->slot[i]) continue;
+        if (tally__cell_live(vals[i]))
+          g->total[i] += vals[i];
+        else
+          g->slot[i] = false, g->loc[i] = 0; /* dropped meanwhile: left out */
+      }
+      break;
+    }
+    if (attempt >= READ_RETRIES) { /* a busy writer: ask it for a moment */
+      asked = tally_monotonic_ms();
+      atomic_store_explicit(&sl->hold_ms, asked ? asked : 1, memory_order_relaxed);
+    }
+  }
+  if (asked) {
+    int64_t h = asked;
+    atomic_compare_exchange_strong(&sl->hold_ms, &h, 0);
+  }
+  return rc;
+}
+
+int tally_store_snapshot(tally_store *s, const char *pattern, size_t plen,
+                         tally_value_fn fn, void *ud) {
+  if (!s || !fn) return tally__fail(TALLY_EINVAL, "tally_store_snapshot: NULL argument");
+  struct snap g = {.pattern = pattern && plen ? pattern : "*",
+                   .plen = pattern && plen ? plen : 1};
+  int64_t *vals = NULL;
+  int rc = tally__truncated(s);
+  if (rc == 0) rc = tally__index_each(s, gather, &g);
+  bool any_slot = false;
+  for (size_t i = 0; rc == 0 && i < g.n; i++) {
+    if (g.slot[i]) {
+      any_slot = true;
+      continue;
+    }
+    int64_t v; /* not batched: read as tally_counter_value does */
+    int vrc = tally__rec_value(s, g.rec_off[i], &v);
+    if (vrc == TALLY_EDROPPED)
+      g.loc[i] = 0;
+    else if (vrc)
+      rc = vrc;
+    else
+      g.total[i] = v;
+  }
+  struct tally__wslot *t = any_slot ? slot_table(s) : NULL;
+  if (rc == 0 && t && !(vals = malloc(g.n * sizeof *vals)))
+    rc = tally__fail(TALLY_ENOMEM, "out of memory");
+  for (uint32_t w = 0; rc == 0 && t && w < TALLY_SLOT_SHARDS; w++)
+    rc = read_slot(s, &t[w], w, &g, vals);
+  for (size_t i = 0; rc == 0 && i < g.n; i++) {
+    if (!g.loc[i]) continue; /* dropped */
+    if (g.total[i] > INT64_MAX || g.total[i] < INT64_MIN) {
+      rc = tally__fail(
+          TALLY_ERANGE, "counter '%.*s': value does not fit in 64 bits",
+          (int)((i + 1 < g.n ? g.name_at[i + 1] : g.names_len) - g.name_at[i]),
+          g.names + g.name_at[i]);
+      break;
+    }
+    size_t len = (i + 1 < g.n ? g.name_at[i + 1] : g.names_len) - g.name_at[i];
+    rc = fn(ud, g.names + g.name_at[i], len, (int64_t)g.total[i]);
+  }
+  free(vals);
+  free(g.rec_off);
+  free(g.loc);
+  free(g.slot);
+  free(g.total);
+  free(g.names);
+  free(g.name_at);
+  return rc;
+}

@@ -1,0 +1,505 @@
+/* test_batch.c -- batches and snapshots (src/core/batch.c).
+ *
+ *  - slot counters: 64 shards, refused where a writer would pick a shard,
+ *    never resharded; a batch adds exactly, sums a counter named twice, and
+ *    adds nothing at all when any part of it is refused;
+ *  - threads: four writers batch {a+1, b+2, c+3} and increment x then y
+ *    while a reader takes snapshots: b = 2a, c = 3a and x >= y in every one;
+ *  - 64 writer slots: a 65th live thread gets EBUSY; slots of threads that
+ *    exited are taken again;
+ *  - processes on a file store: the same invariants with two writer
+ *    processes; exact totals at the end;
+ *  - SIGKILL: a writer stopped for good in the middle of a batch (two of
+ *    three adds made) holds a snapshot up while it lives; once killed, the
+ *    waiting snapshot finishes within 100 ms and shows nothing of the batch,
+ *    which is rolled back in the cells too; writers killed at random times
+ *    never leave a half batch;
+ *  - idle expiry skips slot counters; compaction keeps their values.
+ */
+#include <pthread.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "testutil.h"
+
+static char g_dir[1024];
+
+static tally_counter *slot_counter(tally_store *s, const char *name) {
+  tally_counter *c = NULL;
+  tally_counter_options o = {0, TALLY_POLICY_SLOT};
+  REQUIRE_OK(tally_counter_open(s, name, strlen(name), &o, TALLY_COUNTER_CREATE, &c));
+  return c;
+}
+
+/* ---- snapshots into a small table ------------------------------------------- */
+
+#define SNAP_MAX 8
+struct snapv {
+  int n;
+  char name[SNAP_MAX][16];
+  int64_t v[SNAP_MAX];
+};
+
+static int snap_one(void *ud, const char *name, size_t len, int64_t value) {
+  struct snapv *sv = ud;
+  if (sv->n == SNAP_MAX || len >= sizeof sv->name[0]) return 1;
+  memcpy(sv->name[sv->n], name, len);
+  sv->name[sv->n][len] = 0;
+  sv->v[sv->n++] = value;
+  return 0;
+}
+
+static int snap_count(void *ud, const char *name, size_t len, int64_t value) {
+  (void)name, (void)len, (void)value;
+  ++*(long *)ud;
+  return 0;
+}
+
+static int64_t snap_get(const struct snapv *sv, const char *name) {
+  for (int i = 0; i < sv->n; i++)
+    if (strcmp(sv->name[i], name) == 0) return sv->v[i];
+  return 0; /* not yet created */
+}
+
+/* b = 2a, c = 3a, x >= y: 0 if they hold. */
+static int snap_check(tally_store *s, long *taken) {
+  struct snapv sv = {0};
+  int rc = tally_store_snapshot(s, "*", 1, snap_one, &sv);
+  if (rc) {
+    TU_FAIL("snapshot: %s", tally_errmsg());
+    return 1;
+  }
+  int64_t a = snap_get(&sv, "a"), b = snap_get(&sv, "b"), c = snap_get(&sv, "c"),
+          x = snap_get(&sv, "x"), y = snap_get(&sv, "y");
+  (*taken)++;
+  if (b != 2 * a || c != 3 * a || x < y) {
+    TU_FAIL("snapshot %ld: a %lld b %lld c %lld x %lld y %lld", *taken, (long long)a,
+            (long long)b, (long long)c, (long long)x, (long long)y);
+    return 1;
+  }
+  return 0;
+}
+
+/* ---- the rules ------------------------------------------------------------------ */
+
+static void test_rules(void) {
+  tally_store *s;
+  REQUIRE_OK(tally_store_open("memory", NULL, &s));
+  tally_counter *a = slot_counter(s, "a"), *b = slot_counter(s, "b"), *p, *q;
+  tally_counter_info in;
+  EXPECT_OK(tally_counter_info_get(a, &in));
+  EXPECT_I64(TALLY_SLOT_SHARDS, in.shards);
+  EXPECT_STR("slot", tally_policy_name(in.policy));
+  /* the same counter opened again: any shard option but another count */
+  EXPECT_OK(tu_counter(s, "a", 0, -1, 0, &p));
+  tally_counter_close(p);
+  EXPECT_OK(tu_counter(s, "a", TALLY_SHARDS_AUTO, TALLY_POLICY_SLOT, 0, &p));
+  tally_counter_close(p);
+  EXPECT_RC(TALLY_EMISMATCH, tu_counter(s, "a", 16, -1, 0, &p));
+  EXPECT_RC(TALLY_ESHARDS,
+            tu_counter(s, "z", 16, TALLY_POLICY_SLOT, TALLY_COUNTER_CREATE, &p));
+  EXPECT_RC(TALLY_EPOLICY, tally_counter_reshard(a, 4));
+  EXPECT_RC(TALLY_EPOLICY, tally_counter_incr_shard(a, 0, 1));
+  EXPECT_RC(TALLY_EPOLICY, tally_counter_incr_key(a, "k", 1, 1));
+
+  /* plain increments are batches of one */
+  EXPECT_OK(tally_counter_incr(a, 5));
+  EXPECT_OK(tally_counter_incr(a, -2));
+  EXPECT_I64(3, tu_value(a));
+
+  tally_counter *ab[3] = {a, b, a};
+  int64_t d[3] = {10, 20, 30};
+  EXPECT_OK(tally_batch_incr(s, ab, d, 3)); /* a twice: 40 */
+  EXPECT_I64(43, tu_value(a));
+  EXPECT_I64(20, tu_value(b));
+
+  /* refused batches add nothing */
+  REQUIRE_OK(tu_counter(s, "plain", 4, TALLY_POLICY_THREAD, TALLY_COUNTER_CREATE, &q));
+  tally_counter *mixed[2] = {a, q};
+  EXPECT_RC(TALLY_EPOLICY, tally_batch_incr(s, mixed, d, 2));
+  EXPECT_RC(TALLY_EINVAL, tally_batch_incr(s, ab, d, 0));
+  EXPECT_RC(TALLY_EINVAL, tally_batch_incr(s, NULL, d, 1));
+  int64_t big[2] = {1, INT64_C(1) << 62};
+  tally_counter *ba[2] = {a, b};
+  EXPECT_RC(TALLY_ERANGE, tally_batch_incr(s, ba, big, 2));
+  int64_t wrap[3] = {INT64_MAX, 1, 0};
+  tally_counter *aa[3] = {a, a, b};
+  EXPECT_RC(TALLY_ERANGE, tally_batch_incr(s, aa, wrap, 3));
+  tally_counter *many[TALLY_BATCH_MAX + 1];
+  int64_t ones[TALLY_BATCH_MAX + 1];
+  for (int i = 0; i <= TALLY_BATCH_MAX; i++) {
+    char name[16];
+    snprintf(name, sizeof name, "m%d", i);
+    many[i] = slot_counter(s, name);
+    ones[i] = 1;
+  }
+  EXPECT_RC(TALLY_EINVAL, tally_batch_incr(s, many, ones, TALLY_BATCH_MAX + 1));
+  EXPECT_OK(tally_batch_incr(s, many, ones, TALLY_BATCH_MAX));
+  EXPECT_I64(43, tu_value(a));
+  EXPECT_I64(20, tu_value(b));
+  EXPECT_I64(0, tu_value(q));
+  EXPECT_I64(1, tu_value(many[TALLY_BATCH_MAX - 1]));
+  EXPECT_I64(0, tu_value(many[TALLY_BATCH_MAX]));
+
+  /* a snapshot holds slot and plain counters, filtered by the pattern */
+  EXPECT_OK(tally_counter_incr(q, 7));
+  long all = 0;
+  EXPECT_OK(tally_store_snapshot(s, "ignored", 0, snap_count, &all)); /* plen 0: all */
+  EXPECT_I64(3 + TALLY_BATCH_MAX + 1, all);
+  struct snapv sv = {0};
+  EXPECT_OK(tally_store_snapshot(s, "?", 1, snap_one, &sv));
+  EXPECT_I64(2, sv.n);
+  EXPECT_I64(43, snap_get(&sv, "a"));
+  EXPECT_I64(20, snap_get(&sv, "b"));
+  sv.n = 0;
+  EXPECT_OK(tally_store_snapshot(s, "pla*", 4, snap_one, &sv));
+  EXPECT_I64(1, sv.n);
+  EXPECT_I64(7, snap_get(&sv, "plain"));
+  /* a dropped counter leaves snapshots; its handle says so */
+  EXPECT_OK(tally_store_drop(s, "b", 1));
+  sv.n = 0;
+  EXPECT_OK(tally_store_snapshot(s, "?", 1, snap_one, &sv));
+  EXPECT_I64(1, sv.n);
+  EXPECT_RC(TALLY_EDROPPED, tally_batch_incr(s, ba, d, 2));
+  EXPECT_I64(43, tu_value(a));
+
+  for (int i = 0; i <= TALLY_BATCH_MAX; i++) tally_counter_close(many[i]);
+  tally_counter_close(q);
+  tally_counter_close(a);
+  tally_counter_close(b);
+  tally_store_close(s);
+}
+
+/* ---- threads -------------------------------------------------------------------- */
+
+struct writer {
+  tally_store *s;
+  tally_counter *abc[3], *x, *y;
+  atomic_bool *stop;
+  long long rounds;
+};
+
+static void *writer_main(void *ud) {
+  struct writer *w = ud;
+  static const int64_t d[3] = {1, 2, 3};
+  double end = tu_now() + 10;
+  while (!atomic_load(w->stop) && tu_now() < end) {
+    if (tally_batch_incr(w->s, w->abc, d, 3) || tally_counter_incr(w->x, 1) ||
+        tally_counter_incr(w->y, 1)) {
+      TU_FAIL("writer: %s", tally_errmsg());
+      break;
+    }
+    w->rounds++;
+  }
+  return NULL;
+}
+
+static void test_threads(void) {
+  enum { W = 4 };
+  tally_store *s;
+  REQUIRE_OK(tally_store_open("memory", NULL, &s));
+  struct writer w[W];
+  atomic_bool stop = false;
+  pthread_t th[W];
+  tally_counter *abc[3] = {slot_counter(s, "a"), slot_counter(s, "b"),
+                           slot_counter(s, "c")};
+  tally_counter *x = slot_counter(s, "x"), *y = slot_counter(s, "y");
+  for (int i = 0; i < W; i++) {
+    w[i] = (struct writer){s, {abc[0], abc[1], abc[2]}, x, y, &stop, 0};
+    pthread_create(&th[i], NULL, writer_main, &w[i]);
+  }
+  long taken = 0;
+  double end = tu_now() + 1.0;
+  while (tu_now() < end && snap_check(s, &taken) == 0) {}
+  atomic_store(&stop, true);
+  long long rounds = 0;
+  for (int i = 0; i < W; i++) {
+    pthread_join(th[i], NULL);
+    rounds += w[i].rounds;
+  }
+  EXPECT(taken > 100);
+  EXPECT(rounds > 1000);
+  EXPECT_I64(rounds, tu_value(abc[0]));
+  EXPECT_I64(2 * rounds, tu_value(abc[1]));
+  EXPECT_I64(3 * rounds, tu_value(abc[2]));
+  EXPECT_I64(rounds, tu_value(y));
+  printf("  %d threads: %lld rounds, %ld snapshots, every one consistent\n", W, rounds,
+         taken);
+  for (int i = 0; i < 3; i++) tally_counter_close(abc[i]);
+  tally_counter_close(x);
+  tally_counter_close(y);
+  tally_store_close(s);
+}
+
+/* ---- 64 slots --------------------------------------------------------------------- */
+
+struct holder {
+  tally_counter *c;
+  pthread_barrier_t *all_tried;
+  int rc;
+};
+
+static void *holder_main(void *ud) {
+  struct holder *h = ud;
+  h->rc = tally_counter_incr(h->c, 1);
+  pthread_barrier_wait(h->all_tried); /* every thread holds its slot till now */
+  return NULL;
+}
+
+static void test_slots_run_out(void) {
+  enum { T = TALLY_SLOT_SHARDS + 1 };
+  tally_store *s;
+  REQUIRE_OK(tally_store_open("memory", NULL, &s));
+  tally_counter *c = slot_counter(s, "c");
+  pthread_barrier_t bar;
+  pthread_barrier_init(&bar, NULL, T);
+  static struct holder h[T];
+  pthread_t th[T];
+  for (int i = 0; i < T; i++) {
+    h[i] = (struct holder){c, &bar, -1};
+    pthread_create(&th[i], NULL, holder_main, &h[i]);
+  }
+  int ok = 0, busy = 0;
+  for (int i = 0; i < T; i++) {
+    pthread_join(th[i], NULL);
+    ok += h[i].rc == 0;
+    busy += h[i].rc == TALLY_EBUSY;
+  }
+  EXPECT_I64(TALLY_SLOT_SHARDS, ok);
+  EXPECT_I64(1, busy);
+  EXPECT_I64(TALLY_SLOT_SHARDS, tu_value(c));
+  /* the threads exited: their slots are free again */
+  pthread_barrier_destroy(&bar);
+  pthread_barrier_init(&bar, NULL, 1);
+  h[0] = (struct holder){c, &bar, -1};
+  pthread_create(&th[0], NULL, holder_main, &h[0]);
+  pthread_join(th[0], NULL);
+  EXPECT_OK(h[0].rc);
+  pthread_barrier_destroy(&bar);
+  tally_counter_close(c);
+  tally_store_close(s);
+}
+
+/* ---- processes -------------------------------------------------------------------- */
+
+struct page {
+  atomic_llong rounds[4];
+  atomic_int ready, stop;
+};
+
+static struct page *page_new(void) {
+  struct page *pg =
+      mmap(NULL, sizeof *pg, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  REQUIRE_OK(pg == MAP_FAILED ? TALLY_ESYS : 0);
+  memset(pg, 0, sizeof *pg);
+  return pg;
+}
+
+/* A child: open the store, then rounds until stopped (or killed). */
+static pid_t spawn_writer(const char *spec, struct page *pg, int i, const char *stall) {
+  fflush(NULL);
+  pid_t pid = fork();
+  if (pid != 0) return pid;
+  if (stall) setenv("TALLY_TEST_BATCH_STALL", stall, 1);
+  static const int64_t d[3] = {1, 2, 3};
+  tally_store *s;
+  tally_counter *abc[3], *x, *y;
+  tally_counter_options o = {0, TALLY_POLICY_SLOT};
+  if (tally_store_open(spec, NULL, &s) ||
+      tally_counter_open(s, "a", 1, &o, TALLY_COUNTER_CREATE, &abc[0]) ||
+      tally_counter_open(s, "b", 1, &o, TALLY_COUNTER_CREATE, &abc[1]) ||
+      tally_counter_open(s, "c", 1, &o, TALLY_COUNTER_CREATE, &abc[2]) ||
+      tally_counter_open(s, "x", 1, &o, TALLY_COUNTER_CREATE, &x) ||
+      tally_counter_open(s, "y", 1, &o, TALLY_COUNTER_CREATE, &y))
+    _exit(2);
+  atomic_fetch_add(&pg->ready, 1);
+  double end = tu_now() + 20;
+  while (!atomic_load_explicit(&pg->stop, memory_order_relaxed) && tu_now() < end) {
+    if (tally_batch_incr(s, abc, d, 3) || tally_counter_incr(x, 1) ||
+        tally_counter_incr(y, 1))
+      _exit(3);
+    atomic_fetch_add_explicit(&pg->rounds[i], 1, memory_order_relaxed);
+  }
+  tally_store_close(s);
+  _exit(0);
+}
+
+static void test_processes(void) {
+  char spec[1200], path[1100];
+  tu_spec(spec, sizeof spec, path, sizeof path, g_dir, "procs.tly");
+  tally_store *s;
+  REQUIRE_OK(tally_store_open(spec, NULL, &s));
+  struct page *pg = page_new();
+  pid_t pids[2];
+  for (int i = 0; i < 2; i++) pids[i] = spawn_writer(spec, pg, i, NULL);
+  while (atomic_load(&pg->ready) < 2) usleep(1000);
+  long taken = 0;
+  double end = tu_now() + 1.5;
+  while (tu_now() < end && snap_check(s, &taken) == 0) {}
+  atomic_store(&pg->stop, 1);
+  for (int i = 0; i < 2; i++) {
+    int st;
+    waitpid(pids[i], &st, 0);
+    EXPECT(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  }
+  long long rounds = atomic_load(&pg->rounds[0]) + atomic_load(&pg->rounds[1]);
+  struct snapv sv = {0};
+  EXPECT_OK(tally_store_snapshot(s, "*", 1, snap_one, &sv));
+  EXPECT_I64(rounds, snap_get(&sv, "a"));
+  EXPECT_I64(3 * rounds, snap_get(&sv, "c"));
+  EXPECT_I64(rounds, snap_get(&sv, "y"));
+  EXPECT(taken > 50);
+  printf("  2 processes: %lld rounds, %ld snapshots, every one consistent\n", rounds,
+         taken);
+  EXPECT_OK(tally_store_check(s));
+  munmap(pg, sizeof *pg);
+  tally_store_close(s);
+}
+
+/* ---- SIGKILL ---------------------------------------------------------------------- */
+
+struct waiter {
+  tally_store *s;
+  struct snapv sv;
+  atomic_int done;
+  double done_at;
+  int rc;
+};
+
+static void *waiter_main(void *ud) {
+  struct waiter *w = ud;
+  w->rc = tally_store_snapshot(w->s, "*", 1, snap_one, &w->sv);
+  w->done_at = tu_now();
+  atomic_store(&w->done, 1);
+  return NULL;
+}
+
+static void test_killed_mid_batch(void) {
+  char spec[1200], path[1100];
+  tu_spec(spec, sizeof spec, path, sizeof path, g_dir, "kill.tly");
+  tally_store *s;
+  REQUIRE_OK(tally_store_open(spec, NULL, &s));
+  tally_counter *a = slot_counter(s, "a"), *b = slot_counter(s, "b"),
+                *c = slot_counter(s, "c");
+  struct page *pg = page_new();
+  /* stops for good after two of its first batch's three adds */
+  pid_t pid = spawn_writer(spec, pg, 0, "2");
+  double until = tu_now() + 10;
+  while (tu_value(b) != 2 && tu_now() < until) usleep(1000);
+  EXPECT_I64(1, tu_value(a)); /* plain reads see the half batch... */
+  EXPECT_I64(2, tu_value(b));
+  EXPECT_I64(0, tu_value(c));
+  struct waiter w = {.s = s};
+  pthread_t th;
+  pthread_create(&th, NULL, waiter_main, &w);
+  usleep(200000);
+  EXPECT(!atomic_load(&w.done)); /* ...a snapshot waits for the live writer */
+  double killed = tu_now();
+  kill(pid, SIGKILL);
+  pthread_join(th, NULL);
+  int st;
+  waitpid(pid, &st, 0);
+  EXPECT(WIFSIGNALED(st));
+  EXPECT_OK(w.rc);
+  double stalled = w.done_at - killed;
+  EXPECT(stalled < 0.1);
+  EXPECT_I64(0, snap_get(&w.sv, "a")); /* rolled back, wholly */
+  EXPECT_I64(0, snap_get(&w.sv, "b"));
+  EXPECT_I64(0, snap_get(&w.sv, "c"));
+  EXPECT_I64(0, tu_value(a));
+  EXPECT_I64(0, tu_value(b));
+  printf("  a writer killed mid-batch: the waiting snapshot went on %.1f ms after the "
+         "kill, the batch rolled back\n",
+         stalled * 1e3);
+
+  /* writers killed at random moments: never half a batch */
+  uint64_t rng = 0x5eed;
+  long taken = 0;
+  double worst = 0;
+  for (int round = 0; round < 12; round++) {
+    atomic_store(&pg->ready, 0);
+    pid = spawn_writer(spec, pg, 1, NULL);
+    while (!atomic_load(&pg->ready)) usleep(500);
+    usleep((useconds_t)(2000 + tu_rng(&rng) % 30000));
+    kill(pid, SIGKILL);
+    waitpid(pid, &st, 0);
+    double t0 = tu_now();
+    if (snap_check(s, &taken)) break;
+    if (tu_now() - t0 > worst) worst = tu_now() - t0;
+  }
+  EXPECT(worst < 0.1);
+  long long acked = atomic_load(&pg->rounds[1]);
+  int64_t va = tu_value(a);
+  EXPECT(va >= acked && va <= acked + 12); /* a killed writer's last batch may land */
+  EXPECT_I64(2 * va, tu_value(b));
+  EXPECT_I64(3 * va, tu_value(c));
+  printf(
+      "  12 writers killed at random: %lld batches acknowledged, %lld counted, slowest "
+      "snapshot after a kill %.1f ms\n",
+      acked, (long long)va, worst * 1e3);
+  EXPECT_OK(tally_store_check(s));
+  munmap(pg, sizeof *pg);
+  tally_counter_close(a);
+  tally_counter_close(b);
+  tally_counter_close(c);
+  tally_store_close(s);
+}
+
+/* ---- expiry and compaction -------------------------------------------------------- */
+
+static void test_expiry_and_compaction(void) {
+  char spec[1200], path[1100];
+  tu_spec(spec, sizeof spec, path, sizeof path, g_dir, "keep.tly");
+  tally_store *s;
+  REQUIRE_OK(tally_store_open(spec, NULL, &s));
+  tally_family_options fo = {0};
+  fo.idle_s = 1;
+  fo.policy = -1;
+  EXPECT_OK(tally_family_define(s, "h:*", 3, &fo));
+  tally_counter *a = slot_counter(s, "h:a");
+  tally_counter *p;
+  REQUIRE_OK(tu_counter(s, "h:p", 2, TALLY_POLICY_THREAD, TALLY_COUNTER_CREATE, &p));
+  EXPECT_OK(tally_counter_incr(a, 9));
+  EXPECT_OK(tally_counter_incr(p, 9));
+  tally_maintain_result mr;
+  for (int64_t t = 0; t < 10; t++)
+    EXPECT_OK(tally_store_maintain(s, t * 1000, 1u << 20, &mr));
+  struct snapv sv = {0};
+  EXPECT_OK(tally_store_snapshot(s, "h:*", 3, snap_one, &sv));
+  EXPECT_I64(1, sv.n); /* the plain counter expired, the slot counter stayed */
+  EXPECT_I64(9, snap_get(&sv, "h:a"));
+  tally_counter_close(a);
+  tally_counter_close(p);
+  tally_store_close(s);
+
+  EXPECT_OK(tally_store_compact(path, 0, NULL, NULL));
+  REQUIRE_OK(tally_store_open(spec, NULL, &s));
+  sv.n = 0;
+  EXPECT_OK(tally_store_snapshot(s, "h:*", 3, snap_one, &sv));
+  EXPECT_I64(9, snap_get(&sv, "h:a"));
+  a = slot_counter(s, "h:a");
+  EXPECT_OK(tally_counter_incr(a, 1));
+  EXPECT_I64(10, tu_value(a));
+  sv.n = 0;
+  EXPECT_OK(tally_store_snapshot(s, "h:*", 3, snap_one, &sv));
+  EXPECT_I64(10, snap_get(&sv, "h:a"));
+  tally_counter_close(a);
+  tally_store_close(s);
+}
+
+int main(void) {
+  snprintf(g_dir, sizeof g_dir, "%s", tu_tmpdir("batch"));
+  double t0 = tu_now();
+  test_rules();
+  test_threads();
+  test_slots_run_out();
+  test_processes();
+  test_killed_mid_batch();
+  test_expiry_and_compaction();
+  printf("total %.2f s\n", tu_now() - t0);
+  tu_rmrf(g_dir);
+  return tu_finish("test_batch");
+}
