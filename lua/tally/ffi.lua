@@ -17,8 +17,12 @@
 -- ever cached in Lua), and closing a counter, or its store, sets that
 -- pointer to NULL, which sends the next call down the classic path to
 -- raise "attempt to use a closed counter". db:incr(name) finds the counter
--- in the store's own cache of handles by name (core._store_cache), the one
--- the classic db:incr fills and db:drop clears.
+-- in the young table of the store's own cache of handles by name (the one
+-- the classic db:incr fills and db:drop clears; src/lua/lua_store.c): it
+-- keeps the cache's state table (core._store_cache), whose [1] is the
+-- current young table, replaced when the generations rotate, so it is read
+-- on every call. A name not in young (in the old generation, or not
+-- cached) goes to the classic method, which moves or opens it.
 --
 -- TALLY_NO_FFI=1 in the environment keeps the classic methods (for tests
 -- and benchmarks); tally.ffi says which path is in use. Under Lua 5.4 this
@@ -193,22 +197,25 @@ local function value(c, ...)
   return c_value(c, ...)
 end
 
--- Store handle -> its cache of counter handles by name (weak values).
-local caches = setmetatable({}, { __mode = "k" })
+-- Store handle -> the state of its cache of handles by name (st[1]: the
+-- young table). Weak values too: the state reaches the store through the
+-- handles it holds, and LuaJIT's weak keys are not ephemerons; the store's
+-- user value keeps the state alive as long as the store.
+local caches = setmetatable({}, { __mode = "kv" })
 
 local function cache_of(db)
-  local cache = caches[db]
-  if cache == nil and type(db) == "userdata" and getmetatable(db) == STORE_MT then
-    cache = store_cache(db)
-    caches[db] = cache
+  local st = caches[db]
+  if st == nil and type(db) == "userdata" and getmetatable(db) == STORE_MT then
+    st = store_cache(db)
+    caches[db] = st
   end
-  return cache
+  return st
 end
 
 local function db_incr(db, ...)
   local name, n = ...
-  local cache = caches[db] or cache_of(db)
-  local c = cache and cache[name]
+  local st = caches[db] or cache_of(db)
+  local c = st and st[1][name]
   if c then
     local d, p = delta(n), plain(c)
     if d and p and incr_c(p, d) == 0 then return true end
@@ -218,8 +225,8 @@ end
 
 local function db_decr(db, ...)
   local name, n = ...
-  local cache = caches[db] or cache_of(db)
-  local c = cache and cache[name]
+  local st = caches[db] or cache_of(db)
+  local c = st and st[1][name]
   if c then
     local d, p = delta(n), plain(c)
     if d and p and incr_c(p, -d) == 0 then return true end
@@ -228,8 +235,8 @@ local function db_decr(db, ...)
 end
 
 local function db_value(db, ...)
-  local cache = caches[db] or cache_of(db)
-  local c = cache and cache[(...)]
+  local st = caches[db] or cache_of(db)
+  local c = st and st[1][(...)]
   if c then
     local p = cast(CPTR, c).c
     -- 0 may be a cached handle of an expired counter: the classic method

@@ -1,9 +1,10 @@
 /* lua_store.c -- the store handle (metatable "tally.store") and core.open.
  *
  * A store handle is a full userdata holding the tally_store pointer and
- * the spec it was opened with; its user values are a weak-valued cache of
- * counter handles by name (used by db:incr and friends) and the list of
- * function-policy families defined through it. Counter handles are made
+ * the spec it was opened with; its user values are the cache of counter
+ * handles by name (used by db:incr and friends; see "the cache of handles
+ * by name" below) and the list of function-policy families defined
+ * through it. Counter handles are made
  * by lua_counter.c (tl_counter_push); db:close() closes every one of them
  * before the store, as the C API requires.
  *
@@ -53,6 +54,206 @@ static void tl_store_release(tl_store *d) {
   d->store = NULL;
 }
 
+/* ---- the cache of handles by name ----------------------------------------------
+ * db:incr(name), db:decr and db:value find a counter's handle by name in a
+ * table, the store's user value TL_SUV_CACHE: on a hit that is one rawget.
+ * With handle_cache = N > 0 (tally.open's option, default TL_HANDLE_CACHE)
+ * the handles are held strongly, in two generations, a segmented LRU with
+ * no write on a hit: the user value is the young table; a name missed
+ * there is looked up in the old one and, if there, moved into young; a
+ * handle opened by name goes into young. When young holds N/2 names (1
+ * for N = 1), it becomes old, the old one is let go (its handles are
+ * collected unless something else holds them; N = 1 keeps no old) and a
+ * new young starts. So at most N handles are held, and a name used at
+ * least once every N/2 new names keeps its handle. With N = 0 the one
+ * table is weak-valued: a handle lives as long as something else holds it.
+ *
+ * The young table's metatable is the cache's state (TL_CS_*; __mode = "v"
+ * when N = 0). Its identity never changes, so the FFI path (ffi.lua) keeps
+ * it and reads the current young table from TL_CS_YOUNG on each call. */
+
+enum {
+  TL_CS_YOUNG = 1, /* the young table, also the user value */
+  TL_CS_OLD,       /* the old table, or nil */
+  TL_CS_NYOUNG,    /* names in young (N > 0 only) */
+  TL_CS_NOLD,      /* names in old */
+  TL_CS_CAP,       /* N */
+  TL_CS_ROTATIONS  /* times young became old */
+};
+
+#define TL_HANDLE_CACHE     10000     /* the default N: about 4 MB of handles */
+#define TL_HANDLE_CACHE_MAX INT32_MAX /* what handle_cache accepts */
+
+static lua_Integer tl_cs_get(lua_State *L, int st, int k) {
+  lua_Integer v;
+  lua_rawgeti(L, st, k);
+  v = (lua_Integer)lua_tonumber(L, -1);
+  lua_pop(L, 1);
+  return v;
+}
+
+static void tl_cs_set(lua_State *L, int st, int k, lua_Integer v) {
+  lua_pushinteger(L, v);
+  lua_rawseti(L, st, k);
+}
+
+/* Push the cache state of the store at arg 1; returns its index. */
+static int tl_cache_state(lua_State *L) {
+  tl_getuv(L, 1, TL_SUV_CACHE);
+  lua_getmetatable(L, -1);
+  lua_remove(L, -2);
+  return lua_gettop(L);
+}
+
+/* A new, empty young table (room for size names) for the state at st of
+ * the store at db: the store's user value and the state's TL_CS_YOUNG. */
+static void tl_cache_newyoung(lua_State *L, int db, int st, lua_Integer size) {
+  lua_createtable(L, 0, (int)size);
+  lua_pushvalue(L, st);
+  lua_setmetatable(L, -2);
+  lua_pushvalue(L, -1);
+  lua_rawseti(L, st, TL_CS_YOUNG);
+  tl_setuv(L, db, TL_SUV_CACHE); /* pops it */
+}
+
+/* A new cache of at most cap handles (0: weak) for the store at db. */
+static void tl_cache_init(lua_State *L, int db, lua_Integer cap) {
+  int st;
+  db = lua_absindex(L, db);
+  lua_createtable(L, TL_CS_ROTATIONS, cap == 0 ? 1 : 0);
+  st = lua_gettop(L);
+  if (cap == 0) {
+    lua_pushliteral(L, "v");
+    lua_setfield(L, st, "__mode");
+  }
+  tl_cs_set(L, st, TL_CS_NYOUNG, 0);
+  tl_cs_set(L, st, TL_CS_NOLD, 0);
+  tl_cs_set(L, st, TL_CS_CAP, cap);
+  tl_cs_set(L, st, TL_CS_ROTATIONS, 0);
+  tl_cache_newyoung(L, db, st, 0);
+  lua_pop(L, 1);
+}
+
+/* Let every cached handle go (db:close): an empty young, no old. */
+static void tl_cache_clear(lua_State *L) {
+  int st = tl_cache_state(L);
+  lua_pushnil(L);
+  lua_rawseti(L, st, TL_CS_OLD);
+  tl_cs_set(L, st, TL_CS_NYOUNG, 0);
+  tl_cs_set(L, st, TL_CS_NOLD, 0);
+  tl_cache_newyoung(L, 1, st, 0);
+  lua_pop(L, 1);
+}
+
+/* Take the name at arg 2 out of generation gen (TL_CS_YOUNG or TL_CS_OLD)
+ * of the state at st. */
+static void tl_cache_forget(lua_State *L, int st, int gen) {
+  lua_rawgeti(L, st, gen);
+  if (lua_istable(L, -1)) {
+    lua_pushvalue(L, 2);
+    lua_rawget(L, -2);
+    if (!lua_isnil(L, -1)) {
+      lua_pushvalue(L, 2);
+      lua_pushnil(L);
+      lua_rawset(L, -4);
+      if (tl_cs_get(L, st, TL_CS_CAP) > 0)
+        tl_cs_set(L, st, gen + 2, tl_cs_get(L, st, gen + 2) - 1); /* its count */
+    }
+    lua_pop(L, 1);
+  }
+  lua_pop(L, 1);
+}
+
+/* Cache the handle at h under the name at arg 2 of the store at arg 1:
+ * into young (replacing what young had for it), out of old. A new name
+ * in a full young rotates the generations first. */
+static void tl_cache_put(lua_State *L, int h) {
+  int st = tl_cache_state(L);
+  lua_Integer cap = tl_cs_get(L, st, TL_CS_CAP);
+  if (cap > 0) {
+    int present;
+    lua_rawgeti(L, st, TL_CS_YOUNG);
+    lua_pushvalue(L, 2);
+    lua_rawget(L, -2);
+    present = !lua_isnil(L, -1);
+    lua_pop(L, 2);
+    if (!present) {
+      lua_Integer ny = tl_cs_get(L, st, TL_CS_NYOUNG);
+      tl_cache_forget(L, st, TL_CS_OLD);
+      if (ny >= (cap >= 2 ? cap / 2 : 1)) { /* young is full: it becomes old */
+        if (cap >= 2) {
+          lua_rawgeti(L, st, TL_CS_YOUNG);
+          lua_rawseti(L, st, TL_CS_OLD);
+          tl_cs_set(L, st, TL_CS_NOLD, ny);
+        } else {
+          lua_pushnil(L);
+          lua_rawseti(L, st, TL_CS_OLD);
+          tl_cs_set(L, st, TL_CS_NOLD, 0);
+        }
+        tl_cs_set(L, st, TL_CS_ROTATIONS, tl_cs_get(L, st, TL_CS_ROTATIONS) + 1);
+        tl_cache_newyoung(L, 1, st, ny); /* it will fill as the last one did */
+        ny = 0;
+      }
+      tl_cs_set(L, st, TL_CS_NYOUNG, ny + 1);
+    }
+  }
+  lua_rawgeti(L, st, TL_CS_YOUNG);
+  lua_pushvalue(L, 2);
+  lua_pushvalue(L, h);
+  lua_rawset(L, -3);
+  lua_pop(L, 2);
+}
+
+/* The open handle the old generation has for the name at arg 2, moved
+ * into young and pushed: returns 1; else 0 with nothing pushed. */
+static int tl_cache_promote(lua_State *L) {
+  int st = tl_cache_state(L);
+  tl_counter *h;
+  lua_rawgeti(L, st, TL_CS_OLD);
+  if (!lua_istable(L, -1)) {
+    lua_pop(L, 2);
+    return 0;
+  }
+  lua_pushvalue(L, 2);
+  lua_rawget(L, -2); /* st old h */
+  h = (tl_counter *)lua_touserdata(L, -1);
+  if (h == NULL || h->c == NULL) {
+    lua_pop(L, 3);
+    return 0;
+  }
+  lua_replace(L, st);
+  lua_pop(L, 1);
+  tl_cache_put(L, st);
+  return 1;
+}
+
+/* The handle cached for the name at arg 2 (young, then old; not moved),
+ * or NULL. Nothing is pushed: the cache keeps it alive. */
+static tl_counter *tl_cache_peek(lua_State *L) {
+  int st = tl_cache_state(L), gen;
+  tl_counter *h = NULL;
+  for (gen = TL_CS_YOUNG; gen <= TL_CS_OLD && h == NULL; gen++) {
+    lua_rawgeti(L, st, gen);
+    if (lua_istable(L, -1)) {
+      lua_pushvalue(L, 2);
+      lua_rawget(L, -2);
+      h = (tl_counter *)lua_touserdata(L, -1);
+      lua_pop(L, 1);
+    }
+    lua_pop(L, 1);
+  }
+  lua_pop(L, 1);
+  return h;
+}
+
+/* Forget the cached handle for the name at arg 2 (it stays usable). */
+static void tl_uncache(lua_State *L) {
+  int st = tl_cache_state(L);
+  tl_cache_forget(L, st, TL_CS_YOUNG);
+  tl_cache_forget(L, st, TL_CS_OLD);
+  lua_pop(L, 1);
+}
+
 /* ---- store: counters by name -------------------------------------------------- */
 
 /* Push the cached handle for the name at arg 2 of the store at arg 1 if it
@@ -71,27 +272,13 @@ static int tl_cached(lua_State *L, int create) {
     lua_remove(L, -2);
     return 0;
   }
-  lua_pop(L, 1);
+  lua_pop(L, 2);
+  if (tl_cache_promote(L)) return 0;
   tl_checkname(L, 2, &len, "name");
   rc = tl_counter_push(L, 1, name, len, NULL, create ? TALLY_COUNTER_CREATE : 0, 0);
-  if (rc < 0) {
-    lua_pop(L, 1);
-    return rc;
-  }
-  lua_pushvalue(L, 2);
-  lua_pushvalue(L, -2);
-  lua_rawset(L, -4);
-  lua_remove(L, -2);
+  if (rc < 0) return rc;
+  tl_cache_put(L, lua_gettop(L));
   return 0;
-}
-
-/* Forget the cached handle for the name at arg 2 (it stays usable). */
-static void tl_uncache(lua_State *L) {
-  tl_getuv(L, 1, TL_SUV_CACHE);
-  lua_pushvalue(L, 2);
-  lua_pushnil(L);
-  lua_rawset(L, -3);
-  lua_pop(L, 1);
 }
 
 /* db:incr of a name no counter has yet: an increment that would fail on
@@ -245,17 +432,9 @@ static int tl_store_counter(lua_State *L) {
   if (rc < 0) return tl_fail(L, rc);
   h = (tl_counter *)lua_touserdata(L, -1);
   /* db:incr(name) uses this handle too, unless a better one is cached */
-  tl_getuv(L, 1, TL_SUV_CACHE);
-  lua_pushvalue(L, 2);
-  lua_rawget(L, -2);
-  old = (tl_counter *)lua_touserdata(L, -1);
-  lua_pop(L, 1);
-  if (old == NULL || old->c == NULL || (h->hasfn && !old->hasfn)) {
-    lua_pushvalue(L, 2);
-    lua_pushvalue(L, -3);
-    lua_rawset(L, -3);
-  }
-  lua_pop(L, 1);
+  old = tl_cache_peek(L);
+  if (old == NULL || old->c == NULL || (h->hasfn && !old->hasfn))
+    tl_cache_put(L, lua_gettop(L));
   return 1;
 }
 
@@ -539,7 +718,10 @@ static int tl_store_grace(lua_State *L) {
 
 static int tl_store_close(lua_State *L) {
   tl_store *d = (tl_store *)tl_checkudata(L, 1, TL_STORE_MT);
-  tl_store_release(d);
+  if (d->store != NULL) {
+    tl_store_release(d);
+    tl_cache_clear(L); /* the closed handles need not stay */
+  }
   return 0;
 }
 
@@ -554,12 +736,13 @@ static int tl_store_tostring(lua_State *L) {
 
 /* ---- core.open ------------------------------------------------------------------- */
 
-/* core.open([spec [, { mode =, create =, trust = }]]) -> store handle, or
- * nil, message, code. */
+/* core.open([spec [, { mode =, create =, trust =, handle_cache = }]]) ->
+ * store handle, or nil, message, code. */
 static int tl_open(lua_State *L) {
   size_t len = 6;
   const char *spec = "memory";
   tally_open_options o = {0600, 0};
+  lua_Integer cache = TL_HANDLE_CACHE;
   tally_store *s;
   tl_store *d;
   int rc;
@@ -601,6 +784,13 @@ static int tl_open(lua_State *L) {
           tl_argerror(L, 2, "trust must be a boolean, got %s",
                       tl_describe(L, -1, TL_BOOL_VALUE));
         if (lua_toboolean(L, -1)) o.flags |= TALLY_OPEN_TRUST;
+      } else if (strcmp(k, "handle_cache") == 0) { /* 0: weak only */
+        int isnum = 0;
+        if (lua_type(L, -1) == LUA_TNUMBER) cache = tl_tointx(L, -1, &isnum);
+        if (!isnum || cache < 0 || cache > TL_HANDLE_CACHE_MAX)
+          tl_argerror(L, 2,
+                      "handle_cache must be an integer from 0 to %d (handles), got %s",
+                      TL_HANDLE_CACHE_MAX, tl_describe(L, -1, TL_BOOL_VALUE));
       } else {
         tl_argerror(L, 2, "unknown option %s", tl_describe(L, -2, TL_BOOL_VALUE));
       }
@@ -616,12 +806,7 @@ static int tl_open(lua_State *L) {
   memcpy(d->spec, spec, len);
   d->spec[len] = '\0';
   luaL_setmetatable(L, TL_STORE_MT);
-  lua_newtable(L); /* the weak cache of counters by name */
-  lua_createtable(L, 0, 1);
-  lua_pushliteral(L, "v");
-  lua_setfield(L, -2, "__mode");
-  lua_setmetatable(L, -2);
-  tl_setuv(L, -2, TL_SUV_CACHE);
+  tl_cache_init(L, -1, cache);
   lua_newtable(L); /* function families */
   tl_setuv(L, -2, TL_SUV_FAMILIES);
 
@@ -652,15 +837,48 @@ static const luaL_Reg tl_store_meta[] = {{"__gc", tl_store_close},
                                          {"__tostring", tl_store_tostring},
                                          {NULL, NULL}};
 
-#if TL_LUAJIT
-/* core._store_cache(db) -> the store's weak cache of counter handles by
- * name (the one db:incr(name) uses), so the FFI path shares it. */
+/* core._store_cache(db) -> the state of the store's cache of counter
+ * handles by name (TL_CS_*: [1] is the young table db:incr(name) looks
+ * in), so the FFI path shares it. */
 static int tl_store_cache(lua_State *L) {
   tl_checkudata(L, 1, TL_STORE_MT);
-  tl_getuv(L, 1, TL_SUV_CACHE);
+  lua_settop(L, 1);
+  tl_cache_state(L);
   return 1;
 }
-#endif
+
+static lua_Integer tl_count(lua_State *L, int t) {
+  lua_Integer n = 0;
+  if (!lua_istable(L, t)) return 0;
+  lua_pushnil(L);
+  while (lua_next(L, t) != 0) {
+    lua_pop(L, 1);
+    n++;
+  }
+  return n;
+}
+
+/* core._store_cache_stats(db) -> { young =, old =, held =, cap =,
+ * rotations = }: the handles each generation holds, counted (for tests
+ * and benchmarks). */
+static int tl_store_cache_stats(lua_State *L) {
+  int st;
+  lua_Integer ny, no;
+  tl_checkudata(L, 1, TL_STORE_MT);
+  lua_settop(L, 1);
+  st = tl_cache_state(L);
+  lua_rawgeti(L, st, TL_CS_YOUNG);
+  ny = tl_count(L, st + 1);
+  lua_rawgeti(L, st, TL_CS_OLD);
+  no = tl_count(L, st + 2);
+  lua_createtable(L, 0, 5);
+  tl_setint(L, "young", (int64_t)ny);
+  tl_setint(L, "old", (int64_t)no);
+  tl_setint(L, "held", (int64_t)(ny + no));
+  tl_setint(L, "cap", (int64_t)tl_cs_get(L, st, TL_CS_CAP));
+  tl_setint(L, "rotations", (int64_t)tl_cs_get(L, st, TL_CS_ROTATIONS));
+  return 1;
+}
 
 int tl_open_store(lua_State *L) {
   tl_newclass(L, TL_STORE_MT, tl_store_meta, tl_store_methods);
@@ -671,8 +889,12 @@ int tl_open_store(lua_State *L) {
   tl_set_classic(L, "store_incr", tl_store_incr); /* what ffi.lua replaces */
   tl_set_classic(L, "store_decr", tl_store_decr);
   tl_set_classic(L, "store_value", tl_store_value);
+#endif
   lua_pushcfunction(L, tl_store_cache);
   lua_setfield(L, -2, "_store_cache");
-#endif
+  lua_pushcfunction(L, tl_store_cache_stats);
+  lua_setfield(L, -2, "_store_cache_stats");
+  lua_pushinteger(L, TL_HANDLE_CACHE);
+  lua_setfield(L, -2, "HANDLE_CACHE");
   return 0;
 }

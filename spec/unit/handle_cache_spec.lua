@@ -1,0 +1,218 @@
+-- The store's cache of counter handles by name (db:incr(name), db:decr,
+-- db:value): tally.open's handle_cache option, its bound, what stays and
+-- what goes, and drop, expiry and close through it.
+local helper = require "spec.support.helper"
+local tally = require "tally"
+local core = require "tally.core"
+
+local err = helper.err
+
+local T = 1700000040             -- a made-up clock (seconds) for db:tick
+
+local function gc()
+  collectgarbage("collect")
+  collectgarbage("collect")
+end
+
+-- The handle the cache holds for name (young, then old), or nil.
+local function cached(db, name)
+  local st = core._store_cache(db)
+  return st[1][name] or (st[2] and st[2][name])
+end
+
+local function stats(db)
+  return core._store_cache_stats(db)
+end
+
+describe("tally.open(spec, { handle_cache = N })", function()
+  it("holds 10000 handles by default", function()
+    local db = assert(tally.open())
+    assert.equal(10000, core.HANDLE_CACHE)
+    assert.same({ young = 0, old = 0, held = 0, cap = 10000, rotations = 0 }, stats(db))
+    db:close()
+  end)
+
+  it("raises on a handle_cache that is not an integer from 0 to 2^31-1", function()
+    local function msg(got)
+      return "bad argument #2 to 'open' (handle_cache must be an integer from 0 to "
+             .. "2147483647 (handles), got " .. got .. ")"
+    end
+    assert.equal(msg("-1"), err(tally.open, "memory", { handle_cache = -1 }))
+    assert.equal(msg("1.5"), err(tally.open, "memory", { handle_cache = 1.5 }))
+    assert.equal(msg("'100'"), err(tally.open, "memory", { handle_cache = "100" }))
+    assert.equal(msg("true"), err(tally.open, "memory", { handle_cache = true }))
+    assert.equal(msg("2147483648"), err(tally.open, "memory", { handle_cache = 2^31 | 0 }))
+    local db = assert(tally.open("memory", { handle_cache = 2147483647 }))
+    assert.equal(2147483647, stats(db).cap)
+    db:close()
+  end)
+end)
+
+describe("the handle cache", function()
+  local db
+  after_each(function() if db then db:close() end end)
+
+  it("holds at most handle_cache handles, and strongly: the newest names stay", function()
+    db = assert(tally.open("memory", { handle_cache = 100 }))
+    for i = 1, 300 do assert.is_true(db:incr("n:" .. i)) end
+    gc()
+    local s = stats(db)
+    assert.is_true(s.held <= 100, "held " .. s.held)   -- unbounded: 300
+    assert.equal(50, s.young)                           -- weak: 0 after a collection
+    assert.equal(50, s.old)
+    assert.equal(5, s.rotations)
+    for i = 201, 300 do assert.is_userdata(cached(db, "n:" .. i), "n:" .. i) end
+    assert.is_nil(cached(db, "n:200"))
+    for i = 1, 300 do assert.equal(1, db:value("n:" .. i)) end
+    assert.is_true(stats(db).held <= 100)               -- db:value goes through it too
+  end)
+
+  it("keeps the handle of a name in use across rotations", function()
+    db = assert(tally.open("memory", { handle_cache = 20 }))
+    db:incr("hot")
+    local seen = setmetatable({ [cached(db, "hot")] = true }, { __mode = "k" })
+    for r = 1, 10 do
+      for i = 1, 7 do db:decr("new:" .. r .. ":" .. i) end
+      gc()
+      assert.is_true(db:incr("hot"))
+    end
+    gc()
+    assert.is_true(seen[cached(db, "hot")])   -- the very handle of the first db:incr
+    assert.is_true(stats(db).rotations >= 6)
+    assert.equal(11, db:value("hot"))
+    assert.is_true(stats(db).held <= 20)
+  end)
+
+  it("moves a name found in the old generation into the young one", function()
+    db = assert(tally.open("memory", { handle_cache = 10 }))
+    db:incr("p")
+    local h = cached(db, "p")
+    for i = 1, 5 do db:incr("n:" .. i) end   -- young was full at 5: it became old
+    local st = core._store_cache(db)
+    assert.equal(1, stats(db).rotations)
+    assert.equal(h, st[2].p)
+    assert.is_nil(st[1].p)
+    assert.equal(1, db:value("p"))
+    assert.equal(h, st[1].p)
+    assert.is_nil(st[2].p)
+    assert.same({ young = 2, old = 4, held = 6, cap = 10, rotations = 1 }, stats(db))
+  end)
+
+  it("lets go of a name not used for handle_cache/2 new names", function()
+    db = assert(tally.open("memory", { handle_cache = 10 }))
+    db:incr("cold")
+    for i = 1, 10 do db:incr("n:" .. i) end
+    assert.is_nil(cached(db, "cold"))
+    assert.equal(2, stats(db).rotations)
+    assert.is_true(db:incr("cold"))          -- opened again by name: the same counter
+    assert.equal(2, db:value("cold"))
+  end)
+
+  it("with 1 holds one handle", function()
+    db = assert(tally.open("memory", { handle_cache = 1 }))
+    for i = 1, 5 do db:incr("n:" .. i) end
+    assert.same({ young = 1, old = 0, held = 1, cap = 1, rotations = 4 }, stats(db))
+    assert.is_userdata(cached(db, "n:5"))
+    for i = 1, 5 do assert.equal(1, db:value("n:" .. i)) end
+  end)
+
+  it("with 0 holds its handles weakly, only while something else does", function()
+    db = assert(tally.open("memory", { handle_cache = 0 }))
+    for i = 1, 300 do db:incr("n:" .. i) end
+    local c = db:counter("kept")
+    gc()
+    assert.same({ young = 1, old = 0, held = 1, cap = 0, rotations = 0 }, stats(db))
+    assert.equal(c, cached(db, "kept"))
+    for i = 1, 300 do assert.equal(1, db:value("n:" .. i)) end
+    assert.is_true(db:incr("kept"))
+    assert.equal(1, c:value())
+  end)
+
+  it("shares db:counter's handle, and counts it", function()
+    db = assert(tally.open("memory", { handle_cache = 4 }))
+    local c = db:counter("c")
+    assert.equal(c, cached(db, "c"))
+    for i = 1, 8 do db:counter("n:" .. i) end
+    assert.is_true(stats(db).held <= 4)
+    assert.is_nil(cached(db, "c"))
+    assert.is_true(db:incr("c", 3))
+    assert.equal(3, c:value())
+  end)
+
+  it("forgets a dropped name in either generation; db:incr then creates it anew", function()
+    db = assert(tally.open("memory", { handle_cache = 10 }))
+    db:incr("young", 5)
+    db:incr("old", 7)
+    for i = 1, 3 do db:incr("n:" .. i) end
+    db:incr("young", 5)
+    for i = 4, 5 do db:incr("n:" .. i) end   -- n:4 found young full (5): it rotated
+    local st = core._store_cache(db)
+    assert.is_userdata(st[2].old)
+    db:incr("young")                          -- back into young
+    assert.is_userdata(st[1].young)
+    assert.is_true(db:drop("young"))
+    assert.is_true(db:drop("old"))
+    assert.is_nil(cached(db, "young"))
+    assert.is_nil(cached(db, "old"))
+    local s = stats(db)
+    assert.same({ young = 2, old = 3 }, { young = s.young, old = s.old })   -- n:4 n:5; n:1-3
+    assert.same({ nil, "no such counter 'old'", "ENOENT" }, { db:value("old") })
+    assert.is_true(db:incr("old"))
+    assert.is_true(db:decr("young", 2))
+    assert.equal(1, db:value("old"))
+    assert.equal(-2, db:value("young"))
+  end)
+
+  it("reopens a name another handle dropped under a cached handle", function()
+    local path = helper.tmpfile("handle_cache.tly")
+    os.remove(path)
+    db = assert(tally.open("file:" .. path, { handle_cache = 10 }))
+    local other = assert(tally.open("file:" .. path))
+    db:incr("d", 4)
+    for i = 1, 5 do db:incr("n:" .. i) end     -- "d" is in the old generation
+    db:incr("e", 5)
+    assert.is_true(other:drop("d"))            -- the cache of db does not know
+    assert.is_true(other:drop("e"))
+    assert.is_true(db:incr("d"))               -- EDROPPED, then created anew
+    assert.is_true(db:incr("e"))
+    assert.equal(1, db:value("d"))
+    assert.equal(1, other:value("e"))
+    assert.is_true(stats(db).held <= 10)
+    other:close()
+    db:close()
+    db = nil
+    os.remove(path)
+  end)
+
+  it("sees an expired counter go and come back, in either generation", function()
+    db = assert(tally.open("memory", { handle_cache = 10 }))
+    db:family("s:*", { idle = 10 })
+    db:incr("s:young", 3)
+    db:incr("s:old", 4)
+    for i = 1, 4 do db:incr("n:" .. i) end
+    db:incr("s:young", 3)
+    local st = core._store_cache(db)
+    assert.is_userdata(st[2]["s:old"])
+    assert.is_userdata(st[1]["s:young"])
+    db:tick(T)
+    db:tick(T + 11)
+    assert.same({ "n:1", "n:2", "n:3", "n:4" }, db:names())
+    assert.same({ nil, "no such counter 's:young'", "ENOENT" }, { db:value("s:young") })
+    assert.same({ nil, "no such counter 's:old'", "ENOENT" }, { db:value("s:old") })
+    assert.same({ "n:1", "n:2", "n:3", "n:4" }, db:names())   -- reading made nothing
+    assert.is_true(db:incr("s:young"))
+    assert.is_true(db:incr("s:old", 2))
+    assert.equal(1, db:value("s:young"))
+    assert.equal(2, db:value("s:old"))
+  end)
+
+  it("lets every handle go when the store closes", function()
+    db = assert(tally.open("memory", { handle_cache = 10 }))
+    for i = 1, 8 do db:incr("n:" .. i) end
+    assert.equal(8, stats(db).held)
+    db:close()
+    assert.same({ young = 0, old = 0, held = 0, cap = 10, rotations = 1 }, stats(db))
+    assert.equal("attempt to use a closed store", err(db.incr, db, "n:1"))
+    db = nil
+  end)
+end)
