@@ -62,8 +62,14 @@ end
 
 -- db:export([pattern]) -> JSON text of the matching counters, exact per
 -- shard; nil, msg, code if reading one fails (a damaged store).
+-- (export_any and import_any: the same, for any store with the methods
+-- they call, such as the Firestore store, tally/firestore/store.lua)
+local export_any, import_any
 function store:export(pattern)
   check_self(self, "tally.store", "export")
+  return export_any(self, pattern)
+end
+function export_any(self, pattern)
   if pattern ~= nil and type(pattern) ~= "string" then
     argerror(1, "export", "string expected, got " .. typename(pattern), 2)
   end
@@ -241,6 +247,9 @@ end
 -- from "create" on, so it must not raise then).
 function store:import(text, opts)
   check_self(self, "tally.store", "import")
+  return import_any(self, text, opts)
+end
+function import_any(self, text, opts)
   if type(text) ~= "string" then
     argerror(1, "import", "string expected, got " .. typename(text), 2)
   end
@@ -391,4 +400,5 @@ function store:import(text, opts)
   return #plan
 end
 
-return { export = store.export, import = store.import }
+return { export = store.export, import = store.import, export_any = export_any,
+         import_any = import_any }

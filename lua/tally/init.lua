@@ -36,6 +36,9 @@ do
       redis_store = redis_store or require "tally.redis.store"
       return redis_store.open(spec, ...)
     end
+    if type(spec) == "string" and spec:find("^firestore://") then
+      return require("tally.firestore.store").open(spec, ...)
+    end
     local db, msg, code = open(spec, ...)
     return db, msg, code
   end

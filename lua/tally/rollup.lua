@@ -335,7 +335,9 @@ local function flush_to(db, uri, opts)
   check_self(db, "tally.store", "flush_to")
   core.store_methods.stats(db)  -- raises on a closed store
   local st = state_of(db)
-  return remote.flush_to(db, uri, opts, st.flushes, function(rf)
+  local via = remote
+  if type(uri) == "string" and uri:find("^firestore://") then via = require "tally.firestore.flush" end
+  return via.flush_to(db, uri, opts, st.flushes, function(rf)
     for i, other in ipairs(st.flushes) do
       if other == rf then table.remove(st.flushes, i) return end
     end

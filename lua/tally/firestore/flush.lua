@@ -1,0 +1,499 @@
+-- tally.firestore.flush: db:flush_to("firestore://...", opts), a schedule
+-- that ships the local counters of a store handle (file or memory) to
+-- Cloud Firestore's distributed counters exactly once per writer, driven by
+-- db:tick() and db:run() like the rollups and the Redis flusher.
+--
+--   local ff = db:flush_to("firestore://my-project", { every = 1, writer = "web-7" })
+--   db:run(60)
+--   ff:remote_value("post:42:likes")   -- every writer's completed flushes
+--   ff:stats()                         -- lag, commits, writes, errors, ...
+--
+-- The protocol. Each (counter, writer) has a marker document
+-- counters/{ID}/writers/{W} = { flushed = V, inc = INCARNATION, writer = W }:
+-- the local value V of that incarnation of the counter that Firestore
+-- already holds. A flush of a counter whose local value is now V' is part
+-- of one commit holding
+--   1. counters/{ID} = { num_shards = N } with currentDocument.exists =
+--      false, only while the counter document is not known to exist;
+--   2. an increment of counters/{ID}/shards/{k}.count by V' - V, where k =
+--      hash(W) mod N (N from the counter document: the seeds' counters
+--      keep their own shard count), so a writer only writes its own shard;
+--   3. the marker = { flushed = V', ... } with currentDocument.updateTime =
+--      the marker's updateTime from the last commit or read (exists =
+--      false when there is none).
+-- A commit is atomic: when a reply is lost and the commit is sent again
+-- (or a process restarts and sends an old delta) the precondition of 3
+-- fails and the whole commit is rejected, 2 included. After any failure
+-- (lost reply, timeout, FAILED_PRECONDITION, ALREADY_EXISTS, ABORTED, ...)
+-- the counters of that commit are read again (batchGet of the counter and
+-- marker documents) and the delta is computed from what Firestore holds,
+-- never from what was sent. A counter met for the first time (by a new
+-- process) is not read first: its commit assumes neither document exists
+-- (exists = false preconditions); if one does (a restart, a counter of
+-- another writer or of the seeds' code) the commit is refused whole and
+-- they are read. So a process killed mid-flush resends exactly its
+-- unflushed delta after a restart, and nothing twice.
+-- Several counters share one commit (opts.batch); it is still all or none.
+--
+-- A counter that expires locally (docs/lifecycle.md) leaves only once its
+-- final value is in Firestore (core.ship / core.counter_ship, as the
+-- Redis flusher): the flusher registers the pattern, and marks each value
+-- it has flushed. A counter created again is a new incarnation: its value
+-- is flushed in full, the marker then names the new incarnation.
+--
+-- Limits (enforced here; the emulator enforces none):
+--   doc_interval  at least this many seconds between two writes of one
+--                 document by this writer (default 1: Firestore's sustained
+--                 one write per second per document)
+--   rate          writes per second at start (default 500), growing by ramp
+--                 (default 1.5) every ramp_every seconds (default 300) of
+--                 flushing: Firestore's 500/50/5 rule; a token bucket
+--   batch         counters per commit (default 100; 2 or 3 writes each)
+--   backoff       on ABORTED, RESOURCE_EXHAUSTED, UNAVAILABLE, timeouts:
+--                 the next round waits backoff s (default 0.25), doubling
+--                 up to max_backoff (default 30), with jitter
+-- Counters not flushed in a round (rate, interval, backoff) stay pending;
+-- ff:stats().lag is the age of the oldest pending delta, in seconds.
+
+local core = require "tally.core"
+local compat = require "tally.compat"
+local rest = require "tally.firestore.rest"
+local fstore = require "tally.firestore.store"
+
+local type, error, tostring, pcall, setmetatable, pairs, ipairs =
+      type, error, tostring, pcall, setmetatable, pairs, ipairs
+local fmt, min, random = string.format, math.min, math.random
+local sub, int_text, tointeger = compat.sub, compat.int_text, compat.tointeger
+
+local argerror = require("tally.util").argerror
+local key_shard = require("tally.redis.store").key_shard
+local now = core.now
+
+local _M = {}
+
+local Remote = {}
+Remote.__index = Remote
+
+local NO_INC = "0000000000000000"
+local OPTIONS = { every = true, pattern = true, shards = true, writer = true, timeout = true,
+                  rate = true, ramp = true, ramp_every = true, doc_interval = true, batch = true,
+                  backoff = true, max_backoff = true }
+local RETRY = rest.RETRY
+
+local function random_id()
+  local f = io.open("/dev/urandom", "rb")
+  local bytes = f and f:read(8)
+  if f then f:close() end
+  if not bytes or #bytes ~= 8 then bytes = tostring(os.time()) .. tostring({}) .. tostring(os.clock()) end
+  return (bytes:gsub(".", function(c) return fmt("%02x", c:byte()) end)):sub(1, 16)
+end
+
+local memory_ids = setmetatable({}, { __mode = "k" })
+
+-- as the Redis flusher: file stores keep their id in PATH.writer
+local function default_writer(db)
+  local path = tostring(db):match("^tally%.store %(file:(.*)%)$")
+  if not path then
+    local id = memory_ids[db]
+    if not id then id = "mem-" .. random_id(); memory_ids[db] = id end
+    return id
+  end
+  local idfile = path .. ".writer"
+  local f = io.open(idfile, "rb")
+  if f then
+    local id = f:read("*l")
+    f:close()
+    if id and id:match("^[%w%-_.:]+$") and #id <= 128 then return id end
+    error(fmt("bad writer id file %s (delete it only if this store never flushed)", idfile), 3)
+  end
+  local id = "file-" .. random_id()
+  local tmp = idfile .. ".tmp" .. random_id()
+  local w, err = io.open(tmp, "wb")
+  if not w then error("cannot create the writer id file: " .. tostring(err), 3) end
+  w:write(id, "\n")
+  w:close()
+  local ok, rerr = os.rename(tmp, idfile)
+  if not ok then os.remove(tmp); error("cannot create the writer id file: " .. tostring(rerr), 3) end
+  return id
+end
+
+-- ---- the rate limits -------------------------------------------------------------
+
+-- writes allowed per second now (the ramp-up rule)
+function Remote:_rate(t)
+  if not self.t0 then return self.rate end
+  local steps = math.floor((t - self.t0) / self.ramp_every)
+  return self.rate * self.ramp ^ min(steps, 60)
+end
+
+-- take n write tokens if there are; the bucket holds one second of rate
+function Remote:_take(n, t)
+  local rate = self:_rate(t)
+  self.tokens = min(rate, self.tokens + (t - self.tlast) * rate)
+  self.tlast = t
+  if self.tokens < n then return false end
+  self.tokens = self.tokens - n
+  return true
+end
+
+function Remote:_fail(code, msg)
+  self.errors = self.errors + 1
+  self.last_error = tostring(msg)
+  self.last_code = code
+  if RETRY[code] or code == "ETIMEDOUT" or code == "ECONNECT" or code == "EHTTP" then
+    self.backoffs = self.backoffs + 1
+    local b = self.cur_backoff
+    self.cur_backoff = min(self.max_backoff, b * 2)
+    self.not_before = now() + b * (0.5 + random())
+  end
+end
+
+-- ---- the protocol --------------------------------------------------------------------
+
+-- read the counter and marker documents of the unknown entries
+function Remote:_read(list)
+  local paths = {}
+  for _, en in ipairs(list) do
+    paths[#paths + 1] = en.cpath
+    paths[#paths + 1] = en.mpath
+  end
+  local got, msg, code = self.cl:batch_get(paths)
+  self.reads = self.reads + #paths
+  if not got then return nil, msg, code end
+  for _, en in ipairs(list) do
+    local cdoc, mdoc = got[en.cpath], got[en.mpath]
+    local o = fstore.doc_options(cdoc)
+    en.exists = cdoc and true or false
+    en.rshards = o and o.shards or nil
+    if mdoc then
+      local f = mdoc.fields or {}
+      en.flushed = rest.toint(f.flushed) or 0
+      en.minc = f.inc and f.inc.stringValue or NO_INC
+      en.utime = mdoc.updateTime
+    else
+      en.flushed, en.minc, en.utime = 0, nil, nil
+    end
+    en.known = true
+  end
+  return true
+end
+
+-- what en still has to send: delta, or nil when nothing
+local function delta_of(en)
+  local base = (en.minc == en.inc) and en.flushed or 0
+  local d = sub(en.v, base)
+  if d == 0 then return nil end
+  return d
+end
+
+-- one commit for the entries of batch; true, or nil, msg, code
+function Remote:_commit(batch)
+  local cl = self.cl
+  local writes, mark = {}, {}
+  for _, en in ipairs(batch) do
+    local n = en.rshards or en.lshards
+    if not en.exists then
+      writes[#writes + 1] = { update = { name = cl:name(en.cpath), fields = { num_shards = rest.int(n) } },
+                              currentDocument = { exists = false } }
+    end
+    local k = key_shard(self.writer, n) - 1
+    writes[#writes + 1] = { transform = { document = cl:name(en.cpath .. "/shards/" .. k),
+      fieldTransforms = { { fieldPath = "count", increment = { integerValue = int_text(en.d) } } } } }
+    writes[#writes + 1] = { update = { name = cl:name(en.mpath), fields = {
+        flushed = rest.int(en.v), inc = { stringValue = en.inc }, writer = { stringValue = self.writer } } },
+      currentDocument = en.utime and { updateTime = en.utime } or { exists = false } }
+    mark[#mark + 1] = #writes
+  end
+  local rep, msg, code = cl:commit(writes)
+  self.commits = self.commits + 1
+  self.writes = self.writes + #writes
+  local t = now()
+  local sec = math.floor(t)                       -- writes per calendar second, the peak
+  if sec ~= self.sec then self.sec, self.sec_writes = sec, 0 end
+  self.sec_writes = self.sec_writes + #writes
+  if self.sec_writes > self.peak then self.peak = self.sec_writes end
+  if not rep then
+    -- the outcome is unknown or refused: read them again before anything else
+    for _, en in ipairs(batch) do
+      en.known = false
+      if code == "ELOST" or code == "ETIMEDOUT" or code == "EHTTP" then en.last = t end  -- may be written
+    end
+    if code == "FAILED_PRECONDITION" or code == "ALREADY_EXISTS" then self.conflicts = self.conflicts + 1 end
+    return nil, msg, code
+  end
+  local wr = rep.writeResults or {}
+  for i, en in ipairs(batch) do
+    local r = wr[mark[i]]
+    en.utime = r and r.updateTime
+    if not en.utime then en.known = false end      -- cannot happen; read it again
+    en.flushed, en.minc, en.exists = en.v, en.inc, true
+    en.rshards = en.rshards or en.lshards
+    en.last, en.since = t, nil
+    self.flushed = self.flushed + 1
+    self.delta = compat.add(self.delta, en.d)
+    pcall(core.counter_ship, en.c, en.inc, en.v)
+    en.shipv = en.v
+  end
+  return true
+end
+
+-- one round: true, stats of the round; or nil, msg, code
+function Remote:_round()
+  local t = now()
+  local st = { counters = 0, flushed = 0, pending = 0, commits = 0, errors = 0 }
+  if self.not_before and t < self.not_before then
+    st.waiting = self.not_before - t
+    return self:_lag(st, t)
+  end
+  if not self.shipped then
+    local ok, msg, code = core.ship(self.db, self.writer, self.pattern)
+    if not ok then return nil, msg, code end
+    self.shipped = true
+  end
+  local names, msg, code = self.db:names(self.pattern)
+  if not names then return nil, msg, code end
+  local ents = self.ents
+  local unknown, due = {}, {}
+  for _, name in ipairs(names) do
+    local en = ents[name]
+    if not en then
+      local path = fstore.cpath(self.root, name)
+      -- first guess: nothing in Firestore yet (a new counter, a new
+      -- writer). Its commit then requires the counter and marker documents
+      -- not to exist; if they do (a restart, another writer's counter) it
+      -- is rejected whole and they are read, as after any failure.
+      en = { name = name, cpath = path, mpath = path .. "/writers/" .. rest.escape(self.writer),
+             known = true, exists = false, flushed = 0 }
+      ents[name] = en
+    end
+    local v, inc
+    for _ = 1, 2 do
+      if not en.c then en.c = self.db:counter(name, { create = false }) end
+      if not en.c then break end
+      v, inc = core.counter_read(en.c)
+      if v ~= nil then break end
+      en.c = nil                                          -- dropped: open it again by name
+    end
+    if v ~= nil and inc ~= NO_INC then
+      st.counters = st.counters + 1
+      en.v, en.inc = v, inc
+      if not en.lshards then en.lshards = self.shards or en.c:info().shards end
+      if not en.known then unknown[#unknown + 1] = en else due[#due + 1] = en end
+    end
+  end
+  -- what Firestore holds for the unknown ones
+  for i = 1, #unknown, 250 do
+    local part = {}
+    for j = i, min(i + 249, #unknown) do part[#part + 1] = unknown[j] end
+    local ok
+    ok, msg, code = self:_read(part)
+    if not ok then
+      self:_fail(code, msg)
+      return nil, msg, code
+    end
+    for _, en in ipairs(part) do due[#due + 1] = en end
+  end
+  -- choose what to send now
+  local batch, nw = {}, 0
+  local function send()
+    if #batch == 0 then return true end
+    local ok, m, c = self:_commit(batch)
+    st.commits = st.commits + 1
+    if ok then st.flushed = st.flushed + #batch end
+    batch, nw = {}, 0
+    if not ok then
+      st.errors = st.errors + 1
+      self:_fail(c, m)
+      return nil, m, c
+    end
+    self.cur_backoff = self.backoff
+    return true
+  end
+  for _, en in ipairs(due) do
+    local d = delta_of(en)
+    if not d then
+      en.since = nil
+      if en.minc == en.inc and en.shipv ~= en.v then   -- read back: may expire at this value
+        pcall(core.counter_ship, en.c, en.inc, en.v)
+        en.shipv = en.v
+      end
+    else
+      en.since = en.since or t
+      local w = en.exists and 2 or 3
+      if en.last and t - en.last < self.doc_interval then
+        st.pending = st.pending + 1                    -- its documents were written < 1 s ago
+      elseif not self:_take(w, t) then
+        st.pending = st.pending + 1                    -- over the ramp-up budget
+        st.limited = true
+      else
+        if not self.t0 then self.t0 = t end
+        en.d = d
+        batch[#batch + 1] = en
+        nw = nw + w
+        if #batch >= self.batch then
+          local ok, m, c = send()
+          if not ok then return nil, m, c end
+        end
+      end
+    end
+  end
+  local ok, m, c = send()
+  if not ok then return nil, m, c end
+  return self:_lag(st, t)
+end
+
+function Remote:_lag(st, t)
+  local oldest, pending = nil, 0
+  for _, en in pairs(self.ents) do
+    if en.since then
+      pending = pending + 1
+      if not oldest or en.since < oldest then oldest = en.since end
+    end
+  end
+  self.lag = oldest and (t - oldest) or 0
+  self.pending = pending
+  st.lag, st.pending = self.lag, pending
+  return st
+end
+
+-- one round from db:tick(), never raising: a result entry
+function Remote:_run(period)
+  self.runs = self.runs + 1
+  self.last_period = period
+  local pok, st, msg = pcall(self._round, self)
+  if not pok then st, msg = nil, st end
+  if st then
+    self.last_run = st
+    return { flush = self.uri, pattern = self.pattern, every = self.every, status = "flushed",
+             period = period, flushed = st.flushed }
+  end
+  if not pok then self.errors = self.errors + 1; self.last_error = tostring(msg) end
+  return { flush = self.uri, pattern = self.pattern, every = self.every, status = "error",
+           period = period, error = tostring(msg) }
+end
+
+-- ff:flush_now() -> stats of one round, or nil, message, code
+function Remote:flush_now()
+  if self.closed then error("attempt to use a closed flush schedule", 2) end
+  local st, msg, code = self:_round()
+  if st then self.last_run = st end
+  return st, msg, code
+end
+
+-- ff:sync([timeout]) -> true once nothing is pending (rounds as the limits
+-- allow), or nil, msg, code after timeout seconds (default 60)
+function Remote:sync(timeout)
+  local deadline = now() + (timeout or 60)
+  while true do
+    local st, msg, code = self:_round()
+    if st and st.pending == 0 and st.errors == 0 and not st.waiting then
+      local clean = true
+      for _, en in pairs(self.ents) do if en.known == false then clean = false break end end
+      if clean then return true end
+    end
+    if now() >= deadline then
+      return nil, msg or fmt("%d counters still pending", self.pending or -1), code or "ETIMEDOUT"
+    end
+    core.sleep(0.02)
+  end
+end
+
+-- ff:remote_value(name) -> the total in Firestore (every writer's completed
+-- flushes and any other increments), or nil, msg, code
+function Remote:remote_value(name)
+  if type(name) ~= "string" then argerror(1, "remote_value", "counter name expected, got " .. type(name), 2) end
+  local c, msg, code = self.remote:counter(name, { create = false })
+  if not c then return nil, msg, code end
+  return c:value()
+end
+
+function Remote:stats()
+  return { uri = self.uri, every = self.every, pattern = self.pattern, writer = self.writer,
+           runs = self.runs, errors = self.errors, flushed = self.flushed, commits = self.commits,
+           writes = self.writes, reads = self.reads, conflicts = self.conflicts,
+           backoffs = self.backoffs, delta = self.delta, peak_writes_per_s = self.peak, lag = self.lag, pending = self.pending,
+           last_error = self.last_error, last_code = self.last_code, last_run = self.last_run,
+           rate = self:_rate(now()), requests = self.cl and self.cl.requests }
+end
+
+-- ff:unship(): the store stops holding this writer's counters for it
+function Remote:unship() return core.unship(self.db, self.writer) end
+
+-- ff:http(): the http handle (tests inject lost replies through it)
+function Remote:http() return self.cl.h end
+
+function Remote:close()
+  if self.closed then return end
+  self.closed = true
+  if self.remote then self.remote:close() end
+  self.cl = nil
+  self.unlink(self)
+end
+
+function Remote:__tostring()
+  return fmt("tally.flush_to '%s' every %gs", self.uri, self.every)
+end
+
+local function num(opts, k, default, lo, hi)
+  local v = opts[k]
+  if v == nil then return default end
+  if type(v) ~= "number" or v ~= v or v < lo or v > hi then
+    argerror(2, "flush_to", fmt("%s must be a number from %s to %s, got %s", k, tostring(lo),
+              tostring(hi), tostring(v)), 4)
+  end
+  return v
+end
+
+-- db:flush_to(uri, opts) -> the flush schedule
+function _M.flush_to(db, uri, opts, list, unlink)
+  opts = opts or {}
+  if type(opts) ~= "table" then argerror(2, "flush_to", "options table expected, got " .. type(opts), 3) end
+  for k in pairs(opts) do
+    if not OPTIONS[k] then
+      argerror(2, "flush_to", "unknown option '" .. tostring(k) .. "'; expected every, pattern, shards, "
+               .. "writer, timeout, rate, ramp, ramp_every, doc_interval, batch, backoff, max_backoff", 3)
+    end
+  end
+  local u, err = rest.parse(uri)
+  if not u then argerror(1, "flush_to", err, 3) end
+  local pattern = opts.pattern == nil and "*" or opts.pattern
+  if type(pattern) ~= "string" or pattern == "" then
+    argerror(2, "flush_to", "pattern must be a non-empty string, got " .. tostring(pattern), 3)
+  end
+  local shards = opts.shards and tointeger(opts.shards)
+  if opts.shards ~= nil and (type(shards) ~= "number" or shards < 1 or shards > core.MAX_SHARDS) then
+    argerror(2, "flush_to", fmt("shards must be an integer from 1 to %d, got %s", core.MAX_SHARDS,
+              tostring(opts.shards)), 3)
+  end
+  local writer = opts.writer
+  if writer == nil then
+    writer = default_writer(db)
+  elseif type(writer) ~= "string" or #writer < 1 or #writer > 128 or writer:find("\0", 1, true) then
+    argerror(2, "flush_to", "writer must be a string of 1 to 128 bytes, got " .. tostring(writer), 3)
+  end
+  for _, other in ipairs(list) do
+    if other.writer == writer and other.pattern == pattern then
+      argerror(2, "flush_to", fmt("this store handle already flushes '%s' as writer '%s'", pattern, writer), 3)
+    end
+  end
+  local self = setmetatable({
+    db = db, uri = u.redacted, root = u.root, pattern = pattern, writer = writer, shards = shards,
+    every = num(opts, "every", 1, 0.001, 366 * 86400),
+    rate = num(opts, "rate", 500, 1, 1e9), ramp = num(opts, "ramp", 1.5, 1, 100),
+    ramp_every = num(opts, "ramp_every", 300, 0.001, 1e9),
+    doc_interval = num(opts, "doc_interval", 1, 0, 86400),
+    batch = math.floor(num(opts, "batch", 100, 1, 10000)),
+    backoff = num(opts, "backoff", 0.25, 0.001, 3600), max_backoff = num(opts, "max_backoff", 30, 0.001, 86400),
+    runs = 0, errors = 0, flushed = 0, commits = 0, writes = 0, reads = 0, conflicts = 0, backoffs = 0,
+    delta = 0, lag = 0, pending = 0, ents = {}, unlink = unlink, peak = 0, sec_writes = 0,
+  }, Remote)
+  self.cur_backoff = self.backoff
+  self.tokens, self.tlast = self.rate, now()
+  -- no request yet: a Firestore that is down is counted by the rounds
+  self.remote = fstore.new(u, num(opts, "timeout", 10, 0.001, 86400))
+  self.cl = self.remote.cl
+  list[#list + 1] = self
+  return self
+end
+
+return _M

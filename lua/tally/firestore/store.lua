@@ -1,0 +1,518 @@
+-- tally.firestore.store: a store whose counters are Cloud Firestore's
+-- distributed counters (the seeds' layout), over the REST API
+-- (tally/firestore/rest.lua). tally.open("firestore://PROJECT?emulator=H:P")
+-- returns one.
+--
+--   counters/{ID}              { num_shards: N [, policy: "random"] }
+--   counters/{ID}/shards/{i}   { count: n }              i = 0 .. N-1
+--   counters/{ID}/writers/{W}  { flushed, inc, writer }  db:flush_to's markers
+--   tally_families/{PATTERN}   { shards, policy, seq }   db:family
+--
+-- ID is the counter name escaped as rest.lua says (most names are their
+-- own id). A counter document without `policy` (made by the seeds' code)
+-- has the seeds' policy, random; `numShards` (the blog's variant) is read
+-- too.
+--
+-- db:counter(name, { shards = N }) creates the counter as the seeds'
+-- createCounter does, in one commit: the counter document (precondition:
+-- it does not exist) and its N shards, each an increment by 0, which makes
+-- count 0 where a shard is missing and keeps a count already there.
+-- c:incr(n) is one commit of one field increment on the shard its policy
+-- picks; it is not retried: when the reply is lost it returns nil, msg,
+-- code and the increment may or may not have been applied (for
+-- exactly-once, count locally and use db:flush_to). c:value() is one
+-- batchGet of the N shards: one consistent snapshot (readTime).
+-- c:reset() reads the shards with their updateTimes and commits, for each
+-- non-zero shard, an increment by minus its count guarded by that
+-- updateTime: a concurrent increment makes the commit fail whole, and it
+-- is read and tried again (up to 20 times), so the amount returned is
+-- exactly what was removed and no concurrent increment is lost.
+
+local core = require "tally.core"
+local compat = require "tally.compat"
+local rest = require "tally.firestore.rest"
+
+local type, error, tostring, tonumber, setmetatable, pairs, ipairs =
+      type, error, tostring, tonumber, setmetatable, pairs, ipairs
+local fmt, concat, sort = string.format, table.concat, table.sort
+local tointeger, add, sub, int_text = compat.tointeger, compat.add, compat.sub, compat.int_text
+
+local argerror = require("tally.util").argerror
+
+local _M = {}
+
+local POLICIES = { thread = true, random = true, round_robin = true, key = true }
+local DEFAULT_POLICY = "random"          -- the seeds' policy
+local FAMILIES = "tally_families"
+
+local Store, Counter = {}, {}
+local StoreMT = { __name = "tally.firestore_store", __index = Store }
+local CounterMT = { __name = "tally.firestore_counter", __index = Counter }
+
+local function check_name(name, fname, narg)
+  if type(name) ~= "string" then
+    argerror(narg, fname, fmt("string expected, got %s", type(name)), 3)
+  end
+  if #name == 0 or #name > core.NAME_MAX then
+    argerror(narg, fname, fmt("name must be 1 to %d bytes", core.NAME_MAX), 3)
+  end
+end
+
+local function glob_pattern(g)
+  return "^" .. g:gsub("[%^%$%(%)%%%.%[%]%+%-]", "%%%0"):gsub("%*", ".*"):gsub("%?", ".") .. "$"
+end
+
+local function live(self)
+  if not self.cl then error("attempt to use a closed store", 3) end
+  return self.cl
+end
+
+-- the document paths of counter name
+local function cpath(self, name) return self.root .. "/" .. rest.escape(name) end
+_M.cpath = function(root, name) return root .. "/" .. rest.escape(name) end
+
+-- { shards =, policy = } of a counter document's fields, or nil
+local function doc_options(doc)
+  local f = doc and doc.fields
+  if not f then return nil end
+  local ns = f.num_shards or f.numShards
+  local n = ns and rest.toint(ns)
+  if not n or n < 1 then return nil end
+  local p = f.policy and f.policy.stringValue
+  return { shards = tonumber(n), policy = POLICIES[p] and p or DEFAULT_POLICY }
+end
+_M.doc_options = doc_options
+
+local function check_counter_opts(opts, fname, narg)
+  local shards, policy, create = nil, nil, true
+  if opts == nil then return shards, policy, create end
+  if type(opts) ~= "table" then
+    argerror(narg, fname, fmt("table expected, got %s", type(opts)), 3)
+  end
+  for k, v in pairs(opts) do
+    if k == "shards" then
+      local s = tointeger(v)
+      if type(s) ~= "number" or s < 1 or s > core.MAX_SHARDS then
+        argerror(narg, fname, fmt("shards must be an integer from 1 to %d, got %s", core.MAX_SHARDS, tostring(v)), 3)
+      end
+      shards = s
+    elseif k == "policy" then
+      if type(v) == "function" then
+        argerror(narg, fname, "function policies are not supported by the firestore store", 3)
+      end
+      if not POLICIES[v] then
+        argerror(narg, fname, fmt("policy must be thread, random, round_robin or key, got %s", tostring(v)), 3)
+      end
+      policy = v
+    elseif k == "create" and fname == "counter" then
+      create = v ~= false
+    else
+      argerror(narg, fname, fmt("unknown option '%s'%s", tostring(k),
+                fname == "family" and "; the firestore store takes shards and policy" or ""), 3)
+    end
+  end
+  return shards, policy, create
+end
+
+-- options of a new counter: the newest matching family, else defaults
+local function family_options(self, name)
+  local docs, msg, code = live(self):list(FAMILIES)
+  if not docs then return nil, msg, code end
+  local best, bseq
+  for _, d in ipairs(docs) do
+    local f = d.fields or {}
+    local pat = f.pattern and f.pattern.stringValue
+    local seq = f.seq and rest.toint(f.seq)
+    if pat and seq and name:match(glob_pattern(pat)) and (not bseq or seq > bseq) then
+      best, bseq = { shards = tonumber(rest.toint(f.shards)),
+                     policy = f.policy and f.policy.stringValue }, seq
+    end
+  end
+  return best or {}
+end
+
+local ticket
+local function get_ticket()
+  if not ticket then
+    local f = io.open("/dev/urandom", "rb")
+    local b = f and f:read(4)
+    if f then f:close() end
+    if b and #b == 4 then
+      local a, c, d, e = b:byte(1, 4)
+      ticket = ((a * 256 + c) * 256 + d) * 256 + e
+      math.randomseed(ticket)
+    else
+      ticket = math.random(0, 2147483646)
+    end
+  end
+  return ticket
+end
+
+local function new_counter(self, name, shards, policy)
+  return setmetatable({ db = self, nm = name, n = shards, policy = policy,
+                        path = cpath(self, name), rr = get_ticket() % shards }, CounterMT)
+end
+
+-- db:counter(name [, opts]) -> counter, or nil, msg, code
+function Store:counter(name, opts)
+  check_name(name, "counter", 1)
+  local shards, policy, create = check_counter_opts(opts, "counter", 2)
+  local cl = live(self)
+  local path = cpath(self, name)
+  for _ = 1, 3 do
+    local got, msg, code = cl:batch_get({ path })
+    if not got then return nil, msg, code end
+    local o = doc_options(got[path])
+    if o then
+      if (shards and shards ~= o.shards) or (policy and policy ~= o.policy) then
+        local asked = {}
+        if shards and shards ~= o.shards then asked[#asked + 1] = shards .. " shards" end
+        if policy and policy ~= o.policy then asked[#asked + 1] = "policy " .. policy end
+        error(fmt("counter '%s' exists with %d shards and policy %s (asked for %s)",
+                  name, o.shards, o.policy, concat(asked, " and ")), 2)
+      end
+      return new_counter(self, name, o.shards, o.policy)
+    end
+    if got[path] then return nil, fmt("counters document of '%s' has no num_shards", name), "EPROTO" end
+    if not create then return nil, fmt("no such counter '%s'", name), "ENOENT" end
+    local fam
+    fam, msg, code = family_options(self, name)
+    if not fam then return nil, msg, code end
+    local s = shards or fam.shards or core.DEFAULT_SHARDS
+    local p = policy or fam.policy or DEFAULT_POLICY
+    local fields = { num_shards = rest.int(s) }
+    if p ~= DEFAULT_POLICY then fields.policy = { stringValue = p } end
+    local writes = { { update = { name = cl:name(path), fields = fields },
+                       currentDocument = { exists = false } } }
+    for i = 0, s - 1 do
+      writes[#writes + 1] = { transform = { document = cl:name(path .. "/shards/" .. i),
+        fieldTransforms = { { fieldPath = "count", increment = { integerValue = "0" } } } } }
+    end
+    local ok
+    ok, msg, code = cl:commit(writes)
+    if ok then return new_counter(self, name, s, p) end
+    if code ~= "ALREADY_EXISTS" then return nil, msg, code end
+    -- created meanwhile by another writer: read it again
+  end
+  return nil, fmt("counter '%s' keeps changing", name), "EAGAIN"
+end
+
+local function cached(self, name)
+  local c = self.cache[name]
+  if c then return c end
+  local err, code
+  c, err, code = self:counter(name)
+  if not c then return nil, err, code end
+  self.cache[name] = c
+  return c
+end
+
+function Store:incr(name, n, key)
+  check_name(name, "incr", 1)
+  local c, err, code = cached(self, name)
+  if not c then return nil, err, code end
+  return c:incr(n, key)
+end
+
+function Store:decr(name, n, key)
+  check_name(name, "decr", 1)
+  local c, err, code = cached(self, name)
+  if not c then return nil, err, code end
+  return c:decr(n, key)
+end
+
+function Store:value(name)
+  check_name(name, "value", 1)
+  local c, err, code = self:counter(name, { create = false })
+  if not c then return nil, err, code end
+  return c:value()
+end
+
+-- the counter documents matching pattern: { { name =, shards = }, ... } sorted
+local function listed(self, pattern)
+  local docs, err, code = live(self):list(self.root, "num_shards")
+  if not docs then return nil, err, code end
+  local out = {}
+  local lp = pattern and pattern ~= "*" and glob_pattern(pattern)
+  for _, d in ipairs(docs) do
+    local nm = rest.unescape(rest.id_of(d.name))
+    if not lp or nm:match(lp) then
+      local o = doc_options(d)
+      out[#out + 1] = { name = nm, shards = o and o.shards }
+    end
+  end
+  sort(out, function(a, b) return a.name < b.name end)
+  return out
+end
+
+-- db:names([pattern]) -> sorted names of the counter documents
+function Store:names(pattern)
+  if pattern ~= nil and type(pattern) ~= "string" then
+    argerror(1, "names", "string expected, got " .. type(pattern), 2)
+  end
+  local l, err, code = listed(self, pattern)
+  if not l then return nil, err, code end
+  local out = {}
+  for i, e in ipairs(l) do out[i] = e.name end
+  return out
+end
+
+-- db:values([pattern]) -> { [name] = value }: one listing, then batchGets
+-- of every shard document (500 a request); not one snapshot across them.
+function Store:values(pattern)
+  if pattern ~= nil and type(pattern) ~= "string" then
+    argerror(1, "values", "string expected, got " .. type(pattern), 2)
+  end
+  local l, err, code = listed(self, pattern)
+  if not l then return nil, err, code end
+  local paths, owner = {}, {}
+  for _, e in ipairs(l) do
+    if e.shards then
+      local base = cpath(self, e.name) .. "/shards/"
+      for i = 0, e.shards - 1 do
+        paths[#paths + 1] = base .. i
+        owner[#paths] = e.name
+      end
+    end
+  end
+  local got
+  got, err, code = self.cl:batch_get(paths)
+  if not got then return nil, err, code end
+  local out = {}
+  for _, e in ipairs(l) do if e.shards then out[e.name] = 0 end end
+  for i, p in ipairs(paths) do
+    local d = got[p]
+    local v, why = rest.toint(d and d.fields and d.fields.count)
+    if v == nil then return nil, fmt("counter '%s': %s", owner[i], why), "EPROTO" end
+    out[owner[i]] = add(out[owner[i]], v)
+  end
+  return out
+end
+
+-- db:sum([pattern]) -> sum, count (as db:values)
+function Store:sum(pattern)
+  local vals, err, code = self:values(pattern)
+  if not vals then return nil, err, code end
+  local total, count = 0, 0
+  for _, v in pairs(vals) do total, count = add(total, v), count + 1 end
+  return total, count
+end
+
+-- db:drop(name): one commit deleting the counter document, its shards and
+-- its writer markers (a flusher still running re-creates what it flushes).
+function Store:drop(name)
+  check_name(name, "drop", 1)
+  local cl = live(self)
+  local path = cpath(self, name)
+  local got, err, code = cl:batch_get({ path })
+  if not got then return nil, err, code end
+  local o = doc_options(got[path])
+  if not got[path] then return nil, fmt("no such counter '%s'", name), "ENOENT" end
+  local writes = { { delete = cl:name(path) } }
+  for _, sub_ in ipairs({ "shards", "writers" }) do
+    local docs
+    docs, err, code = cl:list(path .. "/" .. sub_)
+    if not docs then return nil, err, code end
+    for _, d in ipairs(docs) do writes[#writes + 1] = { delete = d.name } end
+  end
+  if o then
+    for i = 0, o.shards - 1 do writes[#writes + 1] = { delete = cl:name(path .. "/shards/" .. i) } end
+  end
+  local ok
+  ok, err, code = cl:commit(writes)
+  if not ok then return nil, err, code end
+  self.cache[name] = nil
+  return true
+end
+
+-- db:family(pattern, { shards =, policy = }): kept in tally_families/{PATTERN}
+function Store:family(pattern, opts)
+  if type(pattern) ~= "string" or pattern == "" then
+    argerror(1, "family", "non-empty string expected, got " .. tostring(pattern), 2)
+  end
+  local shards, policy = check_counter_opts(opts, "family", 2)
+  local cl = live(self)
+  self.fseq = (self.fseq or 0) + 1
+  local seq = add(compat.mul(os.time(), 1000000), (get_ticket() % 1000) * 1000 + self.fseq % 1000)
+  local ok, err, code = cl:commit({ { update = { name = cl:name(FAMILIES .. "/" .. rest.escape(pattern)),
+    fields = { pattern = { stringValue = pattern }, shards = rest.int(shards or core.DEFAULT_SHARDS),
+               policy = { stringValue = policy or DEFAULT_POLICY }, seq = rest.int(seq) } } } })
+  if not ok then return nil, err, code end
+  return true
+end
+
+function Store:stats()
+  local names, err, code = self:names()
+  if not names then return nil, err, code end
+  return { kind = "firestore", uri = self.uri, counters = #names, requests = self.cl.requests }
+end
+
+function Store:close()
+  if self.cl then self.cl:close() end
+  self.cl = nil
+  self.cache = {}
+end
+
+-- db:export([pattern]) / db:import(json [, opts]): the code of tally/export.lua
+function Store:export(pattern) return require("tally.export").export_any(self, pattern) end
+function Store:import(text, opts) return require("tally.export").import_any(self, text, opts) end
+
+-- ---- counters ---------------------------------------------------------------------
+
+local function cdb(self) live(self.db) return self.db end
+
+local function pick(self, key)
+  local p, n = self.policy, self.n
+  if n == 1 then return 1 end
+  if p == "thread" then return get_ticket() % n + 1 end
+  if p == "round_robin" then
+    local i = self.rr
+    self.rr = (i + 1) % n
+    return i + 1
+  end
+  if p == "key" then
+    if key == nil then
+      error(fmt("counter '%s' has the key policy: pass a key to incr", self.nm), 3)
+    end
+    if type(key) ~= "string" and type(key) ~= "number" then
+      argerror(2, "incr", "string expected, got " .. type(key), 3)
+    end
+    return require("tally.redis.store").key_shard(tostring(key), n)
+  end
+  get_ticket()
+  return math.random(1, n)
+end
+
+local function shard_write(cl, path, i, k)
+  return { transform = { document = cl:name(path .. "/shards/" .. i),
+           fieldTransforms = { { fieldPath = "count", increment = { integerValue = int_text(k) } } } } }
+end
+
+local function incr(self, n, key, sign, fname)
+  local db = cdb(self)
+  local k
+  if n == nil then k = 1 else k = tointeger(n) end
+  if k == nil then
+    argerror(1, fname, fmt("integer expected, got %s",
+              type(n) == "number" and tostring(n) or type(n)), 3)
+  end
+  if sign < 0 then k = sub(0, k) end
+  local i = pick(self, key)
+  local ok, err, code = db.cl:commit({ shard_write(db.cl, self.path, i - 1, k) })
+  if not ok then return nil, err, code end
+  return true
+end
+
+function Counter:incr(n, key) return incr(self, n, key, 1, "incr") end
+function Counter:decr(n, key) return incr(self, n, key, -1, "decr") end
+
+-- the shard documents: { count, ... } (1-based), { updateTime or false, ... }
+local function read_shards(self)
+  local db = cdb(self)
+  local paths = {}
+  for i = 0, self.n - 1 do paths[i + 1] = self.path .. "/shards/" .. i end
+  local got, err, code = db.cl:batch_get(paths)
+  if not got then return nil, err, code end
+  local vals, times = {}, {}
+  for i, p in ipairs(paths) do
+    local d = got[p]
+    local v, why = rest.toint(d and d.fields and d.fields.count)
+    if v == nil then return nil, fmt("counter '%s' shard %d: %s", self.nm, i - 1, why), "EPROTO" end
+    vals[i], times[i] = v, d and d.updateTime or false
+  end
+  return vals, times
+end
+
+-- c:shards() -> { v1, ..., vn } (shard i is the document shards/{i-1})
+function Counter:shards() return (read_shards(self)) end
+
+function Counter:value()
+  local vals, err, code = read_shards(self)
+  if not vals then return nil, err, code end
+  local s = 0
+  for _, v in ipairs(vals) do s = add(s, v) end
+  return s
+end
+
+function Counter:reset()
+  local db = cdb(self)
+  for _ = 1, 20 do
+    local vals, times, code = read_shards(self)
+    if not vals then return nil, times, code end
+    local writes, removed = {}, 0
+    for i, v in ipairs(vals) do
+      if v ~= 0 then
+        local w = shard_write(db.cl, self.path, i - 1, sub(0, v))
+        w.currentDocument = { updateTime = times[i] }
+        writes[#writes + 1] = w
+        removed = add(removed, v)
+      end
+    end
+    if #writes == 0 then return 0 end
+    local ok, err
+    ok, err, code = db.cl:commit(writes)
+    if ok then return removed end
+    if code ~= "FAILED_PRECONDITION" and code ~= "ABORTED" then return nil, err, code end
+  end
+  return nil, fmt("reset of '%s': the shards kept changing", self.nm), "EAGAIN"
+end
+
+-- c:add_shard(i, n): add n to shard i (1-based), as db:import does
+function Counter:add_shard(i, n)
+  local db = cdb(self)
+  local ok, err, code = db.cl:commit({ shard_write(db.cl, self.path, i - 1, n) })
+  if not ok then return nil, err, code end
+  return true
+end
+
+function Counter:info() return { name = self.nm, shards = self.n, policy = self.policy } end
+function Counter:name() return self.nm end
+function Counter:store() return self.db end
+function Counter:close() end
+
+StoreMT.__close = function(self) self:close() end
+StoreMT.__tostring = function(self)
+  return fmt("tally.store (%s%s)", self.uri, self.cl and "" or ", closed")
+end
+CounterMT.__tostring = function(self)
+  return fmt("tally.counter '%s' (%s)", self.nm, self.db.uri)
+end
+
+_M.Store, _M.Counter = Store, Counter
+
+-- a store on parsed URI u, with no request made
+function _M.new(u, timeout)
+  local cl = rest.client(u, { timeout = timeout })
+  return setmetatable({ uri = u.redacted, u = u, cl = cl, root = u.root, cache = {} }, StoreMT)
+end
+
+-- tally.open(uri [, { timeout = s }]) -> store, or nil, msg, code
+function _M.open(uri, opts)
+  if opts ~= nil and type(opts) ~= "table" then
+    argerror(2, "open", "table expected, got " .. type(opts), 3)
+  end
+  local timeout = 10
+  for k, v in pairs(opts or {}) do
+    if k == "timeout" then
+      if type(v) ~= "number" or not (v > 0) then
+        argerror(2, "open", "timeout must be a positive number of seconds, got " .. tostring(v), 3)
+      end
+      timeout = v
+    else
+      argerror(2, "open", "unknown option '" .. tostring(k) .. "'; the firestore store takes timeout", 3)
+    end
+  end
+  local u, err = rest.parse(uri)
+  if not u then return nil, err, "EINVAL" end
+  local self = _M.new(u, timeout)
+  local cl = self.cl
+  -- one request now, so a server that is down is found here
+  local ok, msg, code = cl:batch_get({ u.root .. "/%5F%5Fprobe" })
+  if not ok then
+    cl:close()
+    return nil, msg, code
+  end
+  return self
+end
+
+return _M

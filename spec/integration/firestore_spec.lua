@@ -1,0 +1,410 @@
+-- Cloud Firestore: the firestore:// store and db:flush_to("firestore://...")
+-- against Google's Firestore emulator (spec/support/firestore.lua starts
+-- one for the whole file; skipped with a message where it is not installed).
+local helper = require "spec.support.helper"
+local firestore = require "spec.support.firestore"
+local tally = require "tally"
+local core = require "tally.core"
+
+local WORKER = "spec/support/fixtures/firestore_worker.lua"
+local P = "projects/demo-tally/databases/(default)/documents/"
+
+local missing = firestore.missing()
+if missing then
+  describe("firestore", function() pending(missing) end)
+  return
+end
+
+local emu
+setup(function() emu = firestore.start() end)
+teardown(function() if emu then emu.stop() end end)
+before_each(function() emu.wipe() end)
+
+local function int(n) return { integerValue = tostring(n) } end
+
+-- The seeds' createCounter, as the Web SDK's batch sends it: one commit
+-- setting counters/{ID} = { num_shards } and shards/{i} = { count: 0 }.
+local function seeds_create(id, n)
+  local writes = { { update = { name = P .. "counters/" .. id, fields = { num_shards = int(n) } } } }
+  for i = 0, n - 1 do
+    writes[#writes + 1] = { update = { name = P .. "counters/" .. id .. "/shards/" .. i,
+                                       fields = { count = int(0) } } }
+  end
+  local st, _, raw = emu.rest("POST", ":commit", { writes = writes })
+  assert.equal(200, st, raw)
+end
+
+-- The seeds' incrementCounter: a random shard, read and written in a
+-- transaction (retried when ABORTED, as the SDKs do).
+local function seeds_incr(id, n, by)
+  local shard = P .. "counters/" .. id .. "/shards/" .. math.random(0, n - 1)
+  for _ = 1, 20 do
+    local _, tx = emu.rest("POST", ":beginTransaction", { options = { readWrite = {} } })
+    local _, got = emu.rest("POST", ":batchGet", { documents = { shard }, transaction = tx.transaction })
+    local cur = got[1].found and tonumber(got[1].found.fields.count.integerValue) or 0
+    local st = emu.rest("POST", ":commit", { transaction = tx.transaction, writes = {
+      { update = { name = shard, fields = { count = int(cur + by) } } } } })
+    if st == 200 then return end
+  end
+  error("seeds_incr: too many aborts")
+end
+
+-- The seeds' getCount: every shard document summed (a batchGet of
+-- shards/0..n-1: the ids with ':' cannot go through runQuery's URL).
+local function seeds_count(id, n)
+  local names = {}
+  for i = 0, n - 1 do names[#names + 1] = P .. "counters/" .. id .. "/shards/" .. i end
+  local _, got = emu.rest("POST", ":batchGet", { documents = names })
+  local sum = 0
+  for _, r in ipairs(got) do
+    if r.found then sum = sum + math.tointeger(r.found.fields.count.integerValue) end
+  end
+  return sum
+end
+
+local function fields_of(path)
+  local _, got = emu.rest("POST", ":batchGet", { documents = { P .. path } })
+  return got[1].found and got[1].found.fields
+end
+
+describe("tally.open('firestore://...')", function()
+  it("creates counters as the seeds' createCounter does, and counts in their shards", function()
+    local db = assert(tally.open(emu.uri))
+    local c = assert(db:counter("post:42:likes", { shards = 5 }))
+    assert.same({ num_shards = int(5) }, fields_of("counters/post:42:likes"))
+    for i = 0, 4 do assert.same({ count = int(0) }, fields_of("counters/post:42:likes/shards/" .. i)) end
+    for _ = 1, 20 do assert.is_true(c:incr()) end
+    assert(c:incr(100))
+    assert(c:decr(10))
+    assert.equal(110, c:value())
+    assert.equal(110, helper.sum(c:shards()))
+    assert.equal(110, seeds_count("post:42:likes", 5))
+    assert.is_true(helper.nonzero(c:shards()) > 1)       -- random: spread over the shards
+    assert.same({ name = "post:42:likes", shards = 5, policy = "random" }, c:info())
+    assert.equal(110, db:value("post:42:likes"))
+    assert.same({ "post:42:likes" }, db:names("post:*"))
+    local again = assert(db:counter("post:42:likes"))
+    assert.equal(5, again:info().shards)
+    assert.matches("exists with 5 shards", helper.err(db.counter, db, "post:42:likes", { shards = 6 }))
+    local none, _, code = db:counter("nope", { create = false })
+    assert.is_nil(none)
+    assert.equal("ENOENT", code)
+    db:close()
+    assert.matches("closed store", helper.err(db.value, db, "x"))
+  end)
+
+  it("reads and increments counters written by the seeds' code, and the other way round", function()
+    seeds_create("post-123-views", 10)
+    for _ = 1, 7 do seeds_incr("post-123-views", 10, 1) end
+    local db = assert(tally.open(emu.uri))
+    local c = assert(db:counter("post-123-views"))
+    assert.same({ name = "post-123-views", shards = 10, policy = "random" }, c:info())
+    assert.equal(7, c:value())
+    for _ = 1, 13 do assert(c:incr()) end
+    assert.equal(20, seeds_count("post-123-views", 10))
+    -- a counter tally made, incremented by the seeds' transactions
+    assert(db:counter("made-by-tally", { shards = 3 }):incr(5))
+    seeds_incr("made-by-tally", 3, 2)
+    assert.equal(7, db:value("made-by-tally"))
+    assert.equal(7, seeds_count("made-by-tally", 3))
+    db:close()
+  end)
+
+  it("escapes names Firestore does not take as ids, and reads them back", function()
+    local db = assert(tally.open(emu.uri))
+    local names = { "a/b", ".", "..", "__x__", "50%", "%2F", "post:42:likes", "é", "tab\tx" }
+    for i, nm in ipairs(names) do
+      assert(db:counter(nm, { shards = 2 }))
+      assert(db:incr(nm, i))
+    end
+    for i, nm in ipairs(names) do assert.equal(i, db:value(nm), nm) end
+    table.sort(names)
+    assert.same(names, db:names())
+    assert.truthy(fields_of("counters/a%2Fb"))
+    assert.truthy(fields_of("counters/%2E."))
+    assert.truthy(fields_of("counters/%5F_x__"))
+    assert.truthy(fields_of("counters/50%25"))
+    assert.is_true(db:drop("a/b"))
+    assert.is_nil(fields_of("counters/a%2Fb"))
+    assert.is_nil(fields_of("counters/a%2Fb/shards/0"))
+    db:close()
+  end)
+
+  it("is exact beyond 2^53 and saturates on int64 overflow as Firestore does", function()
+    local db = assert(tally.open(emu.uri))
+    local c = assert(db:counter("big", { shards = 1 }))
+    assert(c:incr(9007199254740993))
+    assert(c:incr(9007199254740993))
+    assert.equal(18014398509481986, c:value())
+    assert(c:incr(math.maxinteger))
+    assert.equal(math.maxinteger, c:value())          -- saturated (Firestore's increment)
+    db:close()
+  end)
+
+  it("resets exactly, and keeps families", function()
+    local db = assert(tally.open(emu.uri))
+    assert(db:family("user:*", { shards = 3, policy = "round_robin" }))
+    local c = assert(db:counter("user:1"))
+    assert.same({ name = "user:1", shards = 3, policy = "round_robin" }, c:info())
+    for _ = 1, 6 do assert(c:incr()) end
+    assert.same({ 2, 2, 2 }, c:shards())
+    assert.equal(6, c:reset())
+    assert.equal(0, c:value())
+    assert.equal(0, c:reset())
+    assert(c:incr(4))
+    local total, n = db:sum("user:*")
+    assert.equal(4, total)
+    assert.equal(1, n)
+    db:close()
+  end)
+
+  it("imports db:export's JSON through the same code path, both ways", function()
+    local loc = assert(tally.open())
+    loc:counter("a", { shards = 2, policy = "random" }):incr(5)
+    loc:counter("b:c", { shards = 3, policy = "random" }):incr(9007199254740993)
+    local text = assert(loc:export())
+    local db = assert(tally.open(emu.uri))
+    assert.equal(2, db:import(text))
+    assert.equal(5, db:value("a"))
+    assert.equal(9007199254740993, db:value("b:c"))
+    assert.equal(text, db:export())
+    local back = assert(tally.open())
+    assert.equal(2, back:import(assert(db:export())))
+    assert.equal(9007199254740993, back:value("b:c"))
+    assert.matches("num_shards is 2 but the counter exists with 3",
+      helper.err(db.import, db, '{"counters":{"b:c":{"num_shards":2,"shards":{"0":{"count":1},"1":{"count":1}}}}}'))
+    db:close()
+  end)
+
+  it("returns nil, message, code when nothing listens, and rejects bad URIs", function()
+    local db, msg, code = tally.open("firestore://demo-tally?emulator=127.0.0.1:1")
+    assert.is_nil(db)
+    assert.matches("Firestore", msg)
+    assert.equal("ECONNECT", code)
+    db, msg, code = tally.open("firestore://?emulator=x")
+    assert.is_nil(db)
+    assert.equal("EINVAL", code)
+    assert.matches("unknown Firestore URI option 'bogus'",
+                   select(2, tally.open("firestore://p?bogus=1")))
+  end)
+end)
+
+describe("db:flush_to('firestore://...')", function()
+  local function local_db()
+    return assert(tally.open("file:" .. helper.tmpfile()))
+  end
+
+  it("flushes exactly once when replies are lost after Firestore applied the commit", function()
+    local db = local_db()
+    local ff = db:flush_to(emu.uri, { writer = "w1", doc_interval = 0 })
+    local h = ff:http()
+    local c = db:counter("post:1:likes", { shards = 4 })
+    local total = 0
+    for round = 1, 12 do
+      c:incr(round)
+      total = total + round
+      h:lose_replies(1)                               -- the commit is applied, its reply lost
+      local st = ff:flush_now()
+      assert.is_nil(st)
+      assert(ff:sync(10))
+      assert.equal(total, ff:remote_value("post:1:likes"))
+    end
+    assert.is_true(h:stats().lost >= 12)
+    local s = ff:stats()
+    assert.equal(0, s.pending)
+    assert.equal(0, s.lag)
+    -- the marker and the counter document, in the seeds' layout
+    assert.same(int(total), fields_of("counters/post:1:likes/writers/w1").flushed)
+    assert.same(int(4), fields_of("counters/post:1:likes").num_shards)
+    db:close()
+  end)
+
+  it("a replayed commit is rejected whole (the updateTime precondition)", function()
+    local db = local_db()
+    local ff = db:flush_to(emu.uri, { writer = "w1", doc_interval = 0 })
+    db:incr("x", 10)
+    assert(ff:sync(10))
+    -- replay the same commit body by hand: FAILED_PRECONDITION, nothing counted
+    local m = fields_of("counters/x/writers/w1")
+    assert.same(int(10), m.flushed)
+    local _, got = emu.rest("POST", ":batchGet", { documents = { P .. "counters/x/writers/w1" } })
+    local ut = got[1].found.updateTime
+    db:incr("x", 1)
+    assert(ff:sync(10))
+    local st, rep = emu.rest("POST", ":commit", { writes = {
+      { transform = { document = P .. "counters/x/shards/0", fieldTransforms = {
+        { fieldPath = "count", increment = int(1) } } } },
+      { update = { name = P .. "counters/x/writers/w1", fields = { flushed = int(11) } },
+        currentDocument = { updateTime = ut } } } })
+    assert.equal(400, st)
+    assert.equal("FAILED_PRECONDITION", rep.error.status)
+    assert.equal(11, ff:remote_value("x"))
+    db:close()
+  end)
+
+  it("counts once when a commit that timed out lands later (the marker's precondition)", function()
+    local db = local_db()
+    local ff = db:flush_to(emu.uri, { writer = "w1", doc_interval = 0 })
+    db:incr("late", 10)
+    assert(ff:sync(10))
+    db:incr("late", 5)
+    -- the next commit is held back (the client sees a timeout) and lands
+    -- just before the flusher's next commit, which was computed from the
+    -- marker as it was: that one must be refused, then read back
+    local cl, orig, held = ff.cl, ff.cl.call, nil
+    cl.call = function(self, method, suffix, body)
+      if suffix == ":commit" then
+        if not held then
+          held = body
+          return nil, "Firestore: timed out (held back by the spec)", "ETIMEDOUT"
+        elseif held ~= true then
+          assert(orig(self, method, suffix, held))   -- the late one is applied
+          held = true
+        end
+      end
+      return orig(self, method, suffix, body)
+    end
+    assert.is_nil(ff:flush_now())
+    assert(ff:sync(10))
+    assert.equal(true, held)
+    assert.is_true(ff:stats().conflicts >= 1)
+    assert.equal(15, ff:remote_value("late"))
+    db:close()
+  end)
+
+  it("resends what a SIGKILLed process left unflushed, once, after restart", function()
+    local path = helper.tmpfile()
+    local log = helper.tmpfile("worker.log")
+    local names = "k:a,k:b,k:c"
+    for run = 1, 2 do
+      local pid = tonumber((helper.sh(("%s %s %s %s %s 0 w-kill forever >%s 2>&1 </dev/null & echo $!"):format(
+        helper.q(helper.bin), WORKER, helper.q(path), helper.q(emu.uri), names, helper.q(log)))))
+      for _ = 1, 400 do
+        if (helper.slurp(log) or ""):find("ready", 1, true) then break end
+        tally.sleep(0.025)
+      end
+      assert.matches("ready", helper.slurp(log) or "", 1, true)
+      tally.sleep(0.1 + 0.3 * math.random())                     -- mid-flush, mid-count
+      os.execute("kill -KILL " .. pid)
+      for _ = 1, 200 do
+        local s = helper.slurp("/proc/" .. pid .. "/stat")
+        if not s or s:match("%) Z") then break end
+        tally.sleep(0.02)
+      end
+      assert.is_true(run <= 2)
+    end
+    -- a restart that only syncs
+    local out = helper.tally(WORKER, path, emu.uri, names, "0", "w-kill")
+    assert.matches("synced true", out, 1, true)
+    local db = assert(tally.open("file:" .. path))
+    local ff = db:flush_to(emu.uri, { writer = "w-check" })
+    for nm in names:gmatch("[^,]+") do
+      local v = db:value(nm)
+      assert.is_true(v > 0)
+      assert.equal(v, ff:remote_value(nm), nm)
+    end
+    db:close()
+  end)
+
+  it("stays exact with concurrent processes losing every 3rd reply", function()
+    local pipes, n, each = {}, 4, 300
+    for i = 1, n do
+      pipes[i] = assert(io.popen(("TALLY_HTTP_LOSE_EVERY=3 %s %s %s %s shared:1,shared:2 %d w%d 2>&1"):format(
+        helper.q(helper.bin), WORKER, helper.q(helper.tmpfile()), helper.q(emu.uri), each, i), "r"))
+    end
+    for i = 1, n do
+      local out = pipes[i]:read("a")
+      pipes[i]:close()
+      assert.matches("synced true", out, 1, true)
+    end
+    local db = assert(tally.open(emu.uri))
+    assert.equal(n * each, db:value("shared:1"))
+    assert.equal(n * each, db:value("shared:2"))
+    db:close()
+  end)
+
+  it("backs off on ABORTED (a transaction holds the shard) and stays exact", function()
+    local db = local_db()
+    local ff = db:flush_to(emu.uri, { writer = "w1", doc_interval = 0, backoff = 0.05, shards = 1 })
+    db:incr("hot", 10)
+    assert(ff:sync(10))
+    -- the seeds' transaction reads the shard (a lock in the emulator) ...
+    local _, tx = emu.rest("POST", ":beginTransaction", { options = { readWrite = {} } })
+    local shard = P .. "counters/hot/shards/0"
+    local _, got = emu.rest("POST", ":batchGet", { documents = { shard }, transaction = tx.transaction })
+    local seen = tonumber(got[1].found.fields.count.integerValue)
+    db:incr("hot", 5)
+    local st, msg, code = ff:flush_now()                     -- ... so the flush waits, then ABORTED
+    assert.is_nil(st)
+    assert.equal("ABORTED", code, msg)
+    assert.equal(1, ff:stats().backoffs)
+    -- the transaction's commit fails or succeeds; either way the total is exact
+    local cst = emu.rest("POST", ":commit", { transaction = tx.transaction, writes = {
+      { update = { name = shard, fields = { count = int(seen + 100) } } } } })
+    local extra = cst == 200 and 100 or 0
+    assert(ff:sync(10))
+    assert.equal(15 + extra, ff:remote_value("hot"))
+    db:close()
+  end)
+
+  -- 10,000 counters take the emulator about a minute here (30,000 document
+  -- writes at a few hundred a second): TALLY_FIRESTORE_COUNTERS=10000 runs
+  -- that; by default 2,000, with the rate limit scaled so it still binds.
+  local N = tonumber(os.getenv("TALLY_FIRESTORE_COUNTERS")) or 2000
+  it(("flushes %d counters within the rate limits, exactly"):format(N), function()
+    local db = assert(tally.open())
+    local rate = 1000
+    local ff = db:flush_to(emu.uri, { writer = "bulk", rate = rate, batch = 250, shards = 1 })
+    for i = 1, N do db:incr("c:" .. i, i) end
+    local t0 = core.now()
+    assert(ff:sync(600))
+    local dt = core.now() - t0
+    local s = ff:stats()
+    assert.equal(N, s.flushed)
+    assert.equal(3 * N, s.writes)                    -- counter doc + shard + marker each
+    -- the bucket starts with one second of rate: the rest took at least its time
+    assert.is_true(dt >= (s.writes - rate) / rate * 0.95, "took " .. dt)
+    assert.is_true(s.peak_writes_per_s <= 2 * rate)  -- a calendar second may span two bucket-seconds
+    -- a second round right away: nothing to send
+    assert(ff:sync(5))
+    assert.equal(3 * N, ff:stats().writes)
+    local fs = assert(tally.open(emu.uri))
+    local total, count = fs:sum("c:*")
+    assert.equal(N, count)
+    assert.equal(N * (N + 1) // 2, total)
+    fs:close()
+    db:close()
+  end)
+
+  it("writes one document at most once per doc_interval, and reports its lag", function()
+    local db = assert(tally.open())
+    local ff = db:flush_to(emu.uri, { writer = "w1", every = 0.01, doc_interval = 1 })
+    local c = db:counter("busy", { shards = 2 })
+    local t0 = core.now()
+    local maxlag = 0
+    while core.now() - t0 < 2.5 do
+      c:incr()
+      db:tick()
+      maxlag = math.max(maxlag, ff:stats().lag)
+      tally.sleep(0.005)
+    end
+    local s = ff:stats()
+    assert.is_true(s.commits <= 3, "commits " .. s.commits)      -- at 0, 1 and 2 s
+    assert.is_true(s.commits >= 2)
+    assert.is_true(maxlag > 0.5 and maxlag <= 2.5, "lag " .. maxlag)   -- loose: a loaded machine
+    assert(ff:sync(5))
+    assert.equal(c:value(), ff:remote_value("busy"))
+    db:close()
+  end)
+
+  it("keeps the ramp-up rule: 500 writes/s, +50% every ramp_every", function()
+    local db = assert(tally.open())
+    local ff = db:flush_to(emu.uri, { writer = "w1", ramp_every = 0.5, doc_interval = 0 })
+    assert.equal(500, ff:stats().rate)
+    db:incr("r", 1)
+    assert(ff:sync(5))
+    tally.sleep(1.05)
+    assert.near(1125, ff:stats().rate, 1)              -- 500 * 1.5^2
+    db:close()
+  end)
+end)

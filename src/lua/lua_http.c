@@ -1,0 +1,347 @@
+/* lua_http.c -- the http handle ("tally.http"): a minimal blocking HTTP
+ * client on libcurl, for the stores and flushers written in Lua (the
+ * Firestore REST API, lua/tally/firestore/).
+ *
+ *   core.http(base_url [, { timeout = s, headers = { "Name: value", ... } }])
+ *       -> http handle            (base_url: "http://host:port/v1/" ...)
+ *   h:request(method, path [, body [, headers]]) -> status, body
+ *       or nil, message, code on a transport failure: ETIMEDOUT (no reply
+ *       in time), ECONNECT (refused, unreachable), ELOST (an injected lost
+ *       reply, below), EHTTP (anything else libcurl reports).
+ *       The URL is base_url .. path; body (a string) is sent with
+ *       Content-Type: application/json; headers adds "Name: value" lines
+ *       to this request only. Connections are kept alive between requests.
+ *   h:lose_replies(n) -> the previous count. Fault injection for tests: the
+ *       next n requests go to the server whole and are answered (the server
+ *       applies them), then the reply is thrown away and the request
+ *       returns nil, "reply lost (injected)", "ELOST". The environment
+ *       variable TALLY_HTTP_LOSE_EVERY=K does the same for every K-th
+ *       request of every handle made afterwards (for child processes).
+ *   h:stats() -> { requests, failures, lost, bytes_in, bytes_out }
+ *   h:close()  (also __gc, __close); a closed handle raises on use.
+ *
+ * Each handle owns one CURL easy handle and its reply buffer; nothing is
+ * shared between handles, so handles on different Lua states are safe in
+ * different threads. Misuse (bad arguments, a closed handle) raises;
+ * failures of the network return nil, message, code.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <curl/curl.h>
+
+#include "lua_aux.h"
+
+#define TL_HTTP_MT       "tally.http"
+#define TL_HTTP_MAXREPLY (64u << 20) /* a reply larger than 64 MiB is an error */
+#define TL_HTTP_MAXHDRS  64
+
+typedef struct tl_http {
+  CURL *curl;                 /* NULL once closed */
+  struct curl_slist *headers; /* the handle's own headers, every request */
+  char *base;                 /* base URL, malloc'd */
+  char *buf;                  /* the reply being received */
+  size_t len, cap;
+  int overflow; /* the reply passed TL_HTTP_MAXREPLY */
+  long timeout_ms;
+  uint64_t lose;       /* replies still to lose (h:lose_replies) */
+  uint64_t lose_every; /* TALLY_HTTP_LOSE_EVERY, 0: never */
+  uint64_t requests, failures, lost, bytes_in, bytes_out;
+  char errbuf[CURL_ERROR_SIZE];
+} tl_http;
+
+static size_t tl_http_write(char *data, size_t size, size_t n, void *ud) {
+  tl_http *h = (tl_http *)ud;
+  size_t add = size * n;
+  if (h->overflow || h->len + add > TL_HTTP_MAXREPLY) {
+    h->overflow = 1;
+    return 0; /* libcurl stops: CURLE_WRITE_ERROR */
+  }
+  if (h->len + add + 1 > h->cap) {
+    size_t cap = h->cap ? h->cap : 4096;
+    char *p;
+    while (cap < h->len + add + 1) cap *= 2;
+    p = (char *)realloc(h->buf, cap);
+    if (p == NULL) return 0;
+    h->buf = p;
+    h->cap = cap;
+  }
+  memcpy(h->buf + h->len, data, add);
+  h->len += add;
+  return add;
+}
+
+static void tl_http_free(tl_http *h) {
+  if (h->curl != NULL) curl_easy_cleanup(h->curl);
+  curl_slist_free_all(h->headers);
+  free(h->base);
+  free(h->buf);
+  h->curl = NULL;
+  h->headers = NULL;
+  h->base = h->buf = NULL;
+  h->len = h->cap = 0;
+}
+
+static tl_http *tl_checkhttp(lua_State *L) {
+  tl_http *h = (tl_http *)tl_checkudata(L, 1, TL_HTTP_MT);
+  if (h->curl == NULL) luaL_error(L, "attempt to use a closed http handle");
+  return h;
+}
+
+/* Append the "Name: value" strings of the list at idx to *list; raises on
+ * anything else. Returns 0, or -1 when out of memory. */
+static int tl_http_addheaders(lua_State *L, int arg, int idx, struct curl_slist **list) {
+  size_t n;
+  if (lua_type(L, idx) != LUA_TTABLE)
+    tl_argerror_got(L, arg, "headers must be a list of \"Name: value\" strings", idx,
+                    TL_BOOL_TYPE);
+  n = lua_rawlen(L, idx);
+  if (n > TL_HTTP_MAXHDRS) tl_argerror(L, arg, "at most %d headers", TL_HTTP_MAXHDRS);
+  for (size_t i = 1; i <= n; i++) {
+    size_t len;
+    const char *s;
+    struct curl_slist *next;
+    lua_rawgeti(L, idx, (int)i);
+    if (lua_type(L, -1) != LUA_TSTRING)
+      tl_argerror_got(L, arg, "headers must be a list of \"Name: value\" strings",
+                      lua_gettop(L), TL_BOOL_TYPE);
+    s = lua_tolstring(L, -1, &len);
+    if (strlen(s) != len || strchr(s, '\n') != NULL || strchr(s, '\r') != NULL ||
+        strchr(s, ':') == NULL)
+      tl_argerror(L, arg, "header %d must be one \"Name: value\" line", (int)i);
+    next = curl_slist_append(*list, s);
+    lua_pop(L, 1);
+    if (next == NULL) return -1;
+    *list = next;
+  }
+  return 0;
+}
+
+/* core.http(base_url [, opts]) -> handle */
+static int tl_http_new(lua_State *L) {
+  size_t blen;
+  const char *base = luaL_checklstring(L, 1, &blen);
+  const char *every = getenv("TALLY_HTTP_LOSE_EVERY");
+  tl_http *h;
+  double timeout = 10.0;
+  if (strlen(base) != blen ||
+      (strncmp(base, "http://", 7) != 0 && strncmp(base, "https://", 8) != 0))
+    return luaL_argerror(L, 1, "http:// or https:// URL expected");
+  if (!lua_isnoneornil(L, 2)) luaL_checktype(L, 2, LUA_TTABLE);
+  lua_settop(L, 2);
+  h = (tl_http *)lua_newuserdata(L, sizeof *h); /* 3 */
+  memset(h, 0, sizeof *h);
+  luaL_getmetatable(L, TL_HTTP_MT);
+  lua_setmetatable(L, -2);
+  if (lua_istable(L, 2)) {
+    lua_pushnil(L);
+    while (lua_next(L, 2)) { /* key at 4, value at 5 */
+      const char *k = lua_type(L, 4) == LUA_TSTRING ? lua_tostring(L, 4) : "";
+      if (strcmp(k, "timeout") == 0) {
+        if (lua_type(L, 5) != LUA_TNUMBER || !(lua_tonumber(L, 5) > 0) ||
+            lua_tonumber(L, 5) > 86400.0)
+          tl_argerror_got(L, 2, "timeout must be a number of seconds from 0 to 86400", 5,
+                          TL_BOOL_TYPE);
+        timeout = (double)lua_tonumber(L, 5);
+      } else if (strcmp(k, "headers") == 0) {
+        if (tl_http_addheaders(L, 2, 5, &h->headers) < 0)
+          return luaL_error(L, "not enough memory");
+      } else {
+        tl_argerror(L, 2, "unknown option %s", tl_describe(L, 4, TL_BOOL_TYPE));
+      }
+      lua_settop(L, 4);
+    }
+  }
+  h->timeout_ms = (long)(timeout * 1000.0);
+  if (h->timeout_ms < 1) h->timeout_ms = 1;
+  if (every != NULL) h->lose_every = strtoull(every, NULL, 10);
+  h->base = (char *)malloc(blen + 1);
+  h->curl = curl_easy_init();
+  if (h->base == NULL || h->curl == NULL) {
+    tl_http_free(h);
+    return luaL_error(L, "cannot create an HTTP handle (out of memory)");
+  }
+  memcpy(h->base, base, blen + 1);
+  curl_easy_setopt(h->curl, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(h->curl, CURLOPT_WRITEFUNCTION, tl_http_write);
+  curl_easy_setopt(h->curl, CURLOPT_WRITEDATA, h);
+  curl_easy_setopt(h->curl, CURLOPT_ERRORBUFFER, h->errbuf);
+  curl_easy_setopt(h->curl, CURLOPT_TIMEOUT_MS, h->timeout_ms);
+  curl_easy_setopt(h->curl, CURLOPT_CONNECTTIMEOUT_MS, h->timeout_ms);
+  curl_easy_setopt(h->curl, CURLOPT_TCP_NODELAY, 1L);
+  curl_easy_setopt(h->curl, CURLOPT_TCP_KEEPALIVE, 1L);
+  return 1;
+}
+
+/* The code name of a libcurl failure. */
+static const char *tl_http_code(CURLcode rc) {
+  switch (rc) {
+  case CURLE_OPERATION_TIMEDOUT: return "ETIMEDOUT";
+  case CURLE_COULDNT_CONNECT:
+  case CURLE_COULDNT_RESOLVE_HOST:
+  case CURLE_COULDNT_RESOLVE_PROXY: return "ECONNECT";
+  default: return "EHTTP";
+  }
+}
+
+/* h:request(method, path [, body [, headers]]) */
+static int tl_http_request(lua_State *L) {
+  tl_http *h = tl_checkhttp(L);
+  size_t mlen, plen, blen = 0;
+  const char *method = luaL_checklstring(L, 2, &mlen);
+  const char *path = luaL_checklstring(L, 3, &plen);
+  const char *body = NULL;
+  struct curl_slist *list = NULL, *extra = NULL;
+  CURLcode rc;
+  long status = 0;
+  int lose = 0;
+  luaL_Buffer url;
+  if (mlen == 0 || mlen > 16 || strspn(method, "ABCDEFGHIJKLMNOPQRSTUVWXYZ") != mlen ||
+      strcmp(method, "HEAD") == 0)
+    return tl_argerror_got(L, 2, "method must be GET, POST, PATCH, DELETE or PUT", 2,
+                           TL_BOOL_TYPE);
+  if (strlen(path) != plen) return luaL_argerror(L, 3, "path must not contain NUL bytes");
+  if (!lua_isnoneornil(L, 4)) body = luaL_checklstring(L, 4, &blen);
+  if (!lua_isnoneornil(L, 5) && tl_http_addheaders(L, 5, 5, &extra) < 0) {
+    curl_slist_free_all(extra);
+    return luaL_error(L, "not enough memory");
+  }
+  /* the request's headers: the handle's, the content type, then these */
+  for (struct curl_slist *p = h->headers; p != NULL; p = p->next) {
+    struct curl_slist *next = curl_slist_append(list, p->data);
+    if (next == NULL) goto oom;
+    list = next;
+  }
+  if (body != NULL) {
+    struct curl_slist *next = curl_slist_append(list, "Content-Type: application/json");
+    if (next == NULL) goto oom;
+    list = next;
+  }
+  for (struct curl_slist *p = extra; p != NULL; p = p->next) {
+    struct curl_slist *next = curl_slist_append(list, p->data);
+    if (next == NULL) goto oom;
+    list = next;
+  }
+  curl_slist_free_all(extra);
+  extra = NULL;
+
+  luaL_buffinit(L, &url);
+  luaL_addstring(&url, h->base);
+  luaL_addlstring(&url, path, plen);
+  luaL_pushresult(&url); /* the URL string stays on the stack while in use */
+
+  h->len = 0;
+  h->overflow = 0;
+  h->errbuf[0] = '\0';
+  curl_easy_setopt(h->curl, CURLOPT_URL, lua_tostring(L, -1));
+  curl_easy_setopt(h->curl, CURLOPT_HTTPHEADER, list);
+  if (strcmp(method, "GET") == 0) {
+    curl_easy_setopt(h->curl, CURLOPT_CUSTOMREQUEST, NULL);
+    curl_easy_setopt(h->curl, CURLOPT_HTTPGET, 1L);
+  } else {
+    curl_easy_setopt(h->curl, CURLOPT_CUSTOMREQUEST, method);
+  }
+  if (body != NULL) {
+    curl_easy_setopt(h->curl, CURLOPT_POSTFIELDS, body);
+    curl_easy_setopt(h->curl, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)blen);
+  } else if (strcmp(method, "GET") != 0) {
+    curl_easy_setopt(h->curl, CURLOPT_POSTFIELDS, "");
+    curl_easy_setopt(h->curl, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)0);
+  }
+  rc = curl_easy_perform(h->curl);
+  curl_easy_setopt(h->curl, CURLOPT_HTTPHEADER, NULL);
+  curl_slist_free_all(list);
+  h->requests++;
+  h->bytes_out += blen;
+  if (rc != CURLE_OK) {
+    h->failures++;
+    lua_pushnil(L);
+    if (h->overflow)
+      lua_pushfstring(L, "reply larger than %d MiB", (int)(TL_HTTP_MAXREPLY >> 20));
+    else
+      lua_pushstring(L, h->errbuf[0] != '\0' ? h->errbuf : curl_easy_strerror(rc));
+    lua_pushstring(L, tl_http_code(rc));
+    return 3;
+  }
+  h->bytes_in += h->len;
+  if (h->lose > 0) {
+    h->lose--;
+    lose = 1;
+  } else if (h->lose_every > 0 && h->requests % h->lose_every == 0) {
+    lose = 1;
+  }
+  if (lose) { /* the server has answered: the reply is what gets lost */
+    h->lost++;
+    lua_pushnil(L);
+    lua_pushliteral(L, "reply lost (injected)");
+    lua_pushliteral(L, "ELOST");
+    return 3;
+  }
+  curl_easy_getinfo(h->curl, CURLINFO_RESPONSE_CODE, &status);
+  lua_pushinteger(L, (lua_Integer)status);
+  lua_pushlstring(L, h->buf != NULL ? h->buf : "", h->len);
+  return 2;
+
+oom:
+  curl_slist_free_all(list);
+  curl_slist_free_all(extra);
+  return luaL_error(L, "not enough memory");
+}
+
+/* h:lose_replies(n) -> the previous count */
+static int tl_http_lose_replies(lua_State *L) {
+  tl_http *h = tl_checkhttp(L);
+  lua_Number n = luaL_checknumber(L, 2);
+  if (!(n >= 0 && n <= 1e15) || (lua_Number)(int64_t)n != n)
+    return tl_argerror_got(L, 2, "non-negative integer expected", 2, TL_BOOL_TYPE);
+  lua_pushnumber(L, (lua_Number)h->lose);
+  h->lose = (uint64_t)n;
+  return 1;
+}
+
+static int tl_http_stats(lua_State *L) {
+  tl_http *h = tl_checkhttp(L);
+  lua_createtable(L, 0, 5);
+  tl_setint(L, "requests", (int64_t)h->requests);
+  tl_setint(L, "failures", (int64_t)h->failures);
+  tl_setint(L, "lost", (int64_t)h->lost);
+  tl_setint(L, "bytes_in", (int64_t)h->bytes_in);
+  tl_setint(L, "bytes_out", (int64_t)h->bytes_out);
+  return 1;
+}
+
+/* h:close(), __gc, __close: closing twice does nothing. */
+static int tl_http_close(lua_State *L) {
+  tl_http *h = (tl_http *)tl_checkudata(L, 1, TL_HTTP_MT);
+  tl_http_free(h);
+  return 0;
+}
+
+static int tl_http_tostring(lua_State *L) {
+  tl_http *h = (tl_http *)tl_checkudata(L, 1, TL_HTTP_MT);
+  if (h->curl == NULL)
+    lua_pushliteral(L, "tally.http (closed)");
+  else
+    lua_pushfstring(L, "tally.http (%s)", h->base);
+  return 1;
+}
+
+static const luaL_Reg tl_http_methods[] = {{"request", tl_http_request},
+                                           {"lose_replies", tl_http_lose_replies},
+                                           {"stats", tl_http_stats},
+                                           {"close", tl_http_close},
+                                           {NULL, NULL}};
+static const luaL_Reg tl_http_meta[] = {{"__gc", tl_http_close},
+                                        {"__close", tl_http_close},
+                                        {"__tostring", tl_http_tostring},
+                                        {NULL, NULL}};
+
+int tl_open_http(lua_State *L) {
+  curl_global_init(CURL_GLOBAL_DEFAULT); /* counted by libcurl; the sender calls it too */
+  tl_newclass(L, TL_HTTP_MT, tl_http_meta, tl_http_methods);
+  lua_pop(L, 1);
+  lua_pushcfunction(L, tl_http_new);
+  lua_setfield(L, -2, "http");
+  return 0;
+}
