@@ -46,7 +46,8 @@ local store = core.store_methods
 local SAFE = 2^53 - 1                    -- the largest count a double holds exactly, and its neighbours
 local SHARD_MIN = tointeger("-4611686018427387904")   -- -2^62
 local SHARD_MAX = tointeger("4611686018427387903")    -- 2^62 - 1
-local POLICIES = { thread = true, random = true, round_robin = true, key = true, ["function"] = true }
+local POLICIES = { thread = true, random = true, round_robin = true, key = true, slot = true,
+                   ["function"] = true }
 
 local function count_text(n)
   if n >= -SAFE and n <= SAFE then return int_text(n) end
@@ -180,7 +181,8 @@ local function check_counter(name, doc)
   end
   local policy = doc.policy
   if policy ~= nil and (type(policy) ~= "string" or not POLICIES[policy]) then
-    bad("policy must be thread, random, round_robin, key or function, got " .. jdescribe(policy))
+    bad("policy must be thread, random, round_robin, key, slot or function, got "
+        .. jdescribe(policy))
   end
   local shards = doc.shards
   local given = 0
@@ -237,7 +239,10 @@ end
 -- dropped a counter under the import.
 local function undo(db, log, created)
   local hs, ss, ns = log[1], log[2], log[3]
-  for i = #hs, 1, -1 do pcall(hs[i].add_shard, hs[i], ss[i], -ns[i]) end
+  for i = #hs, 1, -1 do
+    if ss[i] == 0 then pcall(hs[i].incr, hs[i], sub(0, ns[i])) -- a slot counter (below)
+    else pcall(hs[i].add_shard, hs[i], ss[i], sub(0, ns[i])) end
+  end
   for i = #created, 1, -1 do db:drop(created[i]) end
 end
 
@@ -378,7 +383,28 @@ function import_any(self, text, opts)
       undo(self, log, created)
       return nil, msg, code
     end
-    for s = 1, p.shards do
+    local info = c:info()
+    local slot = p.policy == "slot" or (info and info.policy == "slot")
+    if slot then
+      -- each shard of a slot counter is one writer's, journalled by it
+      -- (src/core/batch.c): the importer adds the difference in its own
+      local n = 0
+      for s = 1, p.shards do
+        n = add(n, p.counts[s])
+        if mode == "replace" then n = sub(n, now[s]) end
+      end
+      if n ~= 0 then
+        local aok
+        aok, msg, code = c:incr(n)
+        if not aok then
+          undo(self, log, created)
+          return nil, msg, code
+        end
+        k = k + 1
+        hs[k], ss[k], ns[k] = c, 0, n
+      end
+    end
+    for s = 1, slot and 0 or p.shards do
       local n = p.counts[s]
       if mode == "replace" then n = sub(n, now[s]) end  -- both within +-2^62: no overflow
       if n ~= 0 then

@@ -43,7 +43,7 @@ do
     return db, msg, code
   end
 end
-_M.policies = { "thread", "random", "round_robin", "key" }
+_M.policies = { "thread", "random", "round_robin", "key", "slot" }
 _M.MAX_SHARDS = core.MAX_SHARDS
 _M.NAME_MAX = core.NAME_MAX
 _M.DEFAULT_SHARDS = core.DEFAULT_SHARDS
@@ -117,6 +117,75 @@ function store:values(pattern)
   return out
 end
 
+-- ---- batches and snapshots (src/lua/lua_batch.c, docs/lua-api.md) ----------
+-- Increments of counters of policy "slot" that db:snapshot sees together or
+-- not at all, across threads and processes.
+
+local SLOT = { policy = "slot" }
+local describe = require("tally.util").describe
+
+-- The handle for a batch entry: a counter of this store, or a name (a slot
+-- counter is created if it is absent).
+local function batch_counter(db, c, fname, arg)
+  if type(c) == "string" then return db:counter(c, SLOT) end
+  if type(c) == "userdata" then return c end -- core.batch checks it is a counter
+  argerror(arg, fname, "counter or name expected, got " .. describe(c), 3)
+end
+
+-- db:incr_many({ {counter_or_name [, n]}, ... }) -> true | nil, msg, code
+function store:incr_many(list)
+  check_self(self, "tally.store", "incr_many")
+  if type(list) ~= "table" then
+    argerror(2, "incr_many", "table expected, got " .. describe(list))
+  end
+  local cs, ds = {}, {}
+  for i, e in ipairs(list) do
+    if type(e) ~= "table" then
+      argerror(2, "incr_many", "entry " .. i .. " must be { counter_or_name [, n] }, got "
+               .. describe(e))
+    end
+    cs[i] = batch_counter(self, e[1], "incr_many", 2)
+    ds[i] = e[2] == nil and 1 or e[2]
+  end
+  return core.batch(self, cs, ds)
+end
+
+-- db:batch(fn) -> true | nil, msg, code: fn(b) calls b:incr(counter_or_name
+-- [, n]) and b:decr(...); when it returns, all of them are applied as one
+-- batch. If fn raises, nothing is applied and the error goes on.
+local batch_mt = {}
+batch_mt.__index = batch_mt
+function batch_mt:incr(c, n)
+  local k = #self.cs + 1
+  self.cs[k] = batch_counter(self.db, c, "incr", 1)
+  self.ds[k] = n == nil and 1 or n
+  return self
+end
+function batch_mt:decr(c, n)
+  local d = n == nil and 1 or n
+  if (type(d) == "number" and tointeger(d)) or type(d) == "cdata" then d = sub(0, d) end
+  return self:incr(c, d)
+end
+
+function store:batch(fn)
+  check_self(self, "tally.store", "batch")
+  if type(fn) ~= "function" then
+    argerror(2, "batch", "function expected, got " .. describe(fn))
+  end
+  local b = setmetatable({ db = self, cs = {}, ds = {} }, batch_mt)
+  fn(b)
+  if #b.cs == 0 then return true end
+  return core.batch(self, b.cs, b.ds)
+end
+
+-- db:snapshot([pattern]) -> { [name] = value, ... } | nil, msg, code: the
+-- matching counters' values as one consistent cut (every batch of slot
+-- counters whole or not at all; each writer's increments in their order).
+function store:snapshot(pattern)
+  check_self(self, "tally.store", "snapshot")
+  return core.snapshot(self, pattern)
+end
+
 local counter = core.counter_methods
 
 -- c:skew() -> { shards =, min =, max =, mean =, spread =, ratio =, hot = }
@@ -149,6 +218,7 @@ _M.format = require "tally.format"
 _M.prometheus = require("tally.prometheus").prometheus
 _M.logger = require("tally.prometheus").logger
 require "tally.export"
+
 
 -- LuaJIT: the FFI path for the hot calls (sets _M.ffi); false under Lua 5.4
 _M.ffi = false

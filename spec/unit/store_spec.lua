@@ -17,7 +17,7 @@ describe("tally", function()
     assert.is_string(tally.version)
     assert.matches("^%d+%.%d+%.%d+$", tally.version)
     assert.equal(tally.version, tally._VERSION)
-    assert.same({ "thread", "random", "round_robin", "key" }, tally.policies)
+    assert.same({ "thread", "random", "round_robin", "key", "slot" }, tally.policies)
   end)
 
   it("exposes the method tables of its handles", function()

@@ -339,9 +339,10 @@ int tally_batch_incr(tally_store *s, tally_counter *const *cs, const int64_t *de
     atomic_store_explicit(&e->delta, d[j], memory_order_relaxed);
   }
   atomic_store_explicit(&sl->n, m, memory_order_relaxed);
-  /* 2. odd: the journal before it (seq_cst), the adds after it (release) */
+  /* 2. odd: a release store, so the journal is seen before it; each add
+   * below is a release too, so seq odd is seen before any add */
   uint64_t seq = atomic_load_explicit(&sl->seq, memory_order_relaxed);
-  atomic_store(&sl->seq, seq + 1);
+  atomic_store_explicit(&sl->seq, seq + 1, memory_order_release);
   /* 3. the adds: this slot's cells have no other writer, so each lands on
    * exactly `before`; a drop meanwhile retires the cell, and the add into a
    * retired cell counts for nothing (as any increment racing a drop) */

@@ -216,6 +216,7 @@ int tl_open_rollup(lua_State *L);  /* lua_rollup.c: schedules, c:rolled() */
 int tl_open_sender(lua_State *L);  /* lua_sender.c: core.sender, the spool */
 int tl_open_redis(lua_State *L);   /* lua_redis.c: core.redis, core.flusher */
 int tl_open_compact(lua_State *L); /* lua_compact.c: core.compact */
+int tl_open_batch(lua_State *L);   /* lua_batch.c: core.batch, core.snapshot */
 int tl_open_http(lua_State *L);    /* lua_http.c: core.http */
 int tl_open_ship(lua_State *L);    /* lua_ship.c: core.ship, core.counter_read */
 

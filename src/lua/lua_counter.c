@@ -32,6 +32,7 @@ static const char *const tl_policy_names[] = {"thread", "random", "round_robin",
 
 const char *tl_policy_label(int32_t policy) {
   if (policy >= 0 && policy < TALLY_POLICY_CUSTOM) return tl_policy_names[policy];
+  if (policy == TALLY_POLICY_SLOT) return "slot";
   return policy == TALLY_POLICY_CUSTOM ? "function" : "?";
 }
 
@@ -55,10 +56,12 @@ static int32_t tl_checkpolicy(lua_State *L, int vidx, int arg) {
     int i;
     for (i = 0; tl_policy_names[i] != NULL; i++)
       if (strcmp(s, tl_policy_names[i]) == 0) return i;
+    if (strcmp(s, "slot") == 0) return TALLY_POLICY_SLOT;
   }
   tl_argerror(
       L, arg,
-      "policy must be one of thread, random, round_robin, key or a function, got %s",
+      "policy must be one of thread, random, round_robin, key, slot or a function, "
+      "got %s",
       tl_describe(L, vidx, TL_BOOL_VALUE));
   return -1;
 }
@@ -93,7 +96,8 @@ void tl_checkcounteropts(lua_State *L, int arg, tally_counter_options *o, int *c
   }
   lua_getfield(L, arg, "policy");
   if (!lua_isnil(L, -1)) o->policy = tl_checkpolicy(L, lua_gettop(L), arg);
-  if (o->shards == TALLY_SHARDS_AUTO && o->policy >= TALLY_POLICY_KEY)
+  if (o->shards == TALLY_SHARDS_AUTO && o->policy >= TALLY_POLICY_KEY &&
+      o->policy != TALLY_POLICY_SLOT)
     luaL_argerror(L, arg,
                   "shards = \"auto\" needs a policy that picks the shard itself "
                   "(thread, random or round_robin)");

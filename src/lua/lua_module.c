@@ -15,6 +15,7 @@ static const luaL_Reg tl_parts[] = {
     {"sender", tl_open_sender},   /* core.sender, the spool's helpers */
     {"redis", tl_open_redis},     /* core.redis, core.flusher */
     {"compact", tl_open_compact}, /* core.compact */
+    {"batch", tl_open_batch},     /* core.batch, core.snapshot (lua_batch.c) */
     {"http", tl_open_http},       /* core.http (lua_http.c) */
     {"ship", tl_open_ship},       /* core.ship, core.counter_read (lua_ship.c) */
     {NULL, NULL}};

@@ -1,0 +1,120 @@
+-- Batches and snapshots from Lua: db:batch, db:incr_many, db:snapshot and
+-- counters of policy "slot" (src/core/batch.c; the C test test_batch holds
+-- threads, processes and SIGKILL).
+local helper = require "spec.support.helper"
+local tally = require "tally"
+
+describe("slot counters", function()
+  it("have one shard per writer slot and refuse what would pick a shard", function()
+    local db = tally.open()
+    local c = db:counter("s", { policy = "slot" })
+    assert.same({ 64, "slot" }, { c:info().shards, c:info().policy })
+    assert.is_true(c:incr(5))
+    assert.is_true(c:decr(2))
+    assert.equal(3, c:value())
+    assert.equal(3, helper.sum(c:shards()))           -- all in this thread's shard
+    assert.equal(1, helper.nonzero(c:shards()))
+    assert.same({ nil, "counter 's' has the slot policy: one shard per writer", "EPOLICY" },
+                { c:reshard(4) })
+    assert.same({ nil, "the slot policy has one shard per writer slot: 64 shards, not 16",
+                  "ESHARDS" }, { db:counter("t", { policy = "slot", shards = 16 }) })
+    -- the same counter opened again, with no shard count or "auto"
+    assert.equal(3, db:counter("s", { policy = "slot", shards = "auto" }):value())
+    assert.equal(3, db:counter("s"):value())
+    assert.same({ "thread", "random", "round_robin", "key", "slot" }, tally.policies)
+    db:close()
+  end)
+end)
+
+describe("tally.store:batch and :incr_many", function()
+  it("add to several slot counters at once, by handle or by name", function()
+    local db = tally.open()
+    local a = db:counter("a", { policy = "slot" })
+    assert.is_true(db:batch(function(b)
+      b:incr(a, 2)
+      b:incr("b", 3)       -- created as a slot counter
+      b:decr("c")
+      b:incr(a)            -- a counter named twice gets both
+    end))
+    assert.same({ a = 3, b = 3, c = -1 }, db:snapshot())
+    assert.equal("slot", db:counter("b"):info().policy)
+    assert.is_true(db:incr_many{ { a }, { "b", 10 }, { "c", -1 } })
+    assert.same({ a = 4, b = 13, c = -2 }, db:snapshot())
+    assert.is_true(db:batch(function() end))          -- nothing to add
+    db:close()
+  end)
+
+  it("add nothing when the function raises or any entry is refused", function()
+    local db = tally.open()
+    local a = db:counter("a", { policy = "slot" })
+    local plain = db:counter("plain")
+    assert.has_error(function() db:batch(function(b) b:incr(a, 5); error("boom") end) end)
+    assert.equal(0, a:value())
+    local ok, msg, code = db:incr_many{ { a, 1 }, { plain, 1 } }
+    assert.same({ nil, "counter 'plain' has the thread policy: only slot counters can be batched",
+                  "EPOLICY" }, { ok, msg, code })
+    ok, msg, code = db:incr_many{ { a, 1 }, { "b", 2 ^ 62 } }
+    assert.is_nil(ok)
+    assert.equal("ERANGE", code)
+    assert.same({ 0, 0, 0 }, { a:value(), plain:value(), db:value("b") })
+    local many = {}
+    for i = 1, 65 do many[i] = { "m" .. i } end
+    ok, msg, code = db:incr_many(many)
+    assert.same({ nil, "a batch holds at most 64 counters", "EINVAL" }, { ok, msg, code })
+    many[65] = nil
+    assert.is_true(db:incr_many(many))
+    assert.equal(64, db:sum("m*"))
+    db:close()
+  end)
+
+  it("raise on misuse", function()
+    local db = tally.open()
+    local other = tally.open()
+    local theirs = other:counter("x", { policy = "slot" })
+    assert.equal("bad argument #2 to 'incr_many' (table expected, got nil)",
+                 helper.err(db.incr_many, db))
+    assert.equal("bad argument #2 to 'incr_many' (entry 1 must be { counter_or_name [, n] }, got 3)",
+                 helper.err(db.incr_many, db, { 3 }))
+    assert.equal("bad argument #2 to 'batch' (function expected, got 'x')",
+                 helper.err(db.batch, db, "x"))
+    assert.matches("belongs to another store", helper.err(db.incr_many, db, { { theirs } }))
+    assert.matches("integer", helper.err(db.incr_many, db, { { "n", 1.5 } }))
+    assert.matches("counter or name expected, got true",
+                   helper.err(db.batch, db, function(b) b:incr(true) end))
+    db:close()
+    other:close()
+  end)
+end)
+
+describe("tally.store:snapshot", function()
+  it("holds slot and other counters, filtered by a pattern", function()
+    local db = tally.open()
+    db:incr("plain", 7)
+    db:incr_many{ { "h:a", 1 }, { "h:b", 2 } }
+    assert.same({ plain = 7, ["h:a"] = 1, ["h:b"] = 2 }, db:snapshot())
+    assert.same({ ["h:a"] = 1, ["h:b"] = 2 }, db:snapshot("h:*"))
+    assert.same({}, db:snapshot("none*"))
+    db:drop("h:a")
+    assert.same({ ["h:b"] = 2 }, db:snapshot("h:*"))
+    db:close()
+  end)
+end)
+
+describe("slot counters in export and import", function()
+  it("round-trip, the importer adding the difference in its own shard", function()
+    local db = tally.open()
+    db:incr_many{ { "h:a", 5 }, { "h:b", 7 } }
+    local json = assert(db:export("h:*"))
+    assert.matches('"policy":"slot"', json)
+    local other = tally.open()
+    assert.equal(2, other:import(json))
+    assert.same({ ["h:a"] = 5, ["h:b"] = 7 }, other:snapshot())
+    assert.equal("slot", other:counter("h:a"):info().policy)
+    assert.equal(2, other:import(json))                    -- replace: no change
+    assert.same({ ["h:a"] = 5, ["h:b"] = 7 }, other:snapshot())
+    assert.equal(2, other:import(json, { mode = "add" }))
+    assert.same({ ["h:a"] = 10, ["h:b"] = 14 }, other:snapshot())
+    db:close()
+    other:close()
+  end)
+end)

@@ -1,0 +1,89 @@
+/* lua_batch.c -- batches and snapshots (include/tally.h, tally_batch_incr,
+ * tally_store_snapshot): what db:batch, db:incr_many and db:snapshot
+ * (lua/tally/init.lua) stand on.
+ *
+ *   core.batch(db, counters, deltas) -> true
+ *       counters: a list of counter handles of db (policy "slot"); deltas:
+ *       a list as long, of increments (integers; under LuaJIT also int64
+ *       cdata). All of them land together for snapshots, or none does.
+ *   core.snapshot(db [, pattern]) -> { [name] = value, ... }
+ *       the values of the matching counters as one consistent cut (slot
+ *       counters; others read one after the other)
+ *
+ * Each returns nil, message, code on failure (EPOLICY for a counter that
+ * is not a slot counter, EBUSY when every writer slot is held, ERANGE,
+ * EDROPPED); misuse (not lists, lengths that differ, a closed handle)
+ * raises.
+ */
+#include <stdint.h>
+
+#include "lua_aux.h"
+
+#define TL_BATCH_ENTRIES 1024 /* list entries; distinct counters: TALLY_BATCH_MAX */
+
+static int tl_batch(lua_State *L) {
+  tl_store *db = tl_checkstore(L, 1);
+  tally_counter *cs[TL_BATCH_ENTRIES];
+  int64_t deltas[TL_BATCH_ENTRIES];
+  size_t n, i;
+  int rc;
+  if (!lua_istable(L, 2)) tl_typeerror(L, 2, "table");
+  if (!lua_istable(L, 3)) tl_typeerror(L, 3, "table");
+  n = (size_t)lua_rawlen(L, 2);
+  if (n != (size_t)lua_rawlen(L, 3))
+    return tl_argerror(L, 3, "%zu deltas for %zu counters", (size_t)lua_rawlen(L, 3), n);
+  if (n == 0) return tl_argerror(L, 2, "an empty batch");
+  if (n > TL_BATCH_ENTRIES)
+    return tl_argerror(L, 2, "at most %d entries in a batch, got %zu", TL_BATCH_ENTRIES,
+                       n);
+  for (i = 0; i < n; i++) {
+    tl_counter *h;
+    lua_rawgeti(L, 2, (lua_Integer)i + 1);
+    h = tl_checkcounter(L, lua_gettop(L));
+    if (h->db != db)
+      return tl_argerror(L, 2, "counter '%s' belongs to another store", h->name);
+    cs[i] = h->c;
+    lua_rawgeti(L, 3, (lua_Integer)i + 1);
+    deltas[i] = tl_checkdelta(L, lua_gettop(L));
+    lua_pop(L, 2);
+  }
+  rc = tally_batch_incr(db->store, cs, deltas, n);
+  if (rc < 0) return tl_fail(L, rc);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+static int tl_snapshot_one(void *ud, const char *name, size_t len, int64_t value) {
+  lua_State *L = ud;
+  if (!tl_canpush(L, value)) return 1; /* beyond LuaJIT's numbers without the box */
+  lua_pushlstring(L, name, len);
+  tl_pushint64(L, value);
+  lua_rawset(L, -3);
+  return 0;
+}
+
+static int tl_snapshot(lua_State *L) {
+  tl_store *db = tl_checkstore(L, 1);
+  size_t plen = 1;
+  const char *pattern = lua_isnoneornil(L, 2) ? "*" : tl_checkstring(L, 2, &plen);
+  int rc;
+  lua_settop(L, 2);
+  lua_newtable(L);
+  rc = tally_store_snapshot(db->store, pattern, plen, tl_snapshot_one, L);
+  if (rc == 1)
+    return tl_fail_msg(L, TALLY_ERANGE, "a value beyond 2^53 (require \"tally\")");
+  if (rc < 0) return tl_fail(L, rc);
+  return 1;
+}
+
+int tl_open_batch(lua_State *L) {
+  lua_pushcfunction(L, tl_batch);
+  lua_setfield(L, -2, "batch");
+  lua_pushcfunction(L, tl_snapshot);
+  lua_setfield(L, -2, "snapshot");
+  lua_pushinteger(L, TALLY_BATCH_MAX);
+  lua_setfield(L, -2, "BATCH_MAX");
+  lua_pushinteger(L, TALLY_SLOT_SHARDS);
+  lua_setfield(L, -2, "SLOT_SHARDS");
+  return 0;
+}
