@@ -25,9 +25,9 @@
  * cell that was dropped and reused meanwhile is never touched.
  *
  * A busy writer could starve a reader of a quiet window, so a reader that
- * failed twice on a slot sets the slot's hold_ms: the writer waits (at most
- * HOLD_MS, so a reader that dies holding it stalls nobody for long) before
- * its next batch.
+ * failed four times on a slot sets the slot's hold_ms: the writer yields
+ * (at most HOLD_MS, so a reader that dies holding it stalls nobody for
+ * long) before its next batch.
  */
 #include "internal.h"
 
@@ -42,7 +42,7 @@
 
 #define HOLD_MS      10 /* how long a reader's request to pause holds */
 #define LIVENESS_MS  1  /* how often a waiting reader checks on the writer */
-#define READ_RETRIES 2  /* optimistic reads of a slot before asking for a hold */
+#define READ_RETRIES 4  /* optimistic reads of a slot before asking for a hold */
 #define SLOTS_BYTES  ((uint64_t)TALLY_SLOT_SHARDS * sizeof(struct tally__wslot))
 
 _Static_assert(sizeof(struct tally__wslot) % 64 == 0, "writer slots fill whole lines");
@@ -130,6 +130,7 @@ int tally__slots_recover(tally_store *s) {
 
 struct mine {
   tally_store *s;
+  struct tally__wslot *sl; /* the slot: the table never moves while open */
   uint32_t slot;
   pid_t pid, tid;
   uint64_t owner;
@@ -165,15 +166,15 @@ static int key_ready(tally_store *s) {
 }
 
 /* The calling thread's slot, leased on first use. */
-static int my_slot(tally_store *s, struct tally__wslot **out) {
+static int my_slot(tally_store *s, struct mine **out) {
   int rc = key_ready(s);
   if (rc) return rc;
   struct mine *m = pthread_getspecific(s->wkey);
-  struct tally__wslot *t = slot_table(s);
-  if (m && m->pid == tally__pid() && t) {
-    *out = &t[m->slot];
+  if (m && m->pid == tally__pid()) {
+    *out = m;
     return 0;
   }
+  struct tally__wslot *t = NULL;
   free(m); /* NULL, or the parent's before a fork */
   pthread_setspecific(s->wkey, NULL);
   if (!(m = malloc(sizeof *m))) return tally__fail(TALLY_ENOMEM, "out of memory");
@@ -196,6 +197,7 @@ static int my_slot(tally_store *s, struct tally__wslot **out) {
         atomic_store(&t[w].hold_ms, 0);
         atomic_store_explicit(&t[w].owner, m->owner, memory_order_release);
         m->slot = w;
+        m->sl = &t[w];
       }
     }
     tally__unlock(s);
@@ -209,7 +211,7 @@ static int my_slot(tally_store *s, struct tally__wslot **out) {
     free(m);
     return rc;
   }
-  *out = &t[m->slot];
+  *out = m;
   return 0;
 }
 
@@ -262,12 +264,14 @@ static void sleep_us(long us) {
   nanosleep(&ts, NULL);
 }
 
-/* A reader asked for a quiet moment: give it one, for HOLD_MS at most. */
+/* A reader asked for a quiet moment: give it one, for HOLD_MS at most. It
+ * clears the request as soon as it has read this slot, so yield rather
+ * than sleep: a sleep would hold the writer far longer than the read. */
 static void honour_hold(struct tally__wslot *sl) {
   for (;;) {
     int64_t h = atomic_load_explicit(&sl->hold_ms, memory_order_relaxed);
     if (!h || tally_monotonic_ms() - h >= HOLD_MS) return;
-    sleep_us(50);
+    sched_yield();
   }
 }
 
@@ -307,18 +311,22 @@ int tally_batch_incr(tally_store *s, tally_counter *const *cs, const int64_t *de
   }
   for (size_t j = 0; j < m; j++)
     if ((rc = tally__counter_live(c[j]))) return rc;
-  struct tally__wslot *sl;
-  if ((rc = my_slot(s, &sl))) return rc;
-  uint32_t w = (uint32_t)(sl - slot_table(s));
+  struct mine *me = NULL;
+  if ((rc = my_slot(s, &me))) return rc;
+  struct tally__wslot *sl = me->sl;
+  uint32_t w = me->slot;
   honour_hold(sl);
   /* 1. the journal; everything is checked before anything is added */
   for (size_t j = 0; j < m; j++) {
     uint64_t rec_off = tally__crec(c[j]);
     const struct tally__rec *r = tally__at(s, rec_off);
     uint64_t loc = atomic_load_explicit(&r->loc, memory_order_acquire), cells;
-    uint32_t shards;
-    bool dropped;
-    if ((rc = tally__loc_decode(s, rec_off, loc, &cells, &shards, &dropped))) return rc;
+    uint32_t shards = tally__loc_shards(loc);
+    bool dropped = (loc & TALLY__LOC_DROPPED) != 0;
+    /* the handle's copy was checked when it was made: check only a change */
+    if (loc != atomic_load_explicit(&c[j]->loc, memory_order_relaxed) &&
+        (rc = tally__loc_decode(s, rec_off, loc, &cells, &shards, &dropped)))
+      return rc;
     if (dropped || shards != TALLY_SLOT_SHARDS)
       return tally__fail(TALLY_EDROPPED, "counter '%s' was dropped", c[j]->name);
     _Atomic int64_t *cell = tally__cell_at(s, loc, w);
@@ -366,15 +374,21 @@ int tally__slot_incr(tally_counter *c, int64_t delta) {
 
 /* ---- reading ----------------------------------------------------------------- */
 
+struct snap_entry {
+  uint64_t rec_off, loc; /* loc 0: dropped meanwhile, left out */
+  __int128 total;
+  size_t name_at;
+  uint32_t name_len;
+  bool slot; /* read slot by slot; else as tally_counter_value does */
+};
+
 struct snap {
   const char *pattern;
   size_t plen;
-  uint64_t *rec_off, *loc; /* every matching counter */
-  bool *slot;
-  __int128 *total;
+  struct snap_entry *e; /* every matching counter */
+  size_t n, cap;
   char *names; /* copies: a record may be reused once its counter is dropped */
-  size_t *name_at;
-  size_t n, cap, names_len, names_cap;
+  size_t names_len, names_cap;
 };
 
 static int grow(void **p, size_t *cap, size_t need, size_t size) {
@@ -397,26 +411,17 @@ static int gather(tally_store *s, uint64_t rec_off, void *ud) {
   int rc = tally__loc_decode(s, rec_off, loc, &cells, &shards, &dropped);
   if (rc) return rc;
   if (dropped || !tally_glob_match(g->pattern, g->plen, r->name, r->name_len)) return 0;
-  size_t cap = g->cap;
-  if (g->n == cap) {
-    size_t c1 = cap, c2 = cap, c3 = cap, c4 = cap, c5 = cap;
-    if ((rc = grow((void **)&g->rec_off, &c1, g->n + 1, sizeof *g->rec_off)) ||
-        (rc = grow((void **)&g->loc, &c2, g->n + 1, sizeof *g->loc)) ||
-        (rc = grow((void **)&g->slot, &c3, g->n + 1, sizeof *g->slot)) ||
-        (rc = grow((void **)&g->total, &c4, g->n + 1, sizeof *g->total)) ||
-        (rc = grow((void **)&g->name_at, &c5, g->n + 1, sizeof *g->name_at)))
-      return rc;
-    g->cap = c1;
-  }
-  if ((rc = grow((void **)&g->names, &g->names_cap, g->names_len + r->name_len, 1)))
+  if ((rc = grow((void **)&g->e, &g->cap, g->n + 1, sizeof *g->e)) ||
+      (rc = grow((void **)&g->names, &g->names_cap, g->names_len + r->name_len, 1)))
     return rc;
   memcpy(g->names + g->names_len, r->name, r->name_len);
-  g->name_at[g->n] = g->names_len;
+  g->e[g->n] = (struct snap_entry){.rec_off = rec_off,
+                                   .loc = loc,
+                                   .name_at = g->names_len,
+                                   .name_len = r->name_len,
+                                   .slot = r->policy == TALLY_POLICY_SLOT &&
+                                           shards == TALLY_SLOT_SHARDS};
   g->names_len += r->name_len;
-  g->rec_off[g->n] = rec_off;
-  g->loc[g->n] = loc;
-  g->slot[g->n] = r->policy == TALLY_POLICY_SLOT && shards == TALLY_SLOT_SHARDS;
-  g->total[g->n] = 0;
   g->n++;
   return 0;
 }
@@ -454,25 +459,26 @@ static int read_slot(tally_store *s, struct tally__wslot *sl, uint32_t w, struct
       if ((rc = wait_slot(s, sl, s1))) break;
       continue;
     }
-    for (size_t i = 0; i < g->n; i++)
-      if (g->slot[i])
-        vals[i] =
-            atomic_load_explicit(tally__cell_at(s, g->loc[i], w), memory_order_acquire);
     /* acquire loads: seq is read again after them, and an add seen makes
      * its seq odd (or later) seen */
+    for (size_t i = 0; i < g->n; i++)
+      if (g->e[i].slot)
+        vals[i] =
+            atomic_load_explicit(tally__cell_at(s, g->e[i].loc, w), memory_order_acquire);
     if (atomic_load_explicit(&sl->seq, memory_order_relaxed) == s1) {
       for (size_t i = 0; i < g->n; i++) {
-        if (!g->slot[i]) continue;
+        struct snap_entry *e = &g->e[i];
+        if (!e->slot) continue;
         if (tally__cell_live(vals[i]))
-          g->total[i] += vals[i];
+          e->total += vals[i];
         else
-          g->slot[i] = false, g->loc[i] = 0; /* dropped meanwhile: left out */
+          e->slot = false, e->loc = 0; /* dropped meanwhile: left out */
       }
       break;
     }
-    if (attempt >= READ_RETRIES) { /* a busy writer: ask it for a moment */
-      asked = tally_monotonic_ms();
-      atomic_store_explicit(&sl->hold_ms, asked ? asked : 1, memory_order_relaxed);
+    if (attempt >= READ_RETRIES) {      /* a busy writer: ask it for a moment */
+      asked = tally_monotonic_ms() | 1; /* never 0: 0 is "no request" */
+      atomic_store_explicit(&sl->hold_ms, asked, memory_order_relaxed);
     }
   }
   if (asked) {
@@ -489,21 +495,25 @@ int tally_store_snapshot(tally_store *s, const char *pattern, size_t plen,
                    .plen = pattern && plen ? plen : 1};
   int64_t *vals = NULL;
   int rc = tally__truncated(s);
+  size_t hint = (size_t)tally__index_live(s) + 16; /* one allocation, mostly */
+  if (rc == 0) rc = grow((void **)&g.e, &g.cap, hint, sizeof *g.e);
+  if (rc == 0) rc = grow((void **)&g.names, &g.names_cap, hint * 16, 1);
   if (rc == 0) rc = tally__index_each(s, gather, &g);
   bool any_slot = false;
   for (size_t i = 0; rc == 0 && i < g.n; i++) {
-    if (g.slot[i]) {
+    struct snap_entry *e = &g.e[i];
+    if (e->slot) {
       any_slot = true;
       continue;
     }
     int64_t v; /* not batched: read as tally_counter_value does */
-    int vrc = tally__rec_value(s, g.rec_off[i], &v);
+    int vrc = tally__rec_value(s, e->rec_off, &v);
     if (vrc == TALLY_EDROPPED)
-      g.loc[i] = 0;
+      e->loc = 0;
     else if (vrc)
       rc = vrc;
     else
-      g.total[i] = v;
+      e->total = v;
   }
   struct tally__wslot *t = any_slot ? slot_table(s) : NULL;
   if (rc == 0 && t && !(vals = malloc(g.n * sizeof *vals)))
@@ -511,23 +521,17 @@ int tally_store_snapshot(tally_store *s, const char *pattern, size_t plen,
   for (uint32_t w = 0; rc == 0 && t && w < TALLY_SLOT_SHARDS; w++)
     rc = read_slot(s, &t[w], w, &g, vals);
   for (size_t i = 0; rc == 0 && i < g.n; i++) {
-    if (!g.loc[i]) continue; /* dropped */
-    if (g.total[i] > INT64_MAX || g.total[i] < INT64_MIN) {
-      rc = tally__fail(
-          TALLY_ERANGE, "counter '%.*s': value does not fit in 64 bits",
-          (int)((i + 1 < g.n ? g.name_at[i + 1] : g.names_len) - g.name_at[i]),
-          g.names + g.name_at[i]);
+    struct snap_entry *e = &g.e[i];
+    if (!e->loc) continue; /* dropped */
+    if (e->total > INT64_MAX || e->total < INT64_MIN) {
+      rc = tally__fail(TALLY_ERANGE, "counter '%.*s': value does not fit in 64 bits",
+                       (int)e->name_len, g.names + e->name_at);
       break;
     }
-    size_t len = (i + 1 < g.n ? g.name_at[i + 1] : g.names_len) - g.name_at[i];
-    rc = fn(ud, g.names + g.name_at[i], len, (int64_t)g.total[i]);
+    rc = fn(ud, g.names + e->name_at, e->name_len, (int64_t)e->total);
   }
   free(vals);
-  free(g.rec_off);
-  free(g.loc);
-  free(g.slot);
-  free(g.total);
+  free(g.e);
   free(g.names);
-  free(g.name_at);
   return rc;
 }

@@ -264,6 +264,11 @@ int tally__index_each(tally_store *s, tally__rec_fn fn, void *ud) {
   return 0;
 }
 
+uint64_t tally__index_live(tally_store *s) {
+  struct tally__index *t = table(s);
+  return t ? t->live : 0;
+}
+
 int tally__index_range(tally_store *s, uint64_t *cursor, uint64_t count, tally__rec_fn fn,
                        void *ud) {
   struct tally__index *t = table(s);

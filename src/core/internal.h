@@ -477,6 +477,7 @@ int tally__index_check(tally_store *s); /* the table header */
 int tally__rec_verify(tally_store *s, uint64_t rec_off);
 typedef int (*tally__rec_fn)(tally_store *s, uint64_t rec_off, void *ud);
 int tally__index_each(tally_store *s, tally__rec_fn fn, void *ud);
+uint64_t tally__index_live(tally_store *s); /* names in the index now (a hint) */
 /* fn for the live entries among `count` slots from *cursor on (wrapping);
  * *cursor is left where the walk stopped. */
 int tally__index_range(tally_store *s, uint64_t *cursor, uint64_t count, tally__rec_fn fn,

@@ -1,0 +1,403 @@
+-- tally.histogram: histograms made of batched counters, read as one.
+--
+-- A histogram NAME is a set of counters of policy "slot" (include/tally.h,
+-- "batches and snapshots") whose names say what they are, so that any
+-- process can find it in the store and read it back:
+--
+--   NAME{le=B}            observations v with previous bound < v <= B,
+--                         one counter per bound B (NOT cumulative)
+--   NAME{le=+Inf}         observations above the last bound
+--   NAME{sum,unit=U}      the sum of the observations, as an integer
+--                         count of U (U = 1e-06: microseconds when the
+--                         observations are seconds)
+--
+-- B and U are written as the shortest of %.15g, %.16g, %.17g that reads
+-- back as the same double, so the bounds round-trip exactly. h:observe(v)
+-- is one batch of two increments (its bucket by 1, the sum by v / U
+-- rounded to the nearest integer, halves away from zero): a snapshot
+-- (db:snapshot) sees both or neither. The count is not stored: it is the
+-- sum of the buckets, so count and buckets can never disagree, and the
+-- cumulative count of bucket B is the sum of the buckets up to B.
+-- h:snapshot() reads all of them in one db:snapshot, one consistent cut.
+--
+-- A histogram name is 1 to NAME_MAX bytes with room for its longest
+-- member name, and holds none of * ? { } (the members are found with the
+-- glob NAME{*}). Under LuaJIT, h:observe goes through the FFI
+-- (tally.ffi.batch2) when it can, else through core.batch.
+--
+-- Runs under LuaJIT (Lua 5.1 syntax) and Lua 5.4.
+
+local core = require "tally.core"
+local util = require "tally.util"
+
+local type, ipairs, pairs, tostring, tonumber, setmetatable, getmetatable =
+      type, ipairs, pairs, tostring, tonumber, setmetatable, getmetatable
+local fmt, find, match = string.format, string.find, string.match
+local floor, huge = math.floor, math.huge
+local sort, concat = table.sort, table.concat
+local describe, argerror, check_self = util.describe, util.argerror, util.self
+local core_batch = core.batch
+
+local _M = {}
+
+_M.DEFAULT_BUCKETS = { 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10 }
+_M.DEFAULT_UNIT = 1e-6
+_M.MAX_BUCKETS = 1000        -- bounds, not counting +Inf
+local EXACT = 2 ^ 53
+local SLOT = { policy = "slot" }
+
+-- ---- names ---------------------------------------------------------------------
+
+-- The text of a bound or unit: the shortest %.Ng (N = 15, 16, 17) that
+-- reads back as x; "+Inf" for infinity.
+local function num_text(x)
+  if x == huge then return "+Inf" end
+  for p = 15, 17 do
+    local s = fmt("%." .. p .. "g", x)
+    if tonumber(s) == x then return s end
+  end
+  return fmt("%.17g", x)
+end
+_M.num_text = num_text
+
+local function le_name(name, text) return name .. "{le=" .. text .. "}" end
+local function sum_name(name, unit_text) return name .. "{sum,unit=" .. unit_text .. "}" end
+_M.le_name, _M.sum_name = le_name, sum_name
+
+-- A member counter's name -> histogram name, "le" or "sum", the bound or
+-- unit (a number), its text; nil if name is not a member's.
+local function parse(name)
+  local base, text = match(name, "^([^{}*?]+){le=([^{}]+)}$")
+  if base then
+    local b = text == "+Inf" and huge or tonumber(text)
+    if b and b == b and num_text(b) == text then return base, "le", b, text end
+    return nil
+  end
+  base, text = match(name, "^([^{}*?]+){sum,unit=([^{}]+)}$")
+  if base then
+    local u = tonumber(text)
+    if u and u > 0 and u < huge and num_text(u) == text then return base, "sum", u, text end
+  end
+  return nil
+end
+_M.parse = parse
+
+-- Group member names: { [histogram name] = { les = { {b, text, member}, ...
+-- sorted }, sum = member, unit =, unit_text = } } for the complete ones
+-- (an +Inf bucket and a sum), and the list of names that are not members
+-- of a complete histogram.
+function _M.group(names)
+  local hs = {}
+  for _, n in ipairs(names) do
+    local base, kind, x, text = parse(n)
+    if base then
+      local h = hs[base]
+      if not h then h = { les = {}, names = {} }; hs[base] = h end
+      h.names[#h.names + 1] = n
+      if kind == "le" then
+        h.les[#h.les + 1] = { x, text, n }
+        if x == huge then h.inf = n end
+      elseif h.sum then
+        h.extra_sum = true             -- two units: not one histogram
+      else
+        h.sum, h.unit, h.unit_text = n, x, text
+      end
+    end
+  end
+  local others, member = {}, {}
+  for base, h in pairs(hs) do
+    if h.inf and h.sum and not h.extra_sum then
+      sort(h.les, function(a, b) return a[1] < b[1] end)
+      for _, n in ipairs(h.names) do member[n] = true end
+    else
+      hs[base] = nil
+    end
+  end
+  for _, n in ipairs(names) do
+    if not member[n] then others[#others + 1] = n end
+  end
+  return hs, others
+end
+
+-- The members of histogram name in db, as _M.group gives them (nil: none
+-- complete), or nil, msg, code.
+local function lookup(db, name)
+  local names, msg, code = db:names(name .. "{*}")
+  if not names then return nil, msg, code end
+  local hs = _M.group(names)
+  return hs[name] or false
+end
+
+-- db:histograms([pattern]) -> { { name =, buckets = { b1, ... }, unit = }, ... }
+-- the complete histograms in the store whose names match pattern, by name
+-- (the buckets without +Inf); or nil, msg, code.
+local function histograms(db, pattern)
+  check_self(db, "tally.store", "histograms")
+  if pattern ~= nil and type(pattern) ~= "string" then
+    argerror(2, "histograms", "string expected, got " .. describe(pattern), 2)
+  end
+  local names, msg, code = db:names((pattern or "*") .. "{*}")
+  if not names then return nil, msg, code end
+  local hs = _M.group(names)
+  local out = {}
+  for base, h in pairs(hs) do
+    local b = {}
+    for _, e in ipairs(h.les) do
+      if e[1] ~= huge then b[#b + 1] = e[1] end
+    end
+    out[#out + 1] = { name = base, buckets = b, unit = h.unit }
+  end
+  sort(out, function(x, y) return x.name < y.name end)
+  return out
+end
+
+-- ---- reading ---------------------------------------------------------------------
+
+-- From a snapshot (name -> value) and a group entry h: { buckets = { { le =,
+-- count = cumulative }, ... ending with le = math.huge }, count =, sum =
+-- (float, in the observations' units), sum_units = (the integer stored),
+-- unit = }.
+function _M.read(snap, h)
+  local buckets, total = {}, 0
+  for i, e in ipairs(h.les) do
+    total = total + (snap[e[3]] or 0)
+    buckets[i] = { le = e[1], count = total }
+  end
+  local s = snap[h.sum] or 0
+  return { buckets = buckets, count = total, sum = s * h.unit, sum_units = s, unit = h.unit }
+end
+
+-- q-quantile estimate of a read histogram r: the upper bound of the bucket
+-- it falls in (math.huge in the +Inf bucket), or nil when empty.
+function _M.quantile(r, q)
+  if r.count == 0 then return nil end
+  local rank = q * r.count
+  for _, b in ipairs(r.buckets) do
+    if b.count >= rank then return b.le end
+  end
+  return huge
+end
+
+-- ---- the histogram object --------------------------------------------------------
+
+local H = {}
+H.__index = H
+H.__name = "tally.histogram"
+function H.__tostring(h) return "tally.histogram: " .. h.name end
+
+-- tally.ffi when it can batch (LuaJIT, FFI on); else nil. Looked up when a
+-- histogram is opened: require "tally" installs tally.ffi after this module.
+local ffi_mod
+
+-- Index of the bucket v falls in: the first bound >= v (#bounds + 1: +Inf).
+local function bucket_of(bounds, v)
+  local n = #bounds
+  if n <= 16 then
+    for i = 1, n do
+      if v <= bounds[i] then return i end
+    end
+    return n + 1
+  end
+  local lo, hi = 1, n + 1          -- bounds[hi] >= v, or hi = n + 1
+  while lo < hi do
+    local mid = floor((lo + hi) / 2)
+    if v <= bounds[mid] then hi = mid else lo = mid + 1 end
+  end
+  return lo
+end
+
+-- h:observe(v) -> true | nil, msg, code: one observation, as one batch of
+-- its bucket (+1) and the sum (+ v / unit, rounded to the nearest integer,
+-- halves away from zero). Raises for a v that is not a finite number, or
+-- whose v / unit is beyond +-2^53; returns nil, msg, code when the batch
+-- fails (EBUSY: 64 writer threads hold the store's slots), adding nothing.
+function H:observe(v)
+  if getmetatable(self) ~= H then check_self(self, "tally.histogram", "observe") end
+  if type(v) ~= "number" or v ~= v then
+    argerror(1, "observe", "number expected, got " .. (v ~= v and "nan" or describe(v)), 2)
+  end
+  local s = v / self.unit
+  local d = s >= 0 and floor(s + 0.5) or -floor(-s + 0.5)
+  if not (d <= EXACT and d >= -EXACT) then
+    argerror(1, "observe", fmt("%s is out of range (|v / unit| must be at most 2^53, unit %s)",
+                               tostring(v), self.unit_text), 2)
+  end
+  local c = self.counters[bucket_of(self.bounds, v)]
+  local f = ffi_mod
+  if f and f.enabled and self.ffi_ok and f.batch2(self.db, c, 1, self.sumc, d) then
+    return true
+  end
+  local cs, ds = self.cs, self.ds
+  cs[1], cs[2], ds[2] = c, self.sumc, d
+  return core_batch(self.db, cs, ds)
+end
+
+-- h:snapshot() -> { buckets = { { le =, count = }, ... }, count =, sum =,
+-- sum_units =, unit = } | nil, msg, code: one consistent cut of the
+-- histogram (buckets cumulative, the last le = math.huge; count equals its
+-- count). Buckets that another process declared are included.
+function H:snapshot()
+  check_self(self, "tally.histogram", "snapshot")
+  local snap, msg, code = self.db:snapshot(self.name .. "{*}")
+  if not snap then return nil, msg, code end
+  local names = {}
+  for n in pairs(snap) do names[#names + 1] = n end
+  local h = _M.group(names)[self.name]
+  if not h then return nil, "histogram '" .. self.name .. "' was dropped", "ENOENT" end
+  return _M.read(snap, h)
+end
+
+-- h:names() -> the member counters' names: the buckets in order, +Inf, the sum.
+function H:names()
+  local out = {}
+  for i, c in ipairs(self.counters) do out[i] = c:name() end
+  out[#out + 1] = self.sumc:name()
+  return out
+end
+
+-- ---- db:histogram ------------------------------------------------------------------
+
+local function check_name(name)
+  if type(name) ~= "string" then
+    argerror(1, "histogram", "string expected, got " .. describe(name), 3)
+  end
+  if name == "" or find(name, "[%z{}*?]") then
+    argerror(1, "histogram", "a histogram name is not empty and holds none of * ? { } or NUL, "
+             .. "got " .. describe(name), 3)
+  end
+end
+
+local function check_opts(opts)
+  if opts == nil then return nil, _M.DEFAULT_UNIT end
+  if type(opts) ~= "table" then
+    argerror(2, "histogram", "options table expected, got " .. describe(opts), 3)
+  end
+  for k in pairs(opts) do
+    if k ~= "buckets" and k ~= "unit" then
+      argerror(2, "histogram", "unknown option " .. describe(k) .. "; expected buckets, unit", 3)
+    end
+  end
+  local b, unit = opts.buckets, opts.unit
+  if unit == nil then unit = _M.DEFAULT_UNIT end
+  if type(unit) ~= "number" or not (unit > 0 and unit < huge) then
+    argerror(2, "histogram", "unit must be a positive finite number, got " .. describe(unit), 3)
+  end
+  if b == nil then return nil, unit end
+  if type(b) ~= "table" or #b == 0 then
+    argerror(2, "histogram", "buckets must be a non-empty array of numbers, got " .. describe(b), 3)
+  end
+  if #b > _M.MAX_BUCKETS then
+    argerror(2, "histogram", "at most " .. _M.MAX_BUCKETS .. " buckets, got " .. #b, 3)
+  end
+  local out = {}
+  for i, x in ipairs(b) do
+    if type(x) ~= "number" or x ~= x or x == -huge then
+      argerror(2, "histogram", "buckets[" .. i .. "] must be a number, got "
+               .. (x ~= x and "nan" or describe(x)), 3)
+    end
+    if i > 1 and not (x > b[i - 1]) then
+      argerror(2, "histogram", fmt("buckets must increase: buckets[%d] = %s after %s",
+                                   i, num_text(x), num_text(b[i - 1])), 3)
+    end
+    if x ~= huge then out[#out + 1] = x end   -- +Inf is always there
+  end
+  if #b ~= #out + (b[#b] == huge and 1 or 0) then
+    argerror(2, "histogram", "buckets must be a non-empty array of numbers", 3)
+  end
+  return out, unit
+end
+
+local function list_text(les)
+  local t = {}
+  for i, e in ipairs(les) do t[i] = e[2] end
+  return concat(t, ", ")
+end
+
+-- db:histogram(name [, { buckets = { b1 < b2 < ... }, unit = 1e-6 }]) -> h
+-- | nil, msg, code. Opens histogram name, creating its member counters if
+-- the store has none yet (buckets: opts.buckets, default DEFAULT_BUCKETS;
+-- +Inf is always added). An existing histogram is opened as it is when
+-- opts.buckets is nil; given buckets or unit that differ from the
+-- stored ones fail with EEXIST. Raises for a bad name or bad options.
+local function histogram(db, name, opts)
+  check_self(db, "tally.store", "histogram")
+  check_name(name)
+  local bounds, unit = check_opts(opts)
+  local unit_given = opts ~= nil and opts.unit ~= nil
+  local have, msg, code = lookup(db, name)
+  if have == nil then return nil, msg, code end
+  local les, unit_text
+  if have then                           -- the stored set decides
+    if bounds then
+      local want = {}
+      for i, x in ipairs(bounds) do want[i] = num_text(x) end
+      want[#want + 1] = "+Inf"
+      local got = {}
+      for i, e in ipairs(have.les) do got[i] = e[2] end
+      if concat(want, ",") ~= concat(got, ",") then
+        return nil, fmt("histogram '%s' exists with buckets %s, not %s", name,
+                        concat(got, ", "), concat(want, ", ")), "EEXIST"
+      end
+    end
+    if unit_given and num_text(unit) ~= have.unit_text then
+      return nil, fmt("histogram '%s' exists with unit %s, not %s", name, have.unit_text,
+                      num_text(unit)), "EEXIST"
+    end
+    les, unit, unit_text = have.les, have.unit, have.unit_text
+  else
+    bounds = bounds or _M.DEFAULT_BUCKETS
+    les = {}
+    for i, x in ipairs(bounds) do
+      local t = num_text(x)
+      les[i] = { x, t, le_name(name, t) }
+    end
+    les[#les + 1] = { huge, "+Inf", le_name(name, "+Inf") }
+    unit_text = num_text(unit)
+  end
+  local longest = #sum_name(name, unit_text)
+  for _, e in ipairs(les) do
+    if #e[3] > longest then longest = #e[3] end
+  end
+  if longest > core.NAME_MAX then
+    argerror(1, "histogram", fmt("name too long: its member '%s' would be %d bytes (at most %d)",
+                                 #les[1][3] >= longest and les[1][3] or sum_name(name, unit_text),
+                                 longest, core.NAME_MAX), 2)
+  end
+  local h = setmetatable({ db = db, name = name, unit = unit, unit_text = unit_text,
+                           bounds = {}, buckets = {}, counters = {},
+                           cs = {}, ds = { 1, 0 } }, H)
+  local function open(n)
+    local c, m, k = db:counter(n, SLOT)
+    if not c then return nil, m, k end
+    local info = c:info()
+    if info and info.policy ~= "slot" then
+      return nil, fmt("counter '%s' of histogram '%s' has policy %s, not slot", n, name,
+                      tostring(info.policy)), "EPOLICY"
+    end
+    return c
+  end
+  for i, e in ipairs(les) do
+    local c, m, k = open(e[3])
+    if not c then return nil, m, k end
+    h.counters[i] = c
+    if e[1] ~= huge then h.bounds[i], h.buckets[i] = e[1], e[1] end
+  end
+  local c, m, k = open(sum_name(name, unit_text))
+  if not c then return nil, m, k end
+  h.sumc = c
+  h.les_text = list_text(les)
+  local f = package.loaded["tally.ffi"]
+  if f and f.batch2 and not ffi_mod then ffi_mod = f end
+  h.ffi_ok = ffi_mod ~= nil and ffi_mod.batch_ok(db, h.counters[1], h.sumc) or false
+  return h
+end
+
+-- install(tally): db:histogram, db:histograms; tally.histogram is this module.
+function _M.install(tally)
+  local store = core.store_methods
+  store.histogram = histogram
+  store.histograms = histograms
+  tally.histogram = _M
+end
+
+return _M

@@ -1,0 +1,249 @@
+-- tally.histogram: db:histogram, h:observe, h:snapshot, the member names,
+-- the Prometheus exposition and rollups of the members.
+local helper = require "spec.support.helper"
+local tally = require "tally"
+local histogram = require "tally.histogram"
+
+local function memory()
+  return assert(tally.open("memory"))
+end
+
+-- { le, cumulative count } pairs of a snapshot
+local function cum(s)
+  local out = {}
+  for i, b in ipairs(s.buckets) do out[i] = { b.le, b.count } end
+  return out
+end
+
+-- Parse Prometheus text: { [metric] = type }, { [series] = value } (series
+-- as written, labels included), in the order written.
+local function parse(text)
+  local types, values, order = {}, {}, {}
+  for line in text:gmatch("[^\n]+") do
+    local m, t = line:match("^# TYPE (%S+) (%S+)$")
+    if m then
+      assert.is_nil(types[m], "family " .. m .. " twice")
+      types[m] = t
+    elseif not line:find("^# HELP ") then
+      local s, v = line:match("^(%S+) (%S+)$")
+      assert(s, "not a sample line: " .. line)
+      values[s] = tonumber(v) or v
+      order[#order + 1] = s
+    end
+  end
+  return types, values, order
+end
+
+describe("db:histogram", function()
+  local db
+  before_each(function() db = memory() end)
+  after_each(function() db:close() end)
+
+  it("counts each observation in the first bucket whose bound it does not exceed", function()
+    local h = assert(db:histogram("lat", { buckets = { 0.01, 0.1, 1 } }))
+    for _, v in ipairs({ 0.005, 0.01, 0.0100001, 0.1, 0.5, 1, 1.5, 100, -3 }) do
+      assert.is_true(h:observe(v))
+    end
+    local s = h:snapshot()
+    assert.same({ { 0.01, 3 }, { 0.1, 5 }, { 1, 7 }, { math.huge, 9 } }, cum(s))
+    assert.equal(9, s.count)
+    assert.equal(1e-6, s.unit)
+    -- the sum in microseconds, each observation rounded to the nearest one
+    assert.equal(5000 + 10000 + 10000 + 100000 + 500000 + 1000000 + 1500000 + 100000000 - 3000000,
+                 s.sum_units)
+    assert.near(s.sum_units * 1e-6, s.sum, 1e-9)
+  end)
+
+  it("stores one counter per bucket, not cumulative, plus +Inf and the sum, all slot counters", function()
+    local h = assert(db:histogram("lat", { buckets = { 0.5, 2 } }))
+    assert.same({ "lat{le=0.5}", "lat{le=2}", "lat{le=+Inf}", "lat{sum,unit=1e-06}" }, h:names())
+    h:observe(0.1); h:observe(0.1); h:observe(1); h:observe(3)
+    assert.same({ ["lat{le=0.5}"] = 2, ["lat{le=2}"] = 1, ["lat{le=+Inf}"] = 1,
+                  ["lat{sum,unit=1e-06}"] = 4200000 }, db:snapshot())
+    for _, n in ipairs(h:names()) do assert.equal("slot", db:counter(n):info().policy) end
+  end)
+
+  it("rounds the sum to the nearest unit, halves away from zero", function()
+    local h = assert(db:histogram("n", { buckets = { 10 }, unit = 1 }))
+    for _, v in ipairs({ 0.4, 0.5, 1.5, -0.5, -0.4, 2 }) do h:observe(v) end
+    assert.equal(0 + 1 + 2 - 1 + 0 + 2, h:snapshot().sum_units)
+    assert.equal(4, h:snapshot().sum)
+    local g = assert(db:histogram("bytes", { buckets = { 1024 }, unit = 1 }))
+    assert.same({ "bytes{le=1024}", "bytes{le=+Inf}", "bytes{sum,unit=1}" }, g:names())
+  end)
+
+  it("writes bounds so that they read back exactly", function()
+    local b = { 2.5e-7, 0.1, 1 / 3, 123456789.123, 1e21 }
+    local h = assert(db:histogram("x", { buckets = b }))
+    local names = h:names()
+    for i, x in ipairs(b) do
+      local base, kind, v = histogram.parse(names[i])
+      assert.same({ "x", "le", x }, { base, kind, v })
+    end
+    assert.same({ "x{le=2.5e-07}", "x{le=0.1}", "x{le=0.3333333333333333}",
+                  "x{le=123456789.123}", "x{le=1e+21}" }, { table.unpack(names, 1, 5) })
+  end)
+
+  it("opens an existing histogram as stored, and refuses other buckets or another unit", function()
+    local h = assert(db:histogram("lat", { buckets = { 1, 2 }, unit = 0.001 }))
+    h:observe(1.5)
+    local again = assert(db:histogram("lat"))
+    assert.same({ 1, 2 }, again.buckets)
+    assert.equal(0.001, again.unit)
+    again:observe(0.5)
+    assert.same({ { 1, 1 }, { 2, 2 }, { math.huge, 2 } }, cum(h:snapshot()))
+    assert(db:histogram("lat", { buckets = { 1, 2, math.huge } }))   -- +Inf is implied
+    assert.same({ nil, "histogram 'lat' exists with buckets 1, 2, +Inf, not 1, 3, +Inf", "EEXIST" },
+                { db:histogram("lat", { buckets = { 1, 3 } }) })
+    assert.same({ nil, "histogram 'lat' exists with unit 0.001, not 1e-06", "EEXIST" },
+                { db:histogram("lat", { unit = 1e-6 }) })
+    -- the default buckets for a new one
+    assert.same(histogram.DEFAULT_BUCKETS, assert(db:histogram("other")).buckets)
+  end)
+
+  it("is found from the store's names by db:histograms", function()
+    db:histogram("b", { buckets = { 1 } })
+    db:histogram("a", { buckets = { 0.5, 5 }, unit = 0.01 })
+    db:incr("a{le=7}")                       -- a lone counter that looks like a member
+    db:incr("c{le=1}")                       -- no +Inf, no sum: not a histogram
+    assert.same({ { name = "a", buckets = { 0.5, 5, 7 }, unit = 0.01 },
+                  { name = "b", buckets = { 1 }, unit = 1e-6 } }, db:histograms())
+    assert.same({ { name = "b", buckets = { 1 }, unit = 1e-6 } }, db:histograms("b*"))
+    assert.same({}, db:histograms("z*"))
+  end)
+
+  it("raises for bad names, buckets, units and observations, and adds nothing", function()
+    local e = helper.err
+    assert.equal("bad argument #1 to 'histogram' (string expected, got nil)", e(db.histogram, db))
+    assert.equal("bad argument #1 to 'histogram' (a histogram name is not empty and holds none of"
+                 .. " * ? { } or NUL, got 'a*b')", e(db.histogram, db, "a*b"))
+    assert.equal("bad argument #1 to 'histogram' (a histogram name is not empty and holds none of"
+                 .. " * ? { } or NUL, got 'a{')", e(db.histogram, db, "a{"))
+    assert.equal("bad argument #2 to 'histogram' (buckets must increase: buckets[2] = 1 after 2)",
+                 e(db.histogram, db, "h", { buckets = { 2, 1 } }))
+    assert.equal("bad argument #2 to 'histogram' (buckets must increase: buckets[2] = 1 after 1)",
+                 e(db.histogram, db, "h", { buckets = { 1, 1 } }))
+    assert.equal("bad argument #2 to 'histogram' (buckets[2] must be a number, got nan)",
+                 e(db.histogram, db, "h", { buckets = { 1, 0 / 0 } }))
+    assert.equal("bad argument #2 to 'histogram' (buckets[1] must be a number, got '1')",
+                 e(db.histogram, db, "h", { buckets = { "1" } }))
+    assert.equal("bad argument #2 to 'histogram' (buckets must be a non-empty array of numbers,"
+                 .. " got table)", e(db.histogram, db, "h", { buckets = {} }))
+    assert.equal("bad argument #2 to 'histogram' (unit must be a positive finite number, got 0)",
+                 e(db.histogram, db, "h", { unit = 0 }))
+    assert.equal("bad argument #2 to 'histogram' (unknown option 'bucket'; expected buckets, unit)",
+                 e(db.histogram, db, "h", { bucket = { 1 } }))
+    assert.matches("^bad argument #1 to 'histogram' %(name too long: its member '.*' would be 2%d%d"
+                   .. " bytes %(at most 255%)%)$", e(db.histogram, db, ("n"):rep(240)))
+    assert.same({}, db:names())              -- nothing was created
+    local h = assert(db:histogram("h", { buckets = { 1 } }))
+    assert.equal("bad argument #1 to 'observe' (number expected, got nan)", e(h.observe, h, 0 / 0))
+    assert.equal("bad argument #1 to 'observe' (number expected, got '1')", e(h.observe, h, "1"))
+    assert.equal("bad argument #1 to 'observe' (number expected, got nil)", e(h.observe, h))
+    assert.equal("bad argument #1 to 'observe' (inf is out of range (|v / unit| must be at most"
+                 .. " 2^53, unit 1e-06))", e(h.observe, h, math.huge))
+    assert.matches("out of range", e(h.observe, h, 1e10))   -- 1e16 microseconds
+    assert.equal("bad argument #1 to 'observe' (tally.histogram expected, got table)",
+                 e(h.observe, {}, 1))
+    assert.same({ count = 0, sum_units = 0 }, { count = h:snapshot().count,
+                                                 sum_units = h:snapshot().sum_units })
+    db:close()
+    assert.matches("closed store", e(h.observe, h, 1))
+    db = memory()
+  end)
+
+  it("keeps count, buckets and sum exact through a tight loop of observations and snapshots", function()
+    local h = assert(db:histogram("t", { buckets = { 1, 2, 3 }, unit = 1 }))
+    local n = { 0, 0, 0, 0 }
+    for i = 1, 20000 do
+      local v = i % 4 + 1               -- 1, 2, 3 in their buckets, 4 in +Inf
+      h:observe(v)
+      n[v] = n[v] + 1
+      if i % 97 == 0 then
+        local s = h:snapshot()
+        assert.equal(i, s.count)
+        assert.equal(s.count, s.buckets[4].count)
+        assert.equal(n[1] + 2 * n[2] + 3 * n[3] + 4 * n[4], s.sum_units)
+      end
+    end
+  end)
+end)
+
+describe("tally.prometheus with histograms", function()
+  it("exposes a histogram: cumulative buckets, +Inf, _sum, _count, promtool-clean", function()
+    local db = memory()
+    db:incr("hits", 3)
+    local h = assert(db:histogram("http_request_duration_seconds", { buckets = { 0.01, 0.1, 1 } }))
+    for _, v in ipairs({ 0.005, 0.01, 0.05, 0.5, 2, 0.0015 }) do h:observe(v) end
+    local text = tally.prometheus(db)
+    local types, values, order = parse(text)
+    assert.same({ tally_value = "gauge", http_request_duration_seconds = "histogram" }, types)
+    local m = "http_request_duration_seconds"
+    assert.same({ 'tally_value{counter="hits"}', m .. '_bucket{le="0.01"}', m .. '_bucket{le="0.1"}',
+                  m .. '_bucket{le="1"}', m .. '_bucket{le="+Inf"}', m .. "_sum", m .. "_count" },
+                order)
+    assert.equal(3, values[m .. '_bucket{le="0.01"}'])
+    assert.equal(4, values[m .. '_bucket{le="0.1"}'])
+    assert.equal(5, values[m .. '_bucket{le="1"}'])
+    assert.equal(6, values[m .. '_bucket{le="+Inf"}'])
+    assert.equal(6, values[m .. "_count"])
+    assert.equal(2.5665, values[m .. "_sum"])
+    assert.matches("# HELP " .. m .. " tally histogram '" .. m .. "' (sum kept in units of 1e-06)\n",
+                   text, 1, true)
+    if helper.sh("command -v promtool || true") ~= "" then
+      local ok, code, out = require("spec.support.peers").check_metrics(text)
+      assert(ok, ("promtool check metrics failed (%s):\n%s\n%s"):format(code, out, text))
+    end
+    db:close()
+  end)
+
+  it("leaves ordinary counters' exposition as it was", function()
+    local db, plain = memory(), memory()
+    for _, d in ipairs({ db, plain }) do
+      d:family("req:*", { metric = "requests_total", labels = { "path" }, type = "counter" })
+      d:incr("req:/a", 2); d:incr("other", 5); d:incr("x{le=1}", 1)  -- not a histogram
+    end
+    assert(db:histogram("lat", { buckets = { 1 } })):observe(0.5)
+    local with, without = tally.prometheus(db), tally.prometheus(plain)
+    assert.equal(without, with:sub(1, #without))
+    assert.matches("^# HELP lat ", with:sub(#without + 1))
+    db:close(); plain:close()
+  end)
+
+  it("sanitises the metric name and leaves out a histogram whose metric another family has", function()
+    local db = memory()
+    assert(db:histogram("api.latency", { buckets = { 1 } })):observe(1)
+    assert(db:histogram("tally_value", { buckets = { 1 } })):observe(1)
+    db:incr("c")
+    local old = tally.logger()
+    local logged = {}
+    tally.logger(function(msg) logged[#logged + 1] = msg end)
+    local types = parse(tally.prometheus(db))
+    tally.logger(old)
+    assert.same({ tally_value = "gauge", api_latency = "histogram" }, types)
+    assert.equal(1, #logged)
+    assert.matches("histogram 'tally_value' maps to the metric tally_value", logged[1], 1, true)
+    db:close()
+  end)
+end)
+
+describe("histogram rollups", function()
+  it("rolls up the member counters with history like any counter", function()
+    local db = memory()
+    local h = assert(db:histogram("lat", { buckets = { 0.1, 1 } }))
+    db:rollup("lat{*}", { every = 1, keep = { "60x1s" } })
+    local T0 = 1700000000
+    for i = 0, 9 do
+      h:observe(0.05); h:observe(0.5)
+      db:tick(T0 + i)
+    end
+    for _, n in ipairs(h:names()) do
+      local hist = assert(db:counter(n):history("1s"))
+      assert.equal(10, #hist, n)
+    end
+    assert.same({ t = T0 + 9, v = 10 }, db:counter("lat{le=0.1}"):history("1s")[10])
+    assert.same({ t = T0 + 9, v = 550000 * 10 }, db:counter("lat{sum,unit=1e-06}"):history("1s")[10])
+    assert.equal(0, db:counter("lat{le=+Inf}"):rolled().value)
+    db:close()
+  end)
+end)
