@@ -29,6 +29,18 @@
  *                                     against summing the same cells; and a
  *                                     writer's increments/s with and without
  *                                     a concurrent ticker
+ *   bench_tally batch PATH SECS REPS NSNAP  batches and snapshots: ns per
+ *                                     3-counter tally_batch_incr against 3
+ *                                     single increments (slot and thread
+ *                                     counters); a snapshot of 10,000
+ *                                     counters (16-shard thread ones, then
+ *                                     slot ones) against a tally_counter_value
+ *                                     loop over the same; NSNAP snapshots of
+ *                                     a file store while 2 processes batch
+ *                                     {a+1, b+2, c+3} (invariant violations,
+ *                                     bounded by 120 s); and the longest
+ *                                     snapshot right after SIGKILLing a
+ *                                     batching writer (20 kills)
  *
  * Timing is CLOCK_MONOTONIC; nothing is pinned. Threads run until the main
  * thread raises a stop flag, checking it every 256 operations.
@@ -38,6 +50,7 @@
 #endif
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -891,6 +904,208 @@ static int cmd_churn(const char *path, long n, int rounds, const char *mode) {
   return 0;
 }
 
+/* ---- batch ------------------------------------------------------------------ */
+
+#define SNAP_K 10000
+
+static tally_counter *open_ctr(tally_store *s, const char *name, uint32_t shards,
+                               int32_t policy) {
+  tally_counter *c = NULL;
+  tally_counter_options o = {shards, policy};
+  int rc = tally_counter_open(s, name, strlen(name), &o, TALLY_COUNTER_CREATE, &c);
+  if (rc) die(name, rc);
+  return c;
+}
+
+/* ns per iteration of fn (0: three single increments of cs, 1: one batch). */
+static double time_incr3(tally_store *s, tally_counter **cs, int batch, double secs) {
+  static const int64_t d[3] = {1, 2, 3};
+  long n = 0;
+  double t0 = now(), t1;
+  do {
+    for (int i = 0; i < 1000; i++) {
+      if (batch) {
+        if (tally_batch_incr(s, cs, d, 3)) abort();
+      } else if (tally_counter_incr(cs[0], 1) || tally_counter_incr(cs[1], 2) ||
+                 tally_counter_incr(cs[2], 3)) {
+        abort();
+      }
+    }
+    n += 1000;
+    t1 = now();
+  } while (t1 - t0 < secs);
+  return (t1 - t0) * 1e9 / (double)n;
+}
+
+static int snap_count(void *ud, const char *name, size_t len, int64_t value) {
+  (void)name, (void)len;
+  *(int64_t *)ud += value;
+  return 0;
+}
+
+struct abc {
+  int64_t a, b, c;
+};
+static int snap_abc(void *ud, const char *name, size_t len, int64_t value) {
+  struct abc *x = ud;
+  if (len == 1 && name[0] == 'a') x->a = value;
+  if (len == 1 && name[0] == 'b') x->b = value;
+  if (len == 1 && name[0] == 'c') x->c = value;
+  return 0;
+}
+
+/* A child batching {a+1, b+2, c+3} into spec until *stop (or killed). */
+static pid_t start_batcher(const char *spec, _Atomic int *stop) {
+  fflush(stdout);
+  pid_t pid = fork();
+  if (pid != 0) return pid;
+  tally_store *s = NULL;
+  tally_counter *cs[3];
+  static const int64_t d[3] = {1, 2, 3};
+  alarm(300);
+  if (tally_store_open(spec, NULL, &s)) _exit(2);
+  cs[0] = open_ctr(s, "a", TALLY_SLOT_SHARDS, TALLY_POLICY_SLOT);
+  cs[1] = open_ctr(s, "b", TALLY_SLOT_SHARDS, TALLY_POLICY_SLOT);
+  cs[2] = open_ctr(s, "c", TALLY_SLOT_SHARDS, TALLY_POLICY_SLOT);
+  while (!atomic_load_explicit(stop, memory_order_relaxed))
+    for (int k = 0; k < 64; k++)
+      if (tally_batch_incr(s, cs, d, 3)) _exit(3);
+  _exit(0);
+}
+
+static int cmd_batch(const char *path, double secs, int reps, long nsnap) {
+  tally_store *s = NULL;
+  int rc = tally_store_open("memory", NULL, &s);
+  if (rc) die("open", rc);
+  /* 1. a 3-counter batch against 3 single increments */
+  tally_counter *slot[3], *thr[3];
+  const char *sn[3] = {"s1", "s2", "s3"}, *tn[3] = {"t1", "t2", "t3"};
+  for (int i = 0; i < 3; i++) {
+    slot[i] = open_ctr(s, sn[i], TALLY_SLOT_SHARDS, TALLY_POLICY_SLOT);
+    thr[i] = open_ctr(s, tn[i], 16, TALLY_POLICY_THREAD);
+  }
+  double vb[32], vs[32], vt[32];
+  for (int r = 0; r < reps; r++) { /* interleaved: drift hits all three alike */
+    vb[r] = time_incr3(s, slot, 1, secs);
+    vs[r] = time_incr3(s, slot, 0, secs);
+    vt[r] = time_incr3(s, thr, 0, secs);
+  }
+  printf("RESULT batch.batch3 %.2f\n", median(vb, reps));
+  printf("RESULT batch.single3.slot %.2f\n", median(vs, reps));
+  printf("RESULT batch.single3.thread %.2f\n", median(vt, reps));
+  fflush(stdout);
+  tally_store_close(s);
+
+  /* 2. a snapshot of 10,000 counters against a value loop over the same */
+  for (int kind = 0; kind < 2; kind++) {
+    static tally_counter *cs[SNAP_K];
+    char name[32];
+    if ((rc = tally_store_open("memory", NULL, &s))) die("open", rc);
+    for (int i = 0; i < SNAP_K; i++) {
+      snprintf(name, sizeof name, "k%05d", i);
+      cs[i] = kind ? open_ctr(s, name, TALLY_SLOT_SHARDS, TALLY_POLICY_SLOT)
+                   : open_ctr(s, name, 16, TALLY_POLICY_THREAD);
+      if (tally_counter_incr(cs[i], i + 1)) abort();
+    }
+    double sv[32], lv[32];
+    int64_t sink = 0;
+    for (int r = 0; r < reps; r++) {
+      int n = 0;
+      double t0 = now(), t1;
+      do {
+        if ((rc = tally_store_snapshot(s, "*", 1, snap_count, &sink)))
+          die("snapshot", rc);
+        n++;
+        t1 = now();
+      } while (t1 - t0 < secs);
+      sv[r] = (t1 - t0) * 1e6 / n;
+      n = 0;
+      t0 = now();
+      do {
+        for (int i = 0; i < SNAP_K; i++) {
+          int64_t x;
+          if (tally_counter_value(cs[i], &x)) abort();
+          sink += x;
+        }
+        n++;
+        t1 = now();
+      } while (t1 - t0 < secs);
+      lv[r] = (t1 - t0) * 1e6 / n;
+    }
+    if (sink == 42) printf("#\n");
+    printf("RESULT snap.%s.snapshot_us %.1f\n", kind ? "slot" : "thread16",
+           median(sv, reps));
+    printf("RESULT snap.%s.values_us %.1f\n", kind ? "slot" : "thread16",
+           median(lv, reps));
+    fflush(stdout);
+    for (int i = 0; i < SNAP_K; i++) tally_counter_close(cs[i]);
+    tally_store_close(s);
+  }
+
+  /* 3. snapshots while 2 processes batch; 4. SIGKILLed writers */
+  char spec[4200];
+  snprintf(spec, sizeof spec, "file:%s", path);
+  unlink(path);
+  if ((rc = tally_store_open(spec, NULL, &s))) die("open", rc);
+  tally_counter_close(open_ctr(s, "a", TALLY_SLOT_SHARDS, TALLY_POLICY_SLOT));
+  tally_counter_close(open_ctr(s, "b", TALLY_SLOT_SHARDS, TALLY_POLICY_SLOT));
+  tally_counter_close(open_ctr(s, "c", TALLY_SLOT_SHARDS, TALLY_POLICY_SLOT));
+  _Atomic int *stop =
+      mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  atomic_store(stop, 0);
+  pid_t w[2] = {start_batcher(spec, stop), start_batcher(spec, stop)};
+  usleep(100000);
+  long taken = 0, bad = 0, moved = 0;
+  int64_t last = -1;
+  double t0 = now(), t1 = t0;
+  while (taken < nsnap && (t1 = now()) - t0 < 120) {
+    struct abc x = {0, 0, 0};
+    if ((rc = tally_store_snapshot(s, "?", 1, snap_abc, &x))) die("snapshot", rc);
+    if (x.b != 2 * x.a || x.c != 3 * x.a) bad++;
+    if (x.a != last) moved++;
+    last = x.a;
+    taken++;
+  }
+  atomic_store(stop, 1);
+  for (int i = 0; i < 2; i++) {
+    int st;
+    waitpid(w[i], &st, 0);
+    if (!WIFEXITED(st) || WEXITSTATUS(st)) {
+      fprintf(stderr, "bench_tally: batcher failed\n");
+      return 1;
+    }
+  }
+  printf("RESULT inv.snapshots %ld\n", taken);
+  printf("RESULT inv.violations %ld\n", bad);
+  printf("RESULT inv.moved %ld\n", moved);
+  printf("RESULT inv.snapshots_per_s %.0f\n", (double)taken / (t1 - t0));
+  printf("RESULT inv.batches %lld\n", (long long)last);
+  fflush(stdout);
+
+  double worst = 0, stalls[20];
+  long kbad = 0;
+  for (int k = 0; k < 20; k++) {
+    atomic_store(stop, 0);
+    pid_t pid = start_batcher(spec, stop);
+    usleep(20000 + (useconds_t)(k * 1373 % 30000));
+    kill(pid, SIGKILL);
+    double ta = now();
+    struct abc x = {0, 0, 0};
+    if ((rc = tally_store_snapshot(s, "?", 1, snap_abc, &x))) die("snapshot", rc);
+    stalls[k] = (now() - ta) * 1e3;
+    if (x.b != 2 * x.a || x.c != 3 * x.a) kbad++;
+    if (stalls[k] > worst) worst = stalls[k];
+    waitpid(pid, NULL, 0);
+  }
+  printf("RESULT kill.max_ms %.3f\n", worst);
+  printf("RESULT kill.median_ms %.3f\n", median(stalls, 20));
+  printf("RESULT kill.violations %ld\n", kbad);
+  munmap((void *)stop, 4096);
+  tally_store_close(s);
+  unlink(path);
+  return 0;
+}
+
 int main(int argc, char **argv) {
   if (argc >= 6 && strcmp(argv[1], "churn") == 0)
     return cmd_churn(argv[2], atol(argv[3]), atoi(argv[4]), argv[5]);
@@ -906,6 +1121,8 @@ int main(int argc, char **argv) {
     return cmd_create(argv[2], atol(argv[3]),
                       argc >= 5 && strcmp(argv[4], "default") == 0);
   if (argc >= 3 && strcmp(argv[1], "open") == 0) return cmd_open(argv[2]);
+  if (argc >= 6 && strcmp(argv[1], "batch") == 0)
+    return cmd_batch(argv[2], atof(argv[3]), atoi(argv[4]), atol(argv[5]));
   if (argc >= 5 && strcmp(argv[1], "procs") == 0)
     return cmd_procs(argv[2], atof(argv[3]), atoi(argv[4]));
   if (argc >= 6 && strcmp(argv[1], "rollup") == 0)

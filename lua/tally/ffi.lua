@@ -248,4 +248,59 @@ end
 
 _M.methods = { incr, decr, value, db_incr, db_decr, db_value }
 
+-- ---- batches of two (h:observe, lua/tally/histogram.lua) ---------------------------
+-- The store handle's tally_store pointer is read from its userdata (struct
+-- tl_store in src/lua/lua_aux.h: key, then the pointer, NULL once closed).
+-- core._ffi_info does not give that layout, so batch_ok checks it on the
+-- store itself: its key is the userdata's own address xor TL_STORE_SALT, and
+-- the counters' db field points at it. Anything else: the classic path.
+
+if not pcall(ffi.typeof, "struct tally_ffi_store") then
+  ffi.cdef [[
+    typedef struct tally_store tally_store;
+    int tally_batch_incr(tally_store *s, tally_counter *const *cs, const int64_t *deltas,
+                         size_t n);
+    struct tally_ffi_store {
+      uintptr_t key;           /* (uintptr_t)self ^ TL_STORE_SALT */
+      tally_store *store;      /* NULL once closed */
+    };
+  ]]
+end
+
+local SPTR = ffi.typeof("struct tally_ffi_store *")
+local uintptr_t = ffi.typeof("uintptr_t")
+local STORE_SALT = 0x5a17e5
+local bxor = require("bit").bxor
+local batch_c = C.tally_batch_incr
+local bcs, bds = ffi.new("tally_counter *[2]"), ffi.new("int64_t[2]")
+
+-- batch_ok(db, c, ...) -> whether batch2 may be used with store handle db
+-- and counter handles c, ... of it (checked once, when a histogram opens).
+function _M.batch_ok(db, ...)
+  if type(db) ~= "userdata" or getmetatable(db) ~= STORE_MT then return false end
+  local s = cast(SPTR, db)
+  local addr = cast(uintptr_t, s)
+  if s.key ~= bxor(addr, STORE_SALT) or s.store == nil then return false end
+  for i = 1, select("#", ...) do
+    local c = select(i, ...)
+    if type(c) ~= "userdata" or getmetatable(c) ~= COUNTER_MT
+       or cast(uintptr_t, cast(CPTR, c).db) ~= addr then
+      return false
+    end
+  end
+  return true
+end
+
+-- batch2(db, c1, d1, c2, d2) -> true when c1 += d1 and c2 += d2 were made as
+-- one batch (tally_batch_incr); false when nothing was done and the caller
+-- must take the classic path (a closed handle, a failure, which the classic
+-- path reports). d1, d2: integers within +-2^53; db, c1, c2 passed batch_ok.
+function _M.batch2(db, c1, d1, c2, d2)
+  local s = cast(SPTR, db).store
+  local p1, p2 = cast(CPTR, c1).c, cast(CPTR, c2).c
+  if s == nil or p1 == nil or p2 == nil then return false end
+  bcs[0], bcs[1], bds[0], bds[1] = p1, p2, d1, d2
+  return batch_c(s, bcs, bds, 2) == 0
+end
+
 return _M

@@ -219,6 +219,7 @@ _M.prometheus = require("tally.prometheus").prometheus
 _M.logger = require("tally.prometheus").logger
 require "tally.export"
 
+require("tally.histogram").install(_M)  -- db:histogram, db:histograms (tally/histogram.lua)
 
 -- LuaJIT: the FFI path for the hot calls (sets _M.ffi); false under Lua 5.4
 _M.ffi = false

@@ -10,6 +10,7 @@
 --     }
 --   }
 --   access_by_lua_block { require("tally.openresty").incr("http:" .. ngx.var.uri) }
+--   log_by_lua_block { require("tally.openresty").observe_latency("http_request_duration_seconds") }
 --   location = /metrics { content_by_lua_block { require("tally.openresty").metrics() } }
 --
 -- How it works. Every worker opens the file store itself in init_worker
@@ -347,6 +348,51 @@ function _M.counter(name, opts)
   return db:counter(name, opts)
 end
 
+-- This worker's histogram handles by name (db:histogram), and the names
+-- whose opening failed (logged once; observations of them return nil, msg).
+local hists, hist_failed = {}, {}
+
+-- histogram(name [, opts]) -> this worker's handle to histogram name
+-- (db:histogram, opened once per worker and kept), or nil, message [, code]
+function _M.histogram(name, opts)
+  local h = hists[name]
+  if h then return h end
+  local db = st.db
+  if not db then return nil, "tally.openresty: no store in this worker (" .. st.reason .. ")" end
+  local msg, code
+  h, msg, code = db:histogram(name, opts)
+  if not h then
+    msg = "tally.openresty: histogram '" .. tostring(name) .. "': " .. tostring(msg)
+    if not hist_failed[name] then
+      hist_failed[name] = true
+      log(ngx and ngx.ERR, msg)
+    end
+    return nil, msg, code
+  end
+  hists[name] = h
+  return h
+end
+
+-- observe(name, v [, opts]) -> true, or nil, message [, code]: h:observe(v)
+-- on this worker's histogram name (opened with opts the first time).
+function _M.observe(name, v, opts)
+  local h, msg, code = hists[name], nil, nil
+  if not h then
+    h, msg, code = _M.histogram(name, opts)
+    if not h then return nil, msg, code end
+  end
+  return h:observe(v)
+end
+
+-- observe_latency(name [, opts]) -> true, or nil, message [, code]: in
+-- log_by_lua, the request's time so far (ngx.now() - ngx.req.start_time(),
+-- seconds, to nginx's cached millisecond clock) into histogram name.
+function _M.observe_latency(name, opts)
+  local t = ngx.now() - ngx.req.start_time()
+  if t < 0 then t = 0 end
+  return _M.observe(name, t, opts)
+end
+
 local PROM_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 local function fail(status, msg)
@@ -359,7 +405,7 @@ end
 
 -- metrics([pattern]): content handler writing the exact values of the
 -- matching counters (default: all) in Prometheus text format 0.0.4, with
--- the families' metric mappings; 503 if this worker has no store, 500 if
+-- the families' metric mappings and histograms as Prometheus histograms; 503 if this worker has no store, 500 if
 -- rendering fails (both logged).
 function _M.metrics(pattern)
   local db = st.db

@@ -25,6 +25,12 @@ local check_self = require("tally.util").self
 
 local argerror = require("tally.util").argerror
 
+local histogram = require "tally.histogram"
+local next, sort, concat, gmatch = next, table.sort, table.concat, string.gmatch
+local int_text = compat.int_text
+local HELP_ESC = { ["\\"] = "\\\\", ["\n"] = "\\n" }
+local histograms_text               -- below
+
 local _M = {}
 
 local store = core.store_methods
@@ -234,6 +240,52 @@ local function log_once(_, reason, msg)
   pcall(logger, msg)                  -- a failing logger must not fail the scrape
 end
 
+-- ---- histograms -------------------------------------------------------------------
+
+-- The exposition of the histograms hs (histogram.group) of db, each read
+-- from one snapshot of its members (so NAME_count always equals the +Inf
+-- bucket and the buckets add up), as a function of the other families'
+-- text (a histogram whose metric one of them has already is left out and
+-- logged), and how many could not be read (left out, logged).
+histograms_text = function(db, hs)
+  local bases, unreadable, rendered = {}, 0, {}
+  for base in pairs(hs) do bases[#bases + 1] = base end
+  sort(bases)
+  for _, base in ipairs(bases) do
+    local h = hs[base]
+    local snap, msg = db:snapshot(base .. "{*}")
+    if not snap then
+      unreadable = unreadable + 1
+      log_once(base, "unreadable", "histogram '" .. base .. "': " .. tostring(msg))
+    else
+      rendered[#rendered + 1] = { base, format.metric_name(base), histogram.read(snap, h), h }
+    end
+  end
+  sort(rendered, function(a, b) return a[2] < b[2] end)
+  return function(text)
+    local taken, out = {}, {}
+    for m in gmatch(text, "# TYPE (%S+)") do taken[m] = true end
+    for _, r in ipairs(rendered) do
+      local base, m, v, h = r[1], r[2], r[3], r[4]
+      if taken[m] then
+        log_once(base, "duplicate", fmt("histogram '%s' maps to the metric %s, which another "
+                                        .. "family has", base, m))
+      else
+        taken[m] = true
+        out[#out + 1] = "# HELP " .. m .. " tally histogram '" .. gsub(base, "[\\\n]", HELP_ESC)
+                        .. "' (sum kept in units of " .. h.unit_text .. ")\n# TYPE " .. m
+                        .. " histogram\n"
+        for i, b in ipairs(v.buckets) do
+          out[#out + 1] = m .. '_bucket{le="' .. h.les[i][2] .. '"} ' .. int_text(b.count) .. "\n"
+        end
+        out[#out + 1] = m .. "_sum " .. histogram.num_text(v.sum) .. "\n" .. m .. "_count "
+                        .. int_text(v.count) .. "\n"
+      end
+    end
+    return concat(out)
+  end, unreadable
+end
+
 -- tally.prometheus(db [, pattern]) -> exposition text of the matching
 -- counters' exact values, or nil, msg, code if the store's names cannot be
 -- read. A counter that cannot be exposed (its value unreadable, two
@@ -251,6 +303,10 @@ function _M.prometheus(db, pattern)
   local values, names, nmsg, ncode = {}, db:names(pattern)
   if not names then return nil, nmsg, ncode end   -- a damaged store
   local unreadable = 0
+  local hs
+  hs, names = histogram.group(names)              -- histograms apart (tally/histogram.lua)
+  local htext
+  if next(hs) then htext, unreadable = histograms_text(db, hs) end
   for _, name in ipairs(names) do
     local v, msg, code = db:value(name)
     if code == "ERANGE" then           -- the sum does not fit int64: as a float
@@ -267,6 +323,7 @@ function _M.prometheus(db, pattern)
                                                    unreadable > 0 and { unreadable = unreadable } or nil)
   if not text then error(skipped, 2) end   -- not reached: the values are all numbers
   for _, sk in ipairs(skipped) do log_once(sk.name, sk.reason, sk.msg) end
+  if htext then text = text .. htext(text) end
   return text
 end
 

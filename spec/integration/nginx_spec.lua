@@ -132,6 +132,47 @@ describe("tally.openresty in nginx, 2 workers", function()
     assert.same({}, srv.errors())
   end)
 
+  it("observes every request's latency into one histogram, consistent in every worker's /metrics", function()
+    srv = nginx.start { conf = nginx.example { every = 1 } }
+    local m = "http_request_duration_seconds"
+    local b = nginx.burst(srv.url .. "/page/[1-50]?r=[1-100]", { parallel = 32 })
+    -- scrapes while the burst runs, from both workers: each one is a cut in
+    -- which the +Inf bucket is the count and the buckets never go down
+    local scrapes = 0
+    while not b.done() and scrapes < 200 do
+      local status, text = nginx.get(srv.url .. "/metrics", { close = true })
+      assert.equal(200, status, text)
+      local buckets, prev = {}, -1
+      for le, v in text:gmatch("\n" .. m .. '_bucket{le="([^"]+)"} (%d+)') do
+        v = tonumber(v)
+        assert.is_true(v >= prev, text)
+        prev = v
+        buckets[le] = v
+      end
+      local count = tonumber(text:match("\n" .. m .. "_count (%d+)"))
+      assert.equal(buckets["+Inf"], count, text)
+      assert.matches("\n" .. m .. "_sum [%d.e+-]+\n", text)
+      scrapes = scrapes + 1
+    end
+    local r = b.wait()
+    assert.same({ [200] = 5000 }, r.codes)
+    -- every request (pages, scrapes) was observed once, in the log phase
+    -- right after its status was counted
+    local db = store_of(srv)
+    local h = assert(db:histogram(m))
+    assert.is_truthy(nginx.eventually(function()
+      return h:snapshot().count == db:sum("status:*")
+    end, 5), "histogram count " .. h:snapshot().count .. ", responses " .. db:sum("status:*"))
+    assert.is_true(h:snapshot().count >= 5000 + scrapes)
+    local status, text = nginx.get(srv.url .. "/metrics")
+    assert.equal(200, status)
+    local ok, code, out = peers.check_metrics(text)
+    assert(ok, ("promtool check metrics failed (%s):\n%s\n%s"):format(code, out, text))
+    assert.matches("# TYPE " .. m .. " histogram", text, 1, true)
+    db:close()
+    assert.same({}, srv.errors())
+  end)
+
   it("loses nothing when reloaded (HUP) in the middle of a burst", function()
     srv = nginx.start { conf = nginx.example { every = 1 } }
     local b = nginx.burst(srv.url .. "/page/[1-300]?r=[1-100]", { parallel = 32 })

@@ -528,6 +528,28 @@ function cmd.ls(args)
     end
   end
   if i < CHUNK then emit(head); flush_rows() end
+  -- histograms among them (tally.histogram): one line each, from one snapshot
+  local hs = tally.histogram.group(names)
+  local hnames = {}
+  for base in pairs(hs) do hnames[#hnames + 1] = base end
+  table.sort(hnames)
+  if #hnames > 0 then
+    local hw = #"HISTOGRAM"
+    for _, n in ipairs(hnames) do if #n > hw then hw = #n end end
+    out("\n", "HISTOGRAM", rep(" ", hw - 9), "  COUNT  SUM  P50<=  P90<=  P99<=  BUCKETS\n")
+    for _, base in ipairs(hnames) do
+      local snap = db:snapshot(base .. "{*}")
+      if snap then
+        local r = tally.histogram.read(snap, hs[base])
+        local function q(x)
+          local v = tally.histogram.quantile(r, x)
+          return v and tally.histogram.num_text(v) or "-"
+        end
+        out(base, rep(" ", hw - #base), "  ", tostring(r.count), "  ", tally.histogram.num_text(r.sum),
+            "  ", q(0.5), "  ", q(0.9), "  ", q(0.99), "  ", tostring(#r.buckets), "\n")
+      end
+    end
+  end
   return 0
 end
 
