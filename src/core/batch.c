@@ -166,11 +166,25 @@ static int key_ready(tally_store *s) {
 }
 
 /* The calling thread's slot, leased on first use. */
+/* The last store this thread batched into, and its record there: most
+ * threads write one store, and this spares the key lookup. Store ids are
+ * never reused in a process; a forked child's copy fails the pid check. */
+static _Thread_local struct {
+  uint64_t store_id;
+  struct mine *m;
+} last;
+
 static int my_slot(tally_store *s, struct mine **out) {
+  if (last.store_id == s->id && last.m->pid == tally__pid()) {
+    *out = last.m;
+    return 0;
+  }
   int rc = key_ready(s);
   if (rc) return rc;
   struct mine *m = pthread_getspecific(s->wkey);
   if (m && m->pid == tally__pid()) {
+    last.store_id = s->id;
+    last.m = m;
     *out = m;
     return 0;
   }
@@ -211,6 +225,8 @@ static int my_slot(tally_store *s, struct mine **out) {
     free(m);
     return rc;
   }
+  last.store_id = s->id;
+  last.m = m;
   *out = m;
   return 0;
 }
@@ -220,6 +236,7 @@ void tally__slots_release(tally_store *s) {
   struct mine *m = pthread_getspecific(s->wkey);
   if (m) give_back(m);
   free(m);
+  if (last.store_id == s->id) last.store_id = 0;
   pthread_key_delete(s->wkey); /* other threads' records leak: close after them */
   atomic_store(&s->wkey_state, 0);
   struct tally__wslot *t = slot_table(s);
