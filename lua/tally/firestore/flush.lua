@@ -204,14 +204,16 @@ function Remote:_commit(batch)
       currentDocument = en.utime and { updateTime = en.utime } or { exists = false } }
     mark[#mark + 1] = #writes
   end
+  -- writes per calendar second they were sent in, the peak (counted when
+  -- sent, as the token bucket counts them, not when the reply came)
+  local sec = math.floor(now())
+  if sec ~= self.sec then self.sec, self.sec_writes = sec, 0 end
+  self.sec_writes = self.sec_writes + #writes
+  if self.sec_writes > self.peak then self.peak = self.sec_writes end
   local rep, msg, code = cl:commit(writes)
   self.commits = self.commits + 1
   self.writes = self.writes + #writes
   local t = now()
-  local sec = math.floor(t)                       -- writes per calendar second, the peak
-  if sec ~= self.sec then self.sec, self.sec_writes = sec, 0 end
-  self.sec_writes = self.sec_writes + #writes
-  if self.sec_writes > self.peak then self.peak = self.sec_writes end
   if not rep then
     -- the outcome is unknown or refused: read them again before anything else
     for _, en in ipairs(batch) do
