@@ -106,6 +106,70 @@ describe("tally watch", function()
     t:wait("%[exit 130%]")
   end)
 
+  it("shows histograms grouped, each row from one consistent cut", function()
+    local path = helper.tmpfile()
+    local db = assert(tally.open("file:" .. path))
+    db:incr("plain", 7)
+    local h = assert(db:histogram("lat", { buckets = { 0.01, 0.1, 1 } }))
+    for _, e in ipairs({ { 50, 0.005 }, { 40, 0.05 }, { 9, 0.5 }, { 1, 5 } }) do
+      for _ = 1, e[1] do assert(h:observe(e[2])) end
+    end
+    assert(assert(db:histogram("busy")):observe(0.002))
+    db:close()
+    -- HISTOGRAM  COUNT  RATE/S  SUM  MEAN  P50<=  P90<=  P99<= of one row
+    local function hrow(screen, name)
+      for line in screen:gmatch("[^\n]+") do
+        local c = { line:match("^" .. name .. "%s+(%d+)%s+(%S+)%s+(%S+)%s+(%S+)%s+(%S+)%s+(%S+)%s+(%S+)%s*$") }
+        if c[1] then return c end
+      end
+    end
+    -- refreshes far enough apart that two captures often fall between them
+    t = tty.open(q(tty.bin()) .. " watch " .. q(path) .. " --interval 0.5 --sort name")
+    local s = t:wait("\nlat ")
+    assert.matches("  1 counter  total 7  2 histograms  file:/", s)
+    assert.matches("\nplain%s+7 ", s)
+    assert.not_matches("{le=", s)                -- the members are not counter rows
+    assert.not_matches("{sum,", s)
+    assert.matches("\n\nHISTOGRAM%s+COUNT%s+RATE/S%s+SUM%s+MEAN%s+P50<=%s+P90<=%s+P99<=\n", s)
+    local c = hrow(s, "lat")
+    assert.truthy(c, s)
+    -- count 100, sum 0.25 + 2 + 4.5 + 5; rank 50 is in le=0.01, 90 in 0.1, 99 in 1
+    assert.same({ "100", "11.75", "0.1175", "0.01", "0.1", "1" }, { c[1], c[3], c[4], c[5], c[6], c[7] })
+    assert.truthy(c[2] == "-" or c[2] == "0", c[2])
+    -- another process observes 0.002 (2000 units of 1e-6) as fast as it can,
+    -- until told to stop (40 s at most): on every screen, busy's sum is
+    -- exactly 0.002 x its count
+    local stop = helper.tmpfile("stop")
+    local writer = helper.spawn("-e", ("local db = tally.open(%q) local h = assert(db:histogram('busy')) "
+      .. "local t0 = tally.now() while tally.now() - t0 < 40 and not io.open(%q) do "
+      .. "for _ = 1, 100 do assert(h:observe(0.002)) end end"):format("file:" .. path, stop))
+    local counts, moving = {}, 0
+    local ok, err = pcall(t.wait, t, function(x)
+      local b = hrow(x, "busy")
+      -- a whole screen: the same in a second capture (not one caught mid-draw)
+      if not b or counts[b[1]] or t:screen() ~= x then return false end
+      local n = tonumber(b[1])
+      counts[b[1]] = true
+      assert.equal(n * 2000, math.floor(tonumber(b[3]) * 1e6 + 0.5),
+                   "count " .. b[1] .. " and sum " .. b[3] .. " disagree:\n" .. x)
+      assert.equal("0.002", b[4], x)
+      if n > 1 and tonumber(b[2]) and tonumber(b[2]) > 0 then moving = moving + 1 end
+      return moving >= 4
+    end, 30)
+    helper.write(stop, "")                       -- the writer stops, whatever happened
+    writer:close()
+    if not ok then error(err, 0) end
+    t:keys("q")
+    t:wait("%[exit 0%]")
+    t:close()
+    -- only histograms match: their header takes the counters' place
+    t = tty.open(q(tty.bin()) .. " watch " .. q(path) .. " 'lat*'")
+    s = t:wait("\nlat ")
+    assert.matches("  0 counters  total 0  1 histogram  file:/", s)
+    assert.matches("^[^\n]+\nHISTOGRAM%s+COUNT", s)
+    assert.same("100", hrow(s, "lat")[1])
+  end)
+
   it("restores the terminal when it quits", function()
     local path = store_with({ x = 1 })
     local before, after = helper.tmpfile("stty1"), helper.tmpfile("stty2")

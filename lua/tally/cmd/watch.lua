@@ -14,6 +14,16 @@
 -- counter's finest rollup history ring when it keeps one (so it reaches
 -- back before watch started), else from the rates watch has computed.
 --
+-- Histograms (tally.histogram) among the matching names are shown grouped,
+-- one row each below the counters, and their member counters are not
+-- listed as counters. All of them are read from one db:snapshot per
+-- refresh (of the pattern, else of the names with a brace, "*{*}"), so a
+-- row's count (the sum of its buckets), its sum and its quantiles come
+-- from one consistent cut: an observation is in all of them or in none.
+-- The row shows COUNT, RATE/S (of the count, between the last two
+-- refreshes), SUM, MEAN and the upper bounds of the buckets the 50th, 90th
+-- and 99th percentiles fall in (tally.histogram.quantile).
+--
 -- The screen is the terminal's alternate screen, drawn whole on each
 -- refresh; stdin is in raw mode (tally.term) so keys arrive at once and
 -- Ctrl-C is a key. Both are restored however the loop ends. run() returns
@@ -26,10 +36,12 @@ local term = require "tally.term"
 local peek = require "tally.peek"
 local cli = require "tally.cmd.common"
 
-local type, tostring, ipairs, pcall, error = type, tostring, ipairs, pcall, error
-local fmt, rep = string.format, string.rep
+local type, tostring, tonumber, ipairs, pairs, next, pcall, error =
+      type, tostring, tonumber, ipairs, pairs, next, pcall, error
+local fmt, rep, find = string.format, string.rep, string.find
 local concat, sort = table.concat, table.sort
-local floor, max, min = math.floor, math.max, math.min
+local floor, max, min, huge = math.floor, math.max, math.min, math.huge
+local histogram = tally.histogram
 
 local _M = {}
 
@@ -132,20 +144,102 @@ local function order(rows, key)
   end)
 end
 
+-- Sort histogram rows the same way: rate of the count, count, or name.
+local function order_hist(hrows, key)
+  sort(hrows, function(a, b)
+    if key == "rate" then
+      local x, y = a.s.rate, b.s.rate
+      if x ~= y then
+        if x == nil then return false end
+        if y == nil then return true end
+        return x > y
+      end
+    elseif key == "value" and a.r.count ~= b.r.count then
+      return a.r.count > b.r.count
+    end
+    return a.name < b.name
+  end)
+end
+
+-- Decimal places of a unit that is a power of ten (1e-6: 6), else nil.
+local function unit_places(unit)
+  for k = 0, 18 do
+    if tonumber("1e-" .. k) == unit then return k end
+  end
+  return nil
+end
+
+-- A histogram's sum as text: exact from the stored integer when the unit
+-- is a power of ten (1e-6: "12.0345"), else 6 significant digits.
+local function sum_text(r)
+  local k, u = unit_places(r.unit), r.sum_units
+  if not k or math.type(u) ~= "integer" or u == math.mininteger then return fmt("%.6g", r.sum) end
+  if k == 0 then return fmt("%d", u) end
+  local p = math.tointeger(10 ^ k)
+  local a = u < 0 and -u or u
+  local frac = fmt("%0" .. k .. "d", a % p):gsub("0+$", "")
+  return (u < 0 and "-" or "") .. fmt("%d", a // p) .. (frac ~= "" and "." .. frac or "")
+end
+
+-- A quantile's bucket bound as text ("-": no observations).
+local function bound_text(r, q)
+  local b = histogram.quantile(r, q)
+  if b == nil then return "-" end
+  return b == huge and "+Inf" or histogram.num_text(b)
+end
+
+local HIST_HEAD = { "HISTOGRAM", "COUNT", "RATE/S", "SUM", "MEAN", "P50<=", "P90<=", "P99<=" }
+
+-- The cells of a histogram row, as HIST_HEAD names them.
+local function hist_cells(h)
+  local r = h.r
+  return { h.name, fmt("%d", r.count), cli.rate_text(h.s.rate), sum_text(r),
+           r.count > 0 and fmt("%.4g", r.sum / r.count) or "-",
+           bound_text(r, 0.5), bound_text(r, 0.9), bound_text(r, 0.99) }
+end
+
 local function loop(db, o)
   local glyphs = utf8_terminal() and BLOCKS or ASCII
   local sortby, interval, scroll = o.sort, o.interval, 0
   local seen = {}              -- name -> { t=, v=, rate=, rates = {...}, rolled = }
+  local hseen = {}             -- histogram name -> { t=, v= (count), rate= }
   local rows, total = {}, 0
+  local hrows = {}             -- { name =, r = (histogram.read), s = hseen[name] }
   local last_sample = nil
 
   local function sample()
     local now = tally.now()
     local names, nmsg = db:names(o.pattern)
     if not names then cli.fail(tostring(nmsg)) end   -- a damaged store
+    -- histograms: complete ones among the names with a brace (cheap test first)
+    local braced, plain = {}, {}
+    for _, name in ipairs(names) do
+      if find(name, "{", 1, true) then braced[#braced + 1] = name else plain[#plain + 1] = name end
+    end
+    local hs, others = histogram.group(braced)
+    for _, name in ipairs(others) do plain[#plain + 1] = name end
+    hrows = {}
+    if next(hs) then
+      -- one snapshot for all of them: each row from one consistent cut
+      local snap, smsg = db:snapshot(o.pattern or "*{*}")
+      if not snap then cli.fail(tostring(smsg)) end
+      local snames, hfresh = {}, {}
+      for n in pairs(snap) do snames[#snames + 1] = n end
+      for base, h in pairs((histogram.group(snames))) do
+        local r = histogram.read(snap, h)
+        local s = hseen[base] or {}
+        if s.t and now > s.t then s.rate = (r.count - s.v) / (now - s.t) end
+        s.t, s.v = now, r.count
+        hfresh[base] = s
+        hrows[#hrows + 1] = { name = base, r = r, s = s }
+      end
+      hseen = hfresh
+    else
+      hseen = {}
+    end
     local fresh = {}
     rows, total = {}, 0
-    for _, name in ipairs(names) do
+    for _, name in ipairs(plain) do
       local p, pmsg, pcode = peek.counter(db, name)
       if not p and pcode ~= "ENOENT" then cli.fail(tostring(pmsg)) end
       if p then                                  -- else dropped meanwhile
@@ -167,50 +261,95 @@ local function loop(db, o)
     seen = fresh
     last_sample = now
     order(rows, sortby)
+    order_hist(hrows, sortby)
   end
 
   local function draw()
     local cols, lines = term.size()
     local body = max(1, lines - 3)
-    if scroll > max(0, #rows - body) then scroll = max(0, #rows - body) end
+    -- what scrolls: the counter rows, then the histograms under their own
+    -- header (a blank line before it); with no counter rows the histogram
+    -- header takes the counters' place on line 2
+    local items = {}
+    for i = 1, #rows do items[i] = rows[i] end
+    local HHEAD = {}
+    if #hrows > 0 and #rows > 0 then items[#items + 1] = ""; items[#items + 1] = HHEAD end
+    for _, h in ipairs(hrows) do items[#items + 1] = h end
+    if scroll > max(0, #items - body) then scroll = max(0, #items - body) end
+    local first, last = scroll + 1, min(#items, scroll + body)
     local out = {}
-    local head = fmt("tally watch  %s  sort: %s  every %gs  %d counter%s  total %s  %s%s",
+    local head = fmt("tally watch  %s  sort: %s  every %gs  %d counter%s  total %s  %s%s%s",
                      os.date("%H:%M:%S"), sortby, interval, #rows, #rows == 1 and "" or "s",
-                     tostring(total), o.store, o.pattern and ("  " .. o.pattern) or "")
+                     tostring(total),
+                     #hrows > 0 and fmt("%d histogram%s  ", #hrows, #hrows == 1 and "" or "s") or "",
+                     o.store, o.pattern and ("  " .. o.pattern) or "")
     out[1] = fit(head, cols)
-    -- columns: NAME  VALUE  RATE/S  HISTORY
+    -- counter columns: NAME  VALUE  RATE/S  HISTORY
     local nw, vw, rw = 4, 5, 6
-    for i = scroll + 1, min(#rows, scroll + body) do
-      local r = rows[i]
-      nw = max(nw, #r.name)
-      vw = max(vw, #tostring(r.value))
-      rw = max(rw, #cli.rate_text(r.s.rate))
+    for i = first, last do
+      local r = items[i]
+      if type(r) == "table" and r ~= HHEAD and not r.r then
+        nw = max(nw, #r.name)
+        vw = max(vw, #tostring(r.value))
+        rw = max(rw, #cli.rate_text(r.s.rate))
+      end
     end
     -- the name as long as it is (up to what leaves 10 columns of history),
     -- then the sparkline takes what is left, up to 60
     nw = max(4, min(nw, cols - vw - rw - 6 - 10))
     local hw = max(0, min(60, cols - nw - vw - rw - 6))
-    out[2] = "\27[7m" .. fit(fit("NAME", nw) .. "  " .. rjust("VALUE", vw) .. "  "
-                              .. rjust("RATE/S", rw) .. "  " .. "HISTORY", cols) .. "\27[0m"
-    for i = scroll + 1, min(#rows, scroll + body) do
-      local r = rows[i]
-      local spark = ""
-      if hw > 0 then
-        local xs = r.s.rates
-        if r.s.rolled then
-          local _, buckets = peek.history(db, r.name, hw + 1)
-          if buckets and #buckets >= 2 then xs = ring_rates(buckets) end
-        end
-        spark = sparkline(xs, hw, glyphs)
-      end
-      out[#out + 1] = fit(r.name, nw) .. "  " .. rjust(tostring(r.value), vw) .. "  "
-                      .. rjust(cli.rate_text(r.s.rate), rw) .. "  " .. spark
+    -- histogram columns: widths from all of them (they are few), so the
+    -- columns stay put while the rows scroll
+    local hcells, hwid = {}, {}
+    for k, t in ipairs(HIST_HEAD) do hwid[k] = #t end
+    for _, h in ipairs(hrows) do
+      local c = hist_cells(h)
+      hcells[h] = c
+      for k = 2, #c do hwid[k] = max(hwid[k], #c[k]) end
+      hwid[1] = max(hwid[1], #c[1])
     end
-    if #rows == 0 then
+    local rest = 0
+    for k = 2, #hwid do rest = rest + 2 + hwid[k] end
+    hwid[1] = max(#HIST_HEAD[1], min(hwid[1], cols - rest))
+    local function hline(c)
+      local t = { fit(c[1], hwid[1]) }
+      for k = 2, #c do t[k] = rjust(c[k], hwid[k]) end
+      return fit(concat(t, "  "), cols)
+    end
+    local function reverse(text) return "\27[7m" .. fit(text, cols) .. "\27[0m" end
+    if #rows == 0 and #hrows > 0 then
+      out[2] = reverse(hline(HIST_HEAD))
+    else
+      out[2] = reverse(fit("NAME", nw) .. "  " .. rjust("VALUE", vw) .. "  "
+                       .. rjust("RATE/S", rw) .. "  " .. "HISTORY")
+    end
+    for i = first, last do
+      local r = items[i]
+      if r == "" then
+        out[#out + 1] = ""
+      elseif r == HHEAD then
+        out[#out + 1] = reverse(hline(HIST_HEAD))
+      elseif r.r then                             -- a histogram
+        out[#out + 1] = hline(hcells[r])
+      else
+        local spark = ""
+        if hw > 0 then
+          local xs = r.s.rates
+          if r.s.rolled then
+            local _, buckets = peek.history(db, r.name, hw + 1)
+            if buckets and #buckets >= 2 then xs = ring_rates(buckets) end
+          end
+          spark = sparkline(xs, hw, glyphs)
+        end
+        out[#out + 1] = fit(r.name, nw) .. "  " .. rjust(tostring(r.value), vw) .. "  "
+                        .. rjust(cli.rate_text(r.s.rate), rw) .. "  " .. spark
+      end
+    end
+    if #items == 0 then
       out[#out + 1] = o.pattern and ("no counter matches " .. o.pattern) or "the store has no counters"
     end
     while #out < lines - 1 do out[#out + 1] = "" end
-    local more = #rows > body and fmt("  rows %d-%d of %d", scroll + 1, min(#rows, scroll + body), #rows) or ""
+    local more = #items > body and fmt("  rows %d-%d of %d", first, last, #items) or ""
     out[lines] = fit("q quit  s sort (r v n)  +/- interval  arrows scroll" .. more, cols)
     local screen = {}
     for i = 1, lines do screen[i] = out[i] .. "\27[K" end
@@ -259,10 +398,11 @@ local function loop(db, o)
         elseif k == "\27[5~" then scroll = max(0, scroll - page)
         elseif k == "\27[6~" or k == " " then scroll = scroll + page
         elseif k == "\27[H" or k == "\27[1~" or k == "\27OH" or k == "g" then scroll = 0
-        elseif k == "\27[F" or k == "\27[4~" or k == "\27OF" or k == "G" then scroll = #rows
+        elseif k == "\27[F" or k == "\27[4~" or k == "\27OF" or k == "G" then scroll = #rows + #hrows + 2
         end
       end
       order(rows, sortby)   -- what is there now; the next sample comes on time
+      order_hist(hrows, sortby)
       draw()
     elseif ev == "resize" then
       draw()
