@@ -206,6 +206,23 @@ local function bucket_of(bounds, v)
   return lo
 end
 
+-- The same as a function of v with the bounds written in, for up to 16
+-- finite bounds: no loop, so under LuaJIT the search is compiled into the
+-- caller's trace (a loop would end the trace at its return and leave the
+-- rest of observe, the FFI call too, to the interpreter). nil otherwise.
+local function compile_bucket_of(bounds)
+  local n = #bounds
+  if n > 16 then return nil end
+  local src = { "local v = ...\n" }
+  for i = 1, n do
+    local b = bounds[i]
+    if b ~= b or b == huge or b == -huge then return nil end
+    src[#src + 1] = fmt("if v <= %.17g then return %d end\n", b, i)
+  end
+  src[#src + 1] = "return " .. (n + 1)
+  return load(concat(src), "=histogram bucket_of")
+end
+
 -- h:observe(v) -> true | nil, msg, code: one observation, as one batch of
 -- its bucket (+1) and the sum (+ v / unit, rounded to the nearest integer,
 -- halves away from zero). Raises for a v that is not a finite number, or
@@ -222,7 +239,8 @@ function H:observe(v)
     argerror(1, "observe", fmt("%s is out of range (|v / unit| must be at most 2^53, unit %s)",
                                tostring(v), self.unit_text), 2)
   end
-  local c = self.counters[bucket_of(self.bounds, v)]
+  local pick = self.bucket_of
+  local c = self.counters[pick and pick(v) or bucket_of(self.bounds, v)]
   local f = ffi_mod
   if f and f.enabled and self.ffi_ok and f.batch2(self.db, c, 1, self.sumc, d) then
     return true
@@ -385,6 +403,7 @@ local function histogram(db, name, opts)
   local c, m, k = open(sum_name(name, unit_text))
   if not c then return nil, m, k end
   h.sumc = c
+  h.bucket_of = compile_bucket_of(h.bounds)
   h.les_text = list_text(les)
   local f = package.loaded["tally.ffi"]
   if f and f.batch2 and not ffi_mod then ffi_mod = f end
