@@ -100,7 +100,9 @@ bytes, ? one byte; default all), sorted by name, as an aligned table:
   NAME  VALUE  SHARDS  POLICY  ROLLED AT  RATE/S
 
 VALUE is exact (the sum of the shards now); ROLLED AT and RATE/S come from
-the counter's last rollup ('-' if it has none).
+the counter's last rollup ('-' if it has none). Histograms (db:histogram)
+among them are also listed after the table, one line each: COUNT, SUM and
+the bucket bounds that hold the 50th, 90th and 99th percentiles.
 
   --json   a JSON array, one counter per line: {"name":, "value":,
            "shards":, "policy":, "rolled": {"value":, "at":, "delta":,
@@ -205,7 +207,9 @@ A live view of the counters matching pattern, refreshed like top: NAME,
 VALUE (exact), RATE/S (between the last two refreshes; from the last
 rollup until there are two) and HISTORY, a sparkline of the rate: from the
 counter's finest rollup history if it keeps one, else from what watch has
-seen since it started.
+seen since it started. Histograms get one row each after the counters:
+COUNT, RATE/S of the count, SUM, MEAN and the bucket bounds of P50, P90
+and P99, all read from one consistent snapshot per refresh.
 
   --interval S   seconds between refreshes (default 1, 0.1 to 3600)
   --sort KEY     rate (default), value or name
