@@ -685,3 +685,21 @@ describe("examples/likes.lua", function()
     db:close()
   end)
 end)
+
+describe("tally ls with histograms", function()
+  it("lists each histogram once more after the table: exact sum, aligned", function()
+    local path = helper.tmpfile()
+    local db = assert(tally.open("file:" .. path))
+    local h = assert(db:histogram("lat", { buckets = { 0.1, 1 } }))
+    for _, v in ipairs({ 0.05, 0.2, 0.305 }) do assert(h:observe(v)) end
+    assert(db:histogram("big", { buckets = { 10 }, unit = 1 })):observe(1e6)
+    db:close()
+    local out, err, code = run("ls", path)
+    assert.equal(0, code, err)
+    assert.equal(table.concat({
+      "HISTOGRAM  COUNT      SUM  P50<=  P90<=  P99<=  BUCKETS",
+      "big            1  1000000   +Inf   +Inf   +Inf        2",
+      "lat            3    0.555      1      1      1        3", "" }, "\n"),
+      out:match("\n\n(HISTOGRAM.*)$"))
+  end)
+end)

@@ -538,20 +538,30 @@ function cmd.ls(args)
   for base in pairs(hs) do hnames[#hnames + 1] = base end
   table.sort(hnames)
   if #hnames > 0 then
-    local hw = #"HISTOGRAM"
-    for _, n in ipairs(hnames) do if #n > hw then hw = #n end end
-    out("\n", "HISTOGRAM", rep(" ", hw - 9), "  COUNT  SUM  P50<=  P90<=  P99<=  BUCKETS\n")
+    local rows = { { "HISTOGRAM", "COUNT", "SUM", "P50<=", "P90<=", "P99<=", "BUCKETS" } }
     for _, base in ipairs(hnames) do
       local snap = db:snapshot(base .. "{*}")
       if snap then
         local r = tally.histogram.read(snap, hs[base])
         local function q(x)
           local v = tally.histogram.quantile(r, x)
-          return v and tally.histogram.num_text(v) or "-"
+          return v == nil and "-" or v == math.huge and "+Inf" or tally.histogram.num_text(v)
         end
-        out(base, rep(" ", hw - #base), "  ", tostring(r.count), "  ", tally.histogram.num_text(r.sum),
-            "  ", q(0.5), "  ", q(0.9), "  ", q(0.99), "  ", tostring(#r.buckets), "\n")
+        rows[#rows + 1] = { base, tostring(r.count), common.hist_sum_text(r), q(0.5), q(0.9),
+                            q(0.99), tostring(#r.buckets) }
       end
+    end
+    local w = {}
+    for _, row in ipairs(rows) do
+      for i, cell in ipairs(row) do
+        if #cell > (w[i] or 0) then w[i] = #cell end
+      end
+    end
+    out("\n")
+    for _, row in ipairs(rows) do -- the name left, the figures right, as the table above
+      local line = { row[1] .. rep(" ", w[1] - #row[1]) }
+      for i = 2, #row do line[i] = rep(" ", w[i] - #row[i]) .. row[i] end
+      out(table.concat(line, "  "), "\n")
     end
   end
   return 0

@@ -7,8 +7,10 @@
 --   common.Fail                  the metatable of those errors
 --   common.rate_text(r)          a rate as the listings show it: "-" for
 --                                none, integers exact, else 1-2 decimals
+--   common.hist_sum_text(r)      a histogram's sum (tally.histogram.read's
+--                                record) as the listings show it
 
-local error, setmetatable = error, setmetatable
+local error, setmetatable, tonumber = error, setmetatable, tonumber
 local fmt, floor, huge = string.format, math.floor, math.huge
 
 local _M = {}
@@ -25,6 +27,26 @@ function _M.rate_text(r)
   if r == floor(r) and r > -1e15 and r < 1e15 then return fmt("%d", r) end
   local a = r < 0 and -r or r
   return fmt(a < 10 and "%.2f" or "%.1f", r)
+end
+
+-- Decimal places of a unit that is a power of ten (1e-6: 6), else nil.
+local function unit_places(unit)
+  for k = 0, 18 do
+    if tonumber("1e-" .. k) == unit then return k end
+  end
+  return nil
+end
+
+-- A histogram's sum as text: exact from the stored integer when the unit
+-- is a power of ten (1e-6: "12.0345"), else 6 significant digits.
+function _M.hist_sum_text(r)
+  local k, u = unit_places(r.unit), r.sum_units
+  if not k or math.type(u) ~= "integer" or u == math.mininteger then return fmt("%.6g", r.sum) end
+  if k == 0 then return fmt("%d", u) end
+  local p = math.tointeger(10 ^ k)
+  local a = u < 0 and -u or u
+  local frac = fmt("%0" .. k .. "d", a % p):gsub("0+$", "")
+  return (u < 0 and "-" or "") .. fmt("%d", a // p) .. (frac ~= "" and "." .. frac or "")
 end
 
 return _M

@@ -36,8 +36,8 @@ local term = require "tally.term"
 local peek = require "tally.peek"
 local cli = require "tally.cmd.common"
 
-local type, tostring, tonumber, ipairs, pairs, next, pcall, error =
-      type, tostring, tonumber, ipairs, pairs, next, pcall, error
+local type, tostring, ipairs, pairs, next, pcall, error =
+      type, tostring, ipairs, pairs, next, pcall, error
 local fmt, rep, find = string.format, string.rep, string.find
 local concat, sort = table.concat, table.sort
 local floor, max, min, huge = math.floor, math.max, math.min, math.huge
@@ -161,26 +161,6 @@ local function order_hist(hrows, key)
   end)
 end
 
--- Decimal places of a unit that is a power of ten (1e-6: 6), else nil.
-local function unit_places(unit)
-  for k = 0, 18 do
-    if tonumber("1e-" .. k) == unit then return k end
-  end
-  return nil
-end
-
--- A histogram's sum as text: exact from the stored integer when the unit
--- is a power of ten (1e-6: "12.0345"), else 6 significant digits.
-local function sum_text(r)
-  local k, u = unit_places(r.unit), r.sum_units
-  if not k or math.type(u) ~= "integer" or u == math.mininteger then return fmt("%.6g", r.sum) end
-  if k == 0 then return fmt("%d", u) end
-  local p = math.tointeger(10 ^ k)
-  local a = u < 0 and -u or u
-  local frac = fmt("%0" .. k .. "d", a % p):gsub("0+$", "")
-  return (u < 0 and "-" or "") .. fmt("%d", a // p) .. (frac ~= "" and "." .. frac or "")
-end
-
 -- A quantile's bucket bound as text ("-": no observations).
 local function bound_text(r, q)
   local b = histogram.quantile(r, q)
@@ -193,7 +173,7 @@ local HIST_HEAD = { "HISTOGRAM", "COUNT", "RATE/S", "SUM", "MEAN", "P50<=", "P90
 -- The cells of a histogram row, as HIST_HEAD names them.
 local function hist_cells(h)
   local r = h.r
-  return { h.name, fmt("%d", r.count), cli.rate_text(h.s.rate), sum_text(r),
+  return { h.name, fmt("%d", r.count), cli.rate_text(h.s.rate), cli.hist_sum_text(r),
            r.count > 0 and fmt("%.4g", r.sum / r.count) or "-",
            bound_text(r, 0.5), bound_text(r, 0.9), bound_text(r, 0.99) }
 end
