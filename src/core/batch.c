@@ -165,7 +165,6 @@ static int key_ready(tally_store *s) {
   return rc;
 }
 
-/* The calling thread's slot, leased on first use. */
 /* The last store this thread batched into, and its record there: most
  * threads write one store, and this spares the key lookup. Store ids are
  * never reused in a process; a forked child's copy fails the pid check. */
@@ -174,6 +173,7 @@ static _Thread_local struct {
   struct mine *m;
 } last;
 
+/* The calling thread's slot, leased on first use. */
 static int my_slot(tally_store *s, struct mine **out) {
   if (last.store_id == s->id && last.m->pid == tally__pid()) {
     *out = last.m;
