@@ -126,8 +126,9 @@ local function keys(bytes)
   return out
 end
 
--- Sort rows by rate or value (largest first; unknown last) or name.
-local function order(rows, key)
+-- Sort rows by rate or value (largest first; unknown last) or name;
+-- value_of(row) gives a row's value (a counter's, a histogram's count).
+local function order(rows, key, value_of)
   sort(rows, function(a, b)
     if key == "rate" then
       local x, y = a.s.rate, b.s.rate
@@ -137,29 +138,14 @@ local function order(rows, key)
         return x > y
       end
     elseif key == "value" then
-      local x, y = a.value, b.value
+      local x, y = value_of(a), value_of(b)
       if type(x) == "number" and type(y) == "number" and x ~= y then return x > y end
     end
     return a.name < b.name
   end)
 end
-
--- Sort histogram rows the same way: rate of the count, count, or name.
-local function order_hist(hrows, key)
-  sort(hrows, function(a, b)
-    if key == "rate" then
-      local x, y = a.s.rate, b.s.rate
-      if x ~= y then
-        if x == nil then return false end
-        if y == nil then return true end
-        return x > y
-      end
-    elseif key == "value" and a.r.count ~= b.r.count then
-      return a.r.count > b.r.count
-    end
-    return a.name < b.name
-  end)
-end
+local function counter_value(row) return row.value end
+local function hist_count(row) return row.r.count end
 
 -- A quantile's bucket bound as text ("-": no observations).
 local function bound_text(r, q)
@@ -240,8 +226,8 @@ local function loop(db, o)
     end
     seen = fresh
     last_sample = now
-    order(rows, sortby)
-    order_hist(hrows, sortby)
+    order(rows, sortby, counter_value)
+    order(hrows, sortby, hist_count)
   end
 
   local function draw()
@@ -381,8 +367,8 @@ local function loop(db, o)
         elseif k == "\27[F" or k == "\27[4~" or k == "\27OF" or k == "G" then scroll = #rows + #hrows + 2
         end
       end
-      order(rows, sortby)   -- what is there now; the next sample comes on time
-      order_hist(hrows, sortby)
+      order(rows, sortby, counter_value) -- what is there now; the next sample comes on time
+      order(hrows, sortby, hist_count)
       draw()
     elseif ev == "resize" then
       draw()
