@@ -38,6 +38,8 @@ local fmt, concat, sort = string.format, table.concat, table.sort
 local tointeger, add, sub, int_text = compat.tointeger, compat.add, compat.sub, compat.int_text
 
 local argerror = require("tally.util").argerror
+local remote = require "tally.remote"
+local check_name, glob_pattern = remote.check_name, remote.glob_pattern
 
 local _M = {}
 
@@ -48,19 +50,6 @@ local FAMILIES = "tally_families"
 local Store, Counter = {}, {}
 local StoreMT = { __name = "tally.firestore_store", __index = Store }
 local CounterMT = { __name = "tally.firestore_counter", __index = Counter }
-
-local function check_name(name, fname, narg)
-  if type(name) ~= "string" then
-    argerror(narg, fname, fmt("string expected, got %s", type(name)), 3)
-  end
-  if #name == 0 or #name > core.NAME_MAX then
-    argerror(narg, fname, fmt("name must be 1 to %d bytes", core.NAME_MAX), 3)
-  end
-end
-
-local function glob_pattern(g)
-  return "^" .. g:gsub("[%^%$%(%)%%%.%[%]%+%-]", "%%%0"):gsub("%*", ".*"):gsub("%?", ".") .. "$"
-end
 
 local function live(self)
   if not self.cl then error("attempt to use a closed store", 3) end
@@ -197,36 +186,7 @@ function Store:counter(name, opts)
   return nil, fmt("counter '%s' keeps changing", name), "EAGAIN"
 end
 
-local function cached(self, name)
-  local c = self.cache[name]
-  if c then return c end
-  local err, code
-  c, err, code = self:counter(name)
-  if not c then return nil, err, code end
-  self.cache[name] = c
-  return c
-end
-
-function Store:incr(name, n, key)
-  check_name(name, "incr", 1)
-  local c, err, code = cached(self, name)
-  if not c then return nil, err, code end
-  return c:incr(n, key)
-end
-
-function Store:decr(name, n, key)
-  check_name(name, "decr", 1)
-  local c, err, code = cached(self, name)
-  if not c then return nil, err, code end
-  return c:decr(n, key)
-end
-
-function Store:value(name)
-  check_name(name, "value", 1)
-  local c, err, code = self:counter(name, { create = false })
-  if not c then return nil, err, code end
-  return c:value()
-end
+remote.by_name(Store) -- db:incr(name), db:decr, db:value(name)
 
 -- the counter documents matching pattern: { { name =, shards = }, ... } sorted
 local function listed(self, pattern)

@@ -30,6 +30,7 @@ local type, error, tostring, pcall, setmetatable = type, error, tostring, pcall,
 local fmt = string.format
 
 local argerror = require("tally.util").argerror
+local remote = require "tally.remote"
 
 local _M = {}
 
@@ -42,51 +43,6 @@ local OPTIONS = { every = true, pattern = true, shards = true, writer = true, ti
 -- The URI and credentials to connect with, kept out of the schedule's
 -- table (stats, tostring and tick results show the redacted URI only).
 local secrets = setmetatable({}, { __mode = "k" })
-
-local function random_id()
-  local f = io.open("/dev/urandom", "rb")
-  local bytes = f and f:read(8)
-  if f then f:close() end
-  if not bytes or #bytes ~= 8 then
-    bytes = tostring(os.time()) .. tostring({}) .. tostring(os.clock())
-  end
-  return (bytes:gsub(".", function(c) return fmt("%02x", c:byte()) end)):sub(1, 16)
-end
-
-local memory_ids = setmetatable({}, { __mode = "k" })
-
--- The writer id of db when none is given (see the header).
-local function default_writer(db)
-  local path = tostring(db):match("^tally%.store %(file:(.*)%)$")
-  if not path then
-    local id = memory_ids[db]
-    if not id then
-      id = "mem-" .. random_id()
-      memory_ids[db] = id
-    end
-    return id
-  end
-  local idfile = path .. ".writer"
-  local f = io.open(idfile, "rb")
-  if f then
-    local id = f:read("*l")
-    f:close()
-    if id and id:match("^[%w%-_.:]+$") and #id <= 128 then return id end
-    error(fmt("bad writer id file %s (delete it only if this store never flushed)", idfile), 3)
-  end
-  local id = "file-" .. random_id()
-  local tmp = idfile .. ".tmp" .. random_id()
-  local w, err = io.open(tmp, "wb")
-  if not w then error("cannot create the writer id file: " .. tostring(err), 3) end
-  w:write(id, "\n")
-  w:close()
-  local ok, rerr = os.rename(tmp, idfile)
-  if not ok then
-    os.remove(tmp)
-    error("cannot create the writer id file: " .. tostring(rerr), 3)
-  end
-  return id
-end
 
 -- Open the redis handle and the flusher if not open yet: true, or nil, msg.
 local function connect(self)
@@ -253,7 +209,7 @@ function _M.flush_to(db, uri, opts, list, unlink)
   end
   local writer = opts.writer
   if writer == nil then
-    writer = default_writer(db)
+    writer = remote.default_writer(db)
   elseif type(writer) ~= "string" or #writer < 1 or #writer > 128 or writer:find("\0", 1, true) then
     argerror(2, "flush_to", "writer must be a string of 1 to 128 bytes, got "
           .. tostring(writer), 3)

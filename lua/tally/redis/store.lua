@@ -37,6 +37,8 @@ local fmt, byte, sort, concat = string.format, string.byte, table.sort, table.co
 local tointeger, add, sub = compat.tointeger, compat.add, compat.sub
 
 local argerror = require("tally.util").argerror
+local remote = require "tally.remote"
+local check_name, glob_pattern = remote.check_name, remote.glob_pattern
 
 local _M = {}
 
@@ -159,19 +161,6 @@ local function unsupported(what)
 end
 
 -- glob (`*` any run of bytes, `?` one byte) -> anchored Lua pattern
-local function glob_pattern(g)
-  return "^" .. g:gsub("[%^%$%(%)%%%.%[%]%+%-]", "%%%0"):gsub("%*", ".*"):gsub("%?", ".") .. "$"
-end
-
-local function check_name(name, fname, narg)
-  if type(name) ~= "string" then
-    argerror(narg, fname, fmt("string expected, got %s", type(name)), 3)
-  end
-  if #name == 0 or #name > core.NAME_MAX then
-    argerror(narg, fname, fmt("name must be 1 to %d bytes", core.NAME_MAX), 3)
-  end
-end
-
 -- A Redis failure as nil, msg, code: overflow is ERANGE, other error
 -- replies EREDIS, transport failures keep the binding's code.
 local function rfail(msg, code)
@@ -285,37 +274,7 @@ function Store:counter(name, opts)
   return new_counter(self, name, s, p)
 end
 
-local function cached(self, name)
-  local c = self.cache[name]
-  if c then return c end
-  local err, code
-  c, err, code = self:counter(name)
-  if not c then return nil, err, code end
-  self.cache[name] = c
-  return c
-end
-
-function Store:incr(name, n, key)
-  check_name(name, "incr", 1)
-  local c, err, code = cached(self, name)
-  if not c then return nil, err, code end
-  return c:incr(n, key)
-end
-
-function Store:decr(name, n, key)
-  check_name(name, "decr", 1)
-  local c, err, code = cached(self, name)
-  if not c then return nil, err, code end
-  return c:decr(n, key)
-end
-
--- db:value(name): reads the counter's options each time (never creates).
-function Store:value(name)
-  check_name(name, "value", 1)
-  local c, err, code = self:counter(name, { create = false })
-  if not c then return nil, err, code end
-  return c:value()
-end
+remote.by_name(Store) -- db:incr(name), db:decr, db:value(name)
 
 function Store:names(pattern)
   if pattern ~= nil and type(pattern) ~= "string" then
