@@ -10,7 +10,8 @@
  *                                     counter and ideal per-thread cells on
  *                                     own lines
  *   bench_tally many PATH K SECS REPS T  random increments over K counters
- *                                     (memory store; 16 shards, then 1), 1,
+ *                                     (memory store; 16 shards, then 1, then
+ *                                     the 1-shard ones as a tally_vector), 1,
  *                                     2 and T threads, against a shared
  *                                     atomic array of K words and one shared
  *                                     atomic; every repetition's figure; and
@@ -431,14 +432,16 @@ static int cmd_open(const char *path) {
 
 /* Random increments over K counters: each thread draws an index with its
  * own xorshift and adds 1 there, through tally handles (16 shards, then 1;
- * thread policy; a memory store) or into a plain array of K atomic words
+ * thread policy; a memory store), through a tally_vector of the 1-shard
+ * counters (by index, as the array), or into a plain array of K atomic words
  * shared by all threads. The RNG and the loop are the same for every kind;
  * one shared atomic draws the indexes too and ignores them. */
-enum { MANY_TALLY16, MANY_TALLY1, MANY_ARRAY, MANY_ATOMIC, MANY_N };
-static const char *many_names[] = {"tally16", "tally1", "array", "atomic"};
+enum { MANY_TALLY16, MANY_TALLY1, MANY_VECTOR1, MANY_ARRAY, MANY_ATOMIC, MANY_N };
+static const char *many_names[] = {"tally16", "tally1", "vector1", "array", "atomic"};
 
 static struct {
   tally_counter **cs[2]; /* handles: [0] 16 shards, [1] 1 shard */
+  tally_vector *vec;     /* the 1-shard counters again, as a vector */
   _Atomic int64_t *arr;
   uint64_t k;
   _Alignas(64) _Atomic int64_t one;
@@ -463,6 +466,11 @@ static void *many_main(void *arg) {
   case MANY_TALLY1: {
     tally_counter **cs = M.cs[w->impl == MANY_TALLY1];
     LOOP(if (tally_counter_incr(cs[pick(&x, k)], 1) != 0) abort());
+    break;
+  }
+  case MANY_VECTOR1: {
+    tally_vector *v = M.vec;
+    LOOP(if (tally_vector_incr(v, pick(&x, k), 1) != 0) abort());
     break;
   }
   case MANY_ARRAY: {
@@ -552,6 +560,17 @@ static int cmd_many(const char *path, uint64_t k, double secs, int reps, int nth
     if ((rc = tally_store_open("memory", NULL, &s[j]))) die("open", rc);
     many_create(s[j], k, shards[j], what, &M.cs[j]);
   }
+  /* the same 1-shard counters (and cells) by index: a vector increment
+   * reads a 4-byte slot, not the handle (a 16-shard counter's would go
+   * through its handle) */
+  if ((rc = tally_vector_new(s[1], k, &M.vec))) die("vector", rc);
+  for (uint64_t i = 0; i < k; i++) {
+    char name[32];
+    int len = snprintf(name, sizeof name, "m:%llu", (unsigned long long)i);
+    progress("a vector of the 1-shard counters", (long)i, (long)k);
+    if ((rc = tally_vector_open(M.vec, i, name, (size_t)len, NULL, 0))) die("vector", rc);
+  }
+  progress("a vector of the 1-shard counters", (long)k, (long)k);
   M.k = k;
   M.arr = malloc(k * sizeof *M.arr);
   if (!M.arr) oom();
@@ -564,6 +583,7 @@ static int cmd_many(const char *path, uint64_t k, double secs, int reps, int nth
         printf("RESULT many.%s.%dt %.0f\n", many_names[kind], t, v);
         fflush(stdout);
       }
+  tally_vector_free(M.vec);
   for (int j = 0; j < 2; j++) {
     for (uint64_t i = 0; i < k; i++) tally_counter_close(M.cs[j][i]);
     free(M.cs[j]);

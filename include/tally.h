@@ -339,6 +339,36 @@ TALLY_API int tally_store_each(tally_store *s, const char *pattern, size_t plen,
 TALLY_API int tally_store_sum(tally_store *s, const char *pattern, size_t plen,
                               int64_t *sum, uint64_t *count);
 
+/* ---- vectors: counters by index (vector.c) ------------------------------ */
+
+/* A vector holds n counter handles in slots 0..n-1 and increments them by
+ * index. For counters of one shard (automatic ones while they have one)
+ * under the thread or random policy, an increment reads a 4-byte word per
+ * slot and adds to the cell: about one cache miss on a cold counter, where
+ * a handle costs two (the handle, then the cell). Other counters go
+ * through their handle. Increments may run in any number of threads at
+ * once; put, open and free must not run concurrently with other calls on
+ * the same vector. Free the vector before closing its store. */
+typedef struct tally_vector tally_vector;
+
+TALLY_API int tally_vector_new(tally_store *s, size_t n, tally_vector **out);
+/* Put handle c (of the vector's store) in slot i: the vector owns it from
+ * then on and closes it when it is replaced or freed. c NULL empties the
+ * slot. A handle can be in one vector only (TALLY_EINVAL). */
+TALLY_API int tally_vector_put(tally_vector *v, size_t i, tally_counter *c);
+/* tally_counter_open, then put: the same arguments and errors. */
+TALLY_API int tally_vector_open(tally_vector *v, size_t i, const char *name, size_t len,
+                                const tally_counter_options *opt, uint32_t flags);
+/* The handle in slot i (owned by the vector: read it, do not close it),
+ * or NULL if the slot is empty or out of range. */
+TALLY_API tally_counter *tally_vector_get(const tally_vector *v, size_t i);
+TALLY_API size_t tally_vector_size(const tally_vector *v);
+/* tally_counter_incr on slot i's counter, with the same results;
+ * TALLY_EINVAL if i is out of range, TALLY_ENOENT if the slot is empty. */
+TALLY_API int tally_vector_incr(tally_vector *v, size_t i, int64_t delta);
+/* Close every handle in v and free it; NULL is allowed. */
+TALLY_API void tally_vector_free(tally_vector *v);
+
 /* ---- batches and snapshots (batch.c) ------------------------------------ */
 
 /* Counters of policy TALLY_POLICY_SLOT have TALLY_SLOT_SHARDS shards, one per

@@ -110,7 +110,7 @@ int tally__auto_sample(tally_counter *c, uint64_t loc) {
   uint32_t to = n * 2 < cap ? n * 2 : cap;
   /* grow only: another writer may have grown it past what this handle saw */
   if (tally__reshard(s, rec_off, to, true, &loc) == 0) { /* else: stays as it is */
-    atomic_store_explicit(&c->loc, loc, memory_order_release);
+    tally__handle_set_loc(c, loc);
     if (tally__loc_shards(loc) > n) bump(r, TALLY__REC_GROWN_SHIFT);
   }
   return 0;

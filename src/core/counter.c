@@ -217,7 +217,7 @@ static int revive(tally_counter *c, bool create) {
   atomic_store(&c->rec_off, tally__crec(fresh));
   c->policy = fresh->policy;
   c->fast = fresh->fast;
-  atomic_store_explicit(&c->loc, atomic_load(&fresh->loc), memory_order_release);
+  tally__handle_set_loc(c, atomic_load(&fresh->loc));
   atomic_store(&c->gone, 0);
   pthread_mutex_unlock(&s->hlock);
   tally__handle_add(s, c);
@@ -286,7 +286,7 @@ static int refresh(tally_counter *c, uint64_t seen) {
     return atomic_load(&c->gone) == 2 ? revive(c, true) : dropped_error(c);
   int rc = settle(c->s, tally__crec(c), seen, &loc);
   if (rc == TALLY_EDROPPED && expired(c)) return revive(c, true);
-  if (rc == 0) atomic_store_explicit(&c->loc, loc, memory_order_release);
+  if (rc == 0) tally__handle_set_loc(c, loc);
   return rc;
 }
 
@@ -324,14 +324,6 @@ static inline int cell_add(_Atomic int64_t *cell, int64_t delta) {
 
 enum pick { PICK_POLICY, PICK_KEY, PICK_SHARD };
 
-/* Should an automatic counter's increment that saw `old` sample for
- * contention? About one in 256, decided by the value (Fibonacci hashing:
- * consecutive values spread evenly), so the fast path touches no memory
- * but the cell: only registers after its atomic add. */
-static inline bool sample_due(int64_t old) {
-  return ((uint64_t)old * 0x9E3779B97F4A7C15ull) >> 56 == 0;
-}
-
 static int add(tally_counter *c, enum pick how, const void *key, size_t klen,
                uint32_t shard, int64_t delta) {
   for (;;) {
@@ -353,7 +345,7 @@ static int add(tally_counter *c, enum pick how, const void *key, size_t klen,
                            "'%s' has %u shards)",
                            shard, c->name, n);
       if (rc == 0) /* resharded since */
-        atomic_store_explicit(&c->loc, cur, memory_order_release);
+        tally__handle_set_loc(c, cur);
       else if ((rc = refresh(c, loc))) /* dropped; an expired one comes back */
         return rc;
       continue;
@@ -362,7 +354,7 @@ static int add(tally_counter *c, enum pick how, const void *key, size_t klen,
     int rc = cell_add(cell, delta);
     if (__builtin_expect(rc == 0, 1)) {
       if ((c->fast & 2) && how == PICK_POLICY &&
-          sample_due(atomic_load_explicit(cell, memory_order_relaxed)))
+          tally__sample_due(atomic_load_explicit(cell, memory_order_relaxed)))
         return tally__auto_sample(c, loc);
       return 0;
     }
@@ -412,7 +404,7 @@ int tally_counter_incr(tally_counter *c, int64_t delta) {
     _Atomic int64_t *cell = tally__cell_in(c->base, loc, i);
     int64_t old = atomic_fetch_add_explicit(cell, delta, memory_order_relaxed);
     if (__builtin_expect(tally__cell_live(old) && tally__cell_live(old + delta), 1)) {
-      if (__builtin_expect((fast & 2) && sample_due(old), 0))
+      if (__builtin_expect((fast & 2) && tally__sample_due(old), 0))
         return tally__auto_sample(c, loc); /* a tail call: no registers saved */
       return 0;
     }
@@ -520,7 +512,7 @@ int tally_counter_value(tally_counter *c, int64_t *out) {
   __int128 total;
   int rc = read_cells(c->s, tally__crec(c), &loc, NULL, 0, &total);
   if (rc) return rc;
-  atomic_store_explicit(&c->loc, loc, memory_order_release);
+  tally__handle_set_loc(c, loc);
   return to_int64(total, c->name, out);
 }
 
@@ -533,7 +525,7 @@ int tally_counter_shards(tally_counter *c, int64_t *vals, uint32_t cap, uint32_t
   if (rc == 0) rc = tally__current(c->s, tally__crec(c), &loc);
   if (rc == 0) rc = read_cells(c->s, tally__crec(c), &loc, vals, cap, &total);
   if (rc) return rc;
-  atomic_store_explicit(&c->loc, loc, memory_order_release);
+  tally__handle_set_loc(c, loc);
   *n = tally__loc_shards(loc);
   return 0;
 }
@@ -578,7 +570,7 @@ int tally_counter_read(tally_counter *c, int64_t *value, uint64_t *incarnation) 
       continue;
     }
     if (rc) return rc;
-    if (rec == tally__crec(c)) atomic_store_explicit(&c->loc, loc, memory_order_release);
+    if (rec == tally__crec(c)) tally__handle_set_loc(c, loc);
     *incarnation = inc;
     return to_int64(total, c->name, value);
   }
@@ -635,7 +627,7 @@ int tally_counter_reset(tally_counter *c, int64_t *removed) {
       i = (uint32_t)-1; /* start over on the new cells */
     }
   }
-  atomic_store_explicit(&c->loc, loc, memory_order_release);
+  tally__handle_set_loc(c, loc);
   *removed = total;
   return 0;
 }

@@ -221,7 +221,11 @@ void tally__handle_remove(tally_store *s, tally_counter *c) {
 void tally__handles_free(tally_store *s) {
   struct tally__handles *h = s->handles;
   for (size_t i = 0; h && i < h->cap; i++)
-    for (tally_counter *c = h->bucket[i]; c; c = c->next_same) c->s = NULL;
+    for (tally_counter *c = h->bucket[i]; c; c = c->next_same) {
+      _Atomic uint32_t *m = atomic_load(&c->mirror);
+      if (m) atomic_store(m, 0); /* its vector must not add to unmapped cells */
+      c->s = NULL;
+    }
   if (s->handles) free(s->handles->bucket);
   free(s->handles);
   s->handles = NULL;
@@ -243,8 +247,7 @@ static void refresh_rec(tally_store *s, uint64_t rec_off) {
   for (tally_counter *c = h->bucket[bucket_of(h, rec_off)]; c; c = c->next_same) {
     if (tally__crec(c) != rec_off || atomic_load(&c->gone)) continue;
     if (gone) atomic_store(&c->gone, gone);
-    atomic_store_explicit(&c->loc, gone ? tally__tombstone_loc() : loc,
-                          memory_order_release);
+    tally__handle_set_loc(c, gone ? tally__tombstone_loc() : loc);
   }
 }
 

@@ -269,6 +269,9 @@ struct tally_counter {
   _Atomic uint64_t rec_off; /* changes only when an expired counter is
                                re-created through this handle */
   tally_counter *next_same; /* grace.c: handles of the same record */
+  /* vector.c: the vector slot that caches this handle's cell, or NULL.
+   * Whoever changes loc clears it (tally__handle_set_loc). */
+  _Atomic(_Atomic uint32_t *) mirror;
   uint32_t name_len;
   char name[]; /* a copy: the record may be reused once the counter is gone */
 };
@@ -524,12 +527,30 @@ static inline _Atomic int64_t *tally__cell_at(tally_store *s, uint64_t loc,
 static inline uint64_t tally__crec(tally_counter *c) {
   return atomic_load_explicit(&c->rec_off, memory_order_acquire);
 }
+
+/* Point a handle at loc. A vector slot caching the old cells is cleared,
+ * so its next increment takes the handle's path and caches them again;
+ * the grace step's clear is what lets the old cells be reused (vector.c
+ * pairs its store of the slot with a load of loc, hence seq_cst). */
+static inline void tally__handle_set_loc(tally_counter *c, uint64_t loc) {
+  uint64_t was = atomic_exchange(&c->loc, loc);
+  _Atomic uint32_t *m = atomic_load_explicit(&c->mirror, memory_order_acquire);
+  if (m && was != loc) atomic_store(m, 0);
+}
+
 /* 0 if the handle's counter is there (re-creating an expired one through
  * it); TALLY_EDROPPED if it was dropped. */
 int tally__counter_live(tally_counter *c);
 /* ---- autoshard.c ---- */
-/* About one increment in 256 of an auto counter (counter.c sample_due). */
+/* About one increment in 256 of an auto counter (tally__sample_due). */
 int tally__auto_sample(tally_counter *c, uint64_t loc); /* returns 0 */
+/* Should an automatic counter's increment that saw `old` sample for
+ * contention? About one in 256, decided by the value (Fibonacci hashing:
+ * consecutive values spread evenly), so the fast path touches no memory
+ * but the cell: only registers after its atomic add. */
+static inline bool tally__sample_due(int64_t old) {
+  return ((uint64_t)old * 0x9E3779B97F4A7C15ull) >> 56 == 0;
+}
 /* upkeep: shrink an auto counter back to one cell once quiet */
 int tally__auto_upkeep(tally_store *s, uint64_t rec_off);
 /* Reshard the counter at rec_off to `shards` under the lock (grow_only:

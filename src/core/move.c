@@ -54,7 +54,7 @@ int tally_counter_reshard(tally_counter *c, uint32_t shards) {
                        "counter '%s' has the slot policy: one shard per writer", c->name);
   int rc = tally__counter_live(c);
   if (rc == 0) rc = tally__reshard(c->s, tally__crec(c), shards, false, &loc);
-  if (rc == 0) atomic_store_explicit(&c->loc, loc, memory_order_release);
+  if (rc == 0) tally__handle_set_loc(c, loc);
   return rc;
 }
 

@@ -1,0 +1,180 @@
+/* vector.c -- counters addressed by index: the fast path for many of them.
+ *
+ * A random increment through a handle on a cold counter costs two
+ * dependent misses: the handle, then its cell. A vector keeps, per slot,
+ * the 32-bit cell offset of a one-shard counter (loc >> 32) in one dense
+ * array, so an increment reads four bytes of that array and then adds to
+ * the cell: the pattern of a plain array of atomics, with a word per
+ * counter instead of a cell. The handles stay beside it for everything
+ * else (the slow path, reads, moves).
+ *
+ * A slot holds 0 (take the handle's path) or the offset of the cell its
+ * handle points at now: whoever changes a handle's loc clears the slot
+ * (tally__handle_set_loc), and cache() stores the slot and then checks
+ * loc again, clearing it if loc moved meanwhile. The grace step points
+ * handles away from retired cells, so it clears their slots too before it
+ * publishes its epoch: a slot never outlives the cells it names. A cell
+ * retired by a move is met on the fast path as the handle's path meets it
+ * (its add does not count) and the increment goes through the handle.
+ *
+ * Counters of more than one shard, and policies other than thread and
+ * random, keep slot 0: their increments are the handle's.
+ */
+#include "internal.h"
+
+#include <stdlib.h>
+
+struct tally_vector {
+  /* what an increment reads, one line */
+  unsigned char *base;    /* the store's mapping (fixed for its life) */
+  _Atomic uint32_t *cell; /* per slot: the cell's offset in words, or 0 */
+  size_t n;
+  tally_counter **c; /* per slot: the handle, or NULL */
+  tally_store *s;
+};
+
+int tally_vector_new(tally_store *s, size_t n, tally_vector **out) {
+  if (!s || !out) return tally__fail(TALLY_EINVAL, "tally_vector_new: NULL argument");
+  if (n == 0 || n > SIZE_MAX / sizeof(tally_counter *))
+    return tally__fail(TALLY_EINVAL, "tally_vector_new: %zu slots (1 or more)", n);
+  tally_vector *v = aligned_alloc(64, 64);
+  if (!v) return tally__fail(TALLY_ENOMEM, "out of memory");
+  v->base = s->base;
+  v->n = n;
+  v->s = s;
+  v->cell = calloc(n, sizeof *v->cell);
+  v->c = calloc(n, sizeof *v->c);
+  if (!v->cell || !v->c) {
+    free(v->cell);
+    free(v->c);
+    free(v);
+    return tally__fail(TALLY_ENOMEM, "out of memory (a vector of %zu slots)", n);
+  }
+  *out = v;
+  return 0;
+}
+
+/* Slot i caches c's cell if an increment there is a plain add: one shard,
+ * a policy that picks shard 0 then, the counter there. */
+static void cache(tally_vector *v, size_t i) {
+  tally_counter *c = v->c[i];
+  uint64_t loc = atomic_load(&c->loc);
+  uint32_t w = 0;
+  if (c->fast < 4 && !atomic_load(&c->gone) && tally__loc_shards(loc) == 1 &&
+      !(loc & TALLY__LOC_DROPPED))
+    w = (uint32_t)(loc >> 32);
+  if (!w) { /* a multi-shard counter comes here on every increment */
+    if (atomic_load_explicit(&v->cell[i], memory_order_relaxed))
+      atomic_store(&v->cell[i], 0);
+    return;
+  }
+  atomic_store(&v->cell[i], w);
+  if (atomic_load(&c->loc) != loc) /* moved meanwhile: its mover may */
+    atomic_compare_exchange_strong(&v->cell[i], &w, 0); /* have cleared first */
+}
+
+/* Detach slot i's handle from the vector (the grace step reads mirror
+ * under hlock) and return it. */
+static tally_counter *detach(tally_vector *v, size_t i) {
+  tally_counter *c = v->c[i];
+  if (!c) return NULL;
+  if (c->s) pthread_mutex_lock(&c->s->hlock);
+  atomic_store(&c->mirror, NULL);
+  if (c->s) pthread_mutex_unlock(&c->s->hlock);
+  atomic_store(&v->cell[i], 0);
+  v->c[i] = NULL;
+  return c;
+}
+
+int tally_vector_put(tally_vector *v, size_t i, tally_counter *c) {
+  if (!v) return tally__fail(TALLY_EINVAL, "tally_vector_put: vector is NULL");
+  if (i >= v->n)
+    return tally__fail(TALLY_EINVAL,
+                       "tally_vector_put: slot %zu out of range (%zu slots)", i, v->n);
+  if (c && c->s != v->s)
+    return tally__fail(TALLY_EINVAL,
+                       "tally_vector_put: counter '%s' is not of the vector's store",
+                       c->name);
+  if (c && atomic_load(&c->mirror))
+    return tally__fail(TALLY_EINVAL,
+                       "tally_vector_put: counter '%s' is in a vector already", c->name);
+  tally_counter_close(detach(v, i));
+  if (!c) return 0;
+  pthread_mutex_lock(&c->s->hlock);
+  atomic_store(&c->mirror, &v->cell[i]);
+  pthread_mutex_unlock(&c->s->hlock);
+  v->c[i] = c;
+  cache(v, i);
+  return 0;
+}
+
+int tally_vector_open(tally_vector *v, size_t i, const char *name, size_t len,
+                      const tally_counter_options *opt, uint32_t flags) {
+  if (!v) return tally__fail(TALLY_EINVAL, "tally_vector_open: vector is NULL");
+  if (i >= v->n)
+    return tally__fail(TALLY_EINVAL,
+                       "tally_vector_open: slot %zu out of range (%zu slots)", i, v->n);
+  tally_counter *c;
+  int rc = tally_counter_open(v->s, name, len, opt, flags, &c);
+  if (rc == 0) rc = tally_vector_put(v, i, c);
+  return rc;
+}
+
+tally_counter *tally_vector_get(const tally_vector *v, size_t i) {
+  return v && i < v->n ? v->c[i] : NULL;
+}
+
+size_t tally_vector_size(const tally_vector *v) {
+  return v ? v->n : 0;
+}
+
+void tally_vector_free(tally_vector *v) {
+  if (!v) return;
+  for (size_t i = 0; i < v->n; i++) tally_counter_close(detach(v, i));
+  free(v->cell);
+  free(v->c);
+  free(v);
+}
+
+/* Everything but a plain add: through the handle, then cache again. */
+__attribute__((noinline)) static int incr_slow(tally_vector *v, size_t i, int64_t delta) {
+  if (!v) return tally__fail(TALLY_EINVAL, "tally_vector_incr: vector is NULL");
+  if (i >= v->n)
+    return tally__fail(TALLY_EINVAL,
+                       "tally_vector_incr: slot %zu out of range (%zu slots)", i, v->n);
+  tally_counter *c = v->c[i];
+  if (!c) return tally__fail(TALLY_ENOENT, "tally_vector_incr: slot %zu is empty", i);
+  if (!c->s) return tally__fail(TALLY_EINVAL, "tally_vector_incr: its store is closed");
+  int rc = tally_counter_incr(c, delta);
+  cache(v, i);
+  return rc;
+}
+
+/* One in 256 adds (tally__sample_due): an automatic counter
+ * samples for contention as its handle's increment would. */
+__attribute__((noinline)) static int sampled(tally_vector *v, size_t i) {
+  tally_counter *c = v->c[i];
+  if (!(c->fast & 2)) return 0;
+  int rc = tally__auto_sample(c, atomic_load_explicit(&c->loc, memory_order_acquire));
+  cache(v, i);
+  return rc;
+}
+
+int tally_vector_incr(tally_vector *v, size_t i, int64_t delta) {
+  if (__builtin_expect(
+          v && i < v->n && delta > -TALLY__FAST_DELTA && delta < TALLY__FAST_DELTA, 1)) {
+    uint32_t w =
+        atomic_load_explicit(&v->cell[i], memory_order_acquire); /* orders the cell */
+    if (__builtin_expect(w != 0, 1)) {
+      _Atomic int64_t *cell = (_Atomic int64_t *)(v->base + ((uint64_t)w << 3));
+      int64_t old = atomic_fetch_add_explicit(cell, delta, memory_order_relaxed);
+      if (__builtin_expect(tally__cell_live(old) && tally__cell_live(old + delta), 1)) {
+        if (__builtin_expect(tally__sample_due(old), 0)) return sampled(v, i);
+        return 0;
+      }
+      if (!tally__cell_retired(old)) /* out of range: undo; retired: see internal.h */
+        atomic_fetch_sub_explicit(cell, delta, memory_order_relaxed);
+    }
+  }
+  return incr_slow(v, i, delta);
+}

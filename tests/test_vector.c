@@ -1,0 +1,454 @@
+/* test_vector.c -- counters by index (src/core/vector.c).
+ *
+ *  - the API: put, open, get, size, errors (out of range, empty slot, a
+ *    handle in two vectors, another store's handle, key policy, range,
+ *    large deltas), free, a store closed first;
+ *  - a slot never adds to space its counter left: the counter is dropped,
+ *    or resharded away by another handle, its old cells are reused by new
+ *    counters, and increments through the vector go where they belong;
+ *  - exact under load: two threads increment slots of 1-shard, 16-shard
+ *    and automatic counters while a third reshards them back and forth
+ *    and runs grace steps; an automatic counter hammered through a vector
+ *    grows;
+ *  - an expired counter comes back through its slot;
+ *  - two processes on a file store, one SIGKILLed mid-run, while the parent
+ *    reshards: every acknowledged increment is there (at most one more per
+ *    killed process).
+ */
+#include <pthread.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+
+#include "testutil.h"
+
+static char g_dir[1024];
+
+static tally_store *open_file(const char *name, const char *grace_ms) {
+  char spec[1200];
+  tally_store *s = NULL;
+  tu_spec(spec, sizeof spec, NULL, 0, g_dir, name);
+  setenv("TALLY_GRACE_MS", grace_ms, 1);
+  REQUIRE_OK(tally_store_open(spec, NULL, &s));
+  return s;
+}
+
+static int vopen(tally_vector *v, size_t i, const char *name, uint32_t shards,
+                 int policy) {
+  tally_counter_options o = {shards, policy};
+  return tally_vector_open(v, i, name, strlen(name), &o, TALLY_COUNTER_CREATE);
+}
+
+static int64_t value_of(tally_store *s, const char *name) {
+  tally_counter *c = NULL;
+  int64_t v = INT64_MIN;
+  if (tu_counter(s, name, 0, -1, 0, &c) == 0) (void)tally_counter_value(c, &v);
+  tally_counter_close(c);
+  return v;
+}
+
+static uint64_t reused(tally_store *s) {
+  tally_store_stats st;
+  memset(&st, 0, sizeof st);
+  EXPECT_OK(tally_store_stats_get(s, &st));
+  return st.reused_bytes;
+}
+
+/* ---- the API --------------------------------------------------------------- */
+
+static void test_api(void) {
+  tally_store *s, *other;
+  tally_vector *v, *w;
+  REQUIRE_OK(tally_store_open("memory", NULL, &s));
+  REQUIRE_OK(tally_store_open("memory", NULL, &other));
+  EXPECT_RC(TALLY_EINVAL, tally_vector_new(s, 0, &v));
+  EXPECT_RC(TALLY_EINVAL, tally_vector_new(NULL, 4, &v));
+  REQUIRE_OK(tally_vector_new(s, 4, &v));
+  REQUIRE_OK(tally_vector_new(s, 2, &w));
+  EXPECT_I64(4, tally_vector_size(v));
+  EXPECT_I64(0, tally_vector_size(NULL));
+
+  EXPECT_OK(vopen(v, 0, "one", 1, TALLY_POLICY_THREAD));
+  EXPECT_OK(vopen(v, 1, "sixteen", 16, TALLY_POLICY_THREAD));
+  EXPECT_OK(vopen(v, 2, "keyed", 4, TALLY_POLICY_KEY));
+  EXPECT_RC(TALLY_EINVAL, vopen(v, 4, "past", 1, TALLY_POLICY_THREAD));
+  EXPECT_RC(TALLY_ENOENT, tally_vector_incr(v, 3, 1)); /* empty */
+  EXPECT_RC(TALLY_EINVAL, tally_vector_incr(v, 4, 1));
+  EXPECT_RC(TALLY_EINVAL, tally_vector_incr(v, (size_t)-1, 1));
+  EXPECT_RC(TALLY_EINVAL, tally_vector_incr(NULL, 0, 1));
+  EXPECT_RC(TALLY_EPOLICY, tally_vector_incr(v, 2, 1));
+  EXPECT(tally_vector_get(v, 3) == NULL);
+  EXPECT(tally_vector_get(v, 9) == NULL);
+
+  for (int i = 0; i < 1000; i++) {
+    EXPECT_OK(tally_vector_incr(v, 0, 1));
+    EXPECT_OK(tally_vector_incr(v, 1, 2));
+  }
+  EXPECT_OK(tally_vector_incr(v, 0, -500));
+  EXPECT_OK(tally_vector_incr(v, 0, INT64_C(1) << 40)); /* past the fast add's range */
+  EXPECT_I64(500 + (INT64_C(1) << 40), tu_value(tally_vector_get(v, 0)));
+  EXPECT_I64(2000, tu_value(tally_vector_get(v, 1)));
+  EXPECT_I64(500 + (INT64_C(1) << 40), value_of(s, "one"));
+
+  /* a shard holds at most 2^62 - 1: nothing is added past it */
+  EXPECT_OK(tally_vector_incr(v, 0, (INT64_C(1) << 62) - 1 - 500 - (INT64_C(1) << 40)));
+  EXPECT_RC(TALLY_ERANGE, tally_vector_incr(v, 0, 1));
+  EXPECT_RC(TALLY_ERANGE, tally_vector_incr(v, 0, INT64_C(1) << 33));
+  EXPECT_I64((INT64_C(1) << 62) - 1, tu_value(tally_vector_get(v, 0)));
+  int64_t removed;
+  EXPECT_OK(tally_counter_reset(tally_vector_get(v, 0), &removed));
+  EXPECT_OK(tally_vector_incr(v, 0, 3));
+  EXPECT_I64(3, value_of(s, "one"));
+
+  /* handles: one vector each, of its store */
+  tally_counter *c, *o;
+  REQUIRE_OK(tu_counter(s, "one", 0, -1, 0, &c));
+  REQUIRE_OK(tu_counter(other, "elsewhere", 1, -1, TALLY_COUNTER_CREATE, &o));
+  EXPECT_RC(TALLY_EINVAL, tally_vector_put(w, 0, o));
+  EXPECT_OK(tally_vector_put(w, 0, c));
+  EXPECT_RC(TALLY_EINVAL, tally_vector_put(v, 3, c));
+  EXPECT_OK(tally_vector_incr(w, 0, 4));
+  EXPECT_I64(7, value_of(s, "one"));
+  EXPECT_OK(tally_vector_put(w, 0, NULL)); /* closes c */
+  EXPECT_RC(TALLY_ENOENT, tally_vector_incr(w, 0, 1));
+  tally_counter_close(o);
+
+  /* replacing a slot's counter: the slot follows the new one */
+  EXPECT_OK(vopen(v, 0, "another", 1, TALLY_POLICY_RANDOM));
+  EXPECT_OK(tally_vector_incr(v, 0, 5));
+  EXPECT_I64(5, value_of(s, "another"));
+  EXPECT_I64(7, value_of(s, "one"));
+
+  tally_vector_free(w);
+  tally_vector_free(NULL);
+  /* the store closed first: the vector only errs (and frees) */
+  tally_store_close(s);
+  EXPECT_RC(TALLY_EINVAL, tally_vector_incr(v, 0, 1));
+  tally_vector_free(v);
+  tally_store_close(other);
+}
+
+/* ---- slots never reach reused space ---------------------------------------- */
+
+/* n one-shard counters prefix:i, value base + i; then check them. */
+static void fill(tally_store *s, const char *prefix, int n, int64_t base) {
+  for (int i = 0; i < n; i++) {
+    char nm[64];
+    tally_counter *c;
+    snprintf(nm, sizeof nm, "%s:%d", prefix, i);
+    REQUIRE_OK(tu_counter(s, nm, 1, TALLY_POLICY_THREAD, TALLY_COUNTER_CREATE, &c));
+    EXPECT_OK(tally_counter_incr(c, base + i));
+    tally_counter_close(c);
+  }
+}
+
+static void check_fill(tally_store *s, const char *prefix, int n, int64_t base) {
+  for (int i = 0; i < n; i++) {
+    char nm[64];
+    snprintf(nm, sizeof nm, "%s:%d", prefix, i);
+    int64_t got = value_of(s, nm);
+    atomic_fetch_add(&tu_checks, 1);
+    if (got != base + i)
+      TU_FAIL("%s = %lld, want %lld: a vector slot wrote into reused space", nm,
+              (long long)got, (long long)(base + i));
+  }
+}
+
+static void test_reuse(void) {
+  tally_store *s = open_file("reuse.tly", "0");
+  tally_vector *v;
+  REQUIRE_OK(tally_vector_new(s, 2, &v));
+  EXPECT_OK(vopen(v, 0, "gone", 1, TALLY_POLICY_THREAD));
+  EXPECT_OK(vopen(v, 1, "moved", 1, TALLY_POLICY_THREAD));
+  EXPECT_OK(tally_vector_incr(v, 0, 10));
+  EXPECT_OK(tally_vector_incr(v, 1, 20));
+
+  /* dropped, and moved by another handle: the old cells are retired, then
+   * reused once this process has passed a grace step */
+  tally_counter *m;
+  REQUIRE_OK(tu_counter(s, "moved", 0, -1, 0, &m));
+  EXPECT_OK(tally_store_drop(s, "gone", 4));
+  EXPECT_OK(tally_counter_reshard(m, 4));
+  EXPECT_OK(tally_counter_reshard(m, 1));
+  EXPECT_OK(tally_store_maintain(s, 0, 0, NULL));
+  uint64_t r0 = reused(s);
+  fill(s, "y", 200, 1000);
+  EXPECT(reused(s) > r0);
+
+  EXPECT_RC(TALLY_EDROPPED, tally_vector_incr(v, 0, 1));
+  for (int i = 0; i < 100; i++) EXPECT_OK(tally_vector_incr(v, 1, 1));
+  EXPECT_I64(120, tu_value(m));
+  check_fill(s, "y", 200, 1000);
+
+  /* once more, the slot freshly cached from the moved handle */
+  EXPECT_OK(tally_counter_reshard(m, 2));
+  EXPECT_OK(tally_counter_reshard(m, 1));
+  EXPECT_OK(tally_store_maintain(s, 0, 0, NULL));
+  r0 = reused(s);
+  fill(s, "z", 200, 5000);
+  EXPECT(reused(s) > r0);
+  for (int i = 0; i < 100; i++) EXPECT_OK(tally_vector_incr(v, 1, 1));
+  EXPECT_I64(220, tu_value(m));
+  check_fill(s, "y", 200, 1000);
+  check_fill(s, "z", 200, 5000);
+  EXPECT_I64(0, tally_store_check(s));
+  tally_counter_close(m);
+  tally_vector_free(v);
+  tally_store_close(s);
+}
+
+/* An expired counter comes back through its slot, from zero. */
+static void test_expired(void) {
+  tally_store *s = open_file("expire.tly", "0");
+  tally_family_options fo = {1, TALLY_POLICY_THREAD, 1, 0}; /* idle 1 s */
+  tally_vector *v;
+  EXPECT_OK(tally_family_define(s, "ex:*", 4, &fo));
+  REQUIRE_OK(tally_vector_new(s, 1, &v));
+  EXPECT_OK(tally_vector_open(v, 0, "ex:a", 4, NULL, TALLY_COUNTER_CREATE));
+  EXPECT_OK(tally_vector_incr(v, 0, 6));
+  tally_maintain_result mr;
+  EXPECT_OK(tally_store_maintain(s, 10000, 1000, &mr));
+  EXPECT_OK(tally_store_maintain(s, 11000, 1000, &mr));
+  EXPECT_I64(1, mr.expired);
+  EXPECT_OK(tally_store_maintain(s, 11000, 0, NULL));
+  fill(s, "e", 100, 100);
+  EXPECT_OK(tally_vector_incr(v, 0, 9));
+  EXPECT_I64(9, value_of(s, "ex:a"));
+  EXPECT_OK(tally_vector_incr(v, 0, 1));
+  EXPECT_I64(10, tu_value(tally_vector_get(v, 0)));
+  check_fill(s, "e", 100, 100);
+  tally_vector_free(v);
+  tally_store_close(s);
+}
+
+/* ---- exact under load ------------------------------------------------------ */
+
+enum { SLOTS = 64, PER_THREAD = 400000 };
+
+struct writer {
+  tally_vector *v;
+  uint64_t seed;
+  int64_t added[SLOTS];
+};
+
+static void *writer_main(void *ud) {
+  struct writer *w = ud;
+  for (int n = 0; n < PER_THREAD; n++) {
+    size_t i = (size_t)(tu_rng(&w->seed) % SLOTS);
+    if (tally_vector_incr(w->v, i, 1) != 0) {
+      TU_FAIL("vector incr %zu: %s", i, tally_errmsg());
+      return NULL;
+    }
+    w->added[i]++;
+  }
+  return NULL;
+}
+
+struct mover {
+  tally_store *s;
+  atomic_bool *stop;
+  long moves;
+};
+
+/* Reshard every counter back and forth and run grace steps meanwhile. */
+static void *mover_main(void *ud) {
+  struct mover *m = ud;
+  tally_counter *c[SLOTS];
+  for (int i = 0; i < SLOTS; i++) {
+    char nm[32];
+    snprintf(nm, sizeof nm, "v:%d", i);
+    REQUIRE_OK(tu_counter(m->s, nm, 0, -1, 0, &c[i]));
+  }
+  double end = tu_now() + 20;
+  for (int round = 0; !atomic_load(m->stop) && tu_now() < end; round++) {
+    for (int i = 0; i < SLOTS; i += 3) {
+      int rc = tally_counter_reshard(c[i], round % 2 ? 1 : 2 + (uint32_t)(i % 7));
+      if (rc) TU_FAIL("reshard: %s", tally_errmsg());
+      m->moves++;
+    }
+    EXPECT_OK(tally_store_maintain(m->s, 0, 0, NULL));
+  }
+  for (int i = 0; i < SLOTS; i++) tally_counter_close(c[i]);
+  return NULL;
+}
+
+static void test_threads(void) {
+  /* not 0: a writer thread between its load of a slot and its add is seen
+   * by no epoch when another thread of its process runs the grace step;
+   * grace_ms bounds that window (grace.c), for slots as for handles */
+  tally_store *s = open_file("threads.tly", "100");
+  tally_vector *v;
+  REQUIRE_OK(tally_vector_new(s, SLOTS, &v));
+  for (int i = 0; i < SLOTS; i++) {
+    char nm[32];
+    snprintf(nm, sizeof nm, "v:%d", i);
+    /* a third each: one shard, 16 shards (thread or random), automatic */
+    uint32_t shards = i % 3 == 0 ? 1 : i % 3 == 1 ? 16 : TALLY_SHARDS_AUTO;
+    int policy = i % 2 ? TALLY_POLICY_RANDOM : TALLY_POLICY_THREAD;
+    REQUIRE_OK(vopen(v, (size_t)i, nm, shards, policy));
+  }
+  atomic_bool stop = false;
+  struct writer w[2] = {{.v = v, .seed = 7}, {.v = v, .seed = 11}};
+  struct mover m = {.s = s, .stop = &stop};
+  pthread_t th[3];
+  pthread_create(&th[2], NULL, mover_main, &m);
+  for (int t = 0; t < 2; t++) pthread_create(&th[t], NULL, writer_main, &w[t]);
+  for (int t = 0; t < 2; t++) pthread_join(th[t], NULL);
+  atomic_store(&stop, true);
+  pthread_join(th[2], NULL);
+  EXPECT(m.moves > 0);
+  int64_t total = 0;
+  for (int i = 0; i < SLOTS; i++) {
+    char nm[32];
+    snprintf(nm, sizeof nm, "v:%d", i);
+    EXPECT_I64(w[0].added[i] + w[1].added[i], value_of(s, nm));
+    total += w[0].added[i] + w[1].added[i];
+  }
+  EXPECT_I64(2 * PER_THREAD, total);
+  printf("threads: %d increments, %ld reshards, exact\n", 2 * PER_THREAD, m.moves);
+  EXPECT_I64(0, tally_store_check(s));
+  tally_vector_free(v);
+  tally_store_close(s);
+}
+
+struct hammer {
+  tally_vector *v;
+  atomic_bool *stop;
+  long long n;
+};
+
+static void *hammer_main(void *ud) {
+  struct hammer *h = ud;
+  double end = tu_now() + 10;
+  while (!atomic_load(h->stop) && tu_now() < end)
+    for (int k = 0; k < 4096; k++) {
+      if (tally_vector_incr(h->v, 0, 1) != 0) {
+        TU_FAIL("incr: %s", tally_errmsg());
+        return NULL;
+      }
+      h->n++;
+    }
+  return NULL;
+}
+
+/* Automatic shards sample through the vector too: two writers grow it. */
+static void test_auto_grows(void) {
+  tally_store *s;
+  tally_vector *v;
+  REQUIRE_OK(tally_store_open("memory", NULL, &s));
+  REQUIRE_OK(tally_vector_new(s, 1, &v));
+  REQUIRE_OK(vopen(v, 0, "hot", TALLY_SHARDS_AUTO, TALLY_POLICY_THREAD));
+  atomic_bool stop = false;
+  struct hammer h[2] = {{.v = v, .stop = &stop}, {.v = v, .stop = &stop}};
+  pthread_t th[2];
+  for (int t = 0; t < 2; t++) pthread_create(&th[t], NULL, hammer_main, &h[t]);
+  tally_counter_info in;
+  memset(&in, 0, sizeof in);
+  for (int t = 0; t < 800 && in.grown == 0; t++) {
+    usleep(10000);
+    EXPECT_OK(tally_counter_info_get(tally_vector_get(v, 0), &in));
+  }
+  atomic_store(&stop, true);
+  for (int t = 0; t < 2; t++) pthread_join(th[t], NULL);
+  EXPECT(in.grown > 0);
+  EXPECT_I64(h[0].n + h[1].n, tu_value(tally_vector_get(v, 0)));
+  printf("auto: grew to %u shards\n", in.shards);
+  tally_vector_free(v);
+  tally_store_close(s);
+}
+
+/* ---- processes ------------------------------------------------------------- */
+
+enum { PSLOTS = 1000 };
+
+/* A child: its own store handle and vector; acks[] counts what returned 0. */
+static void child_main(const char *spec, _Atomic int64_t *acked, uint64_t seed) {
+  tally_store *s;
+  tally_vector *v;
+  if (tally_store_open(spec, NULL, &s) || tally_vector_new(s, PSLOTS, &v)) _exit(2);
+  for (int i = 0; i < PSLOTS; i++) {
+    char nm[32];
+    snprintf(nm, sizeof nm, "p:%d", i);
+    if (tally_vector_open(v, (size_t)i, nm, strlen(nm), NULL, 0)) _exit(3);
+  }
+  double end = tu_now() + 30;
+  for (long n = 0; n < 2000000 && tu_now() < end; n++) {
+    if (tally_vector_incr(v, (size_t)(tu_rng(&seed) % PSLOTS), 1)) _exit(4);
+    atomic_fetch_add(acked, 1);
+  }
+  tally_vector_free(v);
+  tally_store_close(s);
+  _exit(0);
+}
+
+static void test_processes(void) {
+  char spec[1200];
+  tally_store *s = open_file("procs.tly", "0");
+  tu_spec(spec, sizeof spec, NULL, 0, g_dir, "procs.tly");
+  tally_counter *c[PSLOTS];
+  for (int i = 0; i < PSLOTS; i++) {
+    char nm[32];
+    snprintf(nm, sizeof nm, "p:%d", i);
+    REQUIRE_OK(tu_counter(s, nm, 1, TALLY_POLICY_THREAD, TALLY_COUNTER_CREATE, &c[i]));
+  }
+  _Atomic int64_t *acked =
+      mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (acked == MAP_FAILED) REQUIRE_OK(TALLY_ENOMEM);
+  pid_t pid[2];
+  for (int k = 0; k < 2; k++)
+    if ((pid[k] = fork()) == 0) child_main(spec, &acked[k * 8], 1234567 + (uint64_t)k);
+  /* move the counters under them; kill the first child mid-run */
+  double end = tu_now() + 20;
+  bool killed = false;
+  int round = 0;
+  for (; tu_now() < end; round++) {
+    for (int i = round % 5; i < PSLOTS; i += 5)
+      EXPECT_OK(tally_counter_reshard(c[i], round % 2 ? 1 : 4));
+    EXPECT_OK(tally_store_maintain(s, 0, 0, NULL));
+    if (!killed && atomic_load(&acked[0]) > 300000) {
+      kill(pid[0], SIGKILL);
+      killed = true;
+    }
+    int st;
+    if (killed && waitpid(pid[1], &st, WNOHANG) == pid[1]) {
+      EXPECT(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+      pid[1] = -1;
+      break;
+    }
+  }
+  int st;
+  if (!killed) kill(pid[0], SIGKILL);
+  waitpid(pid[0], &st, 0);
+  EXPECT(WIFSIGNALED(st));
+  if (pid[1] > 0) {
+    waitpid(pid[1], &st, 0);
+    EXPECT(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  }
+  int64_t total = 0, want = atomic_load(&acked[0]) + atomic_load(&acked[8]);
+  for (int i = 0; i < PSLOTS; i++) {
+    total += tu_value(c[i]);
+    tally_counter_close(c[i]);
+  }
+  atomic_fetch_add(&tu_checks, 1);
+  if (total < want || total > want + 1)
+    TU_FAIL("total %lld, acknowledged %lld (at most one more may land)", (long long)total,
+            (long long)want);
+  printf("processes: %lld acknowledged, %lld counted, %d rounds of reshards\n",
+         (long long)want, (long long)total, round);
+  EXPECT_I64(0, tally_store_check(s));
+  munmap(acked, 4096);
+  tally_store_close(s);
+}
+
+int main(void) {
+  snprintf(g_dir, sizeof g_dir, "%s", tu_tmpdir("vector"));
+  test_api();
+  test_reuse();
+  test_expired();
+  test_threads();
+  test_auto_grows();
+  test_processes();
+  tu_rmrf(g_dir);
+  return tu_finish("test_vector");
+}
