@@ -163,8 +163,8 @@ __attribute__((noinline)) static int sampled(tally_vector *v, size_t i) {
 int tally_vector_incr(tally_vector *v, size_t i, int64_t delta) {
   if (__builtin_expect(
           v && i < v->n && delta > -TALLY__FAST_DELTA && delta < TALLY__FAST_DELTA, 1)) {
-    uint32_t w =
-        atomic_load_explicit(&v->cell[i], memory_order_acquire); /* orders the cell */
+    /* acquire, as the handle's loc: it orders the cell after its move */
+    uint32_t w = atomic_load_explicit(&v->cell[i], memory_order_acquire);
     if (__builtin_expect(w != 0, 1)) {
       _Atomic int64_t *cell = (_Atomic int64_t *)(v->base + ((uint64_t)w << 3));
       int64_t old = atomic_fetch_add_explicit(cell, delta, memory_order_relaxed);
