@@ -433,15 +433,27 @@ static int cmd_open(const char *path) {
 /* Random increments over K counters: each thread draws an index with its
  * own xorshift and adds 1 there, through tally handles (16 shards, then 1;
  * thread policy; a memory store), through a tally_vector of the 1-shard
- * counters (by index, as the array), or into a plain array of K atomic words
+ * counters (by index, as the array), by name without a handle
+ * (tally_store_incr), or into a plain array of K atomic words
  * shared by all threads. The RNG and the loop are the same for every kind;
  * one shared atomic draws the indexes too and ignores them. */
-enum { MANY_TALLY16, MANY_TALLY1, MANY_VECTOR1, MANY_ARRAY, MANY_ATOMIC, MANY_N };
-static const char *many_names[] = {"tally16", "tally1", "vector1", "array", "atomic"};
+enum {
+  MANY_TALLY16,
+  MANY_TALLY1,
+  MANY_VECTOR1,
+  MANY_BYNAME1,
+  MANY_ARRAY,
+  MANY_ATOMIC,
+  MANY_N
+};
+static const char *many_names[] = {"tally16", "tally1", "vector1",
+                                   "byname1", "array",  "atomic"};
 
 static struct {
   tally_counter **cs[2]; /* handles: [0] 16 shards, [1] 1 shard */
   tally_vector *vec;     /* the 1-shard counters again, as a vector */
+  tally_store *s1;       /* their store, for increments by name */
+  char (*names)[16];     /* "m:I", built once */
   _Atomic int64_t *arr;
   uint64_t k;
   _Alignas(64) _Atomic int64_t one;
@@ -471,6 +483,13 @@ static void *many_main(void *arg) {
   case MANY_VECTOR1: {
     tally_vector *v = M.vec;
     LOOP(if (tally_vector_incr(v, pick(&x, k), 1) != 0) abort());
+    break;
+  }
+  case MANY_BYNAME1: {
+    tally_store *s = M.s1;
+    char(*names)[16] = M.names;
+    LOOP(uint64_t i = pick(&x, k);
+         if (tally_store_incr(s, names[i], strlen(names[i]), 1, 0) != 0) abort());
     break;
   }
   case MANY_ARRAY: {
@@ -571,6 +590,10 @@ static int cmd_many(const char *path, uint64_t k, double secs, int reps, int nth
     if ((rc = tally_vector_open(M.vec, i, name, (size_t)len, NULL, 0))) die("vector", rc);
   }
   progress("a vector of the 1-shard counters", (long)k, (long)k);
+  M.s1 = s[1];
+  if (!(M.names = malloc(k * sizeof *M.names))) oom();
+  for (uint64_t i = 0; i < k; i++)
+    snprintf(M.names[i], sizeof M.names[i], "m:%llu", (unsigned long long)i);
   M.k = k;
   M.arr = malloc(k * sizeof *M.arr);
   if (!M.arr) oom();
@@ -584,6 +607,7 @@ static int cmd_many(const char *path, uint64_t k, double secs, int reps, int nth
         fflush(stdout);
       }
   tally_vector_free(M.vec);
+  free(M.names);
   for (int j = 0; j < 2; j++) {
     for (uint64_t i = 0; i < k; i++) tally_counter_close(M.cs[j][i]);
     free(M.cs[j]);

@@ -268,6 +268,15 @@ TALLY_API int tally_counter_incr_key(tally_counter *c, const void *key, size_t l
 /* Add delta to shard `shard` (0-based); TALLY_ESHARDS if out of range. */
 TALLY_API int tally_counter_incr_shard(tally_counter *c, uint32_t shard, int64_t delta);
 
+/* Increment counter `name` without a handle: what opening it (opt NULL:
+ * its family's options or the defaults, created if absent with
+ * TALLY_COUNTER_CREATE), tally_counter_incr and closing it would do, with
+ * their results, at the cost of one lookup in the store's index (no
+ * allocation). For many names used at random, where holding a handle per
+ * name costs more memory than it saves time. */
+TALLY_API int tally_store_incr(tally_store *s, const char *name, size_t len,
+                               int64_t delta, uint32_t flags);
+
 /* Exact value: the sum of all shards now. TALLY_ERANGE if the sum does not
  * fit in int64. */
 TALLY_API int tally_counter_value(tally_counter *c, int64_t *out);

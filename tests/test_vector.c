@@ -396,6 +396,7 @@ static void test_processes(void) {
       mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (acked == MAP_FAILED) REQUIRE_OK(TALLY_ENOMEM);
   pid_t pid[2];
+  fflush(stdout); /* the children must not print it again */
   for (int k = 0; k < 2; k++)
     if ((pid[k] = fork()) == 0) child_main(spec, &acked[k * 8], 1234567 + (uint64_t)k);
   /* move the counters under them; kill the first child mid-run */

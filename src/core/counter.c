@@ -435,6 +435,95 @@ int tally_counter_incr_shard(tally_counter *c, uint32_t shard, int64_t delta) {
   return add(c, PICK_SHARD, NULL, 0, shard, delta);
 }
 
+/* ---- increments by name, without a handle --------------------------------- */
+
+/* What tally_store_incr does not do in place goes through a handle. */
+static int incr_by_handle(tally_store *s, const char *name, size_t len, uint32_t flags,
+                          int64_t delta) {
+  tally_counter *c = NULL;
+  int rc = tally_counter_open(s, name, len, NULL, flags, &c);
+  if (rc == 0) rc = tally_counter_incr(c, delta);
+  tally_counter_close(c);
+  return rc;
+}
+
+/* One increment in 256 of an automatic counter samples for contention,
+ * which needs a handle (it may reshard the counter). */
+static void sample_by_handle(tally_store *s, const char *name, size_t len, uint64_t loc) {
+  tally_counter *c;
+  if (tally_counter_open(s, name, len, NULL, 0, &c) == 0) {
+    (void)tally__auto_sample(c, loc);
+    tally_counter_close(c);
+  }
+}
+
+static int name_range_error(const char *name, size_t len, int64_t delta) {
+  return tally__fail(TALLY_ERANGE,
+                     "counter '%.*s': adding %lld would overflow "
+                     "a shard (shards hold -2^62 to 2^62-1)",
+                     (int)len, name, (long long)delta);
+}
+
+int tally_store_incr(tally_store *s, const char *name, size_t len, int64_t delta,
+                     uint32_t flags) {
+  if (!s) return tally__fail(TALLY_EINVAL, "tally_store_incr: store is NULL");
+  int rc = tally__check_name(name, len);
+  if (rc) return rc;
+  if (!atomic_load_explicit(&s->by_name, memory_order_relaxed)) tally__grace_by_name(s);
+  char over[TALLY_NAME_MAX + 1];
+  uint64_t hash = tally__hash(name, len, 0), rec_off = 0, loc;
+  for (int drops = 0;;) {
+    rc = tally__index_find(s, name, len, hash, &rec_off);
+    if (rc == TALLY_ENOENT && (flags & TALLY_COUNTER_CREATE)) {
+      /* no counter is left behind by an add that cannot succeed */
+      if (delta < -(INT64_C(1) << 62) || delta >= INT64_C(1) << 62)
+        return name_range_error(name, len, delta);
+      if ((rc = tally__lock(s))) return rc;
+      rc = tally__index_find(s, name, len, hash, &rec_off);
+      if (rc == TALLY_ENOENT)
+        rc = create_locked(s, &name, &len, &hash, NULL, over, &rec_off);
+      tally__unlock(s);
+    }
+    if (rc == TALLY_ENOENT)
+      return tally__fail(TALLY_ENOENT, "no such counter '%.*s'", (int)len, name);
+    if (rc) return rc;
+    struct tally__rec *r = tally__at(s, rec_off);
+    uint64_t cells;
+    uint32_t n;
+    bool dropped;
+    loc = atomic_load_explicit(&r->loc, memory_order_acquire);
+    if ((rc = tally__loc_decode(s, rec_off, loc, &cells, &n, &dropped))) return rc;
+    if (dropped) { /* a drop or expiry finishing: wait for it, look again */
+      if (++drops == 8)
+        return tally__fail(TALLY_EDROPPED, "counter '%.*s' was dropped", (int)len, name);
+      if ((rc = tally__lock(s))) return rc;
+      tally__unlock(s);
+      continue;
+    }
+    if (r->policy >= TALLY_POLICY_KEY) /* refused, or a slot counter's batch */
+      return incr_by_handle(s, name, len, flags, delta);
+    _Atomic int64_t *cell =
+        tally__cell_at(s, loc, tally__pick_shard(s, s->id, r->policy, n));
+    int added = cell_add(cell, delta);
+    if (__builtin_expect(added == 0, 1)) {
+      if ((atomic_load_explicit(&r->flags, memory_order_relaxed) & TALLY__REC_AUTO) &&
+          tally__sample_due(atomic_load_explicit(cell, memory_order_relaxed)))
+        sample_by_handle(s, name, len, loc);
+      return 0;
+    }
+    if (added < 0) return name_range_error(name, len, delta);
+    if (added == 2) { /* as add(): wait for the other add to be undone */
+      int64_t v = tally__cell_wait(cell, atomic_load(cell));
+      if (!tally__cell_live(v) && !tally__cell_retired(v))
+        return name_range_error(name, len, delta);
+      continue;
+    }
+    /* retired: the counter moved (or is being dropped); its add does not
+     * count. Wait for the move, then look the name up again. */
+    if ((rc = settle(s, rec_off, loc, &loc)) && rc != TALLY_EDROPPED) return rc;
+  }
+}
+
 /* ---- reading -------------------------------------------------------------- */
 
 /* Read the cells of a counter, following it through moves: *loc is where

@@ -12,9 +12,10 @@
  *
  * A dead process (its pid gone) never holds reuse back: its slot is freed.
  * A stopped one (SIGSTOP) holds it back until it runs again. A process
- * that holds no handle publishes itself idle and holds nothing back (an
- * nginx master that opened the store in init_by_lua). The increment's
- * fast path does none of this: it only ever follows the handle's loc.
+ * that holds no handle (and never incremented by name) publishes itself
+ * idle and holds nothing back (an nginx master that opened the store in
+ * init_by_lua). The increment's fast path does none of this: it only ever
+ * follows the handle's loc.
  *
  * What the epochs cannot see is a thread stopped between loading a
  * handle's loc and its add while another thread of its process runs the
@@ -202,6 +203,16 @@ void tally__grace_busy(tally_store *s) {
   pthread_mutex_unlock(&s->hlock);
 }
 
+/* Increments by name (tally_store_incr) reach cells without a handle: from
+ * the first one on, this process never publishes itself idle, so what it
+ * may be about to touch is held back as a handle's cells are. */
+void tally__grace_by_name(tally_store *s) {
+  pthread_mutex_lock(&s->hlock);
+  atomic_store(&s->by_name, true);
+  pthread_mutex_unlock(&s->hlock);
+  tally__grace_busy(s);
+}
+
 void tally__handle_remove(tally_store *s, tally_counter *c) {
   pthread_mutex_lock(&s->hlock);
   struct tally__handles *h = s->handles;
@@ -277,7 +288,7 @@ void tally__grace_step(tally_store *s) {
   }
   pthread_mutex_lock(&s->hlock);
   if (s->seen < epoch) (void)tally__limbo_each(s, s->seen, refresh_node, NULL);
-  bool idle = !s->handles || s->handles->n == 0;
+  bool idle = (!s->handles || s->handles->n == 0) && !atomic_load(&s->by_name);
   s->seen = epoch; /* this process's words change under hlock only */
   if (s->pid != tally__pid()) (void)claim(s, epoch << 1 | idle); /* forked */
   atomic_store_explicit(&t[s->proc].seen, epoch << 1 | idle, memory_order_release);

@@ -246,6 +246,7 @@ struct tally_store {
   int64_t grace_ms;      /* least age of limbo before reuse */
   pthread_mutex_t hlock; /* guards handles */
   struct tally__handles *handles;
+  _Atomic bool by_name;   /* tally_store_incr was used: never idle (grace.c) */
   uint64_t expire_cursor; /* expire.c: next index slot to scan */
   /* batch.c: which writer slot each thread of this process holds */
   _Atomic int wkey_state; /* 1: wkey made */
@@ -449,7 +450,8 @@ void tally__grace_fork_child(tally_store *s);
  * passed. Caller holds the lock. */
 void tally__grace_step(tally_store *s);
 void tally__handle_add(tally_store *s, tally_counter *c);
-void tally__grace_busy(tally_store *s); /* before a lookup that makes a handle */
+void tally__grace_busy(tally_store *s);    /* before a lookup that makes a handle */
+void tally__grace_by_name(tally_store *s); /* before the first tally_store_incr */
 void tally__handle_remove(tally_store *s, tally_counter *c);
 void tally__handles_free(tally_store *s);
 int tally__grace_table_create(tally_store *s);
