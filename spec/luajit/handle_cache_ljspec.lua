@@ -27,7 +27,7 @@ for _, path in ipairs(helper.paths) do
     end)
 
     it("holds at most handle_cache handles and counts exactly through rotations", function()
-      db = assert(tally.open("memory", { handle_cache = 16 }))
+      db = assert(tally.open("memory", { handle_cache = 16, handle_admit = "always" }))
       local want = {}
       for i = 1, 200 do
         local name = "n:" .. (i % 40)
@@ -45,7 +45,7 @@ for _, path in ipairs(helper.paths) do
     end)
 
     it("keeps the handle of a name in use across rotations", function()
-      db = assert(tally.open("memory", { handle_cache = 20 }))
+      db = assert(tally.open("memory", { handle_cache = 20, handle_admit = "always" }))
       db:incr("hot")
       local seen = setmetatable({}, { __mode = "k" })
       seen[cached(db, "hot")] = true
@@ -60,7 +60,7 @@ for _, path in ipairs(helper.paths) do
     end)
 
     it("finds the young table after a rotation: a name in old is moved", function()
-      db = assert(tally.open("memory", { handle_cache = 10 }))
+      db = assert(tally.open("memory", { handle_cache = 10, handle_admit = "always" }))
       db:incr("p")                         -- the FFI path keeps the cache's state now
       db:incr("q")
       local st = core._store_cache(db)
@@ -78,7 +78,7 @@ for _, path in ipairs(helper.paths) do
     end)
 
     it("forgets a dropped name; db:incr then creates it anew", function()
-      db = assert(tally.open("memory", { handle_cache = 10 }))
+      db = assert(tally.open("memory", { handle_cache = 10, handle_admit = "always" }))
       db:incr("d", 5)
       for i = 1, 5 do db:incr("n:" .. i) end
       assert.is_userdata(core._store_cache(db)[2].d)
@@ -92,7 +92,7 @@ for _, path in ipairs(helper.paths) do
     it("lets a store nothing refers to be collected, with its handles", function()
       local gone = setmetatable({}, { __mode = "k" })
       do
-        local s = assert(tally.open("memory", { handle_cache = 100 }))
+        local s = assert(tally.open("memory", { handle_cache = 100, handle_admit = "always" }))
         for i = 1, 50 do s:incr("n:" .. i) end
         assert.equal(1, s:value("n:1"))
         gone[s] = true

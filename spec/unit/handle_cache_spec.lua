@@ -29,7 +29,20 @@ describe("tally.open(spec, { handle_cache = N })", function()
     local db = assert(tally.open())
     assert.equal(10000, core.HANDLE_CACHE)
     assert.same({ young = 0, old = 0, held = 0, cap = 10000, rotations = 0 }, stats(db))
+    assert.same({ by_name = 0, admitted = 0, clears = 0, set = 0 }, core._store_cache_door(db))
     db:close()
+  end)
+
+  it("admits a name on its repeat by default, on its first miss with handle_admit = 'always'", function()
+    local db = assert(tally.open("memory", { handle_admit = "always" }))
+    assert.is_nil(core._store_cache_door(db))
+    db:incr("a")
+    assert.equal(1, stats(db).held)
+    db:close()
+    assert.equal("bad argument #2 to 'open' (handle_admit must be 'repeat' or 'always', got 'often')",
+                 err(tally.open, "memory", { handle_admit = "often" }))
+    assert.equal("bad argument #2 to 'open' (handle_admit must be 'repeat' or 'always', got true)",
+                 err(tally.open, "memory", { handle_admit = true }))
   end)
 
   it("raises on a handle_cache that is not an integer from 0 to 2^31-1", function()
@@ -42,7 +55,7 @@ describe("tally.open(spec, { handle_cache = N })", function()
     assert.equal(msg("'100'"), err(tally.open, "memory", { handle_cache = "100" }))
     assert.equal(msg("true"), err(tally.open, "memory", { handle_cache = true }))
     assert.equal(msg("2147483648"), err(tally.open, "memory", { handle_cache = 2^31 | 0 }))
-    local db = assert(tally.open("memory", { handle_cache = 2147483647 }))
+    local db = assert(tally.open("memory", { handle_cache = 2147483647, handle_admit = "always" }))
     assert.equal(2147483647, stats(db).cap)
     db:close()
   end)
@@ -53,7 +66,7 @@ describe("the handle cache", function()
   after_each(function() if db then db:close() end end)
 
   it("holds at most handle_cache handles, and strongly: the newest names stay", function()
-    db = assert(tally.open("memory", { handle_cache = 100 }))
+    db = assert(tally.open("memory", { handle_cache = 100, handle_admit = "always" }))
     for i = 1, 300 do assert.is_true(db:incr("n:" .. i)) end
     gc()
     local s = stats(db)
@@ -68,7 +81,7 @@ describe("the handle cache", function()
   end)
 
   it("keeps the handle of a name in use across rotations", function()
-    db = assert(tally.open("memory", { handle_cache = 20 }))
+    db = assert(tally.open("memory", { handle_cache = 20, handle_admit = "always" }))
     db:incr("hot")
     local seen = setmetatable({ [cached(db, "hot")] = true }, { __mode = "k" })
     for r = 1, 10 do
@@ -84,7 +97,7 @@ describe("the handle cache", function()
   end)
 
   it("moves a name found in the old generation into the young one", function()
-    db = assert(tally.open("memory", { handle_cache = 10 }))
+    db = assert(tally.open("memory", { handle_cache = 10, handle_admit = "always" }))
     db:incr("p")
     local h = cached(db, "p")
     for i = 1, 5 do db:incr("n:" .. i) end   -- young was full at 5: it became old
@@ -99,7 +112,7 @@ describe("the handle cache", function()
   end)
 
   it("lets go of a name not used for handle_cache/2 new names", function()
-    db = assert(tally.open("memory", { handle_cache = 10 }))
+    db = assert(tally.open("memory", { handle_cache = 10, handle_admit = "always" }))
     db:incr("cold")
     for i = 1, 10 do db:incr("n:" .. i) end
     assert.is_nil(cached(db, "cold"))
@@ -109,7 +122,7 @@ describe("the handle cache", function()
   end)
 
   it("with 1 holds one handle", function()
-    db = assert(tally.open("memory", { handle_cache = 1 }))
+    db = assert(tally.open("memory", { handle_cache = 1, handle_admit = "always" }))
     for i = 1, 5 do db:incr("n:" .. i) end
     assert.same({ young = 1, old = 0, held = 1, cap = 1, rotations = 4 }, stats(db))
     assert.is_userdata(cached(db, "n:5"))
@@ -117,7 +130,7 @@ describe("the handle cache", function()
   end)
 
   it("with 0 holds its handles weakly, only while something else does", function()
-    db = assert(tally.open("memory", { handle_cache = 0 }))
+    db = assert(tally.open("memory", { handle_cache = 0, handle_admit = "always" }))
     for i = 1, 300 do db:incr("n:" .. i) end
     local c = db:counter("kept")
     gc()
@@ -129,7 +142,7 @@ describe("the handle cache", function()
   end)
 
   it("shares db:counter's handle, and counts it", function()
-    db = assert(tally.open("memory", { handle_cache = 4 }))
+    db = assert(tally.open("memory", { handle_cache = 4, handle_admit = "always" }))
     local c = db:counter("c")
     assert.equal(c, cached(db, "c"))
     for i = 1, 8 do db:counter("n:" .. i) end
@@ -140,7 +153,7 @@ describe("the handle cache", function()
   end)
 
   it("forgets a dropped name in either generation; db:incr then creates it anew", function()
-    db = assert(tally.open("memory", { handle_cache = 10 }))
+    db = assert(tally.open("memory", { handle_cache = 10, handle_admit = "always" }))
     db:incr("young", 5)
     db:incr("old", 7)
     for i = 1, 3 do db:incr("n:" .. i) end
@@ -166,7 +179,7 @@ describe("the handle cache", function()
   it("reopens a name another handle dropped under a cached handle", function()
     local path = helper.tmpfile("handle_cache.tly")
     os.remove(path)
-    db = assert(tally.open("file:" .. path, { handle_cache = 10 }))
+    db = assert(tally.open("file:" .. path, { handle_cache = 10, handle_admit = "always" }))
     local other = assert(tally.open("file:" .. path))
     db:incr("d", 4)
     for i = 1, 5 do db:incr("n:" .. i) end     -- "d" is in the old generation
@@ -185,7 +198,7 @@ describe("the handle cache", function()
   end)
 
   it("sees an expired counter go and come back, in either generation", function()
-    db = assert(tally.open("memory", { handle_cache = 10 }))
+    db = assert(tally.open("memory", { handle_cache = 10, handle_admit = "always" }))
     db:family("s:*", { idle = 10 })
     db:incr("s:young", 3)
     db:incr("s:old", 4)
@@ -207,12 +220,106 @@ describe("the handle cache", function()
   end)
 
   it("lets every handle go when the store closes", function()
-    db = assert(tally.open("memory", { handle_cache = 10 }))
+    db = assert(tally.open("memory", { handle_cache = 10, handle_admit = "always" }))
     for i = 1, 8 do db:incr("n:" .. i) end
     assert.equal(8, stats(db).held)
     db:close()
     assert.same({ young = 0, old = 0, held = 0, cap = 10, rotations = 1 }, stats(db))
     assert.equal("attempt to use a closed store", err(db.incr, db, "n:1"))
     db = nil
+  end)
+end)
+
+describe("handle_admit = 'repeat' (the default)", function()
+  local db
+  after_each(function() if db then db:close() end end)
+
+  local function door(d) return core._store_cache_door(d or db) end
+
+  it("adds a name's first increment by name, caches it on its repeat", function()
+    db = assert(tally.open("memory", { handle_cache = 100 }))
+    assert.is_true(db:incr("a", 2))
+    assert.is_nil(cached(db, "a"))
+    assert.same({ by_name = 1, admitted = 0, clears = 0, set = 1 }, door())
+    assert.is_true(db:decr("a"))                -- its repeat: opened and cached
+    assert.is_userdata(cached(db, "a"))
+    assert.same({ by_name = 1, admitted = 1, clears = 0, set = 1 }, door())
+    assert.is_true(db:incr("a", 5))             -- through the cached handle
+    assert.equal(1, door().by_name)
+    assert.equal(6, db:value("a"))
+  end)
+
+  it("holds no handle for names seen once (but a few whose bit another set), and counts them exactly", function()
+    db = assert(tally.open("memory", { handle_cache = 100 }))
+    for i = 1, 3000 do assert.is_true(db:incr("n:" .. i, i)) end
+    gc()
+    local s, d = stats(db), door()
+    assert.equal(3000, d.by_name + d.admitted)
+    assert.is_true(d.admitted < 60, d.admitted .. " admitted")   -- 2^17 bits: about 34 collide
+    assert.equal(d.admitted, s.held)                             -- "always": 100, after 59 rotations
+    assert.equal(0, s.rotations)
+    assert.equal(3000, #db:names("n:*"))
+    for i = 1, 3000, 7 do assert.equal(i, db:value("n:" .. i)) end
+    assert.equal(3000 * 3001 // 2, db:sum("n:*"))
+  end)
+
+  it("forgets what it saw after 8192 names, and when young rotates", function()
+    db = assert(tally.open("memory", { handle_cache = 1000 }))
+    local i = 0
+    repeat
+      i = i + 1
+      db:incr("n:" .. i)
+    until door().clears == 1 or i == 9000
+    assert.same({ 8192, 1, 0 }, { door().by_name, door().clears, door().set })
+    db:incr("n:1")                              -- seen before the clear: by name again
+    assert.is_nil(cached(db, "n:1"))
+    assert.equal(8193, door().by_name)
+    db:close()
+    db = assert(tally.open("memory", { handle_cache = 4 }))
+    for _, n in ipairs({ "x", "y", "z" }) do db:incr(n); db:incr(n) end   -- 3 admitted: young (2) rotates
+    assert.equal(1, stats(db).rotations)
+    assert.same({ 3, 3, 1, 0 }, { door().by_name, door().admitted, door().clears, door().set })
+    db:incr("x")                                -- in old: promoted, not by name
+    db:incr("w")
+    db:incr("w")                                -- by name, then admitted
+    assert.same({ 4, 4 }, { door().by_name, door().admitted })
+    assert.equal(3, db:value("x"))
+  end)
+
+  it("creates a new name by name with its family's options, and fails as before", function()
+    db = assert(tally.open("memory"))
+    db:family("r:*", { shards = 4, policy = "random" })
+    db:family("k:*", { policy = "key" })
+    db:family("f:*", { shards = 4, policy = function() return 3 end })
+    assert.is_true(db:incr("r:1", 10))
+    assert.same({ name = "r:1", shards = 4, policy = "random" },
+                 (function(i) return { name = i.name, shards = i.shards, policy = i.policy } end)(db:counter("r:1"):info()))
+    assert.equal("bad argument #3 to 'incr' (key expected for a counter with the key policy)",
+                 err(function() db:incr("k:1") end))
+    assert.same({}, db:names("k:*"))            -- nothing left behind
+    assert.is_true(db:incr("k:1", 1, "some key"))
+    assert.same({ nil, "counter 'big': adding 4611686018427387904 would overflow a shard (shards hold -2^62 to 2^62-1)", "ERANGE" },
+                { db:incr("big", 1 << 62) })
+    assert.same({}, db:names("big"))
+    assert.is_true(db:incr("f:1", 2))           -- a Lua policy: through a handle
+    assert.same({ 0, 0, 2, 0 }, db:counter("f:1"):shards())   -- shard 3 of 4, as with "always"
+    assert.equal(1, door().by_name)             -- r:1 only
+  end)
+
+  it("creates anew a name dropped through another handle of the store", function()
+    local path = helper.tmpfile("handle_admit.tly")
+    os.remove(path)
+    db = assert(tally.open("file:" .. path))
+    local other = assert(tally.open("file:" .. path))
+    assert.is_true(db:incr("d", 4))
+    assert.is_true(other:drop("d"))
+    assert.same({ nil, "no such counter 'd'", "ENOENT" }, { db:value("d") })
+    assert.is_true(db:incr("d"))
+    assert.equal(1, other:value("d"))
+    assert.same({ 1, 1 }, { door().by_name, door().admitted })   -- its repeat
+    other:close()
+    db:close()
+    db = nil
+    os.remove(path)
   end)
 end)

@@ -78,8 +78,31 @@ enum {
   TL_CS_NYOUNG,    /* names in young (N > 0 only) */
   TL_CS_NOLD,      /* names in old */
   TL_CS_CAP,       /* N */
-  TL_CS_ROTATIONS  /* times young became old */
+  TL_CS_ROTATIONS, /* times young became old */
+  TL_CS_DOOR       /* handle_admit = "repeat": its tl_door, else nil */
 };
+
+/* ---- admission: which missed names get a handle ---------------------------------
+ * A handle costs about 380 bytes and a microsecond or more to open, and a
+ * name seen once may never come back: over a million names taken at
+ * random, a cache of 10,000 would open a handle for nearly every
+ * increment and let it go soon after. With handle_admit = "repeat" (the
+ * default) db:incr and db:decr of a name the cache does not hold add by
+ * name without a handle (tally_store_incr: one index lookup) and set the
+ * name's bit in a doorkeeper, as TinyLFU does; a name missed while its bit
+ * is set is opened and cached. The bits are cleared when young rotates or
+ * when 1/16 of them are set, so "repeat" means within about the last
+ * TL_DOOR_FILL misses or handle_cache/2 admissions. "always" caches every
+ * name on its first miss, as db:value and db:counter always do. */
+#define TL_DOOR_BITS (1u << 17) /* 16 KiB */
+#define TL_DOOR_FILL (TL_DOOR_BITS / 16)
+
+typedef struct tl_door {
+  uint32_t set;               /* bits set since the last clear */
+  uint64_t by_name, admitted; /* increments without a handle; admissions */
+  uint64_t clears;            /* times the bits were cleared */
+  uint64_t bits[TL_DOOR_BITS / 64];
+} tl_door;
 
 #define TL_HANDLE_CACHE     10000     /* the default N: about 4 MB of handles */
 #define TL_HANDLE_CACHE_MAX INT32_MAX /* what handle_cache accepts */
@@ -116,11 +139,12 @@ static void tl_cache_newyoung(lua_State *L, int db, int st, lua_Integer size) {
   tl_setuv(L, db, TL_SUV_CACHE); /* pops it */
 }
 
-/* A new cache of at most cap handles (0: weak) for the store at db. */
-static void tl_cache_init(lua_State *L, int db, lua_Integer cap) {
+/* A new cache of at most cap handles (0: weak) for the store at db;
+ * repeat: handle_admit = "repeat". */
+static void tl_cache_init(lua_State *L, int db, lua_Integer cap, int repeat) {
   int st;
   db = lua_absindex(L, db);
-  lua_createtable(L, TL_CS_ROTATIONS, cap == 0 ? 1 : 0);
+  lua_createtable(L, TL_CS_DOOR, cap == 0 ? 1 : 0);
   st = lua_gettop(L);
   if (cap == 0) {
     lua_pushliteral(L, "v");
@@ -130,8 +154,28 @@ static void tl_cache_init(lua_State *L, int db, lua_Integer cap) {
   tl_cs_set(L, st, TL_CS_NOLD, 0);
   tl_cs_set(L, st, TL_CS_CAP, cap);
   tl_cs_set(L, st, TL_CS_ROTATIONS, 0);
+  if (repeat) {
+    tl_door *door = (tl_door *)lua_newuserdata(L, sizeof(tl_door));
+    memset(door, 0, sizeof *door);
+    lua_rawseti(L, st, TL_CS_DOOR);
+  }
   tl_cache_newyoung(L, db, st, 0);
   lua_pop(L, 1);
+}
+
+static void tl_door_clear(tl_door *door) {
+  memset(door->bits, 0, sizeof door->bits);
+  door->set = 0;
+  door->clears++;
+}
+
+/* The doorkeeper of the state at st, or NULL ("always"). */
+static tl_door *tl_door_of(lua_State *L, int st) {
+  tl_door *door;
+  lua_rawgeti(L, st, TL_CS_DOOR);
+  door = (tl_door *)lua_touserdata(L, -1);
+  lua_pop(L, 1);
+  return door;
 }
 
 /* Let every cached handle go (db:close): an empty young, no old. */
@@ -191,6 +235,7 @@ static void tl_cache_put(lua_State *L, int h) {
           tl_cs_set(L, st, TL_CS_NOLD, 0);
         }
         tl_cs_set(L, st, TL_CS_ROTATIONS, tl_cs_get(L, st, TL_CS_ROTATIONS) + 1);
+        if (tl_door_of(L, st)) tl_door_clear(tl_door_of(L, st));
         tl_cache_newyoung(L, 1, st, ny); /* it will fill as the last one did */
         ny = 0;
       }
@@ -305,6 +350,44 @@ static int tl_incr_new_fails(lua_State *L, tl_store *d, lua_Integer n) {
   return 0;
 }
 
+/* FNV-1a: the doorkeeper's bit for a name. */
+static uint32_t tl_door_bit(const char *name, size_t len) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (size_t i = 0; i < len; i++) h = (h ^ (unsigned char)name[i]) * 0x100000001b3ull;
+  return (uint32_t)(h ^ h >> 32) & (TL_DOOR_BITS - 1);
+}
+
+/* db:incr(name, n) (no key) of a name the cache does not hold. Returns -1
+ * to open, cache and use its handle (admitted; or what only a handle
+ * does: a Lua policy function, an invalid name's argument error), 0 when
+ * it was added by name, or the count of nil, message, code pushed. */
+static int tl_incr_uncached(lua_State *L, tl_store *d, lua_Integer n) {
+  size_t len;
+  const char *name = lua_tolstring(L, 2, &len);
+  int st = tl_cache_state(L);
+  tl_door *door = tl_door_of(L, st);
+  uint32_t bit;
+  int rc;
+  lua_pop(L, 1);
+  if (door == NULL) return -1;
+  bit = tl_door_bit(name, len);
+  if (door->bits[bit / 64] & (1ull << (bit % 64))) {
+    door->admitted++;
+    return -1;
+  }
+  rc = tally_store_incr(d->store, name, len, (int64_t)n, 0);
+  if (rc == TALLY_ENOENT) { /* create it, unless the add would fail */
+    if ((rc = tl_incr_new_fails(L, d, n)) != 0) return rc;
+    rc = tally_store_incr(d->store, name, len, (int64_t)n, TALLY_COUNTER_CREATE);
+  }
+  if (rc == TALLY_EPOLICY || rc == TALLY_ENAME) return -1;
+  if (rc < 0) return tl_fail(L, rc);
+  door->by_name++;
+  door->bits[bit / 64] |= 1ull << (bit % 64);
+  if (++door->set >= TL_DOOR_FILL) tl_door_clear(door);
+  return 0;
+}
+
 static int tl_store_incr_(lua_State *L, int sign) {
   tl_store *d = tl_tostore(L);
   tl_counter *h;
@@ -322,12 +405,19 @@ static int tl_store_incr_(lua_State *L, int sign) {
     h = (tl_counter *)lua_touserdata(L, 6);
     if (TL_UNLIKELY(h == NULL || h->c == NULL)) {
       lua_settop(L, 4);
-      rc = tl_cached(L, 0);     /* an existing counter */
-      if (rc == TALLY_ENOENT) { /* else create it, unless the add would fail */
-        if ((rc = tl_incr_new_fails(L, d, n)) != 0) return rc;
-        rc = tl_cached(L, 1);
+      if (tries == 0 && lua_isnil(L, 4) && !tl_cache_promote(L)) {
+        rc = tl_incr_uncached(L, d, n); /* not in old either */
+        if (rc == 0) break;
+        if (rc > 0) return rc;
       }
-      if (rc < 0) return tl_fail(L, rc);
+      if (lua_gettop(L) == 4) {   /* not promoted from old */
+        rc = tl_cached(L, 0);     /* an existing counter */
+        if (rc == TALLY_ENOENT) { /* else create it, unless the add would fail */
+          if ((rc = tl_incr_new_fails(L, d, n)) != 0) return rc;
+          rc = tl_cached(L, 1);
+        }
+        if (rc < 0) return tl_fail(L, rc);
+      }
       h = (tl_counter *)lua_touserdata(L, -1);
       lua_pushnil(L); /* keep the handle at 6 */
       lua_insert(L, 5);
@@ -736,13 +826,15 @@ static int tl_store_tostring(lua_State *L) {
 
 /* ---- core.open ------------------------------------------------------------------- */
 
-/* core.open([spec [, { mode =, create =, trust =, handle_cache = }]]) ->
+/* core.open([spec [, { mode =, create =, trust =, handle_cache =,
+ * handle_admit = }]]) ->
  * store handle, or nil, message, code. */
 static int tl_open(lua_State *L) {
   size_t len = 6;
   const char *spec = "memory";
   tally_open_options o = {0600, 0};
   lua_Integer cache = TL_HANDLE_CACHE;
+  int repeat = 1; /* handle_admit */
   tally_store *s;
   tl_store *d;
   int rc;
@@ -791,6 +883,12 @@ static int tl_open(lua_State *L) {
           tl_argerror(L, 2,
                       "handle_cache must be an integer from 0 to %d (handles), got %s",
                       TL_HANDLE_CACHE_MAX, tl_describe(L, -1, TL_BOOL_VALUE));
+      } else if (strcmp(k, "handle_admit") == 0) {
+        const char *a = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : "";
+        if (strcmp(a, "repeat") != 0 && strcmp(a, "always") != 0)
+          tl_argerror(L, 2, "handle_admit must be 'repeat' or 'always', got %s",
+                      tl_describe(L, -1, TL_BOOL_VALUE));
+        repeat = a[0] == 'r';
       } else {
         tl_argerror(L, 2, "unknown option %s", tl_describe(L, -2, TL_BOOL_VALUE));
       }
@@ -806,7 +904,7 @@ static int tl_open(lua_State *L) {
   memcpy(d->spec, spec, len);
   d->spec[len] = '\0';
   luaL_setmetatable(L, TL_STORE_MT);
-  tl_cache_init(L, -1, cache);
+  tl_cache_init(L, -1, cache, repeat);
   lua_newtable(L); /* function families */
   tl_setuv(L, -2, TL_SUV_FAMILIES);
 
@@ -880,6 +978,22 @@ static int tl_store_cache_stats(lua_State *L) {
   return 1;
 }
 
+/* core._store_cache_door(db) -> { by_name =, admitted =, clears =, set = }
+ * (handle_admit = "repeat"), or nil ("always"). */
+static int tl_store_cache_door(lua_State *L) {
+  tl_door *door;
+  tl_checkudata(L, 1, TL_STORE_MT);
+  lua_settop(L, 1);
+  door = tl_door_of(L, tl_cache_state(L));
+  if (door == NULL) return 0;
+  lua_createtable(L, 0, 4);
+  tl_setint(L, "by_name", (int64_t)door->by_name);
+  tl_setint(L, "admitted", (int64_t)door->admitted);
+  tl_setint(L, "clears", (int64_t)door->clears);
+  tl_setint(L, "set", (int64_t)door->set);
+  return 1;
+}
+
 int tl_open_store(lua_State *L) {
   tl_newclass(L, TL_STORE_MT, tl_store_meta, tl_store_methods);
   lua_setfield(L, -2, "store_methods");
@@ -894,6 +1008,8 @@ int tl_open_store(lua_State *L) {
   lua_setfield(L, -2, "_store_cache");
   lua_pushcfunction(L, tl_store_cache_stats);
   lua_setfield(L, -2, "_store_cache_stats");
+  lua_pushcfunction(L, tl_store_cache_door);
+  lua_setfield(L, -2, "_store_cache_door");
   lua_pushinteger(L, TL_HANDLE_CACHE);
   lua_setfield(L, -2, "HANDLE_CACHE");
   return 0;
