@@ -251,9 +251,12 @@ _M.methods = { incr, decr, value, db_incr, db_decr, db_value }
 -- ---- batches of two (h:observe, lua/tally/histogram.lua) ---------------------------
 -- The store handle's tally_store pointer is read from its userdata (struct
 -- tl_store in src/lua/lua_aux.h: key, then the pointer, NULL once closed).
--- core._ffi_info does not give that layout, so batch_ok checks it on the
--- store itself: its key is the userdata's own address xor TL_STORE_SALT, and
--- the counters' db field points at it. Anything else: the classic path.
+-- Its layout is checked once against core._ffi_info (store_key,
+-- store_store, store_size, and the counters' counter_db): if they differ,
+-- batch_reason says so and batch_ok is always false. batch_ok also checks
+-- each store itself: its key is the userdata's own address xor
+-- TL_STORE_SALT, and the counters' db field points at it. Anything else:
+-- the classic path.
 
 if not pcall(ffi.typeof, "struct tally_ffi_store") then
   ffi.cdef [[
@@ -268,6 +271,19 @@ if not pcall(ffi.typeof, "struct tally_ffi_store") then
 end
 
 local SPTR = ffi.typeof("struct tally_ffi_store *")
+
+-- Why batch2 cannot be used (the handles' layout differs), or nil.
+local function batch_unusable(info)
+  local off = ffi.offsetof
+  if info.store_key ~= off("struct tally_ffi_store", "key")
+     or info.store_store ~= off("struct tally_ffi_store", "store")
+     or type(info.store_size) ~= "number" or info.store_size < ffi.sizeof("struct tally_ffi_store")
+     or info.counter_db ~= off("struct tally_ffi_counter", "db") then
+    return "the store handle layout does not match struct tally_ffi_store"
+  end
+  return nil
+end
+_M.batch_reason = batch_unusable(core._ffi_info())
 local uintptr_t = ffi.typeof("uintptr_t")
 local STORE_SALT = 0x5a17e5
 local bxor = require("bit").bxor
@@ -275,8 +291,10 @@ local batch_c = C.tally_batch_incr
 local bcs, bds = ffi.new("tally_counter *[2]"), ffi.new("int64_t[2]")
 
 -- batch_ok(db, c, ...) -> whether batch2 may be used with store handle db
--- and counter handles c, ... of it (checked once, when a histogram opens).
+-- and counter handles c, ... of it (checked once, when a histogram opens;
+-- always false while batch_reason is set).
 function _M.batch_ok(db, ...)
+  if _M.batch_reason then return false end
   if type(db) ~= "userdata" or getmetatable(db) ~= STORE_MT then return false end
   local s = cast(SPTR, db)
   local addr = cast(uintptr_t, s)

@@ -17,7 +17,7 @@ local type, error, ipairs, pairs, tonumber =
       type, error, ipairs, pairs, tonumber
 local fmt, byte, find, sub, gsub = string.format, string.byte, string.find,
       string.sub, string.gsub
-local concat, sort = table.concat, table.sort
+local concat, sort, tinsert = table.concat, table.sort, table.insert
 local floor, huge = math.floor, math.huge
 local compat = require "tally.compat"
 local mtype, isnum, int_text, utf8len = compat.mtype, compat.isnum, compat.int_text,
@@ -397,17 +397,20 @@ end
 _M._glob_ambiguous = glob_ambiguous
 
 -- Compile a mapping (an array of { pattern=, metric=, labels=, type=,
--- help= }, oldest first, as db:mappings() returns) into { entries
--- (newest first), families = { [metric] = { type=, help= } } }, or nil and
--- what is wrong. Metric and label names are sanitised here; db:family()
--- refuses invalid ones instead.
+-- help= [, histogram = { buckets =, unit = }] }, oldest first, as
+-- db:mappings() returns) into { entries (newest first), hists (the
+-- histogram families, newest first), families = { [metric] = { type=,
+-- help= } } }, or nil and what is wrong. Metric and label names are
+-- sanitised here; db:family() refuses invalid ones instead. Histogram
+-- families map histograms (tally.histogram), never plain counters; one
+-- without a metric only gives buckets.
 local COMPILED = {}                 -- marks compiled mappings
 
 local function compile_mapping(mapping)
   if mapping == nil then mapping = {} end
   if type(mapping) == "table" and mapping[COMPILED] then return mapping end
   if type(mapping) ~= "table" then return nil, "table expected, got " .. describe(mapping) end
-  local entries, families = {}, {}
+  local entries, hists, families = {}, {}, {}
   families[_M.DEFAULT_METRIC] = { type = "gauge", help = _M.DEFAULT_HELP, by = "the default" }
   local n = #mapping
   for i = 1, n do
@@ -417,12 +420,18 @@ local function compile_mapping(mapping)
     if type(m.pattern) ~= "string" or m.pattern == "" then
       return nil, what .. ".pattern must be a non-empty string, got " .. describe(m.pattern)
     end
-    if type(m.metric) ~= "string" or m.metric == "" then
+    local hist = m.type == "histogram"
+    if (m.metric ~= nil or not hist) and (type(m.metric) ~= "string" or m.metric == "") then
       return nil, what .. ".metric must be a non-empty string, got " .. describe(m.metric)
     end
     local mtype_ = m.type == nil and "gauge" or m.type
-    if not TYPES[mtype_] then
-      return nil, what .. ".type must be 'counter', 'gauge' or 'untyped', got " .. describe(m.type)
+    if not TYPES[mtype_] and not hist then
+      return nil, what .. ".type must be 'counter', 'gauge', 'untyped' or 'histogram', got "
+                  .. describe(m.type)
+    end
+    local unit = hist and type(m.histogram) == "table" and m.histogram.unit or nil
+    if hist and not (type(unit) == "number" and unit > 0 and unit < huge) then
+      return nil, what .. ".histogram must be { buckets =, unit = } with a positive unit"
     end
     if m.help ~= nil and (type(m.help) ~= "string" or not utf8len(m.help)) then
       return nil, what .. ".help must be a UTF-8 string, got " .. describe(m.help)
@@ -438,34 +447,42 @@ local function compile_mapping(mapping)
       end
       l = _M.label_name(l)
       if seen[l] then return nil, what .. ".labels has '" .. l .. "' twice" end
+      if hist and l == "le" then
+        return nil, what .. ".labels has 'le', the label of a histogram's bucket bounds"
+      end
       seen[l] = true
       labels[j] = l
     end
-    if #labels ~= g.nwild then
+    if (m.metric ~= nil or not hist) and #labels ~= g.nwild then
       return nil, fmt("%s.labels has %d name%s but '%s' has %d wildcard%s", what, #labels,
                       #labels == 1 and "" or "s", m.pattern, g.nwild, g.nwild == 1 and "" or "s")
     end
-    local metric = _M.metric_name(m.metric)
-    local fam = families[metric]
+    local metric = m.metric and _M.metric_name(m.metric)
+    local fam = metric and families[metric]
     if fam and fam.type ~= mtype_ then
       return nil, fmt("metric '%s' is a %s in %s and a %s in %s",
                       metric, fam.type, fam.by, mtype_, what)
     end
-    if not fam then
+    if not fam and metric then
       fam = { type = mtype_, by = what }
       families[metric] = fam
     end
-    if m.help ~= nil then fam.help = m.help end       -- the newest help wins
+    if m.help ~= nil and fam then fam.help = m.help end   -- the newest help wins
+    if hist and metric and not fam.help then
+      fam.default_help = fmt("tally histograms '%s' (sums kept in units of %s)",
+                             m.pattern, float_text(unit))
+    end
     local prefixes = {}
     local ordered = true                -- labels already in the order of series keys
     for j, l in ipairs(labels) do
       prefixes[j] = (j == 1 and "{" or ",") .. l .. '="'
       if j > 1 and labels[j - 1] .. '="' > l .. '="' then ordered = false end
     end
-    entries[n - i + 1] = { glob = g, metric = metric, prefixes = prefixes, ordered = ordered,
-                           bare = metric .. "{}", pattern = m.pattern }
+    local e = { glob = g, metric = metric, labels = labels, prefixes = prefixes,
+                ordered = ordered, bare = metric and metric .. "{}", pattern = m.pattern }
+    if hist then tinsert(hists, 1, e) else tinsert(entries, 1, e) end  -- newest first
   end
-  return { [COMPILED] = true, entries = entries, families = families }
+  return { [COMPILED] = true, entries = entries, hists = hists, families = families }
 end
 
 -- format.compile_mapping(mapping) -> the mapping compiled, to pass to
@@ -527,6 +544,43 @@ local function series_of(c, name)
   return _M.DEFAULT_METRIC, s, s
 end
 
+-- The series of histogram name (tally.histogram) under compiled mapping c:
+-- its metric, its labels as written inside the braces ('route="/api"', ""
+-- for none; the le label comes after them), a key equal for two
+-- histograms exactly when Prometheus sees one series, and the family's
+-- compiled entry (nil for none). The newest histogram family with a metric
+-- whose pattern matches name decides; without one (or with label values
+-- that are not UTF-8) the metric is name made a metric name, with no
+-- labels. nil, "ambiguous", message: name matches that family's pattern
+-- in more than one way.
+function _M._histogram_series(c, name)
+  local hists = c.hists or {}
+  for i = 1, #hists do
+    local e = hists[i]
+    local caps = e.metric and glob_captures(e.glob, name)
+    if caps then
+      if glob_ambiguous(e.glob, name) then
+        return nil, "ambiguous", fmt("histogram '%s' matches '%s' in more than one way, so "
+                                     .. "its label values are ambiguous", name, e.pattern)
+      end
+      local parts, keys = {}, {}
+      for j = 1, #caps do
+        if not utf8len(caps[j]) then parts = nil; break end
+        local l = e.labels[j] .. '="' .. label_value(caps[j]) .. '"'
+        parts[j] = l
+        if caps[j] ~= "" then keys[#keys + 1] = l end
+      end
+      if parts then
+        sort(keys)
+        return e.metric, concat(parts, ","), e.metric .. "{" .. concat(keys, ",") .. "}", e
+      end
+      break
+    end
+  end
+  local m = _M.metric_name(name)
+  return m, "", m .. "{}", nil
+end
+
 local function value_text(v)
   if mtype(v) == "integer" then return int_text(v) end
   if v ~= v then return "NaN" end
@@ -549,8 +603,9 @@ local SKIPPED_HELP = "Counters left out of this exposition, by reason: ambiguous
 -- instead, counted in the tally_prometheus_skipped gauge appended to the
 -- text (only when some were, plus the count of extra, a table { reason
 -- = n } of skips found by the caller), and the text is followed by the
--- list of { name =, reason =, msg = } skipped.
-function _M._render_prometheus(samples, mapping, names, lenient, extra)
+-- list of { name =, reason =, msg = } skipped. tail: text (more families)
+-- to place after the families and before that gauge.
+function _M._render_prometheus(samples, mapping, names, lenient, extra, tail)
   if type(samples) ~= "table" then return nil, "table expected, got " .. describe(samples), 1 end
   local c, msg = compile_mapping(mapping)
   if not c then return nil, msg, 2 end
@@ -635,6 +690,7 @@ function _M._render_prometheus(samples, mapping, names, lenient, extra)
     out[#out + 1] = "# TYPE " .. metric .. " " .. fam.type .. "\n"
     out[#out + 1] = concat(lines[metric])
   end
+  out[#out + 1] = tail
   if lenient then
     for reason, n in pairs(extra or {}) do counts[reason] = (counts[reason] or 0) + n end
     local reasons = {}

@@ -285,44 +285,74 @@ local function check_name(name)
   end
 end
 
-local function check_opts(opts)
-  if opts == nil then return nil, _M.DEFAULT_UNIT end
-  if type(opts) ~= "table" then
-    argerror(2, "histogram", "options table expected, got " .. describe(opts), 3)
+-- The bounds (nil when not given; +Inf dropped) and unit of spec, a table
+-- { buckets =, unit = } or nil (the defaults); or nil, nil and what is
+-- wrong. p names the table in messages: "" for db:histogram's options,
+-- "histogram." for a family's histogram option.
+local function check_spec(spec, p)
+  if spec == nil then return nil, _M.DEFAULT_UNIT end
+  if type(spec) ~= "table" then
+    if p == "" then return nil, nil, "options table expected, got " .. describe(spec) end
+    return nil, nil, "histogram must be true or a table { buckets =, unit = }, got " .. describe(spec)
   end
-  for k in pairs(opts) do
+  for k in pairs(spec) do
     if k ~= "buckets" and k ~= "unit" then
-      argerror(2, "histogram", "unknown option " .. describe(k) .. "; expected buckets, unit", 3)
+      return nil, nil, "unknown option " .. describe(p == "" and k or p .. tostring(k))
+                       .. "; expected " .. p .. "buckets, " .. p .. "unit"
     end
   end
-  local b, unit = opts.buckets, opts.unit
+  local b, unit = spec.buckets, spec.unit
   if unit == nil then unit = _M.DEFAULT_UNIT end
   if type(unit) ~= "number" or not (unit > 0 and unit < huge) then
-    argerror(2, "histogram", "unit must be a positive finite number, got " .. describe(unit), 3)
+    return nil, nil, p .. "unit must be a positive finite number, got " .. describe(unit)
   end
   if b == nil then return nil, unit end
   if type(b) ~= "table" or #b == 0 then
-    argerror(2, "histogram", "buckets must be a non-empty array of numbers, got " .. describe(b), 3)
+    return nil, nil, p .. "buckets must be a non-empty array of numbers, got " .. describe(b)
   end
   if #b > _M.MAX_BUCKETS then
-    argerror(2, "histogram", "at most " .. _M.MAX_BUCKETS .. " buckets, got " .. #b, 3)
+    return nil, nil, "at most " .. _M.MAX_BUCKETS .. " " .. p .. "buckets, got " .. #b
   end
   local out = {}
   for i, x in ipairs(b) do
     if type(x) ~= "number" or x ~= x or x == -huge then
-      argerror(2, "histogram", "buckets[" .. i .. "] must be a number, got "
-               .. (x ~= x and "nan" or describe(x)), 3)
+      return nil, nil, p .. "buckets[" .. i .. "] must be a number, got "
+                       .. (x ~= x and "nan" or describe(x))
     end
     if i > 1 and not (x > b[i - 1]) then
-      argerror(2, "histogram", fmt("buckets must increase: buckets[%d] = %s after %s",
-                                   i, num_text(x), num_text(b[i - 1])), 3)
+      return nil, nil, fmt("%sbuckets must increase: %sbuckets[%d] = %s after %s", p, p,
+                           i, num_text(x), num_text(b[i - 1]))
     end
     if x ~= huge then out[#out + 1] = x end   -- +Inf is always there
   end
   if #b ~= #out + (b[#b] == huge and 1 or 0) then
-    argerror(2, "histogram", "buckets must be a non-empty array of numbers", 3)
+    return nil, nil, p .. "buckets must be a non-empty array of numbers"
   end
   return out, unit
+end
+_M.check_spec = check_spec
+
+local function check_opts(opts)
+  local bounds, unit, msg = check_spec(opts, "")
+  if not unit then argerror(2, "histogram", msg, 3) end
+  return bounds, unit
+end
+
+-- "0.1, 0.5, +Inf": the bounds (without +Inf) as member names write them.
+local function bounds_text(bounds)
+  local t = {}
+  for i, x in ipairs(bounds) do t[i] = num_text(x) end
+  t[#t + 1] = "+Inf"
+  return concat(t, ", ")
+end
+_M.bounds_text = bounds_text
+
+-- The histogram family (db:family(pattern, { histogram = ... }), kept by
+-- tally.prometheus with the metric mappings) that name falls under, or nil:
+-- { pattern =, histogram = { buckets =, unit = }, ... }.
+local function family_of(db, name)
+  local prom = package.loaded["tally.prometheus"]
+  return prom and prom.histogram_family(db, name) or nil
 end
 
 local function list_text(les)
@@ -336,30 +366,44 @@ end
 -- the store has none yet (buckets: opts.buckets, default DEFAULT_BUCKETS;
 -- +Inf is always added). An existing histogram is opened as it is when
 -- opts.buckets is nil; given buckets or unit that differ from the
--- stored ones fail with EEXIST. Raises for a bad name or bad options.
+-- stored ones fail with EEXIST. Under a histogram family of db (the newest
+-- whose pattern name matches) the family's buckets and unit are the ones
+-- asked for, opts or not: a stored histogram with others fails with
+-- EEXIST, and opts that differ from them raise. Raises for a bad name or
+-- bad options.
 local function histogram(db, name, opts)
   check_self(db, "tally.store", "histogram")
   check_name(name)
   local bounds, unit = check_opts(opts)
   local unit_given = opts ~= nil and opts.unit ~= nil
+  local fam, whose = family_of(db, name), ""
+  if fam then                            -- the family's buckets and unit, always
+    local fb, fu = fam.histogram.buckets, fam.histogram.unit
+    if bounds and bounds_text(bounds) ~= bounds_text(fb) then
+      argerror(2, "histogram", fmt("buckets %s differ from those of family '%s' (%s)",
+                                   bounds_text(bounds), fam.pattern, bounds_text(fb)), 2)
+    end
+    if unit_given and num_text(unit) ~= num_text(fu) then
+      argerror(2, "histogram", fmt("unit %s differs from that of family '%s' (%s)",
+                                   num_text(unit), fam.pattern, num_text(fu)), 2)
+    end
+    bounds, unit, unit_given = fb, fu, true
+    whose = " (family '" .. fam.pattern .. "')"
+  end
   local have, msg, code = lookup(db, name)
   if have == nil then return nil, msg, code end
   local les, unit_text
   if have then                           -- the stored set decides
     if bounds then
-      local want = {}
-      for i, x in ipairs(bounds) do want[i] = num_text(x) end
-      want[#want + 1] = "+Inf"
-      local got = {}
-      for i, e in ipairs(have.les) do got[i] = e[2] end
-      if concat(want, ",") ~= concat(got, ",") then
-        return nil, fmt("histogram '%s' exists with buckets %s, not %s", name,
-                        concat(got, ", "), concat(want, ", ")), "EEXIST"
+      local got = list_text(have.les)
+      if bounds_text(bounds) ~= got then
+        return nil, fmt("histogram '%s' exists with buckets %s, not %s%s", name, got,
+                        bounds_text(bounds), whose), "EEXIST"
       end
     end
     if unit_given and num_text(unit) ~= have.unit_text then
-      return nil, fmt("histogram '%s' exists with unit %s, not %s", name, have.unit_text,
-                      num_text(unit)), "EEXIST"
+      return nil, fmt("histogram '%s' exists with unit %s, not %s%s", name, have.unit_text,
+                      num_text(unit), whose), "EEXIST"
     end
     les, unit, unit_text = have.les, have.unit, have.unit_text
   else

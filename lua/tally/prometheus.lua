@@ -6,10 +6,14 @@
 -- metric, labels, type and help off the options, validates them and
 -- records the mapping for the store handle (process-local, like a
 -- function policy: other processes and other handles to the same file do
--- not see it). tally.prometheus(db [, pattern]) reads the matching
+-- not see it). A family with a histogram option (histogram = { buckets =,
+-- unit = }, or type = "histogram") is a histogram family: it goes to the
+-- same list, and gives the histograms under its pattern their buckets and
+-- unit (db:histogram looks it up with histogram_family) and their metric
+-- and labels. tally.prometheus(db [, pattern]) reads the matching
 -- counters' exact values in one pass over db:names() and renders them with
 -- tally.format.prometheus, the newest matching mapping deciding each
--- counter's series.
+-- counter's series, then the histograms among them.
 
 local core = require "tally.core"
 local format = require "tally.format"
@@ -26,7 +30,7 @@ local check_self = require("tally.util").self
 local argerror = require("tally.util").argerror
 
 local histogram = require "tally.histogram"
-local next, sort, concat, gmatch = next, table.sort, table.concat, string.gmatch
+local next, sort, concat = next, table.sort, table.concat
 local int_text = compat.int_text
 local HELP_ESC = { ["\\"] = "\\\\", ["\n"] = "\\n" }
 local histograms_text               -- below
@@ -74,16 +78,78 @@ local function call_c(fname, f, ...)
 end
 _M.call_c = call_c
 
-local METRIC_KEYS = { metric = true, labels = true, type = true, help = true }
+local METRIC_KEYS = { metric = true, labels = true, type = true, help = true, histogram = true }
 
 local function valid_pattern(p)
   return type(p) == "string" and #p >= 1 and #p <= core.NAME_MAX and not find(p, "\0", 1, true)
 end
 
--- The mapping entry for pattern from opts (which has a metric key), or
--- nil and what is wrong.
+-- The series names of a histogram metric m other than m itself.
+local function hist_series(m)
+  return m .. "_bucket", m .. "_sum", m .. "_count"
+end
+
+-- What is wrong with metric (of type kind, for pattern) beside the mappings
+-- db has: another type for it, or, with histograms, a metric that is one
+-- of a histogram metric's _bucket, _sum or _count series; nil if nothing.
+local function collision(db, pattern, metric, kind)
+  for _, e in ipairs(registry[db] or {}) do
+    if e.pattern ~= pattern and e.metric then
+      if e.metric == metric and e.type ~= kind then
+        return fmt("metric '%s' is a %s (family '%s'), not a %s", metric, e.type, e.pattern, kind)
+      end
+      local hist, other = nil, nil
+      if kind == "histogram" then hist, other = metric, e.metric end
+      if e.type == "histogram" then hist, other = e.metric, metric end
+      if hist then
+        local b, s, c = hist_series(hist)
+        if other == b or other == s or other == c then
+          return fmt("metric '%s' (family '%s') would collide with the series of histogram "
+                     .. "metric '%s' (%s, %s, %s)", other, other == metric and pattern
+                     or e.pattern, hist, b, s, c)
+        end
+      end
+    end
+  end
+  return nil
+end
+
+-- The histogram part of a family's options: { buckets =, unit = } with
+-- the defaults filled in, or nil and what is wrong.
+local function check_histogram(pattern, opts)
+  local spec = opts.histogram
+  if spec == true or spec == nil then spec = {} end
+  local bounds, unit, msg = histogram.check_spec(spec, "histogram.")
+  if not unit then return nil, msg end
+  if find(pattern, "[{}]") then
+    return nil, "a histogram family's pattern holds no { or } (its histograms' names cannot), "
+                .. "got '" .. pattern .. "'"
+  end
+  local copy = {}
+  for i, x in ipairs(bounds or histogram.DEFAULT_BUCKETS) do copy[i] = x end
+  return { buckets = copy, unit = unit }
+end
+
+-- The mapping entry for pattern from opts (which has a metric key, or a
+-- histogram option), or nil and what is wrong.
 local function check_mapping(db, pattern, opts)
   local metric, labels, kind, help = opts.metric, opts.labels, opts.type, opts.help
+  local hist
+  if opts.histogram ~= nil or kind == "histogram" then
+    if kind ~= nil and kind ~= "histogram" then
+      return nil, "type of a histogram family must be 'histogram' (or left out), got "
+                  .. describe(kind)
+    end
+    if opts.histogram == false then return nil, "histogram must be true or a table "
+                                               .. "{ buckets =, unit = }, got false" end
+    local msg
+    hist, msg = check_histogram(pattern, opts)
+    if not hist then return nil, msg end
+    kind = "histogram"
+    if metric == nil then              -- buckets and unit only: exposed by name, as before
+      return { pattern = pattern, labels = {}, type = kind, histogram = hist }
+    end
+  end
   if type(metric) ~= "string" or not find(metric, "^[a-zA-Z_:][a-zA-Z0-9_:]*$") then
     return nil, "metric must be a Prometheus metric name ([a-zA-Z_:][a-zA-Z0-9_:]*), got "
                 .. describe(metric)
@@ -110,6 +176,9 @@ local function check_mapping(db, pattern, opts)
       return nil, "labels[" .. i .. "] must be a Prometheus label name "
                   .. "([a-zA-Z_][a-zA-Z0-9_]*, not starting with __), got " .. describe(l)
     end
+    if l == "le" and hist then
+      return nil, "labels[" .. i .. "] 'le' is the label of a histogram's bucket bounds"
+    end
     if seen[l] then return nil, "labels has '" .. l .. "' twice" end
     seen[l] = true
     copy[i] = l
@@ -119,19 +188,16 @@ local function check_mapping(db, pattern, opts)
                     nwild, nwild == 1 and "" or "s", pattern, #copy, #copy == 1 and "" or "s")
   end
   if kind == nil then kind = "gauge" end
-  if not format.TYPES[kind] then
-    return nil, "type must be 'counter', 'gauge' or 'untyped', got " .. describe(kind)
+  if not hist and not format.TYPES[kind] then
+    return nil, "type must be 'counter', 'gauge', 'untyped' or 'histogram', got " .. describe(kind)
   end
   if help ~= nil and (type(help) ~= "string" or not utf8len(help)) then
     return nil, "help must be a UTF-8 string, got " .. describe(help)
   end
-  for _, e in ipairs(registry[db] or {}) do
-    if e.metric == metric and e.type ~= kind and e.pattern ~= pattern then
-      return nil, fmt("metric '%s' is a %s (family '%s'), not a %s",
-                      metric, e.type, e.pattern, kind)
-    end
-  end
-  return { pattern = pattern, metric = metric, labels = copy, type = kind, help = help }
+  local msg = collision(db, pattern, metric, kind)
+  if msg then return nil, msg end
+  return { pattern = pattern, metric = metric, labels = copy, type = kind, help = help,
+           histogram = hist }
 end
 
 -- db:family(pattern, opts): the C method, plus opts.metric, opts.labels,
@@ -154,11 +220,20 @@ function store:family(pattern, opts)
   if not valid_pattern(pattern) or not is_store(self) then
     call_c("family", c_family, self, pattern, {})   -- raises, and changes nothing
   end
-  if opts.metric == nil then
+  local is_hist = opts.histogram ~= nil or opts.type == "histogram"
+  if opts.metric == nil and not is_hist then
     argerror(2, "family", "labels, type and help need a metric", 2)
+  end
+  if opts.metric == nil and (opts.labels ~= nil or opts.help ~= nil) then
+    argerror(2, "family", "labels and help need a metric", 2)
+  end
+  if is_hist and copts then              -- (next(): any one of them, named)
+    argerror(2, "family", "a histogram family takes no " .. describe(next(copts))
+             .. " (its member counters are slot counters, one shard per writer)", 2)
   end
   local entry, msg = check_mapping(self, pattern, opts)
   if not entry then argerror(2, "family", msg, 2) end
+  entry.glob = format._glob_compile(pattern)
   if copts then
     local ok, emsg, code = call_c("family", c_family, self, pattern, copts)
     if not ok then return ok, emsg, code end
@@ -185,8 +260,27 @@ function store:mappings()
     for j, l in ipairs(e.labels) do labels[j] = l end
     out[i] = { pattern = e.pattern, metric = e.metric, labels = labels, type = e.type,
                help = e.help }
+    if e.histogram then
+      local b = {}
+      for j, x in ipairs(e.histogram.buckets) do b[j] = x end
+      out[i].histogram = { buckets = b, unit = e.histogram.unit }
+    end
   end
   return out
+end
+
+-- histogram_family(db, name) -> the newest histogram family of store handle
+-- db whose pattern matches histogram name (the registry's own entry: {
+-- pattern =, histogram = { buckets =, unit = }, ... }; not to be changed),
+-- or nil. db:histogram takes its buckets and unit from it.
+function _M.histogram_family(db, name)
+  local list = registry[db]
+  if not list then return nil end
+  for i = #list, 1, -1 do
+    local e = list[i]
+    if e.histogram and format._glob_captures(e.glob, name) then return e end
+  end
+  return nil
 end
 
 -- The compiled mapping of store handle db (compiled once per change).
@@ -242,48 +336,84 @@ end
 
 -- ---- histograms -------------------------------------------------------------------
 
--- The exposition of the histograms hs (histogram.group) of db, each read
--- from one snapshot of its members (so NAME_count always equals the +Inf
--- bucket and the buckets add up), as a function of the other families'
--- text (a histogram whose metric one of them has already is left out and
--- logged), and how many could not be read (left out, logged).
-histograms_text = function(db, hs)
-  local bases, unreadable, rendered = {}, 0, {}
+-- The exposition of the histograms hs (histogram.group) of db under
+-- compiled mapping c: each histogram family's metric (format.
+-- _histogram_series: the newest histogram family with a metric whose
+-- pattern matches, its wildcards as labels; else the histogram's name made
+-- a metric name) once, with HELP and TYPE, then each histogram's series in
+-- name order, each read from one snapshot of its members (so _count always
+-- equals the +Inf bucket and the buckets add up). Left out, logged and
+-- counted by reason in the table returned second: a histogram whose metric
+-- or one of its _bucket, _sum, _count series is a metric of the counters
+-- (duplicate), two that map to one series (duplicate, both), a name its
+-- family pattern matches in more than one way (ambiguous), members that
+-- cannot be read (unreadable).
+histograms_text = function(db, hs, c)
+  local counts, bases, rows, owner, bad = {}, {}, {}, {}, {}
+  local function skip(base, reason, msg)
+    counts[reason] = (counts[reason] or 0) + 1
+    log_once(base, reason, msg)
+  end
+  local taken = { [format.SKIPPED_METRIC] = true }
+  for m, fam in pairs(c.families) do
+    if fam.type ~= "histogram" then taken[m] = true end
+  end
   for base in pairs(hs) do bases[#bases + 1] = base end
   sort(bases)
   for _, base in ipairs(bases) do
-    local h = hs[base]
-    local snap, msg = db:snapshot(base .. "{*}")
-    if not snap then
-      unreadable = unreadable + 1
-      log_once(base, "unreadable", "histogram '" .. base .. "': " .. tostring(msg))
+    local m, labels, key = format._histogram_series(c, base)
+    if not m then
+      skip(base, labels, key)
+    elseif taken[m] or taken[m .. "_bucket"] or taken[m .. "_sum"] or taken[m .. "_count"] then
+      skip(base, "duplicate", fmt("histogram '%s' maps to the metric %s, which another family "
+                                  .. "has (or one of its series)", base, m))
     else
-      rendered[#rendered + 1] = { base, format.metric_name(base), histogram.read(snap, h), h }
-    end
-  end
-  sort(rendered, function(a, b) return a[2] < b[2] end)
-  return function(text)
-    local taken, out = {}, {}
-    for m in gmatch(text, "# TYPE (%S+)") do taken[m] = true end
-    for _, r in ipairs(rendered) do
-      local base, m, v, h = r[1], r[2], r[3], r[4]
-      if taken[m] then
-        log_once(base, "duplicate", fmt("histogram '%s' maps to the metric %s, which another "
-                                        .. "family has", base, m))
+      local snap, msg = db:snapshot(base .. "{*}")
+      if not snap then
+        skip(base, "unreadable", "histogram '" .. base .. "': " .. tostring(msg))
       else
-        taken[m] = true
-        out[#out + 1] = "# HELP " .. m .. " tally histogram '" .. gsub(base, "[\\\n]", HELP_ESC)
-                        .. "' (sum kept in units of " .. h.unit_text .. ")\n# TYPE " .. m
-                        .. " histogram\n"
-        for i, b in ipairs(v.buckets) do
-          out[#out + 1] = m .. '_bucket{le="' .. h.les[i][2] .. '"} ' .. int_text(b.count) .. "\n"
+        local other = owner[key]
+        if other then
+          local why = fmt("histograms '%s' and '%s' both map to the series %s", other, base, key)
+          if not bad[key] then bad[key] = true; skip(other, "duplicate", why) end
+          skip(base, "duplicate", why)
         end
-        out[#out + 1] = m .. "_sum " .. histogram.num_text(v.sum) .. "\n" .. m .. "_count "
-                        .. int_text(v.count) .. "\n"
+        owner[key] = owner[key] or base
+        rows[#rows + 1] = { m = m, labels = labels, key = key, base = base, h = hs[base],
+                            v = histogram.read(snap, hs[base]) }
       end
     end
-    return concat(out)
-  end, unreadable
+  end
+  local by_metric, metrics = {}, {}
+  for _, r in ipairs(rows) do
+    if not bad[r.key] then
+      local list = by_metric[r.m]
+      if not list then list = {}; by_metric[r.m] = list; metrics[#metrics + 1] = r.m end
+      list[#list + 1] = r
+    end
+  end
+  sort(metrics)
+  local out = {}
+  for _, m in ipairs(metrics) do
+    local list, fam = by_metric[m], c.families[m]
+    local first = list[1]
+    local help = fam and (fam.help or fam.default_help)
+                 or "tally histogram '" .. first.base .. "' (sum kept in units of "
+                    .. first.h.unit_text .. ")"
+    out[#out + 1] = "# HELP " .. m .. " " .. gsub(help, "[\\\n]", HELP_ESC) .. "\n# TYPE " .. m
+                    .. " histogram\n"
+    for _, r in ipairs(list) do
+      local l, v, les = r.labels, r.v, r.h.les
+      local open = l == "" and '{le="' or "{" .. l .. ',le="'
+      local tail = l == "" and " " or "{" .. l .. "} "
+      for i, b in ipairs(v.buckets) do
+        out[#out + 1] = m .. "_bucket" .. open .. les[i][2] .. '"} ' .. int_text(b.count) .. "\n"
+      end
+      out[#out + 1] = m .. "_sum" .. tail .. histogram.num_text(v.sum) .. "\n" .. m .. "_count"
+                      .. tail .. int_text(v.count) .. "\n"
+    end
+  end
+  return concat(out), counts
 end
 
 -- tally.prometheus(db [, pattern]) -> exposition text of the matching
@@ -302,11 +432,10 @@ function _M.prometheus(db, pattern)
   local c = _M.mapping_of(db)
   local values, names, nmsg, ncode = {}, db:names(pattern)
   if not names then return nil, nmsg, ncode end   -- a damaged store
-  local unreadable = 0
-  local hs
+  local hs, htext, skips
   hs, names = histogram.group(names)              -- histograms apart (tally/histogram.lua)
-  local htext
-  if next(hs) then htext, unreadable = histograms_text(db, hs) end
+  if next(hs) then htext, skips = histograms_text(db, hs, c) end
+  skips = skips or {}
   for _, name in ipairs(names) do
     local v, msg, code = db:value(name)
     if code == "ERANGE" then           -- the sum does not fit int64: as a float
@@ -314,16 +443,14 @@ function _M.prometheus(db, pattern)
       local c = db:counter(name, { create = false })
       for _, s in ipairs(c and c:shards() or {}) do v = v + tofloat(s) end
     elseif v == nil and code ~= "ENOENT" then   -- ENOENT: dropped meanwhile
-      unreadable = unreadable + 1
+      skips.unreadable = (skips.unreadable or 0) + 1
       log_once(name, "unreadable", "counter '" .. name .. "': " .. tostring(msg))
     end
     values[name] = v
   end
-  local text, skipped = format._render_prometheus(values, c, names, true,
-                                                   unreadable > 0 and { unreadable = unreadable } or nil)
+  local text, skipped = format._render_prometheus(values, c, names, true, skips, htext)
   if not text then error(skipped, 2) end   -- not reached: the values are all numbers
   for _, sk in ipairs(skipped) do log_once(sk.name, sk.reason, sk.msg) end
-  if htext then text = text .. htext(text) end
   return text
 end
 

@@ -702,4 +702,73 @@ describe("tally ls with histograms", function()
       "lat            3    0.555      1      1      1        3", "" }, "\n"),
       out:match("\n\n(HISTOGRAM.*)$"))
   end)
+
+  it("--json: one object per histogram, marked, after its members, which say whose they are", function()
+    local path = helper.tmpfile()
+    local db = assert(tally.open("file:" .. path))
+    db:family("lat:*", { histogram = { buckets = { 0.1, 1 } }, metric = "latency_seconds",
+                         labels = { "route" } })
+    local h = assert(db:histogram("lat:/api"))
+    for _, v in ipairs({ 0.05, 0.2, 0.305 }) do assert(h:observe(v)) end
+    assert(db:histogram("big", { buckets = { 10 }, unit = 1 })):observe(2^53)
+    assert(db:histogram("idle", { buckets = { 1 }, unit = 0.25 }))
+    db:incr("views", 3)
+    db:incr("x{le=1}", 2)                        -- looks like a member, is not one
+    db:close()
+    local out, err, code = run("ls", path, "--json")
+    assert.equal(0, code, err)
+    local function member(name, value, of)
+      return '{"name":"' .. name .. '","value":' .. value .. ',"shards":64,"policy":"slot",'
+             .. '"rolled":null,"histogram":"' .. of .. '"}'
+    end
+    assert.equal("[\n" .. table.concat({
+      member("big{le=+Inf}", 1, "big"), member("big{le=10}", 0, "big"),
+      member("big{sum,unit=1}", 9007199254740992, "big"),
+      member("idle{le=+Inf}", 0, "idle"), member("idle{le=1}", 0, "idle"),
+      member("idle{sum,unit=0.25}", 0, "idle"),
+      member("lat:/api{le=+Inf}", 0, "lat:/api"), member("lat:/api{le=0.1}", 1, "lat:/api"),
+      member("lat:/api{le=1}", 2, "lat:/api"), member("lat:/api{sum,unit=1e-06}", 555000, "lat:/api"),
+      '{"name":"views","value":3,"shards":1,"auto":true,"grown":0,"shrunk":0,"policy":"thread",'
+        .. '"rolled":null}',
+      '{"name":"x{le=1}","value":2,"shards":1,"auto":true,"grown":0,"shrunk":0,"policy":"thread",'
+        .. '"rolled":null}',
+      '{"name":"big","type":"histogram","count":1,"sum":9007199254740992,'
+        .. '"sum_units":9007199254740992,"unit":1,"p50":"+Inf","p90":"+Inf","p99":"+Inf",'
+        .. '"buckets":[{"le":"10","count":0},{"le":"+Inf","count":1}]}',
+      '{"name":"idle","type":"histogram","count":0,"sum":0,"sum_units":0,"unit":0.25,'
+        .. '"p50":null,"p90":null,"p99":null,"buckets":[{"le":"1","count":0},{"le":"+Inf","count":0}]}',
+      '{"name":"lat:/api","type":"histogram","count":3,"sum":0.555,"sum_units":555000,"unit":1e-06,'
+        .. '"p50":"1","p90":"1","p99":"1",'
+        .. '"buckets":[{"le":"0.1","count":1},{"le":"1","count":3},{"le":"+Inf","count":3}]}',
+    }, ",\n") .. "\n]\n", out)
+    local doc = require("cjson").decode(out)
+    assert.equal(15, #doc)
+    assert.equal("histogram", doc[15].type)
+    assert.equal(3, doc[15].buckets[3].count)
+    -- a pattern selects histograms by their members' names, as in the table
+    out = run("ls", path, "lat:*", "--json")
+    assert.equal(5, #require("cjson").decode(out))
+    assert.matches('\n{"name":"lat:/api","type":"histogram",', out, 1, true)
+    out = run("ls", path, "views", "--json")
+    assert.equal('[\n{"name":"views","value":3,"shards":1,"auto":true,"grown":0,"shrunk":0,'
+                 .. '"policy":"thread","rolled":null}\n]\n', out)
+  end)
+
+  it("lists the histograms of a histogram family by their names", function()
+    local path = helper.tmpfile()
+    local db = assert(tally.open("file:" .. path))
+    db:family("lat:*", { histogram = { buckets = { 0.1, 1 } }, metric = "latency_seconds",
+                         labels = { "route" } })
+    for route, v in pairs({ ["/api"] = 0.05, ["/"] = 2 }) do
+      assert(assert(db:histogram("lat:" .. route)):observe(v))
+    end
+    db:close()
+    local out, err, code = run("ls", path, "lat:*")
+    assert.equal(0, code, err)
+    assert.equal(table.concat({
+      "HISTOGRAM  COUNT   SUM  P50<=  P90<=  P99<=  BUCKETS",
+      "lat:/          1     2   +Inf   +Inf   +Inf        3",
+      "lat:/api       1  0.05    0.1    0.1    0.1        3", "" }, "\n"),
+      out:match("\n\n(HISTOGRAM.*)$"))
+  end)
 end)

@@ -173,6 +173,45 @@ describe("tally.openresty in nginx, 2 workers", function()
     assert.same({}, srv.errors())
   end)
 
+  it("observes latency by route into a histogram family: its buckets, one metric, labels", function()
+    local conf, n1, n2 = nginx.example { every = 1 }, 0, 0
+    conf, n1 = conf:gsub('help = "Responses by status code" },', '%0\n'
+      .. '{ "lat:*", histogram = { buckets = { 0.005, 0.05, 0.5 } },'
+      .. ' metric = "http_request_duration_seconds", labels = { "route" },'
+      .. ' help = "Request latency by route" },', 1)
+    conf, n2 = conf:gsub('observe_latency%("http_request_duration_seconds"%)',
+      'observe_latency("lat:" .. (ngx.var.uri:find("^/page/") and "/page"'
+      .. ' or ngx.var.uri == "/metrics" and "/metrics" or "other"))', 1)
+    assert.same({ 1, 1 }, { n1, n2 })
+    srv = nginx.start { conf = conf }
+    local m = "http_request_duration_seconds"
+    local r = nginx.burst(srv.url .. "/page/[1-10]?r=[1-50]", { parallel = 16 }).wait()
+    assert.same({ [200] = 500 }, r.codes)
+    local db = store_of(srv)
+    local h = assert(db:histogram("lat:/page"))
+    assert.same({ 0.005, 0.05, 0.5 }, h.buckets)         -- the family's, not the defaults
+    assert.is_truthy(nginx.eventually(function() return h:snapshot().count == 500 end, 5),
+                     "count " .. h:snapshot().count)
+    db:close()
+    for _ = 1, 10 do                       -- on new connections: from either worker
+      local status, text = nginx.get(srv.url .. "/metrics", { close = true })
+      assert.equal(200, status, text)
+      local ok, code, out = peers.check_metrics(text)
+      assert(ok, ("promtool check metrics failed (%s):\n%s\n%s"):format(code, out, text))
+      local _, ntype = text:gsub("# TYPE " .. m .. " histogram\n", "")
+      assert.equal(1, ntype, text)
+      local les = {}
+      for le, v in text:gmatch("\n" .. m .. '_bucket{route="/page",le="([^"]+)"} (%d+)') do
+        les[#les + 1] = le
+        if le == "+Inf" then assert.equal("500", v) end
+      end
+      assert.same({ "0.005", "0.05", "0.5", "+Inf" }, les)
+      assert.matches("\n" .. m .. '_count{route="/page"} 500\n', text, 1, true)
+      assert.matches("\n" .. m .. '_sum{route="/page"} [%d.e+-]+\n', text)
+    end
+    assert.same({}, srv.errors())
+  end)
+
   it("loses nothing when reloaded (HUP) in the middle of a burst", function()
     srv = nginx.start { conf = nginx.example { every = 1 } }
     local b = nginx.burst(srv.url .. "/page/[1-300]?r=[1-100]", { parallel = 32 })

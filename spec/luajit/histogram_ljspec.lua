@@ -74,6 +74,63 @@ describe("h:observe under LuaJIT", function()
     db:close()
   end)
 
+  it("checks the handles' layout against core._ffi_info, and stays classic if it differs", function()
+    if tffi.reason then return pending("FFI off: " .. tffi.reason) end
+    local ffi = require "ffi"
+    local core = require "tally.core"
+    local info = core._ffi_info()
+    assert.equal(ffi.offsetof("struct tally_ffi_store", "key"), info.store_key)
+    assert.equal(ffi.offsetof("struct tally_ffi_store", "store"), info.store_store)
+    assert.is_true(info.store_size >= ffi.sizeof("struct tally_ffi_store"))
+    assert.equal(ffi.offsetof("struct tally_ffi_counter", "db"), info.counter_db)
+    assert.is_nil(tffi.batch_reason)
+    -- tally.ffi loaded again under a core whose handles are laid out otherwise
+    local real = core._ffi_info
+    local function load_with(change)
+      package.loaded["tally.ffi"] = nil
+      core._ffi_info = function()
+        local t = real()
+        change(t)
+        return t
+      end
+      local ok, m = pcall(require, "tally.ffi")
+      core._ffi_info, package.loaded["tally.ffi"] = real, tffi
+      assert(ok, m)
+      return m
+    end
+    local db = assert(tally.open("memory"))
+    local a, b = db:counter("a", { policy = "slot" }), db:counter("b", { policy = "slot" })
+    assert.is_true(load_with(function() end).batch_ok(db, a, b))
+    for _, change in ipairs({
+      function(t) t.store_store = t.store_store + 8 end,
+      function(t) t.store_key = 8 end,
+      function(t) t.store_size = 8 end,
+      function(t) t.counter_db = t.counter_db + 8 end,
+      function(t) t.store_store, t.store_size = nil, nil end,   -- an older core.so
+    }) do
+      local m = load_with(change)
+      assert.equal("the store handle layout does not match struct tally_ffi_store", m.batch_reason)
+      assert.is_false(m.batch_ok(db, a, b))
+      assert.is_nil(m.reason)                   -- the counters' FFI path is not concerned
+    end
+    db:close()
+  end)
+
+  it("observes into a histogram family's histograms through the FFI", function()
+    local db = assert(tally.open("memory"))
+    db:family("lat:*", { histogram = { buckets = { 0.1, 1 } }, metric = "latency_seconds",
+                         labels = { "route" }, help = "Latency" })
+    local h = assert(db:histogram("lat:/a"))
+    assert.same({ 0.1, 1 }, h.buckets)
+    assert.equal(not tffi.reason, h.ffi_ok)
+    for _, v in ipairs({ 0.05, 0.5, 5 }) do assert(h:observe(v)) end
+    local text = tally.prometheus(db)
+    assert.matches('\nlatency_seconds_bucket{route="/a",le="1"} 2\n', text, 1, true)
+    assert.matches('\nlatency_seconds_sum{route="/a"} 5.55\nlatency_seconds_count{route="/a"} 3\n',
+                   text, 1, true)
+    db:close()
+  end)
+
   it("raises for bad observations as under Lua 5.4", function()
     local db = assert(tally.open("memory"))
     local h = assert(db:histogram("h", { buckets = { 1 } }))

@@ -276,7 +276,9 @@ describe("tally.format", function()
                    err(format.prometheus, {}, { { pattern = "a", metric = "tally_value", type = "counter" } }))
       assert.equal("bad argument #2 to 'prometheus' (mapping[1].labels has 0 names but 'a*' has 1 wildcard)",
                    err(format.prometheus, {}, { { pattern = "a*", metric = "m" } }))
-      assert.equal("bad argument #2 to 'prometheus' (mapping[1].type must be 'counter', 'gauge' or 'untyped', got 'histogram')",
+      assert.equal("bad argument #2 to 'prometheus' (mapping[1].type must be 'counter', 'gauge', 'untyped' or 'histogram', got 'summary')",
+                   err(format.prometheus, {}, { { pattern = "a", metric = "m", type = "summary" } }))
+      assert.equal("bad argument #2 to 'prometheus' (mapping[1].histogram must be { buckets =, unit = } with a positive unit)",
                    err(format.prometheus, {}, { { pattern = "a", metric = "m", type = "histogram" } }))
       assert.equal("bad argument #1 to 'prometheus' (samples[1].value must be a number, got '1')",
                    err(format.prometheus, { { name = "a", value = "1" } }))

@@ -218,9 +218,12 @@ describe("tally.prometheus with histograms", function()
     local old = tally.logger()
     local logged = {}
     tally.logger(function(msg) logged[#logged + 1] = msg end)
-    local types = parse(tally.prometheus(db))
+    local types, values = parse(tally.prometheus(db))
     tally.logger(old)
-    assert.same({ tally_value = "gauge", api_latency = "histogram" }, types)
+    -- left out, and counted as a duplicate
+    assert.same({ tally_value = "gauge", api_latency = "histogram", tally_prometheus_skipped = "gauge" },
+                types)
+    assert.equal(1, values['tally_prometheus_skipped{reason="duplicate"}'])
     assert.equal(1, #logged)
     assert.matches("histogram 'tally_value' maps to the metric tally_value", logged[1], 1, true)
     db:close()

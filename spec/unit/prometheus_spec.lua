@@ -120,7 +120,7 @@ describe("tally.store", function()
                    err(function() db:family("*:*", { metric = "m", labels = { "a", "a" } }) end))
       assert.equal("bad argument #2 to 'family' (labels must be a table of label names, got 'post')",
                    bad({ metric = "m", labels = "post" }))
-      assert.equal("bad argument #2 to 'family' (type must be 'counter', 'gauge' or 'untyped', got 'summary')",
+      assert.equal("bad argument #2 to 'family' (type must be 'counter', 'gauge', 'untyped' or 'histogram', got 'summary')",
                    bad({ metric = "m", labels = { "post" }, type = "summary" }))
       assert.equal("bad argument #2 to 'family' (help must be a UTF-8 string, got 5)",
                    bad({ metric = "m", labels = { "post" }, help = 5 }))

@@ -122,6 +122,10 @@ enum { TL_CUV_STORE = 1, TL_CUV_POLICY = 2, TL_CUV_N = 2 };   /* counter */
 
 typedef struct tl_counter tl_counter;
 
+/* Under LuaJIT, lua/tally/ffi.lua reads key and store straight from the
+ * userdata (struct tally_ffi_store there; h:observe's batches); it checks
+ * their offsets and the size against core._ffi_info() (lua_counter.c) and
+ * keeps batches classic if they differ. */
 typedef struct tl_store {
   uintptr_t key;        /* (uintptr_t)self ^ TL_STORE_SALT */
   tally_store *store;   /* NULL once closed */
@@ -130,7 +134,7 @@ typedef struct tl_store {
   char spec[]; /* "memory" or "file:PATH" */
 } tl_store;
 
-/* Under LuaJIT, lua/tally/ffi.lua reads c and policy straight from the
+/* Under LuaJIT, lua/tally/ffi.lua reads c, db and policy straight from the
  * userdata (struct tally_ffi_counter there); it checks their offsets
  * against core._ffi_info() (lua_counter.c) and stays classic if they
  * differ. */

@@ -106,7 +106,12 @@ the bucket bounds that hold the 50th, 90th and 99th percentiles.
 
   --json   a JSON array, one counter per line: {"name":, "value":,
            "shards":, "policy":, "rolled": {"value":, "at":, "delta":,
-           "rate":, "count":} or null}; integers written exactly
+           "rate":, "count":} or null}, a histogram's member counters
+           with "histogram": its name; then one line per histogram:
+           {"name":, "type": "histogram", "count":, "sum":, "sum_units":,
+           "unit":, "p50":, "p90":, "p99":, "buckets": [{"le": "0.1",
+           "count":}, ... {"le": "+Inf", "count":}]} (counts cumulative);
+           integers written exactly
 
 Reads only: never creates the store or a counter, never takes the store
 lock after opening it.
@@ -462,12 +467,39 @@ _M.progress = progress
 
 local cmd = {}
 
+-- The histograms (tally.histogram.group) among names, and their names sorted.
+local function histograms_of(names)
+  local hs, hnames = tally.histogram.group(names), {}
+  for base in pairs(hs) do hnames[#hnames + 1] = base end
+  table.sort(hnames)
+  return hs, hnames
+end
+
+-- Histogram base (h from histograms_of) read from one snapshot
+-- (tally.histogram.read), or nil if it cannot be read (dropped meanwhile).
+local function read_histogram(db, base, h)
+  local snap = db:snapshot(base .. "{*}")
+  return snap and tally.histogram.read(snap, h) or nil
+end
+
+-- The upper bound of the bucket the q-quantile of r falls in, as member
+-- names write it ("+Inf" above the last bound), or "-" with no observations.
+local function quantile_text(r, q)
+  local v = tally.histogram.quantile(r, q)
+  return v == nil and "-" or v == math.huge and "+Inf" or tally.histogram.num_text(v)
+end
+
 function cmd.ls(args)
   local o, pos = parse(args, { flags = { json = true }, min = 1, max = 2 })
   if o.help then return "help" end
   local db = open(pos[1])
   local names = must(db:names(pos[2]))
   if o.json then
+    local hs, hnames = histograms_of(names)
+    local member = {}                             -- member counter -> its histogram
+    for _, base in ipairs(hnames) do
+      for _, n in ipairs(hs[base].names) do member[n] = base end
+    end
     local first = true
     out("[")
     for _, name in ipairs(names) do
@@ -475,13 +507,35 @@ function cmd.ls(args)
       if p then                                   -- else dropped meanwhile
         local r = p.rolled
         if r then r.json = jobject({ "value", "at", "delta", "rate", "count" }, r) end
+        local keys = p.auto and { "name", "value", "shards", "auto", "grown", "shrunk", "policy",
+                                  "rolled" }
+                     or { "name", "value", "shards", "policy", "rolled" }
+        if member[name] then keys[#keys + 1] = "histogram" end
         out(first and "\n" or ",\n",
-            jobject(p.auto and { "name", "value", "shards", "auto", "grown", "shrunk", "policy",
-                                 "rolled" }
-                    or { "name", "value", "shards", "policy", "rolled" },
-                    { name = p.name, value = p.value, shards = p.shards, policy = p.policy,
-                      auto = p.auto, grown = p.grown, shrunk = p.shrunk,
-                      rolled = r or { json = "null" } }))
+            jobject(keys, { name = p.name, value = p.value, shards = p.shards, policy = p.policy,
+                            auto = p.auto, grown = p.grown, shrunk = p.shrunk,
+                            rolled = r or { json = "null" }, histogram = member[name] }))
+        first = false
+      end
+    end
+    for _, base in ipairs(hnames) do               -- then each histogram, one object
+      local r = read_histogram(db, base, hs[base])
+      if r then
+        local buckets = {}
+        for i, b in ipairs(r.buckets) do
+          buckets[i] = '{"le":' .. jstr(hs[base].les[i][2]) .. ',"count":' .. jnum(b.count) .. "}"
+        end
+        local function q(x)
+          local v = quantile_text(r, x)
+          return { json = v == "-" and "null" or jstr(v) }
+        end
+        out(first and "\n" or ",\n",
+            jobject({ "name", "type", "count", "sum", "sum_units", "unit", "p50", "p90", "p99",
+                      "buckets" },
+                    { name = base, type = "histogram", count = r.count,
+                      sum = { json = common.hist_sum_text(r) }, sum_units = r.sum_units,
+                      unit = r.unit, p50 = q(0.5), p90 = q(0.9), p99 = q(0.99),
+                      buckets = { json = "[" .. concat(buckets, ",") .. "]" } }))
         first = false
       end
     end
@@ -533,22 +587,14 @@ function cmd.ls(args)
   end
   if i < CHUNK then emit(head); flush_rows() end
   -- histograms among them (tally.histogram): one line each, from one snapshot
-  local hs = tally.histogram.group(names)
-  local hnames = {}
-  for base in pairs(hs) do hnames[#hnames + 1] = base end
-  table.sort(hnames)
+  local hs, hnames = histograms_of(names)
   if #hnames > 0 then
     local rows = { { "HISTOGRAM", "COUNT", "SUM", "P50<=", "P90<=", "P99<=", "BUCKETS" } }
     for _, base in ipairs(hnames) do
-      local snap = db:snapshot(base .. "{*}")
-      if snap then
-        local r = tally.histogram.read(snap, hs[base])
-        local function q(x)
-          local v = tally.histogram.quantile(r, x)
-          return v == nil and "-" or v == math.huge and "+Inf" or tally.histogram.num_text(v)
-        end
-        rows[#rows + 1] = { base, tostring(r.count), common.hist_sum_text(r), q(0.5), q(0.9),
-                            q(0.99), tostring(#r.buckets) }
+      local r = read_histogram(db, base, hs[base])
+      if r then
+        rows[#rows + 1] = { base, tostring(r.count), common.hist_sum_text(r), quantile_text(r, 0.5),
+                            quantile_text(r, 0.9), quantile_text(r, 0.99), tostring(#r.buckets) }
       end
     end
     local w = {}
