@@ -91,6 +91,24 @@ static int create_locked(tally_store *s, const char **name, size_t *len, uint64_
   return rc;
 }
 
+/* Find name in the index or, with TALLY_COUNTER_CREATE, create it under
+ * the lock; a capped family may give its overflow counter instead (*name,
+ * *len and *hash then name it; over holds it). */
+static int find_or_create(tally_store *s, const char **name, size_t *len, uint64_t *hash,
+                          const tally_counter_options *opt, uint32_t flags, char *over,
+                          uint64_t *rec_off) {
+  int rc = tally__index_find(s, *name, *len, *hash, rec_off);
+  if (rc == TALLY_ENOENT && (flags & TALLY_COUNTER_CREATE)) {
+    if ((rc = tally__lock(s))) return rc;
+    rc = tally__index_find(s, *name, *len, *hash, rec_off);
+    if (rc == TALLY_ENOENT) rc = create_locked(s, name, len, hash, opt, over, rec_off);
+    tally__unlock(s);
+  }
+  if (rc == TALLY_ENOENT)
+    return tally__fail(TALLY_ENOENT, "no such counter '%.*s'", (int)*len, *name);
+  return rc;
+}
+
 int tally__check_name(const char *name, size_t len) {
   if (!name || len == 0 || len > TALLY_NAME_MAX || memchr(name, 0, len))
     return tally__fail(TALLY_ENAME,
@@ -138,16 +156,7 @@ int tally_counter_open(tally_store *s, const char *name, size_t len,
   char over[TALLY_NAME_MAX + 1];
   tally__grace_busy(s);
   for (int attempt = 0;; attempt++) {
-    rc = tally__index_find(s, name, len, hash, &rec_off);
-    if (rc == TALLY_ENOENT && (flags & TALLY_COUNTER_CREATE)) {
-      if ((rc = tally__lock(s))) return rc;
-      rc = tally__index_find(s, name, len, hash, &rec_off);
-      if (rc == TALLY_ENOENT)
-        rc = create_locked(s, &name, &len, &hash, opt, over, &rec_off);
-      tally__unlock(s);
-    }
-    if (rc == TALLY_ENOENT)
-      return tally__fail(TALLY_ENOENT, "no such counter '%.*s'", (int)len, name);
+    rc = find_or_create(s, &name, &len, &hash, opt, flags, over, &rec_off);
     if (rc == 0) rc = tally__rec_verify(s, rec_off);
     if (rc) return rc;
     struct tally__rec *r = tally__at(s, rec_off);
@@ -473,19 +482,11 @@ int tally_store_incr(tally_store *s, const char *name, size_t len, int64_t delta
   char over[TALLY_NAME_MAX + 1];
   uint64_t hash = tally__hash(name, len, 0), rec_off = 0, loc;
   for (int drops = 0;;) {
-    rc = tally__index_find(s, name, len, hash, &rec_off);
-    if (rc == TALLY_ENOENT && (flags & TALLY_COUNTER_CREATE)) {
-      /* no counter is left behind by an add that cannot succeed */
-      if (delta < -(INT64_C(1) << 62) || delta >= INT64_C(1) << 62)
-        return name_range_error(name, len, delta);
-      if ((rc = tally__lock(s))) return rc;
-      rc = tally__index_find(s, name, len, hash, &rec_off);
-      if (rc == TALLY_ENOENT)
-        rc = create_locked(s, &name, &len, &hash, NULL, over, &rec_off);
-      tally__unlock(s);
-    }
-    if (rc == TALLY_ENOENT)
-      return tally__fail(TALLY_ENOENT, "no such counter '%.*s'", (int)len, name);
+    /* no counter is left behind by an add that cannot succeed on it */
+    bool fits = delta >= -(INT64_C(1) << 62) && delta < INT64_C(1) << 62;
+    rc = find_or_create(s, &name, &len, &hash, NULL, fits ? flags : 0, over, &rec_off);
+    if (rc == TALLY_ENOENT && !fits && (flags & TALLY_COUNTER_CREATE))
+      return name_range_error(name, len, delta);
     if (rc) return rc;
     struct tally__rec *r = tally__at(s, rec_off);
     uint64_t cells;
