@@ -1099,12 +1099,44 @@ static void test_file_reopen_and_many(void) {
   tally_store_close(s);
 }
 
+/* The name hash places every counter in a file's index and seals its
+ * record: it is part of the file format. These are its values at format 7;
+ * a change of the hash must fail here, not in a user's old store. */
+uint64_t tally__hash(const void *data, size_t len, uint64_t seed); /* hash.c */
+
+static void test_hash_is_format(void) {
+  static const struct {
+    const char *in;
+    uint64_t want;
+  } golden[] = {
+      {"", UINT64_C(0x9ea9b34bd3d23fb8)},
+      {"a", UINT64_C(0xf173d1b64bd51110)},
+      {"ab", UINT64_C(0x16b923a1ef7538ed)},
+      {"abc", UINT64_C(0xe7c627a2e8bb4557)},
+      {"abcd", UINT64_C(0x0e6f70732150e143)},
+      {"abcde", UINT64_C(0x2193a9aa8dd2470d)},
+      {"abcdef", UINT64_C(0x9e3f496b3a629925)},
+      {"abcdefg", UINT64_C(0xff017172dce22096)},
+      {"abcdefgh", UINT64_C(0xd5136c6a34751f02)},
+      {"post:123:likes", UINT64_C(0xb93552009c5f11a2)},
+      {"http_request_duration_seconds{le=+Inf}", UINT64_C(0xfcc62dc215716c83)},
+  };
+  for (size_t i = 0; i < sizeof golden / sizeof golden[0]; i++) {
+    char buf[64];
+    size_t len = strlen(golden[i].in);
+    EXPECT(tally__hash(golden[i].in, len, 0x5eed) == golden[i].want);
+    memcpy(buf + 3, golden[i].in, len); /* unaligned: the same */
+    EXPECT(tally__hash(buf + 3, len, 0x5eed) == golden[i].want);
+  }
+}
+
 int main(void) {
   tally_store *s = NULL;
   char spec[1200];
   snprintf(g_dir, sizeof g_dir, "%s", tu_tmpdir("api"));
 
   test_errors();
+  test_hash_is_format();
   test_policies();
   test_glob();
   test_null_handles();

@@ -29,9 +29,18 @@ uint64_t tally__hash(const void *data, size_t len, uint64_t seed) {
     p += 8;
     len -= 8;
   }
-  if (len) {
-    uint64_t w = 0;
-    memcpy(&w, p, len);
+  if (len) { /* the last 1 to 7 bytes, zero-extended: what a memcpy into a
+                zeroed word gives (little-endian), without a call per name */
+    uint64_t w;
+    if (len >= 4) { /* two loads that overlap: the same bytes land twice */
+      uint32_t lo, hi;
+      memcpy(&lo, p, 4);
+      memcpy(&hi, p + len - 4, 4);
+      w = lo | (uint64_t)hi << (8 * (len - 4));
+    } else {
+      w = p[0] | (uint64_t)p[len / 2] << (8 * (len / 2)) |
+          (uint64_t)p[len - 1] << (8 * (len - 1));
+    }
     h = (h ^ tally__mix(w ^ 0xa0761d6478bd642full)) * 0x9e3779b97f4a7c15ull;
   }
   return tally__mix(h);
