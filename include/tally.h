@@ -287,7 +287,10 @@ TALLY_API int tally_counter_shards(tally_counter *c, int64_t *vals, uint32_t cap
 /* Set every shard to zero and return the amount removed. Increments that
  * race with it either land before (and are in *removed) or after (and
  * stay in the counter): none is lost or counted twice. TALLY_ERANGE if the
- * amount does not fit in int64; then nothing is removed. */
+ * amount does not fit in int64; then nothing is removed. A slot counter's
+ * shards have one writer each, so its reset reads them as a snapshot does
+ * and subtracts the amount in the caller's own shard (a batch of one: the
+ * value is the same, the shards do not all read 0). */
 TALLY_API int tally_counter_reset(tally_counter *c, int64_t *removed);
 /* Change the shard count online; the value is unchanged and concurrent
  * increments (from any thread or process) are neither lost nor doubled. */

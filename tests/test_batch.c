@@ -14,7 +14,13 @@
  *    waiting snapshot finishes within 100 ms and shows nothing of the batch,
  *    which is rolled back in the cells too; writers killed at random times
  *    never leave a half batch;
- *  - idle expiry skips slot counters; compaction keeps their values.
+ *  - idle expiry skips slot counters; compaction keeps their values;
+ *  - reset and drop race batches: a batch stores its cells' new values
+ *    rather than adding, so a reset subtracts in its own shard: two threads
+ *    batch while a third resets, and what the resets removed plus what is
+ *    left is every increment; a counter dropped under a batching process
+ *    and its space reused leaves the store whole and the new counters
+ *    exact.
  */
 #include <pthread.h>
 #include <signal.h>
@@ -490,6 +496,134 @@ static void test_expiry_and_compaction(void) {
   tally_store_close(s);
 }
 
+struct batcher {
+  tally_store *s;
+  tally_counter *c[2];
+  atomic_bool *stop;
+  long long added; /* batches acknowledged: c[0] + 1, c[1] + 2 each */
+};
+
+static void *batcher_main(void *ud) {
+  struct batcher *b = ud;
+  const int64_t d[2] = {1, 2};
+  double end = tu_now() + 10;
+  while (!atomic_load(b->stop) && tu_now() < end) {
+    int rc = tally_batch_incr(b->s, b->c, d, 2);
+    if (rc) {
+      TU_FAIL("batch: %s", tally_errmsg());
+      return NULL;
+    }
+    b->added++;
+  }
+  return NULL;
+}
+
+static void test_reset_and_drop_race(void) {
+  tally_store *s;
+  REQUIRE_OK(tally_store_open("memory", NULL, &s));
+  atomic_bool stop = false;
+  struct batcher w[2];
+  pthread_t th[2];
+  for (int t = 0; t < 2; t++) {
+    w[t] = (struct batcher){.s = s, .stop = &stop};
+    w[t].c[0] = slot_counter(s, "r:a");
+    w[t].c[1] = slot_counter(s, "r:b");
+    pthread_create(&th[t], NULL, batcher_main, &w[t]);
+  }
+  tally_counter *a = slot_counter(s, "r:a"), *b = slot_counter(s, "r:b");
+  int64_t gone_a = 0, gone_b = 0, got;
+  int resets = 0;
+  for (double end = tu_now() + 1.0; tu_now() < end; resets++) {
+    EXPECT_OK(tally_counter_reset(a, &got));
+    gone_a += got;
+    EXPECT_OK(tally_counter_reset(b, &got));
+    gone_b += got;
+  }
+  atomic_store(&stop, true);
+  for (int t = 0; t < 2; t++) pthread_join(th[t], NULL);
+  long long n = w[0].added + w[1].added;
+  EXPECT(n > 0);
+  EXPECT_I64(n, gone_a + tu_value(a));
+  EXPECT_I64(2 * n, gone_b + tu_value(b));
+  printf("reset race: %d resets of each while %lld batches landed; exact\n", resets, n);
+
+  for (int t = 0; t < 2; t++) {
+    tally_counter_close(w[t].c[0]);
+    tally_counter_close(w[t].c[1]);
+  }
+  tally_counter_close(a);
+  tally_counter_close(b);
+  tally_store_close(s);
+
+  /* dropped under a batching process (which passes grace steps itself, so
+   * its space is reused while it runs), then that space reused */
+  char spec[1200];
+  tu_spec(spec, sizeof spec, NULL, 0, g_dir, "drop.tly");
+  setenv("TALLY_GRACE_MS", "0", 1);
+  REQUIRE_OK(tally_store_open(spec, NULL, &s));
+  tally_counter_close(slot_counter(s, "d:a"));
+  tally_counter_close(slot_counter(s, "d:b"));
+  _Atomic long long *shared =
+      mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (shared == MAP_FAILED) REQUIRE_OK(TALLY_ENOMEM);
+  fflush(stdout);
+  pid_t pid = fork();
+  if (pid == 0) { /* [0] stop, [1] batches, [2] EDROPPED seen */
+    tally_store *cs;
+    tally_store_close(s); /* the parent's, copied: it would hold reuse back */
+    if (tally_store_open(spec, NULL, &cs)) _exit(2);
+    tally_counter *cc[2] = {slot_counter(cs, "d:a"), slot_counter(cs, "d:b")};
+    const int64_t d[2] = {1, 2};
+    for (long k = 0; !atomic_load(&shared[0]) && k < 50000000; k++) {
+      int rc = tally_batch_incr(cs, cc, d, 2);
+      if (rc == TALLY_EDROPPED)
+        atomic_fetch_add(&shared[2], 1);
+      else if (rc)
+        _exit(3);
+      else
+        atomic_fetch_add(&shared[1], 1);
+      if (k % 1024 == 0) (void)tally_store_maintain(cs, 0, 0, NULL);
+    }
+    _exit(0);
+  }
+  while (atomic_load(&shared[1]) < 10000) usleep(1000);
+  EXPECT_OK(tally_store_drop(s, "d:a", 3));
+  uint64_t reused0;
+  tally_store_stats st;
+  EXPECT_OK(tally_store_stats_get(s, &st));
+  reused0 = st.reused_bytes;
+  for (int i = 0; i < 200; i++) { /* reuse what the drop left */
+    char nm[32];
+    tally_counter *f;
+    usleep(500);
+    EXPECT_OK(tally_store_maintain(s, 0, 0, NULL));
+    snprintf(nm, sizeof nm, "fill:%d", i);
+    f = slot_counter(s, nm);
+    EXPECT_OK(tally_counter_incr(f, i));
+    tally_counter_close(f);
+  }
+  atomic_store(&shared[0], 1);
+  int wst;
+  waitpid(pid, &wst, 0);
+  EXPECT(WIFEXITED(wst) && WEXITSTATUS(wst) == 0);
+  EXPECT(atomic_load(&shared[2]) > 0);
+  EXPECT_OK(tally_store_stats_get(s, &st));
+  EXPECT(st.reused_bytes > reused0);
+  EXPECT_I64(0, tally_store_check(s));
+  for (int i = 0; i < 200; i++) {
+    char nm[32];
+    tally_counter *f;
+    snprintf(nm, sizeof nm, "fill:%d", i);
+    f = slot_counter(s, nm);
+    EXPECT_I64(i, tu_value(f));
+    tally_counter_close(f);
+  }
+  printf("drop race: %lld batches, %lld refused as dropped, the space reused; whole\n",
+         (long long)atomic_load(&shared[1]), (long long)atomic_load(&shared[2]));
+  munmap((void *)shared, 4096);
+  tally_store_close(s);
+}
+
 int main(void) {
   snprintf(g_dir, sizeof g_dir, "%s", tu_tmpdir("batch"));
   double t0 = tu_now();
@@ -499,6 +633,7 @@ int main(void) {
   test_processes();
   test_killed_mid_batch();
   test_expiry_and_compaction();
+  test_reset_and_drop_race();
   printf("total %.2f s\n", tu_now() - t0);
   tu_rmrf(g_dir);
   return tu_finish("test_batch");

@@ -8,7 +8,16 @@
  *
  *   1. the journal: for each counter, its cell, the cell's value before
  *      (exact: nobody else writes it) and the delta;
- *   2. seq made odd; 3. the adds; 4. seq made even.
+ *   2. seq made odd; 3. the new values stored; 4. seq made even.
+ *
+ * Step 3 stores before + delta rather than adding: a cell with one writer
+ * needs no locked add, and a locked add would wait for the journal's
+ * stores to drain. Nobody else writes such a cell: a reset of a slot
+ * counter subtracts in the resetter's own shard (tally__slot_reset), a
+ * reader rolls back only a dead writer's batch. A drop that retires the
+ * cells meanwhile may see its sentinel overwritten by that store; the
+ * increment then counts for nothing, as any racing a drop, and the column
+ * is zeroed when it is reused, after the grace period.
  *
  * A snapshot reads each slot's cells between two loads of its seq, as a
  * seqlock reader, and retries that slot if seq was odd or moved. So every
@@ -298,7 +307,7 @@ int tally_batch_incr(tally_store *s, tally_counter *const *cs, const int64_t *de
     return tally__fail(TALLY_EINVAL, "tally_batch_incr: NULL argument");
   if (n == 0) return tally__fail(TALLY_EINVAL, "tally_batch_incr: an empty batch");
   tally_counter *c[TALLY_BATCH_MAX];
-  int64_t d[TALLY_BATCH_MAX];
+  int64_t d[TALLY_BATCH_MAX], after[TALLY_BATCH_MAX];
   size_t m = 0;
   int rc;
   for (size_t i = 0; i < n; i++) { /* distinct counters, deltas summed */
@@ -347,10 +356,10 @@ int tally_batch_incr(tally_store *s, tally_counter *const *cs, const int64_t *de
     if (dropped || shards != TALLY_SLOT_SHARDS)
       return tally__fail(TALLY_EDROPPED, "counter '%s' was dropped", c[j]->name);
     _Atomic int64_t *cell = tally__cell_at(s, loc, w);
-    int64_t before = atomic_load_explicit(cell, memory_order_relaxed), after;
+    int64_t before = atomic_load_explicit(cell, memory_order_relaxed);
     if (!tally__cell_live(before))
       return tally__fail(TALLY_EDROPPED, "counter '%s' was dropped", c[j]->name);
-    if (__builtin_add_overflow(before, d[j], &after) || !tally__cell_live(after))
+    if (__builtin_add_overflow(before, d[j], &after[j]) || !tally__cell_live(after[j]))
       return tally__fail(TALLY_ERANGE,
                          "counter '%s': adding %lld would overflow its writer's shard",
                          c[j]->name, (long long)d[j]);
@@ -368,17 +377,16 @@ int tally_batch_incr(tally_store *s, tally_counter *const *cs, const int64_t *de
    * below is a release too, so seq odd is seen before any add */
   uint64_t seq = atomic_load_explicit(&sl->seq, memory_order_relaxed);
   atomic_store_explicit(&sl->seq, seq + 1, memory_order_release);
-  /* 3. the adds: this slot's cells have no other writer, so each lands on
-   * exactly `before`; a drop meanwhile retires the cell, and the add into a
-   * retired cell counts for nothing (as any increment racing a drop) */
+  /* 3. the new values: this slot's cells have no other writer, so each
+   * holds exactly `before` (see the top of this file for a racing drop) */
   int stall = stall_after();
   for (size_t j = 0; j < m; j++) {
     if (__builtin_expect(stall >= 0, 0) && (size_t)stall == j)
       for (;;) pause();
-    atomic_fetch_add_explicit(
+    atomic_store_explicit(
         (_Atomic int64_t *)tally__at(
             s, atomic_load_explicit(&sl->e[j].cell_off, memory_order_relaxed)),
-        d[j], memory_order_release); /* a reader that sees it sees seq odd */
+        after[j], memory_order_release); /* a reader that sees it sees seq odd */
   }
   /* 4. even: a reader that sees it sees every add */
   atomic_store_explicit(&sl->seq, seq + 2, memory_order_release);
@@ -503,6 +511,39 @@ static int read_slot(tally_store *s, struct tally__wslot *sl, uint32_t w, struct
     atomic_compare_exchange_strong(&sl->hold_ms, &h, 0);
   }
   return rc;
+}
+
+/* tally_counter_reset of a slot counter. Its cells take stores from their
+ * one writer (tally_batch_incr), so nobody else may change them: the value
+ * is read slot by slot as a snapshot reads it (a dead writer's batch rolled
+ * back first), and subtracted in the caller's own shard, as a batch of
+ * one. An increment that lands after its slot was read stays counted. */
+int tally__slot_reset(tally_counter *c, int64_t *removed) {
+  tally_store *s = c->s;
+  uint64_t rec_off = tally__crec(c), cells;
+  const struct tally__rec *r = tally__at(s, rec_off);
+  uint64_t loc = atomic_load_explicit(&r->loc, memory_order_acquire);
+  uint32_t shards;
+  bool dropped;
+  int rc = tally__loc_decode(s, rec_off, loc, &cells, &shards, &dropped);
+  if (rc) return rc;
+  struct snap_entry e = {.rec_off = rec_off, .loc = loc, .slot = true};
+  struct snap g = {.e = &e, .n = 1};
+  struct tally__wslot *t = slot_table(s);
+  int64_t val;
+  for (uint32_t w = 0; !dropped && t && w < TALLY_SLOT_SHARDS; w++)
+    if ((rc = read_slot(s, &t[w], w, &g, &val))) return rc;
+  if (dropped || shards != TALLY_SLOT_SHARDS || !e.slot)
+    return tally__fail(TALLY_EDROPPED, "counter '%s' was dropped", c->name);
+  if (e.total > INT64_MAX || e.total <= INT64_MIN)
+    return tally__fail(TALLY_ERANGE,
+                       "counter '%s': the amount to remove does not fit in 64 bits; "
+                       "nothing was removed",
+                       c->name);
+  int64_t minus = -(int64_t)e.total;
+  if (minus && (rc = tally_batch_incr(s, &c, &minus, 1))) return rc;
+  *removed = (int64_t)e.total;
+  return 0;
 }
 
 int tally_store_snapshot(tally_store *s, const char *pattern, size_t plen,

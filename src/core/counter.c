@@ -685,6 +685,7 @@ int tally_counter_reset(tally_counter *c, int64_t *removed) {
   int64_t total = 0, taken[TALLY_MAX_SHARDS];
   uint64_t loc = 0;
   int rc = tally__counter_live(c);
+  if (rc == 0 && c->policy == TALLY_POLICY_SLOT) return tally__slot_reset(c, removed);
   if (rc == 0) rc = tally__current(c->s, tally__crec(c), &loc);
   if (rc) return rc;
   for (uint32_t i = 0; i < tally__loc_shards(loc); i++) {

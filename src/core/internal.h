@@ -306,8 +306,9 @@ struct tally__wslot {
   uint64_t pad_[3];
   struct tally__wentry e[TALLY_BATCH_MAX];
 };
-int tally__slot_incr(tally_counter *c, int64_t delta); /* a batch of one */
-void tally__slots_release(tally_store *s);             /* this process's, at close */
+int tally__slot_incr(tally_counter *c, int64_t delta);     /* a batch of one */
+int tally__slot_reset(tally_counter *c, int64_t *removed); /* in its own shard */
+void tally__slots_release(tally_store *s);                 /* this process's, at close */
 int tally__slots_recover(tally_store *s); /* roll back dead writers' batches; locked */
 int tally__slots_copy(tally_store *from, tally_store *to); /* compaction */
 uint64_t tally__owner_of(pid_t pid, bool *zombie);         /* grace.c */
