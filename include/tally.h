@@ -276,6 +276,11 @@ TALLY_API int tally_counter_incr_shard(tally_counter *c, uint32_t shard, int64_t
  * name costs more memory than it saves time. */
 TALLY_API int tally_store_incr(tally_store *s, const char *name, size_t len,
                                int64_t delta, uint32_t flags);
+/* The exact value of counter `name` without a handle (one index lookup,
+ * then the cells); TALLY_ENOENT if there is none (an expired counter is
+ * none). */
+TALLY_API int tally_store_value(tally_store *s, const char *name, size_t len,
+                                int64_t *out);
 
 /* Exact value: the sum of all shards now. TALLY_ERANGE if the sum does not
  * fit in int64. */

@@ -1,5 +1,7 @@
 /* test_byname.c -- increments by name without a handle (tally_store_incr).
  *
+ *  - tally_store_value: the value by name, ENOENT for a dropped or expired
+ *    name;
  *  - what open + incr + close would do: create or ENOENT, the family's
  *    options and cap, the policies (key and custom refused, slot batched),
  *    range errors that create nothing, large deltas, a dropped name,
@@ -52,6 +54,12 @@ static void test_semantics(void) {
   EXPECT_OK(incr(s, "a", -2, 0));
   EXPECT_OK(incr(s, "a", INT64_C(1) << 40, 0)); /* past the fast add's range */
   EXPECT_I64(3 + (INT64_C(1) << 40), value_of(s, "a"));
+  int64_t v = 0;
+  EXPECT_OK(tally_store_value(s, "a", 1, &v));
+  EXPECT_I64(3 + (INT64_C(1) << 40), v);
+  EXPECT_RC(TALLY_ENOENT, tally_store_value(s, "nope", 4, &v));
+  EXPECT_RC(TALLY_ENAME, tally_store_value(s, "", 0, &v));
+  EXPECT_RC(TALLY_EINVAL, tally_store_value(s, "a", 1, NULL));
   /* the defaults: automatic shards, one cell to start with */
   tally_counter_info in = info_of(s, "a");
   EXPECT(in.auto_shards);
@@ -99,6 +107,7 @@ static void test_semantics(void) {
   /* dropped: gone by name, and created anew with CREATE */
   EXPECT_OK(tally_store_drop(s, "a", 1));
   EXPECT_RC(TALLY_ENOENT, incr(s, "a", 1, 0));
+  EXPECT_RC(TALLY_ENOENT, tally_store_value(s, "a", 1, &v));
   EXPECT_OK(incr(s, "a", 2, TALLY_COUNTER_CREATE));
   EXPECT_I64(2, value_of(s, "a"));
   tally_store_close(s);
@@ -118,6 +127,8 @@ static void test_expired(void) {
   EXPECT_OK(tally_store_maintain(s, 10000, 1000, &mr));
   EXPECT_OK(tally_store_maintain(s, 11000, 1000, &mr));
   EXPECT_I64(1, mr.expired);
+  int64_t v;
+  EXPECT_RC(TALLY_ENOENT, tally_store_value(s, "ex:a", 4, &v)); /* expired: none */
   EXPECT_RC(TALLY_ENOENT, incr(s, "ex:a", 1, 0));
   EXPECT_OK(incr(s, "ex:a", 9, TALLY_COUNTER_CREATE));
   EXPECT_I64(9, value_of(s, "ex:a"));
@@ -207,6 +218,9 @@ static void test_threads(void) {
     char nm[32];
     snprintf(nm, sizeof nm, "t:%d", i);
     EXPECT_I64(w[0].added[i] + w[1].added[i], value_of(s, nm));
+    int64_t v = -1;
+    EXPECT_OK(tally_store_value(s, nm, strlen(nm), &v));
+    EXPECT_I64(w[0].added[i] + w[1].added[i], v);
   }
   printf("threads: %d increments by name, %ld reshards, exact\n", 2 * PER_THREAD,
          m.moves);

@@ -286,6 +286,26 @@ describe("handle_admit = 'repeat' (the default)", function()
     assert.equal(3, db:value("x"))
   end)
 
+  it("reads a name it does not hold by name too, and caches it on its repeat", function()
+    db = assert(tally.open("memory", { handle_cache = 100 }))
+    local other = db:counter("seen", { shards = 4 })   -- cached: db:counter always caches
+    other:incr(7)
+    core._store_cache(db)[1].seen = nil                -- forgotten, as after a rotation
+    assert.equal(7, db:value("seen"))
+    assert.is_nil(cached(db, "seen"))
+    assert.same({ 1, 0 }, { door().by_name, door().admitted })
+    assert.same({ nil, "no such counter 'absent'", "ENOENT" }, { db:value("absent") })
+    assert.equal(1, door().by_name)                     -- an absent name is not marked
+    assert.equal(7, db:value("seen"))                   -- its repeat: opened and cached
+    assert.is_userdata(cached(db, "seen"))
+    assert.same({ 1, 1 }, { door().by_name, door().admitted })
+    for i = 1, 500 do db:incr("v:" .. i, i) end
+    local got = 0
+    for i = 1, 500 do got = got + db:value("v:" .. i) end   -- marked by the increments: cached now
+    assert.equal(500 * 501 // 2, got)
+    assert.equal("bad argument #1 to 'value' (name must be 1 to 255 bytes, got 0)", err(function() db:value("") end))
+  end)
+
   it("creates a new name by name with its family's options, and fails as before", function()
     db = assert(tally.open("memory"))
     db:family("r:*", { shards = 4, policy = "random" })
@@ -316,7 +336,7 @@ describe("handle_admit = 'repeat' (the default)", function()
     assert.same({ nil, "no such counter 'd'", "ENOENT" }, { db:value("d") })
     assert.is_true(db:incr("d"))
     assert.equal(1, other:value("d"))
-    assert.same({ 1, 1 }, { door().by_name, door().admitted })   -- its repeat
+    assert.same({ 1, 2 }, { door().by_name, door().admitted })   -- db:value and db:incr: its repeats
     other:close()
     db:close()
     db = nil

@@ -525,6 +525,22 @@ int tally_store_incr(tally_store *s, const char *name, size_t len, int64_t delta
   }
 }
 
+int tally_store_value(tally_store *s, const char *name, size_t len, int64_t *out) {
+  if (!s || !out) return tally__fail(TALLY_EINVAL, "tally_store_value: NULL argument");
+  int rc = tally__check_name(name, len);
+  if (rc) return rc;
+  if (!atomic_load_explicit(&s->by_name, memory_order_relaxed)) tally__grace_by_name(s);
+  char over[TALLY_NAME_MAX + 1];
+  uint64_t hash = tally__hash(name, len, 0), rec_off = 0;
+  for (int drops = 0;; drops++) {
+    rc = find_or_create(s, &name, &len, &hash, NULL, 0, over, &rec_off);
+    if (rc == 0) rc = tally__rec_value(s, rec_off, out);
+    if (rc != TALLY_EDROPPED) return rc;
+    if (drops == 8) /* dropped (or expired) under us: gone, unless made again */
+      return tally__fail(TALLY_ENOENT, "no such counter '%.*s'", (int)len, name);
+  }
+}
+
 /* ---- reading -------------------------------------------------------------- */
 
 /* Read the cells of a counter, following it through moves: *loc is where

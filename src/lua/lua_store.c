@@ -449,11 +449,51 @@ static int tl_no_such(lua_State *L, int rc) {
   return tl_fail(L, rc);
 }
 
+/* db:value(name) of a name the cache does not hold (see admission,
+ * above). Returns -1 to open, cache and read its handle, 0 with *v read by
+ * name, or the count of nil, message, code pushed. */
+static int tl_value_uncached(lua_State *L, tl_store *d, int64_t *v) {
+  size_t len;
+  const char *name = lua_tolstring(L, 2, &len);
+  tl_door *door = tl_door_of(L, tl_cache_state(L));
+  uint32_t bit;
+  int rc;
+  lua_pop(L, 1);
+  if (door == NULL) return -1;
+  bit = tl_door_bit(name, len);
+  if (door->bits[bit / 64] & (1ull << (bit % 64))) {
+    door->admitted++;
+    return -1;
+  }
+  rc = tally_store_value(d->store, name, len, v);
+  if (rc == TALLY_ENAME) return -1; /* the handle path raises as before */
+  if (rc < 0) return tl_no_such(L, rc);
+  door->by_name++;
+  door->bits[bit / 64] |= 1ull << (bit % 64);
+  if (++door->set >= TL_DOOR_FILL) tl_door_clear(door);
+  return 0;
+}
+
 static int tl_store_value(lua_State *L) {
   int64_t v;
   int rc, tries;
-  tl_tostore(L);
+  tl_store *d = tl_tostore(L);
+  tl_counter *held;
   tl_checkstring(L, 2, NULL);
+  lua_settop(L, 2);
+  tl_getuv(L, 1, TL_SUV_CACHE);
+  lua_pushvalue(L, 2);
+  lua_rawget(L, 3);
+  held = (tl_counter *)lua_touserdata(L, 4);
+  lua_settop(L, 2);
+  if ((held == NULL || held->c == NULL) && !tl_cache_promote(L)) {
+    rc = tl_value_uncached(L, d, &v); /* in neither generation */
+    if (rc == 0) {
+      tl_pushint64(L, v);
+      return 1;
+    }
+    if (rc > 0) return rc;
+  }
   lua_settop(L, 2);
   for (tries = 0;; tries++) {
     tl_counter *h;
