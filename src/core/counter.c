@@ -473,12 +473,20 @@ static int name_range_error(const char *name, size_t len, int64_t delta) {
                      (int)len, name, (long long)delta);
 }
 
+/* Before a use of name without a handle: the name checked, and this
+ * process held back from publishing itself idle (grace.c). */
+static int by_name_begin(tally_store *s, const char *name, size_t len) {
+  int rc = tally__check_name(name, len);
+  if (rc == 0 && !atomic_load_explicit(&s->by_name, memory_order_relaxed))
+    tally__grace_by_name(s);
+  return rc;
+}
+
 int tally_store_incr(tally_store *s, const char *name, size_t len, int64_t delta,
                      uint32_t flags) {
   if (!s) return tally__fail(TALLY_EINVAL, "tally_store_incr: store is NULL");
-  int rc = tally__check_name(name, len);
+  int rc = by_name_begin(s, name, len);
   if (rc) return rc;
-  if (!atomic_load_explicit(&s->by_name, memory_order_relaxed)) tally__grace_by_name(s);
   char over[TALLY_NAME_MAX + 1];
   uint64_t hash = tally__hash(name, len, 0), rec_off = 0, loc;
   for (int drops = 0;;) {
@@ -527,9 +535,8 @@ int tally_store_incr(tally_store *s, const char *name, size_t len, int64_t delta
 
 int tally_store_value(tally_store *s, const char *name, size_t len, int64_t *out) {
   if (!s || !out) return tally__fail(TALLY_EINVAL, "tally_store_value: NULL argument");
-  int rc = tally__check_name(name, len);
+  int rc = by_name_begin(s, name, len);
   if (rc) return rc;
-  if (!atomic_load_explicit(&s->by_name, memory_order_relaxed)) tally__grace_by_name(s);
   char over[TALLY_NAME_MAX + 1];
   uint64_t hash = tally__hash(name, len, 0), rec_off = 0;
   for (int drops = 0;; drops++) {

@@ -357,6 +357,28 @@ static uint32_t tl_door_bit(const char *name, size_t len) {
   return (uint32_t)(h ^ h >> 32) & (TL_DOOR_BITS - 1);
 }
 
+/* The doorkeeper's word on the name at arg 2 (len bytes) of the store at
+ * arg 1: NULL to open and cache its handle (handle_admit = "always", or
+ * the name is marked: admitted), else the doorkeeper and in *bit the
+ * name's bit, for tl_door_mark once the name was used without a handle. */
+static tl_door *tl_door_pass(lua_State *L, const char *name, size_t len, uint32_t *bit) {
+  tl_door *door = tl_door_of(L, tl_cache_state(L));
+  lua_pop(L, 1);
+  if (door == NULL) return NULL;
+  *bit = tl_door_bit(name, len);
+  if (door->bits[*bit / 64] & (1ull << (*bit % 64))) {
+    door->admitted++;
+    return NULL;
+  }
+  return door;
+}
+
+static void tl_door_mark(tl_door *door, uint32_t bit) {
+  door->by_name++;
+  door->bits[bit / 64] |= 1ull << (bit % 64);
+  if (++door->set >= TL_DOOR_FILL) tl_door_clear(door);
+}
+
 /* db:incr(name, n) (no key) of a name the cache does not hold. Returns -1
  * to open, cache and use its handle (admitted; or what only a handle
  * does: a Lua policy function, an invalid name's argument error), 0 when
@@ -364,17 +386,10 @@ static uint32_t tl_door_bit(const char *name, size_t len) {
 static int tl_incr_uncached(lua_State *L, tl_store *d, lua_Integer n) {
   size_t len;
   const char *name = lua_tolstring(L, 2, &len);
-  int st = tl_cache_state(L);
-  tl_door *door = tl_door_of(L, st);
   uint32_t bit;
+  tl_door *door = tl_door_pass(L, name, len, &bit);
   int rc;
-  lua_pop(L, 1);
   if (door == NULL) return -1;
-  bit = tl_door_bit(name, len);
-  if (door->bits[bit / 64] & (1ull << (bit % 64))) {
-    door->admitted++;
-    return -1;
-  }
   rc = tally_store_incr(d->store, name, len, (int64_t)n, 0);
   if (rc == TALLY_ENOENT) { /* create it, unless the add would fail */
     if ((rc = tl_incr_new_fails(L, d, n)) != 0) return rc;
@@ -382,9 +397,7 @@ static int tl_incr_uncached(lua_State *L, tl_store *d, lua_Integer n) {
   }
   if (rc == TALLY_EPOLICY || rc == TALLY_ENAME) return -1;
   if (rc < 0) return tl_fail(L, rc);
-  door->by_name++;
-  door->bits[bit / 64] |= 1ull << (bit % 64);
-  if (++door->set >= TL_DOOR_FILL) tl_door_clear(door);
+  tl_door_mark(door, bit);
   return 0;
 }
 
@@ -455,22 +468,14 @@ static int tl_no_such(lua_State *L, int rc) {
 static int tl_value_uncached(lua_State *L, tl_store *d, int64_t *v) {
   size_t len;
   const char *name = lua_tolstring(L, 2, &len);
-  tl_door *door = tl_door_of(L, tl_cache_state(L));
   uint32_t bit;
+  tl_door *door = tl_door_pass(L, name, len, &bit);
   int rc;
-  lua_pop(L, 1);
   if (door == NULL) return -1;
-  bit = tl_door_bit(name, len);
-  if (door->bits[bit / 64] & (1ull << (bit % 64))) {
-    door->admitted++;
-    return -1;
-  }
   rc = tally_store_value(d->store, name, len, v);
   if (rc == TALLY_ENAME) return -1; /* the handle path raises as before */
   if (rc < 0) return tl_no_such(L, rc);
-  door->by_name++;
-  door->bits[bit / 64] |= 1ull << (bit % 64);
-  if (++door->set >= TL_DOOR_FILL) tl_door_clear(door);
+  tl_door_mark(door, bit);
   return 0;
 }
 
