@@ -12,6 +12,15 @@
 --                                   db:value(name) to a store class with
 --                                   db:counter(name [, opts]) and a
 --                                   self.cache table of handles by name
+--   remote.POLICIES                 the shard policies a remote store takes
+--   remote.check_counter_opts(kind, opts, fname, narg)  shards, policy,
+--                                   create of db:counter's or db:family's
+--                                   options (kind: "redis", "firestore"),
+--                                   raising as the method's caller's error
+--   remote.ticket()                 this process's ticket, for the thread
+--                                   and round_robin policies
+--   remote.pick_shard(c, key)       the 1-based shard of counter c ({ n,
+--                                   policy, rr, nm }) an increment goes to
 --   remote.default_writer(db)       the writer id a flusher uses when none
 --                                   is given: a file:PATH store keeps a
 --                                   random one in PATH.writer (made on first
@@ -20,8 +29,9 @@
 
 local core = require "tally.core"
 local argerror = require("tally.util").argerror
+local tointeger = require("tally.compat").tointeger
 
-local type, error, tostring, setmetatable = type, error, tostring, setmetatable
+local type, error, tostring, setmetatable, pairs = type, error, tostring, setmetatable, pairs
 local fmt = string.format
 
 local _M = {}
@@ -73,6 +83,84 @@ function _M.by_name(Store)
     if not c then return nil, err, code end
     return c:value()
   end
+end
+
+_M.POLICIES = { thread = true, random = true, round_robin = true, key = true }
+local POLICIES = _M.POLICIES
+
+function _M.check_counter_opts(kind, opts, fname, narg)
+  local shards, policy, create = nil, nil, true
+  if opts == nil then return shards, policy, create end
+  if type(opts) ~= "table" then
+    argerror(narg, fname, fmt("table expected, got %s", type(opts)), 3)
+  end
+  for k, v in pairs(opts) do
+    if k == "shards" then
+      local s = tointeger(v)
+      if type(s) ~= "number" or s < 1 or s > core.MAX_SHARDS then
+        argerror(narg, fname, fmt("shards must be an integer from 1 to %d, got %s", core.MAX_SHARDS, tostring(v)), 3)
+      end
+      shards = s
+    elseif k == "policy" then
+      if type(v) == "function" then
+        argerror(narg, fname, "function policies are not supported by the " .. kind .. " store", 3)
+      end
+      if not POLICIES[v] then
+        argerror(narg, fname, fmt("policy must be thread, random, round_robin or key, got %s", tostring(v)), 3)
+      end
+      policy = v
+    elseif k == "create" and fname == "counter" then
+      create = v ~= false
+    else
+      argerror(narg, fname, fmt("unknown option '%s'%s", tostring(k),
+                fname == "family" and "; the " .. kind .. " store takes shards and policy" or ""), 3)
+    end
+  end
+  return shards, policy, create
+end
+
+local ticket
+local function get_ticket()
+  if not ticket then
+    local f = io.open("/dev/urandom", "rb")
+    local b = f and f:read(4)
+    if f then f:close() end
+    if b and #b == 4 then
+      local a, c, d, e = b:byte(1, 4)
+      ticket = ((a * 256 + c) * 256 + d) * 256 + e
+    else
+      ticket = math.random(0, 2147483646)
+    end
+  end
+  return ticket
+end
+_M.ticket = get_ticket
+
+local seeded = false
+-- Errors blame the caller of c:incr (level 3).
+function _M.pick_shard(c, key)
+  local p, n = c.policy, c.n
+  if n == 1 then return 1 end
+  if p == "thread" then return get_ticket() % n + 1 end
+  if p == "round_robin" then
+    local i = c.rr
+    c.rr = (i + 1) % n
+    return i + 1
+  end
+  if p == "key" then
+    if key == nil then
+      error(fmt("counter '%s' has the key policy: pass a key to incr", c.nm), 3)
+    end
+    if type(key) ~= "string" and type(key) ~= "number" then
+      argerror(2, "incr", "string expected, got " .. type(key), 3)
+    end
+    return require("tally.redis.store").key_shard(tostring(key), n)
+  end
+  if not seeded then
+    math.randomseed(get_ticket(), os.time())
+    seeded = true
+  end
+  return math.random(1, n)
 end
 
 local function random_id()

@@ -43,7 +43,7 @@ local check_name, glob_pattern = remote.check_name, remote.glob_pattern
 
 local _M = {}
 
-local POLICIES = { thread = true, random = true, round_robin = true, key = true }
+local POLICIES = remote.POLICIES
 local DEFAULT_POLICY = "random"          -- the seeds' policy
 local FAMILIES = "tally_families"
 
@@ -72,36 +72,6 @@ local function doc_options(doc)
 end
 _M.doc_options = doc_options
 
-local function check_counter_opts(opts, fname, narg)
-  local shards, policy, create = nil, nil, true
-  if opts == nil then return shards, policy, create end
-  if type(opts) ~= "table" then
-    argerror(narg, fname, fmt("table expected, got %s", type(opts)), 3)
-  end
-  for k, v in pairs(opts) do
-    if k == "shards" then
-      local s = tointeger(v)
-      if type(s) ~= "number" or s < 1 or s > core.MAX_SHARDS then
-        argerror(narg, fname, fmt("shards must be an integer from 1 to %d, got %s", core.MAX_SHARDS, tostring(v)), 3)
-      end
-      shards = s
-    elseif k == "policy" then
-      if type(v) == "function" then
-        argerror(narg, fname, "function policies are not supported by the firestore store", 3)
-      end
-      if not POLICIES[v] then
-        argerror(narg, fname, fmt("policy must be thread, random, round_robin or key, got %s", tostring(v)), 3)
-      end
-      policy = v
-    elseif k == "create" and fname == "counter" then
-      create = v ~= false
-    else
-      argerror(narg, fname, fmt("unknown option '%s'%s", tostring(k),
-                fname == "family" and "; the firestore store takes shards and policy" or ""), 3)
-    end
-  end
-  return shards, policy, create
-end
 
 -- options of a new counter: the newest matching family, else defaults
 local function family_options(self, name)
@@ -120,22 +90,7 @@ local function family_options(self, name)
   return best or {}
 end
 
-local ticket
-local function get_ticket()
-  if not ticket then
-    local f = io.open("/dev/urandom", "rb")
-    local b = f and f:read(4)
-    if f then f:close() end
-    if b and #b == 4 then
-      local a, c, d, e = b:byte(1, 4)
-      ticket = ((a * 256 + c) * 256 + d) * 256 + e
-      math.randomseed(ticket)
-    else
-      ticket = math.random(0, 2147483646)
-    end
-  end
-  return ticket
-end
+local get_ticket = remote.ticket
 
 local function new_counter(self, name, shards, policy)
   return setmetatable({ db = self, nm = name, n = shards, policy = policy,
@@ -145,7 +100,7 @@ end
 -- db:counter(name [, opts]) -> counter, or nil, msg, code
 function Store:counter(name, opts)
   check_name(name, "counter", 1)
-  local shards, policy, create = check_counter_opts(opts, "counter", 2)
+  local shards, policy, create = remote.check_counter_opts("firestore", opts, "counter", 2)
   local cl = live(self)
   local path = cpath(self, name)
   for _ = 1, 3 do
@@ -290,7 +245,7 @@ function Store:family(pattern, opts)
   if type(pattern) ~= "string" or pattern == "" then
     argerror(1, "family", "non-empty string expected, got " .. tostring(pattern), 2)
   end
-  local shards, policy = check_counter_opts(opts, "family", 2)
+  local shards, policy = remote.check_counter_opts("firestore", opts, "family", 2)
   local cl = live(self)
   self.fseq = (self.fseq or 0) + 1
   local seq = add(compat.mul(os.time(), 1000000), (get_ticket() % 1000) * 1000 + self.fseq % 1000)
@@ -321,27 +276,6 @@ function Store:import(text, opts) return require("tally.export").import_any(self
 
 local function cdb(self) live(self.db) return self.db end
 
-local function pick(self, key)
-  local p, n = self.policy, self.n
-  if n == 1 then return 1 end
-  if p == "thread" then return get_ticket() % n + 1 end
-  if p == "round_robin" then
-    local i = self.rr
-    self.rr = (i + 1) % n
-    return i + 1
-  end
-  if p == "key" then
-    if key == nil then
-      error(fmt("counter '%s' has the key policy: pass a key to incr", self.nm), 3)
-    end
-    if type(key) ~= "string" and type(key) ~= "number" then
-      argerror(2, "incr", "string expected, got " .. type(key), 3)
-    end
-    return require("tally.redis.store").key_shard(tostring(key), n)
-  end
-  get_ticket()
-  return math.random(1, n)
-end
 
 local function shard_write(cl, path, i, k)
   return { transform = { document = cl:name(path .. "/shards/" .. i),
@@ -357,7 +291,7 @@ local function incr(self, n, key, sign, fname)
               type(n) == "number" and tostring(n) or type(n)), 3)
   end
   if sign < 0 then k = sub(0, k) end
-  local i = pick(self, key)
+  local i = remote.pick_shard(self, key)
   local ok, err, code = db.cl:commit({ shard_write(db.cl, self.path, i - 1, k) })
   if not ok then return nil, err, code end
   return true

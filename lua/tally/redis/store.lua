@@ -33,7 +33,7 @@ local compat = require "tally.compat"
 
 local type, error, tostring, tonumber, setmetatable, pcall, ipairs, pairs =
       type, error, tostring, tonumber, setmetatable, pcall, ipairs, pairs
-local fmt, byte, sort, concat = string.format, string.byte, table.sort, table.concat
+local fmt, sort, concat = string.format, table.sort, table.concat
 local tointeger, add, sub = compat.tointeger, compat.add, compat.sub
 
 local argerror = require("tally.util").argerror
@@ -43,7 +43,6 @@ local check_name, glob_pattern = remote.check_name, remote.glob_pattern
 local _M = {}
 
 local NAMES_KEY, FAMILIES_KEY = "tally:names", "tally:families"
-local POLICIES = { thread = true, random = true, round_robin = true, key = true }
 local DEFAULT_POLICY = "thread"
 
 local function shard_key(name, i) return "tally:{" .. name .. "#" .. i .. "}" end
@@ -138,23 +137,7 @@ _M.key_shard = key_shard
 
 -- ---- helpers -------------------------------------------------------------------
 
--- This process's ticket for the thread and round_robin policies.
-local ticket
-local function get_ticket()
-  if not ticket then
-    local f = io.open("/dev/urandom", "rb")
-    local b = f and f:read(4)
-    if f then f:close() end
-    if b and #b == 4 then
-      local a, c, d, e = byte(b, 1, 4)
-      ticket = ((a * 256 + c) * 256 + d) * 256 + e
-    else
-      ticket = math.random(0, 2147483646)
-    end
-  end
-  return ticket
-end
-local seeded = false
+local get_ticket = remote.ticket -- for the thread and round_robin policies
 
 local function unsupported(what)
   return function() error(what .. " is not supported by the redis store", 2) end
@@ -204,36 +187,6 @@ local function family_options(self, name)
   return best or {}
 end
 
-local function check_counter_opts(opts, fname, narg)
-  local shards, policy, create = nil, nil, true
-  if opts == nil then return shards, policy, create end
-  if type(opts) ~= "table" then
-    argerror(narg, fname, fmt("table expected, got %s", type(opts)), 3)
-  end
-  for k, v in pairs(opts) do
-    if k == "shards" then
-      local s = tointeger(v)
-      if type(s) ~= "number" or s < 1 or s > core.MAX_SHARDS then
-        argerror(narg, fname, fmt("shards must be an integer from 1 to %d, got %s", core.MAX_SHARDS, tostring(v)), 3)
-      end
-      shards = s
-    elseif k == "policy" then
-      if type(v) == "function" then
-        argerror(narg, fname, "function policies are not supported by the redis store", 3)
-      end
-      if not POLICIES[v] then
-        argerror(narg, fname, fmt("policy must be thread, random, round_robin or key, got %s", tostring(v)), 3)
-      end
-      policy = v
-    elseif k == "create" and fname == "counter" then
-      create = v ~= false
-    else
-      argerror(narg, fname, fmt("unknown option '%s'%s", tostring(k),
-                fname == "family" and "; the redis store takes shards and policy" or ""), 3)
-    end
-  end
-  return shards, policy, create
-end
 
 local function new_counter(self, name, shards, policy)
   return setmetatable({ db = self, nm = name, n = shards, policy = policy,
@@ -243,7 +196,7 @@ end
 -- db:counter(name [, opts]) -> counter, or nil, msg, code
 function Store:counter(name, opts)
   check_name(name, "counter", 1)
-  local shards, policy, create = check_counter_opts(opts, "counter", 2)
+  local shards, policy, create = remote.check_counter_opts("redis", opts, "counter", 2)
   local mk = meta_key(name)
   local meta, err, code = cmd(self, "HMGET", mk, "shards", "policy")
   if not meta then return rfail(err, code) end
@@ -371,7 +324,7 @@ function Store:family(pattern, opts)
     argerror(1, "family", "non-empty string expected, got " .. tostring(pattern), 2)
   end
   if pattern == "#seq" then argerror(1, "family", "reserved pattern '#seq'", 2) end
-  local shards, policy = check_counter_opts(opts, "family", 2)
+  local shards, policy = remote.check_counter_opts("redis", opts, "family", 2)
   local ok, err, code = cmd(self, "EVAL", FAMILY_SCRIPT, 1, FAMILIES_KEY, pattern,
                             shards or core.DEFAULT_SHARDS, policy or DEFAULT_POLICY)
   if not ok then return rfail(err, code) end
@@ -401,30 +354,6 @@ local function cdb(self)
   return self.db
 end
 
-local function pick(self, key)
-  local p, n = self.policy, self.n
-  if n == 1 then return 1 end
-  if p == "thread" then return get_ticket() % n + 1 end
-  if p == "round_robin" then
-    local i = self.rr
-    self.rr = (i + 1) % n
-    return i + 1
-  end
-  if p == "key" then
-    if key == nil then
-      error(fmt("counter '%s' has the key policy: pass a key to incr", self.nm), 3)
-    end
-    if type(key) ~= "string" and type(key) ~= "number" then
-      argerror(2, "incr", "string expected, got " .. type(key), 3)
-    end
-    return key_shard(tostring(key), n)
-  end
-  if not seeded then
-    math.randomseed(get_ticket(), os.time())
-    seeded = true
-  end
-  return math.random(1, n)
-end
 
 local function incr(self, n, key, sign, fname)
   local db = cdb(self)
@@ -435,7 +364,7 @@ local function incr(self, n, key, sign, fname)
               type(n) == "number" and tostring(n) or type(n)), 3)
   end
   if sign < 0 then k = sub(0, k) end
-  local i = pick(self, key)
+  local i = remote.pick_shard(self, key)
   local sk = shard_key(self.nm, i - 1)
   local nrep = db.replicas
   if nrep then  -- HINCRBY then WAIT, pipelined on the shard's master
