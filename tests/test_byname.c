@@ -166,33 +166,6 @@ static void *writer_main(void *ud) {
   return NULL;
 }
 
-struct mover {
-  tally_store *s;
-  atomic_bool *stop;
-  long moves;
-};
-
-static void *mover_main(void *ud) {
-  struct mover *m = ud;
-  tally_counter *c[NAMES];
-  for (int i = 0; i < NAMES; i++) {
-    char nm[32];
-    snprintf(nm, sizeof nm, "t:%d", i);
-    REQUIRE_OK(tu_counter(m->s, nm, 0, -1, 0, &c[i]));
-  }
-  double end = tu_now() + 20;
-  for (int round = 0; !atomic_load(m->stop) && tu_now() < end; round++) {
-    for (int i = round % 2; i < NAMES; i += 2) {
-      if (tally_counter_reshard(c[i], round % 4 < 2 ? 3 : 1))
-        TU_FAIL("reshard: %s", tally_errmsg());
-      m->moves++;
-    }
-    EXPECT_OK(tally_store_maintain(m->s, 0, 0, NULL));
-  }
-  for (int i = 0; i < NAMES; i++) tally_counter_close(c[i]);
-  return NULL;
-}
-
 static void test_threads(void) {
   char spec[1200];
   tally_store *s;
@@ -206,9 +179,9 @@ static void test_threads(void) {
   }
   atomic_bool stop = false;
   struct writer w[2] = {{.s = s, .seed = 3, .only = -1}, {.s = s, .seed = 5, .only = -1}};
-  struct mover m = {.s = s, .stop = &stop};
+  struct tu_mover m = {.s = s, .prefix = "t:", .n = NAMES, .stop = &stop};
   pthread_t th[3];
-  pthread_create(&th[2], NULL, mover_main, &m);
+  pthread_create(&th[2], NULL, tu_mover_main, &m);
   for (int t = 0; t < 2; t++) pthread_create(&th[t], NULL, writer_main, &w[t]);
   for (int t = 0; t < 2; t++) pthread_join(th[t], NULL);
   atomic_store(&stop, true);
@@ -317,10 +290,7 @@ static void test_processes(void) {
     total += tu_value(c[i]);
     tally_counter_close(c[i]);
   }
-  atomic_fetch_add(&tu_checks, 1);
-  if (total < want || total > want + 1)
-    TU_FAIL("total %lld, acknowledged %lld (at most one more may land)", (long long)total,
-            (long long)want);
+  tu_expect_acked(total, want);
   for (int r = 0; r < round; r++) {
     char nm[32];
     snprintf(nm, sizeof nm, "fill:%d", r);

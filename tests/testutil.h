@@ -144,6 +144,49 @@ static inline uint64_t tu_rng(uint64_t *s) { /* xorshift64* */
   return x * 2685821657736338717ull;
 }
 
+/* A thread that moves counters PREFIX0..PREFIX(n-1) under their writers:
+ * every third one resharded back and forth (1 shard, then 2 to 8), a
+ * grace step after each round, until *stop (at most 20 s). */
+struct tu_mover {
+  tally_store *s;
+  const char *prefix;
+  int n;
+  atomic_bool *stop;
+  long moves;
+};
+
+static inline void *tu_mover_main(void *ud) {
+  struct tu_mover *m = ud;
+  tally_counter **c = calloc((size_t)m->n, sizeof *c);
+  if (!c) return NULL;
+  for (int i = 0; i < m->n; i++) {
+    char nm[64];
+    snprintf(nm, sizeof nm, "%s%d", m->prefix, i);
+    REQUIRE_OK(tu_counter(m->s, nm, 0, -1, 0, &c[i]));
+  }
+  double end = tu_now() + 20;
+  for (int round = 0; !atomic_load(m->stop) && tu_now() < end; round++) {
+    for (int i = 0; i < m->n; i += 3) {
+      if (tally_counter_reshard(c[i], round % 2 ? 1 : 2 + (uint32_t)(i % 7)))
+        TU_FAIL("reshard: %s", tally_errmsg());
+      m->moves++;
+    }
+    EXPECT_OK(tally_store_maintain(m->s, 0, 0, NULL));
+  }
+  for (int i = 0; i < m->n; i++) tally_counter_close(c[i]);
+  free(c);
+  return NULL;
+}
+
+/* Every acknowledged increment counted, and at most one more: a process
+ * killed between its add and its acknowledgement. */
+static inline void tu_expect_acked(int64_t total, int64_t acked) {
+  atomic_fetch_add(&tu_checks, 1);
+  if (total < acked || total > acked + 1)
+    TU_FAIL("total %lld, acknowledged %lld (at most one more may land)", (long long)total,
+            (long long)acked);
+}
+
 static inline int tu_finish(const char *name) {
   int f = atomic_load(&tu_failures);
   printf("%s: %d checks, %d failures: %s\n", name, atomic_load(&tu_checks), f,
