@@ -11,10 +11,12 @@
  *                                     own lines
  *   bench_tally many PATH K SECS REPS T  random increments over K counters
  *                                     (memory store; 16 shards, then 1, then
- *                                     the 1-shard ones as a tally_vector), 1,
- *                                     2 and T threads, against a shared
- *                                     atomic array of K words and one shared
- *                                     atomic; every repetition's figure; and
+ *                                     both again as tally_vectors, then by
+ *                                     name), 1, 2 and T threads, against a
+ *                                     shared atomic array of K words, an
+ *                                     array per thread (ideal cells) and one
+ *                                     shared atomic; every repetition's
+ *                                     figure; and
  *                                     bytes per counter of a file store of K
  *                                     counters at PATH, file size and live
  *                                     arena bytes ("memory": skipped)
@@ -432,29 +434,35 @@ static int cmd_open(const char *path) {
 
 /* Random increments over K counters: each thread draws an index with its
  * own xorshift and adds 1 there, through tally handles (16 shards, then 1;
- * thread policy; a memory store), through a tally_vector of the 1-shard
- * counters (by index, as the array), by name without a handle
- * (tally_store_incr), or into a plain array of K atomic words
- * shared by all threads. The RNG and the loop are the same for every kind;
- * one shared atomic draws the indexes too and ignores them. */
+ * thread policy; a memory store), through tally_vectors of the same
+ * counters (by index, as the array; a 16-shard counter's thread adds to
+ * its ticket's shard), by name without a handle (tally_store_incr), into a
+ * plain array of K atomic words shared by all threads, or into an array of
+ * K words of the thread's own (ideal cells: what sharding can reach). The
+ * RNG and the loop are the same for every kind; one shared atomic draws
+ * the indexes too and ignores them. */
 enum {
   MANY_TALLY16,
   MANY_TALLY1,
   MANY_VECTOR1,
+  MANY_VECTOR16,
   MANY_BYNAME1,
   MANY_ARRAY,
+  MANY_ROWS,
   MANY_ATOMIC,
   MANY_N
 };
-static const char *many_names[] = {"tally16", "tally1", "vector1",
-                                   "byname1", "array",  "atomic"};
+static const char *many_names[] = {"tally16", "tally1", "vector1", "vector16",
+                                   "byname1", "array",  "rows",    "atomic"};
 
 static struct {
   tally_counter **cs[2]; /* handles: [0] 16 shards, [1] 1 shard */
-  tally_vector *vec;     /* the 1-shard counters again, as a vector */
+  tally_vector *vec[2];  /* the 16-shard, then the 1-shard counters again,
+                           as vectors */
   tally_store *s1;       /* their store, for increments by name */
   char (*names)[16];     /* "m:I", built once */
   _Atomic int64_t *arr;
+  _Atomic int64_t *rows[MAX_THREADS]; /* ideal cells: an array per thread */
   uint64_t k;
   _Alignas(64) _Atomic int64_t one;
 } M;
@@ -480,8 +488,9 @@ static void *many_main(void *arg) {
     LOOP(if (tally_counter_incr(cs[pick(&x, k)], 1) != 0) abort());
     break;
   }
-  case MANY_VECTOR1: {
-    tally_vector *v = M.vec;
+  case MANY_VECTOR1:
+  case MANY_VECTOR16: {
+    tally_vector *v = M.vec[w->impl == MANY_VECTOR1];
     LOOP(if (tally_vector_incr(v, pick(&x, k), 1) != 0) abort());
     break;
   }
@@ -494,6 +503,11 @@ static void *many_main(void *arg) {
   }
   case MANY_ARRAY: {
     _Atomic int64_t *a = M.arr;
+    LOOP(atomic_fetch_add_explicit(&a[pick(&x, k)], 1, memory_order_relaxed));
+    break;
+  }
+  case MANY_ROWS: {
+    _Atomic int64_t *a = M.rows[w->id];
     LOOP(atomic_fetch_add_explicit(&a[pick(&x, k)], 1, memory_order_relaxed));
     break;
   }
@@ -579,17 +593,22 @@ static int cmd_many(const char *path, uint64_t k, double secs, int reps, int nth
     if ((rc = tally_store_open("memory", NULL, &s[j]))) die("open", rc);
     many_create(s[j], k, shards[j], what, &M.cs[j]);
   }
-  /* the same 1-shard counters (and cells) by index: a vector increment
-   * reads a 4-byte slot, not the handle (a 16-shard counter's would go
-   * through its handle) */
-  if ((rc = tally_vector_new(s[1], k, &M.vec))) die("vector", rc);
-  for (uint64_t i = 0; i < k; i++) {
-    char name[32];
-    int len = snprintf(name, sizeof name, "m:%llu", (unsigned long long)i);
-    progress("a vector of the 1-shard counters", (long)i, (long)k);
-    if ((rc = tally_vector_open(M.vec, i, name, (size_t)len, NULL, 0))) die("vector", rc);
+  /* the same counters (and cells) by index: a vector increment reads a
+   * 4-byte slot, not the handle; a 16-shard counter's then adds to the row
+   * of the thread's ticket */
+  for (int j = 0; j < 2; j++) {
+    const char *what =
+        j ? "a vector of the 1-shard counters" : "a vector of the 16-shard counters";
+    if ((rc = tally_vector_new(s[j], k, &M.vec[j]))) die("vector", rc);
+    for (uint64_t i = 0; i < k; i++) {
+      char name[32];
+      int len = snprintf(name, sizeof name, "m:%llu", (unsigned long long)i);
+      progress(what, (long)i, (long)k);
+      if ((rc = tally_vector_open(M.vec[j], i, name, (size_t)len, NULL, 0)))
+        die("vector", rc);
+    }
+    progress(what, (long)k, (long)k);
   }
-  progress("a vector of the 1-shard counters", (long)k, (long)k);
   M.s1 = s[1];
   if (!(M.names = malloc(k * sizeof *M.names))) oom();
   for (uint64_t i = 0; i < k; i++)
@@ -598,6 +617,10 @@ static int cmd_many(const char *path, uint64_t k, double secs, int reps, int nth
   M.arr = malloc(k * sizeof *M.arr);
   if (!M.arr) oom();
   for (uint64_t i = 0; i < k; i++) atomic_init(&M.arr[i], 1); /* resident, as tally's */
+  for (int t = 0; t < nthreads; t++) {
+    if (!(M.rows[t] = malloc(k * sizeof *M.rows[t]))) oom();
+    for (uint64_t i = 0; i < k; i++) atomic_init(&M.rows[t][i], 1);
+  }
   /* repetitions outermost: drift on a noisy machine hits every kind alike */
   for (int r = 0; r < reps; r++)
     for (int t = 1; t <= nthreads; t = t < 2 ? 2 : t < nthreads ? nthreads : t + 1)
@@ -606,7 +629,9 @@ static int cmd_many(const char *path, uint64_t k, double secs, int reps, int nth
         printf("RESULT many.%s.%dt %.0f\n", many_names[kind], t, v);
         fflush(stdout);
       }
-  tally_vector_free(M.vec);
+  for (int t = 0; t < nthreads; t++) free(M.rows[t]);
+  tally_vector_free(M.vec[0]);
+  tally_vector_free(M.vec[1]);
   free(M.names);
   for (int j = 0; j < 2; j++) {
     for (uint64_t i = 0; i < k; i++) tally_counter_close(M.cs[j][i]);

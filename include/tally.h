@@ -362,10 +362,14 @@ TALLY_API int tally_store_sum(tally_store *s, const char *pattern, size_t plen,
  * index. For counters of one shard (automatic ones while they have one)
  * under the thread or random policy, an increment reads a 4-byte word per
  * slot and adds to the cell: about one cache miss on a cold counter, where
- * a handle costs two (the handle, then the cell). Other counters go
- * through their handle. Increments may run in any number of threads at
- * once; put, open and free must not run concurrently with other calls on
- * the same vector. Free the vector before closing its store. */
+ * a handle costs two (the handle, then the cell). The same holds for
+ * thread-policy counters of one more shard count, the first the vector
+ * meets: an increment adds to the shard of the caller's ticket, so with a
+ * shard per writer no two writers share a cell's line. Other counters, and
+ * cells past the store's first 8 GiB, go through their handle. Increments
+ * may run in any number of threads at once; put, open and free must not
+ * run concurrently with other calls on the same vector. Free the vector
+ * before closing its store. */
 typedef struct tally_vector tally_vector;
 
 TALLY_API int tally_vector_new(tally_store *s, size_t n, tally_vector **out);
@@ -383,6 +387,10 @@ TALLY_API size_t tally_vector_size(const tally_vector *v);
 /* tally_counter_incr on slot i's counter, with the same results;
  * TALLY_EINVAL if i is out of range, TALLY_ENOENT if the slot is empty. */
 TALLY_API int tally_vector_incr(tally_vector *v, size_t i, int64_t delta);
+/* 1 if slot i's next increment takes the one-miss path above, 0 if it
+ * goes through the handle (an empty slot, another policy or shard count,
+ * a counter moved since its last increment; out of range: 0). */
+TALLY_API int tally_vector_fast(const tally_vector *v, size_t i);
 /* Close every handle in v and free it; NULL is allowed. */
 TALLY_API void tally_vector_free(tally_vector *v);
 

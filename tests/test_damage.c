@@ -71,7 +71,7 @@ static void names_in(const char *spec) {
   EXPECT_RC(TALLY_ENOENT, tu_counter(s, "big:163384", 0, -1, 0, &c));
   /* each new counter is the newest record: look up longer absent names */
   uint64_t rng = 42;
-  char name[300], probe[300];
+  char name[300], probe[340]; /* probe: name and a suffix */
   int bad = 0, made = 0;
   for (int i = 0; i < 600; i++) {
     int len = 1 + (int)(tu_rng(&rng) % 40);

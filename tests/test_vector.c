@@ -10,12 +10,17 @@
  *    and automatic counters while a third reshards them back and forth
  *    and runs grace steps; an automatic counter hammered through a vector
  *    grows;
+ *  - rows: thread-policy counters of one more shard count take the fast
+ *    path (the first count the vector meets, not another); each writer's
+ *    adds land in its ticket's shard; exact while a mover reshards them to
+ *    other counts, 1, and back;
  *  - an expired counter comes back through its slot;
  *  - two processes on a file store, one SIGKILLed mid-run, while the parent
  *    reshards: every acknowledged increment is there (at most one more per
  *    killed process).
  */
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <sys/mman.h>
@@ -330,6 +335,121 @@ static void test_auto_grows(void) {
   tally_store_close(s);
 }
 
+/* ---- rows: multi-shard counters ------------------------------------------- */
+
+enum { RSLOTS = 40, RWRITERS = 4, RSOLO = 1000, RPER = 100000 };
+
+struct rwriter {
+  tally_vector *v;
+  uint64_t seed;
+  atomic_bool *go;
+  int64_t added[RSLOTS];
+};
+
+/* RSOLO adds to slot 0, then random ones over the others once go is set. */
+static void *rows_main(void *ud) {
+  struct rwriter *w = ud;
+  for (int n = 0; n < RSOLO; n++)
+    if (tally_vector_incr(w->v, 0, 1) != 0) TU_FAIL("incr 0: %s", tally_errmsg());
+  while (!atomic_load(w->go)) sched_yield();
+  for (int n = 0; n < RPER; n++) {
+    size_t i = 1 + (size_t)(tu_rng(&w->seed) % (RSLOTS - 1));
+    if (tally_vector_incr(w->v, i, 1) != 0) {
+      TU_FAIL("incr %zu: %s", i, tally_errmsg());
+      return NULL;
+    }
+    w->added[i]++;
+  }
+  return NULL;
+}
+
+static void test_rows(void) {
+  tally_store *s = open_file("rows.tly", "100"); /* see test_threads */
+  tally_vector *v, *other;
+
+  /* a vector takes the first multi-shard count it meets, and only that */
+  REQUIRE_OK(tally_vector_new(s, 4, &other));
+  EXPECT_OK(vopen(other, 0, "o:eight", 8, TALLY_POLICY_THREAD));
+  EXPECT_OK(vopen(other, 1, "o:four", 4, TALLY_POLICY_THREAD));
+  EXPECT_OK(vopen(other, 2, "o:random", 8, TALLY_POLICY_RANDOM));
+  EXPECT_OK(vopen(other, 3, "o:one", 1, TALLY_POLICY_THREAD));
+  EXPECT(tally_vector_fast(other, 0));
+  EXPECT(!tally_vector_fast(other, 1));
+  EXPECT(!tally_vector_fast(other, 2));
+  EXPECT(tally_vector_fast(other, 3));
+  EXPECT(!tally_vector_fast(other, 4));
+  EXPECT(!tally_vector_fast(NULL, 0));
+  for (size_t i = 0; i < 4; i++)
+    for (int n = 0; n < 100; n++) EXPECT_OK(tally_vector_incr(other, i, 2));
+  EXPECT_I64(200, value_of(s, "o:eight"));
+  EXPECT_I64(200, value_of(s, "o:four"));
+  EXPECT_I64(200, value_of(s, "o:random"));
+  EXPECT_I64(200, value_of(s, "o:one"));
+  tally_vector_free(other);
+
+  REQUIRE_OK(tally_vector_new(s, RSLOTS, &v));
+  for (int i = 0; i < RSLOTS; i++) {
+    char nm[32];
+    snprintf(nm, sizeof nm, "r:%d", i);
+    REQUIRE_OK(vopen(v, (size_t)i, nm, RWRITERS, TALLY_POLICY_THREAD));
+  }
+  EXPECT(tally_vector_fast(v, 0));
+
+  /* one writer per shard: each writer's adds are all in its own shard */
+  atomic_bool go = false, stop = false;
+  struct rwriter w[RWRITERS];
+  pthread_t th[RWRITERS + 1];
+  for (int t = 0; t < RWRITERS; t++) {
+    memset(&w[t], 0, sizeof w[t]);
+    w[t].v = v;
+    w[t].seed = 17 + (uint64_t)t;
+    w[t].go = &go;
+    pthread_create(&th[t], NULL, rows_main, &w[t]);
+  }
+  for (int t = 0; t < 100 && value_of(s, "r:0") < RWRITERS * RSOLO; t++) usleep(10000);
+  int64_t sh[RWRITERS];
+  uint32_t nsh = 0;
+  EXPECT_OK(tally_counter_shards(tally_vector_get(v, 0), sh, RWRITERS, &nsh));
+  EXPECT_I64(RWRITERS, nsh);
+  for (int k = 0; k < RWRITERS; k++) EXPECT_I64(RSOLO, sh[k]);
+  EXPECT(tally_vector_fast(v, 0));
+
+  /* then random adds while a mover reshards every third counter to 1 or to
+   * 2..8 shards and back: a slot must never name rows its counter lacks */
+  struct tu_mover m = {.s = s, .prefix = "r:", .n = RSLOTS, .stop = &stop};
+  pthread_create(&th[RWRITERS], NULL, tu_mover_main, &m);
+  atomic_store(&go, true);
+  for (int t = 0; t < RWRITERS; t++) pthread_join(th[t], NULL);
+  atomic_store(&stop, true);
+  pthread_join(th[RWRITERS], NULL);
+  EXPECT(m.moves > 0);
+  for (int i = 1; i < RSLOTS; i++) {
+    char nm[32];
+    int64_t want = 0;
+    for (int t = 0; t < RWRITERS; t++) want += w[t].added[i];
+    snprintf(nm, sizeof nm, "r:%d", i);
+    EXPECT_I64(want, value_of(s, nm));
+  }
+
+  /* a counter resharded to another count leaves the fast path; back to
+   * RWRITERS shards, or to one, it takes it again */
+  tally_counter *c;
+  REQUIRE_OK(tu_counter(s, "r:5", 0, -1, 0, &c));
+  static const uint32_t shapes[] = {2, RWRITERS, 3, 1, 16, RWRITERS};
+  int64_t before = value_of(s, "r:5");
+  for (size_t k = 0; k < sizeof shapes / sizeof *shapes; k++) {
+    EXPECT_OK(tally_counter_reshard(c, shapes[k]));
+    EXPECT_OK(tally_vector_incr(v, 5, 1));
+    EXPECT_I64(shapes[k] == 1 || shapes[k] == RWRITERS, tally_vector_fast(v, 5));
+  }
+  EXPECT_I64(before + 6, value_of(s, "r:5"));
+  tally_counter_close(c);
+  printf("rows: %d writers, %ld reshards, exact\n", RWRITERS, m.moves);
+  EXPECT_I64(0, tally_store_check(s));
+  tally_vector_free(v);
+  tally_store_close(s);
+}
+
 /* ---- processes ------------------------------------------------------------- */
 
 enum { PSLOTS = 1000 };
@@ -418,6 +538,7 @@ int main(void) {
   test_expired();
   test_threads();
   test_auto_grows();
+  test_rows();
   test_processes();
   tu_rmrf(g_dir);
   return tu_finish("test_vector");

@@ -363,7 +363,7 @@ static int add(tally_counter *c, enum pick how, const void *key, size_t klen,
     int rc = cell_add(cell, delta);
     if (__builtin_expect(rc == 0, 1)) {
       if ((c->fast & 2) && how == PICK_POLICY &&
-          tally__sample_due(atomic_load_explicit(cell, memory_order_relaxed)))
+          tally__sample_due(atomic_load_explicit(cell, memory_order_relaxed), cell))
         return tally__auto_sample(c, loc);
       return 0;
     }
@@ -413,7 +413,7 @@ int tally_counter_incr(tally_counter *c, int64_t delta) {
     _Atomic int64_t *cell = tally__cell_in(c->base, loc, i);
     int64_t old = atomic_fetch_add_explicit(cell, delta, memory_order_relaxed);
     if (__builtin_expect(tally__cell_live(old) && tally__cell_live(old + delta), 1)) {
-      if (__builtin_expect((fast & 2) && tally__sample_due(old), 0))
+      if (__builtin_expect((fast & 2) && tally__sample_due(old, cell), 0))
         return tally__auto_sample(c, loc); /* a tail call: no registers saved */
       return 0;
     }
@@ -516,7 +516,7 @@ int tally_store_incr(tally_store *s, const char *name, size_t len, int64_t delta
     int added = cell_add(cell, delta);
     if (__builtin_expect(added == 0, 1)) {
       if ((atomic_load_explicit(&r->flags, memory_order_relaxed) & TALLY__REC_AUTO) &&
-          tally__sample_due(atomic_load_explicit(cell, memory_order_relaxed)))
+          tally__sample_due(atomic_load_explicit(cell, memory_order_relaxed), cell))
         sample_by_handle(s, name, len, loc);
       return 0;
     }

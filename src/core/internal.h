@@ -547,12 +547,14 @@ int tally__counter_live(tally_counter *c);
 /* ---- autoshard.c ---- */
 /* About one increment in 256 of an auto counter (tally__sample_due). */
 int tally__auto_sample(tally_counter *c, uint64_t loc); /* returns 0 */
-/* Should an automatic counter's increment that saw `old` sample for
- * contention? About one in 256, decided by the value (Fibonacci hashing:
- * consecutive values spread evenly), so the fast path touches no memory
- * but the cell: only registers after its atomic add. */
-static inline bool tally__sample_due(int64_t old) {
-  return ((uint64_t)old * 0x9E3779B97F4A7C15ull) >> 56 == 0;
+/* Should an automatic counter's increment that saw `old` in `cell` sample
+ * for contention? About one in 256, decided by the value (Fibonacci
+ * hashing: consecutive values spread evenly), so the fast path touches no
+ * memory but the cell: only registers after its atomic add. The cell's
+ * address shifts each counter's phase: counters incremented evenly would
+ * otherwise all come due at once, and every increment would sample then. */
+static inline bool tally__sample_due(int64_t old, const void *cell) {
+  return (((uint64_t)old + ((uintptr_t)cell >> 3)) * 0x9E3779B97F4A7C15ull) >> 56 == 0;
 }
 /* upkeep: shrink an auto counter back to one cell once quiet */
 int tally__auto_upkeep(tally_store *s, uint64_t rec_off);

@@ -2,23 +2,32 @@
  *
  * A random increment through a handle on a cold counter costs two
  * dependent misses: the handle, then its cell. A vector keeps, per slot,
- * the 32-bit cell offset of a one-shard counter (loc >> 32) in one dense
- * array, so an increment reads four bytes of that array and then adds to
- * the cell: the pattern of a plain array of atomics, with a word per
- * counter instead of a cell. The handles stay beside it for everything
- * else (the slow path, reads, moves).
+ * the cell offset of the counter in one dense array of 32-bit words, so an
+ * increment reads four bytes of that array and then adds to the cell: the
+ * pattern of a plain array of atomics, with a word per counter instead of
+ * a cell. The handles stay beside it for everything else (the slow path,
+ * reads, moves).
  *
- * A slot holds 0 (take the handle's path) or the offset of the cell its
- * handle points at now: whoever changes a handle's loc clears the slot
- * (tally__handle_set_loc), and cache() stores the slot and then checks
- * loc again, clearing it if loc moved meanwhile. The grace step points
- * handles away from retired cells, so it clears their slots too before it
- * publishes its epoch: a slot never outlives the cells it names. A cell
- * retired by a move is met on the fast path as the handle's path meets it
- * (its add does not count) and the increment goes through the handle.
+ * A slot word is 0 (take the handle's path), or the offset in words of
+ * the counter's first cell, below 2^30 (8 GiB), and two flags:
+ *  - ROWS: a thread-policy counter of `rows` shards. The increment adds
+ *    to the row of the caller's ticket, as the handle's would. Writers on
+ *    different rows touch different lines, so with a shard per writer the
+ *    cells never bounce between cores, where an array's do. A vector
+ *    learns `rows` from the first such counter it caches.
+ *  - AUTO: automatic shards. One add in 256 samples for contention
+ *    through the handle; other counters never read it on this path.
+ * Counters of other shard counts or policies (one-shard random ones
+ * aside), and cells past 8 GiB, keep slot 0: their increments are the
+ * handle's.
  *
- * Counters of more than one shard, and policies other than thread and
- * random, keep slot 0: their increments are the handle's.
+ * Whoever changes a handle's loc clears its slot (tally__handle_set_loc),
+ * and cache() stores the slot and then checks loc again, clearing it if
+ * loc moved meanwhile. The grace step points handles away from retired
+ * cells, so it clears their slots too before it publishes its epoch: a
+ * slot never outlives the cells it names. A cell retired by a move is met
+ * on the fast path as the handle's path meets it (its add does not count)
+ * and the increment goes through the handle.
  */
 #include "internal.h"
 
@@ -27,9 +36,11 @@
 struct tally_vector {
   /* what an increment reads, one line */
   unsigned char *base;    /* the store's mapping (fixed for its life) */
-  _Atomic uint32_t *cell; /* per slot: the cell's offset in words, or 0 */
+  _Atomic uint32_t *cell; /* per slot: see above */
   size_t n;
-  tally_counter **c; /* per slot: the handle, or NULL */
+  _Atomic uint32_t rows; /* shard count of the rows slots name, 0: none yet */
+  uint64_t store_id;     /* s->id, for the ticket check */
+  tally_counter **c;     /* per slot: the handle, or NULL */
   tally_store *s;
 };
 
@@ -41,6 +52,8 @@ int tally_vector_new(tally_store *s, size_t n, tally_vector **out) {
   if (!v) return tally__fail(TALLY_ENOMEM, "out of memory");
   v->base = s->base;
   v->n = n;
+  atomic_init(&v->rows, 0);
+  v->store_id = s->id;
   v->s = s;
   v->cell = calloc(n, sizeof *v->cell);
   v->c = calloc(n, sizeof *v->c);
@@ -54,16 +67,31 @@ int tally_vector_new(tally_store *s, size_t n, tally_vector **out) {
   return 0;
 }
 
-/* Slot i caches c's cell if an increment there is a plain add: one shard,
- * a policy that picks shard 0 then, the counter there. */
+#define ROWS_BIT (UINT32_C(1) << 31)
+#define AUTO_BIT (UINT32_C(1) << 30)
+#define OFF_MASK (AUTO_BIT - 1)
+
+/* The slot word for a handle at loc, or 0: one shard under the thread or
+ * random policy, or `rows` shards under the thread policy. */
+static uint32_t slot_word(tally_vector *v, const tally_counter *c, uint64_t loc) {
+  uint64_t off = loc >> 32;
+  uint32_t n = tally__loc_shards(loc), rows = 0;
+  uint32_t w = (uint32_t)off | (c->fast & 2 ? AUTO_BIT : 0);
+  if (c->fast >= 4 || atomic_load(&c->gone) || (loc & TALLY__LOC_DROPPED) ||
+      off > OFF_MASK)
+    return 0;
+  if (n == 1) return w;
+  if (c->fast & 1) return 0; /* random over several shards: the handle's */
+  if (!atomic_compare_exchange_strong(&v->rows, &rows, n) && rows != n) return 0;
+  return w | ROWS_BIT;
+}
+
+/* Slot i caches c's cell(s) if an increment there is a plain add. */
 static void cache(tally_vector *v, size_t i) {
   tally_counter *c = v->c[i];
   uint64_t loc = atomic_load(&c->loc);
-  uint32_t w = 0;
-  if (c->fast < 4 && !atomic_load(&c->gone) && tally__loc_shards(loc) == 1 &&
-      !(loc & TALLY__LOC_DROPPED))
-    w = (uint32_t)(loc >> 32);
-  if (!w) { /* a multi-shard counter comes here on every increment */
+  uint32_t w = slot_word(v, c, loc);
+  if (!w) { /* a counter the slot cannot name comes here on every increment */
     if (atomic_load_explicit(&v->cell[i], memory_order_relaxed))
       atomic_store(&v->cell[i], 0);
     return;
@@ -124,6 +152,10 @@ tally_counter *tally_vector_get(const tally_vector *v, size_t i) {
   return v && i < v->n ? v->c[i] : NULL;
 }
 
+int tally_vector_fast(const tally_vector *v, size_t i) {
+  return v && i < v->n && atomic_load_explicit(&v->cell[i], memory_order_relaxed) != 0;
+}
+
 size_t tally_vector_size(const tally_vector *v) {
   return v ? v->n : 0;
 }
@@ -154,7 +186,6 @@ __attribute__((noinline)) static int incr_slow(tally_vector *v, size_t i, int64_
  * samples for contention as its handle's increment would. */
 __attribute__((noinline)) static int sampled(tally_vector *v, size_t i) {
   tally_counter *c = v->c[i];
-  if (!(c->fast & 2)) return 0;
   int rc = tally__auto_sample(c, atomic_load_explicit(&c->loc, memory_order_acquire));
   cache(v, i);
   return rc;
@@ -166,10 +197,20 @@ int tally_vector_incr(tally_vector *v, size_t i, int64_t delta) {
     /* acquire, as the handle's loc: it orders the cell after its move */
     uint32_t w = atomic_load_explicit(&v->cell[i], memory_order_acquire);
     if (__builtin_expect(w != 0, 1)) {
-      _Atomic int64_t *cell = (_Atomic int64_t *)(v->base + ((uint64_t)w << 3));
+      uint64_t off = (uint64_t)(w & OFF_MASK) << 3;
+      if (w & ROWS_BIT) { /* the caller's row, as the handle's path picks it */
+        struct tally__writer *me = &tally__me;
+        if (__builtin_expect(me->store_id != v->store_id, 0))
+          return incr_slow(v, i, delta);
+        off += (uint64_t)tally__reduce(
+                   me->ticket, atomic_load_explicit(&v->rows, memory_order_relaxed)) *
+               TALLY__ROW_BYTES;
+      }
+      _Atomic int64_t *cell = (_Atomic int64_t *)(v->base + off);
       int64_t old = atomic_fetch_add_explicit(cell, delta, memory_order_relaxed);
       if (__builtin_expect(tally__cell_live(old) && tally__cell_live(old + delta), 1)) {
-        if (__builtin_expect(tally__sample_due(old), 0)) return sampled(v, i);
+        if (__builtin_expect((w & AUTO_BIT) && tally__sample_due(old, cell), 0))
+          return sampled(v, i);
         return 0;
       }
       if (!tally__cell_retired(old)) /* out of range: undo; retired: see internal.h */
