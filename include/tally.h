@@ -387,9 +387,13 @@ TALLY_API size_t tally_vector_size(const tally_vector *v);
 /* tally_counter_incr on slot i's counter, with the same results;
  * TALLY_EINVAL if i is out of range, TALLY_ENOENT if the slot is empty. */
 TALLY_API int tally_vector_incr(tally_vector *v, size_t i, int64_t delta);
-/* 1 if slot i's next increment takes the one-miss path above, 0 if it
- * goes through the handle (an empty slot, another policy or shard count,
- * a counter moved since its last increment; out of range: 0). */
+/* 2 if slot i's next increment takes the one-miss path and the slot is
+ * dense (its counter's cells follow its group's pattern, as counters
+ * created in slot order in a fresh store do: the increment then reads
+ * only a bit and a base that stay in cache, then the cell), 1 if it takes
+ * that path through its 4-byte slot word, 0 if it goes through the handle
+ * (an empty slot, another policy or shard count, a counter moved since
+ * its last increment; out of range: 0). */
 TALLY_API int tally_vector_fast(const tally_vector *v, size_t i);
 /* Close every handle in v and free it; NULL is allowed. */
 TALLY_API void tally_vector_free(tally_vector *v);

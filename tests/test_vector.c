@@ -1,5 +1,7 @@
 /* test_vector.c -- counters by index (src/core/vector.c).
  *
+ *  - dense slots (counters created in order): every slot, past the first
+ *    group, adds to its own counter;
  *  - the API: put, open, get, size, errors (out of range, empty slot, a
  *    handle in two vectors, another store's handle, key policy, range,
  *    large deltas), free, a store closed first;
@@ -134,6 +136,39 @@ static void test_api(void) {
   tally_store_close(other);
 }
 
+/* ---- dense slots ----------------------------------------------------------- */
+
+/* Counters created in slot order in a fresh store are dense, across
+ * several groups, for one shard and for rows; each add lands in its own
+ * counter. */
+static void test_dense(void) {
+  enum { N = 3 * 520 + 7 };
+  static const uint32_t shapes[] = {1, 2};
+  for (size_t k = 0; k < 2; k++) {
+    tally_store *s;
+    tally_vector *v;
+    REQUIRE_OK(tally_store_open("memory", NULL, &s));
+    REQUIRE_OK(tally_vector_new(s, N, &v));
+    int dense = 0;
+    for (int i = 0; i < N; i++) {
+      char nm[32];
+      snprintf(nm, sizeof nm, "d:%d", i);
+      REQUIRE_OK(vopen(v, (size_t)i, nm, shapes[k], TALLY_POLICY_THREAD));
+      dense += tally_vector_fast(v, (size_t)i) == 2;
+    }
+    EXPECT_I64(N, dense);
+    for (int r = 0; r < 3; r++)
+      for (int i = 0; i < N; i++) EXPECT_OK(tally_vector_incr(v, (size_t)i, i + 1));
+    for (int i = 0; i < N; i++) {
+      char nm[32];
+      snprintf(nm, sizeof nm, "d:%d", i);
+      EXPECT_I64(3 * (i + 1), value_of(s, nm));
+    }
+    tally_vector_free(v);
+    tally_store_close(s);
+  }
+}
+
 /* ---- slots never reach reused space ---------------------------------------- */
 
 /* n one-shard counters prefix:i, value base + i; then check them. */
@@ -166,6 +201,9 @@ static void test_reuse(void) {
   REQUIRE_OK(tally_vector_new(s, 2, &v));
   EXPECT_OK(vopen(v, 0, "gone", 1, TALLY_POLICY_THREAD));
   EXPECT_OK(vopen(v, 1, "moved", 1, TALLY_POLICY_THREAD));
+  /* created in order: consecutive cells, so both slots are dense */
+  EXPECT_I64(2, tally_vector_fast(v, 0));
+  EXPECT_I64(2, tally_vector_fast(v, 1));
   EXPECT_OK(tally_vector_incr(v, 0, 10));
   EXPECT_OK(tally_vector_incr(v, 1, 20));
 
@@ -373,10 +411,10 @@ static void test_rows(void) {
   EXPECT_OK(vopen(other, 1, "o:four", 4, TALLY_POLICY_THREAD));
   EXPECT_OK(vopen(other, 2, "o:random", 8, TALLY_POLICY_RANDOM));
   EXPECT_OK(vopen(other, 3, "o:one", 1, TALLY_POLICY_THREAD));
-  EXPECT(tally_vector_fast(other, 0));
+  EXPECT_I64(2, tally_vector_fast(other, 0)); /* dense: its group's first */
   EXPECT(!tally_vector_fast(other, 1));
   EXPECT(!tally_vector_fast(other, 2));
-  EXPECT(tally_vector_fast(other, 3));
+  EXPECT_I64(1, tally_vector_fast(other, 3)); /* not the group's kind: its word */
   EXPECT(!tally_vector_fast(other, 4));
   EXPECT(!tally_vector_fast(NULL, 0));
   for (size_t i = 0; i < 4; i++)
@@ -393,7 +431,8 @@ static void test_rows(void) {
     snprintf(nm, sizeof nm, "r:%d", i);
     REQUIRE_OK(vopen(v, (size_t)i, nm, RWRITERS, TALLY_POLICY_THREAD));
   }
-  EXPECT(tally_vector_fast(v, 0));
+  for (int i = 0; i < RSLOTS; i++)
+    EXPECT_I64(2, tally_vector_fast(v, (size_t)i)); /* dense */
 
   /* one writer per shard: each writer's adds are all in its own shard */
   atomic_bool go = false, stop = false;
@@ -440,7 +479,7 @@ static void test_rows(void) {
   for (size_t k = 0; k < sizeof shapes / sizeof *shapes; k++) {
     EXPECT_OK(tally_counter_reshard(c, shapes[k]));
     EXPECT_OK(tally_vector_incr(v, 5, 1));
-    EXPECT_I64(shapes[k] == 1 || shapes[k] == RWRITERS, tally_vector_fast(v, 5));
+    EXPECT_I64(shapes[k] == 1 || shapes[k] == RWRITERS, tally_vector_fast(v, 5) != 0);
   }
   EXPECT_I64(before + 6, value_of(s, "r:5"));
   tally_counter_close(c);
@@ -534,6 +573,7 @@ static void test_processes(void) {
 int main(void) {
   snprintf(g_dir, sizeof g_dir, "%s", tu_tmpdir("vector"));
   test_api();
+  test_dense();
   test_reuse();
   test_expired();
   test_threads();

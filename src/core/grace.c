@@ -233,8 +233,8 @@ void tally__handles_free(tally_store *s) {
   struct tally__handles *h = s->handles;
   for (size_t i = 0; h && i < h->cap; i++)
     for (tally_counter *c = h->bucket[i]; c; c = c->next_same) {
-      _Atomic uint32_t *m = atomic_load(&c->mirror);
-      if (m) atomic_store(m, 0); /* its vector must not add to unmapped cells */
+      tally_vector *v = atomic_load(&c->vec);
+      if (v) tally__vector_forget(v, c->vslot); /* no adds to unmapped cells */
       c->s = NULL;
     }
   if (s->handles) free(s->handles->bucket);

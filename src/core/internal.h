@@ -270,9 +270,10 @@ struct tally_counter {
   _Atomic uint64_t rec_off; /* changes only when an expired counter is
                                re-created through this handle */
   tally_counter *next_same; /* grace.c: handles of the same record */
-  /* vector.c: the vector slot that caches this handle's cell, or NULL.
-   * Whoever changes loc clears it (tally__handle_set_loc). */
-  _Atomic(_Atomic uint32_t *) mirror;
+  /* vector.c: the vector whose slot vslot caches this handle's cells, or
+   * NULL. Whoever changes loc makes it forget them (tally__handle_set_loc). */
+  _Atomic(tally_vector *) vec;
+  size_t vslot;
   uint32_t name_len;
   char name[]; /* a copy: the record may be reused once the counter is gone */
 };
@@ -531,16 +532,18 @@ static inline uint64_t tally__crec(tally_counter *c) {
   return atomic_load_explicit(&c->rec_off, memory_order_acquire);
 }
 
-/* Point a handle at loc. A vector slot caching the old cells is cleared,
- * so its next increment takes the handle's path and caches them again;
- * the grace step's clear is what lets the old cells be reused (vector.c
- * pairs its store of the slot with a load of loc, hence seq_cst). */
+/* vector.c: slot i of v no longer names its handle's cells */
+void tally__vector_forget(tally_vector *v, size_t i);
+/* Point a handle at loc. A vector slot caching the old cells forgets
+ * them, so its next increment takes the handle's path and caches them
+ * again; the grace step's forgetting is what lets the old cells be reused
+ * (vector.c pairs its stores of the slot with a load of loc, hence
+ * seq_cst). */
 static inline void tally__handle_set_loc(tally_counter *c, uint64_t loc) {
   uint64_t was = atomic_exchange(&c->loc, loc);
-  _Atomic uint32_t *m = atomic_load_explicit(&c->mirror, memory_order_acquire);
-  if (m && was != loc) atomic_store(m, 0);
+  tally_vector *v = atomic_load_explicit(&c->vec, memory_order_acquire);
+  if (v && was != loc) tally__vector_forget(v, c->vslot);
 }
-
 /* 0 if the handle's counter is there (re-creating an expired one through
  * it); TALLY_EDROPPED if it was dropped. */
 int tally__counter_live(tally_counter *c);

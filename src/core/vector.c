@@ -21,9 +21,20 @@
  * aside), and cells past 8 GiB, keep slot 0: their increments are the
  * handle's.
  *
- * Whoever changes a handle's loc clears its slot (tally__handle_set_loc),
- * and cache() stores the slot and then checks loc again, clearing it if
- * loc moved meanwhile. The grace step points handles away from retired
+ * Dense slots. Counters created in slot order in a fresh store take
+ * consecutive columns of their chunks, so slot i's cells are at a base per
+ * group of ROW_CELLS slots (a chunk's columns) plus 8 * (i % ROW_CELLS).
+ * Such a slot also sets its bit in a bitmap, and an increment there reads
+ * the bit and its group's base instead of the slot word: 140 KiB for a
+ * million slots, which stay in cache, where the slot words take 4 MiB.
+ * One miss, on the cell, as the array of atomics. A group's base and flags are those of
+ * the first slot cached in it; a slot whose cells or flags differ keeps
+ * its bit clear and takes the slot word.
+ *
+ * Whoever changes a handle's loc makes the vector forget it
+ * (tally__handle_set_loc): bit and slot word are cleared, and cache()
+ * stores them and then checks loc again, clearing them if loc moved
+ * meanwhile. The grace step points handles away from retired
  * cells, so it clears their slots too before it publishes its epoch: a
  * slot never outlives the cells it names. A cell retired by a move is met
  * on the fast path as the handle's path meets it (its add does not count)
@@ -34,30 +45,46 @@
 #include <stdlib.h>
 
 struct tally_vector {
-  /* what an increment reads, one line */
-  unsigned char *base;    /* the store's mapping (fixed for its life) */
-  _Atomic uint32_t *cell; /* per slot: see above */
+  /* what an increment reads: the first line */
+  unsigned char *base;     /* the store's mapping (fixed for its life) */
+  _Atomic uint64_t *dense; /* per slot: a bit, set if the slot is dense */
+  _Atomic uint64_t *gbase; /* per group: base | 4 | kind, 0: none yet */
+  _Atomic uint32_t *cell;  /* per slot: see above */
   size_t n;
   _Atomic uint32_t rows; /* shard count of the rows slots name, 0: none yet */
   uint64_t store_id;     /* s->id, for the ticket check */
-  tally_counter **c;     /* per slot: the handle, or NULL */
+  /* the rest, past the first line */
+  tally_counter **c; /* per slot: the handle, or NULL */
   tally_store *s;
 };
+
+#define GROUP     TALLY__ROW_CELLS /* slots per dense group: a chunk's columns */
+#define ROWS_BIT  (UINT32_C(1) << 31)
+#define AUTO_BIT  (UINT32_C(1) << 30)
+#define OFF_MASK  (AUTO_BIT - 1)
+/* an increment's kind, from a slot word's flags (w >> 30) or a group base */
+#define KIND_ROWS 2u
+#define KIND_AUTO 1u
+#define BIT(i)    (UINT64_C(1) << ((i) % 64))
 
 int tally_vector_new(tally_store *s, size_t n, tally_vector **out) {
   if (!s || !out) return tally__fail(TALLY_EINVAL, "tally_vector_new: NULL argument");
   if (n == 0 || n > SIZE_MAX / sizeof(tally_counter *))
     return tally__fail(TALLY_EINVAL, "tally_vector_new: %zu slots (1 or more)", n);
-  tally_vector *v = aligned_alloc(64, 64);
+  tally_vector *v = aligned_alloc(64, (sizeof *v + 63) & ~(size_t)63);
   if (!v) return tally__fail(TALLY_ENOMEM, "out of memory");
   v->base = s->base;
   v->n = n;
   atomic_init(&v->rows, 0);
   v->store_id = s->id;
   v->s = s;
+  v->dense = calloc(n / 64 + 1, sizeof *v->dense);
+  v->gbase = calloc(n / GROUP + 1, sizeof *v->gbase);
   v->cell = calloc(n, sizeof *v->cell);
   v->c = calloc(n, sizeof *v->c);
-  if (!v->cell || !v->c) {
+  if (!v->dense || !v->gbase || !v->cell || !v->c) {
+    free(v->dense);
+    free(v->gbase);
     free(v->cell);
     free(v->c);
     free(v);
@@ -66,10 +93,6 @@ int tally_vector_new(tally_store *s, size_t n, tally_vector **out) {
   *out = v;
   return 0;
 }
-
-#define ROWS_BIT (UINT32_C(1) << 31)
-#define AUTO_BIT (UINT32_C(1) << 30)
-#define OFF_MASK (AUTO_BIT - 1)
 
 /* The slot word for a handle at loc, or 0: one shard under the thread or
  * random policy, or `rows` shards under the thread policy. */
@@ -86,6 +109,26 @@ static uint32_t slot_word(tally_vector *v, const tally_counter *c, uint64_t loc)
   return w | ROWS_BIT;
 }
 
+/* Set slot i's dense bit if its group's base (claimed here if it has none)
+ * and kind give its cells, else clear it. Offsets are multiples of 8, so
+ * the base's low bits hold 4 (set) and the kind; the arithmetic wraps as
+ * the increment's does. */
+static void dense_mark(tally_vector *v, size_t i, uint32_t w) {
+  size_t g = i / GROUP;
+  uint64_t want =
+      (((uint64_t)(w & OFF_MASK) << 3) - (uint64_t)(i - g * GROUP) * 8) | 4 | (w >> 30);
+  uint64_t b = 0;
+  if (atomic_compare_exchange_strong(&v->gbase[g], &b, want) || b == want)
+    atomic_fetch_or(&v->dense[i / 64], BIT(i));
+  else
+    atomic_fetch_and(&v->dense[i / 64], ~BIT(i));
+}
+
+void tally__vector_forget(tally_vector *v, size_t i) {
+  atomic_fetch_and(&v->dense[i / 64], ~BIT(i));
+  atomic_store(&v->cell[i], 0);
+}
+
 /* Slot i caches c's cell(s) if an increment there is a plain add. */
 static void cache(tally_vector *v, size_t i) {
   tally_counter *c = v->c[i];
@@ -93,23 +136,26 @@ static void cache(tally_vector *v, size_t i) {
   uint32_t w = slot_word(v, c, loc);
   if (!w) { /* a counter the slot cannot name comes here on every increment */
     if (atomic_load_explicit(&v->cell[i], memory_order_relaxed))
-      atomic_store(&v->cell[i], 0);
+      tally__vector_forget(v, i);
     return;
   }
   atomic_store(&v->cell[i], w);
-  if (atomic_load(&c->loc) != loc) /* moved meanwhile: its mover may */
-    atomic_compare_exchange_strong(&v->cell[i], &w, 0); /* have cleared first */
+  dense_mark(v, i, w);
+  if (atomic_load(&c->loc) != loc) {              /* moved meanwhile: its mover may */
+    atomic_fetch_and(&v->dense[i / 64], ~BIT(i)); /* have cleared */
+    atomic_compare_exchange_strong(&v->cell[i], &w, 0); /* first */
+  }
 }
 
-/* Detach slot i's handle from the vector (the grace step reads mirror
- * under hlock) and return it. */
+/* Detach slot i's handle from the vector (the grace step reads vec under
+ * hlock) and return it. */
 static tally_counter *detach(tally_vector *v, size_t i) {
   tally_counter *c = v->c[i];
   if (!c) return NULL;
   if (c->s) pthread_mutex_lock(&c->s->hlock);
-  atomic_store(&c->mirror, NULL);
+  atomic_store(&c->vec, NULL);
   if (c->s) pthread_mutex_unlock(&c->s->hlock);
-  atomic_store(&v->cell[i], 0);
+  tally__vector_forget(v, i);
   v->c[i] = NULL;
   return c;
 }
@@ -123,13 +169,14 @@ int tally_vector_put(tally_vector *v, size_t i, tally_counter *c) {
     return tally__fail(TALLY_EINVAL,
                        "tally_vector_put: counter '%s' is not of the vector's store",
                        c->name);
-  if (c && atomic_load(&c->mirror))
+  if (c && atomic_load(&c->vec))
     return tally__fail(TALLY_EINVAL,
                        "tally_vector_put: counter '%s' is in a vector already", c->name);
   tally_counter_close(detach(v, i));
   if (!c) return 0;
   pthread_mutex_lock(&c->s->hlock);
-  atomic_store(&c->mirror, &v->cell[i]);
+  c->vslot = i;
+  atomic_store(&c->vec, v);
   pthread_mutex_unlock(&c->s->hlock);
   v->c[i] = c;
   cache(v, i);
@@ -153,7 +200,9 @@ tally_counter *tally_vector_get(const tally_vector *v, size_t i) {
 }
 
 int tally_vector_fast(const tally_vector *v, size_t i) {
-  return v && i < v->n && atomic_load_explicit(&v->cell[i], memory_order_relaxed) != 0;
+  if (!v || i >= v->n || !atomic_load_explicit(&v->cell[i], memory_order_relaxed))
+    return 0;
+  return atomic_load_explicit(&v->dense[i / 64], memory_order_relaxed) & BIT(i) ? 2 : 1;
 }
 
 size_t tally_vector_size(const tally_vector *v) {
@@ -163,6 +212,8 @@ size_t tally_vector_size(const tally_vector *v) {
 void tally_vector_free(tally_vector *v) {
   if (!v) return;
   for (size_t i = 0; i < v->n; i++) tally_counter_close(detach(v, i));
+  free(v->dense);
+  free(v->gbase);
   free(v->cell);
   free(v->c);
   free(v);
@@ -194,28 +245,38 @@ __attribute__((noinline)) static int sampled(tally_vector *v, size_t i) {
 int tally_vector_incr(tally_vector *v, size_t i, int64_t delta) {
   if (__builtin_expect(
           v && i < v->n && delta > -TALLY__FAST_DELTA && delta < TALLY__FAST_DELTA, 1)) {
+    uint64_t off;
+    uint32_t kind;
     /* acquire, as the handle's loc: it orders the cell after its move */
-    uint32_t w = atomic_load_explicit(&v->cell[i], memory_order_acquire);
-    if (__builtin_expect(w != 0, 1)) {
-      uint64_t off = (uint64_t)(w & OFF_MASK) << 3;
-      if (w & ROWS_BIT) { /* the caller's row, as the handle's path picks it */
-        struct tally__writer *me = &tally__me;
-        if (__builtin_expect(me->store_id != v->store_id, 0))
-          return incr_slow(v, i, delta);
-        off += (uint64_t)tally__reduce(
-                   me->ticket, atomic_load_explicit(&v->rows, memory_order_relaxed)) *
-               TALLY__ROW_BYTES;
-      }
-      _Atomic int64_t *cell = (_Atomic int64_t *)(v->base + off);
-      int64_t old = atomic_fetch_add_explicit(cell, delta, memory_order_relaxed);
-      if (__builtin_expect(tally__cell_live(old) && tally__cell_live(old + delta), 1)) {
-        if (__builtin_expect((w & AUTO_BIT) && tally__sample_due(old, cell), 0))
-          return sampled(v, i);
-        return 0;
-      }
-      if (!tally__cell_retired(old)) /* out of range: undo; retired: see internal.h */
-        atomic_fetch_sub_explicit(cell, delta, memory_order_relaxed);
+    if (__builtin_expect(
+            (atomic_load_explicit(&v->dense[i / 64], memory_order_acquire) & BIT(i)) != 0,
+            1)) {
+      size_t g = i / GROUP; /* set before the bit, fixed since */
+      uint64_t b = atomic_load_explicit(&v->gbase[g], memory_order_relaxed);
+      off = (b & ~UINT64_C(7)) + (uint64_t)(i - g * GROUP) * 8;
+      kind = (uint32_t)b & 3;
+    } else {
+      uint32_t w = atomic_load_explicit(&v->cell[i], memory_order_acquire);
+      if (__builtin_expect(w == 0, 0)) return incr_slow(v, i, delta);
+      off = (uint64_t)(w & OFF_MASK) << 3;
+      kind = w >> 30;
     }
+    if (kind & KIND_ROWS) { /* the caller's row, as the handle's path picks it */
+      struct tally__writer *me = &tally__me;
+      if (__builtin_expect(me->store_id != v->store_id, 0)) return incr_slow(v, i, delta);
+      off += (uint64_t)tally__reduce(
+                 me->ticket, atomic_load_explicit(&v->rows, memory_order_relaxed)) *
+             TALLY__ROW_BYTES;
+    }
+    _Atomic int64_t *cell = (_Atomic int64_t *)(v->base + off);
+    int64_t old = atomic_fetch_add_explicit(cell, delta, memory_order_relaxed);
+    if (__builtin_expect(tally__cell_live(old) && tally__cell_live(old + delta), 1)) {
+      if (__builtin_expect((kind & KIND_AUTO) && tally__sample_due(old, cell), 0))
+        return sampled(v, i);
+      return 0;
+    }
+    if (!tally__cell_retired(old)) /* out of range: undo; retired: see internal.h */
+      atomic_fetch_sub_explicit(cell, delta, memory_order_relaxed);
   }
   return incr_slow(v, i, delta);
 }
