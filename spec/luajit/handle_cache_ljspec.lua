@@ -6,15 +6,8 @@ local helper = require "spec.luajit.helper"
 local tally = require "tally"
 local core = require "tally.core"
 
-local function gc()
-  collectgarbage("collect")
-  collectgarbage("collect")
-end
-
-local function cached(db, name)
-  local st = core._store_cache(db)
-  return st[1][name] or (st[2] and st[2][name])
-end
+local look = require "spec.support.cache"
+local gc, cached = look.gc, look.cached
 
 for _, path in ipairs(helper.paths) do
   describe("the handle cache on the " .. path .. " path", function()

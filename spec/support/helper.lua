@@ -126,6 +126,20 @@ function M.err(fn, ...)
   return (msg:gsub("^[^\n]-:%d+: ", "", 1))
 end
 
+-- Capturing tally.logger's messages: capture() sends them to `logged`
+-- (emptied first), restore() puts the old logger back. For a describe
+-- block: before_each(capture); after_each(restore).
+function M.logger_capture()
+  local tally = require "tally"
+  local logged, old = {}, nil
+  local function capture()
+    for i = #logged, 1, -1 do logged[i] = nil end
+    old = tally.logger(function(msg) logged[#logged + 1] = msg end)
+  end
+  local function restore() tally.logger(old) end
+  return logged, capture, restore
+end
+
 function M.sum(t)
   local s = 0
   for _, v in ipairs(t) do s = s + v end

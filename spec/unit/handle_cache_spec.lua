@@ -9,20 +9,8 @@ local err = helper.err
 
 local T = 1700000040             -- a made-up clock (seconds) for db:tick
 
-local function gc()
-  collectgarbage("collect")
-  collectgarbage("collect")
-end
-
--- The handle the cache holds for name (young, then old), or nil.
-local function cached(db, name)
-  local st = core._store_cache(db)
-  return st[1][name] or (st[2] and st[2][name])
-end
-
-local function stats(db)
-  return core._store_cache_stats(db)
-end
+local look = require "spec.support.cache"
+local gc, cached, stats = look.gc, look.cached, look.stats
 
 describe("tally.open(spec, { handle_cache = N })", function()
   it("holds 10000 handles by default", function()

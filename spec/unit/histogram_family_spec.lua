@@ -216,12 +216,9 @@ describe("db:family with a histogram", function()
   end)
 
   describe("in a scrape", function()
-    local logged, old
-    before_each(function()
-      logged = {}
-      old = tally.logger(function(msg) logged[#logged + 1] = msg end)
-    end)
-    after_each(function() tally.logger(old) end)
+    local logged, capture, restore = helper.logger_capture()
+    before_each(capture)
+    after_each(restore)
 
     it("leaves out, counts and logs histograms it cannot label, never failing", function()
       db:family("rpc:*:*", { histogram = { buckets = { 1 } }, metric = "rpc_seconds",

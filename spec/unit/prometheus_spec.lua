@@ -267,12 +267,9 @@ describe("tally.prometheus()", function()
   end)
 
   describe("never fails the scrape for a bad counter", function()
-    local logged, old
-    before_each(function()
-      logged = {}
-      old = tally.logger(function(msg) logged[#logged + 1] = msg end)
-    end)
-    after_each(function() tally.logger(old) end)
+    local logged, capture, restore = helper.logger_capture()
+    before_each(capture)
+    after_each(restore)
 
     local SKIPPED = "# HELP tally_prometheus_skipped Counters left out of this exposition, by "
       .. "reason: ambiguous (a name that matches its family pattern in more than one way), "
