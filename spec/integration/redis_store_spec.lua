@@ -87,6 +87,13 @@ describe("the redis store", function()
     assert.matches("function policies are not supported by the redis store",
       helper.err(db.counter, db, fresh("x"), { policy = function() return 1 end }), 1, true)
     assert.matches("integer expected", helper.err(db.incr, db, name, 1.5), 1, true)
+    -- a counter's own methods; like the C methods' errors, with no position
+    local c = db:counter(name)
+    assert.equal("bad argument #1 to 'incr' (integer expected, got 1.5)", helper.err(c.incr, c, 1.5))
+    assert.equal("bad argument #1 to 'decr' (integer expected, got table)", helper.err(c.decr, c, {}))
+    local ok, msg = pcall(function() local r = c:incr("x"); return r end)
+    assert.is_false(ok)
+    assert.equal("bad argument #1 to 'incr' (integer expected, got string)", msg)
     local k = db:counter(fresh("k"), { policy = "key", shards = 8 })
     assert.matches("pass a key", helper.err(k.incr, k, 1), 1, true)
     db:close()

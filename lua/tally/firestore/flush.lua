@@ -67,7 +67,7 @@ local sub, int_text, tointeger = compat.sub, compat.int_text, compat.tointeger
 
 local argerror = require("tally.util").argerror
 local remote = require "tally.remote"
-local key_shard = require("tally.redis.store").key_shard
+local key_shard = require("tally.remote").key_shard
 local now = core.now
 
 local _M = {}

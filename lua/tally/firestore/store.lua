@@ -35,7 +35,7 @@ local rest = require "tally.firestore.rest"
 local type, error, tostring, tonumber, setmetatable, pairs, ipairs =
       type, error, tostring, tonumber, setmetatable, pairs, ipairs
 local fmt, concat, sort = string.format, table.concat, table.sort
-local tointeger, add, sub, int_text = compat.tointeger, compat.add, compat.sub, compat.int_text
+local add, sub, int_text = compat.add, compat.sub, compat.int_text
 
 local argerror = require("tally.util").argerror
 local remote = require "tally.remote"
@@ -284,13 +284,7 @@ end
 
 local function incr(self, n, key, sign, fname)
   local db = cdb(self)
-  local k
-  if n == nil then k = 1 else k = tointeger(n) end
-  if k == nil then
-    argerror(1, fname, fmt("integer expected, got %s",
-              type(n) == "number" and tostring(n) or type(n)), 3)
-  end
-  if sign < 0 then k = sub(0, k) end
+  local k = remote.delta(n, sign, fname)
   local i = remote.pick_shard(self, key)
   local ok, err, code = db.cl:commit({ shard_write(db.cl, self.path, i - 1, k) })
   if not ok then return nil, err, code end
