@@ -361,8 +361,9 @@ TALLY_API int tally_store_sum(tally_store *s, const char *pattern, size_t plen,
 /* A vector holds n counter handles in slots 0..n-1 and increments them by
  * index. For counters of one shard (automatic ones while they have one)
  * under the thread or random policy, an increment reads a 4-byte word per
- * slot and adds to the cell: about one cache miss on a cold counter, where
- * a handle costs two (the handle, then the cell). The same holds for
+ * slot (for counters created in slot order, a bit and a base that stay in
+ * cache) and adds to the cell: about one cache miss on a cold counter,
+ * where a handle costs two (the handle, then the cell). The same holds for
  * thread-policy counters of one more shard count, the first the vector
  * meets: an increment adds to the shard of the caller's ticket, so with a
  * shard per writer no two writers share a cell's line. Other counters, and

@@ -27,16 +27,16 @@
  * Such a slot also sets its bit in a bitmap, and an increment there reads
  * the bit and its group's base instead of the slot word: 140 KiB for a
  * million slots, which stay in cache, where the slot words take 4 MiB.
- * One miss, on the cell, as the array of atomics. A group's base and flags are those of
- * the first slot cached in it; a slot whose cells or flags differ keeps
- * its bit clear and takes the slot word.
+ * One miss, on the cell, as the array of atomics. A group's base and
+ * flags are those of the first slot cached in it; a slot whose cells or
+ * flags differ keeps its bit clear and takes the slot word.
  *
  * Whoever changes a handle's loc makes the vector forget it
  * (tally__handle_set_loc): bit and slot word are cleared, and cache()
  * stores them and then checks loc again, clearing them if loc moved
- * meanwhile. The grace step points handles away from retired
- * cells, so it clears their slots too before it publishes its epoch: a
- * slot never outlives the cells it names. A cell retired by a move is met
+ * meanwhile. The grace step points handles away from retired cells, so
+ * their vectors forget them before it publishes its epoch: a slot never
+ * outlives the cells it names. A cell retired by a move is met
  * on the fast path as the handle's path meets it (its add does not count)
  * and the increment goes through the handle.
  */
@@ -237,6 +237,7 @@ __attribute__((noinline)) static int incr_slow(tally_vector *v, size_t i, int64_
  * samples for contention as its handle's increment would. */
 __attribute__((noinline)) static int sampled(tally_vector *v, size_t i) {
   tally_counter *c = v->c[i];
+  if (!(c->fast & 2)) return 0; /* the flag came from another counter */
   int rc = tally__auto_sample(c, atomic_load_explicit(&c->loc, memory_order_acquire));
   cache(v, i);
   return rc;
