@@ -1,7 +1,8 @@
 /* test_vector.c -- counters by index (src/core/vector.c).
  *
- *  - dense slots (counters created in order): every slot, past the first
- *    group, adds to its own counter;
+ *  - dense slots (counters created in order, in a fresh store and after
+ *    others): how many are dense, and every slot, past the first group,
+ *    adds to its own counter;
  *  - the API: put, open, get, size, errors (out of range, empty slot, a
  *    handle in two vectors, another store's handle, key policy, range,
  *    large deltas), free, a store closed first;
@@ -138,25 +139,39 @@ static void test_api(void) {
 
 /* ---- dense slots ----------------------------------------------------------- */
 
-/* Counters created in slot order in a fresh store are dense, across
- * several groups, for one shard and for rows; each add lands in its own
- * counter. */
+/* Counters created in slot order are dense, across several groups, for
+ * one shard and for rows, and each add lands in its own counter. In a
+ * fresh store every slot is. After others of the same shape were created
+ * first, each group of 520 straddles two chunks: the slots before the end
+ * of the first (where its base came from) are dense, the rest take their
+ * slot words. */
 static void test_dense(void) {
   enum { N = 3 * 520 + 7 };
   static const uint32_t shapes[] = {1, 2};
-  for (size_t k = 0; k < 2; k++) {
+  for (size_t k = 0; k < 4; k++) {
+    uint32_t shards = shapes[k % 2];
+    int before = k < 2 ? 0 : 100; /* counters created first */
     tally_store *s;
     tally_vector *v;
+    tally_counter_options o = {shards, TALLY_POLICY_THREAD};
     REQUIRE_OK(tally_store_open("memory", NULL, &s));
+    for (int i = 0; i < before; i++) {
+      char nm[32];
+      tally_counter *c;
+      snprintf(nm, sizeof nm, "first:%d", i);
+      REQUIRE_OK(tally_counter_open(s, nm, strlen(nm), &o, TALLY_COUNTER_CREATE, &c));
+      tally_counter_close(c);
+    }
     REQUIRE_OK(tally_vector_new(s, N, &v));
     int dense = 0;
     for (int i = 0; i < N; i++) {
       char nm[32];
       snprintf(nm, sizeof nm, "d:%d", i);
-      REQUIRE_OK(vopen(v, (size_t)i, nm, shapes[k], TALLY_POLICY_THREAD));
+      REQUIRE_OK(vopen(v, (size_t)i, nm, shards, TALLY_POLICY_THREAD));
       dense += tally_vector_fast(v, (size_t)i) == 2;
     }
-    EXPECT_I64(N, dense);
+    /* shifted by 100 columns: 420 of each group's 520 slots, and the 7 */
+    EXPECT_I64(before ? 3 * 420 + 7 : N, dense);
     for (int r = 0; r < 3; r++)
       for (int i = 0; i < N; i++) EXPECT_OK(tally_vector_incr(v, (size_t)i, i + 1));
     for (int i = 0; i < N; i++) {
