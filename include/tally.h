@@ -390,7 +390,7 @@ TALLY_API size_t tally_vector_size(const tally_vector *v);
 TALLY_API int tally_vector_incr(tally_vector *v, size_t i, int64_t delta);
 /* 2 if slot i's next increment takes the one-miss path and the slot is
  * dense (its counter's cells follow its group's pattern, as counters
- * created in slot order in a fresh store do: the increment then reads
+ * created in slot order do: the increment then reads
  * only a bit and a base that stay in cache, then the cell), 1 if it takes
  * that path through its 4-byte slot word, 0 if it goes through the handle
  * (an empty slot, another policy or shard count, a counter moved since

@@ -139,28 +139,37 @@ static void test_api(void) {
 
 /* ---- dense slots ----------------------------------------------------------- */
 
+/* n counters prefix:0.. of `shards` shards (thread policy), created. */
+static void create_n(tally_store *s, const char *prefix, int n, uint32_t shards) {
+  tally_counter_options o = {shards, TALLY_POLICY_THREAD};
+  for (int i = 0; i < n; i++) {
+    char nm[32];
+    tally_counter *c;
+    snprintf(nm, sizeof nm, "%s%d", prefix, i);
+    REQUIRE_OK(tally_counter_open(s, nm, strlen(nm), &o, TALLY_COUNTER_CREATE, &c));
+    tally_counter_close(c);
+  }
+}
+
 /* Counters created in slot order are dense, across several groups, for
- * one shard and for rows, and each add lands in its own counter. In a
- * fresh store every slot is. After others of the same shape were created
- * first, each group of 520 straddles two chunks: the slots before the end
- * of the first (where its base came from) are dense, the rest take their
- * slot words. */
+ * one shard and for rows, and each add lands in its own counter: in a
+ * fresh store, and after 100 others of the same shape shifted the chunks'
+ * columns (the vector lines its groups up with the chunk it sees being
+ * filled). A vector over counters created long before cannot see where
+ * their chunks start: each group of 520 then straddles two, and only the
+ * slots before the first one's end are dense. */
 static void test_dense(void) {
   enum { N = 3 * 520 + 7 };
-  static const uint32_t shapes[] = {1, 2};
-  for (size_t k = 0; k < 4; k++) {
-    uint32_t shards = shapes[k % 2];
-    int before = k < 2 ? 0 : 100; /* counters created first */
+  for (int k = 0; k < 5; k++) {
+    uint32_t shards = k % 2 ? 2 : 1;
+    int before = k < 2 ? 0 : 100;
     tally_store *s;
     tally_vector *v;
-    tally_counter_options o = {shards, TALLY_POLICY_THREAD};
     REQUIRE_OK(tally_store_open("memory", NULL, &s));
-    for (int i = 0; i < before; i++) {
-      char nm[32];
-      tally_counter *c;
-      snprintf(nm, sizeof nm, "first:%d", i);
-      REQUIRE_OK(tally_counter_open(s, nm, strlen(nm), &o, TALLY_COUNTER_CREATE, &c));
-      tally_counter_close(c);
+    create_n(s, "first:", before, shards);
+    if (k == 4) { /* the vector's counters, then others: its chunks are past */
+      create_n(s, "d:", N, shards);
+      create_n(s, "later:", 600, shards);
     }
     REQUIRE_OK(tally_vector_new(s, N, &v));
     int dense = 0;
@@ -170,8 +179,8 @@ static void test_dense(void) {
       REQUIRE_OK(vopen(v, (size_t)i, nm, shards, TALLY_POLICY_THREAD));
       dense += tally_vector_fast(v, (size_t)i) == 2;
     }
-    /* shifted by 100 columns: 420 of each group's 520 slots, and the 7 */
-    EXPECT_I64(before ? 3 * 420 + 7 : N, dense);
+    /* k == 4: 420 of each group's 520 slots, and the last 7 */
+    EXPECT_I64(k == 4 ? 3 * 420 + 7 : N, dense);
     for (int r = 0; r < 3; r++)
       for (int i = 0; i < N; i++) EXPECT_OK(tally_vector_incr(v, (size_t)i, i + 1));
     for (int i = 0; i < N; i++) {

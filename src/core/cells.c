@@ -82,6 +82,14 @@ int tally__classes_check(tally_store *s) {
   return 0;
 }
 
+int64_t tally__cells_column(tally_store *s, uint32_t n, uint64_t off) {
+  if (n < 1 || n > TALLY_MAX_SHARDS) return -1;
+  uint64_t w = atomic_load_explicit(&s->classes[n - 1].word, memory_order_acquire);
+  uint64_t chunk = (w >> 35) << 6;
+  if (!w || off < chunk || off >= chunk + (uint64_t)TALLY__ROW_CELLS * 8) return -1;
+  return (int64_t)((off - chunk) / 8);
+}
+
 int tally__cells_alloc(tally_store *s, uint32_t n, uint64_t *out) {
   uint64_t chunk;
   uint32_t cols;

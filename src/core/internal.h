@@ -512,6 +512,9 @@ int tally__loc_decode(tally_store *s, uint64_t rec_off, uint64_t loc, uint64_t *
                       uint32_t *nshards, bool *dropped);
 int tally__cells_alloc(tally_store *s, uint32_t nshards, uint64_t *cells);
 int tally__classes_check(tally_store *s);
+/* The column of the cells at off if they lie in the chunk class nshards
+ * is filling now, else -1: a hint, read without the lock (vector.c). */
+int64_t tally__cells_column(tally_store *s, uint32_t nshards, uint64_t off);
 int tally__cells_check(tally_store *s, uint64_t rec_off, uint64_t loc);
 
 static inline uint32_t tally__loc_shards(uint64_t loc) {

@@ -21,9 +21,12 @@
  * aside), and cells past 8 GiB, keep slot 0: their increments are the
  * handle's.
  *
- * Dense slots. Counters created in slot order in a fresh store take
- * consecutive columns of their chunks, so slot i's cells are at a base per
- * group of ROW_CELLS slots (a chunk's columns) plus 8 * (i % ROW_CELLS).
+ * Dense slots. Counters created in slot order take consecutive columns of
+ * their chunks, so slot i's cells are at a base per group of ROW_CELLS
+ * slots (a chunk's columns) plus 8 * ((i + phase) % ROW_CELLS), where
+ * phase lines the groups up with the chunks: the first slot cached reads
+ * its column from its class's chunk being filled (0 if its cells are
+ * elsewhere, as in a store reopened).
  * Such a slot also sets its bit in a bitmap, and an increment there reads
  * the bit and its group's base instead of the slot word: 140 KiB for a
  * million slots, which stay in cache, where the slot words take 4 MiB.
@@ -51,21 +54,23 @@ struct tally_vector {
   _Atomic uint64_t *gbase; /* per group: base | 4 | kind, 0: none yet */
   _Atomic uint32_t *cell;  /* per slot: see above */
   size_t n;
-  _Atomic uint32_t rows; /* shard count of the rows slots name, 0: none yet */
-  uint64_t store_id;     /* s->id, for the ticket check */
+  _Atomic uint32_t rows;  /* shard count of the rows slots name, 0: none yet */
+  _Atomic uint32_t phase; /* added to a slot for its group, PHASE_UNSET */
+  uint64_t store_id;      /* s->id, for the ticket check */
   /* the rest, past the first line */
   tally_counter **c; /* per slot: the handle, or NULL */
   tally_store *s;
 };
 
-#define GROUP     TALLY__ROW_CELLS /* slots per dense group: a chunk's columns */
-#define ROWS_BIT  (UINT32_C(1) << 31)
-#define AUTO_BIT  (UINT32_C(1) << 30)
-#define OFF_MASK  (AUTO_BIT - 1)
+#define GROUP       TALLY__ROW_CELLS /* slots per dense group: a chunk's columns */
+#define ROWS_BIT    (UINT32_C(1) << 31)
+#define AUTO_BIT    (UINT32_C(1) << 30)
+#define OFF_MASK    (AUTO_BIT - 1)
 /* an increment's kind, from a slot word's flags (w >> 30) or a group base */
-#define KIND_ROWS 2u
-#define KIND_AUTO 1u
-#define BIT(i)    (UINT64_C(1) << ((i) % 64))
+#define KIND_ROWS   2u
+#define KIND_AUTO   1u
+#define PHASE_UNSET UINT32_MAX
+#define BIT(i)      (UINT64_C(1) << ((i) % 64))
 
 int tally_vector_new(tally_store *s, size_t n, tally_vector **out) {
   if (!s || !out) return tally__fail(TALLY_EINVAL, "tally_vector_new: NULL argument");
@@ -76,10 +81,11 @@ int tally_vector_new(tally_store *s, size_t n, tally_vector **out) {
   v->base = s->base;
   v->n = n;
   atomic_init(&v->rows, 0);
+  atomic_init(&v->phase, PHASE_UNSET);
   v->store_id = s->id;
   v->s = s;
   v->dense = calloc(n / 64 + 1, sizeof *v->dense);
-  v->gbase = calloc(n / GROUP + 1, sizeof *v->gbase);
+  v->gbase = calloc(n / GROUP + 2, sizeof *v->gbase); /* i + phase < n + GROUP */
   v->cell = calloc(n, sizeof *v->cell);
   v->c = calloc(n, sizeof *v->c);
   if (!v->dense || !v->gbase || !v->cell || !v->c) {
@@ -113,10 +119,17 @@ static uint32_t slot_word(tally_vector *v, const tally_counter *c, uint64_t loc)
  * and kind give its cells, else clear it. Offsets are multiples of 8, so
  * the base's low bits hold 4 (set) and the kind; the arithmetic wraps as
  * the increment's does. */
-static void dense_mark(tally_vector *v, size_t i, uint32_t w) {
-  size_t g = i / GROUP;
-  uint64_t want =
-      (((uint64_t)(w & OFF_MASK) << 3) - (uint64_t)(i - g * GROUP) * 8) | 4 | (w >> 30);
+static void dense_mark(tally_vector *v, size_t i, uint32_t w, uint32_t nshards) {
+  uint64_t off = (uint64_t)(w & OFF_MASK) << 3;
+  uint32_t p = atomic_load(&v->phase);
+  if (p == PHASE_UNSET) { /* the first slot cached: line the groups up */
+    int64_t col = tally__cells_column(v->s, nshards, off);
+    uint32_t want_p =
+        col < 0 ? 0 : (uint32_t)((col + GROUP - (int64_t)(i % GROUP)) % GROUP);
+    if (atomic_compare_exchange_strong(&v->phase, &p, want_p)) p = want_p;
+  }
+  size_t j = i + p, g = j / GROUP;
+  uint64_t want = (off - (uint64_t)(j - g * GROUP) * 8) | 4 | (w >> 30);
   uint64_t b = 0;
   if (atomic_compare_exchange_strong(&v->gbase[g], &b, want) || b == want)
     atomic_fetch_or(&v->dense[i / 64], BIT(i));
@@ -140,7 +153,7 @@ static void cache(tally_vector *v, size_t i) {
     return;
   }
   atomic_store(&v->cell[i], w);
-  dense_mark(v, i, w);
+  dense_mark(v, i, w, tally__loc_shards(loc));
   if (atomic_load(&c->loc) != loc) {              /* moved meanwhile: its mover may */
     atomic_fetch_and(&v->dense[i / 64], ~BIT(i)); /* have cleared */
     atomic_compare_exchange_strong(&v->cell[i], &w, 0); /* first */
@@ -252,9 +265,10 @@ int tally_vector_incr(tally_vector *v, size_t i, int64_t delta) {
     if (__builtin_expect(
             (atomic_load_explicit(&v->dense[i / 64], memory_order_acquire) & BIT(i)) != 0,
             1)) {
-      size_t g = i / GROUP; /* set before the bit, fixed since */
+      /* phase and base were set before the bit, and are fixed since */
+      size_t j = i + atomic_load_explicit(&v->phase, memory_order_relaxed), g = j / GROUP;
       uint64_t b = atomic_load_explicit(&v->gbase[g], memory_order_relaxed);
-      off = (b & ~UINT64_C(7)) + (uint64_t)(i - g * GROUP) * 8;
+      off = (b & ~UINT64_C(7)) + (uint64_t)(j - g * GROUP) * 8;
       kind = (uint32_t)b & 3;
     } else {
       uint32_t w = atomic_load_explicit(&v->cell[i], memory_order_acquire);
