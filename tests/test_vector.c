@@ -299,16 +299,22 @@ struct writer {
   int64_t added[SLOTS];
 };
 
+/* n adds of 1 to random slots first..first+count-1, tallied in added[]. */
+static void random_adds(tally_vector *v, uint64_t *seed, size_t first, size_t count,
+                        int n, int64_t *added) {
+  for (int k = 0; k < n; k++) {
+    size_t i = first + (size_t)(tu_rng(seed) % count);
+    if (tally_vector_incr(v, i, 1) != 0) {
+      TU_FAIL("vector incr %zu: %s", i, tally_errmsg());
+      return;
+    }
+    added[i]++;
+  }
+}
+
 static void *writer_main(void *ud) {
   struct writer *w = ud;
-  for (int n = 0; n < PER_THREAD; n++) {
-    size_t i = (size_t)(tu_rng(&w->seed) % SLOTS);
-    if (tally_vector_incr(w->v, i, 1) != 0) {
-      TU_FAIL("vector incr %zu: %s", i, tally_errmsg());
-      return NULL;
-    }
-    w->added[i]++;
-  }
+  random_adds(w->v, &w->seed, 0, SLOTS, PER_THREAD, w->added);
   return NULL;
 }
 
@@ -414,14 +420,7 @@ static void *rows_main(void *ud) {
   for (int n = 0; n < RSOLO; n++)
     if (tally_vector_incr(w->v, 0, 1) != 0) TU_FAIL("incr 0: %s", tally_errmsg());
   while (!atomic_load(w->go)) sched_yield();
-  for (int n = 0; n < RPER; n++) {
-    size_t i = 1 + (size_t)(tu_rng(&w->seed) % (RSLOTS - 1));
-    if (tally_vector_incr(w->v, i, 1) != 0) {
-      TU_FAIL("incr %zu: %s", i, tally_errmsg());
-      return NULL;
-    }
-    w->added[i]++;
-  }
+  random_adds(w->v, &w->seed, 1, RSLOTS - 1, RPER, w->added);
   return NULL;
 }
 
