@@ -594,8 +594,9 @@ static int cmd_many(const char *path, uint64_t k, double secs, int reps, int nth
     many_create(s[j], k, shards[j], what, &M.cs[j]);
   }
   /* the same counters (and cells) by index: a vector increment reads a
-   * 4-byte slot, not the handle; a 16-shard counter's then adds to the row
-   * of the thread's ticket */
+   * bit and a base (dense slots: these were created in slot order) or a
+   * 4-byte slot word, not the handle; a 16-shard counter's then adds to
+   * the row of the thread's ticket */
   for (int j = 0; j < 2; j++) {
     const char *what =
         j ? "a vector of the 1-shard counters" : "a vector of the 16-shard counters";
