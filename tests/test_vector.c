@@ -296,13 +296,17 @@ enum { SLOTS = 64, PER_THREAD = 400000 };
 struct writer {
   tally_vector *v;
   uint64_t seed;
+  struct tu_mover *m;
   int64_t added[SLOTS];
 };
 
-/* n adds of 1 to random slots first..first+count-1, tallied in added[]. */
+/* n adds of 1 to random slots first..first+count-1, tallied in added[];
+ * then on until mover m has done 3 rounds (at most 10 s more), so the adds
+ * overlap its moves on a loaded machine too. */
 static void random_adds(tally_vector *v, uint64_t *seed, size_t first, size_t count,
-                        int n, int64_t *added) {
-  for (int k = 0; k < n; k++) {
+                        int n, struct tu_mover *m, int64_t *added) {
+  double end = tu_now() + 10;
+  for (int k = 0; k < n || (atomic_load(&m->rounds) < 3 && tu_now() < end); k++) {
     size_t i = first + (size_t)(tu_rng(seed) % count);
     if (tally_vector_incr(v, i, 1) != 0) {
       TU_FAIL("vector incr %zu: %s", i, tally_errmsg());
@@ -314,7 +318,7 @@ static void random_adds(tally_vector *v, uint64_t *seed, size_t first, size_t co
 
 static void *writer_main(void *ud) {
   struct writer *w = ud;
-  random_adds(w->v, &w->seed, 0, SLOTS, PER_THREAD, w->added);
+  random_adds(w->v, &w->seed, 0, SLOTS, PER_THREAD, w->m, w->added);
   return NULL;
 }
 
@@ -334,15 +338,15 @@ static void test_threads(void) {
     REQUIRE_OK(vopen(v, (size_t)i, nm, shards, policy));
   }
   atomic_bool stop = false;
-  struct writer w[2] = {{.v = v, .seed = 7}, {.v = v, .seed = 11}};
   struct tu_mover m = {.s = s, .prefix = "v:", .n = SLOTS, .stop = &stop};
+  struct writer w[2] = {{.v = v, .seed = 7, .m = &m}, {.v = v, .seed = 11, .m = &m}};
   pthread_t th[3];
   pthread_create(&th[2], NULL, tu_mover_main, &m);
   for (int t = 0; t < 2; t++) pthread_create(&th[t], NULL, writer_main, &w[t]);
   for (int t = 0; t < 2; t++) pthread_join(th[t], NULL);
   atomic_store(&stop, true);
   pthread_join(th[2], NULL);
-  EXPECT(m.moves > 0);
+  EXPECT(atomic_load(&m.rounds) >= 3);
   int64_t total = 0;
   for (int i = 0; i < SLOTS; i++) {
     char nm[32];
@@ -350,8 +354,8 @@ static void test_threads(void) {
     EXPECT_I64(w[0].added[i] + w[1].added[i], value_of(s, nm));
     total += w[0].added[i] + w[1].added[i];
   }
-  EXPECT_I64(2 * PER_THREAD, total);
-  printf("threads: %d increments, %ld reshards, exact\n", 2 * PER_THREAD, m.moves);
+  EXPECT(total >= 2 * PER_THREAD);
+  printf("threads: %lld increments, %ld reshards, exact\n", (long long)total, m.moves);
   EXPECT_I64(0, tally_store_check(s));
   tally_vector_free(v);
   tally_store_close(s);
@@ -411,6 +415,7 @@ struct rwriter {
   tally_vector *v;
   uint64_t seed;
   atomic_bool *go;
+  struct tu_mover *m;
   int64_t added[RSLOTS];
 };
 
@@ -420,7 +425,7 @@ static void *rows_main(void *ud) {
   for (int n = 0; n < RSOLO; n++)
     if (tally_vector_incr(w->v, 0, 1) != 0) TU_FAIL("incr 0: %s", tally_errmsg());
   while (!atomic_load(w->go)) sched_yield();
-  random_adds(w->v, &w->seed, 1, RSLOTS - 1, RPER, w->added);
+  random_adds(w->v, &w->seed, 1, RSLOTS - 1, RPER, w->m, w->added);
   return NULL;
 }
 
@@ -459,6 +464,7 @@ static void test_rows(void) {
 
   /* one writer per shard: each writer's adds are all in its own shard */
   atomic_bool go = false, stop = false;
+  struct tu_mover m = {.s = s, .prefix = "r:", .n = RSLOTS, .stop = &stop};
   struct rwriter w[RWRITERS];
   pthread_t th[RWRITERS + 1];
   for (int t = 0; t < RWRITERS; t++) {
@@ -466,6 +472,7 @@ static void test_rows(void) {
     w[t].v = v;
     w[t].seed = 17 + (uint64_t)t;
     w[t].go = &go;
+    w[t].m = &m;
     pthread_create(&th[t], NULL, rows_main, &w[t]);
   }
   for (int t = 0; t < 100 && value_of(s, "r:0") < RWRITERS * RSOLO; t++) usleep(10000);
@@ -478,13 +485,12 @@ static void test_rows(void) {
 
   /* then random adds while a mover reshards every third counter to 1 or to
    * 2..8 shards and back: a slot must never name rows its counter lacks */
-  struct tu_mover m = {.s = s, .prefix = "r:", .n = RSLOTS, .stop = &stop};
   pthread_create(&th[RWRITERS], NULL, tu_mover_main, &m);
   atomic_store(&go, true);
   for (int t = 0; t < RWRITERS; t++) pthread_join(th[t], NULL);
   atomic_store(&stop, true);
   pthread_join(th[RWRITERS], NULL);
-  EXPECT(m.moves > 0);
+  EXPECT(atomic_load(&m.rounds) >= 3);
   for (int i = 1; i < RSLOTS; i++) {
     char nm[32];
     int64_t want = 0;

@@ -146,13 +146,15 @@ static inline uint64_t tu_rng(uint64_t *s) { /* xorshift64* */
 
 /* A thread that moves counters PREFIX0..PREFIX(n-1) under their writers:
  * every third one resharded back and forth (1 shard, then 2 to 8), a
- * grace step after each round, until *stop (at most 20 s). */
+ * grace step after each round, until *stop (at most 20 s). rounds counts
+ * the rounds done, for writers that must overlap some. */
 struct tu_mover {
   tally_store *s;
   const char *prefix;
   int n;
   atomic_bool *stop;
   long moves;
+  atomic_long rounds;
 };
 
 static inline void *tu_mover_main(void *ud) {
@@ -172,6 +174,7 @@ static inline void *tu_mover_main(void *ud) {
       m->moves++;
     }
     EXPECT_OK(tally_store_maintain(m->s, 0, 0, NULL));
+    atomic_fetch_add(&m->rounds, 1);
   }
   for (int i = 0; i < m->n; i++) tally_counter_close(c[i]);
   free(c);
