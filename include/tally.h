@@ -381,6 +381,12 @@ TALLY_API int tally_vector_put(tally_vector *v, size_t i, tally_counter *c);
 /* tally_counter_open, then put: the same arguments and errors. */
 TALLY_API int tally_vector_open(tally_vector *v, size_t i, const char *name, size_t len,
                                 const tally_counter_options *opt, uint32_t flags);
+/* Empty slot i and give its handle back to the caller (who closes it
+ * when done), or NULL if the slot is empty or out of range. */
+TALLY_API tally_counter *tally_vector_take(tally_vector *v, size_t i);
+/* Make the vector n slots long (n >= its size; the new slots are empty).
+ * Not concurrently with other calls on the same vector. */
+TALLY_API int tally_vector_grow(tally_vector *v, size_t n);
 /* The handle in slot i (owned by the vector: read it, do not close it),
  * or NULL if the slot is empty or out of range. */
 TALLY_API tally_counter *tally_vector_get(const tally_vector *v, size_t i);

@@ -1,14 +1,16 @@
 /* test_vector.c -- counters by index (src/core/vector.c).
  *
  *  - dense slots (counters created in order, in a fresh store and after
- *    others): how many are dense, and every slot, past the first group,
+ *    others, and in a vector grown midway): how many are dense, and every slot, past the first group,
  *    adds to its own counter;
- *  - the API: put, open, get, size, errors (out of range, empty slot, a
+ *  - the API: put, open, get, take, grow, size, errors (out of range, empty slot, a
  *    handle in two vectors, another store's handle, key policy, range,
  *    large deltas), free, a store closed first;
  *  - a slot never adds to space its counter left: the counter is dropped,
  *    or resharded away by another handle, its old cells are reused by new
  *    counters, and increments through the vector go where they belong;
+ *  - a vector grows while another thread moves its counters and runs
+ *    grace steps: exact;
  *  - exact under load: two threads increment slots of 1-shard, 16-shard
  *    and automatic counters while a third reshards them back and forth
  *    and runs grace steps; an automatic counter hammered through a vector
@@ -128,6 +130,35 @@ static void test_api(void) {
   EXPECT_I64(5, value_of(s, "another"));
   EXPECT_I64(7, value_of(s, "one"));
 
+  /* take gives a handle back, open; grow keeps every slot where it was */
+  EXPECT(tally_vector_take(v, 3) == NULL); /* empty */
+  EXPECT(tally_vector_take(v, 4) == NULL); /* out of range */
+  EXPECT(tally_vector_take(NULL, 0) == NULL);
+  EXPECT_OK(vopen(v, 3, "taken", 1, TALLY_POLICY_THREAD));
+  EXPECT_OK(tally_vector_incr(v, 3, 2));
+  c = tally_vector_take(v, 3);
+  if (!c) abort();
+  EXPECT(tally_vector_get(v, 3) == NULL);
+  EXPECT_RC(TALLY_ENOENT, tally_vector_incr(v, 3, 1));
+  EXPECT_OK(tally_counter_incr(c, 3));  /* still the caller's, open */
+  EXPECT_OK(tally_vector_put(w, 1, c)); /* in no vector now */
+  EXPECT_OK(tally_vector_incr(w, 1, 4));
+  EXPECT_I64(9, value_of(s, "taken"));
+  EXPECT_RC(TALLY_EINVAL, tally_vector_grow(v, 3));
+  EXPECT_RC(TALLY_EINVAL, tally_vector_grow(NULL, 8));
+  EXPECT_OK(tally_vector_grow(v, 4)); /* its size: nothing to do */
+  EXPECT_OK(tally_vector_grow(v, 2000));
+  EXPECT_I64(2000, tally_vector_size(v));
+  EXPECT_OK(tally_vector_incr(v, 0, 1));
+  EXPECT_OK(tally_vector_incr(v, 1, 1));
+  EXPECT_I64(6, value_of(s, "another"));
+  EXPECT_I64(2001, tu_value(tally_vector_get(v, 1)));
+  EXPECT_OK(vopen(v, 1999, "last", 1, TALLY_POLICY_THREAD));
+  EXPECT_OK(tally_vector_incr(v, 1999, 8));
+  EXPECT_I64(8, value_of(s, "last"));
+  EXPECT(tally_vector_get(v, 1000) == NULL);
+  EXPECT_RC(TALLY_ENOENT, tally_vector_incr(v, 1000, 1));
+
   tally_vector_free(w);
   tally_vector_free(NULL);
   /* the store closed first: the vector only errs (and frees) */
@@ -171,11 +202,13 @@ static void test_dense(void) {
       create_n(s, "d:", N, shards);
       create_n(s, "later:", 600, shards);
     }
-    REQUIRE_OK(tally_vector_new(s, N, &v));
+    /* k == 1: the vector grows after its first group, which stays dense */
+    REQUIRE_OK(tally_vector_new(s, k == 1 ? 600 : N, &v));
     int dense = 0;
     for (int i = 0; i < N; i++) {
       char nm[32];
       snprintf(nm, sizeof nm, "d:%d", i);
+      if (k == 1 && i == 600) REQUIRE_OK(tally_vector_grow(v, N));
       REQUIRE_OK(vopen(v, (size_t)i, nm, shards, TALLY_POLICY_THREAD));
       dense += tally_vector_fast(v, (size_t)i) == 2;
     }
@@ -366,6 +399,43 @@ struct hammer {
   atomic_bool *stop;
   long long n;
 };
+
+/* A vector grows while another thread moves its counters and runs grace
+ * steps, which clear slots (tally__vector_forget) under hlock: no clear
+ * is lost in the copy or lands in freed arrays (TSan, ASan), and every
+ * add counts. */
+static void test_grow(void) {
+  tally_store *s = open_file("grow.tly", "100");
+  tally_vector *v;
+  int64_t added[SLOTS] = {0};
+  uint64_t seed = 7;
+  REQUIRE_OK(tally_vector_new(s, SLOTS, &v));
+  for (int i = 0; i < SLOTS; i++) {
+    char nm[32];
+    snprintf(nm, sizeof nm, "g:%d", i);
+    REQUIRE_OK(
+        vopen(v, (size_t)i, nm, i % 2 ? 1 : TALLY_SHARDS_AUTO, TALLY_POLICY_THREAD));
+  }
+  atomic_bool stop = false;
+  struct tu_mover m = {.s = s, .prefix = "g:", .n = SLOTS, .stop = &stop};
+  pthread_t mover;
+  pthread_create(&mover, NULL, tu_mover_main, &m);
+  for (size_t n = SLOTS + 1; n <= SLOTS + 300; n++) {
+    random_adds(v, &seed, 0, SLOTS, 2000, &m, added);
+    REQUIRE_OK(tally_vector_grow(v, n));
+  }
+  atomic_store(&stop, true);
+  pthread_join(mover, NULL);
+  EXPECT(m.moves > 0);
+  EXPECT_I64(SLOTS + 300, tally_vector_size(v));
+  for (int i = 0; i < SLOTS; i++) {
+    char nm[32];
+    snprintf(nm, sizeof nm, "g:%d", i);
+    EXPECT_I64(added[i], value_of(s, nm));
+  }
+  tally_vector_free(v);
+  tally_store_close(s);
+}
 
 static void *hammer_main(void *ud) {
   struct hammer *h = ud;
@@ -606,6 +676,7 @@ int main(void) {
   test_reuse();
   test_expired();
   test_threads();
+  test_grow();
   test_auto_grows();
   test_rows();
   test_processes();

@@ -212,8 +212,33 @@ local function cache_of(db)
   return st
 end
 
+-- Name slots (src/lua/lua_slots.c): store handle -> its table name -> slot
+-- of the vector the store handle owns (struct tally_ffi_store's vec, NULL
+-- once closed). A cached handle of the thread or random policy is lent a
+-- slot, so db:incr(name) there is one table lookup and tally_vector_incr.
+-- Anything it cannot do returns non-zero, and the cache's path (then the
+-- classic method) does it. Set up below, once the store layout is checked.
+local slots = setmetatable({}, { __mode = "k" })
+local slots_of = function() return nil end
+local slot_incr = function() return false end
+
+-- An entry is -1 - slot until hit: a hit writes the slot itself, which
+-- keeps the name in the cache when its generation rotates (lua_slots.c).
+local function slot_hit(sl, name, i)
+  if i < 0 then
+    i = -1 - i
+    sl[name] = i
+  end
+  return i
+end
+
 local function db_incr(db, ...)
   local name, n = ...
+  local sl = slots[db] or slots_of(db)
+  if sl then
+    local i = sl[name]
+    if i and slot_incr(db, slot_hit(sl, name, i), n) then return true end
+  end
   local st = caches[db] or cache_of(db)
   local c = st and st[1][name]
   if c then
@@ -225,6 +250,14 @@ end
 
 local function db_decr(db, ...)
   local name, n = ...
+  local sl = slots[db] or slots_of(db)
+  if sl then
+    local i = sl[name]
+    if i then
+      local d = delta(n)
+      if d and slot_incr(db, slot_hit(sl, name, i), -d) then return true end
+    end
+  end
   local st = caches[db] or cache_of(db)
   local c = st and st[1][name]
   if c then
@@ -266,7 +299,9 @@ if not pcall(ffi.typeof, "struct tally_ffi_store") then
     struct tally_ffi_store {
       uintptr_t key;           /* (uintptr_t)self ^ TL_STORE_SALT */
       tally_store *store;      /* NULL once closed */
+      struct tally_vector *vec; /* name slots, NULL: none or closed */
     };
+    int tally_vector_incr(struct tally_vector *v, size_t i, int64_t delta);
   ]]
 end
 
@@ -277,6 +312,7 @@ local function batch_unusable(info)
   local off = ffi.offsetof
   if info.store_key ~= off("struct tally_ffi_store", "key")
      or info.store_store ~= off("struct tally_ffi_store", "store")
+     or info.store_vec ~= off("struct tally_ffi_store", "vec")
      or type(info.store_size) ~= "number" or info.store_size < ffi.sizeof("struct tally_ffi_store")
      or info.counter_db ~= off("struct tally_ffi_counter", "db") then
     return "the store handle layout does not match struct tally_ffi_store"
@@ -284,6 +320,23 @@ local function batch_unusable(info)
   return nil
 end
 _M.batch_reason = batch_unusable(core._ffi_info())
+
+if not _M.batch_reason and core._store_slots then
+  local vec_incr = C.tally_vector_incr
+  slots_of = function(db)
+    local sl = slots[db]
+    if sl == nil and type(db) == "userdata" and getmetatable(db) == STORE_MT then
+      sl = core._store_slots(db)
+      slots[db] = sl
+    end
+    return sl
+  end
+  -- slot_incr(db, i, n) -> true if slot i of db's vector added n (nil: 1)
+  slot_incr = function(db, i, n)
+    local d, v = delta(n), cast(SPTR, db).vec
+    return d ~= nil and v ~= nil and vec_incr(v, i, d) == 0
+  end
+end
 local uintptr_t = ffi.typeof("uintptr_t")
 local STORE_SALT = 0x5a17e5
 local bxor = require("bit").bxor

@@ -46,6 +46,7 @@
 #include "internal.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 struct tally_vector {
   /* what an increment reads: the first line */
@@ -206,6 +207,54 @@ int tally_vector_open(tally_vector *v, size_t i, const char *name, size_t len,
   int rc = tally_counter_open(v->s, name, len, opt, flags, &c);
   if (rc == 0) rc = tally_vector_put(v, i, c);
   return rc;
+}
+
+tally_counter *tally_vector_take(tally_vector *v, size_t i) {
+  return v && i < v->n ? detach(v, i) : NULL;
+}
+
+/* New arrays, filled from the old ones under hlock: the grace step clears
+ * bits and words under it (tally__vector_forget), and must neither write
+ * freed arrays nor be lost in the copy. */
+int tally_vector_grow(tally_vector *v, size_t n) {
+  if (!v) return tally__fail(TALLY_EINVAL, "tally_vector_grow: vector is NULL");
+  if (n < v->n || n > SIZE_MAX / sizeof(tally_counter *))
+    return tally__fail(TALLY_EINVAL, "tally_vector_grow: %zu slots (at least %zu)", n,
+                       v->n);
+  if (n == v->n) return 0;
+  _Atomic uint64_t *dense = calloc(n / 64 + 1, sizeof *dense);
+  _Atomic uint64_t *gbase = calloc(n / GROUP + 2, sizeof *gbase);
+  _Atomic uint32_t *cell = calloc(n, sizeof *cell);
+  tally_counter **c = calloc(n, sizeof *c);
+  if (!dense || !gbase || !cell || !c) {
+    free(dense);
+    free(gbase);
+    free(cell);
+    free(c);
+    return tally__fail(TALLY_ENOMEM, "out of memory (a vector of %zu slots)", n);
+  }
+  pthread_mutex_lock(&v->s->hlock);
+  for (size_t i = 0; i < v->n / 64 + 1; i++)
+    atomic_init(&dense[i], atomic_load_explicit(&v->dense[i], memory_order_relaxed));
+  for (size_t g = 0; g < v->n / GROUP + 2; g++)
+    atomic_init(&gbase[g], atomic_load_explicit(&v->gbase[g], memory_order_relaxed));
+  for (size_t i = 0; i < v->n; i++)
+    atomic_init(&cell[i], atomic_load_explicit(&v->cell[i], memory_order_relaxed));
+  memcpy(c, v->c, v->n * sizeof *c);
+  _Atomic uint64_t *old_dense = v->dense, *old_gbase = v->gbase;
+  _Atomic uint32_t *old_cell = v->cell;
+  tally_counter **old_c = v->c;
+  v->dense = dense;
+  v->gbase = gbase;
+  v->cell = cell;
+  v->c = c;
+  v->n = n;
+  pthread_mutex_unlock(&v->s->hlock);
+  free(old_dense);
+  free(old_gbase);
+  free(old_cell);
+  free(old_c);
+  return 0;
 }
 
 tally_counter *tally_vector_get(const tally_vector *v, size_t i) {

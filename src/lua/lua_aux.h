@@ -117,8 +117,13 @@ int tl_canpush(lua_State *L, int64_t v);
 #define TL_STORE_SALT   ((uintptr_t)0x5a17e5u)
 #define TL_COUNTER_SALT ((uintptr_t)0xc0417e5u)
 
-enum { TL_SUV_CACHE = 1, TL_SUV_FAMILIES = 2, TL_SUV_N = 2 }; /* store */
-enum { TL_CUV_STORE = 1, TL_CUV_POLICY = 2, TL_CUV_N = 2 };   /* counter */
+enum {
+  TL_SUV_CACHE = 1,
+  TL_SUV_FAMILIES = 2,
+  TL_SUV_SLOTS = 3,
+  TL_SUV_N = 3
+};                                                          /* store */
+enum { TL_CUV_STORE = 1, TL_CUV_POLICY = 2, TL_CUV_N = 2 }; /* counter */
 
 typedef struct tl_counter tl_counter;
 
@@ -127,9 +132,14 @@ typedef struct tl_counter tl_counter;
  * their offsets and the size against core._ffi_info() (lua_counter.c) and
  * keeps batches classic if they differ. */
 typedef struct tl_store {
-  uintptr_t key;        /* (uintptr_t)self ^ TL_STORE_SALT */
-  tally_store *store;   /* NULL once closed */
-  tl_counter *counters; /* open counter handles made on this store */
+  uintptr_t key;            /* (uintptr_t)self ^ TL_STORE_SALT */
+  tally_store *store;       /* NULL once closed */
+  tally_vector *vec;        /* name slots (lua_slots.c), NULL: none yet or closed */
+  tl_counter **lent;        /* per slot: the handle lent to it, or NULL */
+  size_t *spare;            /* slots free to reuse */
+  size_t nspare, used, cap; /* slots handed out so far; lent's room */
+  int slots_on;             /* core._store_slots was called: lend slots */
+  tl_counter *counters;     /* open counter handles made on this store */
   size_t speclen;
   char spec[]; /* "memory" or "file:PATH" */
 } tl_store;
@@ -145,6 +155,7 @@ struct tl_counter {
   tl_counter *prev, *next;
   int32_t policy; /* the stored policy */
   int hasfn;      /* CUSTOM with a Lua function in TL_CUV_POLICY */
+  size_t slot1;   /* 1 + its name slot in db->vec, 0: none */
   size_t namelen;
   char name[];
 };
@@ -240,6 +251,28 @@ int tl_counter_push(lua_State *L, int dbidx, const char *name, size_t len,
                     const tally_counter_options *opt, uint32_t flags, int fnidx);
 /* Close the counter of handle h and unlink it from its store; safe twice. */
 void tl_counter_release(tl_counter *h);
+
+/* ---- name slots (lua_slots.c) ------------------------------------------------- */
+
+/* Lend the handle at h, cached under the name at `name` by the store at
+ * db, a name slot (if the store's slots are on and its policy is thread
+ * or random), in place of any other handle's slot for that name. */
+void tl_slot_lend(lua_State *L, int db, int name, int h);
+/* The cache rotated: young is the new young table, old the one that was
+ * young, gone the old one let go (or nil). Names of gone hit through their
+ * slot since the last rotation are put in young (at most room), and every
+ * entry of old and young is marked not hit. Returns how many were put. */
+lua_Integer tl_slots_rotate(lua_State *L, int db, int gone, int old, int young,
+                            lua_Integer room);
+/* The handle at h closes: its slot is emptied and its name's entry gone. */
+void tl_slot_return(lua_State *L, int h);
+/* The same without a Lua state: the slot is emptied, its entry stays
+ * (tl_counter_release's safety net; the next lend of the name reuses it). */
+void tl_slot_unlend(tl_counter *h);
+/* The store at db closes: every slot emptied, the vector freed, the table
+ * of slots emptied. Before its handles are released. */
+void tl_slots_release(lua_State *L, int db);
+void tl_open_slots(lua_State *L); /* core._store_slots, _store_slots_stats */
 /* Add n to the counter of handle h (at hidx) with the key or function
  * policy (callers add for the others with tally_counter_incr, inline);
  * the key is at kidx. Returns 0 or a TALLY_E* code; raises on misuse. */

@@ -126,6 +126,7 @@ void tl_counter_release(tl_counter *h) {
     h->db->counters = h->next;
   if (h->next != NULL) h->next->prev = h->prev;
   h->prev = h->next = NULL;
+  tl_slot_unlend(h);
   tally_counter_close(h->c);
   h->c = NULL;
 }
@@ -392,6 +393,7 @@ static int tl_counter_store(lua_State *L) {
 
 static int tl_counter_close(lua_State *L) {
   tl_counter *h = (tl_counter *)tl_checkudata(L, 1, TL_COUNTER_MT);
+  tl_slot_return(L, 1);
   tl_counter_release(h);
   return 0;
 }
@@ -455,6 +457,8 @@ static int tl_ffi_info(lua_State *L) {
   lua_setfield(L, -2, "store_key");
   lua_pushinteger(L, (lua_Integer)offsetof(tl_store, store));
   lua_setfield(L, -2, "store_store");
+  lua_pushinteger(L, (lua_Integer)offsetof(tl_store, vec));
+  lua_setfield(L, -2, "store_vec");
   /* without spec[]: the least a store handle holds */
   lua_pushinteger(L, (lua_Integer)sizeof(tl_store));
   lua_setfield(L, -2, "store_size");

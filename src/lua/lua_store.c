@@ -48,7 +48,8 @@ static tl_store *tl_tostore(lua_State *L) {
   return d;
 }
 
-static void tl_store_release(tl_store *d) {
+static void tl_store_release(lua_State *L, tl_store *d) {
+  tl_slots_release(L, 1);
   while (d->counters != NULL) tl_counter_release(d->counters);
   if (d->store != NULL) tally_store_close(d->store);
   d->store = NULL;
@@ -225,6 +226,7 @@ static void tl_cache_put(lua_State *L, int h) {
       lua_Integer ny = tl_cs_get(L, st, TL_CS_NYOUNG);
       tl_cache_forget(L, st, TL_CS_OLD);
       if (ny >= (cap >= 2 ? cap / 2 : 1)) { /* young is full: it becomes old */
+        lua_rawgeti(L, st, TL_CS_OLD);      /* the old one, let go: below */
         if (cap >= 2) {
           lua_rawgeti(L, st, TL_CS_YOUNG);
           lua_rawseti(L, st, TL_CS_OLD);
@@ -238,6 +240,13 @@ static void tl_cache_put(lua_State *L, int h) {
         if (tl_door_of(L, st)) tl_door_clear(tl_door_of(L, st));
         tl_cache_newyoung(L, 1, st, ny); /* it will fill as the last one did */
         ny = 0;
+        if (cap >= 2) { /* names hit through their slots stay (lua_slots.c) */
+          lua_rawgeti(L, st, TL_CS_OLD);
+          lua_rawgeti(L, st, TL_CS_YOUNG);
+          ny = tl_slots_rotate(L, 1, -3, -2, -1, cap / 2 - 1);
+          lua_pop(L, 2);
+        }
+        lua_pop(L, 1);
       }
       tl_cs_set(L, st, TL_CS_NYOUNG, ny + 1);
     }
@@ -247,6 +256,7 @@ static void tl_cache_put(lua_State *L, int h) {
   lua_pushvalue(L, h);
   lua_rawset(L, -3);
   lua_pop(L, 2);
+  tl_slot_lend(L, 1, 2, h);
 }
 
 /* The open handle the old generation has for the name at arg 2, moved
@@ -854,7 +864,7 @@ static int tl_store_grace(lua_State *L) {
 static int tl_store_close(lua_State *L) {
   tl_store *d = (tl_store *)tl_checkudata(L, 1, TL_STORE_MT);
   if (d->store != NULL) {
-    tl_store_release(d);
+    tl_store_release(L, d);
     tl_cache_clear(L); /* the closed handles need not stay */
   }
   return 0;
@@ -952,6 +962,8 @@ static int tl_open(lua_State *L) {
   tl_cache_init(L, -1, cache, repeat);
   lua_newtable(L); /* function families */
   tl_setuv(L, -2, TL_SUV_FAMILIES);
+  lua_newtable(L); /* name slots (lua_slots.c) */
+  tl_setuv(L, -2, TL_SUV_SLOTS);
 
   rc = tally_store_open(d->spec, &o, &s);
   if (rc < 0) return tl_fail(L, rc);
@@ -1053,6 +1065,7 @@ int tl_open_store(lua_State *L) {
   lua_setfield(L, -2, "_store_cache");
   lua_pushcfunction(L, tl_store_cache_stats);
   lua_setfield(L, -2, "_store_cache_stats");
+  tl_open_slots(L);
   lua_pushcfunction(L, tl_store_cache_door);
   lua_setfield(L, -2, "_store_cache_door");
   lua_pushinteger(L, TL_HANDLE_CACHE);
