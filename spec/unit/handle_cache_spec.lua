@@ -17,7 +17,8 @@ describe("tally.open(spec, { handle_cache = N })", function()
     local db = assert(tally.open())
     assert.equal(10000, core.HANDLE_CACHE)
     assert.same({ young = 0, old = 0, held = 0, cap = 10000, rotations = 0 }, stats(db))
-    assert.same({ by_name = 0, admitted = 0, clears = 0, set = 0 }, core._store_cache_door(db))
+    assert.same({ by_name = 0, admitted = 0, clears = 0, set = 0, bits = 131072 },
+                core._store_cache_door(db))
     db:close()
   end)
 
@@ -228,10 +229,10 @@ describe("handle_admit = 'repeat' (the default)", function()
     db = assert(tally.open("memory", { handle_cache = 100 }))
     assert.is_true(db:incr("a", 2))
     assert.is_nil(cached(db, "a"))
-    assert.same({ by_name = 1, admitted = 0, clears = 0, set = 1 }, door())
+    assert.same({ by_name = 1, admitted = 0, clears = 0, set = 1, bits = 131072 }, door())
     assert.is_true(db:decr("a"))                -- its repeat: opened and cached
     assert.is_userdata(cached(db, "a"))
-    assert.same({ by_name = 1, admitted = 1, clears = 0, set = 1 }, door())
+    assert.same({ by_name = 1, admitted = 1, clears = 0, set = 1, bits = 131072 }, door())
     assert.is_true(db:incr("a", 5))             -- through the cached handle
     assert.equal(1, door().by_name)
     assert.equal(6, db:value("a"))
@@ -272,6 +273,21 @@ describe("handle_admit = 'repeat' (the default)", function()
     db:incr("w")                                -- by name, then admitted
     assert.same({ 4, 4 }, { door().by_name, door().admitted })
     assert.equal(3, db:value("x"))
+  end)
+
+  it("sizes its bits to the cache: a name that comes back within handle_cache/2 misses is admitted", function()
+    db = assert(tally.open("memory", { handle_cache = 100000 }))
+    assert.equal(2^20, door().bits)             -- 8 per handle, a power of two
+    for i = 1, 40000 do db:incr("n:" .. i) end  -- past the 8,192 of the smallest
+    assert.equal(0, door().clears)
+    for i = 1, 40000 do db:incr("n:" .. i) end
+    local d = door()
+    assert.is_true(d.admitted >= 40000, d.admitted .. " admitted")
+    assert.is_true(d.by_name <= 40000 + 2000, d.by_name .. " by name")   -- a few collide
+    assert.equal(2, db:value("n:1"))
+    db:close()
+    db = assert(tally.open("memory", { handle_cache = 2000000000 }))
+    assert.equal(2^28, door().bits)             -- at most 32 MiB
   end)
 
   it("reads a name it does not hold by name too, and caches it on its repeat", function()

@@ -92,17 +92,19 @@ enum {
  * name without a handle (tally_store_incr: one index lookup) and set the
  * name's bit in a doorkeeper, as TinyLFU does; a name missed while its bit
  * is set is opened and cached. The bits are cleared when young rotates or
- * when 1/16 of them are set, so "repeat" means within about the last
- * TL_DOOR_FILL misses or handle_cache/2 admissions. "always" caches every
- * name on its first miss, as db:value and db:counter always do. */
-#define TL_DOOR_BITS (1u << 17) /* 16 KiB */
-#define TL_DOOR_FILL (TL_DOOR_BITS / 16)
+ * when 1/16 of them are set; there are at least 8 per handle the cache
+ * holds, so "repeat" means within about the last handle_cache/2 misses
+ * (8,192 at least) or admissions. "always" caches every name on its first
+ * miss, as db:value and db:counter always do. */
+#define TL_DOOR_MIN_BITS (1u << 17) /* 16 KiB: up to 16,384 handles */
+#define TL_DOOR_MAX_BITS (1u << 28) /* 32 MiB: from 33,554,432 handles */
 
 typedef struct tl_door {
+  uint32_t nbits;             /* a power of two */
   uint32_t set;               /* bits set since the last clear */
   uint64_t by_name, admitted; /* increments without a handle; admissions */
   uint64_t clears;            /* times the bits were cleared */
-  uint64_t bits[TL_DOOR_BITS / 64];
+  uint64_t bits[];
 } tl_door;
 
 #define TL_HANDLE_CACHE     10000     /* the default N: about 4 MB of handles */
@@ -156,8 +158,12 @@ static void tl_cache_init(lua_State *L, int db, lua_Integer cap, int repeat) {
   tl_cs_set(L, st, TL_CS_CAP, cap);
   tl_cs_set(L, st, TL_CS_ROTATIONS, 0);
   if (repeat) {
-    tl_door *door = (tl_door *)lua_newuserdata(L, sizeof(tl_door));
-    memset(door, 0, sizeof *door);
+    uint32_t nbits = TL_DOOR_MIN_BITS;
+    tl_door *door;
+    while (nbits < TL_DOOR_MAX_BITS && (lua_Integer)nbits < cap * 8) nbits *= 2;
+    door = (tl_door *)lua_newuserdata(L, sizeof(tl_door) + nbits / 8);
+    memset(door, 0, sizeof(tl_door) + nbits / 8);
+    door->nbits = nbits;
     lua_rawseti(L, st, TL_CS_DOOR);
   }
   tl_cache_newyoung(L, db, st, 0);
@@ -165,7 +171,7 @@ static void tl_cache_init(lua_State *L, int db, lua_Integer cap, int repeat) {
 }
 
 static void tl_door_clear(tl_door *door) {
-  memset(door->bits, 0, sizeof door->bits);
+  memset(door->bits, 0, door->nbits / 8);
   door->set = 0;
   door->clears++;
 }
@@ -361,10 +367,10 @@ static int tl_incr_new_fails(lua_State *L, tl_store *d, lua_Integer n) {
 }
 
 /* FNV-1a: the doorkeeper's bit for a name. */
-static uint32_t tl_door_bit(const char *name, size_t len) {
+static uint32_t tl_door_bit(const tl_door *door, const char *name, size_t len) {
   uint64_t h = 0xcbf29ce484222325ull;
   for (size_t i = 0; i < len; i++) h = (h ^ (unsigned char)name[i]) * 0x100000001b3ull;
-  return (uint32_t)(h ^ h >> 32) & (TL_DOOR_BITS - 1);
+  return (uint32_t)(h ^ h >> 32) & (door->nbits - 1);
 }
 
 /* The doorkeeper's word on the name at arg 2 (len bytes) of the store at
@@ -375,7 +381,7 @@ static tl_door *tl_door_pass(lua_State *L, const char *name, size_t len, uint32_
   tl_door *door = tl_door_of(L, tl_cache_state(L));
   lua_pop(L, 1);
   if (door == NULL) return NULL;
-  *bit = tl_door_bit(name, len);
+  *bit = tl_door_bit(door, name, len);
   if (door->bits[*bit / 64] & (1ull << (*bit % 64))) {
     door->admitted++;
     return NULL;
@@ -386,7 +392,7 @@ static tl_door *tl_door_pass(lua_State *L, const char *name, size_t len, uint32_
 static void tl_door_mark(tl_door *door, uint32_t bit) {
   door->by_name++;
   door->bits[bit / 64] |= 1ull << (bit % 64);
-  if (++door->set >= TL_DOOR_FILL) tl_door_clear(door);
+  if (++door->set >= door->nbits / 16) tl_door_clear(door);
 }
 
 /* db:incr(name, n) (no key) of a name the cache does not hold. Returns -1
@@ -1035,7 +1041,8 @@ static int tl_store_cache_stats(lua_State *L) {
   return 1;
 }
 
-/* core._store_cache_door(db) -> { by_name =, admitted =, clears =, set = }
+/* core._store_cache_door(db) -> { by_name =, admitted =, clears =, set =,
+ * bits = }
  * (handle_admit = "repeat"), or nil ("always"). */
 static int tl_store_cache_door(lua_State *L) {
   tl_door *door;
@@ -1048,6 +1055,7 @@ static int tl_store_cache_door(lua_State *L) {
   tl_setint(L, "admitted", (int64_t)door->admitted);
   tl_setint(L, "clears", (int64_t)door->clears);
   tl_setint(L, "set", (int64_t)door->set);
+  tl_setint(L, "bits", (int64_t)door->nbits);
   return 1;
 }
 
