@@ -264,6 +264,10 @@ void tl_slot_lend(lua_State *L, int db, int name, int h);
  * entry of old and young is marked not hit. Returns how many were put. */
 lua_Integer tl_slots_rotate(lua_State *L, int db, int gone, int old, int young,
                             lua_Integer room);
+/* db:incr's first try (the store d at 1, the name at `name`): n added
+ * through the name's slot? 0: nothing added, take the cache's path. Leaves
+ * two values on the stack either way. */
+int tl_slot_incr(lua_State *L, tl_store *d, int name, lua_Integer n);
 /* The handle at h closes: its slot is emptied and its name's entry gone. */
 void tl_slot_return(lua_State *L, int h);
 /* The same without a Lua state: the slot is emptied, its entry stays

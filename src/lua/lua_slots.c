@@ -36,6 +36,23 @@
 
 #define TL_SLOTS_FIRST 256 /* the vector's first size; it doubles */
 
+int tl_slot_incr(lua_State *L, tl_store *d, int name, lua_Integer n) {
+  lua_Integer v;
+  tl_getuv(L, 1, TL_SUV_SLOTS);
+  lua_pushvalue(L, name);
+  lua_rawget(L, -2);
+  v = lua_tointegerx(L, -1, NULL); /* 0 for nil: a slot 0 entry is -1 or 0 */
+  if (v < 0) {                     /* its first hit since it was lent or rotated */
+    v = -1 - v;
+    lua_pushvalue(L, name);
+    lua_pushinteger(L, v);
+    lua_rawset(L, -4);
+  } else if (v == 0 && lua_type(L, -1) != LUA_TNUMBER) {
+    return 0;
+  }
+  return tally_vector_incr(d->vec, (size_t)v, (int64_t)n) == 0;
+}
+
 /* A free slot (grown if need be), or -1. */
 static ptrdiff_t tl_slot_alloc(tl_store *d) {
   if (d->nspare > 0) return (ptrdiff_t)d->spare[--d->nspare];

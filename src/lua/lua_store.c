@@ -427,6 +427,13 @@ static int tl_store_incr_(lua_State *L, int sign) {
   n = tl_tointx(L, 3, &isnum);
   if (TL_UNLIKELY(!isnum)) n = tl_checkdelta(L, 3);
   if (sign < 0) n = tl_negate(n);
+  if (d->vec != NULL) { /* a slot's counter ignores the key, as its handle does */
+    if (tl_slot_incr(L, d, 2, n)) {
+      lua_pushboolean(L, 1);
+      return 1;
+    }
+    lua_settop(L, 4);
+  }
   for (tries = 0;; tries++) {
     tl_getuv(L, 1, TL_SUV_CACHE); /* 5: cache */
     lua_pushvalue(L, 2);
@@ -960,6 +967,7 @@ static int tl_open(lua_State *L) {
 
   d = (tl_store *)tl_newud(L, sizeof(*d) + len + 1, TL_SUV_N);
   memset(d, 0, sizeof(*d));
+  d->slots_on = 1;
   d->key = (uintptr_t)d ^ TL_STORE_SALT;
   d->speclen = len;
   memcpy(d->spec, spec, len);

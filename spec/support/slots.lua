@@ -1,0 +1,237 @@
+-- spec/support/slots.lua: the name slots' specs (src/lua/lua_slots.c), for
+-- Lua 5.4 (spec/unit/slots_spec.lua) and LuaJIT, on its FFI and classic
+-- paths (spec/luajit/slots_ljspec.lua). db:incr(name) and db:decr find a
+-- cached handle's slot in one table and add through the store handle's
+-- vector. Every increment lands in its own counter; a slot names its
+-- counter's handle or nothing: when the handle closes, is collected, or
+-- its counter is dropped, the name's next increment takes the cache's path
+-- and counts; a name hit only through its slot stays cached; db:close
+-- empties them all.
+--
+-- run(helper, paths, use, bt): helper gives tmpfile; paths the paths to
+-- run (use(path) switches to one; nil under Lua 5.4: { "classic" }); bt
+-- the spec's describe, it, before_each, after_each and assert (busted
+-- gives them to the spec file, not to modules it requires).
+local tally = require "tally"
+local core = require "tally.core"
+
+local look = require "spec.support.cache"
+local gc, cached = look.gc, look.cached
+local jit = rawget(_G, "jit")
+
+-- The slot an entry names: -1 - slot until an increment hits it.
+local function slot(v)
+  return v and (v < 0 and -1 - v or v)
+end
+
+-- Take name out of the cache (the handle stays alive in the caller): an
+-- increment that does not go through the slot puts it back.
+local function uncache(db, name)
+  local st = core._store_cache(db)
+  local h = st[1][name] or (st[2] and st[2][name])
+  st[1][name] = nil
+  if st[2] then st[2][name] = nil end
+  return h
+end
+
+return function(helper, paths, use, bt)
+  local describe, it, before_each, after_each, assert =
+    bt.describe, bt.it, bt.before_each, bt.after_each, bt.assert
+  for _, path in ipairs(paths) do
+    describe("name slots on the " .. path .. " path", function()
+      local db, other
+      before_each(function() if use then use(path) end end)
+      after_each(function()
+        if db then db:close() end
+        if other then other:close() end
+        db, other = nil, nil
+        if use then use(paths[1]) end
+      end)
+
+      it("are lent to cached handles, and increments through them land exactly", function()
+        db = assert(tally.open("memory", { handle_cache = 1000, handle_admit = "always" }))
+        local want = {}
+        for i = 1, 3000 do
+          local name = "n:" .. (i * 7919 % 300)
+          if i % 3 == 0 then
+            assert.is_true(db:decr(name, 2))
+            want[name] = (want[name] or 0) - 2
+          else
+            assert.is_true(db:incr(name, i))
+            want[name] = (want[name] or 0) + i
+          end
+        end
+        local slots = core._store_slots(db)
+        local st = core._store_slots_stats(db)
+        assert.equal(300, st.lent)
+        assert.equal(300, st.used)
+        assert.is_true(st.size >= 300)
+        local seen = {}
+        for name, v in pairs(want) do
+          assert.equal(v, db:value(name))
+          local i = slot(slots[name])
+          assert.is_number(i)
+          assert.is_nil(seen[i], "two names in slot " .. i)
+          seen[i] = true
+        end
+      end)
+
+      it("carry db:incr(name) without the cache's table", function()
+        db = assert(tally.open("memory", { handle_admit = "always" }))
+        assert.is_true(db:incr("s", 3))
+        local h = uncache(db, "s")
+        assert.is_nil(cached(db, "s"))
+        assert.is_true(db:incr("s", 4))
+        assert.is_true(db:decr("s"))
+        assert.is_nil(cached(db, "s"))         -- the classic path would have cached it
+        assert.equal(6, h:value())
+        -- what the slot cannot add (not an integer) goes to the classic method
+        assert.has_error(function() db:incr("s", 1.5) end)
+        assert.equal(6, db:value("s"))
+        assert.is_true(db:incr("s", jit and require("ffi").new("int64_t", 2) or 2))
+        assert.equal(8, db:value("s"))
+      end)
+
+      it("go to the thread and random policies only", function()
+        db = assert(tally.open("memory", { handle_admit = "always" }))
+        db:family("r:*", { policy = "random", shards = 4 })
+        db:family("k:*", { policy = "key", shards = 4 })
+        db:family("rr:*", { policy = "round_robin", shards = 4 })
+        assert.is_true(db:incr("t:1"))
+        assert.is_true(db:incr("r:1"))
+        assert.is_true(db:incr("k:1", 1, "some key"))
+        assert.is_true(db:incr("rr:1"))
+        local slots = core._store_slots(db)
+        assert.is_number(slots["t:1"])
+        assert.is_number(slots["r:1"])
+        assert.is_nil(slots["k:1"])
+        assert.is_nil(slots["rr:1"])
+        for _ = 1, 99 do
+          db:incr("r:1")
+          db:incr("rr:1")
+        end
+        assert.equal(100, db:value("r:1"))
+        assert.equal(100, db:value("rr:1"))
+      end)
+
+      it("keep a name hit only through its slot in the cache across rotations", function()
+        db = assert(tally.open("memory", { handle_cache = 20, handle_admit = "always" }))
+        db:incr("hot")
+        db:incr("cold")
+        local h = cached(db, "hot")
+        local slots = core._store_slots(db)
+        for r = 1, 10 do
+          for i = 1, 7 do db:incr("new:" .. r .. ":" .. i) end
+          assert.is_true(db:incr("hot"))
+          assert.is_true(slots.hot >= 0)       -- hit
+          gc()
+        end
+        local st = core._store_cache_stats(db)
+        assert.is_true(st.rotations >= 6, "rotations " .. st.rotations)
+        assert.is_true(st.held <= 20, "held " .. st.held)
+        assert.equal(h, cached(db, "hot"))     -- never let go, never reopened
+        assert.is_nil(cached(db, "cold"))
+        assert.is_nil(slots.cold)
+        assert.equal(11, db:value("hot"))
+      end)
+
+      it("are given back when a handle closes or is collected, and reused", function()
+        db = assert(tally.open("memory", { handle_cache = 16, handle_admit = "always" }))
+        assert.is_true(db:incr("c", 2))
+        local slots = core._store_slots(db)
+        local i = slot(slots.c)
+        assert.is_number(i)
+        cached(db, "c"):close()
+        assert.is_nil(slots.c)
+        assert.equal(0, core._store_slots_stats(db).lent)
+        assert.equal(1, core._store_slots_stats(db).spare)
+        assert.is_true(db:incr("c", 3))        -- reopened, and lent the same slot
+        assert.equal(i, slot(slots.c))
+        assert.equal(5, db:value("c"))
+        -- rotations let handles go: collected, they give their slots back
+        local want = {}
+        for r = 1, 40 do
+          for k = 1, 10 do
+            local name = "g:" .. r .. ":" .. k
+            db:incr(name, k)
+            want[name] = k
+          end
+          if r % 2 == 0 then gc() end
+        end
+        gc()
+        local st = core._store_slots_stats(db)
+        assert.is_true(st.lent <= 40, "lent " .. st.lent)
+        assert.is_true(st.used <= 48, "used " .. st.used)   -- reused, not 401
+        local n = 0
+        for _ in pairs(slots) do n = n + 1 end
+        assert.equal(st.lent, n)
+        for name, v in pairs(want) do assert.equal(v, db:value(name)) end
+      end)
+
+      it("let a name dropped here or by another handle count again", function()
+        local file = helper.tmpfile()
+        db = assert(tally.open("file:" .. file, { handle_admit = "always" }))
+        other = assert(tally.open("file:" .. file))
+        assert.is_true(db:incr("d", 5))
+        local slots = core._store_slots(db)
+        assert.is_number(slots.d)
+        assert.is_true(db:drop("d"))
+        assert.is_true(db:incr("d"))
+        assert.equal(1, db:value("d"))
+        assert.is_true(db:incr("d", 2))        -- through the new handle's slot
+        assert.equal(3, other:value("d"))
+        -- dropped by another store handle: the slot's add fails, the cache's
+        -- handle fails, and the name is opened (and created) again
+        assert.is_true(other:drop("d"))
+        assert.is_true(db:incr("d", 7))
+        assert.equal(7, other:value("d"))
+        assert.equal(7, db:value("d"))
+        assert.is_number(slots.d)
+        assert.equal(1, core._store_slots_stats(db).lent)
+        assert.equal(1, core._store_slots_stats(db).used)   -- the old slot, reused
+        assert.is_true(db:incr("d"))
+        assert.equal(8, other:value("d"))
+      end)
+
+      it("follow reshards made through another handle", function()
+        local file = helper.tmpfile()
+        db = assert(tally.open("file:" .. file, { handle_admit = "always" }))
+        other = assert(tally.open("file:" .. file))
+        local total = 0
+        for r = 1, 6 do
+          for i = 1, 500 do
+            assert.is_true(db:incr("m", i % 3 + 1))
+            total = total + i % 3 + 1
+          end
+          assert(other:counter("m")):reshard(r % 2 == 1 and 8 or 1)
+          assert.equal(total, other:value("m"))
+        end
+        assert.equal(total, db:value("m"))
+      end)
+
+      it("are emptied by db:close; the store handle then refuses", function()
+        db = assert(tally.open("memory", { handle_admit = "always" }))
+        for i = 1, 10 do db:incr("x:" .. i) end
+        local slots = core._store_slots(db)
+        assert.is_not_nil(next(slots))
+        db:close()
+        assert.is_nil(next(slots))
+        assert.equal(0, core._store_slots_stats(db).lent)
+        assert.has_error(function() db:incr("x:1") end)
+        db = nil
+      end)
+
+      it("let a store nothing refers to be collected", function()
+        local gone = setmetatable({}, { __mode = "k" })
+        do
+          local s = assert(tally.open("memory", { handle_admit = "always" }))
+          for i = 1, 50 do s:incr("n:" .. i) end
+          assert.equal(50, core._store_slots_stats(s).lent)
+          gone[s] = true
+        end
+        gc()
+        assert.is_nil(next(gone))
+      end)
+    end)
+  end
+end
