@@ -135,6 +135,18 @@ return function(helper, paths, use, bt)
         assert.equal(11, db:value("hot"))
       end)
 
+      it("are given back by the handles a rotation lets go", function()
+        db = assert(tally.open("memory", { handle_cache = 20, handle_admit = "always" }))
+        for i = 1, 200 do db:incr("r:" .. i) end       -- no collection in between
+        local st, held = core._store_slots_stats(db), core._store_cache_stats(db).held
+        assert.is_true(st.lent <= held, st.lent .. " lent, " .. held .. " held")
+        assert.is_true(st.used <= 30, "used " .. st.used)
+        local n = 0
+        for _ in pairs(core._store_slots(db)) do n = n + 1 end
+        assert.equal(st.lent, n)
+        for i = 1, 200 do assert.equal(1, db:value("r:" .. i)) end
+      end)
+
       it("are given back when a handle closes or is collected, and reused", function()
         db = assert(tally.open("memory", { handle_cache = 16, handle_admit = "always" }))
         assert.is_true(db:incr("c", 2))

@@ -260,8 +260,9 @@ void tl_counter_release(tl_counter *h);
 void tl_slot_lend(lua_State *L, int db, int name, int h);
 /* The cache rotated: young is the new young table, old the one that was
  * young, gone the old one let go (or nil). Names of gone hit through their
- * slot since the last rotation are put in young (at most room), and every
- * entry of old and young is marked not hit. Returns how many were put. */
+ * slot since the last rotation are put in young (at most room), the other
+ * handles of gone give their slots back, and every entry of old and young
+ * is marked not hit. Returns how many were put in young. */
 lua_Integer tl_slots_rotate(lua_State *L, int db, int gone, int old, int young,
                             lua_Integer room);
 /* db:incr's first try (the store d at 1, the name at `name`): n added

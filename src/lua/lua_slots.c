@@ -27,7 +27,9 @@
  * young or its generation rotates, and the FFI writes the slot itself on
  * a hit (to the table node it just read): at a rotation, the names of
  * the outgoing old generation whose entry was hit since the last one are
- * carried into the new young, as a hit in old would move them.
+ * carried into the new young, as a hit in old would move them; the others
+ * give their slots back then, not when they are collected, so there are
+ * about as many slots as handles the cache holds.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -175,13 +177,22 @@ lua_Integer tl_slots_rotate(lua_State *L, int db, int gone, int old, int young,
     while (lua_next(L, gone) != 0) { /* slots name h */
       tl_counter *h = (tl_counter *)lua_touserdata(L, -1);
       lua_pushvalue(L, -2);
-      lua_rawget(L, -4);
-      if (carried < room && h != NULL && lua_type(L, -1) == LUA_TNUMBER &&
-          lua_tointeger(L, -1) >= 0 && h->slot1 == (size_t)lua_tointeger(L, -1) + 1) {
-        lua_pushvalue(L, -3);
-        lua_pushvalue(L, -3);
-        lua_rawset(L, young);
-        carried++;
+      lua_rawget(L, -4); /* slots name h entry */
+      if (h != NULL && lua_type(L, -1) == LUA_TNUMBER &&
+          h->slot1 == tl_slot_at(L, -1) + 1) {
+        if (carried < room && lua_tointeger(L, -1) >= 0) {
+          lua_pushvalue(L, -3);
+          lua_pushvalue(L, -3);
+          lua_rawset(L, young);
+          carried++;
+        } else { /* let go: its slot comes back now, not when it is collected */
+          size_t i = h->slot1 - 1;
+          lua_pushvalue(L, -3);
+          lua_pushnil(L);
+          lua_rawset(L, -6);
+          tl_slot_empty(d, i);
+          d->spare[d->nspare++] = i;
+        }
       }
       lua_pop(L, 2);
     }

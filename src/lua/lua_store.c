@@ -107,7 +107,7 @@ typedef struct tl_door {
   uint64_t bits[];
 } tl_door;
 
-#define TL_HANDLE_CACHE     10000     /* the default N: about 4 MB of handles */
+#define TL_HANDLE_CACHE     10000     /* the default N: about 5 MB of handles */
 #define TL_HANDLE_CACHE_MAX INT32_MAX /* what handle_cache accepts */
 
 static lua_Integer tl_cs_get(lua_State *L, int st, int k) {
