@@ -91,6 +91,7 @@ for _, path in ipairs(helper.paths) do
         local s = assert(tally.open("memory", { handle_cache = 100, handle_admit = "always" }))
         for i = 1, 50 do s:incr("n:" .. i) end
         assert.equal(1, s:value("n:1"))
+        assert.equal(50, core._store_slots_stats(s).lent)   -- and their name slots
         gone[s] = true
       end
       gc()

@@ -232,18 +232,6 @@ return function(helper, paths, use, bt)
         assert.has_error(function() db:incr("x:1") end)
         db = nil
       end)
-
-      it("let a store nothing refers to be collected", function()
-        local gone = setmetatable({}, { __mode = "k" })
-        do
-          local s = assert(tally.open("memory", { handle_admit = "always" }))
-          for i = 1, 50 do s:incr("n:" .. i) end
-          assert.equal(50, core._store_slots_stats(s).lent)
-          gone[s] = true
-        end
-        gc()
-        assert.is_nil(next(gone))
-      end)
     end)
   end
 end

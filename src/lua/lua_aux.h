@@ -138,7 +138,6 @@ typedef struct tl_store {
   tl_counter **lent;        /* per slot: the handle lent to it, or NULL */
   size_t *spare;            /* slots free to reuse */
   size_t nspare, used, cap; /* slots handed out so far; lent's room */
-  int slots_on;             /* core._store_slots was called: lend slots */
   tl_counter *counters;     /* open counter handles made on this store */
   size_t speclen;
   char spec[]; /* "memory" or "file:PATH" */
@@ -255,8 +254,8 @@ void tl_counter_release(tl_counter *h);
 /* ---- name slots (lua_slots.c) ------------------------------------------------- */
 
 /* Lend the handle at h, cached under the name at `name` by the store at
- * db, a name slot (if the store's slots are on and its policy is thread
- * or random), in place of any other handle's slot for that name. */
+ * db, a name slot (if its policy is thread or random), in place of any
+ * other handle's slot for that name. */
 void tl_slot_lend(lua_State *L, int db, int name, int h);
 /* The cache rotated: young is the new young table, old the one that was
  * young, gone the old one let go (or nil). Names of gone hit through their

@@ -3,28 +3,28 @@
  *
  * Over many names, db:incr(name) on a cached name costs four dependent
  * misses: the cache table's node, the handle userdata, its tally_counter,
- * the cell. A store whose FFI path asked for slots (core._store_slots)
- * lends each handle it caches, of the thread or random policy, to a slot
- * of a tally_vector the store handle owns, and records name -> slot in a
- * table (user value TL_SUV_SLOTS). The FFI's db:incr reads that table's
- * node and calls tally_vector_incr, which reads the slot's word (or its
- * dense bit and base, which stay in cache) and adds to the cell: two or
- * three misses (see docs/lua-api.md, "name slots").
+ * the cell. So every handle a store handle caches, of the thread or random
+ * policy, is lent a slot of a tally_vector the store handle owns, and a
+ * table (user value TL_SUV_SLOTS) maps name -> slot. db:incr (the FFI
+ * path's in ffi.lua, and the classic one's, tl_slot_incr) reads that
+ * table's node and calls tally_vector_incr, which reads the slot's word
+ * (or its dense bit and base, which stay in cache) and adds to the cell:
+ * two or three misses (see docs/lua-api.md, "name slots").
  *
  * A slot only caches. The handle stays the cache's: the vector gives it
  * back, open, when the handle closes (c:close, its __gc, db:close). An
  * increment the slot cannot make (a dropped counter, a closed store)
- * returns non-zero and the FFI takes the classic path, which reopens the
+ * returns non-zero and db:incr takes the cache's path, which reopens the
  * name if need be and lends the new handle a slot in place of the old.
  *
- * The invariant the FFI relies on: a name's entry names a slot that holds
+ * The invariant db:incr relies on: a name's entry names a slot that holds
  * a handle of that name, or an empty one (its increment is ENOENT); a slot
  * is reused only after the entry naming it is gone.
  *
  * An increment through a slot does not touch the cache's tables, so the
  * cache would let a name used only that way go two rotations after it was
  * put in young. An entry is therefore -1 - slot when the handle enters
- * young or its generation rotates, and the FFI writes the slot itself on
+ * young or its generation rotates, and db:incr writes the slot itself on
  * a hit (to the table node it just read): at a rotation, the names of
  * the outgoing old generation whose entry was hit since the last one are
  * carried into the new young, as a hit in old would move them; the others
@@ -94,7 +94,7 @@ void tl_slot_lend(lua_State *L, int db, int name, int h) {
   tl_store *d = (tl_store *)lua_touserdata(L, db);
   tl_counter *hd = (tl_counter *)lua_touserdata(L, h);
   ptrdiff_t i;
-  if (!d->slots_on || d->store == NULL || hd == NULL || hd->c == NULL || hd->slot1 != 0 ||
+  if (d->store == NULL || hd == NULL || hd->c == NULL || hd->slot1 != 0 ||
       (hd->policy != TALLY_POLICY_THREAD && hd->policy != TALLY_POLICY_RANDOM))
     return;
   name = lua_absindex(L, name);
@@ -166,7 +166,7 @@ lua_Integer tl_slots_rotate(lua_State *L, int db, int gone, int old, int young,
                             lua_Integer room) {
   tl_store *d = (tl_store *)lua_touserdata(L, db);
   lua_Integer carried = 0;
-  if (!d->slots_on || d->used == 0) return 0;
+  if (d->used == 0) return 0;
   db = lua_absindex(L, db);
   gone = lua_absindex(L, gone);
   old = lua_absindex(L, old);
@@ -230,11 +230,9 @@ void tl_slots_release(lua_State *L, int db) {
 }
 
 /* core._store_slots(db) -> the store's table of name slots (name ->
- * slot), from now on filled as handles are cached: what the FFI path's
- * db:incr looks in. */
+ * slot, -1 - slot until hit): what the FFI path's db:incr looks in. */
 static int tl_store_slots(lua_State *L) {
-  tl_store *d = (tl_store *)tl_checkudata(L, 1, TL_STORE_MT);
-  d->slots_on = 1;
+  tl_checkudata(L, 1, TL_STORE_MT);
   tl_getuv(L, 1, TL_SUV_SLOTS);
   return 1;
 }

@@ -967,7 +967,6 @@ static int tl_open(lua_State *L) {
 
   d = (tl_store *)tl_newud(L, sizeof(*d) + len + 1, TL_SUV_N);
   memset(d, 0, sizeof(*d));
-  d->slots_on = 1;
   d->key = (uintptr_t)d ^ TL_STORE_SALT;
   d->speclen = len;
   memcpy(d->spec, spec, len);
