@@ -368,9 +368,9 @@ TALLY_API int tally_store_sum(tally_store *s, const char *pattern, size_t plen,
  * meets: an increment adds to the shard of the caller's ticket, so with a
  * shard per writer no two writers share a cell's line. Other counters, and
  * cells past the store's first 8 GiB, go through their handle. Increments
- * may run in any number of threads at once; put, open and free must not
- * run concurrently with other calls on the same vector. Free the vector
- * before closing its store. */
+ * may run in any number of threads at once; put, open, take, grow and
+ * free must not run concurrently with other calls on the same vector.
+ * Free the vector before closing its store. */
 typedef struct tally_vector tally_vector;
 
 TALLY_API int tally_vector_new(tally_store *s, size_t n, tally_vector **out);

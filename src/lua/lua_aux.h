@@ -117,13 +117,9 @@ int tl_canpush(lua_State *L, int64_t v);
 #define TL_STORE_SALT   ((uintptr_t)0x5a17e5u)
 #define TL_COUNTER_SALT ((uintptr_t)0xc0417e5u)
 
-enum {
-  TL_SUV_CACHE = 1,
-  TL_SUV_FAMILIES = 2,
-  TL_SUV_SLOTS = 3,
-  TL_SUV_N = 3
-};                                                          /* store */
-enum { TL_CUV_STORE = 1, TL_CUV_POLICY = 2, TL_CUV_N = 2 }; /* counter */
+/* user values of a store handle, then of a counter handle */
+enum { TL_SUV_CACHE = 1, TL_SUV_FAMILIES = 2, TL_SUV_SLOTS = 3, TL_SUV_N = 3 };
+enum { TL_CUV_STORE = 1, TL_CUV_POLICY = 2, TL_CUV_N = 2 };
 
 typedef struct tl_counter tl_counter;
 

@@ -3,8 +3,8 @@
  * A store handle is a full userdata holding the tally_store pointer and
  * the spec it was opened with; its user values are the cache of counter
  * handles by name (used by db:incr and friends; see "the cache of handles
- * by name" below) and the list of function-policy families defined
- * through it. Counter handles are made
+ * by name" below), the list of function-policy families defined through
+ * it, and the name slots of the cached handles (lua_slots.c). Counter handles are made
  * by lua_counter.c (tl_counter_push); db:close() closes every one of them
  * before the store, as the C API requires.
  *
