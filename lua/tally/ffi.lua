@@ -16,13 +16,15 @@
 -- on every call (the handle userdata cast to its C struct; no pointer is
 -- ever cached in Lua), and closing a counter, or its store, sets that
 -- pointer to NULL, which sends the next call down the classic path to
--- raise "attempt to use a closed counter". db:incr(name) finds the counter
--- in the young table of the store's own cache of handles by name (the one
--- the classic db:incr fills and db:drop clears; src/lua/lua_store.c): it
--- keeps the cache's state table (core._store_cache), whose [1] is the
--- current young table, replaced when the generations rotate, so it is read
--- on every call. A name not in young (in the old generation, or not
--- cached) goes to the classic method, which moves or opens it.
+-- raise "attempt to use a closed counter". db:incr(name) and db:decr
+-- first look for the name's slot (name slots, below: a cached handle lent
+-- to a vector the store handle owns), then in the young table of the
+-- store's own cache of handles by name (the one the classic db:incr fills
+-- and db:drop clears; src/lua/lua_store.c): it keeps the cache's state
+-- table (core._store_cache), whose [1] is the current young table,
+-- replaced when the generations rotate, so it is read on every call. A
+-- name not in young (in the old generation, or not cached) goes to the
+-- classic method, which moves or opens it.
 --
 -- TALLY_NO_FFI=1 in the environment keeps the classic methods (for tests
 -- and benchmarks); tally.ffi says which path is in use. Under Lua 5.4 this
