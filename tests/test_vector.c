@@ -1,11 +1,11 @@
 /* test_vector.c -- counters by index (src/core/vector.c).
  *
  *  - dense slots (counters created in order, in a fresh store and after
- *    others, and in a vector grown midway): how many are dense, and every slot, past the first group,
- *    adds to its own counter;
- *  - the API: put, open, get, take, grow, size, errors (out of range, empty slot, a
- *    handle in two vectors, another store's handle, key policy, range,
- *    large deltas), free, a store closed first;
+ *    others, and in a vector grown midway): how many are dense, and every
+ *    slot, past the first group, adds to its own counter;
+ *  - the API: put, open, get, take, grow, size, errors (out of range,
+ *    empty slot, a handle in two vectors, another store's handle, key
+ *    policy, range, large deltas), free, a store closed first;
  *  - a slot never adds to space its counter left: the counter is dropped,
  *    or resharded away by another handle, its old cells are reused by new
  *    counters, and increments through the vector go where they belong;

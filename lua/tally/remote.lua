@@ -146,7 +146,7 @@ _M.ticket = get_ticket
 -- shard = ((hash >> 32) * n) >> 32, as src/core/policy.c. Exact under Lua 5.4
 -- (wrapping integers); under LuaJIT through uint64_t cdata.
 local key_shard
-if not require("tally.compat").luajit then
+if not compat.luajit then
   key_shard = load([[
     local sunpack = string.unpack
     local function mix(x)

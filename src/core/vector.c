@@ -73,30 +73,53 @@ struct tally_vector {
 #define PHASE_UNSET UINT32_MAX
 #define BIT(i)      (UINT64_C(1) << ((i) % 64))
 
+/* The per-slot arrays of a vector of n slots. */
+struct arrays {
+  _Atomic uint64_t *dense, *gbase;
+  _Atomic uint32_t *cell;
+  tally_counter **c;
+};
+
+static void arrays_free(struct arrays a) {
+  free(a.dense);
+  free(a.gbase);
+  free(a.cell);
+  free(a.c);
+}
+
+/* Zeroed arrays for n slots, or ENOMEM (none kept). */
+static int arrays_new(size_t n, struct arrays *a) {
+  a->dense = calloc(n / 64 + 1, sizeof *a->dense);
+  a->gbase = calloc(n / GROUP + 2, sizeof *a->gbase); /* i + phase < n + GROUP */
+  a->cell = calloc(n, sizeof *a->cell);
+  a->c = calloc(n, sizeof *a->c);
+  if (a->dense && a->gbase && a->cell && a->c) return 0;
+  arrays_free(*a);
+  return tally__fail(TALLY_ENOMEM, "out of memory (a vector of %zu slots)", n);
+}
+
 int tally_vector_new(tally_store *s, size_t n, tally_vector **out) {
   if (!s || !out) return tally__fail(TALLY_EINVAL, "tally_vector_new: NULL argument");
   if (n == 0 || n > SIZE_MAX / sizeof(tally_counter *))
     return tally__fail(TALLY_EINVAL, "tally_vector_new: %zu slots (1 or more)", n);
+  struct arrays a;
+  int rc = arrays_new(n, &a);
+  if (rc) return rc;
   tally_vector *v = aligned_alloc(64, (sizeof *v + 63) & ~(size_t)63);
-  if (!v) return tally__fail(TALLY_ENOMEM, "out of memory");
+  if (!v) {
+    arrays_free(a);
+    return tally__fail(TALLY_ENOMEM, "out of memory");
+  }
   v->base = s->base;
   v->n = n;
   atomic_init(&v->rows, 0);
   atomic_init(&v->phase, PHASE_UNSET);
   v->store_id = s->id;
   v->s = s;
-  v->dense = calloc(n / 64 + 1, sizeof *v->dense);
-  v->gbase = calloc(n / GROUP + 2, sizeof *v->gbase); /* i + phase < n + GROUP */
-  v->cell = calloc(n, sizeof *v->cell);
-  v->c = calloc(n, sizeof *v->c);
-  if (!v->dense || !v->gbase || !v->cell || !v->c) {
-    free(v->dense);
-    free(v->gbase);
-    free(v->cell);
-    free(v->c);
-    free(v);
-    return tally__fail(TALLY_ENOMEM, "out of memory (a vector of %zu slots)", n);
-  }
+  v->dense = a.dense;
+  v->gbase = a.gbase;
+  v->cell = a.cell;
+  v->c = a.c;
   *out = v;
   return 0;
 }
@@ -222,38 +245,25 @@ int tally_vector_grow(tally_vector *v, size_t n) {
     return tally__fail(TALLY_EINVAL, "tally_vector_grow: %zu slots (at least %zu)", n,
                        v->n);
   if (n == v->n) return 0;
-  _Atomic uint64_t *dense = calloc(n / 64 + 1, sizeof *dense);
-  _Atomic uint64_t *gbase = calloc(n / GROUP + 2, sizeof *gbase);
-  _Atomic uint32_t *cell = calloc(n, sizeof *cell);
-  tally_counter **c = calloc(n, sizeof *c);
-  if (!dense || !gbase || !cell || !c) {
-    free(dense);
-    free(gbase);
-    free(cell);
-    free(c);
-    return tally__fail(TALLY_ENOMEM, "out of memory (a vector of %zu slots)", n);
-  }
+  struct arrays a;
+  int rc = arrays_new(n, &a);
+  if (rc) return rc;
   pthread_mutex_lock(&v->s->hlock);
   for (size_t i = 0; i < v->n / 64 + 1; i++)
-    atomic_init(&dense[i], atomic_load_explicit(&v->dense[i], memory_order_relaxed));
+    atomic_init(&a.dense[i], atomic_load_explicit(&v->dense[i], memory_order_relaxed));
   for (size_t g = 0; g < v->n / GROUP + 2; g++)
-    atomic_init(&gbase[g], atomic_load_explicit(&v->gbase[g], memory_order_relaxed));
+    atomic_init(&a.gbase[g], atomic_load_explicit(&v->gbase[g], memory_order_relaxed));
   for (size_t i = 0; i < v->n; i++)
-    atomic_init(&cell[i], atomic_load_explicit(&v->cell[i], memory_order_relaxed));
-  memcpy(c, v->c, v->n * sizeof *c);
-  _Atomic uint64_t *old_dense = v->dense, *old_gbase = v->gbase;
-  _Atomic uint32_t *old_cell = v->cell;
-  tally_counter **old_c = v->c;
-  v->dense = dense;
-  v->gbase = gbase;
-  v->cell = cell;
-  v->c = c;
+    atomic_init(&a.cell[i], atomic_load_explicit(&v->cell[i], memory_order_relaxed));
+  memcpy(a.c, v->c, v->n * sizeof *a.c);
+  struct arrays old = {v->dense, v->gbase, v->cell, v->c};
+  v->dense = a.dense;
+  v->gbase = a.gbase;
+  v->cell = a.cell;
+  v->c = a.c;
   v->n = n;
   pthread_mutex_unlock(&v->s->hlock);
-  free(old_dense);
-  free(old_gbase);
-  free(old_cell);
-  free(old_c);
+  arrays_free(old);
   return 0;
 }
 
@@ -274,10 +284,7 @@ size_t tally_vector_size(const tally_vector *v) {
 void tally_vector_free(tally_vector *v) {
   if (!v) return;
   for (size_t i = 0; i < v->n; i++) tally_counter_close(detach(v, i));
-  free(v->dense);
-  free(v->gbase);
-  free(v->cell);
-  free(v->c);
+  arrays_free((struct arrays){v->dense, v->gbase, v->cell, v->c});
   free(v);
 }
 

@@ -84,6 +84,12 @@ static void tl_slot_empty(tl_store *d, size_t i) {
   d->lent[i] = NULL;
 }
 
+/* Slot i emptied and kept for reuse: no entry may name it any more. */
+static void tl_slot_free(tl_store *d, size_t i) {
+  tl_slot_empty(d, i);
+  d->spare[d->nspare++] = i;
+}
+
 /* The slot an entry (at idx, a number) names, hit or not. */
 static size_t tl_slot_at(lua_State *L, int idx) {
   lua_Integer v = lua_tointeger(L, idx);
@@ -103,8 +109,7 @@ void tl_slot_lend(lua_State *L, int db, int name, int h) {
   lua_rawget(L, -2);
   if (lua_type(L, -1) == LUA_TNUMBER) { /* an older handle's: its entry is replaced */
     size_t old = tl_slot_at(L, -1);
-    tl_slot_empty(d, old);
-    d->spare[d->nspare++] = old;
+    tl_slot_free(d, old);
     lua_pushvalue(L, name);
     lua_pushnil(L);
     lua_rawset(L, -4);
@@ -118,7 +123,7 @@ void tl_slot_lend(lua_State *L, int db, int name, int h) {
       lua_pushinteger(L, -1 - (lua_Integer)i); /* not hit yet */
       lua_rawset(L, -3);
     } else {
-      d->spare[d->nspare++] = (size_t)i;
+      tl_slot_free(d, (size_t)i);
     }
   }
   lua_pop(L, 1);
@@ -140,8 +145,7 @@ void tl_slot_return(lua_State *L, int h) {
     lua_rawset(L, -4);
   }
   lua_pop(L, 3);
-  tl_slot_empty(hd->db, i);
-  hd->db->spare[hd->db->nspare++] = i;
+  tl_slot_free(hd->db, i);
 }
 
 /* Mark the entries of the names in the table at t not hit (the table of
@@ -190,8 +194,7 @@ lua_Integer tl_slots_rotate(lua_State *L, int db, int gone, int old, int young,
           lua_pushvalue(L, -3);
           lua_pushnil(L);
           lua_rawset(L, -6);
-          tl_slot_empty(d, i);
-          d->spare[d->nspare++] = i;
+          tl_slot_free(d, i);
         }
       }
       lua_pop(L, 2);
