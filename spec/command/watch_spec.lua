@@ -22,6 +22,13 @@ local function row(screen, name)
   end
 end
 
+-- Waits for a whole frame that matches `pattern`: tmux may capture the pane
+-- while a frame is still being written, so the footer (the frame's last
+-- line) must be there too before the rows above it are read.
+local function frame(t, pattern)
+  return t:wait(function(x) return x:find(pattern) and x:find("\nq quit[^\n]*$") end)
+end
+
 -- Names in the order the rows show them.
 local function order(screen, names)
   local at = {}
@@ -41,7 +48,7 @@ describe("tally watch", function()
   it("shows the counters and follows another process's increments", function()
     local path = store_with({ ["post:1:likes"] = 10, views = 3 })
     t = tty.open(q(tty.bin()) .. " watch " .. q(path) .. " --interval 0.2")
-    local s = t:wait("\nviews%s+3 ")
+    local s = frame(t, "\nviews%s+3 ")
     assert.matches("^tally watch  %d%d:%d%d:%d%d  sort: rate  every 0%.2s  2 counters  total 13"
                    .. "  file:/", s)
     assert.matches("\nNAME%s+VALUE%s+RATE/S%s+HISTORY", s)
@@ -69,7 +76,7 @@ describe("tally watch", function()
   it("changes the sort with s, v, n and r", function()
     local path = store_with({ b = 2, a = 1, c = 30 })
     t = tty.open(q(tty.bin()) .. " watch " .. q(path) .. " --sort name")
-    t:wait("\nc%s+30 ")
+    frame(t, "\nc%s+30 ")
     assert.same({ "a", "b", "c" }, order(t:screen(), { "a", "b", "c" }))
     t:keys("v")
     local s = t:wait("sort: value")
@@ -96,7 +103,7 @@ describe("tally watch", function()
     end
     db:close()
     t = tty.open(q(tty.bin()) .. " watch " .. q(path))
-    local s = t:wait("\nhits ")
+    local s = frame(t, "\nhits ")
     local spark = s:match("\nhits%s+%d+%s+%S+%s+(%S+)")
     assert.truthy(spark, s)
     -- the rate grows with every bucket: the line climbs from low to full
@@ -125,7 +132,7 @@ describe("tally watch", function()
     end
     -- refreshes far enough apart that two captures often fall between them
     t = tty.open(q(tty.bin()) .. " watch " .. q(path) .. " --interval 0.5 --sort name")
-    local s = t:wait("\nlat ")
+    local s = frame(t, "\nlat ")
     assert.matches("  1 counter  total 7  2 histograms  file:/", s)
     assert.matches("\nplain%s+7 ", s)
     assert.not_matches("{le=", s)                -- the members are not counter rows
@@ -164,7 +171,7 @@ describe("tally watch", function()
     t:close()
     -- only histograms match: their header takes the counters' place
     t = tty.open(q(tty.bin()) .. " watch " .. q(path) .. " 'lat*'")
-    s = t:wait("\nlat ")
+    s = frame(t, "\nlat ")
     assert.matches("  0 counters  total 0  1 histogram  file:/", s)
     assert.matches("^[^\n]+\nHISTOGRAM%s+COUNT", s)
     assert.same("100", hrow(s, "lat")[1])
@@ -179,7 +186,7 @@ describe("tally watch", function()
     assert(assert(db:histogram("lat:/")):observe(0.5))
     db:close()
     t = tty.open(q(tty.bin()) .. " watch " .. q(path) .. " 'lat:*' --sort name")
-    local s = t:wait("\nlat:/api ")
+    local s = frame(t, "\nlat:/api ")
     assert.matches("  0 counters  total 0  2 histograms  file:/", s)
     assert.matches("\nlat:/%s+1%s+%S+%s+0.5%s+0.5%s+1%s+1%s+1%s*\n", s)
     assert.matches("\nlat:/api%s+3%s+%S+%s+0.15%s+0.05%s+0.1%s+0.1%s+0.1%s*\n", s)
@@ -193,7 +200,7 @@ describe("tally watch", function()
     local before, after = helper.tmpfile("stty1"), helper.tmpfile("stty2")
     t = tty.open("stty -g > " .. q(before) .. "; " .. q(tty.bin()) .. " watch " .. q(path)
                  .. "; stty -g > " .. q(after) .. "; echo done")
-    t:wait("\nx%s+1 ")
+    frame(t, "\nx%s+1 ")
     t:keys("q")
     local s = t:wait("done\n%[exit 0%]$")
     assert.not_matches("tally watch", s)     -- the normal screen is back
@@ -219,7 +226,7 @@ describe("tally watch", function()
     t = tty.open("stty -g > " .. q(before) .. "; sh -c 'echo $$ > " .. pidfile .. "; exec "
                  .. q(tty.bin()) .. " watch " .. q(path) .. "'; st=$?; stty -g > " .. q(after)
                  .. "; echo status=$st")
-    t:wait("\nx%s+1 ")
+    frame(t, "\nx%s+1 ")
     local f = assert(io.open(pidfile))
     local pid = f:read("n")
     f:close()
