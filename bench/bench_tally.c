@@ -35,7 +35,10 @@
  *   bench_tally batch PATH SECS REPS NSNAP  batches and snapshots: ns per
  *                                     3-counter tally_batch_incr against 3
  *                                     single increments (slot and thread
- *                                     counters); a snapshot of 10,000
+ *                                     counters); a histogram's observation
+ *                                     (tally_histogram_observe) against the
+ *                                     same batch through tally_batch_incr;
+ *                                     a snapshot of 10,000
  *                                     counters (16-shard thread ones, then
  *                                     slot ones) against a tally_counter_value
  *                                     loop over the same; NSNAP snapshots of
@@ -51,6 +54,7 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
+#include <math.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
@@ -1007,6 +1011,35 @@ static double time_incr3(tally_store *s, tally_counter **cs, int batch, double s
   return (t1 - t0) * 1e9 / (double)n;
 }
 
+/* ns per observation: 0: tally_histogram_observe of the next of 1,024
+ * log-spaced values (11 bounds); 1: the same through tally_batch_incr, the
+ * bucket found by a scan (what the writer replaces). */
+static double time_observe(tally_store *s, tally_histogram *h, tally_counter **cs,
+                           const double *bounds, int via_batch, double secs) {
+  static double vals[1024];
+  if (vals[0] == 0)
+    for (int i = 0; i < 1024; i++) vals[i] = 0.0005 * pow(40000.0, i / 1023.0);
+  long n = 0;
+  double t0 = now(), t1;
+  do {
+    for (int i = 0; i < 1024; i++) {
+      double v = vals[i];
+      if (!via_batch) {
+        if (tally_histogram_observe(h, v)) abort();
+        continue;
+      }
+      int b = 0;
+      while (b < 11 && v > bounds[b]) b++;
+      tally_counter *pair[2] = {cs[b], cs[12]};
+      int64_t d[2] = {1, (int64_t)(v / 1e-6 + 0.5)};
+      if (tally_batch_incr(s, pair, d, 2)) abort();
+    }
+    n += 1024;
+    t1 = now();
+  } while (t1 - t0 < secs);
+  return (t1 - t0) * 1e9 / (double)n;
+}
+
 static int snap_count(void *ud, const char *name, size_t len, int64_t value) {
   (void)name, (void)len;
   *(int64_t *)ud += value;
@@ -1064,6 +1097,31 @@ static int cmd_batch(const char *path, double secs, int reps, long nsnap) {
   printf("RESULT batch.single3.slot %.2f\n", median(vs, reps));
   printf("RESULT batch.single3.thread %.2f\n", median(vt, reps));
   fflush(stdout);
+
+  /* 1b. a histogram's observation: the writer against the same batch made
+   * by hand */
+  static const double bounds[11] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                                    0.5,   1,    2.5,   5,    10};
+  char hn[13][24];
+  const char *hp[13];
+  tally_counter *hc[13];
+  for (int i = 0; i < 13; i++) {
+    snprintf(hn[i], sizeof hn[i], i == 12 ? "obs{sum}" : "obs{le=%d}", i);
+    hp[i] = hn[i];
+    hc[i] = open_ctr(s, hn[i], TALLY_SLOT_SHARDS, TALLY_POLICY_SLOT);
+  }
+  tally_histogram *h = NULL;
+  if ((rc = tally_histogram_open(s, bounds, 11, hp, 1e-6, &h))) die("histogram", rc);
+  double vo[32], vh[32];
+  for (int r = 0; r < reps; r++) {
+    vo[r] = time_observe(s, h, hc, bounds, 0, secs);
+    vh[r] = time_observe(s, h, hc, bounds, 1, secs);
+  }
+  printf("RESULT batch.observe %.2f\n", median(vo, reps));
+  printf("RESULT batch.observe_by_batch %.2f\n", median(vh, reps));
+  fflush(stdout);
+  tally_histogram_close(h);
+  for (int i = 0; i < 13; i++) tally_counter_close(hc[i]);
   tally_store_close(s);
 
   /* 2. a snapshot of 10,000 counters against a value loop over the same */

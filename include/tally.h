@@ -431,6 +431,27 @@ TALLY_API void tally_vector_free(tally_vector *v);
 TALLY_API int tally_batch_incr(tally_store *s, tally_counter *const *cs,
                                const int64_t *deltas, size_t n);
 
+/* A histogram's writer (histogram.c): its bounds, finite and strictly
+ * increasing, name nbounds + 1 buckets (the last is +Inf) and names[] the
+ * bucket counters in that order, then the sum's. Each is opened as a slot
+ * counter (created if absent; TALLY_EPOLICY if it exists with another
+ * policy). tally_histogram_observe(h, v) adds 1 to the bucket of v (the
+ * first bound >= v) and v / unit, rounded to the nearest integer (halves
+ * away from zero), to the sum, as one batch: TALLY_EINVAL for a NaN,
+ * TALLY_ERANGE if |v / unit| > 2^53, else tally_batch_incr's errors; on
+ * any error nothing is added. The count is the sum of the buckets. Naming
+ * the members is the caller's (lua/tally/histogram.lua: NAME{le=B},
+ * NAME{sum,unit=U}). Like a counter handle, a writer may be shared by
+ * threads once opened, and is closed before its store. */
+#define TALLY_HISTOGRAM_MAX_BOUNDS 1000
+typedef struct tally_histogram tally_histogram;
+TALLY_API int tally_histogram_open(tally_store *s, const double *bounds, size_t nbounds,
+                                   const char *const *names, double unit,
+                                   tally_histogram **out);
+TALLY_API int tally_histogram_observe(tally_histogram *h, double v);
+/* Close the writer and its counter handles; NULL is allowed. */
+TALLY_API void tally_histogram_close(tally_histogram *h);
+
 /* A consistent snapshot of the counters matching pattern: fn is called once
  * per counter with its value, after every value was read. The values of
  * slot counters form a consistent cut: every batch wholly or not at all,

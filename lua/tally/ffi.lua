@@ -283,47 +283,52 @@ end
 
 _M.methods = { incr, decr, value, db_incr, db_decr, db_value }
 
--- ---- batches of two (h:observe, lua/tally/histogram.lua) ---------------------------
--- The store handle's tally_store pointer is read from its userdata (struct
--- tl_store in src/lua/lua_aux.h: key, then the pointer, NULL once closed).
--- Its layout is checked once against core._ffi_info (store_key,
--- store_store, store_size, and the counters' counter_db): if they differ,
--- batch_reason says so and batch_ok is always false. batch_ok also checks
--- each store itself: its key is the userdata's own address xor
--- TL_STORE_SALT, and the counters' db field points at it. Anything else:
--- the classic path.
+-- ---- the store handle's head (name slots) and histogram writers -------------
+-- The store handle's tally_store pointer and name-slot vector are read
+-- from its userdata (struct tl_store in src/lua/lua_aux.h: key, the
+-- pointer, NULL once closed, then the vector); a histogram writer's
+-- tally_histogram pointer from its own (struct tl_hist: first, NULL once
+-- closed). Their offsets are checked once against core._ffi_info
+-- (store_key, store_store, store_vec, store_size; hist_h): if they differ,
+-- store_reason or observe_reason says so and that part stays classic.
 
 if not pcall(ffi.typeof, "struct tally_ffi_store") then
   ffi.cdef [[
-    typedef struct tally_store tally_store;
-    int tally_batch_incr(tally_store *s, tally_counter *const *cs, const int64_t *deltas,
-                         size_t n);
     struct tally_ffi_store {
       uintptr_t key;           /* (uintptr_t)self ^ TL_STORE_SALT */
-      tally_store *store;      /* NULL once closed */
+      void *store;             /* NULL once closed */
       struct tally_vector *vec; /* name slots, NULL: none or closed */
     };
     int tally_vector_incr(struct tally_vector *v, size_t i, int64_t delta);
+    typedef struct tally_histogram tally_histogram;
+    struct tally_ffi_hist {
+      tally_histogram *h;      /* NULL once closed (with its store) */
+    };
+    int tally_histogram_observe(tally_histogram *h, double v);
   ]]
 end
 
 local SPTR = ffi.typeof("struct tally_ffi_store *")
+local HPTR = ffi.typeof("struct tally_ffi_hist *")
 
--- Why batch2 cannot be used (the handles' layout differs), or nil.
-local function batch_unusable(info)
+-- Why the store handle's head cannot be read (its layout differs), or nil.
+local function store_unusable(info)
   local off = ffi.offsetof
   if info.store_key ~= off("struct tally_ffi_store", "key")
      or info.store_store ~= off("struct tally_ffi_store", "store")
      or info.store_vec ~= off("struct tally_ffi_store", "vec")
-     or type(info.store_size) ~= "number" or info.store_size < ffi.sizeof("struct tally_ffi_store")
-     or info.counter_db ~= off("struct tally_ffi_counter", "db") then
+     or type(info.store_size) ~= "number" or info.store_size < ffi.sizeof("struct tally_ffi_store") then
     return "the store handle layout does not match struct tally_ffi_store"
   end
   return nil
 end
-_M.batch_reason = batch_unusable(core._ffi_info())
+local info = core._ffi_info()
+_M.store_reason = store_unusable(info)
+if info.hist_h ~= ffi.offsetof("struct tally_ffi_hist", "h") then
+  _M.observe_reason = "the histogram writer layout does not match struct tally_ffi_hist"
+end
 
-if not _M.batch_reason and core._store_slots then
+if not _M.store_reason and core._store_slots then
   local vec_incr = C.tally_vector_incr
   slots_of = function(db)
     local sl = slots[db]
@@ -339,41 +344,17 @@ if not _M.batch_reason and core._store_slots then
     return d ~= nil and v ~= nil and vec_incr(v, i, d) == 0
   end
 end
-local uintptr_t = ffi.typeof("uintptr_t")
-local STORE_SALT = 0x5a17e5
-local bxor = require("bit").bxor
-local batch_c = C.tally_batch_incr
-local bcs, bds = ffi.new("tally_counter *[2]"), ffi.new("int64_t[2]")
 
--- batch_ok(db, c, ...) -> whether batch2 may be used with store handle db
--- and counter handles c, ... of it (checked once, when a histogram opens;
--- always false while batch_reason is set).
-function _M.batch_ok(db, ...)
-  if _M.batch_reason then return false end
-  if type(db) ~= "userdata" or getmetatable(db) ~= STORE_MT then return false end
-  local s = cast(SPTR, db)
-  local addr = cast(uintptr_t, s)
-  if s.key ~= bxor(addr, STORE_SALT) or s.store == nil then return false end
-  for i = 1, select("#", ...) do
-    local c = select(i, ...)
-    if type(c) ~= "userdata" or getmetatable(c) ~= COUNTER_MT
-       or cast(uintptr_t, cast(CPTR, c).db) ~= addr then
-      return false
-    end
+if not _M.observe_reason then
+  local observe_c = C.tally_histogram_observe
+  -- observe(w, v) -> true when v was observed through histogram writer w
+  -- (core.histogram_writer); false when nothing was added and the caller
+  -- must take the classic path (a closed writer, a NaN, a v out of range,
+  -- a failure: the classic path raises or reports). v: a number.
+  function _M.observe(w, v)
+    local p = cast(HPTR, w).h
+    return p ~= nil and observe_c(p, v) == 0
   end
-  return true
-end
-
--- batch2(db, c1, d1, c2, d2) -> true when c1 += d1 and c2 += d2 were made as
--- one batch (tally_batch_incr); false when nothing was done and the caller
--- must take the classic path (a closed handle, a failure, which the classic
--- path reports). d1, d2: integers within +-2^53; db, c1, c2 passed batch_ok.
-function _M.batch2(db, c1, d1, c2, d2)
-  local s = cast(SPTR, db).store
-  local p1, p2 = cast(CPTR, c1).c, cast(CPTR, c2).c
-  if s == nil or p1 == nil or p2 == nil then return false end
-  bcs[0], bcs[1], bds[0], bds[1] = p1, p2, d1, d2
-  return batch_c(s, bcs, bds, 2) == 0
 end
 
 return _M

@@ -22,8 +22,10 @@
 --
 -- A histogram name is 1 to NAME_MAX bytes with room for its longest
 -- member name, and holds none of * ? { } (the members are found with the
--- glob NAME{*}). Under LuaJIT, h:observe goes through the FFI
--- (tally.ffi.batch2) when it can, else through core.batch.
+-- glob NAME{*}). Observations go through a writer in C
+-- (core.histogram_writer: include/tally.h, tally_histogram_open) that
+-- holds its own handles of the members; under LuaJIT h:observe calls it
+-- through the FFI (tally.ffi.observe) when it can.
 --
 -- Runs under LuaJIT (Lua 5.1 syntax) and Lua 5.4.
 
@@ -36,7 +38,7 @@ local fmt, find, match = string.format, string.find, string.match
 local floor, huge = math.floor, math.huge
 local sort, concat = table.sort, table.concat
 local describe, argerror, check_self = util.describe, util.argerror, util.self
-local core_batch = core.batch
+local core_observe = core.histogram_observe
 
 local _M = {}
 
@@ -185,51 +187,22 @@ H.__index = H
 H.__name = "tally.histogram"
 function H.__tostring(h) return "tally.histogram: " .. h.name end
 
--- tally.ffi when it can batch (LuaJIT, FFI on); else nil. Looked up when a
--- histogram is opened: require "tally" installs tally.ffi after this module.
+-- tally.ffi when it can observe (LuaJIT, FFI on); else nil. Looked up when
+-- a histogram is opened: require "tally" installs tally.ffi after this
+-- module.
 local ffi_mod
-
--- Index of the bucket v falls in: the first bound >= v (#bounds + 1: +Inf).
-local function bucket_of(bounds, v)
-  local n = #bounds
-  if n <= 16 then
-    for i = 1, n do
-      if v <= bounds[i] then return i end
-    end
-    return n + 1
-  end
-  local lo, hi = 1, n + 1          -- bounds[hi] >= v, or hi = n + 1
-  while lo < hi do
-    local mid = floor((lo + hi) / 2)
-    if v <= bounds[mid] then hi = mid else lo = mid + 1 end
-  end
-  return lo
-end
-
--- The same as a function of v with the bounds written in, for up to 16
--- finite bounds: no loop, so under LuaJIT the search is compiled into the
--- caller's trace (a loop would end the trace at its return and leave the
--- rest of observe, the FFI call too, to the interpreter). nil otherwise.
-local function compile_bucket_of(bounds)
-  local n = #bounds
-  if n > 16 then return nil end
-  local src = { "local v = ...\n" }
-  for i = 1, n do
-    local b = bounds[i]
-    if b ~= b or b == huge or b == -huge then return nil end
-    src[#src + 1] = fmt("if v <= %.17g then return %d end\n", b, i)
-  end
-  src[#src + 1] = "return " .. (n + 1)
-  return load(concat(src), "=histogram bucket_of")
-end
 
 -- h:observe(v) -> true | nil, msg, code: one observation, as one batch of
 -- its bucket (+1) and the sum (+ v / unit, rounded to the nearest integer,
--- halves away from zero). Raises for a v that is not a finite number, or
--- whose v / unit is beyond +-2^53; returns nil, msg, code when the batch
--- fails (EBUSY: 64 writer threads hold the store's slots), adding nothing.
+-- halves away from zero), made by the histogram's writer in C (the bucket
+-- search too; core.histogram_writer). Raises for a v that is not a finite
+-- number, or whose v / unit is beyond +-2^53; returns nil, msg, code when
+-- the batch fails (EBUSY: 64 writer threads hold the store's slots),
+-- adding nothing. Under LuaJIT the writer is called through the FFI.
 function H:observe(v)
   if getmetatable(self) ~= H then check_self(self, "tally.histogram", "observe") end
+  local f = ffi_mod
+  if f and f.enabled and type(v) == "number" and f.observe(self.w, v) then return true end
   if type(v) ~= "number" or v ~= v then
     argerror(1, "observe", "number expected, got " .. (v ~= v and "nan" or describe(v)), 2)
   end
@@ -239,15 +212,7 @@ function H:observe(v)
     argerror(1, "observe", fmt("%s is out of range (|v / unit| must be at most 2^53, unit %s)",
                                tostring(v), self.unit_text), 2)
   end
-  local pick = self.bucket_of
-  local c = self.counters[pick and pick(v) or bucket_of(self.bounds, v)]
-  local f = ffi_mod
-  if f and f.enabled and self.ffi_ok and f.batch2(self.db, c, 1, self.sumc, d) then
-    return true
-  end
-  local cs, ds = self.cs, self.ds
-  cs[1], cs[2], ds[2] = c, self.sumc, d
-  return core_batch(self.db, cs, ds)
+  return core_observe(self.w, v)
 end
 
 -- h:snapshot() -> { buckets = { { le =, count = }, ... }, count =, sum =,
@@ -426,8 +391,7 @@ local function histogram(db, name, opts)
                                  longest, core.NAME_MAX), 2)
   end
   local h = setmetatable({ db = db, name = name, unit = unit, unit_text = unit_text,
-                           bounds = {}, buckets = {}, counters = {},
-                           cs = {}, ds = { 1, 0 } }, H)
+                           bounds = {}, buckets = {}, counters = {} }, H)
   local function open(n)
     local c, m, k = db:counter(n, SLOT)
     if not c then return nil, m, k end
@@ -447,11 +411,16 @@ local function histogram(db, name, opts)
   local c, m, k = open(sum_name(name, unit_text))
   if not c then return nil, m, k end
   h.sumc = c
-  h.bucket_of = compile_bucket_of(h.bounds)
   h.les_text = list_text(les)
+  local names = {}
+  for i, e in ipairs(les) do names[i] = e[3] end
+  names[#names + 1] = sum_name(name, unit_text)
+  local w
+  w, m, k = core.histogram_writer(db, h.bounds, names, unit)
+  if not w then return nil, m, k end
+  h.w = w
   local f = package.loaded["tally.ffi"]
-  if f and f.batch2 and not ffi_mod then ffi_mod = f end
-  h.ffi_ok = ffi_mod ~= nil and ffi_mod.batch_ok(db, h.counters[1], h.sumc) or false
+  if f and f.observe and not ffi_mod then ffi_mod = f end
   return h
 end
 

@@ -1,7 +1,8 @@
--- Histograms under LuaJIT: h:observe goes through the FFI (tally.ffi.batch2)
--- and gives exactly what the classic path (core.batch) gives; a closed
--- store or a foreign store handle falls back to the classic path, which
--- raises as it does. Lua 5.1 syntax.
+-- Histograms under LuaJIT: h:observe calls its writer through the FFI
+-- (tally.ffi.observe) and gives exactly what the classic path
+-- (core.histogram_observe) gives; a closed store, a NaN or a value out of
+-- range fall back to the classic path, which raises as it does. Lua 5.1
+-- syntax.
 local helper = require "spec.luajit.helper"
 local tally = require "tally"
 local tffi = require "tally.ffi"
@@ -25,15 +26,31 @@ end
 
 describe("h:observe under LuaJIT", function()
   it("goes through the FFI when it is on", function()
-    if not tffi.reason then
-      local db = assert(tally.open("memory"))
-      local h = assert(db:histogram("h"))
-      assert.is_true(h.ffi_ok)
-      assert.is_true(tally.ffi)
-      db:close()
-    else
-      pending("FFI off: " .. tffi.reason)
+    if tffi.reason or tffi.observe_reason then
+      return pending("FFI off: " .. tostring(tffi.reason or tffi.observe_reason))
     end
+    local db = assert(tally.open("memory"))
+    local h = assert(db:histogram("h", { buckets = { 1 } }))
+    assert.is_true(tally.ffi)
+    local real, calls, done = tffi.observe, 0, 0
+    tffi.observe = function(w, v)
+      calls = calls + 1
+      local ok = real(w, v)
+      if ok then done = done + 1 end
+      return ok
+    end
+    local ok, err = pcall(function()
+      for _, v in ipairs({ 0.5, 2, 1 }) do assert(h:observe(v)) end
+    end)
+    tffi.observe = real
+    assert(ok, err)
+    assert.equal(3, calls)
+    assert.equal(3, done)                     -- none fell back to the classic path
+    local s = h:snapshot()
+    assert.equal(3, s.count)
+    assert.equal(2, s.buckets[1].count)       -- 0.5 and 1 (a bound takes its own value)
+    assert.equal(3.5, s.sum)
+    db:close()
   end)
 
   it("gives the same counts and sum through the FFI and the classic path", function()
@@ -60,18 +77,22 @@ describe("h:observe under LuaJIT", function()
     assert.matches("attempt to use a closed store", msg, 1, true)
   end)
 
-  it("checks the store handle's layout before using it", function()
-    local db = assert(tally.open("memory"))
-    local c = db:counter("x", { policy = "slot" })
-    if not tffi.reason then
-      assert.is_true(tffi.batch_ok(db, c))
-      local other = assert(tally.open("memory"))
-      assert.is_false(tffi.batch_ok(other, c))      -- c belongs to db, not other
-      assert.is_false(tffi.batch_ok({}, c))
-      assert.is_false(tffi.batch_ok(db, {}))
-      other:close()
+  it("adds nothing through the FFI for a NaN or a value out of range", function()
+    if tffi.reason or tffi.observe_reason then
+      return pending("FFI off: " .. tostring(tffi.reason or tffi.observe_reason))
     end
+    local db = assert(tally.open("memory"))
+    local h = assert(db:histogram("h", { buckets = { 1 } }))
+    assert.is_false(tffi.observe(h.w, 0 / 0))
+    assert.is_false(tffi.observe(h.w, math.huge))
+    assert.is_false(tffi.observe(h.w, -math.huge))
+    assert.is_false(tffi.observe(h.w, 2 ^ 53 * 1e-6 * 1.01))
+    assert.is_true(tffi.observe(h.w, 2 ^ 52 * 1e-6))
+    local s = h:snapshot()
+    assert.equal(1, s.count)
+    assert.equal(1, s.buckets[2].count)
     db:close()
+    assert.is_false(tffi.observe(h.w, 0.5))   -- closed with its store
   end)
 
   it("checks the handles' layout against core._ffi_info, and stays classic if it differs", function()
@@ -82,8 +103,9 @@ describe("h:observe under LuaJIT", function()
     assert.equal(ffi.offsetof("struct tally_ffi_store", "key"), info.store_key)
     assert.equal(ffi.offsetof("struct tally_ffi_store", "store"), info.store_store)
     assert.is_true(info.store_size >= ffi.sizeof("struct tally_ffi_store"))
-    assert.equal(ffi.offsetof("struct tally_ffi_counter", "db"), info.counter_db)
-    assert.is_nil(tffi.batch_reason)
+    assert.equal(ffi.offsetof("struct tally_ffi_hist", "h"), info.hist_h)
+    assert.is_nil(tffi.store_reason)
+    assert.is_nil(tffi.observe_reason)
     -- tally.ffi loaded again under a core whose handles are laid out otherwise
     local real = core._ffi_info
     local function load_with(change)
@@ -98,22 +120,30 @@ describe("h:observe under LuaJIT", function()
       assert(ok, m)
       return m
     end
-    local db = assert(tally.open("memory"))
-    local a, b = db:counter("a", { policy = "slot" }), db:counter("b", { policy = "slot" })
-    assert.is_true(load_with(function() end).batch_ok(db, a, b))
+    local same = load_with(function() end)
+    assert.is_nil(same.store_reason)
+    assert.is_function(same.observe)
     for _, change in ipairs({
       function(t) t.store_store = t.store_store + 8 end,
       function(t) t.store_key = 8 end,
       function(t) t.store_size = 8 end,
-      function(t) t.counter_db = t.counter_db + 8 end,
+      function(t) t.store_vec = t.store_vec + 8 end,
       function(t) t.store_store, t.store_size = nil, nil end,   -- an older core.so
     }) do
       local m = load_with(change)
-      assert.equal("the store handle layout does not match struct tally_ffi_store", m.batch_reason)
-      assert.is_false(m.batch_ok(db, a, b))
+      assert.equal("the store handle layout does not match struct tally_ffi_store", m.store_reason)
       assert.is_nil(m.reason)                   -- the counters' FFI path is not concerned
     end
-    db:close()
+    for _, change in ipairs({
+      function(t) t.hist_h = 8 end,
+      function(t) t.hist_h = nil end,           -- an older core.so
+    }) do
+      local m = load_with(change)
+      assert.equal("the histogram writer layout does not match struct tally_ffi_hist",
+                   m.observe_reason)
+      assert.is_nil(m.observe)                  -- h:observe stays classic
+      assert.is_nil(m.reason)
+    end
   end)
 
   it("observes into a histogram family's histograms through the FFI", function()
@@ -122,7 +152,6 @@ describe("h:observe under LuaJIT", function()
                          labels = { "route" }, help = "Latency" })
     local h = assert(db:histogram("lat:/a"))
     assert.same({ 0.1, 1 }, h.buckets)
-    assert.equal(not tffi.reason, h.ffi_ok)
     for _, v in ipairs({ 0.05, 0.5, 5 }) do assert(h:observe(v)) end
     local text = tally.prometheus(db)
     assert.matches('\nlatency_seconds_bucket{route="/a",le="1"} 2\n', text, 1, true)

@@ -174,27 +174,24 @@ static int key_ready(tally_store *s) {
   return rc;
 }
 
-/* The last store this thread batched into, and its record there: most
- * threads write one store, and this spares the key lookup. Store ids are
- * never reused in a process; a forked child's copy fails the pid check. */
-static _Thread_local struct {
-  uint64_t store_id;
-  struct mine *m;
-} last;
+static int stall_after(void);
 
-/* The calling thread's slot, leased on first use. */
-static int my_slot(tally_store *s, struct mine **out) {
-  if (last.store_id == s->id && last.m->pid == tally__pid()) {
-    *out = last.m;
-    return 0;
-  }
+/* Remember m as the calling thread's slot in tally__me (see internal.h). */
+static void cache_slot(tally_store *s, const struct mine *m) {
+  tally__me.wsl = m->sl;
+  tally__me.wslot = m->slot;
+  tally__me.wstall = stall_after();
+  tally__me.wstore_id = s->id;
+}
+
+/* The calling thread's slot, leased on first use; the batch's fast path
+ * has already missed tally__me's copy. */
+static int lease_slot(tally_store *s) {
   int rc = key_ready(s);
   if (rc) return rc;
   struct mine *m = pthread_getspecific(s->wkey);
   if (m && m->pid == tally__pid()) {
-    last.store_id = s->id;
-    last.m = m;
-    *out = m;
+    cache_slot(s, m);
     return 0;
   }
   struct tally__wslot *t = NULL;
@@ -234,9 +231,7 @@ static int my_slot(tally_store *s, struct mine **out) {
     free(m);
     return rc;
   }
-  last.store_id = s->id;
-  last.m = m;
-  *out = m;
+  cache_slot(s, m);
   return 0;
 }
 
@@ -245,7 +240,7 @@ void tally__slots_release(tally_store *s) {
   struct mine *m = pthread_getspecific(s->wkey);
   if (m) give_back(m);
   free(m);
-  if (last.store_id == s->id) last.store_id = 0;
+  if (tally__me.wstore_id == s->id) tally__me.wstore_id = 0;
   pthread_key_delete(s->wkey); /* other threads' records leak: close after them */
   atomic_store(&s->wkey_state, 0);
   struct tally__wslot *t = slot_table(s);
@@ -307,9 +302,8 @@ int tally_batch_incr(tally_store *s, tally_counter *const *cs, const int64_t *de
     return tally__fail(TALLY_EINVAL, "tally_batch_incr: NULL argument");
   if (n == 0) return tally__fail(TALLY_EINVAL, "tally_batch_incr: an empty batch");
   tally_counter *c[TALLY_BATCH_MAX];
-  int64_t d[TALLY_BATCH_MAX], after[TALLY_BATCH_MAX];
+  int64_t d[TALLY_BATCH_MAX];
   size_t m = 0;
-  int rc;
   for (size_t i = 0; i < n; i++) { /* distinct counters, deltas summed */
     if (!cs[i])
       return tally__fail(TALLY_EINVAL, "tally_batch_incr: counter %zu is NULL", i);
@@ -335,14 +329,29 @@ int tally_batch_incr(tally_store *s, tally_counter *const *cs, const int64_t *de
       return tally__fail(TALLY_ERANGE, "counter '%s': the batch's deltas overflow",
                          cs[i]->name);
   }
+  return tally__batch_apply(s, c, d, m);
+}
+
+/* Inline, so that tally__batch_apply2 gets its own copy for m = 2 with the
+ * loops unrolled (a histogram's observation). */
+static inline __attribute__((always_inline)) int
+apply(tally_store *s, tally_counter *const *c, const int64_t *d, size_t m) {
+  int rc;
+  int64_t after[TALLY_BATCH_MAX];
+#pragma GCC unroll 2
   for (size_t j = 0; j < m; j++)
-    if ((rc = tally__counter_live(c[j]))) return rc;
-  struct mine *me = NULL;
-  if ((rc = my_slot(s, &me))) return rc;
-  struct tally__wslot *sl = me->sl;
-  uint32_t w = me->slot;
-  honour_hold(sl);
-  /* 1. the journal; everything is checked before anything is added */
+    if (__builtin_expect(atomic_load_explicit(&c[j]->gone, memory_order_relaxed) != 0,
+                         0) &&
+        (rc = tally__counter_live(c[j])))
+      return rc;
+  struct tally__writer *me = &tally__me;
+  if (__builtin_expect(me->wstore_id != s->id, 0) && (rc = lease_slot(s))) return rc;
+  struct tally__wslot *sl = me->wsl;
+  uint32_t w = me->wslot;
+  if (__builtin_expect(atomic_load_explicit(&sl->hold_ms, memory_order_relaxed) != 0, 0))
+    honour_hold(sl);
+    /* 1. the journal; everything is checked before anything is added */
+#pragma GCC unroll 2
   for (size_t j = 0; j < m; j++) {
     uint64_t rec_off = tally__crec(c[j]);
     const struct tally__rec *r = tally__at(s, rec_off);
@@ -379,7 +388,8 @@ int tally_batch_incr(tally_store *s, tally_counter *const *cs, const int64_t *de
   atomic_store_explicit(&sl->seq, seq + 1, memory_order_release);
   /* 3. the new values: this slot's cells have no other writer, so each
    * holds exactly `before` (see the top of this file for a racing drop) */
-  int stall = stall_after();
+  int stall = me->wstall;
+#pragma GCC unroll 2
   for (size_t j = 0; j < m; j++) {
     if (__builtin_expect(stall >= 0, 0) && (size_t)stall == j)
       for (;;) pause();
@@ -391,6 +401,18 @@ int tally_batch_incr(tally_store *s, tally_counter *const *cs, const int64_t *de
   /* 4. even: a reader that sees it sees every add */
   atomic_store_explicit(&sl->seq, seq + 2, memory_order_release);
   return 0;
+}
+
+int tally__batch_apply(tally_store *s, tally_counter *const *c, const int64_t *d,
+                       size_t m) {
+  return apply(s, c, d, m);
+}
+
+int tally__batch_apply2(tally_store *s, tally_counter *a, int64_t da, tally_counter *b,
+                        int64_t db) {
+  tally_counter *const c[2] = {a, b};
+  const int64_t d[2] = {da, db};
+  return apply(s, c, d, 2);
 }
 
 int tally__slot_incr(tally_counter *c, int64_t delta) {

@@ -307,6 +307,13 @@ struct tally__wslot {
   uint64_t pad_[3];
   struct tally__wentry e[TALLY_BATCH_MAX];
 };
+/* The batch of m distinct live-checked slot counters c of s, with their
+ * deltas d (what tally_batch_incr does once it has checked its arguments). */
+int tally__batch_apply(tally_store *s, tally_counter *const *c, const int64_t *d,
+                       size_t m);
+/* The same for two (a histogram's observation), its loops unrolled. */
+int tally__batch_apply2(tally_store *s, tally_counter *a, int64_t da, tally_counter *b,
+                        int64_t db);
 int tally__slot_incr(tally_counter *c, int64_t delta);     /* a batch of one */
 int tally__slot_reset(tally_counter *c, int64_t *removed); /* in its own shard */
 void tally__slots_release(tally_store *s);                 /* this process's, at close */
@@ -323,6 +330,12 @@ struct tally__writer {
   uint64_t ticket;
   uint64_t rr;  /* round-robin position */
   uint64_t rng; /* xorshift64* state, 0: unseeded */
+  /* batch.c: the writer slot this thread last batched through, so a batch
+   * needs no thread-specific key lookup (zeroed in a forked child too) */
+  uint64_t wstore_id;       /* its store, 0: none */
+  struct tally__wslot *wsl; /* the slot; the table never moves while open */
+  uint32_t wslot;           /* its index: the shard this thread adds to */
+  int32_t wstall;           /* tests: TALLY_TEST_BATCH_STALL, -1: none */
 };
 extern _Thread_local struct tally__writer tally__me
     __attribute__((tls_model("initial-exec")));

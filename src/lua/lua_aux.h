@@ -122,6 +122,7 @@ enum { TL_SUV_CACHE = 1, TL_SUV_FAMILIES = 2, TL_SUV_SLOTS = 3, TL_SUV_N = 3 };
 enum { TL_CUV_STORE = 1, TL_CUV_POLICY = 2, TL_CUV_N = 2 };
 
 typedef struct tl_counter tl_counter;
+typedef struct tl_hist tl_hist;
 
 /* Under LuaJIT, lua/tally/ffi.lua reads key and store straight from the
  * userdata (struct tally_ffi_store there; h:observe's batches); it checks
@@ -135,6 +136,7 @@ typedef struct tl_store {
   size_t *spare;            /* slots free to reuse */
   size_t nspare, used, cap; /* slots handed out so far; lent's room */
   tl_counter *counters;     /* open counter handles made on this store */
+  tl_hist *hists;           /* open histogram writers (lua_histogram.c) */
   size_t speclen;
   char spec[]; /* "memory" or "file:PATH" */
 } tl_store;
@@ -153,6 +155,15 @@ struct tl_counter {
   size_t slot1;   /* 1 + its name slot in db->vec, 0: none */
   size_t namelen;
   char name[];
+};
+
+/* A histogram's writer (lua_histogram.c). Under LuaJIT, lua/tally/ffi.lua
+ * reads h straight from the userdata (struct tally_ffi_hist there), its
+ * offset checked against core._ffi_info().hist_h. */
+struct tl_hist {
+  tally_histogram *h; /* NULL once closed (also when its store closes) */
+  tl_store *db;       /* kept alive through its user value */
+  tl_hist *prev, *next;
 };
 
 /* ---- arguments and messages ------------------------------------------------ */
@@ -220,15 +231,19 @@ void tl_set_classic(lua_State *L, const char *name, lua_CFunction fn);
 /* ---- the parts (lua_module.c lists them) -------------------------------------
  * Each adds its functions to the module table on top of the stack and
  * creates its metatables; returns 0. */
-int tl_open_store(lua_State *L);   /* lua_store.c: core.open, store_methods */
-int tl_open_counter(lua_State *L); /* lua_counter.c: counter_methods */
-int tl_open_rollup(lua_State *L);  /* lua_rollup.c: schedules, c:rolled() */
-int tl_open_sender(lua_State *L);  /* lua_sender.c: core.sender, the spool */
-int tl_open_redis(lua_State *L);   /* lua_redis.c: core.redis, core.flusher */
-int tl_open_compact(lua_State *L); /* lua_compact.c: core.compact */
-int tl_open_batch(lua_State *L);   /* lua_batch.c: core.batch, core.snapshot */
-int tl_open_http(lua_State *L);    /* lua_http.c: core.http */
-int tl_open_ship(lua_State *L);    /* lua_ship.c: core.ship, core.counter_read */
+int tl_open_store(lua_State *L);     /* lua_store.c: core.open, store_methods */
+int tl_open_counter(lua_State *L);   /* lua_counter.c: counter_methods */
+int tl_open_rollup(lua_State *L);    /* lua_rollup.c: schedules, c:rolled() */
+int tl_open_sender(lua_State *L);    /* lua_sender.c: core.sender, the spool */
+int tl_open_redis(lua_State *L);     /* lua_redis.c: core.redis, core.flusher */
+int tl_open_compact(lua_State *L);   /* lua_compact.c: core.compact */
+int tl_open_batch(lua_State *L);     /* lua_batch.c: core.batch, core.snapshot */
+int tl_open_http(lua_State *L);      /* lua_http.c: core.http */
+int tl_open_ship(lua_State *L);      /* lua_ship.c: core.ship, core.counter_read */
+int tl_open_histogram(lua_State *L); /* lua_histogram.c: core.histogram_writer */
+
+/* Close histogram writer w and unlink it from its store; safe twice. */
+void tl_hist_release(tl_hist *w);
 
 /* ---- the counter handle, for lua_store.c (made in lua_counter.c) -------------- */
 

@@ -459,6 +459,8 @@ static int tl_ffi_info(lua_State *L) {
   lua_setfield(L, -2, "store_store");
   lua_pushinteger(L, (lua_Integer)offsetof(tl_store, vec));
   lua_setfield(L, -2, "store_vec");
+  lua_pushinteger(L, (lua_Integer)offsetof(tl_hist, h));
+  lua_setfield(L, -2, "hist_h");
   /* without spec[]: the least a store handle holds */
   lua_pushinteger(L, (lua_Integer)sizeof(tl_store));
   lua_setfield(L, -2, "store_size");

@@ -50,6 +50,7 @@ static tl_store *tl_tostore(lua_State *L) {
 
 static void tl_store_release(lua_State *L, tl_store *d) {
   tl_slots_release(L, 1);
+  while (d->hists != NULL) tl_hist_release(d->hists);
   while (d->counters != NULL) tl_counter_release(d->counters);
   if (d->store != NULL) tally_store_close(d->store);
   d->store = NULL;

@@ -1,0 +1,134 @@
+/* histogram.c -- a histogram's writer: one observation, one batch.
+ *
+ * A histogram is a set of slot counters, one per bucket (not cumulative)
+ * and one for the sum in integer units; lua/tally/histogram.lua names
+ * them, this file only adds to them. An observation is the batch of two
+ * increments its bucket +1, the sum + v / unit, so a snapshot sees both
+ * or neither (batch.c).
+ *
+ * Observing is the hot call of a histogram (a request's latency in
+ * nginx's log phase), and through tally_batch_incr it paid for what a
+ * histogram never needs: checking that the counters are slot counters of
+ * the store and distinct, summing duplicates. Here those hold by
+ * construction, the bucket search and the rounding run in C beside the
+ * batch, and under LuaJIT one FFI call does all of it.
+ */
+#include "internal.h"
+
+#include <math.h> /* isfinite, isnan */
+#include <stdlib.h>
+#include <string.h>
+
+#define EXACT         9007199254740992.0 /* 2^53: sums beyond are not exact */
+#define LINEAR_SEARCH 16                 /* bounds counted without branches */
+
+struct tally_histogram {
+  tally_store *s;
+  double unit;
+  size_t nbounds;
+  tally_counter *sum;
+  tally_counter **bucket; /* nbounds + 1: the last is +Inf */
+  double bounds[];        /* at least LINEAR_SEARCH: +Inf after the last */
+};
+
+void tally_histogram_close(tally_histogram *h) {
+  if (!h) return;
+  for (size_t i = 0; h->bucket && i <= h->nbounds; i++) tally_counter_close(h->bucket[i]);
+  tally_counter_close(h->sum);
+  free(h->bucket);
+  free(h);
+}
+
+static int open_member(tally_store *s, const char *name, tally_counter **out) {
+  if (!name)
+    return tally__fail(TALLY_EINVAL, "tally_histogram_open: a member name is NULL");
+  tally_counter_options o = {0, TALLY_POLICY_SLOT};
+  int rc = tally_counter_open(s, name, strlen(name), &o, TALLY_COUNTER_CREATE, out);
+  if (rc == TALLY_EMISMATCH)
+    return tally__fail(TALLY_EPOLICY,
+                       "counter '%s' exists with another policy or shard count: a "
+                       "histogram's members are slot counters",
+                       name);
+  return rc;
+}
+
+int tally_histogram_open(tally_store *s, const double *bounds, size_t nbounds,
+                         const char *const *names, double unit, tally_histogram **out) {
+  if (!s || !names || (nbounds && !bounds) || !out)
+    return tally__fail(TALLY_EINVAL, "tally_histogram_open: NULL argument");
+  if (nbounds > TALLY_HISTOGRAM_MAX_BOUNDS)
+    return tally__fail(TALLY_EINVAL, "a histogram has at most %d bounds, got %zu",
+                       TALLY_HISTOGRAM_MAX_BOUNDS, nbounds);
+  if (!(unit > 0) || isinf(unit))
+    return tally__fail(TALLY_EINVAL, "a histogram's unit is a finite number > 0");
+  for (size_t i = 0; i < nbounds; i++)
+    if (!isfinite(bounds[i]) || (i && !(bounds[i - 1] < bounds[i])))
+      return tally__fail(TALLY_EINVAL,
+                         "a histogram's bounds are finite and strictly increasing "
+                         "(bound %zu)",
+                         i + 1);
+  size_t room = nbounds < LINEAR_SEARCH ? LINEAR_SEARCH : nbounds;
+  tally_histogram *h = calloc(1, sizeof *h + room * sizeof(double));
+  if (!h || !(h->bucket = calloc(nbounds + 1, sizeof *h->bucket))) {
+    free(h);
+    return tally__fail(TALLY_ENOMEM, "out of memory");
+  }
+  h->s = s;
+  h->unit = unit;
+  h->nbounds = nbounds;
+  if (nbounds) memcpy(h->bounds, bounds, nbounds * sizeof(double));
+  for (size_t i = nbounds; i < room; i++) h->bounds[i] = INFINITY;
+  int rc = 0;
+  for (size_t i = 0; rc == 0 && i <= nbounds; i++)
+    rc = open_member(s, names[i], &h->bucket[i]);
+  if (rc == 0) rc = open_member(s, names[nbounds + 1], &h->sum);
+  if (rc) {
+    tally_histogram_close(h);
+    return rc;
+  }
+  *out = h;
+  return 0;
+}
+
+/* The bucket of v: the index of the first bound >= v, nbounds for +Inf.
+ * Up to LINEAR_SEARCH bounds (padded with +Inf, which no finite v
+ * exceeds) are counted in a fixed number of steps without a branch, so a
+ * latency costs the same whichever bucket it falls in, where a search
+ * mispredicts as the values move between buckets. */
+static size_t bucket_of(const double *b, size_t n, double v) {
+  if (n <= LINEAR_SEARCH) {
+    size_t i = 0;
+    for (size_t k = 0; k < LINEAR_SEARCH; k++) i += b[k] < v;
+    return i;
+  }
+  size_t lo = 0, len = n;
+  while (len > 0) {
+    size_t half = len / 2;
+    if (b[lo + half] < v) {
+      lo += half + 1;
+      len -= half + 1;
+    } else {
+      len = half;
+    }
+  }
+  return lo;
+}
+
+int tally_histogram_observe(tally_histogram *h, double v) {
+  if (__builtin_expect(!h, 0))
+    return tally__fail(TALLY_EINVAL, "tally_histogram_observe: histogram is NULL");
+  if (__builtin_expect(isnan(v), 0))
+    return tally__fail(TALLY_EINVAL, "tally_histogram_observe: v is NaN");
+  /* the nearest integer count of units, halves away from zero: y is
+   * truncated, so this is floor(x + 0.5) for x >= 0 and -floor(-x + 0.5)
+   * below, in the same double operations as lua/tally/histogram.lua */
+  double x = v / h->unit;
+  double y = x >= 0 ? x + 0.5 : x - 0.5;
+  if (__builtin_expect(!(y <= EXACT && y >= -EXACT), 0))
+    return tally__fail(TALLY_ERANGE,
+                       "tally_histogram_observe: %g is out of range (|v / unit| must be "
+                       "at most 2^53, unit %g)",
+                       v, h->unit);
+  return tally__batch_apply2(h->s, h->bucket[bucket_of(h->bounds, h->nbounds, v)], 1,
+                             h->sum, (int64_t)y);
+}

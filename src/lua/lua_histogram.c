@@ -1,0 +1,117 @@
+/* lua_histogram.c -- a histogram's writer (include/tally.h,
+ * tally_histogram_open): what h:observe (lua/tally/histogram.lua) stands
+ * on.
+ *
+ *   core.histogram_writer(db, bounds, names, unit) -> writer
+ *       bounds: the finite bounds, increasing; names: #bounds + 2 member
+ *       names (each bucket's, +Inf's, the sum's); unit: the sum's unit
+ *   core.histogram_observe(writer, v) -> true
+ *       one observation: its bucket +1 and the sum + v / unit, one batch
+ *
+ * Each returns nil, message, code on failure; misuse (a closed writer or
+ * store, arguments of the wrong type) raises. A writer holds its own
+ * counter handles and is closed with its store (db:close) or when
+ * collected. Under LuaJIT, lua/tally/ffi.lua calls tally_histogram_observe
+ * itself with the pointer it reads from the userdata (struct
+ * tally_ffi_hist there, checked against core._ffi_info().hist_h).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "lua_aux.h"
+
+#define TL_HIST_MT "tally.histogram_writer"
+
+void tl_hist_release(tl_hist *w) {
+  if (w->h == NULL) return;
+  if (w->prev != NULL)
+    w->prev->next = w->next;
+  else
+    w->db->hists = w->next;
+  if (w->next != NULL) w->next->prev = w->prev;
+  w->prev = w->next = NULL;
+  tally_histogram_close(w->h);
+  w->h = NULL;
+}
+
+static int tl_hist_gc(lua_State *L) {
+  tl_hist_release((tl_hist *)tl_checkudata(L, 1, TL_HIST_MT));
+  return 0;
+}
+
+/* The number of the list at idx as a double, or a raised error. */
+static double tl_checkbound(lua_State *L, int idx, lua_Integer i) {
+  double b;
+  lua_rawgeti(L, idx, i);
+  if (lua_type(L, -1) != LUA_TNUMBER)
+    tl_argerror(L, 2, "bound %d is not a number", (int)i);
+  b = (double)lua_tonumber(L, -1);
+  lua_pop(L, 1);
+  return b;
+}
+
+static int tl_histogram_writer(lua_State *L) {
+  tl_store *db = tl_checkstore(L, 1);
+  size_t nb, i;
+  double *bounds, unit;
+  const char **names;
+  tl_hist *w;
+  int rc;
+  if (!lua_istable(L, 2)) tl_typeerror(L, 2, "table");
+  if (!lua_istable(L, 3)) tl_typeerror(L, 3, "table");
+  unit = (double)luaL_checknumber(L, 4);
+  nb = (size_t)lua_rawlen(L, 2);
+  if (nb > TALLY_HISTOGRAM_MAX_BOUNDS)
+    return tl_argerror(L, 2, "at most %d bounds, got %zu", TALLY_HISTOGRAM_MAX_BOUNDS,
+                       nb);
+  if ((size_t)lua_rawlen(L, 3) != nb + 2)
+    return tl_argerror(L, 3, "%zu names for %zu bounds (expected %zu)",
+                       (size_t)lua_rawlen(L, 3), nb, nb + 2);
+  /* scratch as userdata: collected even if a check below raises */
+  bounds =
+      (double *)tl_newud(L, (nb + 1) * sizeof(double) + (nb + 2) * sizeof(char *), 0);
+  names = (const char **)(void *)(bounds + nb + 1);
+  for (i = 0; i < nb; i++) bounds[i] = tl_checkbound(L, 2, (lua_Integer)i + 1);
+  for (i = 0; i < nb + 2; i++) {
+    lua_rawgeti(L, 3, (lua_Integer)i + 1);
+    if (lua_type(L, -1) != LUA_TSTRING)
+      tl_argerror(L, 3, "name %d is not a string", (int)i + 1);
+    names[i] = lua_tostring(L, -1); /* the table holds the string */
+    lua_pop(L, 1);
+  }
+  w = (tl_hist *)tl_newud(L, sizeof(*w), 1);
+  memset(w, 0, sizeof(*w));
+  luaL_setmetatable(L, TL_HIST_MT);
+  lua_pushvalue(L, 1);
+  tl_setuv(L, -2, 1); /* the store lives as long as its writer */
+  rc = tally_histogram_open(db->store, bounds, nb, names, unit, &w->h);
+  if (rc < 0) return tl_fail(L, rc);
+  w->db = db;
+  w->next = db->hists;
+  if (db->hists != NULL) db->hists->prev = w;
+  db->hists = w;
+  return 1;
+}
+
+static int tl_histogram_observe(lua_State *L) {
+  tl_hist *w = (tl_hist *)tl_checkudata(L, 1, TL_HIST_MT);
+  double v = (double)luaL_checknumber(L, 2);
+  int rc;
+  if (w->h == NULL) luaL_error(L, "attempt to use a closed store");
+  rc = tally_histogram_observe(w->h, v);
+  if (rc < 0) return tl_fail(L, rc);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+int tl_open_histogram(lua_State *L) {
+  static const luaL_Reg meta[] = {{"__gc", tl_hist_gc}, {NULL, NULL}};
+  static const luaL_Reg none[] = {{NULL, NULL}};
+  tl_newclass(L, TL_HIST_MT, meta, none);
+  lua_pop(L, 1);
+  lua_pushcfunction(L, tl_histogram_writer);
+  lua_setfield(L, -2, "histogram_writer");
+  lua_pushcfunction(L, tl_histogram_observe);
+  lua_setfield(L, -2, "histogram_observe");
+  return 0;
+}

@@ -1,0 +1,362 @@
+/* test_histogram.c -- a histogram's writer (src/core/histogram.c).
+ *
+ *  - open: bounds finite and strictly increasing, a unit > 0, at most
+ *    TALLY_HISTOGRAM_MAX_BOUNDS, names for every member; a member that is
+ *    not a slot counter is refused; nothing is returned on failure;
+ *  - observe: v goes to the first bucket whose bound is >= v (+Inf past
+ *    the last), for the branch-free count (<= 16 bounds) and the binary
+ *    search (more) alike, checked against a plain scan; the sum is v / unit
+ *    rounded to the nearest integer, halves away from zero; a NaN or a
+ *    |v / unit| over 2^53 is refused and adds nothing;
+ *  - threads: four threads share one writer; totals exact, and every
+ *    snapshot taken meanwhile has sum = count (each observes 1.0, unit 1);
+ *  - processes: two processes observe into a file store while this one
+ *    takes snapshots: sum = count in every one, totals exact;
+ *  - SIGKILL: a writer stopped for good between the bucket and the sum
+ *    holds a snapshot up while it lives; once killed, the snapshot goes on
+ *    within 100 ms and shows neither.
+ */
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "testutil.h"
+
+static char g_dir[1024];
+
+#define MAXB 64
+static const char *const NAMES4[] = {"h{le=1}",  "h{le=2}",    "h{le=5}",
+                                     "h{le=10}", "h{le=+Inf}", "h{sum}"};
+static const double BOUNDS4[] = {1, 2, 5, 10};
+
+/* Member i of the histogram "h" (i = nbounds + 1: the sum), read through a
+ * handle of its own. */
+static int64_t member(tally_store *s, const char *name) {
+  tally_counter *c;
+  if (tally_counter_open(s, name, strlen(name), NULL, 0, &c)) return -1;
+  int64_t v = tu_value(c);
+  tally_counter_close(c);
+  return v;
+}
+
+/* ---- open ------------------------------------------------------------------------ */
+
+static void test_open(void) {
+  tally_store *s;
+  REQUIRE_OK(tally_store_open("memory", NULL, &s));
+  tally_histogram *h = (tally_histogram *)0x1;
+  EXPECT_RC(TALLY_EINVAL, tally_histogram_open(NULL, BOUNDS4, 4, NAMES4, 1, &h));
+  EXPECT_RC(TALLY_EINVAL, tally_histogram_open(s, NULL, 4, NAMES4, 1, &h));
+  EXPECT_RC(TALLY_EINVAL, tally_histogram_open(s, BOUNDS4, 4, NULL, 1, &h));
+  EXPECT_RC(TALLY_EINVAL, tally_histogram_open(s, BOUNDS4, 4, NAMES4, 1, NULL));
+  double down[] = {1, 5, 2, 10}, same[] = {1, 2, 2, 10}, nan_[] = {1, NAN, 5, 10},
+         inf[] = {1, 2, 5, INFINITY};
+  EXPECT_RC(TALLY_EINVAL, tally_histogram_open(s, down, 4, NAMES4, 1, &h));
+  EXPECT_RC(TALLY_EINVAL, tally_histogram_open(s, same, 4, NAMES4, 1, &h));
+  EXPECT_RC(TALLY_EINVAL, tally_histogram_open(s, nan_, 4, NAMES4, 1, &h));
+  EXPECT_RC(TALLY_EINVAL, tally_histogram_open(s, inf, 4, NAMES4, 1, &h));
+  EXPECT_RC(TALLY_EINVAL, tally_histogram_open(s, BOUNDS4, 4, NAMES4, 0, &h));
+  EXPECT_RC(TALLY_EINVAL, tally_histogram_open(s, BOUNDS4, 4, NAMES4, -1, &h));
+  EXPECT_RC(TALLY_EINVAL, tally_histogram_open(s, BOUNDS4, 4, NAMES4, NAN, &h));
+  EXPECT_RC(TALLY_EINVAL, tally_histogram_open(s, BOUNDS4, 4, NAMES4, INFINITY, &h));
+  EXPECT_RC(TALLY_EINVAL, tally_histogram_open(s, BOUNDS4, TALLY_HISTOGRAM_MAX_BOUNDS + 1,
+                                               NAMES4, 1, &h));
+  const char *holes[] = {"h{le=1}", NULL, "h{le=5}", "h{le=10}", "h{le=+Inf}", "h{sum}"};
+  EXPECT_RC(TALLY_EINVAL, tally_histogram_open(s, BOUNDS4, 4, holes, 1, &h));
+  /* a member that exists as another kind of counter */
+  tally_counter *plain;
+  REQUIRE_OK(
+      tu_counter(s, "g{le=2}", 4, TALLY_POLICY_THREAD, TALLY_COUNTER_CREATE, &plain));
+  const char *g[] = {"g{le=1}", "g{le=2}", "g{le=5}", "g{le=10}", "g{le=+Inf}", "g{sum}"};
+  EXPECT_RC(TALLY_EPOLICY, tally_histogram_open(s, BOUNDS4, 4, g, 1, &h));
+  EXPECT(strstr(tally_errmsg(), "g{le=2}") != NULL);
+  EXPECT(h == (tally_histogram *)0x1); /* untouched on failure */
+  tally_counter_close(plain);
+  /* no bounds at all: one +Inf bucket and the sum */
+  const char *one[] = {"o{le=+Inf}", "o{sum}"};
+  REQUIRE_OK(tally_histogram_open(s, NULL, 0, one, 1, &h));
+  EXPECT_OK(tally_histogram_observe(h, 3));
+  EXPECT_I64(1, member(s, "o{le=+Inf}"));
+  EXPECT_I64(3, member(s, "o{sum}"));
+  tally_histogram_close(h);
+  tally_histogram_close(NULL);
+  tally_store_close(s);
+}
+
+/* ---- observe ----------------------------------------------------------------------- */
+
+/* The first bound >= v, by a plain scan. */
+static size_t scan(const double *b, size_t n, double v) {
+  size_t i = 0;
+  while (i < n && !(v <= b[i])) i++;
+  return i;
+}
+
+/* Observe values on and around every bound of a histogram of n bounds and
+ * compare each bucket with a scan. */
+static void check_buckets(size_t n) {
+  tally_store *s;
+  REQUIRE_OK(tally_store_open("memory", NULL, &s));
+  double b[MAXB];
+  char names[MAXB + 2][32];
+  const char *np[MAXB + 2];
+  for (size_t i = 0; i < n; i++) b[i] = -3.0 + 0.75 * (double)i;
+  for (size_t i = 0; i <= n + 1; i++) {
+    snprintf(names[i], sizeof names[i], i == n + 1 ? "n%zu{sum}" : "n%zu{le=%zu}", n, i);
+    np[i] = names[i];
+  }
+  tally_histogram *h;
+  REQUIRE_OK(tally_histogram_open(s, b, n, np, 1, &h));
+  int64_t want[MAXB + 1] = {0};
+  double probes[4 * MAXB + 4];
+  size_t np_ = 0;
+  for (size_t i = 0; i < n; i++) {
+    probes[np_++] = b[i];
+    probes[np_++] = nextafter(b[i], -INFINITY);
+    probes[np_++] = nextafter(b[i], INFINITY);
+  }
+  probes[np_++] = -1e9;
+  probes[np_++] = 1e9;
+  probes[np_++] = -0.0;
+  for (size_t k = 0; k < np_; k++) {
+    EXPECT_OK(tally_histogram_observe(h, probes[k]));
+    want[scan(b, n, probes[k])]++;
+  }
+  int bad = 0;
+  for (size_t i = 0; i <= n; i++)
+    if (member(s, names[i]) != want[i]) bad++;
+  if (bad) TU_FAIL("%zu bounds: %d buckets differ from a scan", n, bad);
+  tally_histogram_close(h);
+  tally_store_close(s);
+}
+
+static void test_observe(void) {
+  for (size_t n = 1; n <= MAXB; n += (n < 20 ? 1 : 7)) check_buckets(n);
+  tally_store *s;
+  REQUIRE_OK(tally_store_open("memory", NULL, &s));
+  tally_histogram *h;
+  REQUIRE_OK(tally_histogram_open(s, BOUNDS4, 4, NAMES4, 0.5, &h));
+  /* sums in units of 0.5: 0.25 -> 0.5 -> 1, -0.25 -> -1, 0.2 -> 0.4 -> 0 */
+  double vs[] = {0.25, -0.25, 0.2, 0.75, 1.0, 2.5, 11};
+  for (size_t i = 0; i < sizeof vs / sizeof vs[0]; i++)
+    EXPECT_OK(tally_histogram_observe(h, vs[i]));
+  EXPECT_I64(5, member(s, "h{le=1}")); /* 0.25 -0.25 0.2 0.75 1.0 */
+  EXPECT_I64(0, member(s, "h{le=2}"));
+  EXPECT_I64(1, member(s, "h{le=5}"));
+  EXPECT_I64(0, member(s, "h{le=10}"));
+  EXPECT_I64(1, member(s, "h{le=+Inf}"));
+  EXPECT_I64(1 - 1 + 0 + 2 + 2 + 5 + 22, member(s, "h{sum}")); /* 0.75 -> 1.5 -> 2 */
+  /* refused: nothing added */
+  EXPECT_RC(TALLY_EINVAL, tally_histogram_observe(h, NAN));
+  EXPECT_RC(TALLY_ERANGE, tally_histogram_observe(h, INFINITY));
+  EXPECT_RC(TALLY_ERANGE, tally_histogram_observe(h, -INFINITY));
+  EXPECT_RC(TALLY_ERANGE, tally_histogram_observe(h, 0x1p53)); /* 2^54 halves */
+  EXPECT_RC(TALLY_EINVAL, tally_histogram_observe(NULL, 1));
+  EXPECT_I64(1, member(s, "h{le=+Inf}"));
+  EXPECT_I64(31, member(s, "h{sum}"));
+  EXPECT_OK(tally_histogram_observe(h, 0x1p52)); /* 2^53 halves: the most */
+  EXPECT_I64(31 + (INT64_C(1) << 53), member(s, "h{sum}"));
+  tally_histogram_close(h);
+  tally_store_close(s);
+}
+
+/* ---- threads ------------------------------------------------------------------------ */
+
+/* sum = count: 0 if it holds. */
+static int snap_sum(void *ud, const char *name, size_t len, int64_t value) {
+  int64_t *t = ud; /* [0] buckets, [1] sum */
+  t[len >= 5 && memcmp(name + len - 5, "{sum}", 5) == 0] += value;
+  return 0;
+}
+
+static int sum_is_count(tally_store *s, long *taken) {
+  int64_t t[2] = {0, 0};
+  if (tally_store_snapshot(s, "h{*}", 4, snap_sum, t)) {
+    TU_FAIL("snapshot: %s", tally_errmsg());
+    return 1;
+  }
+  (*taken)++;
+  if (t[0] != t[1]) {
+    TU_FAIL("snapshot %ld: count %lld, sum %lld", *taken, (long long)t[0],
+            (long long)t[1]);
+    return 1;
+  }
+  return 0;
+}
+
+struct shared {
+  tally_histogram *h;
+  atomic_int stop;
+  atomic_llong done;
+};
+
+static void *observer_main(void *ud) {
+  struct shared *sh = ud;
+  long long n = 0;
+  while (!atomic_load_explicit(&sh->stop, memory_order_relaxed) && n < 2000000) {
+    if (tally_histogram_observe(sh->h, 1.0)) break;
+    n++;
+  }
+  atomic_fetch_add(&sh->done, n);
+  return NULL;
+}
+
+static void test_threads(void) {
+  tally_store *s;
+  REQUIRE_OK(tally_store_open("memory", NULL, &s));
+  struct shared sh = {0};
+  REQUIRE_OK(tally_histogram_open(s, BOUNDS4, 4, NAMES4, 1, &sh.h));
+  pthread_t th[4];
+  for (int i = 0; i < 4; i++) pthread_create(&th[i], NULL, observer_main, &sh);
+  long taken = 0;
+  double end = tu_now() + 1.0;
+  while (tu_now() < end && sum_is_count(s, &taken) == 0) {}
+  atomic_store(&sh.stop, 1);
+  for (int i = 0; i < 4; i++) pthread_join(th[i], NULL);
+  long long done = atomic_load(&sh.done);
+  EXPECT_I64(done, member(s, "h{le=1}"));
+  EXPECT_I64(done, member(s, "h{sum}"));
+  EXPECT(taken > 10);
+  printf("  4 threads, one writer: %lld observations, %ld snapshots with sum = count\n",
+         done, taken);
+  tally_histogram_close(sh.h);
+  tally_store_close(s);
+}
+
+/* ---- processes ------------------------------------------------------------------------ */
+
+struct page {
+  atomic_llong done[2];
+  atomic_int ready, stop;
+};
+
+/* A child: observe 1.0 until stopped (or killed), counting what returned. */
+static pid_t spawn_observer(const char *spec, struct page *pg, int i, const char *stall) {
+  fflush(NULL);
+  pid_t pid = fork();
+  if (pid != 0) return pid;
+  if (stall) setenv("TALLY_TEST_BATCH_STALL", stall, 1);
+  tally_store *s;
+  tally_histogram *h;
+  if (tally_store_open(spec, NULL, &s) ||
+      tally_histogram_open(s, BOUNDS4, 4, NAMES4, 1, &h))
+    _exit(2);
+  atomic_fetch_add(&pg->ready, 1);
+  double end = tu_now() + 20;
+  while (!atomic_load_explicit(&pg->stop, memory_order_relaxed) && tu_now() < end) {
+    if (tally_histogram_observe(h, 1.0)) _exit(3);
+    atomic_fetch_add_explicit(&pg->done[i], 1, memory_order_relaxed);
+  }
+  tally_histogram_close(h);
+  tally_store_close(s);
+  _exit(0);
+}
+
+static struct page *page_new(void) {
+  struct page *pg =
+      mmap(NULL, sizeof *pg, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  REQUIRE_OK(pg == MAP_FAILED ? TALLY_ESYS : 0);
+  memset(pg, 0, sizeof *pg);
+  return pg;
+}
+
+static void test_processes(void) {
+  char spec[1200], path[1100];
+  tu_spec(spec, sizeof spec, path, sizeof path, g_dir, "procs.tly");
+  tally_store *s;
+  REQUIRE_OK(tally_store_open(spec, NULL, &s));
+  struct page *pg = page_new();
+  pid_t pids[2];
+  for (int i = 0; i < 2; i++) pids[i] = spawn_observer(spec, pg, i, NULL);
+  while (atomic_load(&pg->ready) < 2) usleep(1000);
+  long taken = 0;
+  double end = tu_now() + 1.5;
+  while (tu_now() < end && sum_is_count(s, &taken) == 0) {}
+  atomic_store(&pg->stop, 1);
+  for (int i = 0; i < 2; i++) {
+    int st;
+    waitpid(pids[i], &st, 0);
+    EXPECT(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  }
+  long long done = atomic_load(&pg->done[0]) + atomic_load(&pg->done[1]);
+  EXPECT_I64(done, member(s, "h{le=1}"));
+  EXPECT_I64(done, member(s, "h{sum}"));
+  EXPECT(taken > 50);
+  printf("  2 processes: %lld observations, %ld snapshots with sum = count\n", done,
+         taken);
+  EXPECT_OK(tally_store_check(s));
+  munmap(pg, sizeof *pg);
+  tally_store_close(s);
+}
+
+/* ---- SIGKILL ------------------------------------------------------------------------ */
+
+struct waiter {
+  tally_store *s;
+  int64_t t[2];
+  atomic_int done;
+  double done_at;
+  int rc;
+};
+
+static void *waiter_main(void *ud) {
+  struct waiter *w = ud;
+  w->rc = tally_store_snapshot(w->s, "h{*}", 4, snap_sum, w->t);
+  w->done_at = tu_now();
+  atomic_store(&w->done, 1);
+  return NULL;
+}
+
+static void test_killed_mid_observation(void) {
+  char spec[1200], path[1100];
+  tu_spec(spec, sizeof spec, path, sizeof path, g_dir, "kill.tly");
+  tally_store *s;
+  REQUIRE_OK(tally_store_open(spec, NULL, &s));
+  struct page *pg = page_new();
+  /* stops for good after its first observation's bucket, before its sum */
+  pid_t pid = spawn_observer(spec, pg, 0, "1");
+  double until = tu_now() + 10;
+  while (member(s, "h{le=1}") != 1 && tu_now() < until) usleep(1000);
+  EXPECT_I64(1, member(s, "h{le=1}")); /* a plain read sees the bucket alone */
+  EXPECT_I64(0, member(s, "h{sum}"));
+  struct waiter w = {.s = s};
+  pthread_t th;
+  pthread_create(&th, NULL, waiter_main, &w);
+  usleep(200000);
+  EXPECT(!atomic_load(&w.done)); /* a snapshot waits for the live writer */
+  double killed = tu_now();
+  kill(pid, SIGKILL);
+  pthread_join(th, NULL);
+  int st;
+  waitpid(pid, &st, 0);
+  EXPECT(WIFSIGNALED(st));
+  EXPECT_OK(w.rc);
+  double stalled = w.done_at - killed;
+  EXPECT(stalled < 0.1);
+  EXPECT_I64(0, w.t[0]); /* rolled back: neither */
+  EXPECT_I64(0, w.t[1]);
+  EXPECT_I64(0, member(s, "h{le=1}"));
+  printf(
+      "  an observer killed between bucket and sum: the snapshot went on %.1f ms after "
+      "the kill, the observation rolled back\n",
+      stalled * 1e3);
+  munmap(pg, sizeof *pg);
+  tally_store_close(s);
+}
+
+int main(void) {
+  snprintf(g_dir, sizeof g_dir, "%s", tu_tmpdir("histogram"));
+  double t0 = tu_now();
+  test_open();
+  test_observe();
+  test_threads();
+  test_processes();
+  test_killed_mid_observation();
+  printf("total %.2f s\n", tu_now() - t0);
+  tu_rmrf(g_dir);
+  return tu_finish("test_histogram");
+}
