@@ -348,9 +348,11 @@ apply(tally_store *s, tally_counter *const *c, const int64_t *d, size_t m) {
   if (__builtin_expect(me->wstore_id != s->id, 0) && (rc = lease_slot(s))) return rc;
   struct tally__wslot *sl = me->wsl;
   uint32_t w = me->wslot;
-  if (__builtin_expect(atomic_load_explicit(&sl->hold_ms, memory_order_relaxed) != 0, 0))
+  if (__builtin_expect(atomic_load_explicit(&sl->hold_ms, memory_order_relaxed) != 0,
+                       0)) {
     honour_hold(sl);
-    /* 1. the journal; everything is checked before anything is added */
+  }
+  /* 1. the journal; everything is checked before anything is added */
 #pragma GCC unroll 2
   for (size_t j = 0; j < m; j++) {
     uint64_t rec_off = tally__crec(c[j]);

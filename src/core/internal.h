@@ -332,7 +332,7 @@ struct tally__writer {
   uint64_t rng; /* xorshift64* state, 0: unseeded */
   /* batch.c: the writer slot this thread last batched through, so a batch
    * needs no thread-specific key lookup (zeroed in a forked child too) */
-  uint64_t wstore_id;       /* its store, 0: none */
+  uint64_t wstore_id;       /* its store, 0: none (ids are never reused) */
   struct tally__wslot *wsl; /* the slot; the table never moves while open */
   uint32_t wslot;           /* its index: the shard this thread adds to */
   int32_t wstall;           /* tests: TALLY_TEST_BATCH_STALL, -1: none */
