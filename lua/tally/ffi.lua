@@ -287,8 +287,8 @@ _M.methods = { incr, decr, value, db_incr, db_decr, db_value }
 -- The store handle's tally_store pointer and name-slot vector are read
 -- from its userdata (struct tl_store in src/lua/lua_aux.h: key, the
 -- pointer, NULL once closed, then the vector); a histogram writer's
--- tally_histogram pointer from its own (struct tl_hist: first, NULL once
--- closed). Their offsets are checked once against core._ffi_info
+-- tally_histogram pointer from its own (struct tl_hist: after its key,
+-- NULL once closed). Their offsets are checked once against core._ffi_info
 -- (store_key, store_store, store_vec, store_size; hist_h): if they differ,
 -- store_reason or observe_reason says so and that part stays classic.
 
@@ -302,6 +302,7 @@ if not pcall(ffi.typeof, "struct tally_ffi_store") then
     int tally_vector_incr(struct tally_vector *v, size_t i, int64_t delta);
     typedef struct tally_histogram tally_histogram;
     struct tally_ffi_hist {
+      uintptr_t key;           /* (uintptr_t)self ^ TL_HIST_SALT */
       tally_histogram *h;      /* NULL once closed (with its store) */
     };
     int tally_histogram_observe(tally_histogram *h, double v);

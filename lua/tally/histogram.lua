@@ -201,8 +201,14 @@ local ffi_mod
 -- adding nothing. Under LuaJIT the writer is called through the FFI.
 function H:observe(v)
   if getmetatable(self) ~= H then check_self(self, "tally.histogram", "observe") end
-  local f = ffi_mod
-  if f and f.enabled and type(v) == "number" and f.observe(self.w, v) then return true end
+  local ok, msg, code
+  if type(v) == "number" then
+    local f = ffi_mod
+    if f and f.enabled and f.observe(self.w, v) then return true end
+    ok, msg, code = core_observe(self.w, v)
+    if ok then return true end
+  end
+  -- refused: say why as the argument's error, or report the batch's failure
   if type(v) ~= "number" or v ~= v then
     argerror(1, "observe", "number expected, got " .. (v ~= v and "nan" or describe(v)), 2)
   end
@@ -212,7 +218,7 @@ function H:observe(v)
     argerror(1, "observe", fmt("%s is out of range (|v / unit| must be at most 2^53, unit %s)",
                                tostring(v), self.unit_text), 2)
   end
-  return core_observe(self.w, v)
+  return ok, msg, code
 end
 
 -- h:snapshot() -> { buckets = { { le =, count = }, ... }, count =, sum =,

@@ -135,7 +135,7 @@ describe("h:observe under LuaJIT", function()
       assert.is_nil(m.reason)                   -- the counters' FFI path is not concerned
     end
     for _, change in ipairs({
-      function(t) t.hist_h = 8 end,
+      function(t) t.hist_h = t.hist_h + 8 end,
       function(t) t.hist_h = nil end,           -- an older core.so
     }) do
       local m = load_with(change)

@@ -152,6 +152,20 @@ describe("db:histogram", function()
     db = memory()
   end)
 
+  it("returns a failed observation as nil, message, code and adds nothing", function()
+    local h = assert(db:histogram("d", { buckets = { 1 } }))
+    assert(h:observe(0.5))
+    assert(h:observe(2))
+    assert.is_true(db:drop("d{le=1}"))
+    local ok, msg, code = h:observe(0.5)      -- its bucket is gone
+    assert.is_nil(ok)
+    assert.equal("counter 'd{le=1}' was dropped", msg)
+    assert.equal("EDROPPED", code)
+    assert.equal(2, db:value("d{sum,unit=1e-06}") // 1e6)   -- the sum took nothing of it
+    assert(h:observe(3))                      -- the other buckets go on
+    assert.equal(2, db:value("d{le=+Inf}"))
+  end)
+
   it("keeps count, buckets and sum exact through a tight loop of observations and snapshots", function()
     local h = assert(db:histogram("t", { buckets = { 1, 2, 3 }, unit = 1 }))
     local n = { 0, 0, 0, 0 }

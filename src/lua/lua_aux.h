@@ -116,6 +116,7 @@ int tl_canpush(lua_State *L, int64_t v);
 /* Salts for the self-pointers: a counter never passes for a store. */
 #define TL_STORE_SALT   ((uintptr_t)0x5a17e5u)
 #define TL_COUNTER_SALT ((uintptr_t)0xc0417e5u)
+#define TL_HIST_SALT    ((uintptr_t)0x4157e5u)
 
 /* user values of a store handle, then of a counter handle */
 enum { TL_SUV_CACHE = 1, TL_SUV_FAMILIES = 2, TL_SUV_SLOTS = 3, TL_SUV_N = 3 };
@@ -161,6 +162,7 @@ struct tl_counter {
  * reads h straight from the userdata (struct tally_ffi_hist there), its
  * offset checked against core._ffi_info().hist_h. */
 struct tl_hist {
+  uintptr_t key;      /* (uintptr_t)self ^ TL_HIST_SALT */
   tally_histogram *h; /* NULL once closed (also when its store closes) */
   tl_store *db;       /* kept alive through its user value */
   tl_hist *prev, *next;

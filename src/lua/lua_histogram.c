@@ -81,6 +81,7 @@ static int tl_histogram_writer(lua_State *L) {
   }
   w = (tl_hist *)tl_newud(L, sizeof(*w), 1);
   memset(w, 0, sizeof(*w));
+  w->key = (uintptr_t)w ^ TL_HIST_SALT;
   luaL_setmetatable(L, TL_HIST_MT);
   lua_pushvalue(L, 1);
   tl_setuv(L, -2, 1); /* the store lives as long as its writer */
@@ -94,9 +95,15 @@ static int tl_histogram_writer(lua_State *L) {
 }
 
 static int tl_histogram_observe(lua_State *L) {
-  tl_hist *w = (tl_hist *)tl_checkudata(L, 1, TL_HIST_MT);
-  double v = (double)luaL_checknumber(L, 2);
-  int rc;
+  /* the key spares the metatable's lookup by name (as the counter's) */
+  tl_hist *w = (tl_hist *)lua_touserdata(L, 1);
+  int isnum, rc;
+  double v;
+  if (TL_UNLIKELY(w == NULL || lua_type(L, 1) != LUA_TUSERDATA ||
+                  w->key != ((uintptr_t)w ^ TL_HIST_SALT)))
+    w = (tl_hist *)tl_checkudata(L, 1, TL_HIST_MT);
+  v = (double)lua_tonumberx(L, 2, &isnum);
+  if (TL_UNLIKELY(!isnum)) v = (double)luaL_checknumber(L, 2);
   if (w->h == NULL) luaL_error(L, "attempt to use a closed store");
   rc = tally_histogram_observe(w->h, v);
   if (rc < 0) return tl_fail(L, rc);
