@@ -137,15 +137,43 @@ int tally__slots_recover(tally_store *s) {
 
 /* ---- this thread's slot --------------------------------------------------- */
 
-struct mine {
+/* A thread's record of its slot, the value of s->wkey. Each is also in
+ * the list s->mine, so the records of threads still running when the
+ * store closes are freed with it (pthread_key_delete runs no destructor). */
+struct tally__mine {
   tally_store *s;
   struct tally__wslot *sl; /* the slot: the table never moves while open */
   uint32_t slot;
   pid_t pid, tid;
   uint64_t owner;
+  struct tally__mine *prev, *next; /* s->mine */
 };
 
-static void give_back(struct mine *m) {
+static void link_mine(struct tally__mine *m) {
+  tally_store *s = m->s;
+  pthread_mutex_lock(&s->hlock);
+  m->prev = NULL;
+  m->next = s->mine;
+  if (s->mine) s->mine->prev = m;
+  s->mine = m;
+  pthread_mutex_unlock(&s->hlock);
+}
+
+/* Unlink m and free it. */
+static void free_mine(struct tally__mine *m) {
+  if (!m) return;
+  tally_store *s = m->s;
+  pthread_mutex_lock(&s->hlock);
+  if (m->prev)
+    m->prev->next = m->next;
+  else if (s->mine == m)
+    s->mine = m->next;
+  if (m->next) m->next->prev = m->prev;
+  pthread_mutex_unlock(&s->hlock);
+  free(m);
+}
+
+static void give_back(struct tally__mine *m) {
   struct tally__wslot *t = slot_table(m->s);
   if (!t || m->pid != tally__pid()) return; /* a forked child's copy */
   struct tally__wslot *sl = &t[m->slot];
@@ -157,7 +185,7 @@ static void give_back(struct mine *m) {
 
 static void thread_exit(void *p) {
   give_back(p);
-  free(p);
+  free_mine(p);
 }
 
 static int key_ready(tally_store *s) {
@@ -177,7 +205,7 @@ static int key_ready(tally_store *s) {
 static int stall_after(void);
 
 /* Remember m as the calling thread's slot in tally__me (see internal.h). */
-static void cache_slot(tally_store *s, const struct mine *m) {
+static void cache_slot(tally_store *s, const struct tally__mine *m) {
   tally__me.wsl = m->sl;
   tally__me.wslot = m->slot;
   tally__me.wstall = stall_after();
@@ -189,16 +217,16 @@ static void cache_slot(tally_store *s, const struct mine *m) {
 static int lease_slot(tally_store *s) {
   int rc = key_ready(s);
   if (rc) return rc;
-  struct mine *m = pthread_getspecific(s->wkey);
+  struct tally__mine *m = pthread_getspecific(s->wkey);
   if (m && m->pid == tally__pid()) {
     cache_slot(s, m);
     return 0;
   }
   struct tally__wslot *t = NULL;
-  free(m); /* NULL, or the parent's before a fork */
+  free_mine(m); /* NULL, or the parent's before a fork */
   pthread_setspecific(s->wkey, NULL);
   if (!(m = malloc(sizeof *m))) return tally__fail(TALLY_ENOMEM, "out of memory");
-  *m = (struct mine){
+  *m = (struct tally__mine){
       .s = s, .slot = TALLY_SLOT_SHARDS, .pid = tally__pid(), .tid = self_tid()};
   m->owner = tally__owner_of(m->pid, NULL);
   if ((rc = tally__lock(s)) == 0) {
@@ -231,18 +259,25 @@ static int lease_slot(tally_store *s) {
     free(m);
     return rc;
   }
+  link_mine(m);
   cache_slot(s, m);
   return 0;
 }
 
 void tally__slots_release(tally_store *s) {
   if (atomic_load(&s->wkey_state) != 1) return;
-  struct mine *m = pthread_getspecific(s->wkey);
+  struct tally__mine *m = pthread_getspecific(s->wkey);
   if (m) give_back(m);
-  free(m);
+  free_mine(m);
   if (tally__me.wstore_id == s->id) tally__me.wstore_id = 0;
-  pthread_key_delete(s->wkey); /* other threads' records leak: close after them */
+  pthread_key_delete(s->wkey); /* other threads' slots are given back below */
   atomic_store(&s->wkey_state, 0);
+  pthread_mutex_lock(&s->hlock);
+  while ((m = s->mine)) {
+    s->mine = m->next;
+    free(m);
+  }
+  pthread_mutex_unlock(&s->hlock);
   struct tally__wslot *t = slot_table(s);
   uint64_t me = tally__owner_of(tally__pid(), NULL);
   for (uint32_t w = 0; t && w < TALLY_SLOT_SHARDS; w++) {

@@ -249,8 +249,9 @@ struct tally_store {
   _Atomic bool by_name;   /* tally_store_incr was used: never idle (grace.c) */
   uint64_t expire_cursor; /* expire.c: next index slot to scan */
   /* batch.c: which writer slot each thread of this process holds */
-  _Atomic int wkey_state; /* 1: wkey made */
-  pthread_key_t wkey;     /* -> the thread's slot record */
+  _Atomic int wkey_state;   /* 1: wkey made */
+  pthread_key_t wkey;       /* -> the thread's slot record */
+  struct tally__mine *mine; /* every thread's record, under hlock: freed at close */
 };
 
 struct tally_counter {
