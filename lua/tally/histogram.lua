@@ -31,6 +31,7 @@
 
 local core = require "tally.core"
 local util = require "tally.util"
+local compat = require "tally.compat"
 
 local type, ipairs, pairs, tostring, tonumber, setmetatable, getmetatable =
       type, ipairs, pairs, tostring, tonumber, setmetatable, getmetatable
@@ -219,6 +220,13 @@ function H:observe(v)
                                tostring(v), self.unit_text), 2)
   end
   return ok, msg, code
+end
+
+-- Under Lua 5.4 the same method is one C call (core.histogram_method),
+-- which hands everything but a plain success to the Lua one above. Under
+-- LuaJIT the Lua one stays: its FFI call is compiled into the caller's trace.
+if core.histogram_method and not compat.luajit then
+  H.observe = core.histogram_method(H, H.observe)
 end
 
 -- h:snapshot() -> { buckets = { { le =, count = }, ... }, count =, sum =,
@@ -424,7 +432,7 @@ local function histogram(db, name, opts)
   local w
   w, m, k = core.histogram_writer(db, h.bounds, names, unit)
   if not w then return nil, m, k end
-  h.w = w
+  h.w, h[1] = w, w                -- [1]: where core.histogram_method reads it
   local f = package.loaded["tally.ffi"]
   if f and f.observe and not ffi_mod then ffi_mod = f end
   return h

@@ -152,6 +152,21 @@ describe("db:histogram", function()
     db = memory()
   end)
 
+  it("observes in one C call under Lua 5.4, with the Lua method's errors", function()
+    local h = assert(db:histogram("c", { buckets = { 1 } }))
+    assert.equal("C", debug.getinfo(h.observe, "S").what)
+    assert.equal(h.w, h[1])
+    assert.is_true(h:observe(0.5))
+    assert.is_true(h:observe(1.5))
+    assert.equal("bad argument #1 to 'observe' (number expected, got nil)",
+                 helper.err(h.observe, h))
+    assert.equal("bad argument #1 to 'observe' (tally.histogram expected, got table)",
+                 helper.err(h.observe, { h.w }, 1))   -- the writer alone is not enough
+    local s = h:snapshot()
+    assert.equal(2, s.count)
+    assert.equal(2, s.sum)
+  end)
+
   it("returns a failed observation as nil, message, code and adds nothing", function()
     local h = assert(db:histogram("d", { buckets = { 1 } }))
     assert(h:observe(0.5))
