@@ -5,6 +5,8 @@
 -- prints "RESULT key ns_per_op" lines, each the median of REPS runs:
 --   lua.incr      c:incr()                 on a 16-shard thread-policy counter
 --   lua.db_incr   db:incr(name, 1)         lookup by name each time
+--   lua.observe   h:observe(v)             a histogram of 11 bounds, the next
+--                                          of 1,024 log-spaced values
 --   lua.table     t[k] = t[k] + 1          pure Lua, no C at all
 --   lua.nop       c:_nop()                 a C method that does nothing:
 --                                          the floor of any method call
@@ -51,8 +53,14 @@ local function measure(f)
   return v[(reps + 1) // 2]
 end
 
+local h = assert(db:histogram("bench_h"))
+local vals = {}
+for i = 1, 1024 do vals[i] = 0.0005 * 40000 ^ ((i - 1) / 1023) end
+
 local ops = {
   { "lua.incr", function(n) local c_ = c for _ = 1, n do c_:incr() end end },
+  { "lua.observe", function(n)
+      local h_, vs = h, vals for i = 1, n do h_:observe(vs[(i & 1023) + 1]) end end },
   { "lua.db_incr", function(n) local db_, nm = db, name for _ = 1, n do db_:incr(nm, 1) end end },
   { "lua.table", function(n) local t, k = { bench = 0 }, name for _ = 1, n do t[k] = t[k] + 1 end end },
 }

@@ -10,6 +10,7 @@
 --   lj.PATH.db_incr   db:incr(name, 1)   lookup by name each time
 --   lj.PATH.value     c:value()          the sum of 16 shards
 --   lj.PATH.db_value  db:value(name)
+--   lj.PATH.observe   h:observe(v)       11 bounds, the next of 1,024 values
 --   lj.atomic         ffi_atomic_add(cell, 1) through the FFI: one atomic add
 --   lj.table          t[k] = t[k] + 1    pure Lua
 --   lj.nop            c:_nop()           a classic C method that does nothing
@@ -69,7 +70,13 @@ local function measure(f)
 end
 
 local sink = 0  -- keeps value() results alive
+local h = assert(db:histogram("bench_h"))
+local vals = {}
+for i = 1, 1024 do vals[i] = 0.0005 * 40000 ^ ((i - 1) / 1023) end
+local band = require("bit").band
 local ops = {
+  { "lj." .. path .. ".observe", function(n)
+      local h_, vs = h, vals for i = 1, n do h_:observe(vs[band(i, 1023) + 1]) end end },
   { "lj." .. path .. ".incr", function(n) local c_ = c for _ = 1, n do c_:incr() end end },
   { "lj." .. path .. ".db_incr", function(n) local db_, nm = db, name for _ = 1, n do db_:incr(nm, 1) end end },
   { "lj." .. path .. ".value", function(n)
