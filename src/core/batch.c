@@ -379,10 +379,11 @@ apply(tally_store *s, tally_counter *const *c, const int64_t *d, size_t m) {
                          0) &&
         (rc = tally__counter_live(c[j])))
       return rc;
-  struct tally__writer *me = &tally__me;
-  if (__builtin_expect(me->wstore_id != s->id, 0) && (rc = lease_slot(s))) return rc;
-  struct tally__wslot *sl = me->wsl;
-  uint32_t w = me->wslot;
+  /* tally__me by name, not through a pointer: GCC 12's UBSan null check of
+   * a pointer to a thread-local (at -O2) tests stale flags and fires */
+  if (__builtin_expect(tally__me.wstore_id != s->id, 0) && (rc = lease_slot(s))) return rc;
+  struct tally__wslot *sl = tally__me.wsl;
+  uint32_t w = tally__me.wslot;
   if (__builtin_expect(atomic_load_explicit(&sl->hold_ms, memory_order_relaxed) != 0,
                        0)) {
     honour_hold(sl);
@@ -425,7 +426,7 @@ apply(tally_store *s, tally_counter *const *c, const int64_t *d, size_t m) {
   atomic_store_explicit(&sl->seq, seq + 1, memory_order_release);
   /* 3. the new values: this slot's cells have no other writer, so each
    * holds exactly `before` (see the top of this file for a racing drop) */
-  int stall = me->wstall;
+  int stall = tally__me.wstall;
 #pragma GCC unroll 2
   for (size_t j = 0; j < m; j++) {
     if (__builtin_expect(stall >= 0, 0) && (size_t)stall == j)
