@@ -381,7 +381,8 @@ apply(tally_store *s, tally_counter *const *c, const int64_t *d, size_t m) {
       return rc;
   /* tally__me by name, not through a pointer: GCC 12's UBSan null check of
    * a pointer to a thread-local (at -O2) tests stale flags and fires */
-  if (__builtin_expect(tally__me.wstore_id != s->id, 0) && (rc = lease_slot(s))) return rc;
+  if (__builtin_expect(tally__me.wstore_id != s->id, 0) && (rc = lease_slot(s)))
+    return rc;
   struct tally__wslot *sl = tally__me.wsl;
   uint32_t w = tally__me.wslot;
   if (__builtin_expect(atomic_load_explicit(&sl->hold_ms, memory_order_relaxed) != 0,
