@@ -3,7 +3,9 @@
 -- spec/integration/firestore_spec.lua checks them under Lua 5.4 (skipped
 -- with a message where the emulator is not installed). Lua 5.1 syntax.
 local helper = require "spec.luajit.helper"
-local firestore = require "spec.support.firestore"
+local path, cpath = package.path, package.cpath
+local firestore = require "spec.support.firestore"  -- its helper puts the Lua 5.4
+package.path, package.cpath = path, cpath            -- tree first: LuaJIT loads its own
 local tally = require "tally"
 local ffi = require "ffi"
 

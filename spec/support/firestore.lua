@@ -15,7 +15,8 @@
 -- launcher's children from /proc/PID/task/*/children), never by name.
 -- Servers still running when Lua closes are stopped too.
 
-if package.loaded["spec.support.firestore"] then return package.loaded["spec.support.firestore"] end
+-- a table: Lua 5.1's require marks a module being loaded with a sentinel
+if type(package.loaded["spec.support.firestore"]) == "table" then return package.loaded["spec.support.firestore"] end
 
 local helper = require "spec.support.helper"
 local peers = require "spec.support.peers"
@@ -49,7 +50,8 @@ end
 -- nil when the emulator and java are here; else the reason to skip.
 function M.missing()
   if not M.binary() then return M.SKIP end
-  if not os.execute("command -v java >/dev/null 2>&1") then
+  local found = os.execute("command -v java >/dev/null 2>&1")
+  if found ~= true and found ~= 0 then       -- Lua 5.4: true; LuaJIT: the status
     return "java not found (the Firestore emulator needs a JRE, e.g. openjdk-17-jre-headless)"
   end
   return nil

@@ -5,7 +5,8 @@
 -- is put first on package.path/cpath, TALLY_TEST_TMP holds the store files,
 -- TALLY_BIN is the tally executable used for child processes.
 
-if package.loaded["spec.support.helper"] then return package.loaded["spec.support.helper"] end
+-- a table: Lua 5.1's require marks a module being loaded with a sentinel
+if type(package.loaded["spec.support.helper"]) == "table" then return package.loaded["spec.support.helper"] end
 
 local M = {}
 

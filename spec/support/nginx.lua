@@ -25,7 +25,8 @@
 -- left, each by PID, and removes the prefix; servers still running when Lua
 -- closes are stopped too.
 
-if package.loaded["spec.support.nginx"] then return package.loaded["spec.support.nginx"] end
+-- a table: Lua 5.1's require marks a module being loaded with a sentinel
+if type(package.loaded["spec.support.nginx"]) == "table" then return package.loaded["spec.support.nginx"] end
 
 local helper = require "spec.support.helper"
 local peers = require "spec.support.peers"

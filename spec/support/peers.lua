@@ -17,7 +17,8 @@
 -- Sanitizer runtimes preloaded into lua5.4 (LD_PRELOAD, ASan builds) are not
 -- passed on to curl, promtool or the Go servers.
 
-if package.loaded["spec.support.peers"] then return package.loaded["spec.support.peers"] end
+-- a table: Lua 5.1's require marks a module being loaded with a sentinel
+if type(package.loaded["spec.support.peers"]) == "table" then return package.loaded["spec.support.peers"] end
 
 local helper = require "spec.support.helper"
 local q = helper.q
@@ -74,7 +75,8 @@ end
 
 -- Raise (at the given level) unless bin is on PATH.
 local function need(bin, package, level)
-  if not os.execute("command -v " .. q(bin) .. " >/dev/null 2>&1") then
+  local found = os.execute("command -v " .. q(bin) .. " >/dev/null 2>&1")
+  if found ~= true and found ~= 0 then       -- Lua 5.4: true; LuaJIT: the status
     error(("%s not found: install the Debian package %s (scripts/setup installs it)")
       :format(bin, package), level + 1)
   end

@@ -10,7 +10,8 @@
 --
 -- Servers still running when Lua closes are stopped too. Model: spec/support/peers.lua.
 
-if package.loaded["spec.support.redis"] then return package.loaded["spec.support.redis"] end
+-- a table: Lua 5.1's require marks a module being loaded with a sentinel
+if type(package.loaded["spec.support.redis"]) == "table" then return package.loaded["spec.support.redis"] end
 
 local helper = require "spec.support.helper"
 local peers = require "spec.support.peers"

@@ -15,7 +15,8 @@
 -- with the last screen. Sanitizer runtimes preloaded into lua5.4
 -- (LD_PRELOAD) are not passed on to tmux or what runs in it.
 
-if package.loaded["spec.support.tty"] then return package.loaded["spec.support.tty"] end
+-- a table: Lua 5.1's require marks a module being loaded with a sentinel
+if type(package.loaded["spec.support.tty"]) == "table" then return package.loaded["spec.support.tty"] end
 
 local helper = require "spec.support.helper"
 local tally = require "tally"
