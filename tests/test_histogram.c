@@ -1,8 +1,8 @@
 /* test_histogram.c -- a histogram's writer (src/core/histogram.c).
  *
  *  - open: bounds finite and strictly increasing, a unit > 0, at most
- *    TALLY_HISTOGRAM_MAX_BOUNDS, names for every member; a member that is
- *    not a slot counter is refused; nothing is returned on failure;
+ *    TALLY_HISTOGRAM_MAX_BOUNDS, distinct names for every member; a member
+ *    that is not a slot counter is refused; nothing is returned on failure;
  *  - observe: v goes to the first bucket whose bound is >= v (+Inf past
  *    the last), for the branch-free count (<= 16 bounds) and the binary
  *    search (more) alike, checked against a plain scan; the sum is v / unit
@@ -67,6 +67,10 @@ static void test_open(void) {
                                                NAMES4, 1, &h));
   const char *holes[] = {"h{le=1}", NULL, "h{le=5}", "h{le=10}", "h{le=+Inf}", "h{sum}"};
   EXPECT_RC(TALLY_EINVAL, tally_histogram_open(s, BOUNDS4, 4, holes, 1, &h));
+  const char *twice[] = {"t{le=1}",  "t{le=2}",    "t{le=5}",
+                         "t{le=10}", "t{le=+Inf}", "t{le=2}"};
+  EXPECT_RC(TALLY_EINVAL, tally_histogram_open(s, BOUNDS4, 4, twice, 1, &h));
+  EXPECT(strstr(tally_errmsg(), "named twice") != NULL);
   /* a member that exists as another kind of counter */
   tally_counter *plain;
   REQUIRE_OK(

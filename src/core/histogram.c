@@ -52,6 +52,28 @@ static int open_member(tally_store *s, const char *name, tally_counter **out) {
   return rc;
 }
 
+static int cmp_u64(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return (x > y) - (x < y);
+}
+
+/* Distinct members: a counter named twice would be one cell written twice
+ * in a batch, the second store losing the first add. */
+static int check_distinct(tally_histogram *h) {
+  size_t n = h->nbounds + 2;
+  uint64_t *recs = malloc(n * sizeof *recs);
+  if (!recs) return tally__fail(TALLY_ENOMEM, "out of memory");
+  for (size_t i = 0; i <= h->nbounds; i++) recs[i] = tally__crec(h->bucket[i]);
+  recs[n - 1] = tally__crec(h->sum);
+  qsort(recs, n, sizeof *recs, cmp_u64);
+  int rc = 0;
+  for (size_t i = 1; i < n && rc == 0; i++)
+    if (recs[i] == recs[i - 1])
+      rc = tally__fail(TALLY_EINVAL, "tally_histogram_open: a counter is named twice");
+  free(recs);
+  return rc;
+}
+
 int tally_histogram_open(tally_store *s, const double *bounds, size_t nbounds,
                          const char *const *names, double unit, tally_histogram **out) {
   if (!s || !names || (nbounds && !bounds) || !out)
@@ -82,6 +104,7 @@ int tally_histogram_open(tally_store *s, const double *bounds, size_t nbounds,
   for (size_t i = 0; rc == 0 && i <= nbounds; i++)
     rc = open_member(s, names[i], &h->bucket[i]);
   if (rc == 0) rc = open_member(s, names[nbounds + 1], &h->sum);
+  if (rc == 0) rc = check_distinct(h);
   if (rc) {
     tally_histogram_close(h);
     return rc;

@@ -17,7 +17,6 @@
  * itself with the pointer it reads from the userdata (struct
  * tally_ffi_hist there, checked against core._ffi_info().hist_h).
  */
-#include <stdlib.h>
 #include <string.h>
 
 #include "lua_aux.h"
@@ -99,15 +98,13 @@ static int tl_histogram_writer(lua_State *L) {
 static int tl_histogram_observe(lua_State *L) {
   /* the key spares the metatable's lookup by name (as the counter's) */
   tl_hist *w = (tl_hist *)lua_touserdata(L, 1);
-  int isnum, rc;
-  double v;
+  int rc;
   if (TL_UNLIKELY(w == NULL || lua_type(L, 1) != LUA_TUSERDATA ||
                   w->key != ((uintptr_t)w ^ TL_HIST_SALT)))
     w = (tl_hist *)tl_checkudata(L, 1, TL_HIST_MT);
-  v = (double)lua_tonumberx(L, 2, &isnum);
-  if (TL_UNLIKELY(!isnum)) v = (double)luaL_checknumber(L, 2);
+  if (TL_UNLIKELY(lua_type(L, 2) != LUA_TNUMBER)) tl_typeerror(L, 2, "number");
   if (w->h == NULL) luaL_error(L, "attempt to use a closed store");
-  rc = tally_histogram_observe(w->h, v);
+  rc = tally_histogram_observe(w->h, (double)lua_tonumber(L, 2));
   if (rc < 0) return tl_fail(L, rc);
   lua_pushboolean(L, 1);
   return 1;
