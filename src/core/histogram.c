@@ -26,16 +26,15 @@ struct tally_histogram {
   tally_store *s;
   double unit;
   size_t nbounds;
-  tally_counter *sum;
-  tally_counter **bucket; /* nbounds + 1: the last is +Inf */
+  tally_counter **member; /* nbounds + 2: the buckets (the last +Inf), the sum */
   double bounds[];        /* at least LINEAR_SEARCH: +Inf after the last */
 };
 
 void tally_histogram_close(tally_histogram *h) {
   if (!h) return;
-  for (size_t i = 0; h->bucket && i <= h->nbounds; i++) tally_counter_close(h->bucket[i]);
-  tally_counter_close(h->sum);
-  free(h->bucket);
+  for (size_t i = 0; h->member && i < h->nbounds + 2; i++)
+    tally_counter_close(h->member[i]);
+  free(h->member);
   free(h);
 }
 
@@ -63,8 +62,7 @@ static int check_distinct(tally_histogram *h) {
   size_t n = h->nbounds + 2;
   uint64_t *recs = malloc(n * sizeof *recs);
   if (!recs) return tally__fail(TALLY_ENOMEM, "out of memory");
-  for (size_t i = 0; i <= h->nbounds; i++) recs[i] = tally__crec(h->bucket[i]);
-  recs[n - 1] = tally__crec(h->sum);
+  for (size_t i = 0; i < n; i++) recs[i] = tally__crec(h->member[i]);
   qsort(recs, n, sizeof *recs, cmp_u64);
   int rc = 0;
   for (size_t i = 1; i < n && rc == 0; i++)
@@ -91,7 +89,7 @@ int tally_histogram_open(tally_store *s, const double *bounds, size_t nbounds,
                          i + 1);
   size_t room = nbounds < LINEAR_SEARCH ? LINEAR_SEARCH : nbounds;
   tally_histogram *h = calloc(1, sizeof *h + room * sizeof(double));
-  if (!h || !(h->bucket = calloc(nbounds + 1, sizeof *h->bucket))) {
+  if (!h || !(h->member = calloc(nbounds + 2, sizeof *h->member))) {
     free(h);
     return tally__fail(TALLY_ENOMEM, "out of memory");
   }
@@ -101,9 +99,8 @@ int tally_histogram_open(tally_store *s, const double *bounds, size_t nbounds,
   if (nbounds) memcpy(h->bounds, bounds, nbounds * sizeof(double));
   for (size_t i = nbounds; i < room; i++) h->bounds[i] = INFINITY;
   int rc = 0;
-  for (size_t i = 0; rc == 0 && i <= nbounds; i++)
-    rc = open_member(s, names[i], &h->bucket[i]);
-  if (rc == 0) rc = open_member(s, names[nbounds + 1], &h->sum);
+  for (size_t i = 0; rc == 0 && i < nbounds + 2; i++)
+    rc = open_member(s, names[i], &h->member[i]);
   if (rc == 0) rc = check_distinct(h);
   if (rc) {
     tally_histogram_close(h);
@@ -152,6 +149,6 @@ int tally_histogram_observe(tally_histogram *h, double v) {
                        "tally_histogram_observe: %g is out of range (|v / unit| must be "
                        "at most 2^53, unit %g)",
                        v, h->unit);
-  return tally__batch_apply2(h->s, h->bucket[bucket_of(h->bounds, h->nbounds, v)], 1,
-                             h->sum, (int64_t)y);
+  return tally__batch_apply2(h->s, h->member[bucket_of(h->bounds, h->nbounds, v)], 1,
+                             h->member[h->nbounds + 1], (int64_t)y);
 }
