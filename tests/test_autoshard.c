@@ -217,10 +217,7 @@ static void test_processes_sigkill(void) {
   tally_counter_options o = {TALLY_SHARDS_AUTO, TALLY_POLICY_THREAD};
   REQUIRE_OK(tally_store_open(spec, NULL, &s));
   REQUIRE_OK(tally_counter_open(s, "p", 1, &o, TALLY_COUNTER_CREATE, &c));
-  struct page *pg =
-      mmap(NULL, sizeof *pg, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  REQUIRE_OK(pg == MAP_FAILED ? TALLY_ESYS : 0);
-  memset(pg, 0, sizeof *pg);
+  struct page *pg = tu_shared(sizeof *pg);
   pid_t pids[2];
   fflush(NULL);
   for (int i = 0; i < 2; i++) {

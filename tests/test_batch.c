@@ -342,11 +342,7 @@ struct page {
 };
 
 static struct page *page_new(void) {
-  struct page *pg =
-      mmap(NULL, sizeof *pg, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  REQUIRE_OK(pg == MAP_FAILED ? TALLY_ESYS : 0);
-  memset(pg, 0, sizeof *pg);
-  return pg;
+  return tu_shared(sizeof(struct page));
 }
 
 /* A child: open the store, then rounds until stopped (or killed). */
@@ -608,9 +604,7 @@ static void test_reset_and_drop_race(void) {
   REQUIRE_OK(tally_store_open(spec, NULL, &s));
   tally_counter_close(slot_counter(s, "d:a"));
   tally_counter_close(slot_counter(s, "d:b"));
-  _Atomic long long *shared =
-      mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  if (shared == MAP_FAILED) REQUIRE_OK(TALLY_ENOMEM);
+  _Atomic long long *shared = tu_shared(4096);
   fflush(stdout);
   pid_t pid = fork();
   if (pid == 0) { /* [0] stop, [1] batches, [2] EDROPPED seen */

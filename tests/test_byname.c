@@ -250,9 +250,7 @@ static void test_processes(void) {
     snprintf(nm, sizeof nm, "p:%d", i);
     REQUIRE_OK(tu_counter(s, nm, 1, TALLY_POLICY_THREAD, TALLY_COUNTER_CREATE, &c[i]));
   }
-  _Atomic int64_t *acked =
-      mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  if (acked == MAP_FAILED) REQUIRE_OK(TALLY_ENOMEM);
+  _Atomic int64_t *acked = tu_shared(4096);
   pid_t pid[2];
   fflush(stdout); /* the children must not print it again */
   for (int k = 0; k < 2; k++)

@@ -261,11 +261,7 @@ static pid_t spawn_observer(const char *spec, struct page *pg, int i, const char
 }
 
 static struct page *page_new(void) {
-  struct page *pg =
-      mmap(NULL, sizeof *pg, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  REQUIRE_OK(pg == MAP_FAILED ? TALLY_ESYS : 0);
-  memset(pg, 0, sizeof *pg);
-  return pg;
+  return tu_shared(sizeof(struct page));
 }
 
 static void test_processes(void) {

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -117,6 +118,14 @@ static inline void tu_rmrf(const char *dir) {
   if (getenv("TALLY_TEST_KEEP")) return;
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
   if (system(cmd) != 0) fprintf(stderr, "warning: cannot remove %s\n", dir);
+}
+
+/* n zeroed bytes that forked children share with this process (a test's
+ * flags and acknowledgements); exits if they cannot be mapped. */
+static inline void *tu_shared(size_t n) {
+  void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  REQUIRE_OK(p == MAP_FAILED ? TALLY_ESYS : 0);
+  return p;
 }
 
 /* Open counter by C string name. */
