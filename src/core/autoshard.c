@@ -70,15 +70,16 @@ static void bump(struct tally__rec *r, int shift) {
 }
 
 int tally__auto_sample(tally_counter *c, uint64_t loc) {
-  struct tally__writer *me = &tally__me;
   if (atomic_load_explicit(&c->gone, memory_order_relaxed)) return 0;
   tally_store *s = c->s;
-  if (me->store_id != c->store_id) tally__draw_ticket(s); /* random: no ticket yet */
+  if (tally__me.store_id != c->store_id)
+    tally__draw_ticket(s); /* random: no ticket yet */
   uint64_t rec_off = tally__crec(c);
   struct tally__rec *r = tally__at(s, rec_off);
   int64_t now = tally_monotonic_ms();
   uint64_t w = atomic_load_explicit(&r->contention, memory_order_relaxed);
-  uint64_t mine = (me->ticket & 0xffff) + 1, last = w & 0xffff, hits = (w >> 16) & 0xff;
+  uint64_t mine = (tally__me.ticket & 0xffff) + 1, last = w & 0xffff,
+           hits = (w >> 16) & 0xff;
   uint64_t then = (w >> 24) & MS_MASK, busy = w >> 44;
   uint64_t now20 = (uint64_t)now & MS_MASK, unit = ((uint64_t)now >> BUSY_UNIT) | 1;
   uint32_t n = tally__loc_shards(loc);

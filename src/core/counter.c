@@ -400,13 +400,12 @@ int tally_counter_incr(tally_counter *c, int64_t delta) {
                        1)) {
     int fast = c->fast;
     uint64_t loc = atomic_load_explicit(&c->loc, memory_order_acquire);
-    struct tally__writer *me = &tally__me;
     uint32_t n = tally__loc_shards(loc), i;
     /* no calls on this path: a call would make the function save registers,
      * and a locked add waits for those stores to drain */
-    if ((fast & 1) == 0 && __builtin_expect(me->store_id == c->store_id, 1))
-      i = tally__reduce(me->ticket, n);
-    else if ((fast & 1) && __builtin_expect(me->rng != 0, 1))
+    if ((fast & 1) == 0 && __builtin_expect(tally__me.store_id == c->store_id, 1))
+      i = tally__reduce(tally__me.ticket, n);
+    else if ((fast & 1) && __builtin_expect(tally__me.rng != 0, 1))
       i = tally__pick_shard(c->s, c->store_id, TALLY_POLICY_RANDOM, n);
     else
       return incr_slow(c, delta);

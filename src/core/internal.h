@@ -338,6 +338,10 @@ struct tally__writer {
   uint32_t wslot;           /* its index: the shard this thread adds to */
   int32_t wstall;           /* tests: TALLY_TEST_BATCH_STALL, -1: none */
 };
+/* Read it by name (tally__me.ticket), never through a pointer to it: GCC
+ * 12's UBSan null check of such a pointer at -O2 tests stale flags and
+ * fires (CI's sanitizer build is RelWithDebInfo); by name, the code is the
+ * same in a Release build. */
 extern _Thread_local struct tally__writer tally__me
     __attribute__((tls_model("initial-exec")));
 void tally__draw_ticket(tally_store *s);
@@ -351,17 +355,16 @@ static inline uint32_t tally__reduce(uint64_t x, uint32_t n) {
 
 static inline uint32_t tally__pick_shard(tally_store *s, uint64_t store_id, int policy,
                                          uint32_t n) {
-  struct tally__writer *me = &tally__me;
   if (policy == TALLY_POLICY_RANDOM) {
-    if (__builtin_expect(me->rng == 0, 0)) tally__seed_random();
-    me->rng ^= me->rng >> 12;
-    me->rng ^= me->rng << 25;
-    me->rng ^= me->rng >> 27;
-    return (uint32_t)((((me->rng * 0x2545f4914f6cdd1dull) >> 32) * n) >> 32);
+    if (__builtin_expect(tally__me.rng == 0, 0)) tally__seed_random();
+    tally__me.rng ^= tally__me.rng >> 12;
+    tally__me.rng ^= tally__me.rng << 25;
+    tally__me.rng ^= tally__me.rng >> 27;
+    return (uint32_t)((((tally__me.rng * 0x2545f4914f6cdd1dull) >> 32) * n) >> 32);
   }
-  if (__builtin_expect(me->store_id != store_id, 0)) tally__draw_ticket(s);
-  if (policy == TALLY_POLICY_ROUND_ROBIN) return tally__reduce(me->rr++, n);
-  return tally__reduce(me->ticket, n); /* thread */
+  if (__builtin_expect(tally__me.store_id != store_id, 0)) tally__draw_ticket(s);
+  if (policy == TALLY_POLICY_ROUND_ROBIN) return tally__reduce(tally__me.rr++, n);
+  return tally__reduce(tally__me.ticket, n); /* thread */
 }
 
 /* ---- arena.c ---- */

@@ -333,10 +333,10 @@ int tally_vector_incr(tally_vector *v, size_t i, int64_t delta) {
       kind = w >> 30;
     }
     if (kind & KIND_ROWS) { /* the caller's row, as the handle's path picks it */
-      struct tally__writer *me = &tally__me;
-      if (__builtin_expect(me->store_id != v->store_id, 0)) return incr_slow(v, i, delta);
+      if (__builtin_expect(tally__me.store_id != v->store_id, 0))
+        return incr_slow(v, i, delta);
       off += (uint64_t)tally__reduce(
-                 me->ticket, atomic_load_explicit(&v->rows, memory_order_relaxed)) *
+                 tally__me.ticket, atomic_load_explicit(&v->rows, memory_order_relaxed)) *
              TALLY__ROW_BYTES;
     }
     _Atomic int64_t *cell = (_Atomic int64_t *)(v->base + off);
