@@ -2,7 +2,8 @@
  *
  *   - bad schedules are refused (EINVAL) and nothing is stored;
  *   - records, deltas and rates; history rings, gaps, epoch alignment and
- *     coarse-from-fine; the union of rings when schedules overlap;
+ *     coarse-from-fine; the union of rings when schedules overlap, and
+ *     blocks of several ring shapes rolled in one tick;
  *   - readers on other threads never see a torn record or history while a
  *     ticker writes (run under TSan too);
  *   - the lease: a stalled holder (SIGSTOP) makes others BUSY until its
@@ -514,6 +515,56 @@ static void test_damaged_block(void) {
   tally_store_close(s);
 }
 
+/* One tick rolls blocks of different ring shapes: a ring of the same
+ * resolution but another length (the union of two schedules' rings) has
+ * its own slot for the same moment. A tick works out each shape's bucket
+ * once (struct tally__when); keyed by resolution alone, the longer ring
+ * would be written at the shorter one's index. */
+static void test_ring_shapes_in_one_tick(void) {
+  tally_store *s;
+  tally_counter *a, *b;
+  REQUIRE_OK(tally_store_open("memory", NULL, &s));
+  REQUIRE_OK(tu_counter(s, "a", 4, TALLY_POLICY_RANDOM, TALLY_COUNTER_CREATE, &a));
+  REQUIRE_OK(tu_counter(s, "b", 4, TALLY_POLICY_RANDOM, TALLY_COUNTER_CREATE, &b));
+  tally_ring wide[] = {{1, 25}, {7, 4}}, narrow[] = {{1, 10}};
+  tally_schedule *lb = schedule(s, "b", 60000, wide, 2);
+  tally_schedule *all = schedule(s, "*", 1000, narrow, 1);
+  EXPECT_I64(TALLY_TICK_RAN, tick(lb, T0 - 60000).status); /* b: 1 s x 25, 7 s x 4 */
+  for (int i = 0; i < 40; i++) {
+    REQUIRE_OK(tally_counter_incr(a, 1));
+    REQUIRE_OK(tally_counter_incr(b, 2));
+    tally_tick_result t = tick(all, T0 + i * 1000 + 500);
+    EXPECT_I64(2, t.counters);
+  }
+  tally_bucket h[32];
+  uint32_t n;
+  EXPECT_OK(tally_counter_history(a, 1, h, 32, &n));
+  EXPECT_I64(10, n);
+  for (uint32_t k = 0; k < n && k < 10; k++) {
+    EXPECT_I64(T0 / 1000 + 30 + k, h[k].t);
+    EXPECT_I64(31 + k, h[k].value);
+  }
+  EXPECT_OK(tally_counter_history(b, 1, h, 32, &n));
+  EXPECT_I64(25, n);
+  for (uint32_t k = 0; k < n && k < 25; k++) {
+    EXPECT_I64(T0 / 1000 + 15 + k, h[k].t);
+    EXPECT_I64(2 * (16 + k), h[k].value);
+  }
+  EXPECT_OK(tally_counter_history(b, 7, h, 32, &n)); /* 7 s buckets: the last inside */
+  EXPECT_I64(4, n);
+  for (uint32_t k = 0; k < n && k < 4; k++) {
+    int64_t start = (T0 / 1000 + 39) / 7 * 7 - 7 * (3 - (int64_t)k);
+    int64_t last = start + 6 < T0 / 1000 + 39 ? start + 6 : T0 / 1000 + 39;
+    EXPECT_I64(start, h[k].t);
+    EXPECT_I64(2 * (last - T0 / 1000 + 1), h[k].value);
+  }
+  tally_schedule_free(all);
+  tally_schedule_free(lb);
+  tally_counter_close(a);
+  tally_counter_close(b);
+  tally_store_close(s);
+}
+
 int main(void) {
   snprintf(g_dir, sizeof g_dir, "%s", tu_tmpdir("rollup"));
   char spec[1200];
@@ -521,6 +572,7 @@ int main(void) {
   test_records_and_history("memory");
   tu_spec(spec, sizeof spec, NULL, 0, g_dir, "records.tly");
   test_records_and_history(spec);
+  test_ring_shapes_in_one_tick();
   test_readers();
   test_stalled_holder();
   test_dead_holder();

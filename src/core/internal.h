@@ -666,8 +666,27 @@ static inline void tally__block_release(struct tally__block *b, uint64_t odd) {
  * Caller holds the lock. */
 int tally__block_grow(tally_store *s, uint64_t rec_off, struct tally__block *old,
                       const tally_ring *rings, uint32_t nrings);
-/* Roll claimed b up to value v at now_ms; *r gets the new record. */
-void tally__block_roll(struct tally__block *b, int64_t v, int64_t now_ms,
+/* A moment and the bucket it falls in for each ring shape met so far. A
+ * 64-bit division costs tens of cycles, and a tick would make several per
+ * ring of every counter for the same answer: it makes one per shape. */
+struct tally__when {
+  int64_t now_ms;
+  uint32_t n;
+  struct {
+    uint32_t res_s, len;
+    int64_t bucket; /* now_ms / (res_s * 1000) */
+    uint32_t index; /* bucket % len */
+  } ring[TALLY_RINGS_MAX];
+};
+static inline void tally__when_init(struct tally__when *w, int64_t now_ms) {
+  w->now_ms = now_ms;
+  w->n = 0;
+}
+/* The bucket of w->now_ms in a ring of res_s and len (both > 0). */
+int64_t tally__when_bucket(struct tally__when *w, uint32_t res_s, uint32_t len,
+                           uint32_t *index);
+/* Roll claimed b up to value v at w->now_ms; *r gets the new record. */
+void tally__block_roll(struct tally__block *b, int64_t v, struct tally__when *w,
                        tally_rollup *r);
 int tally__rollups_check(tally_store *s, uint64_t rec_off); /* one record's block */
 int tally__rollup_table_check(tally_store *s);

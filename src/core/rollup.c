@@ -58,7 +58,8 @@ static uint32_t block_check(const tally_store *s, uint64_t rec_off,
  * would index slots out of the ring or overflow bucket times. res_s is
  * checked (tally__ring_ok) first. */
 static bool head_ok(uint32_t res_s, int64_t head) {
-  return head >= 0 && head - 1 <= INT64_MAX / ((int64_t)res_s * 1000);
+  int64_t ms; /* (head - 1) * res_s * 1000 fits: head - 1 <= INT64_MAX / (res_s * 1000) */
+  return head >= 0 && !__builtin_mul_overflow(head - 1, (int64_t)res_s * 1000, &ms);
 }
 
 /* Every word of the block at off that a write or read follows: ring count,
@@ -153,14 +154,14 @@ static void ring_clear(_Atomic int64_t *slot, uint32_t len) {
 /* Record value v at at_ms in one ring. Buckets are epoch-aligned; a bucket
  * keeps the last value rolled inside it; the buckets skipped since the
  * newest are emptied. A time before the newest bucket changes nothing. */
-static void ring_put(struct tally__ring_hdr *r, _Atomic int64_t *slot, int64_t at_ms,
-                     int64_t v) {
-  uint32_t len = r->len, res_s = r->res_s;
+static void ring_put(struct tally__ring_hdr *r, _Atomic int64_t *slot,
+                     struct tally__when *w, int64_t v) {
+  uint32_t len = r->len, res_s = r->res_s, at;
   int64_t head = atomic_load_explicit(&r->head, memory_order_relaxed);
   /* the caller checked the block (tally__block_sound); this only keeps a word
    * damaged since then from indexing outside the ring */
   if (len == 0 || len > TALLY_RING_LEN_MAX || res_s == 0 || !head_ok(res_s, head)) return;
-  int64_t b = at_ms / ((int64_t)res_s * 1000);
+  int64_t b = tally__when_bucket(w, res_s, len, &at);
   if (head == 0) {
     ring_clear(slot, len);
   } else if (b + 1 > head) {
@@ -173,8 +174,26 @@ static void ring_put(struct tally__ring_hdr *r, _Atomic int64_t *slot, int64_t a
   } else if (b + 1 < head) {
     return;
   }
-  atomic_store_explicit(&slot[b % len], v, memory_order_release);
+  atomic_store_explicit(&slot[at], v, memory_order_release);
   atomic_store_explicit(&r->head, b + 1, memory_order_release);
+}
+
+int64_t tally__when_bucket(struct tally__when *w, uint32_t res_s, uint32_t len,
+                           uint32_t *index) {
+  for (uint32_t i = 0; i < w->n; i++)
+    if (w->ring[i].res_s == res_s && w->ring[i].len == len) {
+      *index = w->ring[i].index;
+      return w->ring[i].bucket;
+    }
+  int64_t b = w->now_ms / ((int64_t)res_s * 1000);
+  *index = (uint32_t)(b % len);
+  if (w->n < TALLY_RINGS_MAX) {
+    w->ring[w->n].res_s = res_s;
+    w->ring[w->n].len = len;
+    w->ring[w->n].bucket = b;
+    w->ring[w->n++].index = *index;
+  }
+  return b;
 }
 
 /* Claim b for writing: turn its seq odd. Another writer (a schedule
@@ -307,11 +326,11 @@ static int64_t sub_sat(int64_t a, int64_t b) {
  * stores are release stores, so none is seen before the odd seq (a fence
  * would do, but ThreadSanitizer does not model fences; on x86 both are
  * plain moves). */
-void tally__block_roll(struct tally__block *b, int64_t v, int64_t now_ms,
+void tally__block_roll(struct tally__block *b, int64_t v, struct tally__when *w,
                        tally_rollup *r) {
   uint64_t count = atomic_load_explicit(&b->count, memory_order_relaxed);
   r->value = v;
-  r->at_ms = now_ms;
+  r->at_ms = w->now_ms;
   r->delta =
       count ? sub_sat(v, atomic_load_explicit(&b->value, memory_order_relaxed)) : 0;
   r->prev_at_ms = count ? atomic_load_explicit(&b->at_ms, memory_order_relaxed) : 0;
@@ -323,7 +342,7 @@ void tally__block_roll(struct tally__block *b, int64_t v, int64_t now_ms,
   atomic_store_explicit(&b->count, r->count, memory_order_release);
   _Atomic int64_t *slot = tally__slots_at(b);
   for (uint32_t i = 0; i < b->nrings; i++) {
-    ring_put(&b->ring[i], slot, now_ms, v);
+    ring_put(&b->ring[i], slot, w, v);
     slot += b->ring[i].len;
   }
 }

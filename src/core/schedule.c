@@ -287,7 +287,8 @@ struct run {
   struct tally__sched_slot *slot;
   uint64_t me;
   int64_t now_ms;
-  uint64_t resume_after; /* members with key + 1 <= this are done */
+  struct tally__when when; /* now_ms's bucket in each ring shape */
+  uint64_t resume_after;   /* members with key + 1 <= this are done */
   tally_rollup_fn fn;
   void *ud;
   uint64_t rolled, skipped;
@@ -295,13 +296,14 @@ struct run {
 
 /* Where the current bucket of each ring of b lives: prefetched ahead,
  * since a tick is bound by cache misses, not by arithmetic. */
-static void prefetch_slots(struct tally__block *b, int64_t now_ms) {
+static void prefetch_slots(struct tally__block *b, struct tally__when *w) {
   _Atomic int64_t *slot = tally__slots_at(b);
   for (uint32_t i = 0; i < b->nrings && i < TALLY_RINGS_MAX; i++) {
     uint32_t res_s = b->ring[i].res_s, len = b->ring[i].len;
     if (!res_s || !len) return; /* damaged: tally__block_sound skips it */
-    int64_t k = now_ms / ((int64_t)res_s * 1000);
-    __builtin_prefetch(&slot[k % len], 1);
+    uint32_t at;
+    tally__when_bucket(w, res_s, len, &at);
+    __builtin_prefetch(&slot[at], 1);
     slot += len;
   }
 }
@@ -346,7 +348,7 @@ static int roll_members(struct run *u) {
       }
     }
     if (i + AHEAD / 2 < n && m[i + AHEAD / 2].b)
-      prefetch_slots(m[i + AHEAD / 2].b, u->now_ms);
+      prefetch_slots(m[i + AHEAD / 2].b, &u->when);
     if (m[i].key + 1 <= u->resume_after) continue; /* the dead holder did it */
     struct tally__block *b;
     int64_t v;
@@ -371,7 +373,7 @@ static int roll_members(struct run *u) {
       continue;
     }
     tally_rollup r;
-    tally__block_roll(b, v, u->now_ms, &r);
+    tally__block_roll(b, v, &u->when, &r);
     tally__block_release(b, odd);
     atomic_store_explicit(&u->slot->cursor, m[i].key + 1, memory_order_relaxed);
     u->rolled++;
@@ -395,6 +397,7 @@ int tally_schedule_tick(tally_schedule *sch, int64_t now_ms, tally_rollup_fn fn,
 
   struct tally__rollup_table *t;
   struct run u = {.sch = sch, .me = lease_me(), .now_ms = now_ms, .fn = fn, .ud = ud};
+  tally__when_init(&u.when, now_ms);
   int rc = tally__lock(s);
   if (rc) return rc;
   rc = tally__table_of(s, true, &t);
