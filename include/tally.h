@@ -435,7 +435,8 @@ TALLY_API int tally_batch_incr(tally_store *s, tally_counter *const *cs,
  * increasing, name nbounds + 1 buckets (the last is +Inf) and names[] the
  * bucket counters in that order, then the sum's, all distinct
  * (TALLY_EINVAL). Each is opened as a slot counter (created if absent;
- * TALLY_EPOLICY if it exists with another policy). tally_histogram_observe(h, v) adds 1 to the bucket of v (the
+ * TALLY_EPOLICY if it exists with another policy).
+ * tally_histogram_observe(h, v) adds 1 to the bucket of v (the
  * first bound >= v) and v / unit, rounded to the nearest integer (halves
  * away from zero), to the sum, as one batch: TALLY_EINVAL for a NaN,
  * TALLY_ERANGE if |v / unit| > 2^53, else tally_batch_incr's errors; on

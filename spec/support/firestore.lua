@@ -50,8 +50,7 @@ end
 -- nil when the emulator and java are here; else the reason to skip.
 function M.missing()
   if not M.binary() then return M.SKIP end
-  local found = os.execute("command -v java >/dev/null 2>&1")
-  if found ~= true and found ~= 0 then       -- Lua 5.4: true; LuaJIT: the status
+  if not helper.on_path("java") then
     return "java not found (the Firestore emulator needs a JRE, e.g. openjdk-17-jre-headless)"
   end
   return nil

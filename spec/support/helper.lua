@@ -68,6 +68,13 @@ function M.sh(cmd)
   return out, code
 end
 
+-- Is bin on PATH? (os.execute returns true under Lua 5.4, the status under
+-- LuaJIT.)
+function M.on_path(bin)
+  local found = os.execute("command -v " .. M.q(bin) .. " >/dev/null 2>&1")
+  return found == true or found == 0
+end
+
 -- Does this process run as root (files can be given away, tmpfs mounted)?
 function M.is_root()
   return (M.sh("id -u")):match("^0%s") ~= nil

@@ -75,8 +75,7 @@ end
 
 -- Raise (at the given level) unless bin is on PATH.
 local function need(bin, package, level)
-  local found = os.execute("command -v " .. q(bin) .. " >/dev/null 2>&1")
-  if found ~= true and found ~= 0 then       -- Lua 5.4: true; LuaJIT: the status
+  if not helper.on_path(bin) then
     error(("%s not found: install the Debian package %s (scripts/setup installs it)")
       :format(bin, package), level + 1)
   end

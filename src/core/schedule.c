@@ -286,8 +286,7 @@ struct run {
   tally_schedule *sch;
   struct tally__sched_slot *slot;
   uint64_t me;
-  int64_t now_ms;
-  struct tally__when when; /* now_ms's bucket in each ring shape */
+  struct tally__when when; /* the tick's moment, its bucket in each ring shape */
   uint64_t resume_after;   /* members with key + 1 <= this are done */
   tally_rollup_fn fn;
   void *ud;
@@ -364,7 +363,7 @@ static int roll_members(struct run *u) {
       continue;
     }
     int rc = tally__rec_value(s, m[i].rec_off, &v);
-    if (rc || atomic_load_explicit(&b->at_ms, memory_order_relaxed) > u->now_ms) {
+    if (rc || atomic_load_explicit(&b->at_ms, memory_order_relaxed) > u->when.now_ms) {
       tally__block_release(b, odd);
       if (rc == TALLY_EDROPPED)
         sch->built = false; /* list it anew */
@@ -396,7 +395,7 @@ int tally_schedule_tick(tally_schedule *sch, int64_t now_ms, tally_rollup_fn fn,
   *out = (tally_tick_result){.period = period, .status = TALLY_TICK_NOT_DUE};
 
   struct tally__rollup_table *t;
-  struct run u = {.sch = sch, .me = lease_me(), .now_ms = now_ms, .fn = fn, .ud = ud};
+  struct run u = {.sch = sch, .me = lease_me(), .fn = fn, .ud = ud};
   tally__when_init(&u.when, now_ms);
   int rc = tally__lock(s);
   if (rc) return rc;
