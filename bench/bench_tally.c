@@ -391,6 +391,18 @@ static int cmd_create(const char *path, long n, int dflt) {
   return 0;
 }
 
+static int count_name(void *ud, const char *name, size_t len) {
+  (void)name, (void)len;
+  ++*(uint64_t *)ud;
+  return 0;
+}
+
+static int add_value(void *ud, const char *name, size_t len, int64_t v) {
+  (void)name, (void)len;
+  *(int64_t *)ud += v;
+  return 0;
+}
+
 static int cmd_open(const char *path) {
   char spec[4200];
   tally_store *s = NULL;
@@ -421,6 +433,17 @@ static int cmd_open(const char *path) {
   }
   double t4 = now();
   long rss_all = status_kb("VmRSS"), anon_all = status_kb("RssAnon");
+  /* the walks over every counter: what db:sum, tally ls, /metrics pay */
+  int64_t sum = 0, snap_sum = 0;
+  uint64_t count = 0, named = 0;
+  if ((rc = tally_store_sum(s, "*", 1, &sum, &count))) die("sum", rc);
+  double t5 = now();
+  if ((rc = tally_store_each(s, "*", 1, count_name, &named))) die("each", rc);
+  double t6 = now();
+  if ((rc = tally_store_snapshot(s, "*", 1, add_value, &snap_sum))) die("snapshot", rc);
+  double t7 = now();
+  if (count != st.counters || named != st.counters || sum != total || snap_sum != total)
+    die("walk", TALLY_ECORRUPT); /* every walk sees every counter and value */
   printf("RESULT open.ms %.3f\n", (t1 - t0) * 1e3);
   printf("RESULT open.first_ms %.3f\n", (t2 - t0) * 1e3);
   printf("RESULT open.rss_before_kb %ld\n", rss0);
@@ -429,8 +452,10 @@ static int cmd_open(const char *path) {
   printf("RESULT open.rss_all_kb %ld\n", rss_all);
   printf("RESULT open.anon_all_kb %ld\n", anon_all);
   printf("RESULT open.counters %llu\n", (unsigned long long)st.counters);
+  printf("RESULT open.sum_ms %.3f\n", (t5 - t4) * 1e3);
+  printf("RESULT open.each_ms %.3f\n", (t6 - t5) * 1e3);
+  printf("RESULT open.snapshot_ms %.3f\n", (t7 - t6) * 1e3);
   tally_store_close(s);
-  (void)total;
   return 0;
 }
 

@@ -69,7 +69,7 @@ int tally_store_sum(tally_store *s, const char *pattern, size_t plen, int64_t *s
   if (!s || !sum) return tally__fail(TALLY_EINVAL, "tally_store_sum: NULL argument");
   struct walk w = {0};
   pattern_or_all(&w, pattern, plen);
-  int rc = tally__index_each(s, sum_one, &w);
+  int rc = tally__index_each_value(s, sum_one, &w);
   if (rc) return rc;
   if (w.sum > INT64_MAX || w.sum < INT64_MIN)
     return tally__fail(TALLY_ERANGE, "sum over '%.*s' does not fit in 64 bits",

@@ -247,10 +247,62 @@ void tally__index_remove(tally_store *s, uint64_t rec_off) {
   }
 }
 
-int tally__index_each(tally_store *s, tally__rec_fn fn, void *ud) {
+/* A walk visits records in hash order, so each is a cache miss, and a
+ * value read another 1 to 16 (a shard's cells live in its own row). The
+ * walk asks for them ahead of time: the record RECORDS_AHEAD slots on,
+ * and, CELLS_AHEAD slots on, the cells its (by then arrived) record names.
+ * Only hints: nothing read here is trusted, every offset is bounded by the
+ * arena, and the visit itself validates as before. */
+#define RECORDS_AHEAD 16
+#define CELLS_AHEAD   8
+
+static void fetch_record(tally_store *s, uint64_t e, uint64_t used) {
+  uint64_t off = entry_off(e);
+  if (e == EMPTY || e == DELETED || off < TALLY__ARENA_OFF || off + 128 > used) return;
+  const unsigned char *r = tally__at(s, off);
+  __builtin_prefetch(r);
+  __builtin_prefetch(r + 64); /* the name runs on past the first line */
+}
+
+/* noipa: GCC 12 takes a function of prefetches alone for one without
+ * effects and drops its calls, inlined or not (measured: the cells were
+ * never asked for, and a sum walk took 1.8x as long) */
+#if defined(__GNUC__) && !defined(__clang__)
+#define KEEP_CALLS __attribute__((noipa))
+#else
+#define KEEP_CALLS
+#endif
+
+KEEP_CALLS void tally__fetch_cells(tally_store *s, uint64_t loc, uint64_t used) {
+  uint32_t n = tally__loc_shards(loc);
+  uint64_t cells = (loc >> 32) << 3;
+  if (cells < TALLY__ARENA_OFF || cells + (uint64_t)(n - 1) * TALLY__ROW_BYTES + 8 > used)
+    return;
+  const unsigned char *first = tally__at(s, cells);
+  for (uint32_t k = 0; k < n; k++)
+    __builtin_prefetch(first + (uint64_t)k * TALLY__ROW_BYTES);
+}
+
+static void fetch_cells(tally_store *s, uint64_t e, uint64_t used) {
+  uint64_t off = entry_off(e);
+  if (e == EMPTY || e == DELETED || off < TALLY__ARENA_OFF || off + 64 > used) return;
+  const struct tally__rec *r = tally__at(s, off);
+  tally__fetch_cells(s, atomic_load_explicit(&r->loc, memory_order_relaxed), used);
+}
+
+static int each(tally_store *s, tally__rec_fn fn, void *ud, bool cells) {
   struct tally__index *t = table(s);
   if (!t) return TALLY_ECORRUPT;
+  uint64_t used = atomic_load_explicit(&s->hdr->used, memory_order_acquire);
   for (uint64_t i = 0; i < t->cap; i++) {
+    if (i + RECORDS_AHEAD < t->cap)
+      fetch_record(
+          s, atomic_load_explicit(&t->entries[i + RECORDS_AHEAD], memory_order_relaxed),
+          used);
+    if (cells && i + CELLS_AHEAD < t->cap)
+      fetch_cells(
+          s, atomic_load_explicit(&t->entries[i + CELLS_AHEAD], memory_order_relaxed),
+          used);
     uint64_t e = atomic_load_explicit(&t->entries[i], memory_order_acquire);
     if (e == EMPTY || e == DELETED) continue;
     if (!entry_ok(s, e)) return bad_entry(s, i);
@@ -262,6 +314,14 @@ int tally__index_each(tally_store *s, tally__rec_fn fn, void *ud) {
     if (rc) return rc;
   }
   return 0;
+}
+
+int tally__index_each(tally_store *s, tally__rec_fn fn, void *ud) {
+  return each(s, fn, ud, false);
+}
+
+int tally__index_each_value(tally_store *s, tally__rec_fn fn, void *ud) {
+  return each(s, fn, ud, true);
 }
 
 uint64_t tally__index_live(tally_store *s) {

@@ -501,6 +501,11 @@ int tally__index_check(tally_store *s); /* the table header */
 int tally__rec_verify(tally_store *s, uint64_t rec_off);
 typedef int (*tally__rec_fn)(tally_store *s, uint64_t rec_off, void *ud);
 int tally__index_each(tally_store *s, tally__rec_fn fn, void *ud);
+/* The same, for a walk that reads every value: it fetches cells ahead too. */
+int tally__index_each_value(tally_store *s, tally__rec_fn fn, void *ud);
+/* Ask for the cells loc names before reading them (a walk's hint): loc is
+ * not trusted, only bounded by used, the arena's end. */
+void tally__fetch_cells(tally_store *s, uint64_t loc, uint64_t used);
 uint64_t tally__index_live(tally_store *s); /* names in the index now (a hint) */
 /* fn for the live entries among `count` slots from *cursor on (wrapping);
  * *cursor is left where the walk stopped. */
@@ -546,7 +551,6 @@ static inline _Atomic int64_t *tally__cell_at(tally_store *s, uint64_t loc,
                                               uint32_t shard) {
   return tally__cell_in(s->base, loc, shard);
 }
-
 /* ---- counter.c ---- */
 static inline uint64_t tally__crec(tally_counter *c) {
   return atomic_load_explicit(&c->rec_off, memory_order_acquire);
