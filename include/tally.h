@@ -466,6 +466,16 @@ typedef int (*tally_value_fn)(void *ud, const char *name, size_t len, int64_t va
 TALLY_API int tally_store_snapshot(tally_store *s, const char *pattern, size_t plen,
                                    tally_value_fn fn, void *ud);
 
+/* fn for each live counter matching pattern, with its value read as
+ * tally_counter_value reads it: one counter after the other (not a
+ * consistent cut: tally_store_snapshot makes one), in no particular order,
+ * in one pass over the index and with no handle per counter.
+ * A counter dropped during the walk, or whose value does not fit in 64
+ * bits (tally_counter_value's TALLY_ERANGE), is left out. fn returns 0 to
+ * go on, non-zero to stop (that value is then returned). */
+TALLY_API int tally_store_values(tally_store *s, const char *pattern, size_t plen,
+                                 tally_value_fn fn, void *ud);
+
 /* Define a family: counters created later under pattern take opt (fields
  * left 0 / -1, or opt NULL, fall back to the defaults). The most recently defined
  * matching family wins; defining a pattern again replaces its options.

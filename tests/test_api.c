@@ -124,6 +124,33 @@ static int each_cb(void *ud, const char *name, size_t len) {
   return 0;
 }
 
+/* tally_store_values: each name seen with its value; stop_at as each_cb */
+struct values_ctx {
+  int n, stop_at;
+  int64_t total;
+  char names[64][32];
+  int64_t vals[64];
+};
+
+static int values_cb(void *ud, const char *name, size_t len, int64_t v) {
+  struct values_ctx *x = ud;
+  if (x->n < 64 && len < 32) {
+    memcpy(x->names[x->n], name, len);
+    x->names[x->n][len] = 0;
+    x->vals[x->n] = v;
+  }
+  x->total += v;
+  x->n++;
+  return x->stop_at && x->n == x->stop_at ? 43 : 0;
+}
+
+/* name's value as values_cb saw it; INT64_MIN if it was not seen */
+static int64_t value_seen(const struct values_ctx *x, const char *name) {
+  for (int i = 0; i < x->n && i < 64; i++)
+    if (strcmp(x->names[i], name) == 0) return x->vals[i];
+  return INT64_MIN;
+}
+
 static int seen(const struct each_ctx *e, const char *name) {
   for (int i = 0; i < e->n && i < 64; i++)
     if (strcmp(e->seen[i], name) == 0) return 1;
@@ -767,6 +794,34 @@ static void test_each_sum(tally_store *s) {
   EXPECT_I64(2, e.n);
   EXPECT_RC(TALLY_EINVAL, tally_store_each(s, "*", 1, NULL, &e));
 
+  /* values: the same walk, each counter with its value */
+  struct values_ctx x;
+  memset(&x, 0, sizeof x);
+  EXPECT_OK(tally_store_values(s, "es:*", 4, values_cb, &x));
+  EXPECT_I64(10, x.n);
+  EXPECT_I64(150 - 15, x.total);
+  EXPECT_I64(30, value_seen(&x, "es:3:likes"));
+  EXPECT_I64(-4, value_seen(&x, "es:4:views"));
+  memset(&x, 0, sizeof x);
+  x.stop_at = 4;
+  EXPECT_RC(43, tally_store_values(s, "es:*", 4, values_cb, &x));
+  EXPECT_I64(4, x.n);
+  EXPECT_RC(TALLY_EINVAL, tally_store_values(s, "*", 1, NULL, &x));
+  EXPECT_RC(TALLY_EINVAL, tally_store_values(NULL, "*", 1, values_cb, &x));
+  /* a value beyond int64 (three shards of 2^62 - 1 sum past INT64_MAX) is
+   * left out, the others are not */
+  REQUIRE_OK(tu_counter(s, "es:big", 3, TALLY_POLICY_RANDOM, TALLY_COUNTER_CREATE, &c));
+  for (uint32_t k = 0; k < 3; k++)
+    EXPECT_OK(tally_counter_incr_shard(c, k, (INT64_C(1) << 62) - 1));
+  int64_t big;
+  EXPECT_RC(TALLY_ERANGE, tally_counter_value(c, &big));
+  memset(&x, 0, sizeof x);
+  EXPECT_OK(tally_store_values(s, "es:*", 4, values_cb, &x));
+  EXPECT_I64(10, x.n);
+  EXPECT_I64(INT64_MIN, value_seen(&x, "es:big"));
+  tally_counter_close(c);
+  EXPECT_OK(tally_store_drop(s, "es:big", 6));
+
   /* NULL and "*" list everything; equal to stats.counters */
   tally_store_stats st;
   EXPECT_OK(tally_store_stats_get(s, &st));
@@ -777,11 +832,15 @@ static void test_each_sum(tally_store *s) {
   EXPECT_OK(tally_store_each(s, "*", 1, each_cb, &e));
   EXPECT_I64(st.counters, e.n);
 
-  /* dropped counters disappear from each/sum */
+  /* dropped counters disappear from each/sum/values */
   EXPECT_OK(tally_store_drop(s, "es:5:likes", 10));
   EXPECT_OK(tally_store_sum(s, "es:*:likes", 10, &sum, &count));
   EXPECT_I64(100, sum);
   EXPECT_I64(4, count);
+  memset(&x, 0, sizeof x);
+  EXPECT_OK(tally_store_values(s, "es:*:likes", 10, values_cb, &x));
+  EXPECT_I64(4, x.n);
+  EXPECT_I64(INT64_MIN, value_seen(&x, "es:5:likes"));
   for (int i = 1; i <= 5; i++) {
     char nm[32];
     int len = snprintf(nm, sizeof nm, "es:%d:views", i);

@@ -1,4 +1,4 @@
-/* aggregate.c -- questions about many counters: names, sums, counts.
+/* aggregate.c -- questions about many counters: names, values, sums, counts.
  *
  * All of them walk the name index once and read each record in place, with
  * no handle per counter. A counter created during the walk may or may not
@@ -12,6 +12,7 @@ struct walk {
   const char *pattern;
   size_t plen;
   tally_name_fn fn;
+  tally_value_fn value_fn;
   void *ud;
   __int128 sum;
   uint64_t count;
@@ -51,6 +52,18 @@ static int sum_one(tally_store *s, uint64_t rec_off, void *ud) {
   return 0;
 }
 
+static int value_one(tally_store *s, uint64_t rec_off, void *ud) {
+  struct walk *w = ud;
+  int m = live_match(s, rec_off, w);
+  if (m <= 0) return m;
+  int64_t v;
+  int rc = tally__rec_value(s, rec_off, &v);
+  if (rc == TALLY_EDROPPED || rc == TALLY_ERANGE) return 0; /* left out: see tally.h */
+  if (rc) return rc;
+  const struct tally__rec *r = tally__at(s, rec_off);
+  return w->value_fn(w->ud, r->name, r->name_len, v);
+}
+
 static void pattern_or_all(struct walk *w, const char *pattern, size_t plen) {
   w->pattern = pattern && plen ? pattern : "*";
   w->plen = pattern && plen ? plen : 1;
@@ -62,6 +75,14 @@ int tally_store_each(tally_store *s, const char *pattern, size_t plen, tally_nam
   struct walk w = {.fn = fn, .ud = ud};
   pattern_or_all(&w, pattern, plen);
   return tally__index_each(s, name_one, &w);
+}
+
+int tally_store_values(tally_store *s, const char *pattern, size_t plen,
+                       tally_value_fn fn, void *ud) {
+  if (!s || !fn) return tally__fail(TALLY_EINVAL, "tally_store_values: NULL argument");
+  struct walk w = {.value_fn = fn, .ud = ud};
+  pattern_or_all(&w, pattern, plen);
+  return tally__index_each_value(s, value_one, &w);
 }
 
 int tally_store_sum(tally_store *s, const char *pattern, size_t plen, int64_t *sum,
