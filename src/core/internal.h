@@ -34,7 +34,8 @@
 #include <stdint.h>
 
 #define TALLY__MAGIC         "\x89TALLY\r\n"
-#define TALLY__FORMAT        7u
+#define TALLY__FORMAT        8u /* 7 still opens: its store lock is flock() */
+#define TALLY__FORMAT_FLOCK  7u
 #define TALLY__BYTE_ORDER    0x01020304u
 #define TALLY__HEADER_BYTES  4096u
 #define TALLY__CLASS_OFF     4096u
@@ -149,7 +150,11 @@ struct tally__header {
   _Atomic uint64_t wslots;   /* sealed offset of the writer slots (batch.c), or 0 */
   /* thread tickets: the only word writers touch outside the lock */
   _Alignas(64) _Atomic uint64_t writers;
+  /* format 8: the store lock (lock.c), on a line of its own */
+  _Alignas(64) _Atomic uint64_t lock_owner; /* the holder's owner word, 0: free */
+  _Atomic uint32_t lock_sleepers;           /* futex word: 1 if a waiter may sleep */
 };
+_Static_assert(sizeof(struct tally__header) <= TALLY__HEADER_BYTES, "the header fits");
 
 /* One word, so a chunk and its count of used columns change together and
  * a damaged entry is caught: chunk >> 6 in bits 35..63, used columns in
@@ -234,7 +239,8 @@ struct tally_store {
   struct tally__class *classes; /* [0] is class 1 */
   _Atomic int64_t *journal;     /* TALLY_MAX_SHARDS saved cell values */
   pthread_mutex_t lock;
-  bool lock_stale;          /* forked: fd's flock is shared with the parent */
+  bool lock_word;           /* format 8: the lock is hdr->lock_owner, not flock() */
+  bool lock_stale;          /* forked: fd's open file is shared with the parent */
   uint64_t id;              /* unique in this process (thread tickets) */
   tally_store *prev, *next; /* open stores, for fork handling */
   /* grace periods (grace.c) */
@@ -407,6 +413,9 @@ bool tally__in_arena(const tally_store *s, uint64_t off, uint64_t len);
 
 /* ---- lock.c ---- */
 int tally__lock(tally_store *s); /* also finishes a pending move */
+/* A format-8 file store's open file marks this process as having it open
+ * (lock.c: what tells a waiter that a holder is gone). */
+int tally__lock_attach(tally_store *s);
 void tally__unlock(tally_store *s);
 void tally__registry_add(tally_store *s); /* open stores, for fork() */
 pid_t tally__pid(void);                   /* getpid(), cached; a fork handler renews it */

@@ -54,7 +54,7 @@ static int header_validate(const struct tally__header *h, uint64_t file_size,
                            const char *path) {
   if (memcmp(h->magic, TALLY__MAGIC, 8) != 0)
     return tally__fail(TALLY_ENOTSTORE, "%s: not a tally store (bad magic)", path);
-  if (h->format != TALLY__FORMAT)
+  if (h->format != TALLY__FORMAT && h->format != TALLY__FORMAT_FLOCK)
     return tally__fail(TALLY_EVERSION,
                        "%s: unsupported tally store format %u (this is %u)", path,
                        h->format, TALLY__FORMAT);
@@ -189,6 +189,8 @@ static int map_file(tally_store *s, const char *path, const tally_open_options *
                        (long long)st.st_size);
   rc = header_validate(&h, (uint64_t)st.st_size, path);
   if (rc) return rc;
+  s->lock_word = h.format != TALLY__FORMAT_FLOCK;
+  if (s->lock_word && (rc = tally__lock_attach(s))) return rc; /* before any lock */
   void *p = mmap(NULL, TALLY__MAX_BYTES, PROT_READ | PROT_WRITE,
                  MAP_SHARED | MAP_NORESERVE, fd, 0);
   if (p == MAP_FAILED) return tally__fail_sys("cannot map", path);

@@ -1,0 +1,343 @@
+/* test_lock.c -- the file store's lock across processes (lock.c).
+ *
+ * Format 8 takes the lock with a compare-and-swap on a header word, so
+ * these cases must hold for real processes:
+ *   - a live holder excludes every other process until it unlocks;
+ *   - a holder SIGKILLed while it holds the lock blocks nobody for long;
+ *   - a word left in a copy of the file (made while another process held
+ *     the lock, that process still alive) or from before a reboot (a word
+ *     naming a live process that does not have the file open) is taken over;
+ *   - a format 7 file still uses flock(), so an outside flock() excludes
+ *     its creations, where it does not touch a format 8 file's, and
+ *     compaction turns it into a format 8 file;
+ *   - processes creating the same names at once each get them once.
+ * The holder is a forked child that takes the lock through the library's
+ * own tally__lock and reports on a pipe.
+ */
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+
+#include "testutil.h"
+
+#include "../src/core/internal.h"
+
+#define NO_PID ((1 << 22) - 1) /* Linux's last pid: no process here */
+
+static char g_dir[1024];
+
+static void spec_of(char *spec, size_t cap, char *path, size_t pcap, const char *name) {
+  tu_spec(spec, cap, path, pcap, g_dir, name);
+}
+
+/* A child that opens spec, takes its lock, says so on the pipe and then
+ * holds it: for hold_ms (then unlocks and exits 0), or until killed (-1). */
+static pid_t spawn_holder(const char *spec, int hold_ms) {
+  int fds[2];
+  REQUIRE_OK(pipe(fds) != 0 ? TALLY_ESYS : 0);
+  pid_t pid = fork();
+  REQUIRE_OK(pid < 0 ? TALLY_ESYS : 0);
+  if (pid == 0) {
+    close(fds[0]);
+    prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlives a test that failed */
+    tally_store *s = NULL;
+    if (tally_store_open(spec, NULL, &s) != 0 || tally__lock(s) != 0) _exit(2);
+    if (write(fds[1], "L", 1) != 1) _exit(3);
+    if (hold_ms < 0)
+      for (;;) pause();
+    usleep((useconds_t)hold_ms * 1000);
+    tally__unlock(s);
+    tally_store_close(s);
+    _exit(0);
+  }
+  close(fds[1]);
+  char c = 0;
+  ssize_t n = read(fds[0], &c, 1);
+  close(fds[0]);
+  if (n != 1 || c != 'L') TU_FAIL("the holder (pid %d) never took the lock", (int)pid);
+  return pid;
+}
+
+static void reap(pid_t pid, bool killed) {
+  int st = 0;
+  if (killed) kill(pid, SIGKILL);
+  waitpid(pid, &st, 0);
+  atomic_fetch_add(&tu_checks, 1);
+  if (killed ? !(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL)
+             : !(WIFEXITED(st) && WEXITSTATUS(st) == 0))
+    TU_FAIL("holder %d ended with status 0x%x", (int)pid, st);
+}
+
+/* A creation in a thread of this process, watched from outside. */
+struct creation {
+  tally_store *s;
+  const char *name;
+  _Atomic int done; /* 1 once the create returned */
+  int rc;
+  double at; /* when it returned (tu_now) */
+};
+
+static void *create_main(void *ud) {
+  struct creation *c = ud;
+  tally_counter *h = NULL;
+  c->rc = tu_counter(c->s, c->name, 1, TALLY_POLICY_THREAD, TALLY_COUNTER_CREATE, &h);
+  if (h) {
+    c->rc = c->rc ? c->rc : tally_counter_incr(h, 1);
+    tally_counter_close(h);
+  }
+  c->at = tu_now();
+  atomic_store(&c->done, 1);
+  return NULL;
+}
+
+/* Is the creation still waiting after ms? (It must be, while a live
+ * process holds the lock.) */
+static void expect_waiting(struct creation *c, int ms, const char *why) {
+  usleep((useconds_t)ms * 1000);
+  atomic_fetch_add(&tu_checks, 1);
+  if (atomic_load(&c->done)) TU_FAIL("%s: a creation went ahead (rc %d)", why, c->rc);
+}
+
+static void expect_value(tally_store *s, const char *name, int64_t want) {
+  int64_t v = -1;
+  EXPECT_OK(tally_store_value(s, name, strlen(name), &v));
+  EXPECT_I64(want, v);
+}
+
+/* A live holder excludes; when it unlocks, the waiter goes on at once. */
+static void test_live_holder(void) {
+  char spec[1300];
+  spec_of(spec, sizeof spec, NULL, 0, "live.tly");
+  tally_store *s = NULL;
+  REQUIRE_OK(tally_store_open(spec, NULL, &s));
+  pid_t holder = spawn_holder(spec, 400);
+  struct creation c = {.s = s, .name = "live:a"};
+  pthread_t th;
+  double t0 = tu_now();
+  pthread_create(&th, NULL, create_main, &c);
+  expect_waiting(&c, 200, "a live holder");
+  pthread_join(th, NULL);
+  reap(holder, false);
+  EXPECT_OK(c.rc);
+  /* it waited for the unlock (the holder held 400 ms from before t0) */
+  atomic_fetch_add(&tu_checks, 1);
+  if (c.at - t0 < 0.2) TU_FAIL("the creation took %.3f s: it did not wait", c.at - t0);
+  expect_value(s, "live:a", 1);
+  EXPECT_OK(tally_store_check(s));
+  tally_store_close(s);
+}
+
+/* A holder SIGKILLed with the lock: the waiter takes over within a few
+ * of its 2 ms checks (a bound of a second here: a loaded machine). */
+static void test_killed_holder(void) {
+  char spec[1300];
+  spec_of(spec, sizeof spec, NULL, 0, "killed.tly");
+  tally_store *s = NULL;
+  REQUIRE_OK(tally_store_open(spec, NULL, &s));
+  for (int round = 0; round < 3; round++) {
+    pid_t holder = spawn_holder(spec, -1);
+    char name[32];
+    snprintf(name, sizeof name, "killed:%d", round);
+    struct creation c = {.s = s, .name = name};
+    pthread_t th;
+    pthread_create(&th, NULL, create_main, &c);
+    expect_waiting(&c, 50, "a holder not yet killed");
+    double t_kill = tu_now();
+    reap(holder, true);
+    pthread_join(th, NULL);
+    EXPECT_OK(c.rc);
+    atomic_fetch_add(&tu_checks, 1);
+    if (c.at - t_kill > 1.0)
+      TU_FAIL("a dead holder blocked a creation %.3f s", c.at - t_kill);
+    printf("  killed holder, round %d: the waiter went on %.1f ms after the kill\n",
+           round, (c.at - t_kill) * 1e3);
+    expect_value(s, name, 1);
+  }
+  EXPECT_OK(tally_store_check(s));
+  tally_store_close(s);
+}
+
+static void copy_file(const char *from, const char *to) {
+  int in = open(from, O_RDONLY), out = open(to, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  REQUIRE_OK(in < 0 || out < 0 ? TALLY_ESYS : 0);
+  char buf[65536];
+  ssize_t n;
+  while ((n = read(in, buf, sizeof buf)) > 0)
+    REQUIRE_OK(write(out, buf, (size_t)n) != n ? TALLY_ESYS : 0);
+  close(in);
+  close(out);
+}
+
+/* A copy made while a live process holds the original's lock: that
+ * process does not have the copy open, so the copy's word is stale. */
+static void test_copy_while_held(void) {
+  char spec[1300], path[1300], copy_spec[1300], copy_path[1300];
+  spec_of(spec, sizeof spec, path, sizeof path, "orig.tly");
+  spec_of(copy_spec, sizeof copy_spec, copy_path, sizeof copy_path, "copy.tly");
+  tally_store *s = NULL;
+  REQUIRE_OK(tally_store_open(spec, NULL, &s));
+  EXPECT_OK(tally_store_incr(s, "copy:a", 6, 5, TALLY_COUNTER_CREATE));
+  tally_store_close(s);
+  pid_t holder = spawn_holder(spec, -1);
+  copy_file(path, copy_path);
+  tally_store *c = NULL;
+  double t0 = tu_now();
+  REQUIRE_OK(tally_store_open(copy_spec, NULL, &c)); /* open takes the lock too */
+  EXPECT_OK(tally_store_incr(c, "copy:b", 6, 1, TALLY_COUNTER_CREATE));
+  atomic_fetch_add(&tu_checks, 1);
+  if (tu_now() - t0 > 1.0)
+    TU_FAIL("the copy's stale lock held for %.3f s", tu_now() - t0);
+  expect_value(c, "copy:a", 5);
+  expect_value(c, "copy:b", 1);
+  EXPECT_OK(tally_store_check(c));
+  tally_store_close(c);
+  reap(holder, true);
+}
+
+/* The header's lock word (format 8), read or written in a closed file. */
+static void poke_owner(const char *path, uint64_t owner) {
+  int fd = open(path, O_RDWR);
+  REQUIRE_OK(fd < 0 ? TALLY_ESYS : 0);
+  off_t at = (off_t)offsetof(struct tally__header, lock_owner);
+  REQUIRE_OK(pwrite(fd, &owner, 8, at) != 8 ? TALLY_ESYS : 0);
+  close(fd);
+}
+
+/* Words no process holds: a live process that does not have the file open
+ * (init, as after a reboot whose pids came back), a pid that does not
+ * exist, a damaged word. Each is taken over. */
+static void test_stale_words(void) {
+  char spec[1300], path[1300];
+  spec_of(spec, sizeof spec, path, sizeof path, "stale.tly");
+  tally_store *s = NULL;
+  REQUIRE_OK(tally_store_open(spec, NULL, &s));
+  tally_store_close(s);
+  const uint64_t words[] = {tally__owner_of(1, NULL), (uint64_t)NO_PID << 32 | 1,
+                            UINT64_C(0xdeadbeefdeadbeef)};
+  for (size_t i = 0; i < sizeof words / sizeof *words; i++) {
+    poke_owner(path, words[i]);
+    double t0 = tu_now();
+    REQUIRE_OK(tally_store_open(spec, NULL, &s));
+    char name[32];
+    snprintf(name, sizeof name, "stale:%zu", i);
+    EXPECT_OK(tally_store_incr(s, name, strlen(name), 1, TALLY_COUNTER_CREATE));
+    atomic_fetch_add(&tu_checks, 1);
+    if (tu_now() - t0 > 1.0)
+      TU_FAIL("stale word %zu held the lock for %.3f s", i, tu_now() - t0);
+    EXPECT_I64(0, (int64_t)atomic_load(&s->hdr->lock_owner)); /* unlocked after */
+    tally_store_close(s);
+  }
+}
+
+/* The format 7 file: flock(), as before; an outside flock() excludes its
+ * creations. A format 8 file ignores flock(). */
+uint64_t tally__header_check(const struct tally__header *h); /* arena.c */
+
+static void make_format7(const char *path) {
+  int fd = open(path, O_RDWR);
+  REQUIRE_OK(fd < 0 ? TALLY_ESYS : 0);
+  struct tally__header h;
+  REQUIRE_OK(pread(fd, &h, sizeof h, 0) != (ssize_t)sizeof h ? TALLY_ESYS : 0);
+  h.format = 7;
+  h.check = tally__header_check(&h);
+  REQUIRE_OK(pwrite(fd, &h, offsetof(struct tally__header, pad0_), 0) !=
+                     (ssize_t)offsetof(struct tally__header, pad0_)
+                 ? TALLY_ESYS
+                 : 0);
+  close(fd);
+}
+
+static void test_formats(void) {
+  for (int format = 7; format <= 8; format++) {
+    char spec[1300], path[1300], name[32];
+    snprintf(name, sizeof name, "f%d.tly", format);
+    spec_of(spec, sizeof spec, path, sizeof path, name);
+    tally_store *s = NULL;
+    REQUIRE_OK(tally_store_open(spec, NULL, &s));
+    EXPECT_OK(tally_store_incr(s, "f:a", 3, 2, TALLY_COUNTER_CREATE));
+    tally_store_close(s);
+    if (format == 7) make_format7(path);
+    REQUIRE_OK(tally_store_open(spec, NULL, &s));
+    tally_store_stats st;
+    EXPECT_OK(tally_store_stats_get(s, &st));
+    EXPECT_I64(format, st.format);
+    int fd = open(path, O_RDWR);
+    REQUIRE_OK(fd < 0 || flock(fd, LOCK_EX) != 0 ? TALLY_ESYS : 0);
+    struct creation c = {.s = s, .name = "f:b"};
+    pthread_t th;
+    pthread_create(&th, NULL, create_main, &c);
+    if (format == 7) {
+      expect_waiting(&c, 200, "format 7 under an outside flock()");
+      close(fd); /* releases the flock */
+      pthread_join(th, NULL);
+    } else {
+      pthread_join(th, NULL); /* goes ahead under the flock */
+      close(fd);
+    }
+    EXPECT_OK(c.rc);
+    expect_value(s, "f:a", 2);
+    expect_value(s, "f:b", 1);
+    EXPECT_OK(tally_store_check(s));
+    tally_store_close(s);
+    /* compaction writes the current format, with the counters */
+    EXPECT_OK(tally_store_compact(path, 0, NULL, NULL));
+    REQUIRE_OK(tally_store_open(spec, NULL, &s));
+    EXPECT_OK(tally_store_stats_get(s, &st));
+    EXPECT_I64(8, st.format);
+    expect_value(s, "f:a", 2);
+    expect_value(s, "f:b", 1);
+    tally_store_close(s);
+  }
+}
+
+/* Processes that create at once, through the word: every counter is
+ * there once, with its value, and the store checks. */
+static void test_creators(void) {
+  char spec[1300];
+  spec_of(spec, sizeof spec, NULL, 0, "creators.tly");
+  const int NP = 4, PER = 2000;
+  pid_t pids[4];
+  for (int p = 0; p < NP; p++) {
+    pids[p] = fork();
+    REQUIRE_OK(pids[p] < 0 ? TALLY_ESYS : 0);
+    if (pids[p] == 0) {
+      tally_store *s = NULL;
+      if (tally_store_open(spec, NULL, &s)) _exit(2);
+      for (int i = 0; i < PER; i++) {
+        char name[32];
+        int len =
+            snprintf(name, sizeof name, "c:%d", i); /* the same names in every process */
+        if (tally_store_incr(s, name, (size_t)len, 1, TALLY_COUNTER_CREATE)) _exit(3);
+      }
+      tally_store_close(s);
+      _exit(0);
+    }
+  }
+  for (int p = 0; p < NP; p++) reap(pids[p], false);
+  tally_store *s = NULL;
+  REQUIRE_OK(tally_store_open(spec, NULL, &s));
+  int64_t sum = 0;
+  uint64_t count = 0;
+  EXPECT_OK(tally_store_sum(s, "c:*", 3, &sum, &count));
+  EXPECT_I64(PER, (int64_t)count);
+  EXPECT_I64((int64_t)NP * PER, sum);
+  EXPECT_OK(tally_store_check(s));
+  tally_store_close(s);
+}
+
+int main(void) {
+  alarm(120); /* a lock never taken over hangs: fail instead */
+  snprintf(g_dir, sizeof g_dir, "%s", tu_tmpdir("lock"));
+  test_live_holder();
+  test_killed_holder();
+  test_copy_while_held();
+  test_stale_words();
+  test_formats();
+  test_creators();
+  int rc = tu_finish("test_lock");
+  if (rc == 0) tu_rmrf(g_dir);
+  return rc;
+}
