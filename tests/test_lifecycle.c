@@ -694,6 +694,27 @@ static void test_stopped(void) {
     EXPECT(stats(s).reused_bytes > before);
     EXPECT_I64(0, stats(s).retired_bytes);
   }
+  /* killed while only creates run (no upkeep): a create takes a process
+   * it found alive to be so for 100 ms without a look (grace.c), so the
+   * creates stop waiting for the dead one soon after, not never */
+  EXPECT_OK(make(s, "sp:q", 8, 5));
+  struct holder_arg q = {"stopped.tly", "sp:q", 1};
+  pid = holder_start(&q);
+  EXPECT_OK(tally_store_drop(s, "sp:q", 4));
+  EXPECT_OK(make(s, "sp:q0", 8, 1)); /* its grace step finds the holder alive */
+  EXPECT(stats(s).retired_bytes > 0);
+  kill(pid, SIGKILL);
+  reap(pid, 1, 20);
+  double t0 = tu_now();
+  int made = 1;
+  while (stats(s).retired_bytes > 0 && tu_now() - t0 < 5.0 && made < 100000) {
+    snprintf(nm, sizeof nm, "sp:q%d", made++);
+    EXPECT_OK(make(s, nm, 8, 1));
+    usleep(1000);
+  }
+  EXPECT_I64(0, stats(s).retired_bytes);
+  printf("  killed holder, creates only: reuse went on after %.0f ms (%d creates)\n",
+         (tu_now() - t0) * 1e3, made - 1);
   check_fill(s, "sp:y", 50, 7);
   expect_check(s, "after the stopped and the killed holder");
   untrack_close(s);

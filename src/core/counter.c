@@ -87,7 +87,7 @@ static int create_locked(tally_store *s, const char **name, size_t *len, uint64_
   if (rc == 0) rc = create(s, *name, *len, *hash, &o, fam, rec_off);
   if (rc == 0 && fam) atomic_fetch_add(&((struct tally__family *)f)->live, 1);
   if (rc == 0 && atomic_load_explicit(&s->hdr->limbo_head, memory_order_relaxed))
-    tally__grace_step(s); /* churn: reuse what was retired */
+    tally__grace_step(s, false); /* churn: reuse what was retired */
   return rc;
 }
 

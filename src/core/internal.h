@@ -228,6 +228,7 @@ struct tally__index {
 enum { TALLY__MEMORY = 0, TALLY__FILE = 1 };
 
 struct tally__handles; /* grace.c: this process's counter handles */
+#define TALLY__ALIVE_SEEN 64
 
 struct tally_store {
   int kind;
@@ -244,12 +245,19 @@ struct tally_store {
   uint64_t id;              /* unique in this process (thread tickets) */
   tally_store *prev, *next; /* open stores, for fork handling */
   /* grace periods (grace.c) */
-  uint32_t proc;         /* this process's slot in the process table */
-  pid_t pid;             /* ... taken by this pid (a forked child takes one) */
-  uint64_t procs_end;    /* where the process table ends (close checks the
+  uint32_t proc;      /* this process's slot in the process table */
+  pid_t pid;          /* ... taken by this pid (a forked child takes one) */
+  uint64_t procs_end; /* where the process table ends (close checks the
                            file still reaches it) */
-  uint64_t seen;         /* the epoch this process has passed */
-  int64_t grace_ms;      /* least age of limbo before reuse */
+  uint64_t seen;      /* the epoch this process has passed */
+  int64_t grace_ms;   /* least age of limbo before reuse */
+  /* when this process last found a process table slot's owner alive (a
+   * look costs four system calls, and each create's grace step looks at
+   * every process behind it): by slot % TALLY__ALIVE_SEEN */
+  struct tally__alive {
+    _Atomic uint64_t owner;
+    _Atomic int64_t at_ms;
+  } alive[TALLY__ALIVE_SEEN];
   pthread_mutex_t hlock; /* guards handles */
   struct tally__handles *handles;
   _Atomic bool by_name;   /* tally_store_incr was used: never idle (grace.c) */
@@ -476,7 +484,9 @@ void tally__grace_fork_child(tally_store *s);
 /* Pass the current epoch: refresh this process's handles for what was
  * retired since, then publish it; then reclaim what every process has
  * passed. Caller holds the lock. */
-void tally__grace_step(tally_store *s);
+/* look: find out afresh which processes behind are alive (upkeep); else a
+ * process found alive in the last ALIVE_MS is taken to be (creates, drops) */
+void tally__grace_step(tally_store *s, bool look);
 void tally__handle_add(tally_store *s, tally_counter *c);
 void tally__grace_busy(tally_store *s);    /* before a lookup that makes a handle */
 void tally__grace_by_name(tally_store *s); /* before the first tally_store_incr */
