@@ -17,6 +17,11 @@
 #include <unistd.h>
 
 #define GROW_MIN (1u << 20)
+/* At most this much at a time: 12.5% of a large store is a lot of real
+ * blocks reserved ahead (a million default counters: 15 MiB, on 115 MiB in
+ * use), and a growth is one posix_fallocate under the lock, cheap enough
+ * to make often. */
+#define GROW_MAX (UINT64_C(4) << 20)
 
 const char *tally__store_name(const tally_store *s) {
   return s->path ? s->path : "memory";
@@ -60,7 +65,8 @@ bool tally__in_arena(const tally_store *s, uint64_t off, uint64_t len) {
 static int grow(tally_store *s, uint64_t need) {
   struct tally__header *h = s->hdr;
   uint64_t size = atomic_load_explicit(&h->size, memory_order_relaxed);
-  uint64_t want = size + size / 8; /* 12.5%: file size stays close to use */
+  uint64_t step = size / 8; /* 12.5%, at most GROW_MAX: file size stays close to use */
+  uint64_t want = size + (step < GROW_MAX ? step : GROW_MAX);
   if (want < need) want = need;
   want = (want + GROW_MIN - 1) & ~(uint64_t)(GROW_MIN - 1);
   if (want > TALLY__MAX_BYTES) want = TALLY__MAX_BYTES;
