@@ -248,7 +248,7 @@ struct tally_store {
   uint32_t proc;      /* this process's slot in the process table */
   pid_t pid;          /* ... taken by this pid (a forked child takes one) */
   uint64_t procs_end; /* where the process table ends (close checks the
-                           file still reaches it) */
+                        file still reaches it) */
   uint64_t seen;      /* the epoch this process has passed */
   int64_t grace_ms;   /* least age of limbo before reuse */
   /* when this process last found a process table slot's owner alive (a
@@ -483,9 +483,9 @@ void tally__grace_close(tally_store *s); /* give it back */
 void tally__grace_fork_child(tally_store *s);
 /* Pass the current epoch: refresh this process's handles for what was
  * retired since, then publish it; then reclaim what every process has
- * passed. Caller holds the lock. */
-/* look: find out afresh which processes behind are alive (upkeep); else a
- * process found alive in the last ALIVE_MS is taken to be (creates, drops) */
+ * passed. look: find out afresh which processes behind it are alive
+ * (upkeep); else one found alive in the last ALIVE_MS (grace.c) is taken
+ * to be still (creates, drops). Caller holds the lock. */
 void tally__grace_step(tally_store *s, bool look);
 void tally__handle_add(tally_store *s, tally_counter *c);
 void tally__grace_busy(tally_store *s);    /* before a lookup that makes a handle */

@@ -790,7 +790,7 @@ static int tl_store_names(lua_State *L) {
 }
 
 /* db:_values([pattern]) -> { [name] = value } in one pass over the index
- * (tally_store_values), what db:values and tally.prometheus read. Collected
+ * (tally_store_values), what db:values reads. Collected
  * into C memory first: no Lua error may unwind through the core. */
 typedef struct tl_values {
   char *names; /* every name, one after the other */
@@ -834,7 +834,7 @@ static int tl_store_values(lua_State *L) {
   const char *pattern = tl_optpattern(L, 2, &plen);
   tl_values a = {NULL, 0, 0, NULL, 0, 0};
   int rc = tally_store_values(d->store, pattern, plen, tl_values_add, &a);
-  if (rc == 0 && !lua_checkstack(L, 4)) rc = TALLY_ENOMEM;
+  if (rc == 0 && !lua_checkstack(L, 6)) rc = TALLY_ENOMEM; /* table, key, boxing */
   for (i = 0; rc == 0 && i < a.n; i++)
     if (!tl_canpush(L, a.e[i].v)) rc = 1; /* checked before the table is made */
   if (rc == 0) {
