@@ -39,14 +39,20 @@ static int name_one(tally_store *s, uint64_t rec_off, void *ud) {
   return w->fn(w->ud, r->name, r->name_len);
 }
 
-static int sum_one(tally_store *s, uint64_t rec_off, void *ud) {
-  struct walk *w = ud;
+/* 1 and *v: a live counter matching the pattern, and its value; 0: not
+ * one (or dropped meanwhile); < 0: an error (TALLY_ERANGE: beyond int64). */
+static int value_of(tally_store *s, uint64_t rec_off, struct walk *w, int64_t *v) {
   int m = live_match(s, rec_off, w);
   if (m <= 0) return m;
+  int rc = tally__rec_value(s, rec_off, v);
+  return rc == TALLY_EDROPPED ? 0 : rc ? rc : 1;
+}
+
+static int sum_one(tally_store *s, uint64_t rec_off, void *ud) {
+  struct walk *w = ud;
   int64_t v;
-  int rc = tally__rec_value(s, rec_off, &v);
-  if (rc == TALLY_EDROPPED) return 0;
-  if (rc) return rc;
+  int m = value_of(s, rec_off, w, &v);
+  if (m <= 0) return m;
   w->sum += v;
   w->count++;
   return 0;
@@ -54,12 +60,10 @@ static int sum_one(tally_store *s, uint64_t rec_off, void *ud) {
 
 static int value_one(tally_store *s, uint64_t rec_off, void *ud) {
   struct walk *w = ud;
-  int m = live_match(s, rec_off, w);
-  if (m <= 0) return m;
   int64_t v;
-  int rc = tally__rec_value(s, rec_off, &v);
-  if (rc == TALLY_EDROPPED || rc == TALLY_ERANGE) return 0; /* left out: see tally.h */
-  if (rc) return rc;
+  int m = value_of(s, rec_off, w, &v);
+  if (m == TALLY_ERANGE) return 0; /* left out: see tally.h */
+  if (m <= 0) return m;
   const struct tally__rec *r = tally__at(s, rec_off);
   return w->value_fn(w->ud, r->name, r->name_len, v);
 }

@@ -620,12 +620,11 @@ int tally_store_snapshot(tally_store *s, const char *pattern, size_t plen,
   if (rc == 0) rc = grow((void **)&g.names, &g.names_cap, hint * 16, 1);
   if (rc == 0) rc = tally__index_each(s, gather, &g);
   bool any_slot = false;
-  uint64_t used = atomic_load_explicit(&s->hdr->used, memory_order_acquire);
   for (size_t i = 0; rc == 0 && i < g.n; i++) {
     struct snap_entry *e = &g.e[i];
     if (i + VALUES_AHEAD < g.n && !e[VALUES_AHEAD].slot) {       /* see index.c's walk */
       __builtin_prefetch(tally__at(s, e[VALUES_AHEAD].rec_off)); /* gather bounded it */
-      tally__fetch_cells(s, e[VALUES_AHEAD].loc, used);
+      tally__fetch_cells(s, e[VALUES_AHEAD].loc);
     }
     if (e->slot) {
       any_slot = true;

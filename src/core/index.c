@@ -256,9 +256,9 @@ void tally__index_remove(tally_store *s, uint64_t rec_off) {
 #define RECORDS_AHEAD 16
 #define CELLS_AHEAD   8
 
-static void fetch_record(tally_store *s, uint64_t e, uint64_t used) {
+static void fetch_record(tally_store *s, uint64_t e) {
   uint64_t off = entry_off(e);
-  if (e == EMPTY || e == DELETED || off < TALLY__ARENA_OFF || off + 128 > used) return;
+  if (e == EMPTY || e == DELETED || !tally__in_arena(s, off, 128)) return;
   const unsigned char *r = tally__at(s, off);
   __builtin_prefetch(r);
   __builtin_prefetch(r + 64); /* the name runs on past the first line */
@@ -273,36 +273,33 @@ static void fetch_record(tally_store *s, uint64_t e, uint64_t used) {
 #define KEEP_CALLS
 #endif
 
-KEEP_CALLS void tally__fetch_cells(tally_store *s, uint64_t loc, uint64_t used) {
+KEEP_CALLS void tally__fetch_cells(tally_store *s, uint64_t loc) {
   uint32_t n = tally__loc_shards(loc);
   uint64_t cells = (loc >> 32) << 3;
-  if (cells < TALLY__ARENA_OFF || cells + (uint64_t)(n - 1) * TALLY__ROW_BYTES + 8 > used)
-    return;
+  if (!tally__in_arena(s, cells, (uint64_t)(n - 1) * TALLY__ROW_BYTES + 8)) return;
   const unsigned char *first = tally__at(s, cells);
   for (uint32_t k = 0; k < n; k++)
     __builtin_prefetch(first + (uint64_t)k * TALLY__ROW_BYTES);
 }
 
-static void fetch_cells(tally_store *s, uint64_t e, uint64_t used) {
+static void fetch_cells(tally_store *s, uint64_t e) {
   uint64_t off = entry_off(e);
-  if (e == EMPTY || e == DELETED || off < TALLY__ARENA_OFF || off + 64 > used) return;
+  if (e == EMPTY || e == DELETED || !tally__in_arena(s, off, sizeof(struct tally__rec)))
+    return;
   const struct tally__rec *r = tally__at(s, off);
-  tally__fetch_cells(s, atomic_load_explicit(&r->loc, memory_order_relaxed), used);
+  tally__fetch_cells(s, atomic_load_explicit(&r->loc, memory_order_relaxed));
 }
 
 static int each(tally_store *s, tally__rec_fn fn, void *ud, bool cells) {
   struct tally__index *t = table(s);
   if (!t) return TALLY_ECORRUPT;
-  uint64_t used = atomic_load_explicit(&s->hdr->used, memory_order_acquire);
   for (uint64_t i = 0; i < t->cap; i++) {
     if (i + RECORDS_AHEAD < t->cap)
       fetch_record(
-          s, atomic_load_explicit(&t->entries[i + RECORDS_AHEAD], memory_order_relaxed),
-          used);
+          s, atomic_load_explicit(&t->entries[i + RECORDS_AHEAD], memory_order_relaxed));
     if (cells && i + CELLS_AHEAD < t->cap)
       fetch_cells(
-          s, atomic_load_explicit(&t->entries[i + CELLS_AHEAD], memory_order_relaxed),
-          used);
+          s, atomic_load_explicit(&t->entries[i + CELLS_AHEAD], memory_order_relaxed));
     uint64_t e = atomic_load_explicit(&t->entries[i], memory_order_acquire);
     if (e == EMPTY || e == DELETED) continue;
     if (!entry_ok(s, e)) return bad_entry(s, i);

@@ -523,8 +523,8 @@ int tally__index_each(tally_store *s, tally__rec_fn fn, void *ud);
 /* The same, for a walk that reads every value: it fetches cells ahead too. */
 int tally__index_each_value(tally_store *s, tally__rec_fn fn, void *ud);
 /* Ask for the cells loc names before reading them (a walk's hint): loc is
- * not trusted, only bounded by used, the arena's end. */
-void tally__fetch_cells(tally_store *s, uint64_t loc, uint64_t used);
+ * not trusted, only bounded by the arena. */
+void tally__fetch_cells(tally_store *s, uint64_t loc);
 uint64_t tally__index_live(tally_store *s); /* names in the index now (a hint) */
 /* fn for the live entries among `count` slots from *cursor on (wrapping);
  * *cursor is left where the walk stopped. */
