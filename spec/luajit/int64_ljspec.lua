@@ -122,6 +122,29 @@ describe("tally.core alone under LuaJIT", function()
   end)
 end)
 
+describe("tally.core's tables of values under LuaJIT", function()
+  it("refuses a value beyond 2^53 without the box, and builds none of the table", function()
+    local out, rc = helper.spawn([[
+      local core = require "tally.core"
+      local db = core.open()
+      db:counter("small"):incr(7)
+      local c = db:counter("x")
+      c:incr(2^53)
+      c:incr(2)
+      for _, f in ipairs({ core.snapshot, db._values }) do
+        local t, err, code = f(db)
+        io.write(tostring(t), " ", code, " ", err, "\n")
+      end
+      local t = core.snapshot(db, "small")
+      io.write(t.small, "\n")
+    ]]).wait()
+    assert.equal(0, rc, out)
+    assert.equal("nil ERANGE a value beyond 2^53 (require \"tally\")\n"
+      .. "nil ERANGE a value beyond 2^53 (require \"tally\")\n"
+      .. "7\n", out)
+  end)
+end)
+
 describe("tally.compat under LuaJIT", function()
   local compat = require "tally.compat"
 

@@ -76,6 +76,15 @@ return function(helper, paths, use, bt)
         end
       end)
 
+      it("are dense for names created in slot order: no slot word is read", function()
+        db = assert(tally.open("memory", { handle_admit = "always" }))
+        for i = 1, 2000 do assert.is_true(db:incr("d:" .. i)) end
+        local st = core._store_slots_stats(db)
+        assert.equal(2000, st.used)
+        assert.equal(2000, st.dense)
+        for i = 1, 2000, 97 do assert.equal(1, db:value("d:" .. i)) end
+      end)
+
       it("carry db:incr(name) without the cache's table", function()
         db = assert(tally.open("memory", { handle_admit = "always" }))
         assert.is_true(db:incr("s", 3))

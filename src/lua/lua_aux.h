@@ -211,6 +211,27 @@ int tl_fail_msg(lua_State *L, int rc, const char *msg);
 /* t[k] = v for the table on top of the stack (under LuaJIT as tl_pushint64). */
 void tl_setint(lua_State *L, const char *k, int64_t v);
 
+/* ---- name -> value tables (lua_values.c) ------------------------------------ */
+
+/* Pairs a walk of the core hands over (tally_store_values,
+ * tally_store_snapshot), collected in C memory: no Lua error may unwind
+ * through the core. */
+typedef struct tl_values {
+  char *names; /* every name, one after the other */
+  size_t names_len, names_cap;
+  struct tl_value {
+    size_t at, len;
+    int64_t v;
+  } * e;
+  size_t n, cap;
+} tl_values;
+/* A tally_value_fn: adds the pair to the tl_values ud; TALLY_ENOMEM. */
+int tl_values_add(void *ud, const char *name, size_t len, int64_t v);
+/* Given the walk's rc: push { [name] = value } and return 1, or the
+ * failure (nil, message, code; a value beyond LuaJIT's numbers is
+ * ERANGE), or raise for memory. Frees a's memory whatever happens. */
+int tl_values_push(lua_State *L, tl_values *a, int rc);
+
 /* ---- classes ---------------------------------------------------------------- */
 
 /* Create metatable tname (once per state): the metamethods of meta

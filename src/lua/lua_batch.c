@@ -53,27 +53,14 @@ static int tl_batch(lua_State *L) {
   return 1;
 }
 
-static int tl_snapshot_one(void *ud, const char *name, size_t len, int64_t value) {
-  lua_State *L = ud;
-  if (!tl_canpush(L, value)) return 1; /* beyond LuaJIT's numbers without the box */
-  lua_pushlstring(L, name, len);
-  tl_pushint64(L, value);
-  lua_rawset(L, -3);
-  return 0;
-}
-
 static int tl_snapshot(lua_State *L) {
   tl_store *db = tl_checkstore(L, 1);
   size_t plen = 1;
   const char *pattern = lua_isnoneornil(L, 2) ? "*" : tl_checkstring(L, 2, &plen);
-  int rc;
+  tl_values a = {NULL, 0, 0, NULL, 0, 0};
   lua_settop(L, 2);
-  lua_newtable(L);
-  rc = tally_store_snapshot(db->store, pattern, plen, tl_snapshot_one, L);
-  if (rc == 1)
-    return tl_fail_msg(L, TALLY_ERANGE, "a value beyond 2^53 (require \"tally\")");
-  if (rc < 0) return tl_fail(L, rc);
-  return 1;
+  return tl_values_push(
+      L, &a, tally_store_snapshot(db->store, pattern, plen, tl_values_add, &a));
 }
 
 int tl_open_batch(lua_State *L) {

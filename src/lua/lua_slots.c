@@ -240,15 +240,20 @@ static int tl_store_slots(lua_State *L) {
   return 1;
 }
 
-/* core._store_slots_stats(db) -> { lent =, used =, spare =, size = }:
- * slots holding a handle, handed out so far, kept for reuse, and the
- * vector's size (for tests and benchmarks). */
+/* core._store_slots_stats(db) -> { lent =, dense =, used =, spare =, size = }:
+ * slots holding a handle, those of them the vector reaches without their
+ * slot word (tally_vector_fast 2), slots handed out so far, kept for
+ * reuse, and the vector's size (for tests and benchmarks). */
 static int tl_store_slots_stats(lua_State *L) {
   tl_store *d = (tl_store *)tl_checkudata(L, 1, TL_STORE_MT);
-  int64_t lent = 0;
-  for (size_t i = 0; i < d->used; i++) lent += d->lent[i] != NULL;
-  lua_createtable(L, 0, 4);
+  int64_t lent = 0, dense = 0;
+  for (size_t i = 0; i < d->used; i++) {
+    lent += d->lent[i] != NULL;
+    dense += tally_vector_fast(d->vec, i) == 2;
+  }
+  lua_createtable(L, 0, 5);
   tl_setint(L, "lent", lent);
+  tl_setint(L, "dense", dense);
   tl_setint(L, "used", (int64_t)d->used);
   tl_setint(L, "spare", (int64_t)d->nspare);
   tl_setint(L, "size", (int64_t)tally_vector_size(d->vec));

@@ -790,68 +790,14 @@ static int tl_store_names(lua_State *L) {
 }
 
 /* db:_values([pattern]) -> { [name] = value } in one pass over the index
- * (tally_store_values), what db:values reads. Collected
- * into C memory first: no Lua error may unwind through the core. */
-typedef struct tl_values {
-  char *names; /* every name, one after the other */
-  size_t names_len, names_cap;
-  struct tl_value {
-    size_t at, len;
-    int64_t v;
-  } * e;
-  size_t n, cap;
-} tl_values;
-
-static int tl_values_add(void *ud, const char *name, size_t len, int64_t v) {
-  tl_values *a = (tl_values *)ud;
-  if (a->n == a->cap) {
-    size_t cap = a->cap ? a->cap * 2 : 256;
-    struct tl_value *e = (struct tl_value *)realloc(a->e, cap * sizeof(*e));
-    if (e == NULL) return TALLY_ENOMEM;
-    a->e = e;
-    a->cap = cap;
-  }
-  if (a->names_len + len > a->names_cap) {
-    size_t cap = a->names_cap ? a->names_cap : 4096;
-    char *names;
-    while (cap < a->names_len + len) cap *= 2;
-    if ((names = (char *)realloc(a->names, cap)) == NULL) return TALLY_ENOMEM;
-    a->names = names;
-    a->names_cap = cap;
-  }
-  memcpy(a->names + a->names_len, name, len);
-  a->e[a->n].at = a->names_len;
-  a->e[a->n].len = len;
-  a->e[a->n].v = v;
-  a->names_len += len;
-  a->n++;
-  return 0;
-}
-
+ * (tally_store_values), what db:values reads. */
 static int tl_store_values(lua_State *L) {
   tl_store *d = tl_tostore(L);
-  size_t plen, i;
+  size_t plen;
   const char *pattern = tl_optpattern(L, 2, &plen);
   tl_values a = {NULL, 0, 0, NULL, 0, 0};
-  int rc = tally_store_values(d->store, pattern, plen, tl_values_add, &a);
-  if (rc == 0 && !lua_checkstack(L, 6)) rc = TALLY_ENOMEM; /* table, key, boxing */
-  for (i = 0; rc == 0 && i < a.n; i++)
-    if (!tl_canpush(L, a.e[i].v)) rc = 1; /* checked before the table is made */
-  if (rc == 0) {
-    lua_createtable(L, 0, a.n > INT32_MAX ? INT32_MAX : (int)a.n);
-    for (i = 0; i < a.n; i++) { /* pushing can only fail on memory */
-      lua_pushlstring(L, a.names + a.e[i].at, a.e[i].len);
-      tl_pushint64(L, a.e[i].v);
-      lua_rawset(L, -3);
-    }
-  }
-  free(a.names);
-  free(a.e);
-  if (rc == TALLY_ENOMEM) return luaL_error(L, "not enough memory");
-  if (rc == 1)
-    return tl_fail_msg(L, TALLY_ERANGE, "a value beyond 2^53 (require \"tally\")");
-  if (rc < 0) return tl_fail(L, rc);
-  return 1;
+  return tl_values_push(L, &a,
+                        tally_store_values(d->store, pattern, plen, tl_values_add, &a));
 }
 
 static int tl_store_sync(lua_State *L) {

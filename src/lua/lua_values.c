@@ -1,0 +1,75 @@
+/* lua_values.c -- a name -> value table from a walk of the core.
+ *
+ * tally_store_values and tally_store_snapshot hand over each counter
+ * through a callback, while they own memory (the snapshot's arrays). A
+ * Lua error raised there (a push that runs out of memory) would unwind
+ * through the core and lose that memory, so the pairs are collected in C
+ * first (tl_values_add), and the table is built afterwards, under
+ * lua_pcall, so that the collection is freed whatever happens.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "lua_aux.h"
+
+int tl_values_add(void *ud, const char *name, size_t len, int64_t v) {
+  tl_values *a = (tl_values *)ud;
+  if (a->n == a->cap) {
+    size_t cap = a->cap ? a->cap * 2 : 256;
+    struct tl_value *e = (struct tl_value *)realloc(a->e, cap * sizeof(*e));
+    if (e == NULL) return TALLY_ENOMEM;
+    a->e = e;
+    a->cap = cap;
+  }
+  if (a->names_len + len > a->names_cap) {
+    size_t cap = a->names_cap ? a->names_cap : 4096;
+    char *names;
+    while (cap < a->names_len + len) cap *= 2;
+    if ((names = (char *)realloc(a->names, cap)) == NULL) return TALLY_ENOMEM;
+    a->names = names;
+    a->names_cap = cap;
+  }
+  memcpy(a->names + a->names_len, name, len);
+  a->e[a->n].at = a->names_len;
+  a->e[a->n].len = len;
+  a->e[a->n].v = v;
+  a->names_len += len;
+  a->n++;
+  return 0;
+}
+
+/* The table of the collection at upvalue-free argument 1 (a light
+ * userdata); called under lua_pcall: pushing may raise. */
+static int tl_values_table(lua_State *L) {
+  const tl_values *a = (const tl_values *)lua_touserdata(L, 1);
+  size_t i;
+  lua_createtable(L, 0, a->n > INT32_MAX ? INT32_MAX : (int)a->n);
+  for (i = 0; i < a->n; i++) {
+    lua_pushlstring(L, a->names + a->e[i].at, a->e[i].len);
+    tl_pushint64(L, a->e[i].v);
+    lua_rawset(L, -3);
+  }
+  return 1;
+}
+
+int tl_values_push(lua_State *L, tl_values *a, int rc) {
+  size_t i;
+  int status = LUA_OK;
+  for (i = 0; rc == 0 && i < a->n; i++)
+    if (!tl_canpush(L, a->e[i].v)) rc = 1; /* checked before the table is made */
+  if (rc == 0 && !lua_checkstack(L, 8)) rc = TALLY_ENOMEM; /* the call, table, key, box */
+  if (rc == 0) {
+    lua_pushcfunction(L, tl_values_table);
+    lua_pushlightuserdata(L, a);
+    status = lua_pcall(L, 1, 1, 0);
+  }
+  free(a->names);
+  free(a->e);
+  memset(a, 0, sizeof *a);
+  if (status != LUA_OK) return lua_error(L); /* the message is on top */
+  if (rc == TALLY_ENOMEM) return luaL_error(L, "not enough memory");
+  if (rc == 1)
+    return tl_fail_msg(L, TALLY_ERANGE, "a value beyond 2^53 (require \"tally\")");
+  if (rc < 0) return tl_fail(L, rc);
+  return 1;
+}
