@@ -38,8 +38,8 @@ int tl_values_add(void *ud, const char *name, size_t len, int64_t v) {
   return 0;
 }
 
-/* The table of the collection at upvalue-free argument 1 (a light
- * userdata); called under lua_pcall: pushing may raise. */
+/* The table of the collection at argument 1 (a light userdata); called
+ * under lua_pcall: pushing may raise. */
 static int tl_values_table(lua_State *L) {
   const tl_values *a = (const tl_values *)lua_touserdata(L, 1);
   size_t i;
