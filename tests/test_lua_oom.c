@@ -115,16 +115,18 @@ static void test_method(lua_State *L, struct budget *b, const char *method) {
 int main(void) {
   struct budget b = {0, 0};
   lua_State *L = lua_newstate(limited, &b);
-  if (!L) return 77;
+  if (!L) {
+    fprintf(stderr, "test_lua_oom: lua_newstate failed\n");
+    return 1;
+  }
   luaL_openlibs(L);
   run(L, "package.path = '" TALLY_LUA_DIR "/?.lua;" TALLY_LUA_DIR
          "/?/init.lua;' .. package.path\n"
          "package.cpath = '" TALLY_LUA_DIR "/?.so;' .. package.cpath");
-  run(L, "tally = require 'tally'\n"
-         "db = assert(tally.open('memory'))\n"
-         "for i = 1, " STR(NAMES) " do assert(db:incr('oom:' .. i, i)) end\n"
-                                  "function count_of(t) local n = 0 for _ in pairs(t) do "
-                                  "n = n + 1 end return n end");
+  run(L, "tally = require 'tally'; db = assert(tally.open('memory'))");
+  run(L, "for i = 1, " STR(NAMES) " do assert(db:incr('oom:' .. i, i)) end");
+  run(L,
+      "function count_of(t) local n = 0 for _ in pairs(t) do n = n + 1 end return n end");
   test_method(L, &b, "snapshot");
   test_method(L, &b, "values");
   run(L, "db:close()");
