@@ -8,7 +8,9 @@
  * dropped counter's handle gets EDROPPED, an expired one's re-creates it),
  * a stopped process holds reuse back and a killed one does not, expiry
  * loses no acknowledged increment, caps send new names to the overflow
- * counter, and tally_store_check sees damage in the free lists.
+ * counter, tally_store_check sees damage in the free lists, and a walk
+ * that outlasts grace_ms while another thread grows the index and runs
+ * grace steps reads the table it began with to the end.
  *
  * Children are forked as in test_procs.c: they close the stores they
  * inherited (so a slot of the parent's never stands in for them) and open
@@ -18,6 +20,7 @@
  * under alarm(); only our own children are ever signalled, and all are
  * reaped with waitpid.
  */
+#include <pthread.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -1331,6 +1334,99 @@ static void test_carve(void) {
   untrack_close(s);
 }
 
+/* ---- a walk longer than grace_ms ------------------------------------------ */
+
+enum { WALK_NAMES = 1000, WALK_CHURN = 40000 };
+
+struct walker {
+  tally_store *s;
+  atomic_int stage; /* 1: the walk is paused on its first name; 2: go on */
+  int rc;
+  long other;           /* names that are none of w:, x:, y: */
+  int seen[WALK_NAMES]; /* times each w:I was handed out */
+};
+
+static int walk_one(void *ud, const char *name, size_t len) {
+  struct walker *w = ud;
+  if (atomic_load(&w->stage) == 0) {
+    atomic_store(&w->stage, 1);
+    double end = tu_now() + 60;
+    while (atomic_load(&w->stage) != 2 && tu_now() < end) usleep(1000);
+  }
+  char buf[64];
+  if (len >= sizeof buf) len = sizeof buf - 1;
+  memcpy(buf, name, len);
+  buf[len] = 0;
+  int i;
+  if (sscanf(buf, "w:%d", &i) == 1 && i >= 0 && i < WALK_NAMES)
+    w->seen[i]++;
+  else if (strncmp(buf, "x:", 2) != 0 && strncmp(buf, "y:", 2) != 0)
+    w->other++;
+  return 0;
+}
+
+static void *walker_main(void *ud) {
+  struct walker *w = ud;
+  w->rc = tally_store_each(w->s, "*", 1, walk_one, w);
+  return NULL;
+}
+
+static void make_n(tally_store *s, const char *prefix, int n) {
+  for (int i = 0; i < n; i++) {
+    char nm[32];
+    int len = snprintf(nm, sizeof nm, "%s:%d", prefix, i);
+    tally_counter *c = NULL;
+    tally_counter_options o = {1, TALLY_POLICY_THREAD};
+    if (tally_counter_open(s, nm, (size_t)len, &o, TALLY_COUNTER_CREATE, &c) != 0) {
+      TU_FAIL("create %s: %s", nm, tally_errmsg());
+      return;
+    }
+    tally_counter_close(c);
+  }
+}
+
+/* One thread walks the index and stops on its first name; meanwhile
+ * another grows the index well past the table the walk holds (it is
+ * retired), runs grace steps with grace_ms 0 and allocates again, which
+ * would hand that table's space out while the walk still reads it. The
+ * walk must go on through its own table: every name it began with once,
+ * no stranger, no ECORRUPT. Afterwards the held space is reused. */
+static void test_walk_holds(void) {
+  tally_store *s = open_file("walk.tly", "0");
+  struct walker *w = calloc(1, sizeof *w);
+  if (!w) return;
+  w->s = s;
+  make_n(s, "w", WALK_NAMES);
+  EXPECT_OK(tally_store_maintain(s, 0, 0, NULL));
+  pthread_t th;
+  pthread_create(&th, NULL, walker_main, w);
+  double end = tu_now() + 30;
+  while (atomic_load(&w->stage) != 1 && tu_now() < end) usleep(1000);
+  EXPECT_I64(1, atomic_load(&w->stage));
+  uint64_t r0 = stats(s).reused_bytes;
+  make_n(s, "x", WALK_CHURN); /* the index is rebuilt, several times */
+  for (int k = 0; k < 3; k++) EXPECT_OK(tally_store_maintain(s, 0, 0, NULL));
+  make_n(s, "y", WALK_CHURN);
+  uint64_t r1 = stats(s).reused_bytes;
+  atomic_store(&w->stage, 2);
+  pthread_join(th, NULL);
+  EXPECT_OK(w->rc);
+  EXPECT_I64(0, w->other);
+  int once = 0;
+  for (int i = 0; i < WALK_NAMES; i++) once += w->seen[i] == 1;
+  EXPECT_I64(WALK_NAMES, once);
+  /* what the walk held back is reused once it ended */
+  for (int k = 0; k < 3; k++) EXPECT_OK(tally_store_maintain(s, 0, 0, NULL));
+  make_n(s, "z", WALK_CHURN);
+  uint64_t r2 = stats(s).reused_bytes;
+  EXPECT(r2 > r1);
+  printf("walk: reused %llu bytes while it ran, %llu after\n",
+         (unsigned long long)(r1 - r0), (unsigned long long)(r2 - r1));
+  EXPECT_I64(0, tally_store_check(s));
+  free(w);
+  untrack_close(s);
+}
+
 int main(int argc, char **argv) {
   const char *only = argc > 1 ? argv[1] : NULL; /* run one test by name */
   snprintf(g_dir, sizeof g_dir, "%s", tu_tmpdir("lifecycle"));
@@ -1364,6 +1460,7 @@ int main(int argc, char **argv) {
   RUN("close", test_close_order());
   RUN("shipped", test_shipped());
   RUN("carve", test_carve());
+  RUN("walk", test_walk_holds());
   printf("total %.2f s\n", tu_now() - t0);
   tu_rmrf(g_dir);
   return tu_finish("test_lifecycle");

@@ -188,18 +188,67 @@ void tally__handle_add(tally_store *s, tally_counter *c) {
   pthread_mutex_unlock(&s->hlock);
 }
 
+/* Is a walk of this process under way (tally__walk_begin)? */
+static bool walking(tally_store *s) {
+  return atomic_load(&s->walkers) > 0 && atomic_load(&s->walk_pid) == tally__pid();
+}
+
 /* Before a lookup that may make a handle: a process published idle (it
  * held none) must hold back, from before the lookup, what is retired
- * from now on. It has nothing to refresh, so it passes the epoch as is. */
+ * from now on. It has nothing to refresh, so it passes the epoch as is
+ * (not while a walk holds an older one: that holds back more). */
 void tally__grace_busy(tally_store *s) {
   pthread_mutex_lock(&s->hlock);
-  if ((!s->handles || !s->handles->n) && s->pid == tally__pid()) {
+  if ((!s->handles || !s->handles->n) && s->pid == tally__pid() && !walking(s)) {
     struct tally__proc *t = procs(s);
     uint64_t e = atomic_load_explicit(&s->hdr->epoch, memory_order_seq_cst);
     if (t && atomic_load(&t[s->proc].seen) != e << 1) {
       s->seen = e;
       atomic_store_explicit(&t[s->proc].seen, e << 1, memory_order_seq_cst);
     }
+  }
+  pthread_mutex_unlock(&s->hlock);
+}
+
+/* A walk can outlast grace_ms (a snapshot of a million counters takes
+ * about 1 s), and a grace step run by another thread meanwhile would
+ * publish an epoch past what was retired under the walk: the index table
+ * it reads, a record it holds the offset of. So while a walk is under way
+ * the grace step publishes no newer epoch (the refreshes still run), and a
+ * process published idle publishes the current one first, as before a
+ * lookup. */
+void tally__walk_begin(tally_store *s) {
+  pthread_mutex_lock(&s->hlock);
+  if (atomic_load(&s->walk_pid) != tally__pid()) { /* a fork copied its parent's */
+    atomic_store(&s->walkers, 0);
+    atomic_store(&s->walk_pid, tally__pid());
+  }
+  atomic_fetch_add(&s->walkers, 1);
+  struct tally__proc *t = procs(s);
+  uint64_t e = atomic_load_explicit(&s->hdr->epoch, memory_order_seq_cst);
+  if (t && s->pid != tally__pid()) {
+    (void)claim(s, e << 1); /* forked: its parent's slot is not its own */
+    s->seen = e;
+  } else if (t && (atomic_load(&t[s->proc].seen) & 1)) {
+    s->seen = e;
+    atomic_store_explicit(&t[s->proc].seen, e << 1, memory_order_seq_cst);
+  }
+  pthread_mutex_unlock(&s->hlock);
+}
+
+/* The last walk's end: a process that holds nothing is idle again, as its
+ * grace step would publish it (one that only walked, `tally ls`, or a
+ * family's definition in an nginx master, may never run another). */
+void tally__walk_end(tally_store *s) {
+  if (atomic_load(&s->walk_pid) != tally__pid() || atomic_fetch_sub(&s->walkers, 1) != 1)
+    return;
+  pthread_mutex_lock(&s->hlock);
+  struct tally__proc *t = procs(s);
+  if (t && s->pid == tally__pid() && !walking(s) && (!s->handles || !s->handles->n) &&
+      !atomic_load(&s->by_name)) {
+    uint64_t e = atomic_load_explicit(&s->hdr->epoch, memory_order_acquire);
+    s->seen = e;
+    atomic_store_explicit(&t[s->proc].seen, e << 1 | 1, memory_order_release);
   }
   pthread_mutex_unlock(&s->hlock);
 }
@@ -307,10 +356,12 @@ void tally__grace_step(tally_store *s, bool look) {
   }
   pthread_mutex_lock(&s->hlock);
   if (s->seen < epoch) (void)tally__limbo_each(s, s->seen, refresh_node, NULL);
-  bool idle = (!s->handles || s->handles->n == 0) && !atomic_load(&s->by_name);
-  s->seen = epoch; /* this process's words change under hlock only */
-  if (s->pid != tally__pid()) (void)claim(s, epoch << 1 | idle); /* forked */
-  atomic_store_explicit(&t[s->proc].seen, epoch << 1 | idle, memory_order_release);
+  if (!walking(s)) { /* else the epoch stays (tally__walk_begin) */
+    bool idle = (!s->handles || s->handles->n == 0) && !atomic_load(&s->by_name);
+    s->seen = epoch; /* this process's words change under hlock only */
+    if (s->pid != tally__pid()) (void)claim(s, epoch << 1 | idle); /* forked */
+    atomic_store_explicit(&t[s->proc].seen, epoch << 1 | idle, memory_order_release);
+  }
   pthread_mutex_unlock(&s->hlock);
   uint64_t min_seen = epoch;
   int64_t now_ms = tally_monotonic_ms();

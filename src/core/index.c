@@ -290,7 +290,7 @@ static void fetch_cells(tally_store *s, uint64_t e) {
   tally__fetch_cells(s, atomic_load_explicit(&r->loc, memory_order_relaxed));
 }
 
-static int each(tally_store *s, tally__rec_fn fn, void *ud, bool cells) {
+static int walk(tally_store *s, tally__rec_fn fn, void *ud, bool cells) {
   struct tally__index *t = table(s);
   if (!t) return TALLY_ECORRUPT;
   for (uint64_t i = 0; i < t->cap; i++) {
@@ -311,6 +311,15 @@ static int each(tally_store *s, tally__rec_fn fn, void *ud, bool cells) {
     if (rc) return rc;
   }
   return 0;
+}
+
+/* The table a walk began with stays its own to the end (a rebuild
+ * retires it), and so do the records it hands out. */
+static int each(tally_store *s, tally__rec_fn fn, void *ud, bool cells) {
+  tally__walk_begin(s);
+  int rc = walk(s, fn, ud, cells);
+  tally__walk_end(s);
+  return rc;
 }
 
 int tally__index_each(tally_store *s, tally__rec_fn fn, void *ud) {

@@ -261,6 +261,8 @@ struct tally_store {
   pthread_mutex_t hlock; /* guards handles */
   struct tally__handles *handles;
   _Atomic bool by_name;   /* tally_store_incr was used: never idle (grace.c) */
+  _Atomic int walkers;    /* walks under way here: no newer epoch (grace.c) */
+  _Atomic pid_t walk_pid; /* the process walkers counts for (a fork's differs) */
   uint64_t expire_cursor; /* expire.c: next index slot to scan */
   /* batch.c: which writer slot each thread of this process holds */
   _Atomic int wkey_state;   /* 1: wkey made */
@@ -334,8 +336,13 @@ int tally__slot_reset(tally_counter *c, int64_t *removed); /* in its own shard *
 void tally__slots_release(tally_store *s);                 /* this process's, at close */
 int tally__slots_recover(tally_store *s); /* roll back dead writers' batches; locked */
 int tally__slots_copy(tally_store *from, tally_store *to); /* compaction */
-uint64_t tally__owner_of(pid_t pid, bool *zombie);         /* grace.c */
-bool tally__owner_alive(uint64_t owner);                   /* grace.c */
+/* Around a walk that reads records or the index table by offset for as
+ * long as it runs (index.c's, a snapshot's): nothing retired meanwhile is
+ * reused before the end, however long it takes (grace.c). Nest. */
+void tally__walk_begin(tally_store *s);
+void tally__walk_end(tally_store *s);
+uint64_t tally__owner_of(pid_t pid, bool *zombie); /* grace.c */
+bool tally__owner_alive(uint64_t owner);           /* grace.c */
 
 /* ---- policy.c ---- */
 /* Per-thread writer state, inline here because picking a shard is on the
