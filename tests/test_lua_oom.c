@@ -1,6 +1,7 @@
-/* test_lua_oom.c -- db:snapshot and db:values when Lua runs out of memory.
+/* test_lua_oom.c -- db:snapshot, db:values and db:names when Lua runs out
+ * of memory.
  *
- * Both walk the core with a callback (tally_store_snapshot, _values),
+ * Each walks the core with a callback (tally_store_snapshot, _values, _each),
  * and the core owns memory while it calls back. The binding builds its
  * table after the walk, under lua_pcall (src/lua/lua_values.c), so a Lua
  * memory error while pushing frees what was collected and leaves the core
@@ -129,6 +130,7 @@ int main(void) {
       "function count_of(t) local n = 0 for _ in pairs(t) do n = n + 1 end return n end");
   test_method(L, &b, "snapshot");
   test_method(L, &b, "values");
+  test_method(L, &b, "names");
   run(L, "db:close()");
   lua_close(L);
   return tu_finish("test_lua_oom");

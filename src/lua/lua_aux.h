@@ -211,7 +211,7 @@ int tl_fail_msg(lua_State *L, int rc, const char *msg);
 /* t[k] = v for the table on top of the stack (under LuaJIT as tl_pushint64). */
 void tl_setint(lua_State *L, const char *k, int64_t v);
 
-/* ---- name -> value tables (lua_values.c) ------------------------------------ */
+/* ---- tables from a walk (lua_values.c) ---------------------------------------- */
 
 /* Pairs a walk of the core hands over (tally_store_values,
  * tally_store_snapshot), collected in C memory: no Lua error may unwind
@@ -231,6 +231,11 @@ int tl_values_add(void *ud, const char *name, size_t len, int64_t v);
  * failure (nil, message, code; a value beyond LuaJIT's numbers is
  * ERANGE), or raise for memory. Frees a's memory whatever happens. */
 int tl_values_push(lua_State *L, tl_values *a, int rc);
+/* A tally_name_fn: adds the name to the tl_values ud (its value 0). */
+int tl_names_add(void *ud, const char *name, size_t len);
+/* Given the walk's rc: push the names, sorted, as a list and return 1, or
+ * the failure, or raise for memory. Frees a's memory whatever happens. */
+int tl_names_push(lua_State *L, tl_values *a, int rc);
 
 /* ---- classes ---------------------------------------------------------------- */
 

@@ -721,72 +721,14 @@ static int tl_store_sum(lua_State *L) {
   return 2;
 }
 
-typedef struct tl_names {
-  char **v;
-  size_t *lens;
-  size_t n, cap;
-} tl_names;
-
-/* Collect into C memory: no Lua error may unwind through the core. */
-static int tl_names_add(void *ud, const char *name, size_t len) {
-  tl_names *a = (tl_names *)ud;
-  char *s;
-  if (a->n == a->cap) {
-    size_t cap = a->cap ? a->cap * 2 : 64;
-    char **v = (char **)realloc(a->v, cap * sizeof(*v));
-    size_t *lens;
-    if (v == NULL) return TALLY_ENOMEM;
-    a->v = v;
-    lens = (size_t *)realloc(a->lens, cap * sizeof(*lens));
-    if (lens == NULL) return TALLY_ENOMEM;
-    a->lens = lens;
-    a->cap = cap;
-  }
-  s = (char *)malloc(len + sizeof(size_t) + 1);
-  if (s == NULL) return TALLY_ENOMEM;
-  memcpy(s, &len, sizeof(size_t));
-  memcpy(s + sizeof(size_t), name, len);
-  s[sizeof(size_t) + len] = '\0';
-  a->v[a->n++] = s;
-  return 0;
-}
-
-static int tl_names_cmp(const void *pa, const void *pb) {
-  const char *a = *(const char *const *)pa, *b = *(const char *const *)pb;
-  size_t la, lb;
-  int r;
-  memcpy(&la, a, sizeof(size_t));
-  memcpy(&lb, b, sizeof(size_t));
-  r = memcmp(a + sizeof(size_t), b + sizeof(size_t), la < lb ? la : lb);
-  return r != 0 ? r : (la > lb) - (la < lb);
-}
-
+/* db:names([pattern]) -> the matching names, sorted bytewise. */
 static int tl_store_names(lua_State *L) {
   tl_store *d = tl_tostore(L);
-  size_t plen, i;
+  size_t plen;
   const char *pattern = tl_optpattern(L, 2, &plen);
-  tl_names a = {NULL, NULL, 0, 0};
-  int rc = tally_store_each(d->store, pattern, plen, tl_names_add, &a);
-  if (rc == 0) {
-    if (a.n > 1) qsort(a.v, a.n, sizeof(*a.v), tl_names_cmp); /* a.v is NULL when empty */
-    if (!lua_checkstack(L, 4)) rc = TALLY_ENOMEM;
-  }
-  if (rc == 0) {
-    /* pushing can only fail on memory; the strings are freed after */
-    lua_createtable(L, a.n > INT32_MAX ? INT32_MAX : (int)a.n, 0);
-    for (i = 0; i < a.n; i++) {
-      size_t len;
-      memcpy(&len, a.v[i], sizeof(size_t));
-      lua_pushlstring(L, a.v[i] + sizeof(size_t), len);
-      lua_rawseti(L, -2, (lua_Integer)i + 1);
-    }
-  }
-  for (i = 0; i < a.n; i++) free(a.v[i]);
-  free(a.v);
-  free(a.lens);
-  if (rc == TALLY_ENOMEM) return luaL_error(L, "not enough memory");
-  if (rc < 0) return tl_fail(L, rc);
-  return 1;
+  tl_values a = {NULL, 0, 0, NULL, 0, 0};
+  return tl_names_push(L, &a,
+                       tally_store_each(d->store, pattern, plen, tl_names_add, &a));
 }
 
 /* db:_values([pattern]) -> { [name] = value } in one pass over the index

@@ -1,11 +1,13 @@
-/* lua_values.c -- a name -> value table from a walk of the core.
+/* lua_values.c -- tables from a walk of the core: name -> value, or the
+ * sorted list of names.
  *
- * tally_store_values and tally_store_snapshot hand over each counter
- * through a callback, while they own memory (the snapshot's arrays). A
- * Lua error raised there (a push that runs out of memory) would unwind
- * through the core and lose that memory, so the pairs are collected in C
- * first (tl_values_add), and the table is built afterwards, under
- * lua_pcall, so that the collection is freed whatever happens.
+ * tally_store_values, tally_store_snapshot and tally_store_each hand over
+ * each counter through a callback, while they own memory (the snapshot's
+ * arrays). A Lua error raised there (a push that runs out of memory) would
+ * unwind through the core and lose that memory, so the pairs are collected
+ * in C first (tl_values_add, tl_names_add), and the table is built
+ * afterwards, under lua_pcall, so that the collection is freed whatever
+ * happens. The names go into one buffer, not one allocation each.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -49,6 +51,50 @@ static int tl_values_table(lua_State *L) {
     tl_pushint64(L, a->e[i].v);
     lua_rawset(L, -3);
   }
+  return 1;
+}
+
+int tl_names_add(void *ud, const char *name, size_t len) {
+  return tl_values_add(ud, name, len, 0);
+}
+
+/* By name, as memcmp orders bytes, a shorter name first on a tie. */
+static int tl_names_cmp(const void *pa, const void *pb, void *names) {
+  const struct tl_value *a = (const struct tl_value *)pa,
+                        *b = (const struct tl_value *)pb;
+  const char *base = (const char *)names;
+  int r = memcmp(base + a->at, base + b->at, a->len < b->len ? a->len : b->len);
+  return r != 0 ? r : (a->len > b->len) - (a->len < b->len);
+}
+
+/* The list of the collection at argument 1 (a light userdata), under
+ * lua_pcall as tl_values_table. */
+static int tl_names_list(lua_State *L) {
+  const tl_values *a = (const tl_values *)lua_touserdata(L, 1);
+  size_t i;
+  lua_createtable(L, a->n > INT32_MAX ? INT32_MAX : (int)a->n, 0);
+  for (i = 0; i < a->n; i++) {
+    lua_pushlstring(L, a->names + a->e[i].at, a->e[i].len);
+    lua_rawseti(L, -2, (lua_Integer)i + 1);
+  }
+  return 1;
+}
+
+int tl_names_push(lua_State *L, tl_values *a, int rc) {
+  int status = LUA_OK;
+  if (rc == 0 && a->n > 1) qsort_r(a->e, a->n, sizeof *a->e, tl_names_cmp, a->names);
+  if (rc == 0 && !lua_checkstack(L, 4)) rc = TALLY_ENOMEM; /* the call, list, name */
+  if (rc == 0) {
+    lua_pushcfunction(L, tl_names_list);
+    lua_pushlightuserdata(L, a);
+    status = lua_pcall(L, 1, 1, 0);
+  }
+  free(a->names);
+  free(a->e);
+  memset(a, 0, sizeof *a);
+  if (status != LUA_OK) return lua_error(L);
+  if (rc == TALLY_ENOMEM) return luaL_error(L, "not enough memory");
+  if (rc < 0) return tl_fail(L, rc);
   return 1;
 }
 
