@@ -1371,20 +1371,6 @@ static void *walker_main(void *ud) {
   return NULL;
 }
 
-static void make_n(tally_store *s, const char *prefix, int n) {
-  for (int i = 0; i < n; i++) {
-    char nm[32];
-    int len = snprintf(nm, sizeof nm, "%s:%d", prefix, i);
-    tally_counter *c = NULL;
-    tally_counter_options o = {1, TALLY_POLICY_THREAD};
-    if (tally_counter_open(s, nm, (size_t)len, &o, TALLY_COUNTER_CREATE, &c) != 0) {
-      TU_FAIL("create %s: %s", nm, tally_errmsg());
-      return;
-    }
-    tally_counter_close(c);
-  }
-}
-
 /* One thread walks the index and stops on its first name; meanwhile
  * another grows the index well past the table the walk holds (it is
  * retired), runs grace steps with grace_ms 0 and allocates again, which
@@ -1396,7 +1382,7 @@ static void test_walk_holds(void) {
   struct walker *w = calloc(1, sizeof *w);
   if (!w) return;
   w->s = s;
-  make_n(s, "w", WALK_NAMES);
+  fill(s, "w", WALK_NAMES, 0);
   EXPECT_OK(tally_store_maintain(s, 0, 0, NULL));
   pthread_t th;
   pthread_create(&th, NULL, walker_main, w);
@@ -1404,9 +1390,9 @@ static void test_walk_holds(void) {
   while (atomic_load(&w->stage) != 1 && tu_now() < end) usleep(1000);
   EXPECT_I64(1, atomic_load(&w->stage));
   uint64_t r0 = stats(s).reused_bytes;
-  make_n(s, "x", WALK_CHURN); /* the index is rebuilt, several times */
+  fill(s, "x", WALK_CHURN, 0); /* the index is rebuilt, several times */
   for (int k = 0; k < 3; k++) EXPECT_OK(tally_store_maintain(s, 0, 0, NULL));
-  make_n(s, "y", WALK_CHURN);
+  fill(s, "y", WALK_CHURN, 0);
   uint64_t r1 = stats(s).reused_bytes;
   atomic_store(&w->stage, 2);
   pthread_join(th, NULL);
@@ -1417,7 +1403,7 @@ static void test_walk_holds(void) {
   EXPECT_I64(WALK_NAMES, once);
   /* what the walk held back is reused once it ended */
   for (int k = 0; k < 3; k++) EXPECT_OK(tally_store_maintain(s, 0, 0, NULL));
-  make_n(s, "z", WALK_CHURN);
+  fill(s, "z", WALK_CHURN, 0);
   uint64_t r2 = stats(s).reused_bytes;
   EXPECT(r2 > r1);
   printf("walk: reused %llu bytes while it ran, %llu after\n",

@@ -80,32 +80,14 @@ static int tl_names_list(lua_State *L) {
   return 1;
 }
 
-int tl_names_push(lua_State *L, tl_values *a, int rc) {
+/* Given the walk's rc: build the table with `make` under lua_pcall
+ * (`room`: the stack slots it takes), free the collection, then return
+ * the table, or the failure, or raise. */
+static int tl_push(lua_State *L, tl_values *a, int rc, lua_CFunction make, int room) {
   int status = LUA_OK;
-  if (rc == 0 && a->n > 1) qsort_r(a->e, a->n, sizeof *a->e, tl_names_cmp, a->names);
-  if (rc == 0 && !lua_checkstack(L, 4)) rc = TALLY_ENOMEM; /* the call, list, name */
+  if (rc == 0 && !lua_checkstack(L, room)) rc = TALLY_ENOMEM;
   if (rc == 0) {
-    lua_pushcfunction(L, tl_names_list);
-    lua_pushlightuserdata(L, a);
-    status = lua_pcall(L, 1, 1, 0);
-  }
-  free(a->names);
-  free(a->e);
-  memset(a, 0, sizeof *a);
-  if (status != LUA_OK) return lua_error(L);
-  if (rc == TALLY_ENOMEM) return luaL_error(L, "not enough memory");
-  if (rc < 0) return tl_fail(L, rc);
-  return 1;
-}
-
-int tl_values_push(lua_State *L, tl_values *a, int rc) {
-  size_t i;
-  int status = LUA_OK;
-  for (i = 0; rc == 0 && i < a->n; i++)
-    if (!tl_canpush(L, a->e[i].v)) rc = 1; /* checked before the table is made */
-  if (rc == 0 && !lua_checkstack(L, 8)) rc = TALLY_ENOMEM; /* the call, table, key, box */
-  if (rc == 0) {
-    lua_pushcfunction(L, tl_values_table);
+    lua_pushcfunction(L, make);
     lua_pushlightuserdata(L, a);
     status = lua_pcall(L, 1, 1, 0);
   }
@@ -118,4 +100,15 @@ int tl_values_push(lua_State *L, tl_values *a, int rc) {
     return tl_fail_msg(L, TALLY_ERANGE, "a value beyond 2^53 (require \"tally\")");
   if (rc < 0) return tl_fail(L, rc);
   return 1;
+}
+
+int tl_names_push(lua_State *L, tl_values *a, int rc) {
+  if (rc == 0 && a->n > 1) qsort_r(a->e, a->n, sizeof *a->e, tl_names_cmp, a->names);
+  return tl_push(L, a, rc, tl_names_list, 4); /* the call, list, name */
+}
+
+int tl_values_push(lua_State *L, tl_values *a, int rc) {
+  for (size_t i = 0; rc == 0 && i < a->n; i++)
+    if (!tl_canpush(L, a->e[i].v)) rc = 1;      /* checked before the table is made */
+  return tl_push(L, a, rc, tl_values_table, 8); /* the call, table, key, box */
 }
