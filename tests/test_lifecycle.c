@@ -10,7 +10,8 @@
  * loses no acknowledged increment, caps send new names to the overflow
  * counter, tally_store_check sees damage in the free lists, and a walk
  * that outlasts grace_ms while another thread grows the index and runs
- * grace steps reads the table it began with to the end.
+ * grace steps reads the table it began with to the end, and so does an
+ * open that outlasts a drop of its counter and the reuse of its space.
  *
  * Children are forked as in test_procs.c: they close the stores they
  * inherited (so a slot of the parent's never stands in for them) and open
@@ -27,6 +28,8 @@
 #include <fcntl.h>
 
 #include "testutil.h"
+
+#include "../src/core/internal.h" /* tally__test_open_hook */
 
 #define NW    4  /* writers in the churn test; the last is killed */
 #define NAMES 24 /* counters per writer */
@@ -1413,6 +1416,69 @@ static void test_walk_holds(void) {
   untrack_close(s);
 }
 
+/* ---- an open paused between its lookup and its handle ------------------- */
+
+static atomic_int g_open_stage; /* 1: the open of o:gone is paused; 2: go on */
+
+static void open_pause(const char *name, size_t len) {
+  if (len != 6 || memcmp(name, "o:gone", 6) != 0 || atomic_load(&g_open_stage) != 0)
+    return;
+  atomic_store(&g_open_stage, 1);
+  double end = tu_now() + 60;
+  while (atomic_load(&g_open_stage) != 2 && tu_now() < end) usleep(1000);
+}
+
+struct opener {
+  tally_store *s;
+  tally_counter *c;
+  int rc;
+};
+
+static void *opener_main(void *ud) {
+  struct opener *o = ud;
+  o->rc = tally_counter_open(o->s, "o:gone", 6, NULL, 0, &o->c);
+  return NULL;
+}
+
+/* One thread opens o:gone and stops after finding its record, before its
+ * handle exists. Meanwhile another drops the counter, runs grace steps
+ * (grace_ms 0) and creates counters that would reuse its record and cells.
+ * No grace step may pass the epoch of the drop while the open is under
+ * way: its handle is not there yet to be refreshed, and would keep the
+ * old location for good. So the open's handle gets EDROPPED, and no other
+ * counter takes its increment. */
+static void test_open_holds(void) {
+  tally_store *s = open_file("open.tly", "0");
+  EXPECT_OK(make(s, "o:gone", 4, 7));
+  EXPECT_OK(tally_store_maintain(s, 0, 0, NULL));
+  atomic_store(&g_open_stage, 0);
+  tally__test_open_hook = open_pause;
+  struct opener o = {.s = s};
+  pthread_t th;
+  pthread_create(&th, NULL, opener_main, &o);
+  double end = tu_now() + 30;
+  while (atomic_load(&g_open_stage) != 1 && tu_now() < end) usleep(1000);
+  EXPECT_I64(1, atomic_load(&g_open_stage));
+  EXPECT_OK(tally_store_drop(s, "o:gone", 6));
+  for (int k = 0; k < 3; k++) EXPECT_OK(tally_store_maintain(s, 0, 0, NULL));
+  fill(s, "p", 2000, 1000);
+  atomic_store(&g_open_stage, 2);
+  pthread_join(th, NULL);
+  tally__test_open_hook = NULL;
+  EXPECT_OK(o.rc);
+  for (int k = 0; k < 3; k++) EXPECT_OK(tally_store_maintain(s, 0, 0, NULL));
+  fill(s, "q", 2000, 5000);
+  if (o.c) EXPECT_I64(TALLY_EDROPPED, tally_counter_incr(o.c, 1000000));
+  check_fill(s, "p", 2000, 1000);
+  check_fill(s, "q", 2000, 5000);
+  int rc = 0;
+  EXPECT_I64(INT64_MIN, value_of(s, "o:gone", &rc));
+  EXPECT_I64(TALLY_ENOENT, rc);
+  EXPECT_I64(0, tally_store_check(s));
+  tally_counter_close(o.c);
+  untrack_close(s);
+}
+
 int main(int argc, char **argv) {
   const char *only = argc > 1 ? argv[1] : NULL; /* run one test by name */
   snprintf(g_dir, sizeof g_dir, "%s", tu_tmpdir("lifecycle"));
@@ -1447,6 +1513,7 @@ int main(int argc, char **argv) {
   RUN("shipped", test_shipped());
   RUN("carve", test_carve());
   RUN("walk", test_walk_holds());
+  RUN("open", test_open_holds());
   printf("total %.2f s\n", tu_now() - t0);
   tu_rmrf(g_dir);
   return tu_finish("test_lifecycle");

@@ -616,7 +616,7 @@ int tally_store_snapshot(tally_store *s, const char *pattern, size_t plen,
   int64_t *vals = NULL;
   int rc = tally__truncated(s);
   size_t hint = (size_t)tally__index_live(s) + 16; /* one allocation, mostly */
-  tally__walk_begin(s); /* the records gathered are read again below */
+  tally__hold_begin(s); /* the records gathered are read again below */
   if (rc == 0) rc = grow((void **)&g.e, &g.cap, hint, sizeof *g.e);
   if (rc == 0) rc = grow((void **)&g.names, &g.names_cap, hint * 16, 1);
   if (rc == 0) rc = tally__index_each(s, gather, &g);
@@ -655,7 +655,7 @@ int tally_store_snapshot(tally_store *s, const char *pattern, size_t plen,
     }
     rc = fn(ud, g.names + e->name_at, e->name_len, (int64_t)e->total);
   }
-  tally__walk_end(s);
+  tally__hold_end(s);
   free(vals);
   free(g.e);
   free(g.names);

@@ -87,7 +87,7 @@ static int create_locked(tally_store *s, const char **name, size_t *len, uint64_
   if (rc == 0) rc = create(s, *name, *len, *hash, &o, fam, rec_off);
   if (rc == 0 && fam) atomic_fetch_add(&((struct tally__family *)f)->live, 1);
   if (rc == 0 && atomic_load_explicit(&s->hdr->limbo_head, memory_order_relaxed))
-    tally__grace_step(s, false); /* churn: reuse what was retired */
+    tally__grace_step(s, false, true); /* churn: reuse what was retired */
   return rc;
 }
 
@@ -145,16 +145,17 @@ static int fast_path(int policy, bool is_auto) {
   return path | (is_auto ? 2 : 0);
 }
 
-int tally_counter_open(tally_store *s, const char *name, size_t len,
-                       const tally_counter_options *opt, uint32_t flags,
-                       tally_counter **out) {
-  if (!s || !out) return tally__fail(TALLY_EINVAL, "tally_counter_open: NULL argument");
-  int rc = tally__check_name(name, len);
-  if (rc == 0) rc = check_options(opt);
-  if (rc) return rc;
+void (*tally__test_open_hook)(const char *name, size_t len);
+
+/* tally_counter_open once its arguments are checked, under the epoch's
+ * hold: from the lookup to the handle's insertion, nothing it found may
+ * be reused (grace.c). */
+static int open_held(tally_store *s, const char *name, size_t len,
+                     const tally_counter_options *opt, uint32_t flags,
+                     tally_counter **out) {
   uint64_t hash = tally__hash(name, len, 0), rec_off = 0, loc = 0;
   char over[TALLY_NAME_MAX + 1];
-  tally__grace_busy(s);
+  int rc;
   for (int attempt = 0;; attempt++) {
     rc = find_or_create(s, &name, &len, &hash, opt, flags, over, &rec_off);
     if (rc == 0) rc = tally__rec_verify(s, rec_off);
@@ -172,6 +173,8 @@ int tally_counter_open(tally_store *s, const char *name, size_t len,
     if ((rc = tally__lock(s))) return rc; /* a drop is finishing: wait for it */
     tally__unlock(s);
   }
+  if (__builtin_expect(tally__test_open_hook != NULL, 0))
+    tally__test_open_hook(name, len);
   struct tally__rec *r = tally__at(s, rec_off);
   uint32_t n = tally__loc_shards(loc);
   bool is_auto = (atomic_load(&r->flags) & TALLY__REC_AUTO) != 0;
@@ -204,6 +207,19 @@ int tally_counter_open(tally_store *s, const char *name, size_t len,
   tally__handle_add(s, c);
   *out = c;
   return 0;
+}
+
+int tally_counter_open(tally_store *s, const char *name, size_t len,
+                       const tally_counter_options *opt, uint32_t flags,
+                       tally_counter **out) {
+  if (!s || !out) return tally__fail(TALLY_EINVAL, "tally_counter_open: NULL argument");
+  int rc = tally__check_name(name, len);
+  if (rc == 0) rc = check_options(opt);
+  if (rc) return rc;
+  tally__hold_begin(s);
+  rc = open_held(s, name, len, opt, flags, out);
+  tally__hold_end(s);
+  return rc;
 }
 
 void tally_counter_close(tally_counter *c) {

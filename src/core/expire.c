@@ -101,8 +101,10 @@ static int scan_one(tally_store *s, uint64_t rec_off, void *ud) {
   }
   int rc = expire_one(s, rec_off, v);
   if (rc == 0 && ++sc->r->expired % 1024 == 0 && (rc = tally__lock(s)) == 0) {
-    tally__grace_step(s, false); /* as drops do: limbo is reclaimed along the way, */
-    tally__unlock(s);            /* not only after a scan that expired a million */
+    /* as drops do: limbo is reclaimed along the way, not only after a scan
+     * that expired a million */
+    tally__grace_step(s, false, false);
+    tally__unlock(s);
   }
   return rc == TALLY_EBUSY ? 0 : rc;
 }
@@ -114,14 +116,14 @@ int tally_store_maintain(tally_store *s, int64_t now_ms, uint32_t budget,
   int rc = tally__truncated(s);
   if (rc == 0) rc = tally__lock(s);
   if (rc) return rc;
-  tally__grace_step(s, true); /* upkeep: who is alive, looked at afresh */
+  tally__grace_step(s, true, false); /* upkeep: who is alive, looked at afresh */
   tally__unlock(s);
   struct scan sc = {now_ms, &r};
   if (budget && (tally__family_any_idle(s) || atomic_load(&s->hdr->autos)))
     rc = tally__index_range(s, &s->expire_cursor, budget, scan_one, &sc);
   if (rc == 0 && r.expired) { /* its handles here: let them know at once */
     if ((rc = tally__lock(s)) == 0) {
-      tally__grace_step(s, false);
+      tally__grace_step(s, false, false);
       tally__unlock(s);
     }
   }

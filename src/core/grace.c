@@ -188,42 +188,27 @@ void tally__handle_add(tally_store *s, tally_counter *c) {
   pthread_mutex_unlock(&s->hlock);
 }
 
-/* Is a walk of this process under way (tally__walk_begin)? */
-static bool walking(tally_store *s) {
-  return atomic_load(&s->walkers) > 0 && atomic_load(&s->walk_pid) == tally__pid();
+/* Are holds of this process under way (tally__hold_begin), beyond the
+ * caller's own `mine`? */
+static bool held(tally_store *s, int mine) {
+  return atomic_load(&s->holders) > mine && atomic_load(&s->hold_pid) == tally__pid();
 }
 
-/* Before a lookup that may make a handle: a process published idle (it
- * held none) must hold back, from before the lookup, what is retired
- * from now on. It has nothing to refresh, so it passes the epoch as is
- * (not while a walk holds an older one: that holds back more). */
-void tally__grace_busy(tally_store *s) {
+/* What reads records or the index table by offset for as long as it runs
+ * holds the epoch: a walk (a snapshot of a million counters takes about
+ * 1 s, past grace_ms), and an open between its lookup and its handle's
+ * insertion (a grace step there would refresh every handle but the one
+ * not yet inserted, which would keep a retired location for good). A
+ * grace step run by another thread meanwhile publishes no newer epoch
+ * (the refreshes still run), and a process published idle publishes the
+ * current one first. */
+void tally__hold_begin(tally_store *s) {
   pthread_mutex_lock(&s->hlock);
-  if ((!s->handles || !s->handles->n) && s->pid == tally__pid() && !walking(s)) {
-    struct tally__proc *t = procs(s);
-    uint64_t e = atomic_load_explicit(&s->hdr->epoch, memory_order_seq_cst);
-    if (t && atomic_load(&t[s->proc].seen) != e << 1) {
-      s->seen = e;
-      atomic_store_explicit(&t[s->proc].seen, e << 1, memory_order_seq_cst);
-    }
+  if (atomic_load(&s->hold_pid) != tally__pid()) { /* a fork copied its parent's */
+    atomic_store(&s->holders, 0);
+    atomic_store(&s->hold_pid, tally__pid());
   }
-  pthread_mutex_unlock(&s->hlock);
-}
-
-/* A walk can outlast grace_ms (a snapshot of a million counters takes
- * about 1 s), and a grace step run by another thread meanwhile would
- * publish an epoch past what was retired under the walk: the index table
- * it reads, a record it holds the offset of. So while a walk is under way
- * the grace step publishes no newer epoch (the refreshes still run), and a
- * process published idle publishes the current one first, as before a
- * lookup. */
-void tally__walk_begin(tally_store *s) {
-  pthread_mutex_lock(&s->hlock);
-  if (atomic_load(&s->walk_pid) != tally__pid()) { /* a fork copied its parent's */
-    atomic_store(&s->walkers, 0);
-    atomic_store(&s->walk_pid, tally__pid());
-  }
-  atomic_fetch_add(&s->walkers, 1);
+  atomic_fetch_add(&s->holders, 1);
   struct tally__proc *t = procs(s);
   uint64_t e = atomic_load_explicit(&s->hdr->epoch, memory_order_seq_cst);
   if (t && s->pid != tally__pid()) {
@@ -236,15 +221,16 @@ void tally__walk_begin(tally_store *s) {
   pthread_mutex_unlock(&s->hlock);
 }
 
-/* The last walk's end: a process that holds nothing is idle again, as its
- * grace step would publish it (one that only walked, `tally ls`, or a
- * family's definition in an nginx master, may never run another). */
-void tally__walk_end(tally_store *s) {
-  if (atomic_load(&s->walk_pid) != tally__pid() || atomic_fetch_sub(&s->walkers, 1) != 1)
+/* The last hold's end: a process that holds no handle is idle again, as
+ * its grace step would publish it (one that only walked, `tally ls`, or a
+ * family's definition in an nginx master, may never run another; an open
+ * that failed). */
+void tally__hold_end(tally_store *s) {
+  if (atomic_load(&s->hold_pid) != tally__pid() || atomic_fetch_sub(&s->holders, 1) != 1)
     return;
   pthread_mutex_lock(&s->hlock);
   struct tally__proc *t = procs(s);
-  if (t && s->pid == tally__pid() && !walking(s) && (!s->handles || !s->handles->n) &&
+  if (t && s->pid == tally__pid() && !held(s, 0) && (!s->handles || !s->handles->n) &&
       !atomic_load(&s->by_name)) {
     uint64_t e = atomic_load_explicit(&s->hdr->epoch, memory_order_acquire);
     s->seen = e;
@@ -260,7 +246,8 @@ void tally__grace_by_name(tally_store *s) {
   pthread_mutex_lock(&s->hlock);
   atomic_store(&s->by_name, true);
   pthread_mutex_unlock(&s->hlock);
-  tally__grace_busy(s);
+  tally__hold_begin(s); /* idle no more, from here on */
+  tally__hold_end(s);
 }
 
 void tally__handle_remove(tally_store *s, tally_counter *c) {
@@ -341,7 +328,7 @@ static bool alive_seen(tally_store *s, uint32_t i, uint64_t o, int64_t now_ms,
   return true;
 }
 
-void tally__grace_step(tally_store *s, bool look) {
+void tally__grace_step(tally_store *s, bool look, bool in_open) {
   struct tally__header *h = s->hdr;
   struct tally__proc *t = procs(s);
   if (!t) return;
@@ -356,7 +343,10 @@ void tally__grace_step(tally_store *s, bool look) {
   }
   pthread_mutex_lock(&s->hlock);
   if (s->seen < epoch) (void)tally__limbo_each(s, s->seen, refresh_node, NULL);
-  if (!walking(s)) { /* else the epoch stays (tally__walk_begin) */
+  /* while a walk or an open holds the epoch (tally__hold_begin), it stays;
+   * the caller's own open made its record under the lock this step runs
+   * under, so no drop has retired that yet */
+  if (!held(s, in_open)) {
     bool idle = (!s->handles || s->handles->n == 0) && !atomic_load(&s->by_name);
     s->seen = epoch; /* this process's words change under hlock only */
     if (s->pid != tally__pid()) (void)claim(s, epoch << 1 | idle); /* forked */

@@ -316,9 +316,9 @@ static int walk(tally_store *s, tally__rec_fn fn, void *ud, bool cells) {
 /* The table a walk began with stays its own to the end (a rebuild
  * retires it), and so do the records it hands out. */
 static int each(tally_store *s, tally__rec_fn fn, void *ud, bool cells) {
-  tally__walk_begin(s);
+  tally__hold_begin(s);
   int rc = walk(s, fn, ud, cells);
-  tally__walk_end(s);
+  tally__hold_end(s);
   return rc;
 }
 

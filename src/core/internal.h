@@ -261,8 +261,8 @@ struct tally_store {
   pthread_mutex_t hlock; /* guards handles */
   struct tally__handles *handles;
   _Atomic bool by_name;   /* tally_store_incr was used: never idle (grace.c) */
-  _Atomic int walkers;    /* walks under way here: no newer epoch (grace.c) */
-  _Atomic pid_t walk_pid; /* the process walkers counts for (a fork's differs) */
+  _Atomic int holders;    /* walks and opens under way: no newer epoch (grace.c) */
+  _Atomic pid_t hold_pid; /* the process holders counts for (a fork's differs) */
   uint64_t expire_cursor; /* expire.c: next index slot to scan */
   /* batch.c: which writer slot each thread of this process holds */
   _Atomic int wkey_state;   /* 1: wkey made */
@@ -336,13 +336,8 @@ int tally__slot_reset(tally_counter *c, int64_t *removed); /* in its own shard *
 void tally__slots_release(tally_store *s);                 /* this process's, at close */
 int tally__slots_recover(tally_store *s); /* roll back dead writers' batches; locked */
 int tally__slots_copy(tally_store *from, tally_store *to); /* compaction */
-/* Around a walk that reads records or the index table by offset for as
- * long as it runs (index.c's, a snapshot's): nothing retired meanwhile is
- * reused before the end, however long it takes (grace.c). Nest. */
-void tally__walk_begin(tally_store *s);
-void tally__walk_end(tally_store *s);
-uint64_t tally__owner_of(pid_t pid, bool *zombie); /* grace.c */
-bool tally__owner_alive(uint64_t owner);           /* grace.c */
+uint64_t tally__owner_of(pid_t pid, bool *zombie);         /* grace.c */
+bool tally__owner_alive(uint64_t owner);                   /* grace.c */
 
 /* ---- policy.c ---- */
 /* Per-thread writer state, inline here because picking a shard is on the
@@ -492,10 +487,21 @@ void tally__grace_fork_child(tally_store *s);
  * retired since, then publish it; then reclaim what every process has
  * passed. look: find out afresh which processes behind it are alive
  * (upkeep); else one found alive in the last ALIVE_MS (grace.c) is taken
- * to be still (creates, drops). Caller holds the lock. */
-void tally__grace_step(tally_store *s, bool look);
+ * to be still (creates, drops). While a walk or an open of this process
+ * holds the epoch (tally__hold_begin) it publishes none newer; in_open:
+ * the caller's own open, which made its record under this lock, is not
+ * counted. Caller holds the lock. */
+void tally__grace_step(tally_store *s, bool look, bool in_open);
 void tally__handle_add(tally_store *s, tally_counter *c);
-void tally__grace_busy(tally_store *s);    /* before a lookup that makes a handle */
+/* Around what reads records or the index table by offset for as long as
+ * it runs (index.c's walk, a snapshot, an open until its handle is in):
+ * nothing retired meanwhile is reused before the end, however long it
+ * takes. Nest. */
+void tally__hold_begin(tally_store *s);
+void tally__hold_end(tally_store *s);
+/* Tests only: tally_counter_open calls it, when set, between finding the
+ * record and inserting the handle (test_lifecycle pauses an open there). */
+extern void (*tally__test_open_hook)(const char *name, size_t len);
 void tally__grace_by_name(tally_store *s); /* before the first tally_store_incr */
 void tally__handle_remove(tally_store *s, tally_counter *c);
 void tally__handles_free(tally_store *s);

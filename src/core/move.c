@@ -76,7 +76,7 @@ int tally_store_drop(tally_store *s, const char *name, size_t len) {
   }
   if (rc == 0)
     rc = tally__journal_move(s, rec_off, tally__loc_make(s, rec_off, cells, n, true));
-  if (rc == 0) tally__grace_step(s, false);
+  if (rc == 0) tally__grace_step(s, false, false);
   tally__unlock(s);
   return rc;
 }
