@@ -35,7 +35,7 @@ local compat = require "tally.compat"
 
 local type, ipairs, pairs, tostring, tonumber, setmetatable, getmetatable =
       type, ipairs, pairs, tostring, tonumber, setmetatable, getmetatable
-local fmt, find, match = string.format, string.find, string.match
+local fmt, find, match, byte = string.format, string.find, string.match, string.byte
 local floor, huge = math.floor, math.huge
 local sort, concat = table.sort, table.concat
 local describe, argerror, check_self = util.describe, util.argerror, util.self
@@ -90,9 +90,10 @@ _M.parse = parse
 -- (an +Inf bucket and a sum), and the list of names that are not members
 -- of a complete histogram.
 function _M.group(names)
-  local hs = {}
+  local hs, any = {}, false
   for _, n in ipairs(names) do
-    local base, kind, x, text = parse(n)
+    local base, kind, x, text
+    if byte(n, -1) == 125 then base, kind, x, text = parse(n) end   -- "}": a member?
     if base then
       local h = hs[base]
       if not h then h = { les = {}, names = {} }; hs[base] = h end
@@ -112,10 +113,12 @@ function _M.group(names)
     if h.inf and h.sum and not h.extra_sum then
       sort(h.les, function(a, b) return a[1] < b[1] end)
       for _, n in ipairs(h.names) do member[n] = true end
+      any = true
     else
       hs[base] = nil
     end
   end
+  if not any then return hs, names end   -- a million counters and no histogram: no copy
   for _, n in ipairs(names) do
     if not member[n] then others[#others + 1] = n end
   end

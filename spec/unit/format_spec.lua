@@ -204,6 +204,37 @@ describe("tally.format", function()
                    format.prometheus({ { name = "x\255\n", value = 1 } }))
     end)
 
+    it("tells UTF-8 from other bytes as utf8.len does (strict), in C", function()
+      -- the default metric's lines are written in C (core._prom_lines)
+      local cases = {
+        "\0", "\127", "\194\128", "\223\191", "\224\160\128", "\239\191\191",
+        "\240\144\128\128", "\244\143\191\191", "\240\159\152\128",
+        "\192\128", "\193\191", "\224\128\128", "\224\159\191", "\240\128\128\128",
+        "\237\160\128", "\237\191\191", "\237\159\191", "\244\144\128\128",
+        "\245\128\128\128", "\248\136\128\128\128", "\128", "\191", "\194", "\224\160",
+        "\240\144\128", "\194\0", "\226\130\172x", "x\226\130",
+      }
+      for _, s in ipairs(cases) do
+        local hex = s:gsub(".", function(c) return string.format("%02x", c:byte()) end)
+        local want = require("tally.compat").utf8len(s)
+                     and 'tally_value{counter="' .. s .. '"} 1\n'
+                     or 'tally_value{counter_hex="' .. hex .. '"} 1\n'
+        assert.equal(DEFAULT .. want, format.prometheus({ [s] = 1 }), hex)
+      end
+    end)
+
+    it("writes long names and many of them whole", function()
+      local long = string.rep('a"b\\c\n', 1500)          -- 9,000 bytes, 3,000 of them escaped
+      local bad = string.rep("\255", 5000)
+      local text = format.prometheus({ [long] = 1, [bad] = 2 })
+      assert.equal(DEFAULT .. 'tally_value{counter="' .. string.rep('a\\"b\\\\c\\n', 1500)
+                   .. '"} 1\ntally_value{counter_hex="' .. string.rep("ff", 5000) .. '"} 2\n', text)
+      local samples, want = {}, {}
+      for i = 1, 20000 do samples[#samples + 1] = { name = string.format("n%05d", i), value = i } end
+      for i = 1, 20000 do want[i] = string.format('tally_value{counter="n%05d"} %d\n', i, i) end
+      assert.equal(DEFAULT .. table.concat(want), format.prometheus(samples))
+    end)
+
     it("maps counters to metrics and labels by pattern, newest entry first", function()
       local mapping = {
         { pattern = "post:*", metric = "post_things", labels = { "what" } },

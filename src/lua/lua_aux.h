@@ -259,16 +259,17 @@ void tl_set_classic(lua_State *L, const char *name, lua_CFunction fn);
 /* ---- the parts (lua_module.c lists them) -------------------------------------
  * Each adds its functions to the module table on top of the stack and
  * creates its metatables; returns 0. */
-int tl_open_store(lua_State *L);     /* lua_store.c: core.open, store_methods */
-int tl_open_counter(lua_State *L);   /* lua_counter.c: counter_methods */
-int tl_open_rollup(lua_State *L);    /* lua_rollup.c: schedules, c:rolled() */
-int tl_open_sender(lua_State *L);    /* lua_sender.c: core.sender, the spool */
-int tl_open_redis(lua_State *L);     /* lua_redis.c: core.redis, core.flusher */
-int tl_open_compact(lua_State *L);   /* lua_compact.c: core.compact */
-int tl_open_batch(lua_State *L);     /* lua_batch.c: core.batch, core.snapshot */
-int tl_open_http(lua_State *L);      /* lua_http.c: core.http */
-int tl_open_ship(lua_State *L);      /* lua_ship.c: core.ship, core.counter_read */
-int tl_open_histogram(lua_State *L); /* lua_histogram.c: core.histogram_writer */
+int tl_open_store(lua_State *L);      /* lua_store.c: core.open, store_methods */
+int tl_open_counter(lua_State *L);    /* lua_counter.c: counter_methods */
+int tl_open_rollup(lua_State *L);     /* lua_rollup.c: schedules, c:rolled() */
+int tl_open_sender(lua_State *L);     /* lua_sender.c: core.sender, the spool */
+int tl_open_redis(lua_State *L);      /* lua_redis.c: core.redis, core.flusher */
+int tl_open_compact(lua_State *L);    /* lua_compact.c: core.compact */
+int tl_open_batch(lua_State *L);      /* lua_batch.c: core.batch, core.snapshot */
+int tl_open_http(lua_State *L);       /* lua_http.c: core.http */
+int tl_open_ship(lua_State *L);       /* lua_ship.c: core.ship, core.counter_read */
+int tl_open_histogram(lua_State *L);  /* lua_histogram.c: core.histogram_writer */
+int tl_open_exposition(lua_State *L); /* lua_exposition.c: core._prom_lines */
 
 /* Close histogram writer w and unlink it from its store; safe twice. */
 void tl_hist_release(tl_hist *w);

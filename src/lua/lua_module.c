@@ -9,16 +9,17 @@
 #include "lua_aux.h"
 
 static const luaL_Reg tl_parts[] = {
-    {"store", tl_open_store},         /* core.open, the store handle */
-    {"counter", tl_open_counter},     /* the counter handle */
-    {"rollup", tl_open_rollup},       /* schedules, c:rolled(), the clock */
-    {"sender", tl_open_sender},       /* core.sender, the spool's helpers */
-    {"redis", tl_open_redis},         /* core.redis, core.flusher */
-    {"compact", tl_open_compact},     /* core.compact */
-    {"batch", tl_open_batch},         /* core.batch, core.snapshot (lua_batch.c) */
-    {"http", tl_open_http},           /* core.http (lua_http.c) */
-    {"ship", tl_open_ship},           /* core.ship, core.counter_read (lua_ship.c) */
-    {"histogram", tl_open_histogram}, /* core.histogram_writer (lua_histogram.c) */
+    {"store", tl_open_store},           /* core.open, the store handle */
+    {"counter", tl_open_counter},       /* the counter handle */
+    {"rollup", tl_open_rollup},         /* schedules, c:rolled(), the clock */
+    {"sender", tl_open_sender},         /* core.sender, the spool's helpers */
+    {"redis", tl_open_redis},           /* core.redis, core.flusher */
+    {"compact", tl_open_compact},       /* core.compact */
+    {"batch", tl_open_batch},           /* core.batch, core.snapshot (lua_batch.c) */
+    {"http", tl_open_http},             /* core.http (lua_http.c) */
+    {"ship", tl_open_ship},             /* core.ship, core.counter_read (lua_ship.c) */
+    {"histogram", tl_open_histogram},   /* core.histogram_writer (lua_histogram.c) */
+    {"exposition", tl_open_exposition}, /* core._prom_lines (lua_exposition.c) */
     {NULL, NULL}};
 
 TL_EXPORT int luaopen_tally_core(lua_State *L) {
