@@ -47,7 +47,6 @@ _M.DEFAULT_BUCKETS = { 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10 }
 _M.DEFAULT_UNIT = 1e-6
 _M.MAX_BUCKETS = 1000        -- bounds, not counting +Inf
 local EXACT = 2 ^ 53
-local SLOT = { policy = "slot" }
 
 -- ---- names ---------------------------------------------------------------------
 
@@ -250,8 +249,7 @@ end
 -- h:names() -> the member counters' names: the buckets in order, +Inf, the sum.
 function H:names()
   local out = {}
-  for i, c in ipairs(self.counters) do out[i] = c:name() end
-  out[#out + 1] = self.sumc:name()
+  for i, n in ipairs(self.members) do out[i] = n end
   return out
 end
 
@@ -408,32 +406,16 @@ local function histogram(db, name, opts)
                                  longest, core.NAME_MAX), 2)
   end
   local h = setmetatable({ db = db, name = name, unit = unit, unit_text = unit_text,
-                           bounds = {}, buckets = {}, counters = {} }, H)
-  local function open(n)
-    local c, m, k = db:counter(n, SLOT)
-    if not c then return nil, m, k end
-    local info = c:info()
-    if info and info.policy ~= "slot" then
-      return nil, fmt("counter '%s' of histogram '%s' has policy %s, not slot", n, name,
-                      tostring(info.policy)), "EPOLICY"
-    end
-    return c
-  end
+                           bounds = {}, buckets = {}, members = {} }, H)
   for i, e in ipairs(les) do
-    local c, m, k = open(e[3])
-    if not c then return nil, m, k end
-    h.counters[i] = c
+    h.members[i] = e[3]
     if e[1] ~= huge then h.bounds[i], h.buckets[i] = e[1], e[1] end
   end
-  local c, m, k = open(sum_name(name, unit_text))
-  if not c then return nil, m, k end
-  h.sumc = c
+  h.members[#les + 1] = sum_name(name, unit_text)
   h.les_text = list_text(les)
-  local names = {}
-  for i, e in ipairs(les) do names[i] = e[3] end
-  names[#names + 1] = sum_name(name, unit_text)
-  local w
-  w, m, k = core.histogram_writer(db, h.bounds, names, unit)
+  -- the writer makes the members (slot counters; EPOLICY for a name taken
+  -- by a counter of another policy) and holds the only handles of them
+  local w, m, k = core.histogram_writer(db, h.bounds, h.members, unit)
   if not w then return nil, m, k end
   h.w, h[1] = w, w                -- [1]: where core.histogram_method reads it
   local f = package.loaded["tally.ffi"]

@@ -63,6 +63,16 @@ describe("db:histogram", function()
     for _, n in ipairs(h:names()) do assert.equal("slot", db:counter(n):info().policy) end
   end)
 
+  it("refuses a member name taken by a counter of another policy, and changes nothing", function()
+    db:counter("busy{le=+Inf}", { policy = "thread", shards = 4 }):incr(7)
+    local h, msg, code = db:histogram("busy", { buckets = { 1 } })
+    assert.is_nil(h)
+    assert.equal("EPOLICY", code)
+    assert.matches("busy{le=+Inf}", msg, 1, true)
+    assert.equal(7, db:value("busy{le=+Inf}"))
+    assert.equal("thread", db:counter("busy{le=+Inf}"):info().policy)
+  end)
+
   it("rounds the sum to the nearest unit, halves away from zero", function()
     local h = assert(db:histogram("n", { buckets = { 10 }, unit = 1 }))
     for _, v in ipairs({ 0.4, 0.5, 1.5, -0.5, -0.4, 2 }) do h:observe(v) end
