@@ -483,6 +483,25 @@ local function compile_mapping(mapping)
                 ordered = ordered, bare = metric and metric .. "{}", pattern = m.pattern }
     if hist then tinsert(hists, 1, e) else tinsert(entries, 1, e) end  -- newest first
   end
+  -- An entry with one '*' and nothing else wild, the only one of its
+  -- metric, maps every name it claims to a series of its own (the part
+  -- the '*' matched, which differs between names): its lines are written
+  -- in C (_render_prometheus). Its literal ends are UTF-8, so that part is
+  -- UTF-8 whenever the name is.
+  local uses = {}
+  for _, e in ipairs(entries) do uses[e.metric] = (uses[e.metric] or 0) + 1 end
+  for _, e in ipairs(entries) do
+    local pieces = e.glob.pieces
+    if #pieces == 2 and e.glob.nwild == 1 and uses[e.metric] == 1 then
+      local first, last = pieces[1], pieces[2]
+      local lit1 = sub(e.pattern, 1, first.len)
+      local lit2 = sub(e.pattern, #e.pattern - last.len + 1)
+      if utf8len(lit1) and utf8len(lit2) then
+        e.simple = { head = first.len, tail = last.len, first = first.pat, last = last.pat,
+                     prefix = e.metric .. e.prefixes[1] }
+      end
+    end
+  end
   return { [COMPILED] = true, entries = entries, hists = hists, families = families }
 end
 
@@ -500,6 +519,23 @@ end
 -- values dropped, as Prometheus treats them).
 local DEFAULT_PREFIX = _M.DEFAULT_METRIC .. "{" .. _M.DEFAULT_LABEL .. '="'
 local DEFAULT_HEX_PREFIX = _M.DEFAULT_METRIC .. "{" .. _M.DEFAULT_HEX_LABEL .. '="'
+
+-- The entry of name: the first (newest) of entries that matches it, or nil.
+local function first_entry(entries, name)
+  for i = 1, #entries do
+    local e = entries[i]
+    local q = e.simple
+    if q then
+      local n = #name
+      if n >= q.head + q.tail and find(name, q.first) and find(name, q.last, n - q.tail + 1) then
+        return e
+      end
+    elseif glob_captures(e.glob, name) then
+      return e
+    end
+  end
+  return nil
+end
 
 local function series_of(c, name, bare_default)
   local entries = c.entries
@@ -651,25 +687,36 @@ function _M._render_prometheus(samples, mapping, names, lenient, extra, tail)
     skipped[#skipped + 1] = { name = name, reason = reason, msg = msg }
     counts[reason] = (counts[reason] or 0) + 1
   end
-  -- The default metric's series are the names themselves, escaped (or in
-  -- hex), so no two collide: their names and values go to C, which writes
-  -- their lines into one string (a million unmapped counters took 8 s in
-  -- Lua, three new strings a line). Mapped ones may collide, so they wait
-  -- for every name to be seen, in parallel arrays (not a table per row).
-  local default, dnames, dvalues, dn = _M.DEFAULT_METRIC, {}, {}, 0
+  -- Lines written in C, from a list of names and values each (a million
+  -- counters took 8 s in Lua, three new strings a line): the default
+  -- metric's (the names themselves, escaped or in hex) and each simple
+  -- entry's (compile_mapping); no two of their names share a series. Other
+  -- mapped names may, so they wait for every name to be seen, in parallel
+  -- arrays (not a table per row).
+  local default, inc, entries = _M.DEFAULT_METRIC, {}, c.entries
   local rmetric, rseries, rkey, rvalue, nrows = {}, {}, {}, {}, 0
-  local mapped = #c.entries > 0
+  local mapped = #entries > 0
   for i = 1, #names do
     local name = names[i]
     local v = samples[name]
     if v ~= nil then
-      local metric, series, key = default, nil, nil
-      if mapped then metric, series, key = series_of(c, name, true) end
-      if metric == default then
-        dn = dn + 1
-        dnames[dn] = name
-        if type(v) == "number" and mtype(v) == "integer" then dvalues[dn] = v
-        else dvalues[dn] = value_text(v) end   -- a float, a 64-bit cdata: as Lua writes it
+      local e = mapped and first_entry(entries, name) or nil
+      local list, metric, series, key = nil, nil, nil, nil
+      if not e then
+        list = default
+      elseif e.simple and utf8len(name) then
+        list = e
+      else
+        metric, series, key = series_of(c, name, true)
+        if metric == default then list = default end
+      end
+      if list then
+        local l = inc[list]
+        if not l then l = { names = {}, values = {}, n = 0 }; inc[list] = l end
+        local n = l.n + 1
+        l.n, l.names[n] = n, name
+        if type(v) == "number" and mtype(v) == "integer" then l.values[n] = v
+        else l.values[n] = value_text(v) end   -- a float, a 64-bit cdata: as Lua writes it
       elseif not metric then
         if not lenient then return nil, key, 0 end
         skip(name, series, key)
@@ -688,8 +735,15 @@ function _M._render_prometheus(samples, mapping, names, lenient, extra, tail)
       end
     end
   end
-  if dn > 0 then
-    lines[default] = { core._prom_lines(DEFAULT_PREFIX, DEFAULT_HEX_PREFIX, dnames, dvalues, dn) }
+  for list, l in pairs(inc) do
+    if list == default then
+      lines[default] = { core._prom_lines(DEFAULT_PREFIX, DEFAULT_HEX_PREFIX, l.names, l.values,
+                                          l.n) }
+    else
+      local q = list.simple
+      lines[list.metric] = { core._prom_lines(q.prefix, DEFAULT_HEX_PREFIX, l.names, l.values,
+                                              l.n, q.head, q.tail) }
+    end
   end
   for i = 1, nrows do
     if not bad[rkey[i]] then

@@ -235,6 +235,29 @@ describe("tally.format", function()
       assert.equal(DEFAULT .. table.concat(want), format.prometheus(samples))
     end)
 
+    it("writes a one-star family's lines as Lua would: escapes, empty parts, other bytes",
+       function()
+      -- "p:*:n" is the only entry of its metric: its lines are written in C
+      local mapping = { { pattern = "p:*:n", metric = "likes", labels = { "post" } } }
+      local samples = { ['p:a"b\\c\nd:n'] = 1, ["p::n"] = 2, ["p:\255:n"] = 3, ["p:é:n"] = 4,
+                        ["p:n"] = 5, ["q:1:n"] = 6, ["p:7:n"] = 2^60, ["p:8:n"] = 0.5 }
+      assert.equal('# TYPE likes gauge\nlikes{post="7"} 1.152921504606847e+18\n'
+                   .. 'likes{post="8"} 0.5\nlikes{post=""} 2\nlikes{post="a\\"b\\\\c\\nd"} 1\n'
+                   .. 'likes{post="é"} 4\n' .. DEFAULT .. 'tally_value{counter="p:n"} 5\n'
+                   .. 'tally_value{counter_hex="703aff3a6e"} 3\ntally_value{counter="q:1:n"} 6\n',
+                   format.prometheus(samples, mapping))
+      -- a newer entry that claims some of them first, and one sharing the
+      -- metric: those go the general way, and two names on one series fail
+      mapping[2] = { pattern = "p:?:n", metric = "one", labels = { "c" } }
+      local text = format.prometheus({ ["p:1:n"] = 1, ["p:22:n"] = 2 }, mapping)
+      assert.matches('one{c="1"} 1\n', text, 1, true)
+      assert.matches('likes{post="22"} 2\n', text, 1, true)
+      mapping[3] = { pattern = "x*", metric = "likes", labels = { "post" } }
+      assert.error_matches(function()
+        format.prometheus({ ["p:22:n"] = 2, ["x22"] = 3 }, mapping)
+      end, "both map to the series likes{post=\"22\"}", 1, true)
+    end)
+
     it("maps counters to metrics and labels by pattern, newest entry first", function()
       local mapping = {
         { pattern = "post:*", metric = "post_things", labels = { "what" } },

@@ -125,9 +125,11 @@ static void put_value(lua_State *L, struct out *o, int values, lua_Integer i) {
   lua_pop(L, 1);
 }
 
-/* core._prom_lines(prefix, hex_prefix, names, values, n) -> text: for i
- * = 1..n, prefix .. names[i] (label-escaped) .. '"} ' .. values[i] ..
- * "\n", or hex_prefix and the name's bytes in hex where it is not UTF-8. */
+/* core._prom_lines(prefix, hex_prefix, names, values, n [, head, tail])
+ * -> text: for i = 1..n, prefix .. the label value .. '"} ' .. values[i]
+ * .. "\n", the label value being names[i] without its first head and last
+ * tail bytes (a family's one wildcard), escaped; or hex_prefix and those
+ * bytes in hex where they are not UTF-8. */
 static int tl_prom_lines(lua_State *L) {
   size_t plen, hlen;
   const char *prefix = luaL_checklstring(L, 1, &plen);
@@ -135,14 +137,19 @@ static int tl_prom_lines(lua_State *L) {
   luaL_checktype(L, 3, LUA_TTABLE);
   luaL_checktype(L, 4, LUA_TTABLE);
   lua_Integer n = luaL_checkinteger(L, 5);
-  lua_settop(L, 5);
-  struct out o = {L, 6, NULL, 0, 4096};
+  size_t head = (size_t)luaL_optinteger(L, 6, 0), tail = (size_t)luaL_optinteger(L, 7, 0);
+  lua_settop(L, 7);
+  struct out o = {L, 8, NULL, 0, 4096};
   o.p = (char *)lua_newuserdata(L, o.cap);
   for (lua_Integer i = 1; i <= n; i++) {
     size_t len;
     lua_rawgeti(L, 3, i);
     const char *name = lua_type(L, -1) == LUA_TSTRING ? lua_tolstring(L, -1, &len) : NULL;
-    if (!name) return luaL_error(L, "_prom_lines: names[%d] is not a string", (int)i);
+    if (!name || len < head + tail)
+      return luaL_error(L, "_prom_lines: names[%d] is not a string of %d bytes or more",
+                        (int)i, (int)(head + tail));
+    name += head;
+    len -= head + tail;
     int utf8 = utf8_valid((const unsigned char *)name, len);
     size_t k = utf8 ? plen : hlen;
     char *w = room(&o, k + 2 * len + 3); /* the name escaped is at most twice as long */
