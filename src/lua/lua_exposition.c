@@ -1,12 +1,13 @@
-/* lua_exposition.c -- the lines of the default metric, written in C.
+/* lua_exposition.c -- exposition lines written in C, many at once.
  *
  * tally.prometheus exposes every counter that no family maps as one series
- * of tally_value, labelled with its name: a store of a million cold
- * counters is a million such lines. Written in Lua, each line was three
- * new strings (the series, the value, the line) and the whole exposition
- * took 8 to 9 s; here the lines go into one buffer. The mapping, the
- * checks and the order stay in Lua (lua/tally/format.lua), which hands
- * over the names and values of these lines only.
+ * of tally_value, labelled with its name, and those of a family with one
+ * '*' as a series labelled with what the '*' matched: a store of a million
+ * cold counters is a million such lines. Written in Lua, each line was
+ * three new strings (the series, the value, the line) and the whole
+ * exposition took 7 to 9 s; here the lines go into one buffer. The
+ * mapping, the checks and the order stay in Lua (lua/tally/format.lua),
+ * which hands over the names and values of these lines only.
  */
 #include <inttypes.h>
 #include <stdio.h>
