@@ -234,9 +234,15 @@ void tally_counter_close(tally_counter *c) {
 static int revive(tally_counter *c, bool create) {
   tally_store *s = c->s;
   tally_counter *fresh;
+  /* held until c is back among the handles: a grace step in between would
+   * refresh fresh but not c, as an open's (tally_counter_open) */
+  tally__hold_begin(s);
   int rc = tally_counter_open(s, c->name, c->name_len, NULL,
                               create ? TALLY_COUNTER_CREATE : 0, &fresh);
-  if (rc) return rc;
+  if (rc) {
+    tally__hold_end(s);
+    return rc;
+  }
   tally__handle_remove(s, c); /* it moves to its new record's chain */
   pthread_mutex_lock(&s->hlock);
   atomic_store(&c->rec_off, tally__crec(fresh));
@@ -246,6 +252,7 @@ static int revive(tally_counter *c, bool create) {
   atomic_store(&c->gone, 0);
   pthread_mutex_unlock(&s->hlock);
   tally__handle_add(s, c);
+  tally__hold_end(s);
   tally_counter_close(fresh);
   return 0;
 }
