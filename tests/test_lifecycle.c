@@ -11,7 +11,8 @@
  * counter, tally_store_check sees damage in the free lists, and a walk
  * that outlasts grace_ms while another thread grows the index and runs
  * grace steps reads the table it began with to the end, and so does an
- * open that outlasts a drop of its counter and the reuse of its space.
+ * open (or an expired counter's handle coming back) that outlasts a drop
+ * of its counter and the reuse of its space.
  *
  * Children are forked as in test_procs.c: they close the stores they
  * inherited (so a slot of the parent's never stands in for them) and open
@@ -29,7 +30,7 @@
 
 #include "testutil.h"
 
-#include "../src/core/internal.h" /* tally__test_open_hook */
+#include "../src/core/internal.h" /* tally__test_hook */
 
 #define NW    4  /* writers in the churn test; the last is killed */
 #define NAMES 24 /* counters per writer */
@@ -1419,9 +1420,11 @@ static void test_walk_holds(void) {
 /* ---- an open paused between its lookup and its handle ------------------- */
 
 static atomic_int g_open_stage; /* 1: the open of o:gone is paused; 2: go on */
+static const char *g_pause_where;
 
-static void open_pause(const char *name, size_t len) {
-  if (len != 6 || memcmp(name, "o:gone", 6) != 0 || atomic_load(&g_open_stage) != 0)
+static void open_pause(const char *where, const char *name, size_t len) {
+  if (strcmp(where, g_pause_where) != 0 || len != 6 || memcmp(name + 2, "gone", 4) != 0 ||
+      atomic_load(&g_open_stage) != 0)
     return;
   atomic_store(&g_open_stage, 1);
   double end = tu_now() + 60;
@@ -1452,7 +1455,8 @@ static void test_open_holds(void) {
   EXPECT_OK(make(s, "o:gone", 4, 7));
   EXPECT_OK(tally_store_maintain(s, 0, 0, NULL));
   atomic_store(&g_open_stage, 0);
-  tally__test_open_hook = open_pause;
+  g_pause_where = "open";
+  tally__test_hook = open_pause;
   struct opener o = {.s = s};
   pthread_t th;
   pthread_create(&th, NULL, opener_main, &o);
@@ -1464,7 +1468,7 @@ static void test_open_holds(void) {
   fill(s, "p", 2000, 1000);
   atomic_store(&g_open_stage, 2);
   pthread_join(th, NULL);
-  tally__test_open_hook = NULL;
+  tally__test_hook = NULL;
   EXPECT_OK(o.rc);
   for (int k = 0; k < 3; k++) EXPECT_OK(tally_store_maintain(s, 0, 0, NULL));
   fill(s, "q", 2000, 5000);
@@ -1476,6 +1480,68 @@ static void test_open_holds(void) {
   EXPECT_I64(TALLY_ENOENT, rc);
   EXPECT_I64(0, tally_store_check(s));
   tally_counter_close(o.c);
+  untrack_close(s);
+}
+
+struct reviver {
+  tally_counter *c;
+  int rc;
+};
+
+static void *reviver_main(void *ud) {
+  struct reviver *r = ud;
+  r->rc = tally_counter_incr(r->c, 1000000);
+  return NULL;
+}
+
+/* The same for a handle of an expired counter: its next increment opens
+ * the counter anew and points the handle at it. Stopped after that open,
+ * before the handle is back among this process's handles, while another
+ * thread drops the new counter and reuses its space: the increment must
+ * not land in another counter. */
+static void test_revive_holds(void) {
+  tally_store *s = open_file("revive.tly", "0");
+  tally_family_options fo = {4, -1, 1, 0}; /* idle 1 s */
+  EXPECT_OK(tally_family_define(s, "r:*", 3, &fo));
+  struct reviver r = {NULL, 0};
+  REQUIRE_OK(tu_counter(s, "r:gone", 4, TALLY_POLICY_RANDOM, TALLY_COUNTER_CREATE, &r.c));
+  EXPECT_OK(tally_counter_incr(r.c, 5));
+  tally_maintain_result mr;
+  uint64_t expired = 0;
+  for (int64_t now = 10000; now <= 20000 && !expired; now += 500) {
+    EXPECT_OK(tally_store_maintain(s, now, 1000, &mr));
+    expired += mr.expired;
+  }
+  EXPECT_I64(1, (int64_t)expired);
+  atomic_store(&g_open_stage, 0);
+  g_pause_where = "revive";
+  tally__test_hook = open_pause;
+  pthread_t th;
+  pthread_create(&th, NULL, reviver_main, &r);
+  double end = tu_now() + 30;
+  while (atomic_load(&g_open_stage) != 1 && tu_now() < end) usleep(1000);
+  EXPECT_I64(1, atomic_load(&g_open_stage));
+  EXPECT_OK(tally_store_drop(s, "r:gone", 6));
+  for (int k = 0; k < 3; k++) EXPECT_OK(tally_store_maintain(s, 0, 0, NULL));
+  fill(s, "v", 2000, 1000);
+  atomic_store(&g_open_stage, 2);
+  pthread_join(th, NULL);
+  tally__test_hook = NULL;
+  for (int k = 0; k < 3; k++) EXPECT_OK(tally_store_maintain(s, 0, 0, NULL));
+  fill(s, "w", 2000, 5000);
+  /* counted in a new r:gone, or refused: never in a v: or w: counter */
+  int rc = 0;
+  int64_t v = value_of(s, "r:gone", &rc);
+  if (r.rc == 0)
+    EXPECT_I64(1000000, v);
+  else
+    EXPECT_I64(TALLY_EDROPPED, r.rc);
+  check_fill(s, "v", 2000, 1000);
+  check_fill(s, "w", 2000, 5000);
+  printf("revive: the paused increment gave %d, r:gone reads %lld (%d)\n", r.rc,
+         (long long)v, rc);
+  EXPECT_I64(0, tally_store_check(s));
+  tally_counter_close(r.c);
   untrack_close(s);
 }
 
@@ -1513,7 +1579,7 @@ int main(int argc, char **argv) {
   RUN("shipped", test_shipped());
   RUN("carve", test_carve());
   RUN("walk", test_walk_holds());
-  RUN("open", test_open_holds());
+  RUN("open", (test_open_holds(), test_revive_holds()));
   printf("total %.2f s\n", tu_now() - t0);
   tu_rmrf(g_dir);
   return tu_finish("test_lifecycle");

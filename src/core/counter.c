@@ -145,7 +145,7 @@ static int fast_path(int policy, bool is_auto) {
   return path | (is_auto ? 2 : 0);
 }
 
-void (*tally__test_open_hook)(const char *name, size_t len);
+void (*tally__test_hook)(const char *where, const char *name, size_t len);
 
 /* tally_counter_open once its arguments are checked, under the epoch's
  * hold: from the lookup to the handle's insertion, nothing it found may
@@ -173,8 +173,7 @@ static int open_held(tally_store *s, const char *name, size_t len,
     if ((rc = tally__lock(s))) return rc; /* a drop is finishing: wait for it */
     tally__unlock(s);
   }
-  if (__builtin_expect(tally__test_open_hook != NULL, 0))
-    tally__test_open_hook(name, len);
+  if (__builtin_expect(tally__test_hook != NULL, 0)) tally__test_hook("open", name, len);
   struct tally__rec *r = tally__at(s, rec_off);
   uint32_t n = tally__loc_shards(loc);
   bool is_auto = (atomic_load(&r->flags) & TALLY__REC_AUTO) != 0;
@@ -251,6 +250,8 @@ static int revive(tally_counter *c, bool create) {
   tally__handle_set_loc(c, atomic_load(&fresh->loc));
   atomic_store(&c->gone, 0);
   pthread_mutex_unlock(&s->hlock);
+  if (__builtin_expect(tally__test_hook != NULL, 0))
+    tally__test_hook("revive", c->name, c->name_len);
   tally__handle_add(s, c);
   tally__hold_end(s);
   tally_counter_close(fresh);

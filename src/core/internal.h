@@ -499,9 +499,10 @@ void tally__handle_add(tally_store *s, tally_counter *c);
  * takes. Nest. */
 void tally__hold_begin(tally_store *s);
 void tally__hold_end(tally_store *s);
-/* Tests only: tally_counter_open calls it, when set, between finding the
- * record and inserting the handle (test_lifecycle pauses an open there). */
-extern void (*tally__test_open_hook)(const char *name, size_t len);
+/* Tests only: called, when set, where a test pauses a thread (test_lifecycle):
+ * "open", between an open's lookup and its handle's insertion; "revive",
+ * between an expired counter's new open and its old handle's return. */
+extern void (*tally__test_hook)(const char *where, const char *name, size_t len);
 void tally__grace_by_name(tally_store *s); /* before the first tally_store_incr */
 void tally__handle_remove(tally_store *s, tally_counter *c);
 void tally__handles_free(tally_store *s);
