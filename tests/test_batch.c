@@ -341,10 +341,6 @@ struct page {
   atomic_int ready, stop;
 };
 
-static struct page *page_new(void) {
-  return tu_shared(sizeof(struct page));
-}
-
 /* A child: open the store, then rounds until stopped (or killed). */
 static pid_t spawn_writer(const char *spec, struct page *pg, int i, const char *stall) {
   fflush(NULL);
@@ -379,7 +375,7 @@ static void test_processes(void) {
   tu_spec(spec, sizeof spec, path, sizeof path, g_dir, "procs.tly");
   tally_store *s;
   REQUIRE_OK(tally_store_open(spec, NULL, &s));
-  struct page *pg = page_new();
+  struct page *pg = tu_shared(sizeof *pg);
   pid_t pids[2];
   for (int i = 0; i < 2; i++) pids[i] = spawn_writer(spec, pg, i, NULL);
   while (atomic_load(&pg->ready) < 2) usleep(1000);
@@ -431,7 +427,7 @@ static void test_killed_mid_batch(void) {
   REQUIRE_OK(tally_store_open(spec, NULL, &s));
   tally_counter *a = slot_counter(s, "a"), *b = slot_counter(s, "b"),
                 *c = slot_counter(s, "c");
-  struct page *pg = page_new();
+  struct page *pg = tu_shared(sizeof *pg);
   /* stops for good after two of its first batch's three adds */
   pid_t pid = spawn_writer(spec, pg, 0, "2");
   double until = tu_now() + 10;

@@ -260,16 +260,12 @@ static pid_t spawn_observer(const char *spec, struct page *pg, int i, const char
   _exit(0);
 }
 
-static struct page *page_new(void) {
-  return tu_shared(sizeof(struct page));
-}
-
 static void test_processes(void) {
   char spec[1200], path[1100];
   tu_spec(spec, sizeof spec, path, sizeof path, g_dir, "procs.tly");
   tally_store *s;
   REQUIRE_OK(tally_store_open(spec, NULL, &s));
-  struct page *pg = page_new();
+  struct page *pg = tu_shared(sizeof *pg);
   pid_t pids[2];
   for (int i = 0; i < 2; i++) pids[i] = spawn_observer(spec, pg, i, NULL);
   while (atomic_load(&pg->ready) < 2) usleep(1000);
@@ -316,7 +312,7 @@ static void test_killed_mid_observation(void) {
   tu_spec(spec, sizeof spec, path, sizeof path, g_dir, "kill.tly");
   tally_store *s;
   REQUIRE_OK(tally_store_open(spec, NULL, &s));
-  struct page *pg = page_new();
+  struct page *pg = tu_shared(sizeof *pg);
   /* stops for good after its first observation's bucket, before its sum */
   pid_t pid = spawn_observer(spec, pg, 0, "1");
   double until = tu_now() + 10;
