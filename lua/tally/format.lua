@@ -265,10 +265,6 @@ local function label_value(s)
 end
 local function help_text(s) return (gsub(s, "[\\\n]", HELP_ESC)) end
 
-local function hex(s)
-  return (gsub(s, ".", function(c) return fmt("%02x", byte(c)) end))
-end
-
 -- The metric of counters no mapping claims. A counter name can hold any
 -- bytes, so it goes into a label value, which carries them all exactly:
 -- no two names collide, and there is one metric family however many
@@ -513,14 +509,13 @@ function _M.compile_mapping(mapping)
   return c
 end
 
--- The series of counter name under compiled mapping c: its metric, the
--- series text ('likes_total{post="1"}') and a key that is equal for two
--- series exactly when Prometheus sees one series (labels sorted, empty
--- values dropped, as Prometheus treats them).
+-- The default metric's series up to the name (core._prom_lines writes
+-- the rest: the name escaped, or its bytes in hex where it is not UTF-8).
 local DEFAULT_PREFIX = _M.DEFAULT_METRIC .. "{" .. _M.DEFAULT_LABEL .. '="'
 local DEFAULT_HEX_PREFIX = _M.DEFAULT_METRIC .. "{" .. _M.DEFAULT_HEX_LABEL .. '="'
 
--- The entry of name: the first (newest) of entries that matches it, or nil.
+-- The entry of name: the first (newest) of entries that matches it, and
+-- what its wildcards matched (nil for a simple entry); nil if none does.
 local function first_entry(entries, name)
   for i = 1, #entries do
     local e = entries[i]
@@ -530,56 +525,49 @@ local function first_entry(entries, name)
       if n >= q.head + q.tail and find(name, q.first) and find(name, q.last, n - q.tail + 1) then
         return e
       end
-    elseif glob_captures(e.glob, name) then
-      return e
+    else
+      local caps = glob_captures(e.glob, name)
+      if caps then return e, caps end
     end
   end
   return nil
 end
 
-local function series_of(c, name, bare_default)
-  local entries = c.entries
-  for i = 1, #entries do
-    local e = entries[i]
-    local caps = glob_captures(e.glob, name)
-    if caps then
-      if glob_ambiguous(e.glob, name) then     -- no labels rather than wrong ones
-        return nil, "ambiguous", fmt("counter '%s' matches '%s' in more than one way, so "
-                                     .. "its label values are ambiguous", name, e.pattern)
-      end
-      local nc, plain = #caps, e.ordered
-      for j = 1, nc do
-        local cap = caps[j]
-        if not utf8len(cap) then nc = -1; break end
-        if cap == "" then plain = false end
-      end
-      if nc == 0 then return e.metric, e.metric, e.bare end
-      if nc > 0 then                   -- else not UTF-8: the default metric, below
-        local p, series = e.prefixes, nil
-        if nc == 1 then
-          series = e.metric .. p[1] .. label_value(caps[1]) .. '"}'
-        else
-          local parts = { e.metric }
-          for j = 1, nc do parts[j + 1] = p[j] .. label_value(caps[j]) .. '"' end
-          parts[nc + 2] = "}"
-          series = concat(parts)
-        end
-        if plain then return e.metric, series, series end
-        local keys = {}
-        for j = 1, nc do
-          if caps[j] ~= "" then keys[#keys + 1] = sub(p[j], 2) .. label_value(caps[j]) .. '"' end
-        end
-        sort(keys)
-        return e.metric, series, e.metric .. "{" .. concat(keys, ",") .. "}"
-      end
-      break
-    end
+-- The series of counter name under e, its entry (first_entry; caps: what
+-- the wildcards matched, nil to find out): its metric, the series text
+-- ('likes_total{post="1"}') and a key that is equal for two series exactly
+-- when Prometheus sees one series (labels sorted, empty values dropped, as
+-- Prometheus treats them); nil, "ambiguous", message; or false for the
+-- default metric (a part that is not UTF-8).
+local function entry_series(e, name, caps)
+  caps = caps or glob_captures(e.glob, name)
+  if glob_ambiguous(e.glob, name) then     -- no labels rather than wrong ones
+    return nil, "ambiguous", fmt("counter '%s' matches '%s' in more than one way, so "
+                                 .. "its label values are ambiguous", name, e.pattern)
   end
-  if bare_default then return _M.DEFAULT_METRIC end   -- its lines are written in C
-  local s
-  if utf8len(name) then s = DEFAULT_PREFIX .. label_value(name) .. '"}'
-  else s = DEFAULT_HEX_PREFIX .. hex(name) .. '"}' end
-  return _M.DEFAULT_METRIC, s, s
+  local nc, plain = #caps, e.ordered
+  for j = 1, nc do
+    local cap = caps[j]
+    if not utf8len(cap) then return false end
+    if cap == "" then plain = false end
+  end
+  if nc == 0 then return e.metric, e.metric, e.bare end
+  local p, series = e.prefixes, nil
+  if nc == 1 then
+    series = e.metric .. p[1] .. label_value(caps[1]) .. '"}'
+  else
+    local parts = { e.metric }
+    for j = 1, nc do parts[j + 1] = p[j] .. label_value(caps[j]) .. '"' end
+    parts[nc + 2] = "}"
+    series = concat(parts)
+  end
+  if plain then return e.metric, series, series end
+  local keys = {}
+  for j = 1, nc do
+    if caps[j] ~= "" then keys[#keys + 1] = sub(p[j], 2) .. label_value(caps[j]) .. '"' end
+  end
+  sort(keys)
+  return e.metric, series, e.metric .. "{" .. concat(keys, ",") .. "}"
 end
 
 -- The series of histogram name (tally.histogram) under compiled mapping c:
@@ -700,15 +688,16 @@ function _M._render_prometheus(samples, mapping, names, lenient, extra, tail)
     local name = names[i]
     local v = samples[name]
     if v ~= nil then
-      local e = mapped and first_entry(entries, name) or nil
+      local e, caps = nil, nil
+      if mapped then e, caps = first_entry(entries, name) end
       local list, metric, series, key = nil, nil, nil, nil
       if not e then
         list = default
       elseif e.simple and utf8len(name) then
         list = e
       else
-        metric, series, key = series_of(c, name, true)
-        if metric == default then list = default end
+        metric, series, key = entry_series(e, name, caps)
+        if metric == false then list = default end
       end
       if list then
         local l = inc[list]
