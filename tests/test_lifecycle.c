@@ -1419,16 +1419,47 @@ static void test_walk_holds(void) {
 
 /* ---- an open paused between its lookup and its handle ------------------- */
 
-static atomic_int g_open_stage; /* 1: the open of o:gone is paused; 2: go on */
-static const char *g_pause_where;
+static atomic_int g_open_stage; /* 1: the thread is paused; 2: go on */
+static const char *g_pause_where, *g_pause_name;
 
 static void open_pause(const char *where, const char *name, size_t len) {
-  if (strcmp(where, g_pause_where) != 0 || len != 6 || memcmp(name + 2, "gone", 4) != 0 ||
-      atomic_load(&g_open_stage) != 0)
+  if (strcmp(where, g_pause_where) != 0 || len != strlen(g_pause_name) ||
+      memcmp(name, g_pause_name, len) != 0 || atomic_load(&g_open_stage) != 0)
     return;
   atomic_store(&g_open_stage, 1);
   double end = tu_now() + 60;
   while (atomic_load(&g_open_stage) != 2 && tu_now() < end) usleep(1000);
+}
+
+/* Run fn(ud) in a thread that tally__test_hook pauses at `where` on name.
+ * Meanwhile drop name, run grace steps (grace_ms 0) and create the 2,000
+ * counters p:*, which would reuse its record and cells; then let the
+ * thread go on, and create 2,000 more, q:* (check_reuse checks both). */
+static void paused_drop(tally_store *s, const char *where, const char *name,
+                        void *(*fn)(void *), void *ud) {
+  atomic_store(&g_open_stage, 0);
+  g_pause_where = where;
+  g_pause_name = name;
+  tally__test_hook = open_pause;
+  pthread_t th;
+  pthread_create(&th, NULL, fn, ud);
+  double end = tu_now() + 30;
+  while (atomic_load(&g_open_stage) != 1 && tu_now() < end) usleep(1000);
+  EXPECT_I64(1, atomic_load(&g_open_stage));
+  EXPECT_OK(tally_store_drop(s, name, strlen(name)));
+  for (int k = 0; k < 3; k++) EXPECT_OK(tally_store_maintain(s, 0, 0, NULL));
+  fill(s, "p", 2000, 1000);
+  atomic_store(&g_open_stage, 2);
+  pthread_join(th, NULL);
+  tally__test_hook = NULL;
+  for (int k = 0; k < 3; k++) EXPECT_OK(tally_store_maintain(s, 0, 0, NULL));
+  fill(s, "q", 2000, 5000);
+}
+
+/* No counter made by paused_drop took the paused thread's increment. */
+static void check_reuse(tally_store *s) {
+  check_fill(s, "p", 2000, 1000);
+  check_fill(s, "q", 2000, 5000);
 }
 
 struct opener {
@@ -1454,27 +1485,11 @@ static void test_open_holds(void) {
   tally_store *s = open_file("open.tly", "0");
   EXPECT_OK(make(s, "o:gone", 4, 7));
   EXPECT_OK(tally_store_maintain(s, 0, 0, NULL));
-  atomic_store(&g_open_stage, 0);
-  g_pause_where = "open";
-  tally__test_hook = open_pause;
   struct opener o = {.s = s};
-  pthread_t th;
-  pthread_create(&th, NULL, opener_main, &o);
-  double end = tu_now() + 30;
-  while (atomic_load(&g_open_stage) != 1 && tu_now() < end) usleep(1000);
-  EXPECT_I64(1, atomic_load(&g_open_stage));
-  EXPECT_OK(tally_store_drop(s, "o:gone", 6));
-  for (int k = 0; k < 3; k++) EXPECT_OK(tally_store_maintain(s, 0, 0, NULL));
-  fill(s, "p", 2000, 1000);
-  atomic_store(&g_open_stage, 2);
-  pthread_join(th, NULL);
-  tally__test_hook = NULL;
+  paused_drop(s, "open", "o:gone", opener_main, &o);
   EXPECT_OK(o.rc);
-  for (int k = 0; k < 3; k++) EXPECT_OK(tally_store_maintain(s, 0, 0, NULL));
-  fill(s, "q", 2000, 5000);
   if (o.c) EXPECT_I64(TALLY_EDROPPED, tally_counter_incr(o.c, 1000000));
-  check_fill(s, "p", 2000, 1000);
-  check_fill(s, "q", 2000, 5000);
+  check_reuse(s);
   int rc = 0;
   EXPECT_I64(INT64_MIN, value_of(s, "o:gone", &rc));
   EXPECT_I64(TALLY_ENOENT, rc);
@@ -1513,31 +1528,15 @@ static void test_revive_holds(void) {
     expired += mr.expired;
   }
   EXPECT_I64(1, (int64_t)expired);
-  atomic_store(&g_open_stage, 0);
-  g_pause_where = "revive";
-  tally__test_hook = open_pause;
-  pthread_t th;
-  pthread_create(&th, NULL, reviver_main, &r);
-  double end = tu_now() + 30;
-  while (atomic_load(&g_open_stage) != 1 && tu_now() < end) usleep(1000);
-  EXPECT_I64(1, atomic_load(&g_open_stage));
-  EXPECT_OK(tally_store_drop(s, "r:gone", 6));
-  for (int k = 0; k < 3; k++) EXPECT_OK(tally_store_maintain(s, 0, 0, NULL));
-  fill(s, "v", 2000, 1000);
-  atomic_store(&g_open_stage, 2);
-  pthread_join(th, NULL);
-  tally__test_hook = NULL;
-  for (int k = 0; k < 3; k++) EXPECT_OK(tally_store_maintain(s, 0, 0, NULL));
-  fill(s, "w", 2000, 5000);
-  /* counted in a new r:gone, or refused: never in a v: or w: counter */
+  paused_drop(s, "revive", "r:gone", reviver_main, &r);
+  /* counted in a new r:gone, or refused: never in a p: or q: counter */
   int rc = 0;
   int64_t v = value_of(s, "r:gone", &rc);
   if (r.rc == 0)
     EXPECT_I64(1000000, v);
   else
     EXPECT_I64(TALLY_EDROPPED, r.rc);
-  check_fill(s, "v", 2000, 1000);
-  check_fill(s, "w", 2000, 5000);
+  check_reuse(s);
   printf("revive: the paused increment gave %d, r:gone reads %lld (%d)\n", r.rc,
          (long long)v, rc);
   EXPECT_I64(0, tally_store_check(s));
