@@ -14,7 +14,11 @@
  *    takes snapshots: sum = count in every one, totals exact;
  *  - SIGKILL: a writer stopped for good between the bucket and the sum
  *    holds a snapshot up while it lives; once killed, the snapshot goes on
- *    within 100 ms and shows neither.
+ *    within 100 ms and shows neither;
+ *  - the short way (tally__batch_try2): it writes the journal the whole way
+ *    writes, and gives way to it for a sum leaving its range and for a
+ *    dropped member whose space other counters took (nothing of theirs
+ *    changes).
  */
 #include <math.h>
 #include <pthread.h>
@@ -25,6 +29,8 @@
 #include <unistd.h>
 
 #include "testutil.h"
+
+#include "../src/core/internal.h" /* tally__me: the writer's journal */
 
 static char g_dir[1024];
 
@@ -344,6 +350,122 @@ static void test_killed_mid_observation(void) {
   tally_store_close(s);
 }
 
+/* ---- the short way ---------------------------------------------------------------- */
+
+/* A member's value read through a fresh handle, 0 when it is gone. */
+static int64_t value_or_0(tally_store *s, const char *name) {
+  tally_counter *c;
+  if (tally_counter_open(s, name, strlen(name), NULL, 0, &c)) return 0;
+  int64_t v = tu_value(c);
+  tally_counter_close(c);
+  return v;
+}
+
+/* The journal of this thread's slot after one observation of v: the short
+ * way when the slot is leased (an observation before leased it), the whole
+ * way when `whole` makes the short way give way (a stall that never
+ * comes: a histogram's batch has 2 entries). */
+static void observe_journal(tally_histogram *h, double v, bool whole,
+                            struct tally__wentry *e, uint64_t *seq) {
+  if (whole) tally__me.wstall = 7;
+  EXPECT_OK(tally_histogram_observe(h, v));
+  tally__me.wstall = -1;
+  struct tally__wslot *sl = tally__me.wsl;
+  if (!sl) {
+    TU_FAIL("no writer slot after an observation");
+    exit(1);
+  }
+  EXPECT_I64(2, (int64_t)atomic_load(&sl->n));
+  *seq = atomic_load(&sl->seq);
+  memcpy(e, (const void *)sl->e, 2 * sizeof *e);
+}
+
+static void test_short_way(void) {
+  char spec[1200];
+  tu_spec(spec, sizeof spec, NULL, 0, g_dir, "short.tly");
+  setenv("TALLY_GRACE_MS", "0", 1);
+  tally_store *s;
+  REQUIRE_OK(tally_store_open(spec, NULL, &s));
+  tally_histogram *h;
+  REQUIRE_OK(tally_histogram_open(s, BOUNDS4, 4, NAMES4, 0.5, &h));
+
+  /* 1. the same journal both ways, each field; the whole way's before is
+   * the short way's after */
+  EXPECT_OK(tally_histogram_observe(h, 1.5)); /* leases this thread's slot */
+  struct tally__wentry shortw[2], whole[2];
+  uint64_t seq1, seq2;
+  observe_journal(h, 1.5, false, shortw, &seq1);
+  observe_journal(h, 1.5, true, whole, &seq2);
+  EXPECT(seq1 % 2 == 0);
+  EXPECT_I64((int64_t)seq1 + 2, (int64_t)seq2);
+  for (int j = 0; j < 2; j++) {
+    EXPECT_I64(atomic_load(&whole[j].rec_off), atomic_load(&shortw[j].rec_off));
+    EXPECT_I64(atomic_load(&whole[j].loc), atomic_load(&shortw[j].loc));
+    EXPECT_I64(atomic_load(&whole[j].incarnation), atomic_load(&shortw[j].incarnation));
+    EXPECT_I64(atomic_load(&whole[j].cell_off), atomic_load(&shortw[j].cell_off));
+    EXPECT_I64(atomic_load(&whole[j].delta), atomic_load(&shortw[j].delta));
+    EXPECT_I64(atomic_load(&whole[j].before),
+               atomic_load(&shortw[j].before) + atomic_load(&shortw[j].delta));
+  }
+  EXPECT_I64(1, atomic_load(&shortw[0].delta)); /* the bucket */
+  EXPECT_I64(3, atomic_load(&shortw[1].delta)); /* 1.5 / 0.5 */
+  EXPECT_I64(3, member(s, "h{le=2}"));
+  EXPECT_I64(9, member(s, "h{sum}"));
+
+  /* 2. a sum that would leave its shard's range: refused, nothing added */
+  tally_counter *sum;
+  REQUIRE_OK(tally_counter_open(s, "h{sum}", 6, NULL, 0, &sum));
+  int64_t top = (INT64_C(1) << 62) - 1;            /* the most a shard holds */
+  EXPECT_OK(tally_counter_incr(sum, top - 9 - 2)); /* this thread's shard: top - 2 */
+  EXPECT_OK(tally_histogram_observe(h, 1.0));      /* + 2: top */
+  EXPECT_RC(TALLY_ERANGE, tally_histogram_observe(h, 0.5));
+  EXPECT_I64(4, member(s, "h{le=1}") + member(s, "h{le=2}")); /* 3 + the 1.0 */
+  EXPECT_I64(top, member(s, "h{sum}"));
+  EXPECT_OK(tally_counter_incr(sum, -top)); /* back to 0 */
+  tally_counter_close(sum);
+  EXPECT_OK(tally_histogram_observe(h, 0.5));
+  EXPECT_I64(2, member(s, "h{le=1}"));
+
+  /* 3. a dropped member whose record and cells other counters took: the
+   * observation into it is refused and writes into none of theirs */
+  EXPECT_OK(tally_store_drop(s, "h{le=2}", 7));
+  EXPECT_RC(TALLY_EDROPPED, tally_histogram_observe(h, 1.5)); /* before the upkeep */
+  EXPECT_OK(tally_store_maintain(s, 0, 0, NULL));
+  tally_store_stats st;
+  memset(&st, 0, sizeof st);
+  EXPECT_OK(tally_store_stats_get(s, &st));
+  uint64_t reused0 = st.reused_bytes;
+  enum { N = 200 };
+  char nm[32];
+  for (int i = 0; i < N; i++) {
+    tally_counter *c;
+    snprintf(nm, sizeof nm, "r:%d", i);
+    REQUIRE_OK(tu_counter(s, nm, TALLY_SLOT_SHARDS, TALLY_POLICY_SLOT,
+                          TALLY_COUNTER_CREATE, &c));
+    EXPECT_OK(tally_counter_incr(c, 1000 + i));
+    tally_counter_close(c);
+  }
+  EXPECT_OK(tally_store_stats_get(s, &st));
+  EXPECT(st.reused_bytes > reused0); /* the dropped member's space went to them */
+  for (int k = 0; k < 3; k++) EXPECT_RC(TALLY_EDROPPED, tally_histogram_observe(h, 1.5));
+  EXPECT_OK(tally_histogram_observe(h, 7)); /* the other buckets still count */
+  EXPECT_I64(1, member(s, "h{le=10}"));
+  EXPECT_I64(1 + 14, member(s, "h{sum}"));
+  EXPECT_I64(0, value_or_0(s, "h{le=2}"));
+  int bad = 0;
+  for (int i = 0; i < N; i++) {
+    snprintf(nm, sizeof nm, "r:%d", i);
+    if (member(s, nm) != 1000 + i && bad++ < 3)
+      TU_FAIL("%s = %lld after observations into a dropped member, want %d", nm,
+              (long long)member(s, nm), 1000 + i);
+  }
+  atomic_fetch_add(&tu_checks, N);
+  EXPECT_OK(tally_store_check(s));
+  tally_histogram_close(h);
+  tally_store_close(s);
+  unsetenv("TALLY_GRACE_MS");
+}
+
 int main(void) {
   snprintf(g_dir, sizeof g_dir, "%s", tu_tmpdir("histogram"));
   double t0 = tu_now();
@@ -352,6 +474,7 @@ int main(void) {
   test_threads();
   test_processes();
   test_killed_mid_observation();
+  test_short_way();
   printf("total %.2f s\n", tu_now() - t0);
   tu_rmrf(g_dir);
   return tu_finish("test_histogram");
