@@ -976,6 +976,14 @@ static void test_file_open_options(void) {
     if (rc >= 0) TU_FAIL("NOCREATE on a missing file -> %d", rc);
   }
   EXPECT(strstr(tally_errmsg(), "nocreate.tly") != NULL);
+  { /* a success leaves the message of the most recent failure as it was */
+    char spec2[1200];
+    tally_store *s2 = NULL;
+    tu_spec(spec2, sizeof spec2, NULL, 0, g_dir, "fresh.tly");
+    EXPECT_OK(tally_store_open(spec2, NULL, &s2));
+    tally_store_close(s2);
+    EXPECT(strstr(tally_errmsg(), "nocreate.tly") != NULL);
+  }
   EXPECT(s == (tally_store *)0x1);
   EXPECT(stat(path, &st) != 0 && errno == ENOENT);
   /* unknown flags are refused, not ignored, and create nothing */

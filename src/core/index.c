@@ -111,6 +111,8 @@ static uint64_t cap_for(uint64_t names) {
 }
 
 uint64_t tally__index_bytes(tally_store *s) {
+  /* none yet (the store is being made): 0, and no failure's message */
+  if (!atomic_load_explicit(&s->hdr->index, memory_order_acquire)) return 0;
   struct tally__index *t = table(s);
   return t ? tally__round(sizeof *t + t->cap * 8, 64) : 0;
 }
