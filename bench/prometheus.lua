@@ -5,7 +5,9 @@
 -- store, then times, REPS times each (median, and the spread):
 --   tally.prometheus(db)           every counter under the default metric
 --   tally.prometheus(db), labels   the same names under a family with a
---                                  metric and a label (post="I")
+--                                  metric and a label (post="I"), then
+--                                  under one with two (post:*:*: post="I",
+--                                  what="likes")
 -- beside, in the same process, the reads any scrape makes: db:names() (the
 -- sorted names) and db:values() (every value in one walk). CPU seconds.
 -- Compare two revisions by running it against each build directory in
@@ -32,7 +34,7 @@ local function measure(label, f)
     t[r] = clock() - t0
   end
   table.sort(t)
-  print(string.format("%-44s median %6.2f s (%.2f-%.2f)", label, t[math.floor((reps + 1) / 2)], t[1],
+  print(string.format("%-46s median %6.2f s (%.2f-%.2f)", label, t[math.floor((reps + 1) / 2)], t[1],
                       t[reps]))
 end
 
@@ -42,5 +44,7 @@ measure("db:values()", function() db:values() end)
 measure("tally.prometheus(db), default metric", function() bytes = #tally.prometheus(db) end)
 db:family("post:*:likes", { shards = 1, metric = "likes", labels = { "post" } })
 measure("tally.prometheus(db), a family with a label", function() tally.prometheus(db) end)
+db:family("post:*:*", { shards = 1, metric = "posts", labels = { "post", "what" } })
+measure("tally.prometheus(db), a family with two labels", function() tally.prometheus(db) end)
 print(string.format("%d counters, %s; exposition %.1f MB (default metric)", n,
                     rawget(_G, "jit") and jit.version or _VERSION, bytes / 1e6))

@@ -482,13 +482,24 @@ local function compile_mapping(mapping)
   -- An entry with one '*' and nothing else wild, the only one of its
   -- metric, maps every name it claims to a series of its own (the part
   -- the '*' matched, which differs between names): its lines are written
-  -- in C (_render_prometheus). Its literal ends are UTF-8, so that part is
-  -- UTF-8 whenever the name is.
+  -- in C (_render_prometheus; simple). Its literal ends are UTF-8, so that
+  -- part is UTF-8 whenever the name is. So with two '*' or more (split:
+  -- its literal pieces and label prefixes): a name that matches in one
+  -- way has parts of its own, UTF-8 when the name is, and C splits it.
   local uses = {}
   for _, e in ipairs(entries) do uses[e.metric] = (uses[e.metric] or 0) + 1 end
   for _, e in ipairs(entries) do
     local pieces = e.glob.pieces
-    if #pieces == 2 and e.glob.nwild == 1 and uses[e.metric] == 1 then
+    if _M._lua_lines_only or uses[e.metric] ~= 1 then       -- luacheck: ignore 542
+      -- the general way (_lua_lines_only: tests compare it with C's)
+    elseif #pieces > 2 and e.glob.nwild == #pieces - 1 then
+      local lits, utf8 = {}, true
+      for j = 1, #pieces do
+        lits[j] = pieces[j].free
+        utf8 = utf8 and utf8len(lits[j]) ~= nil
+      end
+      if utf8 then e.split = { pieces = lits, prefixes = e.prefixes } end
+    elseif #pieces == 2 and e.glob.nwild == 1 then
       local first, last = pieces[1], pieces[2]
       local lit1 = sub(e.pattern, 1, first.len)
       local lit2 = sub(e.pattern, #e.pattern - last.len + 1)
@@ -514,8 +525,43 @@ end
 local DEFAULT_PREFIX = _M.DEFAULT_METRIC .. "{" .. _M.DEFAULT_LABEL .. '="'
 local DEFAULT_HEX_PREFIX = _M.DEFAULT_METRIC .. "{" .. _M.DEFAULT_HEX_LABEL .. '="'
 
+-- For a split entry's glob g (compile_mapping): 1 if name matches g in
+-- one way, 2 in more than one, nil if not at all, as glob_captures and
+-- glob_ambiguous tell, without making the parts. left: a scratch array.
+local left = {}
+local function split_match(g, name)
+  local pieces, n = g.pieces, #name
+  local k = #pieces
+  local first, last = pieces[1], pieces[k]
+  if first.len > n or (first.len > 0 and not find(name, first.pat)) then return nil end
+  local pos, last_at = first.len + 1, n - last.len + 1
+  if last_at < pos then return nil end
+  for i = 2, k - 1 do
+    local piece = pieces[i]
+    local a = pos
+    if piece.len > 0 then
+      a = find(name, piece.free, pos, true)
+      if not a or a + piece.len > last_at then return nil end
+    end
+    left[i], pos = a, a + piece.len
+  end
+  if last.len > 0 and not find(name, last.pat, last_at) then return nil end
+  local limit = last_at
+  for i = k - 1, 2, -1 do                        -- each piece rightmost: the same?
+    local piece = pieces[i]
+    local a = limit - piece.len
+    if piece.len > 0 then
+      while a > left[i] and not find(name, piece.pat, a) do a = a - 1 end
+    end
+    if a ~= left[i] then return 2 end
+    limit = a
+  end
+  return 1
+end
+
 -- The entry of name: the first (newest) of entries that matches it, and
--- what its wildcards matched (nil for a simple entry); nil if none does.
+-- what its wildcards matched (nil for a simple or split entry), and true
+-- for a split entry that name matches in one way; nil if none does.
 local function first_entry(entries, name)
   for i = 1, #entries do
     local e = entries[i]
@@ -525,6 +571,9 @@ local function first_entry(entries, name)
       if n >= q.head + q.tail and find(name, q.first) and find(name, q.last, n - q.tail + 1) then
         return e
       end
+    elseif e.split then
+      local m = split_match(e.glob, name)
+      if m then return e, nil, m == 1 end       -- 2: entry_series finds it ambiguous
     else
       local caps = glob_captures(e.glob, name)
       if caps then return e, caps end
@@ -677,8 +726,8 @@ function _M._render_prometheus(samples, mapping, names, lenient, extra, tail)
   end
   -- Lines written in C, from a list of names and values each (a million
   -- counters took 8 s in Lua, three new strings a line): the default
-  -- metric's (the names themselves, escaped or in hex) and each simple
-  -- entry's (compile_mapping); no two of their names share a series. Other
+  -- metric's (the names themselves, escaped or in hex) and each simple or
+  -- split entry's (compile_mapping); no two of their names share a series. Other
   -- mapped names may, so they wait for every name to be seen, in parallel
   -- arrays (not a table per row).
   local default, inc, entries = _M.DEFAULT_METRIC, {}, c.entries
@@ -688,12 +737,12 @@ function _M._render_prometheus(samples, mapping, names, lenient, extra, tail)
     local name = names[i]
     local v = samples[name]
     if v ~= nil then
-      local e, caps = nil, nil
-      if mapped then e, caps = first_entry(entries, name) end
+      local e, caps, split = nil, nil, nil
+      if mapped then e, caps, split = first_entry(entries, name) end
       local list, metric, series, key = nil, nil, nil, nil
       if not e then
         list = default
-      elseif e.simple and utf8len(name) then
+      elseif (e.simple or split) and utf8len(name) then
         list = e
       else
         metric, series, key = entry_series(e, name, caps)
@@ -728,10 +777,14 @@ function _M._render_prometheus(samples, mapping, names, lenient, extra, tail)
     if list == default then
       lines[default] = { core._prom_lines(DEFAULT_PREFIX, DEFAULT_HEX_PREFIX, l.names, l.values,
                                           l.n) }
-    else
+    elseif list.simple then
       local q = list.simple
       lines[list.metric] = { core._prom_lines(q.prefix, DEFAULT_HEX_PREFIX, l.names, l.values,
                                               l.n, q.head, q.tail) }
+    else
+      local q = list.split
+      lines[list.metric] = { core._prom_split_lines(list.metric, q.prefixes, q.pieces, l.names,
+                                                    l.values, l.n) }
     end
   end
   for i = 1, nrows do

@@ -258,6 +258,68 @@ describe("tally.format", function()
       end, "both map to the series likes{post=\"22\"}", 1, true)
     end)
 
+    it("splits a family of several stars in C exactly as Lua does", function()
+      -- a family of two '*' or more, the only one of its metric, has its
+      -- names split and written in C; format._lua_lines_only makes every
+      -- line Lua's, to compare: random mappings over random names,
+      -- ambiguous, empty, escaped and non-UTF-8 parts among them
+      local bits = { "a", "b", ":", "ab", "é", '"', "\\", "\n", "" }
+      local rnd = 42
+      local function r(n)               -- 1..n, exact in doubles too (Park-Miller)
+        rnd = (rnd * 16807) % 2147483647
+        return rnd % n + 1
+      end
+      local function word(max)
+        local t = {}
+        for i = 1, r(max + 1) - 1 do t[i] = bits[r(#bits)] end
+        return table.concat(t)
+      end
+      local function render(samples, mapping, lenient)
+        local ok, text, skipped = pcall(format._render_prometheus, samples, mapping, nil, lenient)
+        local out = { tostring(ok), tostring(text) }
+        for _, sk in ipairs(type(skipped) == "table" and skipped or {}) do
+          out[#out + 1] = sk.name .. "|" .. sk.reason .. "|" .. sk.msg
+        end
+        return table.concat(out, "\0")
+      end
+      local split = 0
+      for case = 1, 300 do
+        local mapping = {}
+        for m = 1, r(3) do
+          local stars, pieces, labels = r(3) + (m == 1 and 1 or 0), { word(2) }, {}
+          for j = 1, stars do
+            pieces[#pieces + 1] = "*" .. word(2)
+            labels[j] = "l" .. j
+          end
+          mapping[m] = { pattern = table.concat(pieces), labels = labels,
+                         metric = (r(4) == 1 and m > 1) and "m1" or "m" .. m }
+        end
+        local samples = {}
+        for _ = 1, 40 do
+          local name
+          if r(3) == 1 then
+            name = word(6) .. (r(4) == 1 and "\255" or "")
+          else                                      -- made to match an entry
+            name = mapping[r(#mapping)].pattern:gsub("%*", function() return word(3) end)
+          end
+          if name ~= "" then samples[name] = r(3) == 1 and r(1000) / 8 or r(1000) end
+        end
+        local fast = render(samples, mapping, true)
+        local fast_strict = render(samples, mapping, false)
+        local compiled = format.compile_mapping(mapping)
+        for _, e in ipairs(compiled.entries) do if e.split then split = split + 1 end end
+        format._lua_lines_only = true
+        local ok, slow, slow_strict = pcall(function()
+          return render(samples, mapping, true), render(samples, mapping, false)
+        end)
+        format._lua_lines_only = nil
+        assert(ok, slow)
+        assert.equal(slow, fast, "case " .. case)
+        assert.equal(slow_strict, fast_strict, "case " .. case)
+      end
+      assert.is_true(split > 200, "split entries: " .. split)
+    end)
+
     it("maps counters to metrics and labels by pattern, newest entry first", function()
       local mapping = {
         { pattern = "post:*", metric = "post_things", labels = { "what" } },
