@@ -102,8 +102,9 @@ static void put(struct out *o, const char *s, size_t len) {
   o->n += len;
 }
 
-/* The value as tally.format's int_text writes an integer; a string is a
- * value the Lua side wrote itself (a float, a 64-bit cdata). */
+/* The value as tally.format's int_text writes an integer (a string is a
+ * value the Lua side wrote itself: a float, a 64-bit cdata), then the
+ * line's end. */
 static void put_value(lua_State *L, struct out *o, int values, lua_Integer i) {
   char num[32];
   int n = -1;
@@ -127,6 +128,13 @@ static void put_value(lua_State *L, struct out *o, int values, lua_Integer i) {
   else
     put(o, s, len); /* may grow, which pushes nothing: s is still on the stack */
   lua_pop(L, 1);
+  put(o, "\n", 1);
+}
+
+/* The text, in a userdata at stack slot `at` (the top + 1). */
+static void out_open(lua_State *L, struct out *o, int at) {
+  *o = (struct out){L, at, NULL, 0, 4096};
+  o->p = (char *)lua_newuserdata(L, o->cap);
 }
 
 /* core._prom_lines(prefix, hex_prefix, names, values, n [, head, tail])
@@ -143,8 +151,8 @@ static int tl_prom_lines(lua_State *L) {
   lua_Integer n = luaL_checkinteger(L, 5);
   size_t head = (size_t)luaL_optinteger(L, 6, 0), tail = (size_t)luaL_optinteger(L, 7, 0);
   lua_settop(L, 7);
-  struct out o = {L, 8, NULL, 0, 4096};
-  o.p = (char *)lua_newuserdata(L, o.cap);
+  struct out o;
+  out_open(L, &o, 8);
   for (lua_Integer i = 1; i <= n; i++) {
     size_t len;
     lua_rawgeti(L, 3, i);
@@ -164,13 +172,12 @@ static int tl_prom_lines(lua_State *L) {
     o.n += k + 3;
     lua_pop(L, 1);
     put_value(L, &o, 4, i);
-    put(&o, "\n", 1);
   }
   lua_pushlstring(L, o.p, o.n);
   return 1;
 }
 
-/* A literal piece of a pattern: stack string i of table t. */
+/* A string a table on the stack holds: a pattern's piece, a label prefix. */
 struct piece {
   const char *s;
   size_t len;
@@ -229,8 +236,8 @@ static int tl_prom_split_lines(lua_State *L) {
   for (int j = 0; j < k; j++) fixed += piece[j].len;
   for (int j = 0; j < k - 1; j++) labels += prefix[j].len + 1;
   lua_settop(L, 6);
-  struct out o = {L, 7, NULL, 0, 4096};
-  o.p = (char *)lua_newuserdata(L, o.cap);
+  struct out o;
+  out_open(L, &o, 7);
   for (lua_Integer i = 1; i <= n; i++) {
     size_t len;
     lua_rawgeti(L, 4, i);
@@ -255,7 +262,6 @@ static int tl_prom_split_lines(lua_State *L) {
     o.n += at + 2;
     lua_pop(L, 1);
     put_value(L, &o, 5, i);
-    put(&o, "\n", 1);
   }
   lua_pushlstring(L, o.p, o.n);
   return 1;
