@@ -402,6 +402,7 @@ _M._glob_ambiguous = glob_ambiguous
 -- families map histograms (tally.histogram), never plain counters; one
 -- without a metric only gives buckets.
 local COMPILED = {}                 -- marks compiled mappings
+local SPLIT_MAX = 64                -- pieces core._prom_split_lines takes
 
 local function compile_mapping(mapping)
   if mapping == nil then mapping = {} end
@@ -492,7 +493,7 @@ local function compile_mapping(mapping)
     local pieces = e.glob.pieces
     if _M._lua_lines_only or uses[e.metric] ~= 1 then       -- luacheck: ignore 542
       -- the general way (_lua_lines_only: tests compare it with C's)
-    elseif #pieces > 2 and e.glob.nwild == #pieces - 1 then
+    elseif #pieces > 2 and #pieces <= SPLIT_MAX and e.glob.nwild == #pieces - 1 then
       local lits, utf8 = {}, true
       for j = 1, #pieces do
         lits[j] = pieces[j].free

@@ -318,6 +318,13 @@ describe("tally.format", function()
         assert.equal(slow_strict, fast_strict, "case " .. case)
       end
       assert.is_true(split > 200, "split entries: " .. split)
+      -- more pieces than C takes: the general way
+      local many = string.rep("*:", 70)
+      local labels = {}
+      for j = 1, 70 do labels[j] = "l" .. j end
+      local name = string.rep("x:", 70)
+      local text = format.prometheus({ [name] = 1 }, { { pattern = many, metric = "m", labels = labels } })
+      assert.matches('^# TYPE m gauge\nm{l1="x",l2="x",.*,l70="x"} 1\n$', text)
     end)
 
     it("maps counters to metrics and labels by pattern, newest entry first", function()
