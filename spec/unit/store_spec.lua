@@ -313,6 +313,36 @@ describe("tally.store", function()
       assert.same({ "a", "a:10", "a:2", "b", "c" }, db:names("*"))
     end)
 
+    it("sorts by bytes: high bytes last, a shorter name first, long shared prefixes", function()
+      local function before(x, y)                 -- memcmp's order, a prefix first
+        for i = 1, math.min(#x, #y) do
+          local a, b = x:byte(i), y:byte(i)
+          if a ~= b then return a < b end
+        end
+        return #x < #y
+      end
+      local pieces = { "a", "b", "\1", "\127", "\128", "\255", "abcdefgh", "é", ":" }
+      local seed, names, seen = 7, {}, {}
+      for _ = 1, 3000 do
+        local t = {}
+        repeat
+          seed = (seed * 16807) % 2147483647
+          t[#t + 1] = pieces[seed % #pieces + 1]
+          seed = (seed * 16807) % 2147483647
+        until seed % 5 == 0 or #t > 12
+        local name = table.concat(t)
+        if not seen[name] then
+          seen[name] = true
+          names[#names + 1] = name
+          db:incr(name)
+        end
+      end
+      table.sort(names, before)
+      local got = db:names()
+      assert.equal(#names, #got)
+      for i = 1, #names do assert.equal(names[i], got[i], "name " .. i) end
+    end)
+
     it("lists the counters matching a pattern", function()
       for _, n in ipairs({ "post:1:likes", "post:2:likes", "post:1:views", "user:1" }) do
         db:incr(n)
