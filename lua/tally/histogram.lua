@@ -124,9 +124,13 @@ function _M.group(names)
   return hs, others
 end
 
--- The members of histogram name in db, as _M.group gives them (nil: none
--- complete), or nil, msg, code.
+-- The members of histogram name in db, as _M.group gives them (false:
+-- none complete), or nil, msg, code. Without an +Inf bucket there is no
+-- complete histogram of that name: one lookup by name says so, where the
+-- walk of every counter made opening many new histograms quadratic.
 local function lookup(db, name)
+  local v, _, vcode = db:value(le_name(name, "+Inf"))
+  if v == nil and vcode == "ENOENT" then return false end
   local names, msg, code = db:names(name .. "{*}")
   if not names then return nil, msg, code end
   local hs = _M.group(names)

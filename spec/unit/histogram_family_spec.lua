@@ -215,6 +215,33 @@ describe("db:family with a histogram", function()
     assert.equal(4, h:snapshot().count)
   end)
 
+  it("opens new histograms and scrapes many without a walk of the store for each", function()
+    -- a walk (db:names, db:snapshot) reads every counter: one per
+    -- histogram made opening and scraping many of them quadratic
+    local methods = getmetatable(db).__index
+    local walks, names, snapshot = 0, methods.names, methods.snapshot
+    methods.names = function(...) walks = walks + 1; return names(...) end
+    methods.snapshot = function(...) walks = walks + 1; return snapshot(...) end
+    local ok, e = pcall(function()
+      db:family("lat:*", LAT)
+      for i = 1, 50 do assert(db:histogram("lat:/" .. i)):observe(i / 100) end
+      assert.equal(0, walks)                        -- new: no complete histogram to find
+      local text = tally.prometheus(db)
+      assert.equal(2, walks)                        -- the names, then one snapshot of all
+      for i = 1, 50 do
+        local want = i / 100 <= 0.1 and 1 or 0
+        assert.matches(M .. '_bucket{route="/' .. i .. '",le="0.1"} ' .. want .. "\n", text, 1, true)
+        assert.matches(M .. '_count{route="/' .. i .. '"} 1\n', text, 1, true)
+      end
+      -- an existing one is still looked up in full: its stored buckets decide
+      walks = 0
+      assert(db:histogram("lat:/7"))
+      assert.equal(1, walks)
+    end)
+    methods.names, methods.snapshot = names, snapshot
+    assert(ok, e)
+  end)
+
   describe("in a scrape", function()
     local logged, capture, restore = helper.logger_capture()
     before_each(capture)

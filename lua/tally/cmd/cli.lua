@@ -475,11 +475,16 @@ local function histograms_of(names)
   return hs, hnames
 end
 
--- Histogram base (h from histograms_of) read from one snapshot
--- (tally.histogram.read), or nil if it cannot be read (dropped meanwhile).
-local function read_histogram(db, base, h)
-  local snap = db:snapshot(base .. "{*}")
-  return snap and tally.histogram.read(snap, h) or nil
+-- A reader of the histograms (h from histograms_of): each read
+-- (tally.histogram.read) from one snapshot of all their members, taken on
+-- the first read; nil if it cannot be taken. One walk of the store, where
+-- a snapshot per histogram was a walk each.
+local function histogram_reader(db)
+  local snap
+  return function(h)
+    if snap == nil then snap = db:snapshot("*{*}") or false end
+    return snap and tally.histogram.read(snap, h) or nil
+  end
 end
 
 -- The upper bound of the bucket the q-quantile of r falls in, as member
@@ -518,8 +523,9 @@ function cmd.ls(args)
         first = false
       end
     end
+    local read = histogram_reader(db)
     for _, base in ipairs(hnames) do               -- then each histogram, one object
-      local r = read_histogram(db, base, hs[base])
+      local r = read(hs[base])
       if r then
         local buckets = {}
         for i, b in ipairs(r.buckets) do
@@ -590,8 +596,9 @@ function cmd.ls(args)
   local hs, hnames = histograms_of(names)
   if #hnames > 0 then
     local rows = { { "HISTOGRAM", "COUNT", "SUM", "P50<=", "P90<=", "P99<=", "BUCKETS" } }
+    local read = histogram_reader(db)
     for _, base in ipairs(hnames) do
-      local r = read_histogram(db, base, hs[base])
+      local r = read(hs[base])
       if r then
         rows[#rows + 1] = { base, tostring(r.count), common.hist_sum_text(r), quantile_text(r, 0.5),
                             quantile_text(r, 0.9), quantile_text(r, 0.99), tostring(#r.buckets) }
