@@ -412,14 +412,8 @@ apply(tally_store *s, tally_counter *const *c, const int64_t *d, size_t m) {
       return tally__fail(TALLY_ERANGE,
                          "counter '%s': adding %lld would overflow its writer's shard",
                          c[j]->name, (long long)d[j]);
-    struct tally__wentry *e = &sl->e[j];
-    atomic_store_explicit(&e->rec_off, rec_off, memory_order_relaxed);
-    atomic_store_explicit(&e->loc, loc, memory_order_relaxed);
-    atomic_store_explicit(&e->incarnation, r->incarnation, memory_order_relaxed);
-    atomic_store_explicit(&e->cell_off, (uint64_t)((unsigned char *)cell - s->base),
-                          memory_order_relaxed);
-    atomic_store_explicit(&e->before, before, memory_order_relaxed);
-    atomic_store_explicit(&e->delta, d[j], memory_order_relaxed);
+    tally__journal_entry(&sl->e[j], rec_off, loc, r->incarnation,
+                         (uint64_t)((unsigned char *)cell - s->base), before, d[j]);
   }
   atomic_store_explicit(&sl->n, m, memory_order_relaxed);
   /* 2. odd: a release store, so the journal is seen before it; each add

@@ -12,9 +12,8 @@
  * the store and distinct, summing duplicates. Here those hold by
  * construction, the bucket search and the rounding run in C beside the
  * batch, and under LuaJIT one FFI call does all of it. The batch takes
- * the short way (tally__batch_try2) from the members' locs as last seen,
- * and the whole way (tally__batch_apply2) when anything is unusual; the
- * whole way refreshes them.
+ * the short way (tally__batch_try2) from the locs the members' handles
+ * hold, and the whole way (tally__batch_apply2) when anything is unusual.
  */
 #include "internal.h"
 
@@ -30,7 +29,6 @@ struct tally_histogram {
   double unit;
   size_t nbounds;
   tally_counter **member; /* nbounds + 2: the buckets (the last +Inf), the sum */
-  _Atomic uint64_t *loc;  /* the members' locs as last seen (batch_try2) */
   double bounds[];        /* at least LINEAR_SEARCH: +Inf after the last */
 };
 
@@ -39,7 +37,6 @@ void tally_histogram_close(tally_histogram *h) {
   for (size_t i = 0; h->member && i < h->nbounds + 2; i++)
     tally_counter_close(h->member[i]);
   free(h->member);
-  free(h->loc);
   free(h);
 }
 
@@ -94,9 +91,7 @@ int tally_histogram_open(tally_store *s, const double *bounds, size_t nbounds,
                          i + 1);
   size_t room = nbounds < LINEAR_SEARCH ? LINEAR_SEARCH : nbounds;
   tally_histogram *h = calloc(1, sizeof *h + room * sizeof(double));
-  if (!h || !(h->member = calloc(nbounds + 2, sizeof *h->member)) ||
-      !(h->loc = calloc(nbounds + 2, sizeof *h->loc))) {
-    if (h) free(h->member);
+  if (!h || !(h->member = calloc(nbounds + 2, sizeof *h->member))) {
     free(h);
     return tally__fail(TALLY_ENOMEM, "out of memory");
   }
@@ -109,9 +104,6 @@ int tally_histogram_open(tally_store *s, const double *bounds, size_t nbounds,
   for (size_t i = 0; rc == 0 && i < nbounds + 2; i++)
     rc = open_member(s, names[i], &h->member[i]);
   if (rc == 0) rc = check_distinct(h);
-  for (size_t i = 0; rc == 0 && i < nbounds + 2; i++)
-    atomic_store_explicit(&h->loc[i], atomic_load(&h->member[i]->loc),
-                          memory_order_relaxed);
   if (rc) {
     tally_histogram_close(h);
     return rc;
@@ -168,17 +160,13 @@ int tally_histogram_observe(tally_histogram *h, double v) {
                        "at most 2^53, unit %g)",
                        v, h->unit);
   }
-  size_t i = bucket_of(h->bounds, h->nbounds, v), sum = h->nbounds + 1;
-  tally_counter *a = h->member[i], *b = h->member[sum];
+  tally_counter *a = h->member[bucket_of(h->bounds, h->nbounds, v)];
+  tally_counter *b = h->member[h->nbounds + 1];
   if (__builtin_expect(
-          tally__batch_try2(
-              h->s, a, atomic_load_explicit(&h->loc[i], memory_order_relaxed), 1, b,
-              atomic_load_explicit(&h->loc[sum], memory_order_relaxed), (int64_t)y) == 0,
+          tally__batch_try2(h->s, a, atomic_load_explicit(&a->loc, memory_order_relaxed),
+                            1, b, atomic_load_explicit(&b->loc, memory_order_relaxed),
+                            (int64_t)y) == 0,
           1))
     return 0;
-  int rc = tally__batch_apply2(h->s, a, 1, b, (int64_t)y);
-  /* the whole way refreshed the handles: the next observation uses them */
-  atomic_store_explicit(&h->loc[i], atomic_load(&a->loc), memory_order_relaxed);
-  atomic_store_explicit(&h->loc[sum], atomic_load(&b->loc), memory_order_relaxed);
-  return rc;
+  return tally__batch_apply2(h->s, a, 1, b, (int64_t)y);
 }

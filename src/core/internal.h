@@ -590,17 +590,8 @@ static inline uint64_t tally__crec(tally_counter *c) {
 }
 
 /* ---- batch.c, inline: a histogram's observation ---- */
-/* tally__batch_apply2 in its usual case: a and b whose records hold la and
- * lb (a loc the record still holds was checked when it was first
- * decoded), this thread's slot leased and nobody asking it to wait, both
- * new values in range. The same journal and the same steps as batch.c's
- * apply, in straight lines: the cells' addresses come from la and lb, so
- * their loads need not wait for the handles and records, which are only
- * checked. Inline, because at about 10 ns an observation is mostly
- * instructions, and a call's saved registers are a tenth of them. 0:
- * added; 1: not the usual case, nothing added (tally__batch_apply2 goes
- * the whole way and says what is wrong). */
 #define TALLY__UNUSUAL(x) __builtin_expect(!!(x), 0)
+/* One journal entry of a batch (batch.c's apply and the function below). */
 static inline void tally__journal_entry(struct tally__wentry *e, uint64_t rec_off,
                                         uint64_t loc, uint64_t incarnation,
                                         uint64_t cell_off, int64_t before,
@@ -612,6 +603,16 @@ static inline void tally__journal_entry(struct tally__wentry *e, uint64_t rec_of
   atomic_store_explicit(&e->before, before, memory_order_relaxed);
   atomic_store_explicit(&e->delta, delta, memory_order_relaxed);
 }
+/* tally__batch_apply2 in its usual case: a and b whose records hold la and
+ * lb (their handles' locs: a loc the record still holds was checked when
+ * it was first decoded), this thread's slot leased and nobody asking it
+ * to wait, both new values in range. The same journal and the same steps
+ * as batch.c's apply, in straight lines: the cells' addresses come from la
+ * and lb, so their loads need not wait for the records, which are only
+ * checked. Inline, because at about 10 ns an observation is mostly
+ * instructions, and a call's saved registers are a tenth of them. 0:
+ * added; 1: not the usual case, nothing added (tally__batch_apply2 goes
+ * the whole way and says what is wrong). */
 static inline int tally__batch_try2(tally_store *s, tally_counter *a, uint64_t la,
                                     int64_t da, tally_counter *b, uint64_t lb,
                                     int64_t db) {
