@@ -360,25 +360,31 @@ local function glob_captures(g, name)
 end
 _M._glob_captures = glob_captures
 
--- Whether name, which matches compiled glob g, matches it in more than one
--- way (so its wildcards could take more than one set of values: 'resp:*:*'
--- and 'resp:a:b:200'). glob_captures places each middle piece leftmost;
--- placing them rightmost, from the end, gives the other extreme of every
--- match, and the two agree exactly when the match is unique.
-local function glob_ambiguous(g, name)
+-- Place each middle piece of compiled glob g in name at its leftmost
+-- occurrence after the one before, as glob_captures does (left[i]: where
+-- piece i starts); false if one does not fit before the last piece.
+local function place_left(g, name, left)
   local pieces = g.pieces
   local k = #pieces
-  if k < 3 then return false end             -- at most one '*': one way
-  local left, pos = {}, pieces[1].len + 1
+  local pos, last_at = pieces[1].len + 1, #name - pieces[k].len + 1
   for i = 2, k - 1 do
     local piece = pieces[i]
     local a = pos
     if piece.len > 0 then
       if piece.free then a = find(name, piece.free, pos, true)
       else a = find(name, piece.unanchored, pos) end
+      if not a or a + piece.len > last_at then return false end
     end
     left[i], pos = a, a + piece.len
   end
+  return true
+end
+
+-- Given the leftmost places (place_left): whether placing the middle
+-- pieces rightmost instead, from the end, moves any of them.
+local function moves_right(g, name, left)
+  local pieces = g.pieces
+  local k = #pieces
   local limit = #name - pieces[k].len + 1
   for i = k - 1, 2, -1 do
     local piece = pieces[i]
@@ -390,6 +396,18 @@ local function glob_ambiguous(g, name)
     limit = a
   end
   return false
+end
+
+-- Whether name, which matches compiled glob g, matches it in more than one
+-- way (so its wildcards could take more than one set of values: 'resp:*:*'
+-- and 'resp:a:b:200'). glob_captures places each middle piece leftmost;
+-- placing them rightmost, from the end, gives the other extreme of every
+-- match, and the two agree exactly when the match is unique.
+local left = {}                              -- place_left's, scratch
+local function glob_ambiguous(g, name)
+  if #g.pieces < 3 then return false end     -- at most one '*': one way
+  place_left(g, name, left)
+  return moves_right(g, name, left)
 end
 _M._glob_ambiguous = glob_ambiguous
 
@@ -528,36 +546,15 @@ local DEFAULT_HEX_PREFIX = _M.DEFAULT_METRIC .. "{" .. _M.DEFAULT_HEX_LABEL .. '
 
 -- For a split entry's glob g (compile_mapping): 1 if name matches g in
 -- one way, 2 in more than one, nil if not at all, as glob_captures and
--- glob_ambiguous tell, without making the parts. left: a scratch array.
-local left = {}
+-- glob_ambiguous tell, without making the parts.
 local function split_match(g, name)
   local pieces, n = g.pieces, #name
-  local k = #pieces
-  local first, last = pieces[1], pieces[k]
+  local first, last = pieces[1], pieces[#pieces]
   if first.len > n or (first.len > 0 and not find(name, first.pat)) then return nil end
-  local pos, last_at = first.len + 1, n - last.len + 1
-  if last_at < pos then return nil end
-  for i = 2, k - 1 do
-    local piece = pieces[i]
-    local a = pos
-    if piece.len > 0 then
-      a = find(name, piece.free, pos, true)
-      if not a or a + piece.len > last_at then return nil end
-    end
-    left[i], pos = a, a + piece.len
-  end
+  local last_at = n - last.len + 1
+  if last_at < first.len + 1 or not place_left(g, name, left) then return nil end
   if last.len > 0 and not find(name, last.pat, last_at) then return nil end
-  local limit = last_at
-  for i = k - 1, 2, -1 do                        -- each piece rightmost: the same?
-    local piece = pieces[i]
-    local a = limit - piece.len
-    if piece.len > 0 then
-      while a > left[i] and not find(name, piece.pat, a) do a = a - 1 end
-    end
-    if a ~= left[i] then return 2 end
-    limit = a
-  end
-  return 1
+  return moves_right(g, name, left) and 2 or 1
 end
 
 -- The entry of name: the first (newest) of entries that matches it, and

@@ -373,9 +373,8 @@ histograms_text = function(db, hs, c)
       skip(base, "duplicate", fmt("histogram '%s' maps to the metric %s, which another family "
                                   .. "has (or one of its series)", base, m))
     else
-      local snap, msg = all, all_msg
-      if not snap then
-        skip(base, "unreadable", "histogram '" .. base .. "': " .. tostring(msg))
+      if not all then
+        skip(base, "unreadable", "histogram '" .. base .. "': " .. tostring(all_msg))
       else
         local other = owner[key]
         if other then
@@ -385,7 +384,7 @@ histograms_text = function(db, hs, c)
         end
         owner[key] = owner[key] or base
         rows[#rows + 1] = { m = m, labels = labels, key = key, base = base, h = hs[base],
-                            v = histogram.read(snap, hs[base]) }
+                            v = histogram.read(all, hs[base]) }
       end
     end
   end

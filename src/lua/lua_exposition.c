@@ -137,6 +137,12 @@ static void out_open(lua_State *L, struct out *o, int at) {
   o->p = (char *)lua_newuserdata(L, o->cap);
 }
 
+/* names[i] pushed, and its bytes; NULL if it is not a string. */
+static const char *name_at(lua_State *L, int names, lua_Integer i, size_t *len) {
+  lua_rawgeti(L, names, i);
+  return lua_type(L, -1) == LUA_TSTRING ? lua_tolstring(L, -1, len) : NULL;
+}
+
 /* core._prom_lines(prefix, hex_prefix, names, values, n [, head, tail])
  * -> text: for i = 1..n, prefix .. the label value .. '"} ' .. values[i]
  * .. "\n", the label value being names[i] without its first head and last
@@ -155,8 +161,7 @@ static int tl_prom_lines(lua_State *L) {
   out_open(L, &o, 8);
   for (lua_Integer i = 1; i <= n; i++) {
     size_t len;
-    lua_rawgeti(L, 3, i);
-    const char *name = lua_type(L, -1) == LUA_TSTRING ? lua_tolstring(L, -1, &len) : NULL;
+    const char *name = name_at(L, 3, i, &len);
     if (!name || len < head + tail)
       return luaL_error(L, "_prom_lines: names[%d] is not a string of %d bytes or more",
                         (int)i, (int)(head + tail));
@@ -240,8 +245,7 @@ static int tl_prom_split_lines(lua_State *L) {
   out_open(L, &o, 7);
   for (lua_Integer i = 1; i <= n; i++) {
     size_t len;
-    lua_rawgeti(L, 4, i);
-    const char *name = lua_type(L, -1) == LUA_TSTRING ? lua_tolstring(L, -1, &len) : NULL;
+    const char *name = name_at(L, 4, i, &len);
     if (!name || len < fixed || memcmp(name, piece[0].s, piece[0].len) != 0 ||
         memcmp(name + len - piece[k - 1].len, piece[k - 1].s, piece[k - 1].len) != 0)
       return luaL_error(L, "_prom_split_lines: names[%d] does not match", (int)i);
