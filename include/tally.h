@@ -452,6 +452,17 @@ TALLY_API int tally_histogram_open(tally_store *s, const double *bounds, size_t 
 TALLY_API int tally_histogram_observe(tally_histogram *h, double v);
 /* Close the writer and its counter handles; NULL is allowed. */
 TALLY_API void tally_histogram_close(tally_histogram *h);
+/* What s holds of the histogram whose members are names[] (nbounds + 2,
+ * as tally_histogram_open takes them), found without a walk of the store:
+ * TALLY_HISTOGRAM_NEW if no counter is named names[nbounds] (the +Inf
+ * bucket: there is no such histogram); TALLY_HISTOGRAM_SAME if a writer
+ * of exactly these names (the same bounds and unit) opened it first;
+ * TALLY_HISTOGRAM_OTHER if it exists otherwise (first opened with other
+ * names, by a version that kept no mark, or not a histogram's bucket):
+ * find its members by name (NAME{*}). Or an error (< 0). */
+enum { TALLY_HISTOGRAM_NEW = 0, TALLY_HISTOGRAM_SAME = 1, TALLY_HISTOGRAM_OTHER = 2 };
+TALLY_API int tally_histogram_stored(tally_store *s, const char *const *names,
+                                     size_t nbounds);
 
 /* A consistent snapshot of the counters matching pattern: fn is called once
  * per counter with its value, after every value was read. The values of

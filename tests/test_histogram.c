@@ -3,6 +3,10 @@
  *  - open: bounds finite and strictly increasing, a unit > 0, at most
  *    TALLY_HISTOGRAM_MAX_BOUNDS, distinct names for every member; a member
  *    that is not a slot counter is refused; nothing is returned on failure;
+ *  - the shape mark: tally_histogram_stored says NEW before the +Inf
+ *    bucket exists, SAME for the names its first writer opened it with
+ *    (kept across a reopen and a compaction), OTHER for other names or a
+ *    bucket of another policy;
  *  - observe: v goes to the first bucket whose bound is >= v (+Inf past
  *    the last), for the branch-free count (<= 16 bounds) and the binary
  *    search (more) alike, checked against a plain scan; the sum is v / unit
@@ -94,6 +98,58 @@ static void test_open(void) {
   EXPECT_I64(3, member(s, "o{sum}"));
   tally_histogram_close(h);
   tally_histogram_close(NULL);
+  tally_store_close(s);
+}
+
+/* ---- the shape mark (tally_histogram_stored) --------------------------------------- */
+
+static void test_stored(void) {
+  char spec[1200], path[1100];
+  tu_spec(spec, sizeof spec, path, sizeof path, g_dir, "stored.tly");
+  tally_store *s;
+  REQUIRE_OK(tally_store_open(spec, NULL, &s));
+  EXPECT_RC(TALLY_EINVAL, tally_histogram_stored(NULL, NAMES4, 4));
+  EXPECT_RC(TALLY_EINVAL, tally_histogram_stored(s, NULL, 4));
+  const char *holes[] = {"h{le=1}", NULL, "h{le=5}", "h{le=10}", "h{le=+Inf}", "h{sum}"};
+  EXPECT_RC(TALLY_EINVAL, tally_histogram_stored(s, holes, 4));
+  EXPECT_RC(TALLY_HISTOGRAM_NEW, tally_histogram_stored(s, NAMES4, 4));
+  tally_histogram *h;
+  REQUIRE_OK(tally_histogram_open(s, BOUNDS4, 4, NAMES4, 1, &h));
+  EXPECT_OK(tally_histogram_observe(h, 3));
+  EXPECT_RC(TALLY_HISTOGRAM_SAME, tally_histogram_stored(s, NAMES4, 4));
+  /* the same +Inf bucket asked for with other bounds, or another sum */
+  const char *fewer[] = {"h{le=1}", "h{le=2}", "h{le=+Inf}", "h{sum}"};
+  const char *unit[] = {"h{le=1}",  "h{le=2}",    "h{le=5}",
+                        "h{le=10}", "h{le=+Inf}", "h{sum,unit=2}"};
+  EXPECT_RC(TALLY_HISTOGRAM_OTHER, tally_histogram_stored(s, fewer, 2));
+  EXPECT_RC(TALLY_HISTOGRAM_OTHER, tally_histogram_stored(s, unit, 4));
+  /* the first writer's mark stays: another writer's names do not replace it */
+  tally_histogram *h2;
+  REQUIRE_OK(tally_histogram_open(s, BOUNDS4, 2, fewer, 1, &h2));
+  tally_histogram_close(h2);
+  EXPECT_RC(TALLY_HISTOGRAM_SAME, tally_histogram_stored(s, NAMES4, 4));
+  EXPECT_RC(TALLY_HISTOGRAM_OTHER, tally_histogram_stored(s, fewer, 2));
+  /* a +Inf bucket that is no histogram's: a counter of another policy */
+  tally_counter *plain;
+  REQUIRE_OK(
+      tu_counter(s, "p{le=+Inf}", 4, TALLY_POLICY_THREAD, TALLY_COUNTER_CREATE, &plain));
+  const char *p[] = {"p{le=+Inf}", "p{sum}"};
+  EXPECT_RC(TALLY_HISTOGRAM_OTHER, tally_histogram_stored(s, p, 0));
+  tally_counter_close(plain);
+  tally_histogram_close(h);
+  tally_store_close(s);
+  /* kept in the file: across a reopen and a compaction */
+  EXPECT_OK(tally_store_compact(path, 0, NULL, NULL));
+  REQUIRE_OK(tally_store_open(spec, NULL, &s));
+  EXPECT_RC(TALLY_HISTOGRAM_SAME, tally_histogram_stored(s, NAMES4, 4));
+  EXPECT_I64(1, member(s, "h{le=5}"));
+  /* dropped: gone with its record; made again, marked by its new writer */
+  REQUIRE_OK(tally_store_drop(s, "h{le=+Inf}", 10));
+  EXPECT_RC(TALLY_HISTOGRAM_NEW, tally_histogram_stored(s, NAMES4, 4));
+  REQUIRE_OK(tally_histogram_open(s, BOUNDS4, 2, fewer, 1, &h));
+  EXPECT_RC(TALLY_HISTOGRAM_SAME, tally_histogram_stored(s, fewer, 2));
+  EXPECT_RC(TALLY_HISTOGRAM_OTHER, tally_histogram_stored(s, NAMES4, 4));
+  tally_histogram_close(h);
   tally_store_close(s);
 }
 
@@ -470,6 +526,7 @@ int main(void) {
   snprintf(g_dir, sizeof g_dir, "%s", tu_tmpdir("histogram"));
   double t0 = tu_now();
   test_open();
+  test_stored();
   test_observe();
   test_threads();
   test_processes();

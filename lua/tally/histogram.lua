@@ -125,12 +125,11 @@ function _M.group(names)
 end
 
 -- The members of histogram name in db, as _M.group gives them (false:
--- none complete), or nil, msg, code. Without an +Inf bucket there is no
--- complete histogram of that name: one lookup by name says so, where the
--- walk of every counter made opening many new histograms quadratic.
+-- none complete), or nil, msg, code: a walk of every counter, for a
+-- histogram whose +Inf bucket does not carry the mark of the names asked
+-- for (core.histogram_stored). Once per histogram, it made opening many
+-- of them quadratic.
 local function lookup(db, name)
-  local v, _, vcode = db:value(le_name(name, "+Inf"))
-  if v == nil and vcode == "ENOENT" then return false end
   local names, msg, code = db:names(name .. "{*}")
   if not names then return nil, msg, code end
   local hs = _M.group(names)
@@ -339,6 +338,15 @@ local function family_of(db, name)
   return prom and prom.histogram_family(db, name) or nil
 end
 
+-- Are the member names of les and the sum at most NAME_MAX bytes?
+local function fits(name, les, unit_text)
+  if #sum_name(name, unit_text) > core.NAME_MAX then return false end
+  for _, e in ipairs(les) do
+    if #e[3] > core.NAME_MAX then return false end
+  end
+  return true
+end
+
 local function list_text(les)
   local t = {}
   for i, e in ipairs(les) do t[i] = e[2] end
@@ -374,9 +382,27 @@ local function histogram(db, name, opts)
     bounds, unit, unit_given = fb, fu, true
     whose = " (family '" .. fam.pattern .. "')"
   end
-  local have, msg, code = lookup(db, name)
-  if have == nil then return nil, msg, code end
-  local les, unit_text
+  -- the members asked for (the defaults when not given): a store that
+  -- holds none of them, or this very set (the mark its first writer left
+  -- on the +Inf bucket), is answered without a walk
+  local les, unit_text = {}, num_text(unit)
+  for i, x in ipairs(bounds or _M.DEFAULT_BUCKETS) do
+    local t = num_text(x)
+    les[i] = { x, t, le_name(name, t) }
+  end
+  les[#les + 1] = { huge, "+Inf", le_name(name, "+Inf") }
+  local stored, have, msg, code = "other", nil, nil, nil
+  if fits(name, les, unit_text) then
+    local asked = {}
+    for i, e in ipairs(les) do asked[i] = e[3] end
+    asked[#les + 1] = sum_name(name, unit_text)
+    stored, msg, code = core.histogram_stored(db, asked)
+    if not stored then return nil, msg, code end
+  end
+  if stored == "other" then
+    have, msg, code = lookup(db, name)
+    if have == nil then return nil, msg, code end
+  end
   if have then                           -- the stored set decides
     if bounds then
       local got = list_text(have.les)
@@ -390,21 +416,12 @@ local function histogram(db, name, opts)
                       num_text(unit), whose), "EEXIST"
     end
     les, unit, unit_text = have.les, have.unit, have.unit_text
-  else
-    bounds = bounds or _M.DEFAULT_BUCKETS
-    les = {}
-    for i, x in ipairs(bounds) do
-      local t = num_text(x)
-      les[i] = { x, t, le_name(name, t) }
+  end
+  if not fits(name, les, unit_text) then
+    local longest = #sum_name(name, unit_text)
+    for _, e in ipairs(les) do
+      if #e[3] > longest then longest = #e[3] end
     end
-    les[#les + 1] = { huge, "+Inf", le_name(name, "+Inf") }
-    unit_text = num_text(unit)
-  end
-  local longest = #sum_name(name, unit_text)
-  for _, e in ipairs(les) do
-    if #e[3] > longest then longest = #e[3] end
-  end
-  if longest > core.NAME_MAX then
     argerror(1, "histogram", fmt("name too long: its member '%s' would be %d bytes (at most %d)",
                                  #les[1][3] >= longest and les[1][3] or sum_name(name, unit_text),
                                  longest, core.NAME_MAX), 2)

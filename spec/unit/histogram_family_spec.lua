@@ -233,12 +233,54 @@ describe("db:family with a histogram", function()
         assert.matches(M .. '_bucket{route="/' .. i .. '",le="0.1"} ' .. want .. "\n", text, 1, true)
         assert.matches(M .. '_count{route="/' .. i .. '"} 1\n', text, 1, true)
       end
-      -- an existing one is still looked up in full: its stored buckets decide
+      -- an existing one: its +Inf bucket carries the mark of these names
       walks = 0
-      assert(db:histogram("lat:/7"))
-      assert.equal(1, walks)
+      for i = 1, 50 do assert(db:histogram("lat:/" .. i)):observe(1) end
+      assert.equal(0, walks)
+      assert.equal(2, db:histogram("lat:/7"):snapshot().count)
     end)
     methods.names, methods.snapshot = names, snapshot
+    assert(ok, e)
+  end)
+
+  it("walks the store to reopen a histogram only when its mark is not that of the names asked for", function()
+    local methods = getmetatable(db).__index
+    local walks, names = 0, methods.names
+    methods.names = function(...) walks = walks + 1; return names(...) end
+    local ok, e = pcall(function()
+      -- members made as a version before the mark made them: unmarked
+      for _, n in ipairs({ "old{le=1}", "old{le=2}", "old{le=+Inf}", "old{sum,unit=1e-06}" }) do
+        assert(db:counter(n, { policy = "slot" })):incr(1)
+      end
+      local h = assert(db:histogram("old"))          -- the stored buckets decide, found by a walk
+      assert.equal(1, walks)
+      assert.same({ 1, 2 }, h.buckets)
+      assert(db:histogram("old", { buckets = { 1, 2 } }))   -- marked by the open above
+      assert.equal(1, walks)
+      -- other buckets or unit than the mark's: a walk finds the stored set
+      local h2, msg, code = db:histogram("old", { buckets = { 1, 2, 3 } })
+      assert.is_nil(h2)
+      assert.equal("EEXIST", code)
+      assert.matches("exists with buckets 1, 2, +Inf, not 1, 2, 3, +Inf", msg, 1, true)
+      assert.equal(2, walks)
+      h2, msg, code = db:histogram("old", { unit = 1e-3 })
+      assert.is_nil(h2)
+      assert.equal("EEXIST", code)
+      assert.equal(3, walks)
+      -- the first writer's mark stays: a histogram made with the default
+      -- buckets, reopened with none given, is found without a walk
+      assert(db:histogram("new")):observe(0.3)
+      assert.equal(3, walks)
+      assert.same(tally.histogram.DEFAULT_BUCKETS, assert(db:histogram("new")).buckets)
+      assert.equal(3, walks)
+      -- a member dropped under a marked histogram is made again
+      assert(db:drop("new{le=0.5}"))
+      assert(db:histogram("new")):observe(0.3)
+      assert.equal(3, walks)
+      assert.equal(1, db:value("new{le=0.5}"))
+      assert.equal(1, db:histogram("new"):snapshot().count)   -- the dropped count is gone
+    end)
+    methods.names = names
     assert(ok, e)
   end)
 

@@ -74,6 +74,33 @@ static int check_distinct(tally_histogram *h) {
   return rc;
 }
 
+/* The shape mark: a hash of every member's name in order (so of the
+ * bounds and the unit), never 0. It is kept in the +Inf bucket's record,
+ * in the contention word that only automatic counters use otherwise (a
+ * slot counter never is one), so a histogram reopened with the same
+ * names needs no walk of the store to find its members
+ * (tally_histogram_stored). */
+static uint64_t shape_of(const char *const *names, size_t n) {
+  uint64_t h = 0x5ea7ab1e; /* any seed: the chain starts somewhere */
+  for (size_t i = 0; i < n; i++) h = tally__hash(names[i], strlen(names[i]), h);
+  return h | 1;
+}
+
+/* Mark the +Inf bucket's record with the shape, unless it has one: the
+ * first writer's names stay. Held, so that a record dropped meanwhile is
+ * not reused under the store (grace.c); a gone handle's is not read. */
+static void mark_shape(tally_histogram *h, uint64_t shape) {
+  tally_counter *inf = h->member[h->nbounds];
+  tally__hold_begin(h->s);
+  if (!atomic_load(&inf->gone)) {
+    struct tally__rec *r = tally__at(h->s, tally__crec(inf));
+    uint64_t none = 0;
+    if (r->policy == TALLY_POLICY_SLOT)
+      atomic_compare_exchange_strong(&r->contention, &none, shape);
+  }
+  tally__hold_end(h->s);
+}
+
 int tally_histogram_open(tally_store *s, const double *bounds, size_t nbounds,
                          const char *const *names, double unit, tally_histogram **out) {
   if (!s || !names || (nbounds && !bounds) || !out)
@@ -108,8 +135,37 @@ int tally_histogram_open(tally_store *s, const double *bounds, size_t nbounds,
     tally_histogram_close(h);
     return rc;
   }
+  mark_shape(h, shape_of(names, nbounds + 2));
   *out = h;
   return 0;
+}
+
+int tally_histogram_stored(tally_store *s, const char *const *names, size_t nbounds) {
+  if (!s || !names)
+    return tally__fail(TALLY_EINVAL, "tally_histogram_stored: NULL argument");
+  if (nbounds > TALLY_HISTOGRAM_MAX_BOUNDS)
+    return tally__fail(TALLY_EINVAL, "a histogram has at most %d bounds, got %zu",
+                       TALLY_HISTOGRAM_MAX_BOUNDS, nbounds);
+  for (size_t i = 0; i < nbounds + 2; i++)
+    if (!names[i])
+      return tally__fail(TALLY_EINVAL, "tally_histogram_stored: a member name is NULL");
+  const char *inf = names[nbounds];
+  size_t len = strlen(inf);
+  int rc = tally__check_name(inf, len);
+  if (rc) return rc;
+  uint64_t shape = shape_of(names, nbounds + 2), rec_off;
+  tally__hold_begin(s); /* the record found is not reused meanwhile */
+  rc = tally__index_find(s, inf, len, tally__hash(inf, len, 0), &rec_off);
+  if (rc == 0) {
+    const struct tally__rec *r = tally__at(s, rec_off);
+    rc = r->policy == TALLY_POLICY_SLOT && atomic_load(&r->contention) == shape
+             ? TALLY_HISTOGRAM_SAME
+             : TALLY_HISTOGRAM_OTHER;
+  } else if (rc == TALLY_ENOENT) {
+    rc = TALLY_HISTOGRAM_NEW;
+  }
+  tally__hold_end(s);
+  return rc;
 }
 
 /* The bucket of v: the index of the first bound >= v, nbounds for +Inf.

@@ -5,6 +5,9 @@
  *   core.histogram_writer(db, bounds, names, unit) -> writer
  *       bounds: the finite bounds, increasing; names: #bounds + 2 member
  *       names (each bucket's, +Inf's, the sum's); unit: the sum's unit
+ *   core.histogram_stored(db, names) -> "new" | "same" | "other"
+ *       what the store holds of the histogram of those member names
+ *       (tally_histogram_stored), without a walk
  *   core.histogram_observe(writer, v) -> true
  *       one observation: its bucket +1 and the sum + v / unit, one batch
  *   core.histogram_method(H, method) -> H.observe for Lua 5.4: the same
@@ -51,6 +54,18 @@ static double tl_checkbound(lua_State *L, int idx, lua_Integer i) {
   return b;
 }
 
+/* names[i] for i < n: the strings of the list at idx (which holds them). */
+static void tl_member_names(lua_State *L, int idx, const char **names, size_t n) {
+  size_t i;
+  for (i = 0; i < n; i++) {
+    lua_rawgeti(L, idx, (lua_Integer)i + 1);
+    if (lua_type(L, -1) != LUA_TSTRING)
+      tl_argerror(L, idx, "name %d is not a string", (int)i + 1);
+    names[i] = lua_tostring(L, -1);
+    lua_pop(L, 1);
+  }
+}
+
 static int tl_histogram_writer(lua_State *L) {
   tl_store *db = tl_checkstore(L, 1);
   size_t nb, i;
@@ -73,13 +88,7 @@ static int tl_histogram_writer(lua_State *L) {
       (double *)tl_newud(L, (nb + 1) * sizeof(double) + (nb + 2) * sizeof(char *), 0);
   names = (const char **)(void *)(bounds + nb + 1);
   for (i = 0; i < nb; i++) bounds[i] = tl_checkbound(L, 2, (lua_Integer)i + 1);
-  for (i = 0; i < nb + 2; i++) {
-    lua_rawgeti(L, 3, (lua_Integer)i + 1);
-    if (lua_type(L, -1) != LUA_TSTRING)
-      tl_argerror(L, 3, "name %d is not a string", (int)i + 1);
-    names[i] = lua_tostring(L, -1); /* the table holds the string */
-    lua_pop(L, 1);
-  }
+  tl_member_names(L, 3, names, nb + 2);
   w = (tl_hist *)tl_newud(L, sizeof(*w), 1);
   memset(w, 0, sizeof(*w));
   w->key = (uintptr_t)w ^ TL_HIST_SALT;
@@ -92,6 +101,26 @@ static int tl_histogram_writer(lua_State *L) {
   w->next = db->hists;
   if (db->hists != NULL) db->hists->prev = w;
   db->hists = w;
+  return 1;
+}
+
+/* core.histogram_stored(db, names) -> "new" | "same" | "other" */
+static int tl_histogram_stored(lua_State *L) {
+  static const char *const what[] = {"new", "same", "other"};
+  tl_store *db = tl_checkstore(L, 1);
+  const char **names;
+  size_t n;
+  int rc;
+  if (!lua_istable(L, 2)) tl_typeerror(L, 2, "table");
+  n = (size_t)lua_rawlen(L, 2);
+  if (n < 2 || n > TALLY_HISTOGRAM_MAX_BOUNDS + 2)
+    return tl_argerror(L, 2, "2 to %d names expected, got %zu",
+                       TALLY_HISTOGRAM_MAX_BOUNDS + 2, n);
+  names = (const char **)tl_newud(L, n * sizeof(char *), 0);
+  tl_member_names(L, 2, names, n);
+  rc = tally_histogram_stored(db->store, names, n - 2);
+  if (rc < 0) return tl_fail(L, rc);
+  lua_pushstring(L, what[rc]);
   return 1;
 }
 
@@ -151,6 +180,8 @@ int tl_open_histogram(lua_State *L) {
   lua_pop(L, 1);
   lua_pushcfunction(L, tl_histogram_writer);
   lua_setfield(L, -2, "histogram_writer");
+  lua_pushcfunction(L, tl_histogram_stored);
+  lua_setfield(L, -2, "histogram_stored");
   lua_pushcfunction(L, tl_histogram_observe);
   lua_setfield(L, -2, "histogram_observe");
   lua_pushcfunction(L, tl_histogram_method_new);
