@@ -421,6 +421,9 @@ _M._glob_ambiguous = glob_ambiguous
 -- without a metric only gives buckets.
 local COMPILED = {}                 -- marks compiled mappings
 local SPLIT_MAX = 64                -- pieces core._prom_split_lines takes
+-- Names a scrape's line writer takes at once, and between two calls of
+-- its pause (_render_prometheus); a knob for tests.
+_M._chunk = 10000
 
 local function compile_mapping(mapping)
   if mapping == nil then mapping = {} end
@@ -678,7 +681,7 @@ local SKIPPED_HELP = "Counters left out of this exposition, by reason: ambiguous
 -- = n } of skips found by the caller), and the text is followed by the
 -- list of { name =, reason =, msg = } skipped. tail: text (more families)
 -- to place after the families and before that gauge.
-function _M._render_prometheus(samples, mapping, names, lenient, extra, tail)
+function _M._render_prometheus(samples, mapping, names, lenient, extra, tail, pause)
   if type(samples) ~= "table" then return nil, "table expected, got " .. describe(samples), 1 end
   local c, msg = compile_mapping(mapping)
   if not c then return nil, msg, 2 end
@@ -730,8 +733,32 @@ function _M._render_prometheus(samples, mapping, names, lenient, extra, tail)
   -- arrays (not a table per row).
   local default, inc, entries = _M.DEFAULT_METRIC, {}, c.entries
   local rmetric, rseries, rkey, rvalue, nrows = {}, {}, {}, {}, 0
-  local mapped = #entries > 0
+  local mapped, CHUNK = #entries > 0, _M._chunk
+  -- A list's lines are written CHUNK names at a time, and pause (if any)
+  -- is called after each CHUNK names: a host that yields there (nginx's
+  -- ngx.sleep(0), tally.openresty) serves other requests during a long
+  -- scrape. The lines come out the same.
+  local function flush(list, l)
+    if l.n == 0 then return end
+    local text
+    if list == default then
+      text = core._prom_lines(DEFAULT_PREFIX, DEFAULT_HEX_PREFIX, l.names, l.values, l.n)
+    elseif list.simple then
+      local q = list.simple
+      text = core._prom_lines(q.prefix, DEFAULT_HEX_PREFIX, l.names, l.values, l.n, q.head,
+                              q.tail)
+    else
+      local q = list.split
+      text = core._prom_split_lines(list.metric, q.prefixes, q.pieces, l.names, l.values, l.n)
+    end
+    local metric = list == default and default or list.metric
+    local out = lines[metric]
+    if not out then out = {}; lines[metric] = out end
+    out[#out + 1] = text
+    l.names, l.values, l.n = {}, {}, 0
+  end
   for i = 1, #names do
+    if pause and i % CHUNK == 0 then pause() end
     local name = names[i]
     local v = samples[name]
     if v ~= nil then
@@ -753,6 +780,7 @@ function _M._render_prometheus(samples, mapping, names, lenient, extra, tail)
         l.n, l.names[n] = n, name
         if type(v) == "number" and mtype(v) == "integer" then l.values[n] = v
         else l.values[n] = value_text(v) end   -- a float, a 64-bit cdata: as Lua writes it
+        if n == CHUNK then flush(list, l) end
       elseif not metric then
         if not lenient then return nil, key, 0 end
         skip(name, series, key)
@@ -771,20 +799,7 @@ function _M._render_prometheus(samples, mapping, names, lenient, extra, tail)
       end
     end
   end
-  for list, l in pairs(inc) do
-    if list == default then
-      lines[default] = { core._prom_lines(DEFAULT_PREFIX, DEFAULT_HEX_PREFIX, l.names, l.values,
-                                          l.n) }
-    elseif list.simple then
-      local q = list.simple
-      lines[list.metric] = { core._prom_lines(q.prefix, DEFAULT_HEX_PREFIX, l.names, l.values,
-                                              l.n, q.head, q.tail) }
-    else
-      local q = list.split
-      lines[list.metric] = { core._prom_split_lines(list.metric, q.prefixes, q.pieces, l.names,
-                                                    l.values, l.n) }
-    end
-  end
+  for list, l in pairs(inc) do flush(list, l) end
   for i = 1, nrows do
     if not bad[rkey[i]] then
       local metric = rmetric[i]

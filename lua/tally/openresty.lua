@@ -403,14 +403,23 @@ local function fail(status, msg)
   return ngx.exit(status)
 end
 
+-- Phases where ngx.sleep may yield to nginx's event loop. It sleeps 1 ms,
+-- not 0: without OpenResty's delayed-events patch (Debian's nginx) a
+-- sleep of 0 resumes before nginx looks at its sockets, and logs a warning.
+local YIELDS = { content = true, access = true, rewrite = true, timer = true }
+local function yield() ngx.sleep(0.001) end
+
 -- metrics([pattern]): content handler writing the exact values of the
 -- matching counters (default: all) in Prometheus text format 0.0.4, with
 -- the families' metric mappings and histograms as Prometheus histograms; 503 if this worker has no store, 500 if
--- rendering fails (both logged).
+-- rendering fails (both logged). The scrape yields to nginx every 10,000
+-- counters (ngx.sleep(0.001)), so that a worker rendering a large store
+-- goes on serving its other requests meanwhile.
 function _M.metrics(pattern)
   local db = st.db
   if not db then return fail(503, "tally.openresty: no store in this worker (" .. st.reason .. ")") end
-  local ok, text, err = pcall(tally.prometheus, db, pattern)
+  local opts = YIELDS[ngx.get_phase()] and { pause = yield } or nil
+  local ok, text, err = pcall(tally.prometheus, db, pattern, opts)
   if not ok or not text then
     return fail(500, "tally.openresty: /metrics: " .. tostring(ok and err or text))
   end

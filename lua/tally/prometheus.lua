@@ -420,18 +420,36 @@ histograms_text = function(db, hs, c)
   return concat(out), counts
 end
 
--- tally.prometheus(db [, pattern]) -> exposition text of the matching
--- counters' exact values, or nil, msg, code if the store's names cannot be
--- read. A counter that cannot be exposed (its value unreadable, two
--- counters mapping to one series, a name matching its family pattern in
--- more than one way) never fails the scrape: it is left out, counted in
--- the gauge tally_prometheus_skipped{reason=...} and logged once.
-function _M.prometheus(db, pattern)
+-- tally.prometheus(db [, pattern [, { pause = fn }]]) -> exposition text
+-- of the matching counters' exact values, or nil, msg, code if the store's
+-- names cannot be read. A counter that cannot be exposed (its value
+-- unreadable, two counters mapping to one series, a name matching its
+-- family pattern in more than one way) never fails the scrape: it is left
+-- out, counted in the gauge tally_prometheus_skipped{reason=...} and
+-- logged once. pause: called after every 10,000 counters read and again
+-- after every 10,000 rendered, so that a host can yield there
+-- (tally.openresty sleeps 1 ms there); what it raises fails the scrape.
+function _M.prometheus(db, pattern, opts)
   if not is_store(db) then
     argerror(1, "prometheus", "tally.store expected, got " .. typename(db), 2)
   end
   if pattern ~= nil and type(pattern) ~= "string" then
     argerror(2, "prometheus", "string expected, got " .. typename(pattern), 2)
+  end
+  local pause
+  if opts ~= nil then
+    if type(opts) ~= "table" then
+      argerror(3, "prometheus", "options table expected, got " .. typename(opts), 2)
+    end
+    for k in pairs(opts) do
+      if k ~= "pause" then
+        argerror(3, "prometheus", "unknown option " .. tostring(k) .. "; expected pause", 2)
+      end
+    end
+    pause = opts.pause
+    if pause ~= nil and type(pause) ~= "function" then
+      argerror(3, "prometheus", "pause must be a function, got " .. typename(pause), 2)
+    end
   end
   local c = _M.mapping_of(db)
   local values, names, nmsg, ncode = {}, db:names(pattern)
@@ -440,7 +458,9 @@ function _M.prometheus(db, pattern)
   hs, names = histogram.group(names)              -- histograms apart (tally/histogram.lua)
   if next(hs) then htext, skips = histograms_text(db, hs, c) end
   skips = skips or {}
-  for _, name in ipairs(names) do
+  local chunk = format._chunk
+  for i, name in ipairs(names) do
+    if pause and i % chunk == 0 then pause() end
     local v, msg, code = db:value(name)
     if code == "ERANGE" then           -- the sum does not fit int64: as a float
       v = 0.0
@@ -452,7 +472,7 @@ function _M.prometheus(db, pattern)
     end
     values[name] = v
   end
-  local text, skipped = format._render_prometheus(values, c, names, true, skips, htext)
+  local text, skipped = format._render_prometheus(values, c, names, true, skips, htext, pause)
   if not text then error(skipped, 2) end   -- not reached: the values are all numbers
   for _, sk in ipairs(skipped) do log_once(sk.name, sk.reason, sk.msg) end
   return text

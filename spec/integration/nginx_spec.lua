@@ -321,6 +321,51 @@ describe("tally.openresty in nginx, 2 workers", function()
     assert.same({}, srv.errors())
   end)
 
+  it("serves other requests while one worker renders a large /metrics", function()
+    srv = nginx.start { conf = nginx.example { every = 1 }, workers = 1 }
+    local db, n = store_of(srv), 300000
+    for i = 1, n do db:incr("bulk:" .. i, i) end
+    -- the scrape in the background; meanwhile new requests, one after the
+    -- other (at most 300), on the one worker; each line: its start and end
+    local dir = srv.dir
+    local script = helper.tmpfile("during.sh")
+    helper.write(script, ([[
+      url=%s; dir=%s
+      ( s=$(date +%%s.%%N); curl -s -o "$dir/metrics.txt" "$url/metrics"
+        echo "$s $(date +%%s.%%N)" > "$dir/metrics.time" ) &
+      m=$!
+      i=0
+      while kill -0 $m 2>/dev/null && [ $i -lt 300 ]; do
+        t=$(date +%%s.%%N); curl -s -o /dev/null "$url/page/1"
+        echo "$t $(date +%%s.%%N)" >> "$dir/pages.time"; i=$((i + 1))
+      done
+      wait $m
+    ]]):format(helper.q(srv.url), helper.q(dir)))
+    local out, code = helper.sh("sh " .. helper.q(script))
+    assert.equal(0, code, out)
+    local ms, me = nginx.slurp(dir .. "/metrics.time"):match("(%S+) (%S+)")
+    ms, me = tonumber(ms), tonumber(me)
+    local within, total = 0, 0
+    for a, b in (nginx.slurp(dir .. "/pages.time") or ""):gmatch("(%S+) (%S+)") do
+      total = total + 1
+      if tonumber(a) > ms and tonumber(b) < me then within = within + 1 end
+    end
+    -- without the scrape's yields the worker answers none of them until
+    -- it has rendered the whole text (at most one or two end before its
+    -- transfer does)
+    assert.is_true(within >= 5, ("%d of %d requests answered during a scrape of %.2f s")
+                                :format(within, total, me - ms))
+    local text = nginx.slurp(dir .. "/metrics.txt")
+    local lines, sum = 0, 0
+    for v in text:gmatch('\ntally_value{counter="bulk:%d+"} (%d+)') do
+      lines, sum = lines + 1, sum + tonumber(v)
+    end
+    assert.equal(n, lines)
+    assert.equal(n * (n + 1) / 2, sum)
+    db:close()
+    assert.same({}, srv.errors())
+  end)
+
   it("logs why a worker cannot open its store, and still serves", function()
     local conf, n = nginx.example():gsub('"file:data/tally%.tly"', '"file:missing/tally.tly"')
     assert.equal(1, n)

@@ -1,6 +1,7 @@
 -- Metric mappings on families, and tally.prometheus(db [, pattern]).
 local helper = require "spec.support.helper"
 local tally = require "tally"
+local format = require "tally.format"
 
 -- c:info() less its incarnation (random per creation), which must be there.
 local function plain(info)
@@ -361,6 +362,45 @@ describe("tally.prometheus()", function()
                  err(tally.prometheus, db:counter("x")))
     assert.equal("bad argument #2 to 'prometheus' (string expected, got number)",
                  err(tally.prometheus, db, 5))
+    assert.equal("bad argument #3 to 'prometheus' (options table expected, got function)",
+                 err(tally.prometheus, db, nil, print))
+    assert.equal("bad argument #3 to 'prometheus' (unknown option yield; expected pause)",
+                 err(tally.prometheus, db, nil, { yield = print }))
+    assert.equal("bad argument #3 to 'prometheus' (pause must be a function, got number)",
+                 err(tally.prometheus, db, nil, { pause = 1 }))
+  end)
+
+  it("calls pause between chunks of counters, and writes the same text", function()
+    db:family("post:*:likes", LIKES)                                   -- one '*': C lines
+    db:family("api:*:*:calls", { metric = "api_calls_total", labels = { "key", "method" } })
+    db:family("temp:?", { metric = "temperature_celsius", labels = { "room" } })  -- Lua lines
+    db:family("lat:*", { histogram = true, metric = "lat_seconds", labels = { "route" } })
+    for i = 1, 23 do
+      db:incr("post:" .. i .. ":likes", i)
+      db:incr("api:k" .. i .. ":GET:calls", 2 * i)
+      db:incr("plain:" .. i, -i)
+      db:incr("x" .. i .. "\255", i)                  -- not UTF-8: the hex label
+    end
+    for _, r in ipairs({ "A", "B", "C" }) do db:incr("temp:" .. r, 5) end
+    for i = 1, 4 do assert(db:histogram("lat:/" .. i)):observe(i / 10) end
+    local whole = tally.prometheus(db)
+    local chunk, pauses = format._chunk, 0
+    format._chunk = 7
+    local ok, text = pcall(tally.prometheus, db, nil, { pause = function() pauses = pauses + 1 end })
+    local plain_ok, plain = pcall(tally.prometheus, db)
+    format._chunk = chunk
+    assert(ok, text)
+    assert(plain_ok, plain)
+    assert.equal(whole, text)
+    assert.equal(whole, plain)
+    -- 95 counters (the histograms' 52 members apart): 13 pauses reading, 13 rendering
+    assert.equal(26, pauses)
+    -- what pause raises fails the scrape
+    format._chunk = 7
+    local ok2, e = pcall(tally.prometheus, db, nil, { pause = function() error("stop here") end })
+    format._chunk = chunk
+    assert.is_false(ok2)
+    assert.matches("stop here", e, 1, true)
   end)
 
   it("gives text that promtool check metrics accepts", function()
