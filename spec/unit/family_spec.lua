@@ -75,6 +75,29 @@ describe("tally.store", function()
       a:close(); b:close()
     end)
 
+    it("may take space reused below older families, and the file still opens", function()
+      -- rollup blocks of dropped counters, reusable once their grace period
+      -- is over, then families of every record size up to theirs: some take
+      -- a block's space, below the families made before
+      local path = helper.tmpfile()
+      local f = assert(tally.open("file:" .. path))
+      for i = 1, 20 do assert(f:incr("c:" .. i)) end
+      f:rollup("c:*", { every = 1, keep = { "1x1s" } })
+      local t = tally.now()
+      f:tick(t + 1)
+      assert(f:family("a:*", { shards = 2 }))
+      for i = 1, 20 do assert(f:drop("c:" .. i)) end
+      os.execute("sleep 1.1")                          -- the default grace time (1 s)
+      for i = 1, 3 do f:tick(t + 2 + i) end
+      for len = 1, 64 do assert(f:family(string.rep("b", len) .. "*", { shards = 4 })) end
+      assert.is_true(f:check())
+      f:close()
+      f = assert(tally.open("file:" .. path))
+      assert.equal(4, f:counter("bbbbbbbbbbbbbbbbbbbbbbbb:1"):info().shards)
+      assert.equal(2, f:counter("a:1"):info().shards)
+      f:close()
+    end)
+
     describe("with a function policy", function()
       it("gives the function to counters opened under it", function()
         local seen = {}
