@@ -122,6 +122,14 @@ static void test_rules(void) {
   EXPECT_OK(tally_batch_incr(s, ab, d, 3)); /* a twice: 40 */
   EXPECT_I64(43, tu_value(a));
   EXPECT_I64(20, tu_value(b));
+  /* a twice through two handles: one cell, so still the sum */
+  tally_counter *a2;
+  REQUIRE_OK(tally_counter_open(s, "a", 1, NULL, 0, &a2));
+  tally_counter *aa2[2] = {a, a2};
+  int64_t d2[2] = {1, 100};
+  EXPECT_OK(tally_batch_incr(s, aa2, d2, 2));
+  EXPECT_I64(144, tu_value(a));
+  tally_counter_close(a2);
 
   /* refused batches add nothing */
   REQUIRE_OK(tu_counter(s, "plain", 4, TALLY_POLICY_THREAD, TALLY_COUNTER_CREATE, &q));
@@ -145,7 +153,7 @@ static void test_rules(void) {
   }
   EXPECT_RC(TALLY_EINVAL, tally_batch_incr(s, many, ones, TALLY_BATCH_MAX + 1));
   EXPECT_OK(tally_batch_incr(s, many, ones, TALLY_BATCH_MAX));
-  EXPECT_I64(43, tu_value(a));
+  EXPECT_I64(144, tu_value(a));
   EXPECT_I64(20, tu_value(b));
   EXPECT_I64(0, tu_value(q));
   EXPECT_I64(1, tu_value(many[TALLY_BATCH_MAX - 1]));
@@ -159,7 +167,7 @@ static void test_rules(void) {
   struct snapv sv = {0};
   EXPECT_OK(tally_store_snapshot(s, "?", 1, snap_one, &sv));
   EXPECT_I64(2, sv.n);
-  EXPECT_I64(43, snap_get(&sv, "a"));
+  EXPECT_I64(144, snap_get(&sv, "a"));
   EXPECT_I64(20, snap_get(&sv, "b"));
   sv.n = 0;
   EXPECT_OK(tally_store_snapshot(s, "pla*", 4, snap_one, &sv));
@@ -171,7 +179,7 @@ static void test_rules(void) {
   EXPECT_OK(tally_store_snapshot(s, "?", 1, snap_one, &sv));
   EXPECT_I64(1, sv.n);
   EXPECT_RC(TALLY_EDROPPED, tally_batch_incr(s, ba, d, 2));
-  EXPECT_I64(43, tu_value(a));
+  EXPECT_I64(144, tu_value(a));
 
   for (int i = 0; i <= TALLY_BATCH_MAX; i++) tally_counter_close(many[i]);
   tally_counter_close(q);

@@ -124,7 +124,8 @@ local SLOT = { policy = "slot" }
 local describe = require("tally.util").describe
 
 -- The handle for a batch entry: a counter of this store, or a name (a slot
--- counter is created if it is absent).
+-- counter is created if it is absent); or nil, msg, code (the name is a
+-- counter of another policy, say).
 local function batch_counter(db, c, fname, arg)
   if type(c) == "string" then return db:counter(c, SLOT) end
   if type(c) == "userdata" then return c end -- core.batch checks it is a counter
@@ -143,8 +144,9 @@ function store:incr_many(list)
       argerror(2, "incr_many", "entry " .. i .. " must be { counter_or_name [, n] }, got "
                .. describe(e))
     end
-    cs[i] = batch_counter(self, e[1], "incr_many", 2)
-    ds[i] = e[2] == nil and 1 or e[2]
+    local c, msg, code = batch_counter(self, e[1], "incr_many", 2)
+    if not c then return nil, msg, code end
+    cs[i], ds[i] = c, e[2] == nil and 1 or e[2]
   end
   return core.batch(self, cs, ds)
 end
@@ -154,27 +156,32 @@ end
 -- batch. If fn raises, nothing is applied and the error goes on.
 local batch_mt = {}
 batch_mt.__index = batch_mt
-function batch_mt:incr(c, n)
-  local k = #self.cs + 1
-  self.cs[k] = batch_counter(self.db, c, "incr", 1)
-  self.ds[k] = n == nil and 1 or n
-  return self
+-- An entry: n as given, its sign apart (core.batch negates it after the
+-- checks an increment's n gets, so "5" or a uint64_t cdata fare as in
+-- c:decr); a counter that cannot be had fails the batch when fn returns.
+local function batch_add(b, c, n, fname, negate)
+  local h, msg, code = batch_counter(b.db, c, fname, 1)
+  if not h then
+    b.failed = b.failed or { msg, code }
+    return b
+  end
+  local k = #b.cs + 1
+  b.cs[k], b.ds[k], b.neg[k] = h, n == nil and 1 or n, negate
+  return b
 end
-function batch_mt:decr(c, n)
-  local d = n == nil and 1 or n
-  if (type(d) == "number" and tointeger(d)) or type(d) == "cdata" then d = sub(0, d) end
-  return self:incr(c, d)
-end
+function batch_mt:incr(c, n) return batch_add(self, c, n, "incr", false) end
+function batch_mt:decr(c, n) return batch_add(self, c, n, "decr", true) end
 
 function store:batch(fn)
   check_self(self, "tally.store", "batch")
   if type(fn) ~= "function" then
     argerror(2, "batch", "function expected, got " .. describe(fn))
   end
-  local b = setmetatable({ db = self, cs = {}, ds = {} }, batch_mt)
+  local b = setmetatable({ db = self, cs = {}, ds = {}, neg = {} }, batch_mt)
   fn(b)
+  if b.failed then return nil, b.failed[1], b.failed[2] end
   if #b.cs == 0 then return true end
-  return core.batch(self, b.cs, b.ds)
+  return core.batch(self, b.cs, b.ds, b.neg)
 end
 
 -- db:snapshot([pattern]) -> { [name] = value, ... } | nil, msg, code: the

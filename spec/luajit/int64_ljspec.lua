@@ -41,6 +41,20 @@ for _, path in ipairs(helper.paths) do
       assert.equal("number", type(c:value()))
     end)
 
+    it("take int64_t and uint64_t decrements in a batch as c:decr does", function()
+      local a = db:counter("a", { policy = "slot" })
+      assert.is_true(db:batch(function(b) b:decr(a, int64(2)^60); b:decr(a, uint64(3)) end))
+      assert.equal("-1152921504606846979LL", tostring(a:value()))
+      -- refused as c:decr refuses them, and nothing is added
+      local U = uint64(-1)                              -- beyond int64_t
+      assert.has_error(function() a:decr(U) end)
+      assert.has_error(function() db:batch(function(b) b:decr(a, U) end) end)
+      assert.has_error(function() a:decr(2^60) end)     -- a double beyond 2^53: inexact
+      assert.has_error(function() db:batch(function(b) b:decr(a, 2^60) end) end)
+      assert.is_true(db:batch(function(b) b:decr(a, "5") end))
+      assert.equal("-1152921504606846984LL", tostring(a:value()))
+    end)
+
     it("take int64_t and uint64_t increments exactly", function()
       local c = db:counter("big", { shards = 2, policy = "round_robin" })
       c:incr(int64(2)^60)

@@ -44,6 +44,50 @@ describe("tally.store:batch and :incr_many", function()
     db:close()
   end)
 
+  it("sum the entries of one counter named through several handles or by name", function()
+    local db = tally.open()
+    local a = db:counter("a", { policy = "slot" })
+    local a2 = db:counter("a", { policy = "slot" })     -- another handle, one cell
+    assert.is_true(db:batch(function(b) b:incr(a, 1); b:incr(a2, 100) end))
+    assert.equal(101, a:value())
+    assert.is_true(db:incr_many{ { "b", 10 }, { "b", 5 } })
+    assert.equal(15, db:value("b"))
+    assert.is_true(db:incr_many{ { a, 1 }, { "a", 2 }, { a2, 3 } })
+    assert.equal(107, a:value())
+    db:close()
+  end)
+
+  it("subtract in b:decr as c:decr does, after the same checks", function()
+    local db = tally.open()
+    local a = db:counter("a", { policy = "slot" })
+    assert.is_true(db:batch(function(b) b:decr(a, "5"); b:decr(a, 2); b:decr(a) end))
+    assert.equal(-8, a:value())
+    assert.is_true(a:decr("5"))
+    assert.equal(-13, a:value())
+    -- what c:decr refuses, b:decr refuses, and the batch adds nothing
+    assert.has_error(function() db:batch(function(b) b:incr(a, 1); b:decr(a, 1.5) end) end)
+    local ok, msg, code = db:batch(function(b) b:decr(a, math.mininteger) end)
+    assert.same({ nil, "counter 'a': subtracting -2^63 would overflow", "ERANGE" },
+                { ok, msg, code })
+    -- (under LuaJIT: spec/luajit/int64_ljspec.lua)
+    assert.equal(-13, a:value())
+    -- a name whose slot counter cannot be had (a capped family's overflow
+    -- counter of another policy takes it) fails the batch, which adds nothing
+    db:family("q:*", { max_counters = 1 })
+    db:incr("q:a")
+    db:incr("q:b")                                     -- q:_overflow, policy thread
+    ok, msg, code = db:batch(function(b) b:incr(a, 1); b:incr("q:c", 1) end)
+    assert.is_nil(ok)
+    assert.is_string(msg)
+    assert.is_string(code)
+    ok, msg, code = db:incr_many{ { a, 1 }, { "q:c", 1 } }
+    assert.is_nil(ok)
+    assert.is_string(code)
+    assert.equal(-13, a:value())
+    assert.equal(1, db:value("q:_overflow"))
+    db:close()
+  end)
+
   it("add nothing when the function raises or any entry is refused", function()
     local db = tally.open()
     local a = db:counter("a", { policy = "slot" })

@@ -340,7 +340,10 @@ int tally_batch_incr(tally_store *s, tally_counter *const *cs, const int64_t *de
   tally_counter *c[TALLY_BATCH_MAX];
   int64_t d[TALLY_BATCH_MAX];
   size_t m = 0;
-  for (size_t i = 0; i < n; i++) { /* distinct counters, deltas summed */
+  /* distinct counters, deltas summed: by record, not handle (two handles
+   * of one counter name one cell, and of two stores of the same value in
+   * it the second would lose the first's add) */
+  for (size_t i = 0; i < n; i++) {
     if (!cs[i])
       return tally__fail(TALLY_EINVAL, "tally_batch_incr: counter %zu is NULL", i);
     if (cs[i]->s != s)
@@ -353,7 +356,8 @@ int tally_batch_incr(tally_store *s, tally_counter *const *cs, const int64_t *de
                          "batched",
                          cs[i]->name, tally_policy_name(cs[i]->policy));
     size_t j = 0;
-    while (j < m && c[j] != cs[i]) j++;
+    uint64_t rec_off = tally__crec(cs[i]);
+    while (j < m && tally__crec(c[j]) != rec_off) j++;
     if (j == m) {
       if (m == TALLY_BATCH_MAX)
         return tally__fail(TALLY_EINVAL, "a batch holds at most %d counters",

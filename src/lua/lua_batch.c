@@ -2,10 +2,11 @@
  * tally_store_snapshot): what db:batch, db:incr_many and db:snapshot
  * (lua/tally/init.lua) stand on.
  *
- *   core.batch(db, counters, deltas) -> true
+ *   core.batch(db, counters, deltas [, negate]) -> true
  *       counters: a list of counter handles of db (policy "slot"); deltas:
  *       a list as long, of increments (integers; under LuaJIT also int64
- *       cdata). All of them land together for snapshots, or none does.
+ *       cdata), each subtracted where negate[i] is true (b:decr). All of
+ *       them land together for snapshots, or none does.
  *   core.snapshot(db [, pattern]) -> { [name] = value, ... }
  *       the values of the matching counters as one consistent cut (slot
  *       counters; others read one after the other)
@@ -16,6 +17,7 @@
  * raises.
  */
 #include <stdint.h>
+#include <stdio.h>
 
 #include "lua_aux.h"
 
@@ -26,9 +28,10 @@ static int tl_batch(lua_State *L) {
   tally_counter *cs[TL_BATCH_ENTRIES];
   int64_t deltas[TL_BATCH_ENTRIES];
   size_t n, i;
-  int rc;
+  int rc, negate;
   if (!lua_istable(L, 2)) tl_typeerror(L, 2, "table");
   if (!lua_istable(L, 3)) tl_typeerror(L, 3, "table");
+  negate = lua_istable(L, 4);
   n = (size_t)lua_rawlen(L, 2);
   if (n != (size_t)lua_rawlen(L, 3))
     return tl_argerror(L, 3, "%zu deltas for %zu counters", (size_t)lua_rawlen(L, 3), n);
@@ -46,6 +49,19 @@ static int tl_batch(lua_State *L) {
     lua_rawgeti(L, 3, (lua_Integer)i + 1);
     deltas[i] = tl_checkdelta(L, lua_gettop(L));
     lua_pop(L, 2);
+    if (negate) {
+      lua_rawgeti(L, 4, (lua_Integer)i + 1);
+      if (lua_toboolean(L, -1)) {
+        if (deltas[i] == INT64_MIN) {
+          char msg[TALLY_NAME_MAX + 64];
+          snprintf(msg, sizeof msg, "counter '%s': subtracting -2^63 would overflow",
+                   h->name);
+          return tl_fail_msg(L, TALLY_ERANGE, msg);
+        }
+        deltas[i] = -deltas[i];
+      }
+      lua_pop(L, 1);
+    }
   }
   rc = tally_batch_incr(db->store, cs, deltas, n);
   if (rc < 0) return tl_fail(L, rc);
