@@ -198,8 +198,10 @@ typedef struct tally_maintain_result {
 /* One bounded step of upkeep, for a host's timer (db:tick calls it): pass
  * a grace step, reuse what every process has passed, and look at up to
  * `budget` counters for idle expiry (families with idle_s) at now_ms (the
- * caller's clock, milliseconds; the same clock in every process). out may
- * be NULL. */
+ * caller's clock, milliseconds; the same clock in every process; at most
+ * TALLY_MAINTAIN_MAX_MS, the year 2106 of the Unix clock: TALLY_EINVAL
+ * beyond). out may be NULL. */
+#define TALLY_MAINTAIN_MAX_MS ((int64_t)(UINT32_MAX - 2) * 1000)
 TALLY_API int tally_store_maintain(tally_store *s, int64_t now_ms, uint32_t budget,
                                    tally_maintain_result *out);
 

@@ -334,6 +334,9 @@ static void test_grace_time(void) {
     snprintf(nm, sizeof nm, "g:%03d", i);
     EXPECT_OK(tally_store_drop(s, nm, strlen(nm)));
   }
+  /* idle times are 32-bit seconds: a clock beyond is refused */
+  EXPECT_RC(TALLY_EINVAL, tally_store_maintain(s, INT64_MAX, 0, NULL));
+  EXPECT_RC(TALLY_EINVAL, tally_store_maintain(s, TALLY_MAINTAIN_MAX_MS + 1, 0, NULL));
   EXPECT_OK(tally_store_maintain(s, 0, 0, NULL));
   for (int i = 0; i < 100; i++) {
     snprintf(nm, sizeof nm, "h:%03d", i);

@@ -193,7 +193,7 @@ end
 local maintain = core.store_methods.maintain
 local function upkeep(db, now)
   local ms = tointeger(floor(now * 1000))
-  if not ms or ms > 9007199254740992 then return nil end  -- past any clock: none due
+  if not ms or ms > core.MAINTAIN_MAX_MS then return nil end  -- past 2106: none due
   local r, msg = maintain(db, ms)
   if r then return nil end
   return { upkeep = true, status = "error", error = msg }

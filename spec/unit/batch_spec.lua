@@ -125,6 +125,10 @@ describe("tally.store:batch and :incr_many", function()
     assert.matches("integer", helper.err(db.incr_many, db, { { "n", 1.5 } }))
     assert.matches("counter or name expected, got true",
                    helper.err(db.batch, db, function(b) b:incr(true) end))
+    local list = {}
+    for i = 1, 1025 do list[i] = { "s" .. i % 10 } end
+    assert.matches("at most 1024 entries in a batch, got 1025", helper.err(db.incr_many, db, list),
+                   1, true)
     db:close()
     other:close()
   end)

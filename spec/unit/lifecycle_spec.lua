@@ -106,8 +106,16 @@ describe("idle expiry", function()
     db:tick(T)
     db:tick(T + 1.5)                    -- fractional seconds: milliseconds count
     assert.same({}, db:names())
-    assert.equal("bad argument #1 to 'maintain' (time in milliseconds (an integer >= 0) expected, "
-                 .. "got -1)", err(function() db:maintain(-1) end))
+    assert.equal("bad argument #1 to 'maintain' (time in milliseconds (an integer from 0 to "
+                 .. "4294967293000) expected, got -1)", err(function() db:maintain(-1) end))
+    -- idle times are whole seconds in 32 bits: a time beyond is refused,
+    -- where it overflowed (UBSan) and was cut short
+    assert.matches("an integer from 0 to 4294967293000", err(function() db:maintain(math.maxinteger) end),
+                   1, true)
+    assert.matches("an integer from 0 to 4294967293000", err(function() db:maintain(4294967293001) end),
+                   1, true)
+    assert.is_table(db:maintain(4294967293000, 0))
+    assert.same({}, db:tick(2 ^ 40))                 -- past 2106: upkeep skipped, nothing raised
     assert.equal("bad argument #2 to 'maintain' (budget must be an integer from 0 to "
                  .. "4294967295, got 1.5)", err(function() db:maintain(0, 1.5) end))
     db:incr("s:2")

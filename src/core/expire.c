@@ -113,6 +113,11 @@ int tally_store_maintain(tally_store *s, int64_t now_ms, uint32_t budget,
                          tally_maintain_result *out) {
   tally_maintain_result r = {0};
   if (!s) return tally__fail(TALLY_EINVAL, "tally_store_maintain: store is NULL");
+  if (now_ms > TALLY_MAINTAIN_MAX_MS)
+    return tally__fail(TALLY_EINVAL,
+                       "tally_store_maintain: now_ms %lld is beyond %lld (idle times are "
+                       "kept in 32-bit seconds)",
+                       (long long)now_ms, (long long)TALLY_MAINTAIN_MAX_MS);
   int rc = tally__truncated(s);
   if (rc == 0) rc = tally__lock(s);
   if (rc) return rc;

@@ -34,11 +34,12 @@ static int tl_batch(lua_State *L) {
   negate = lua_istable(L, 4);
   n = (size_t)lua_rawlen(L, 2);
   if (n != (size_t)lua_rawlen(L, 3))
-    return tl_argerror(L, 3, "%zu deltas for %zu counters", (size_t)lua_rawlen(L, 3), n);
+    return tl_argerror(L, 3, "%d deltas for %d counters", tl_int(lua_rawlen(L, 3)),
+                       tl_int(n));
   if (n == 0) return tl_argerror(L, 2, "an empty batch");
   if (n > TL_BATCH_ENTRIES)
-    return tl_argerror(L, 2, "at most %d entries in a batch, got %zu", TL_BATCH_ENTRIES,
-                       n);
+    return tl_argerror(L, 2, "at most %d entries in a batch, got %d", TL_BATCH_ENTRIES,
+                       tl_int(n));
   for (i = 0; i < n; i++) {
     tl_counter *h;
     lua_rawgeti(L, 2, (lua_Integer)i + 1);

@@ -78,11 +78,11 @@ static int tl_histogram_writer(lua_State *L) {
   unit = (double)luaL_checknumber(L, 4);
   nb = (size_t)lua_rawlen(L, 2);
   if (nb > TALLY_HISTOGRAM_MAX_BOUNDS)
-    return tl_argerror(L, 2, "at most %d bounds, got %zu", TALLY_HISTOGRAM_MAX_BOUNDS,
-                       nb);
+    return tl_argerror(L, 2, "at most %d bounds, got %d", TALLY_HISTOGRAM_MAX_BOUNDS,
+                       tl_int(nb));
   if ((size_t)lua_rawlen(L, 3) != nb + 2)
-    return tl_argerror(L, 3, "%zu names for %zu bounds (expected %zu)",
-                       (size_t)lua_rawlen(L, 3), nb, nb + 2);
+    return tl_argerror(L, 3, "%d names for %d bounds (expected %d)",
+                       tl_int(lua_rawlen(L, 3)), tl_int(nb), tl_int(nb + 2));
   /* scratch as userdata: collected even if a check below raises */
   bounds =
       (double *)tl_newud(L, (nb + 1) * sizeof(double) + (nb + 2) * sizeof(char *), 0);
@@ -114,8 +114,8 @@ static int tl_histogram_stored(lua_State *L) {
   if (!lua_istable(L, 2)) tl_typeerror(L, 2, "table");
   n = (size_t)lua_rawlen(L, 2);
   if (n < 2 || n > TALLY_HISTOGRAM_MAX_BOUNDS + 2)
-    return tl_argerror(L, 2, "2 to %d names expected, got %zu",
-                       TALLY_HISTOGRAM_MAX_BOUNDS + 2, n);
+    return tl_argerror(L, 2, "2 to %d names expected, got %d",
+                       TALLY_HISTOGRAM_MAX_BOUNDS + 2, tl_int(n));
   names = (const char **)tl_newud(L, n * sizeof(char *), 0);
   tl_member_names(L, 2, names, n);
   rc = tally_histogram_stored(db->store, names, n - 2);

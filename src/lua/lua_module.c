@@ -33,6 +33,8 @@ TL_EXPORT int luaopen_tally_core(lua_State *L) {
   lua_setfield(L, -2, "MAX_SHARDS");
   lua_pushinteger(L, TALLY_NAME_MAX);
   lua_setfield(L, -2, "NAME_MAX");
+  lua_pushnumber(L, (lua_Number)TALLY_MAINTAIN_MAX_MS); /* exact: below 2^53 */
+  lua_setfield(L, -2, "MAINTAIN_MAX_MS");
   lua_pushinteger(L, TALLY_DEFAULT_SHARDS);
   lua_setfield(L, -2, "DEFAULT_SHARDS");
 #if TL_LUAJIT

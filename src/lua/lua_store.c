@@ -792,9 +792,11 @@ static int tl_store_maintain(lua_State *L) {
   lua_Integer now = 0, budget = 4096;
   int isnum = 0, rc;
   if (lua_type(L, 2) == LUA_TNUMBER) now = tl_tointx(L, 2, &isnum);
-  if (!isnum || now < 0)
-    return tl_argerror_got(L, 2, "time in milliseconds (an integer >= 0) expected", 2,
-                           TL_BOOL_VALUE);
+  if (!isnum || now < 0 || now > (lua_Integer)TALLY_MAINTAIN_MAX_MS)
+    return tl_argerror_got(L, 2,
+                           "time in milliseconds (an integer from 0 to 4294967293000) "
+                           "expected",
+                           2, TL_BOOL_VALUE);
   if (!lua_isnoneornil(L, 3)) {
     isnum = 0;
     if (lua_type(L, 3) == LUA_TNUMBER) budget = tl_tointx(L, 3, &isnum);
