@@ -73,6 +73,21 @@ describe("db:histogram", function()
     assert.equal("thread", db:counter("busy{le=+Inf}"):info().policy)
   end)
 
+  it("refuses members its family's cap would send to the overflow counter", function()
+    assert(db:family("capped:*", { max_counters = 3 }))
+    local h, msg, code = db:histogram("capped:h", { buckets = { 1, 2 } })   -- 4 members
+    assert.is_nil(h)
+    assert.equal("EFULL", code)
+    assert.matches("histogram member 'capped:h{sum,unit=1e-06}': its family is at its cap", msg, 1, true)
+    assert.equal(0, db:sum("capped:*"))
+    -- within the cap, it opens and counts in its own members
+    assert(db:family("roomy:*", { max_counters = 4 }))
+    h = assert(db:histogram("roomy:h", { buckets = { 1, 2 } }))
+    assert.is_true(h:observe(1.5))
+    assert.equal(1, db:value("roomy:h{le=2}"))
+    assert.is_nil(db:value("roomy:_overflow"))
+  end)
+
   it("rounds the sum to the nearest unit, halves away from zero", function()
     local h = assert(db:histogram("n", { buckets = { 10 }, unit = 1 }))
     for _, v in ipairs({ 0.4, 0.5, 1.5, -0.5, -0.4, 2 }) do h:observe(v) end

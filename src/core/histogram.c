@@ -44,12 +44,24 @@ static int open_member(tally_store *s, const char *name, tally_counter **out) {
   if (!name)
     return tally__fail(TALLY_EINVAL, "tally_histogram_open: a member name is NULL");
   tally_counter_options o = {0, TALLY_POLICY_SLOT};
-  int rc = tally_counter_open(s, name, strlen(name), &o, TALLY_COUNTER_CREATE, out);
+  size_t len = strlen(name);
+  int rc = tally_counter_open(s, name, len, &o, TALLY_COUNTER_CREATE, out);
   if (rc == TALLY_EMISMATCH)
     return tally__fail(TALLY_EPOLICY,
                        "counter '%s' exists with another policy or shard count: a "
                        "histogram's members are slot counters",
                        name);
+  /* a family at its cap hands out its overflow counter instead: a bucket
+   * counted there would be no bucket of this histogram */
+  if (rc == 0 && ((*out)->name_len != len || memcmp((*out)->name, name, len) != 0)) {
+    tally_counter_close(*out);
+    *out = NULL;
+    return tally__fail(TALLY_EFULL,
+                       "histogram member '%s': its family is at its cap of counters "
+                       "(max_counters), and a histogram's members never go to the "
+                       "overflow counter",
+                       name);
+  }
   return rc;
 }
 
