@@ -89,6 +89,9 @@ _M.parse = parse
 -- (an +Inf bucket and a sum), and the list of names that are not members
 -- of a complete histogram.
 function _M.group(names)
+  if type(names) ~= "table" then
+    argerror(1, "group", "table of names expected, got " .. describe(names), 2)
+  end
   local hs, any = {}, false
   for _, n in ipairs(names) do
     local base, kind, x, text
@@ -166,6 +169,12 @@ end
 -- (float, in the observations' units), sum_units = (the integer stored),
 -- unit = }.
 function _M.read(snap, h)
+  if type(snap) ~= "table" then
+    argerror(1, "read", "snapshot table expected, got " .. describe(snap), 2)
+  end
+  if type(h) ~= "table" or type(h.les) ~= "table" or h.sum == nil then
+    argerror(2, "read", "a histogram as group() gives it expected, got " .. describe(h), 2)
+  end
   local buckets, total = {}, 0
   for i, e in ipairs(h.les) do
     total = total + (snap[e[3]] or 0)
@@ -178,6 +187,12 @@ end
 -- q-quantile estimate of a read histogram r: the upper bound of the bucket
 -- it falls in (math.huge in the +Inf bucket), or nil when empty.
 function _M.quantile(r, q)
+  if type(r) ~= "table" or type(r.count) ~= "number" or type(r.buckets) ~= "table" then
+    argerror(1, "quantile", "a histogram as read() gives it expected, got " .. describe(r), 2)
+  end
+  if type(q) ~= "number" or not (q >= 0 and q <= 1) then
+    argerror(2, "quantile", "q must be a number from 0 to 1, got " .. describe(q), 2)
+  end
   if r.count == 0 then return nil end
   local rank = q * r.count
   for _, b in ipairs(r.buckets) do

@@ -29,6 +29,7 @@ local concat = table.concat
 local fmt = string.format
 
 local argerror = require("tally.util").argerror
+local describe = require("tally.util").describe
 
 local _M = {}
 
@@ -529,6 +530,9 @@ end
 -- records pushed afterwards are counted as dropped.
 function Http:close(drain)
   check_self(self, "tally.sink", "close")
+  if drain ~= nil and (type(drain) ~= "number" or drain ~= drain or drain < 0) then
+    argerror(1, "close", "drain must be a number of seconds >= 0, got " .. describe(drain), 2)
+  end
   if self.closed then return end
   if drain and drain > 0 then self.sender:flush(drain) end
   if self.spool then spool_settle(self) end       -- what is left stays in the file

@@ -125,6 +125,20 @@ describe("a file sink", function()
   end)
 end)
 
+describe("an HTTP sink's close", function()
+  it("checks drain before it stops anything", function()
+    local s = tally.sink.http { url = "http://127.0.0.1:1/x", timeout = 0.2 }
+    for _, bad in ipairs({ true, "1", -1, 0 / 0 }) do
+      local ok, e = pcall(s.close, s, bad)
+      assert.is_false(ok)
+      assert.matches("bad argument #1 to 'close' (drain must be a number of seconds >= 0", e, 1, true)
+    end
+    assert.is_false(s.closed or false)
+    s:close(0)
+    assert.is_true(s.closed)
+  end)
+end)
+
 describe("HTTP sinks", function()
   local hook, pg, ix
   setup(function()

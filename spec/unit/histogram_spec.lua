@@ -137,6 +137,23 @@ describe("db:histogram", function()
     assert.same({}, db:histograms("z*"))
   end)
 
+  it("has helpers that check their arguments", function()
+    local hm, e = tally.histogram, helper.err
+    assert.equal("bad argument #1 to 'quantile' (a histogram as read() gives it expected, got nil)",
+                 e(hm.quantile, nil, 0.5))
+    assert.matches("bad argument #1 to 'quantile'", e(hm.quantile, {}, 0.5), 1, true)
+    local r = hm.read({ ["x{le=1}"] = 2, ["x{le=+Inf}"] = 1, ["x{sum,unit=1}"] = 3 },
+                      hm.group({ "x{le=1}", "x{le=+Inf}", "x{sum,unit=1}" }).x)
+    assert.equal(3, r.count)
+    assert.equal(1, hm.quantile(r, 0.5))
+    assert.equal("bad argument #2 to 'quantile' (q must be a number from 0 to 1, got 2)",
+                 e(hm.quantile, r, 2))
+    assert.matches("bad argument #1 to 'read' (snapshot table expected", e(hm.read, nil, {}), 1, true)
+    assert.matches("bad argument #2 to 'read' (a histogram as group() gives it expected",
+                   e(hm.read, {}, {}), 1, true)
+    assert.equal("bad argument #1 to 'group' (table of names expected, got true)", e(hm.group, true))
+  end)
+
   it("raises for bad names, buckets, units and observations, and adds nothing", function()
     local e = helper.err
     assert.equal("bad argument #1 to 'histogram' (string expected, got nil)", e(db.histogram, db))
