@@ -308,8 +308,9 @@ end
 local function flush(db, timeout)
   check_self(db, "tally.store", "flush")
   timeout = timeout or 5
-  if type(timeout) ~= "number" or timeout < 0 then
-    argerror(1, "flush", "seconds expected, got " .. tostring(timeout), 2)
+  if type(timeout) ~= "number" or not (timeout >= 0) then     -- NaN too
+    argerror(1, "flush", "seconds expected, got "
+             .. (timeout ~= timeout and "nan" or tostring(timeout)), 2)
   end
   local st = state[db]
   if not st then return true end

@@ -125,6 +125,20 @@ describe("a file sink", function()
   end)
 end)
 
+describe("waiting", function()
+  it("refuses a NaN of seconds: db:flush and tally.sleep", function()
+    local db = assert(tally.open())
+    assert.matches("bad argument #1 to 'flush' (seconds expected, got nan)", helper.err(db.flush, db, 0 / 0),
+                   1, true)
+    assert.matches("bad argument #1 to 'flush' (seconds expected, got -1)", helper.err(db.flush, db, -1),
+                   1, true)
+    assert.is_true(db:flush(0))
+    assert.matches("seconds expected, got nan", helper.err(tally.sleep, 0 / 0), 1, true)
+    tally.sleep(0)
+    db:close()
+  end)
+end)
+
 describe("an HTTP sink's close", function()
   it("checks drain before it stops anything", function()
     local s = tally.sink.http { url = "http://127.0.0.1:1/x", timeout = 0.2 }

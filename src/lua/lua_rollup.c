@@ -278,6 +278,7 @@ static int tl_now(lua_State *L) {
 static int tl_sleep(lua_State *L) {
   double s = luaL_checknumber(L, 1);
   struct timespec ts;
+  if (s != s) return tl_argerror(L, 1, "seconds expected, got nan");
   if (!(s > 0)) return 0;
   if (s > 86400) s = 86400;
   ts.tv_sec = (time_t)s;
