@@ -735,8 +735,8 @@ function _M._render_prometheus(samples, mapping, names, lenient, extra, tail, pa
   local rmetric, rseries, rkey, rvalue, nrows = {}, {}, {}, {}, 0
   local mapped, CHUNK = #entries > 0, _M._chunk
   -- A list's lines are written CHUNK names at a time, and pause (if any)
-  -- is called after each CHUNK names: a host that yields there (nginx's
-  -- ngx.sleep(0), tally.openresty) serves other requests during a long
+  -- is called after each CHUNK names: a host that yields there
+  -- (tally.openresty sleeps 1 ms) serves other requests during a long
   -- scrape. The lines come out the same.
   local function flush(list, l)
     if l.n == 0 then return end
