@@ -15,8 +15,8 @@
 #ifndef TALLY_LUA_AUX_H
 #define TALLY_LUA_AUX_H
 
-#include <stddef.h>
 #include <limits.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "lua.h"
@@ -194,11 +194,11 @@ const char *tl_checkstring(lua_State *L, int arg, size_t *len);
 /* A counter increment at arg (nil or none: 1): an integer; under LuaJIT
  * also an int64_t or uint64_t cdata (see core.set_box). Raises otherwise. */
 int64_t tl_checkdelta(lua_State *L, int arg);
-/* -n for an increment n, without undefined behaviour on the minimum. */
 /* A count for a message: lua_pushfstring knows %d (an int), not %zu. */
 static inline int tl_int(size_t n) {
   return n > (size_t)INT_MAX ? INT_MAX : (int)n;
 }
+/* -n for an increment n, without undefined behaviour on the minimum. */
 static inline lua_Integer tl_negate(lua_Integer n) {
   return (lua_Integer)(0u - (uint64_t)n);
 }
