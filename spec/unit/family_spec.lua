@@ -154,6 +154,18 @@ describe("tally.store", function()
                    err(function() db:family("a:*", 16) end))
       assert.equal(1, db:counter("a:1"):info().shards)
     end)
+
+    it("takes the slot policy's options as db:counter does", function()
+      local ok, msg, code = db:family("s:*", { policy = "slot", shards = 4 })
+      assert.same({ nil, "the slot policy has one shard per writer slot: 64 shards, not 4", "ESHARDS" },
+                  { ok, msg, code })
+      assert.same({ nil, msg, code }, { db:counter("t", { policy = "slot", shards = 4 }) })
+      assert.is_true(db:family("s:*", { policy = "slot", shards = "auto" }))   -- its own shards
+      local info = db:counter("s:1"):info()
+      assert.equal("slot", info.policy)
+      assert.equal(64, info.shards)
+      assert.equal(64, db:counter("u", { policy = "slot", shards = "auto" }):info().shards)
+    end)
   end)
 
   describe(":sum() over a family", function()

@@ -158,11 +158,18 @@ int tally_family_define(tally_store *s, const char *pattern, size_t plen,
                        opt->shards, TALLY_MAX_SHARDS);
   if (opt->policy < -1 || opt->policy >= TALLY_POLICY_COUNT_)
     return tally__fail(TALLY_EPOLICY, "invalid shard policy %d", opt->policy);
-  if (opt->shards == TALLY_SHARDS_AUTO && opt->policy >= TALLY_POLICY_KEY)
+  /* as a counter's options (counter.c): a slot counter has its own shards */
+  if (opt->shards == TALLY_SHARDS_AUTO && opt->policy >= TALLY_POLICY_KEY &&
+      opt->policy != TALLY_POLICY_SLOT)
     return tally__fail(TALLY_EPOLICY,
                        "automatic shards need a policy that picks the shard "
                        "itself (not %s)",
                        tally_policy_name(opt->policy));
+  if (opt->policy == TALLY_POLICY_SLOT && opt->shards &&
+      opt->shards != TALLY_SHARDS_AUTO && opt->shards != TALLY_SLOT_SHARDS)
+    return tally__fail(TALLY_ESHARDS,
+                       "the slot policy has one shard per writer slot: %d shards, not %u",
+                       TALLY_SLOT_SHARDS, opt->shards);
   char over[TALLY_NAME_MAX + 1];
   if (opt->max_counters && tally_family_overflow(pattern, plen, over, sizeof over) < 0)
     return tally__fail(TALLY_ENAME,
