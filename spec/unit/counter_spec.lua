@@ -166,6 +166,11 @@ describe("tally.counter", function()
       assert.is_nil(ok)
       assert.equal("ERANGE", code)
       assert.equal(big, c:value())
+      -- decrementing by -2^63 is adding 2^63, which no int64 holds
+      local want = { nil, "counter 'a': subtracting -2^63 would overflow", "ERANGE" }
+      assert.same(want, { c:decr(math.mininteger) })
+      assert.same(want, { db:decr("a", math.mininteger) })
+      assert.equal(big, c:value())
     end)
 
     it("returns nil, message when the counter was dropped", function()

@@ -427,7 +427,14 @@ static int tl_store_incr_(lua_State *L, int sign) {
   lua_settop(L, 4); /* db name n key */
   n = tl_tointx(L, 3, &isnum);
   if (TL_UNLIKELY(!isnum)) n = tl_checkdelta(L, 3);
-  if (sign < 0) n = tl_negate(n);
+  if (sign < 0) {
+    if (TL_UNLIKELY(n == (lua_Integer)INT64_MIN))
+      return tl_fail_msg(L, TALLY_ERANGE,
+                         lua_pushfstring(L,
+                                         "counter '%s': subtracting -2^63 would overflow",
+                                         lua_tostring(L, 2)));
+    n = tl_negate(n);
+  }
   if (d->vec != NULL) { /* a slot's counter ignores the key, as its handle does */
     if (tl_slot_incr(L, d, 2, n)) {
       lua_pushboolean(L, 1);
