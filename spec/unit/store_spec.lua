@@ -84,6 +84,8 @@ describe("tally.open()", function()
                    err(function() tally.open("file:") end))
       assert.equal("bad argument #1 to 'open' (unknown store 'Memory' (expected 'memory' or 'file:PATH'))",
                    err(function() tally.open("Memory") end))
+      assert.equal("bad argument #1 to 'open' (a store spec holds no NUL byte)",
+                   err(function() tally.open("file:/tmp/a\0b") end))
     end)
 
     it("of the options", function()

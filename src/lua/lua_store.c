@@ -881,6 +881,8 @@ static int tl_open(lua_State *L) {
         tl_argerror(L, 1, "%s", tally_errmsg());
       tally_store_close(none); /* not reached: the core opens no spec refused above */
     }
+    if (len > 0 && strlen(spec) != len)
+      tl_argerror(L, 1, "a store spec holds no NUL byte");
     tl_argerror(L, 1, "unknown store '%s' (expected 'memory' or 'file:PATH')", spec);
   }
   if (!lua_isnoneornil(L, 2)) {
