@@ -124,8 +124,9 @@ local SLOT = { policy = "slot" }
 local describe = require("tally.util").describe
 
 -- The handle for a batch entry: a counter of this store, or a name (a slot
--- counter is created if it is absent); or nil, msg, code (the name is a
--- counter of another policy, say).
+-- counter is created if it is absent; a counter of the name with other
+-- options raises, as db:counter does); or nil, msg, code (the store
+-- could not make it: damaged, say).
 local function batch_counter(db, c, fname, arg)
   if type(c) == "string" then return db:counter(c, SLOT) end
   if type(c) == "userdata" then return c end -- core.batch checks it is a counter

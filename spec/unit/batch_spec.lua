@@ -72,17 +72,17 @@ describe("tally.store:batch and :incr_many", function()
     -- (under LuaJIT: spec/luajit/int64_ljspec.lua)
     assert.equal(-13, a:value())
     -- a name whose slot counter cannot be had (a capped family's overflow
-    -- counter of another policy takes it) fails the batch, which adds nothing
+    -- counter of another policy stands in for it) raises, as db:counter
+    -- does, and the batch adds nothing
     db:family("q:*", { max_counters = 1 })
     db:incr("q:a")
     db:incr("q:b")                                     -- q:_overflow, policy thread
-    ok, msg, code = db:batch(function(b) b:incr(a, 1); b:incr("q:c", 1) end)
-    assert.is_nil(ok)
-    assert.is_string(msg)
-    assert.is_string(code)
-    ok, msg, code = db:incr_many{ { a, 1 }, { "q:c", 1 } }
-    assert.is_nil(ok)
-    assert.is_string(code)
+    local why = "counter 'q:c' falls under a family at its cap (max_counters), whose overflow "
+                .. "counter exists with other options"
+    assert.matches(why, helper.err(db.batch, db, function(b) b:incr(a, 1); b:incr("q:c", 1) end),
+                   1, true)
+    assert.matches(why, helper.err(db.incr_many, db, { { a, 1 }, { "q:c", 1 } }), 1, true)
+    assert.matches(why, helper.err(db.counter, db, "q:c", { policy = "slot" }), 1, true)
     assert.equal(-13, a:value())
     assert.equal(1, db:value("q:_overflow"))
     db:close()

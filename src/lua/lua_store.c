@@ -562,6 +562,11 @@ static int tl_mismatch(lua_State *L, tl_store *d, const char *name, size_t len,
   tally_counter_info info;
   char asked[96];
   int rc = tally_counter_open(d->store, name, len, NULL, 0, &c);
+  if (rc == TALLY_ENOENT) /* a capped family's overflow counter stood in for it */
+    return luaL_error(L,
+                      "counter '%s' falls under a family at its cap (max_counters), "
+                      "whose overflow counter exists with other options",
+                      name);
   if (rc < 0) return tl_fail(L, rc);
   rc = tally_counter_info_get(c, &info);
   tally_counter_close(c);
