@@ -427,8 +427,9 @@ TALLY_API void tally_vector_free(tally_vector *v);
 
 /* Add deltas[i] to cs[i] for i < n, atomically for snapshots: every counter
  * must be a TALLY_POLICY_SLOT counter of s (TALLY_EPOLICY otherwise); a
- * counter named twice gets the sum of its deltas. n is 1 to TALLY_BATCH_MAX
- * distinct counters (TALLY_EINVAL). On any error nothing is added.
+ * counter named twice (by one handle or two) gets the sum of its deltas.
+ * n is 1 to TALLY_BATCH_MAX distinct counters (TALLY_EINVAL). On any error
+ * nothing is added.
  * TALLY_EBUSY: all TALLY_SLOT_SHARDS slots are held by live threads. */
 TALLY_API int tally_batch_incr(tally_store *s, tally_counter *const *cs,
                                const int64_t *deltas, size_t n);
