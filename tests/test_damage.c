@@ -14,6 +14,8 @@
  *    the file, so the next read is fast; a writer waiting on it meanwhile
  *    is not lost;
  *  - truncation: open and check report a file shorter than its header says;
+ *  - limbo: a retired record's item with a size past the free lists is
+ *    reported as damage, never used as a list's index;
  *  - ownership: a symlink and a file of another user are refused unless
  *    TALLY_OPEN_TRUST; mode bits above 0777 are dropped.
  */
@@ -22,6 +24,8 @@
 #include <sys/mman.h>
 
 #include "testutil.h"
+
+#include "../src/core/internal.h" /* tally__item, tally__crec: a limbo item */
 
 static const char *g_dir;
 
@@ -304,6 +308,56 @@ static void test_truncated(void) {
   }
 }
 
+/* ---- a limbo item's size ------------------------------------------------------ */
+
+/* A retired record's item in the limbo queue, its size (in 16-byte units)
+ * damaged past the free lists: open, check, upkeep and new counters report
+ * the damage and never index a list past the header's (found by fuzzing
+ * the command: UBSan, and an out-of-bounds push in a release build). */
+static void test_limbo_item(void) {
+  char spec[1200], path[1200];
+  spec_of(spec, sizeof spec, path, sizeof path, "limbo.tly");
+  tally_store *s;
+  tally_counter *c;
+  REQUIRE_OK(tally_store_open(spec, NULL, &s));
+  REQUIRE_OK(tu_counter(s, "victim", 2, -1, TALLY_COUNTER_CREATE, &c));
+  uint64_t rec_off = tally__crec(c), units = tally__round(tally__rec_bytes(6), 16) / 16;
+  tally_counter_close(c);
+  for (int i = 0; i < 100;
+       i++) { /* records after it: its damaged size stays in the arena */
+    char name[16];
+    snprintf(name, sizeof name, "pad:%d", i);
+    REQUIRE_OK(tu_counter(s, name, 2, -1, TALLY_COUNTER_CREATE, &c));
+    tally_counter_close(c);
+  }
+  REQUIRE_OK(tally_store_drop(s, "victim", 6));
+  tally_store_close(s);
+  int count;
+  long at =
+      find_word(path, (int64_t)tally__item(TALLY__ITEM_SMALL, rec_off, units), &count);
+  EXPECT(count == 1);
+  if (at < 0) return;
+  /* 64 units: just past the lists, and well inside the arena */
+  put_word(path, at, (int64_t)tally__item(TALLY__ITEM_SMALL, rec_off, 64));
+  setenv("TALLY_GRACE_MS", "0", 1); /* reclaim at the first grace step */
+  int rc = tally_store_open(spec, NULL, &s);
+  unsetenv("TALLY_GRACE_MS");
+  if (rc == 0) {
+    EXPECT_RC(TALLY_ECORRUPT, tally_store_check(s));
+    EXPECT(strstr(tally_errmsg(), "limbo item") != NULL);
+    for (int i = 0; i < 3; i++) { /* grace steps: reclaim */
+      rc = tally_store_maintain(s, 0, 0, NULL);
+      EXPECT(rc == 0 || rc == TALLY_ECORRUPT);
+    }
+    rc = tu_counter(s, "after", 2, -1, TALLY_COUNTER_CREATE, &c);
+    if (rc == 0) tally_counter_close(c);
+    EXPECT(rc == 0 || rc == TALLY_ECORRUPT);
+    tally_store_close(s);
+  } else {
+    EXPECT_RC(TALLY_ECORRUPT, rc);
+  }
+}
+
 /* ---- item 5: symlinks, other users' files, mode bits --------------------------- */
 
 static void test_ownership(void) {
@@ -362,6 +416,7 @@ int main(void) {
   test_ring_heads();
   test_stuck_cell();
   test_truncated();
+  test_limbo_item();
   test_ownership();
   tu_rmrf(g_dir);
   return tu_finish("test_damage");

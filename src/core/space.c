@@ -278,8 +278,9 @@ static uint64_t item_bytes(uint64_t it) {
 static bool item_ok(tally_store *s, uint64_t it) {
   uint64_t off = item_off(it), z = item_size(it);
   switch (item_kind(it)) {
-  case TALLY__ITEM_SMALL:
-    return off % SMALL == 0 && z >= 1 && tally__in_arena(s, off, z * SMALL);
+  case TALLY__ITEM_SMALL: /* records and limbo nodes: a list per size */
+    return off % SMALL == 0 && z >= 1 && z < TALLY__PIECE_CLASSES &&
+           tally__in_arena(s, off, z * SMALL);
   case TALLY__ITEM_ALIGNED:
     return off % ALIGNED == 0 && z >= 1 && tally__in_arena(s, off, z * ALIGNED);
   case TALLY__ITEM_COLUMN:
