@@ -16,6 +16,7 @@
  *  - truncation: open and check report a file shorter than its header says;
  *  - limbo: a retired record's item with a size past the free lists is
  *    reported as damage, never used as a list's index;
+ *  - a schedule slot's periods done, damaged huge: no last period, no wrap;
  *  - ownership: a symlink and a file of another user are refused unless
  *    TALLY_OPEN_TRUST; mode bits above 0777 are dropped.
  */
@@ -358,6 +359,37 @@ static void test_limbo_item(void) {
   }
 }
 
+/* A schedule slot whose count of periods done is damaged past what its
+ * period times it can hold: tally info's last period is none, not a wrap
+ * (signed overflow, UBSan; found by fuzzing the command). */
+static void test_schedule_slot(void) {
+  char spec[1200], path[1200];
+  spec_of(spec, sizeof spec, path, sizeof path, "sched.tly");
+  tally_store *s;
+  tally_schedule *sch;
+  tally_schedule_info info;
+  uint32_t n = 0;
+  REQUIRE_OK(tally_store_open(spec, NULL, &s));
+  REQUIRE_OK(tally_schedule_new(s, "x*", 2, 1000, NULL, 0, &sch));
+  int64_t now = INT64_C(1234567891) * 1000; /* done becomes 1234567892 */
+  tally_tick_result tr;
+  EXPECT_OK(tally_schedule_tick(sch, now, NULL, NULL, &tr));
+  EXPECT_OK(tally_store_schedules(s, &info, 1, &n));
+  EXPECT_I64(now, info.last_period_ms);
+  tally_schedule_free(sch);
+  tally_store_close(s);
+  int count;
+  long at = find_word(path, INT64_C(1234567892), &count);
+  EXPECT(count == 1);
+  if (at < 0) return;
+  put_word(path, at, INT64_C(1) << 60);
+  REQUIRE_OK(tally_store_open(spec, NULL, &s));
+  EXPECT_OK(tally_store_schedules(s, &info, 1, &n));
+  EXPECT_I64(1, n);
+  EXPECT_I64(-1, info.last_period_ms);
+  tally_store_close(s);
+}
+
 /* ---- item 5: symlinks, other users' files, mode bits --------------------------- */
 
 static void test_ownership(void) {
@@ -417,6 +449,7 @@ int main(void) {
   test_stuck_cell();
   test_truncated();
   test_limbo_item();
+  test_schedule_slot();
   test_ownership();
   tu_rmrf(g_dir);
   return tu_finish("test_damage");

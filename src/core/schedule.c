@@ -473,11 +473,14 @@ int tally_store_schedules(tally_store *s, tally_schedule_info *out, uint32_t cap
     if (!atomic_load_explicit(&slot->id, memory_order_acquire)) continue;
     if (*n < cap) {
       int64_t every = atomic_load_explicit(&slot->every_ms, memory_order_relaxed);
-      int64_t done = atomic_load_explicit(&slot->done, memory_order_relaxed);
+      int64_t done = atomic_load_explicit(&slot->done, memory_order_relaxed), last = -1;
       uint64_t owner = atomic_load_explicit(&slot->owner, memory_order_relaxed);
+      /* a damaged slot's product may not fit: none, rather than a wrap */
+      if (done > 0 && every > 0 && __builtin_mul_overflow(done - 1, every, &last))
+        last = -1;
       out[*n] = (tally_schedule_info){
           .every_ms = every,
-          .last_period_ms = done > 0 && every > 0 ? (done - 1) * every : -1,
+          .last_period_ms = last,
           .holder_pid = (int64_t)(owner >> 32),
       };
     }
