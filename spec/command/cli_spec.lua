@@ -147,6 +147,19 @@ describe("the tally command", function()
     assert.equal(want, out:sub(1, #want))
   end)
 
+  it("exits 1 and says so when its output cannot be written", function()
+    local store = helper.tmpfile("full.tly")
+    assert.equal(0, select(2, helper.tally("incr", store, "x", "--create")))
+    for _, args in ipairs({ { "export", store }, { "ls", store }, { "-v" } }) do
+      local words = { q(helper.bin) }
+      for i, a in ipairs(args) do words[i + 1] = q(a) end
+      local cmd = "{ " .. table.concat(words, " ") .. " > /dev/full; }"
+      local out, code = helper.sh(cmd)
+      assert.equal(1, code, cmd)
+      assert.matches("tally: cannot write to standard output", out, 1, true)
+    end
+  end)
+
   it("has --help, help COMMAND and COMMAND --help", function()
     local out, err, code = run("--help")
     assert.equal(0, code, err)

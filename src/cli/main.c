@@ -23,6 +23,7 @@
  * truncated by another program while open (SIGBUS) is reported by name,
  * with exit status 1.
  */
+#include <errno.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -380,6 +381,14 @@ int main(int argc, char **argv) {
   status = lua_pcall(L, 1, 0, 0);
   cli_report(L, status);
   lua_close(L);
+  /* output lost (a full disk, a closed descriptor) must not exit 0: an
+   * export that did not reach its file would look done */
+  errno = 0;
+  if (fflush(stdout) != 0 || ferror(stdout)) {
+    fprintf(stderr, "%s: cannot write to standard output%s%s\n", CLI_PROGNAME,
+            errno ? ": " : "", errno ? strerror(errno) : "");
+    return EXIT_FAILURE;
+  }
   if (status != LUA_OK) return EXIT_FAILURE;
   return ra.status;
 }
