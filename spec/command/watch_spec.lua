@@ -73,6 +73,23 @@ describe("tally watch", function()
     t:wait("%[exit 0%]")
   end)
 
+  it("adds the total exactly, and says when it leaves int64", function()
+    -- two counters of 2^63 - 2 each (two shards of 2^62 - 1): their sum wrapped to -4
+    local path = helper.tmpfile()
+    local db = assert(tally.open("file:" .. path))
+    for _, n in ipairs({ "a", "b" }) do
+      local c = db:counter(n, { policy = "key", shards = 2 })
+      assert(c:incr((1 << 62) - 1, "x"))
+      assert(c:incr((1 << 62) - 1, "y"))
+    end
+    db:close()
+    t = tty.open(q(tty.bin()) .. " watch " .. q(path) .. " --interval 0.2")
+    local s = frame(t, "2 counters")
+    assert.matches("2 counters  total beyond int64  ", s, 1, true)
+    t:keys("q")
+    t:wait("%[exit 0%]")
+  end)
+
   it("changes the sort with s, v, n and r", function()
     local path = store_with({ b = 2, a = 1, c = 30 })
     t = tty.open(q(tty.bin()) .. " watch " .. q(path) .. " --sort name")

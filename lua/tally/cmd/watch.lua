@@ -221,7 +221,14 @@ local function loop(db, o)
         s.t, s.v, s.rolled = now, v, p.rolled
         fresh[name] = s
         rows[#rows + 1] = { name = name, value = v, s = s }
-        if type(v) == "number" then total = total + v end
+        -- exact, or false once it leaves int64 (or a value already has)
+        if total and math.type(v) == "integer" then
+          local t = total + v                      -- wraps: same signs in, other out
+          if (v >= 0) == (total >= 0) and (t >= 0) ~= (v >= 0) then t = false end
+          total = t
+        else
+          total = false
+        end
       end
     end
     seen = fresh
@@ -246,7 +253,7 @@ local function loop(db, o)
     local out = {}
     local head = fmt("tally watch  %s  sort: %s  every %gs  %d counter%s  total %s  %s%s%s",
                      os.date("%H:%M:%S"), sortby, interval, #rows, #rows == 1 and "" or "s",
-                     tostring(total),
+                     total and tostring(total) or "beyond int64",
                      #hrows > 0 and fmt("%d histogram%s  ", #hrows, #hrows == 1 and "" or "s") or "",
                      o.store, o.pattern and ("  " .. o.pattern) or "")
     out[1] = fit(head, cols)
