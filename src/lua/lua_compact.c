@@ -1,9 +1,11 @@
 /* lua_compact.c -- core.compact: a file store rewritten without its retired
  * and free space (tally_store_compact).
  *
- *   core.compact(path [, progress]) -> true, or nil, message, code
+ *   core.compact(path [, progress [, { trust = true }]]) -> true, or nil,
+ *       message, code
  *       path: "PATH" or "file:PATH"; progress(done, total) is called about
- *       every 1% of the counters copied (done = 0 first, total last).
+ *       every 1% of the counters copied (done = 0 first, total last);
+ *       trust: open a symlink or another user's store, as tally.open's.
  *
  * The store must be closed everywhere else (EBUSY names a process that has
  * it open). progress runs while the store is locked: it must not use the
@@ -39,6 +41,7 @@ static int tl_compact(lua_State *L) {
   size_t len;
   const char *path = tl_checkstring(L, 1, &len);
   tl_progress p = {L, 0, 0};
+  uint32_t flags = 0;
   int rc;
   if (len >= 5 && memcmp(path, "file:", 5) == 0) {
     path += 5;
@@ -51,8 +54,20 @@ static int tl_compact(lua_State *L) {
     if (lua_type(L, 2) != LUA_TFUNCTION) tl_typeerror(L, 2, "function");
     p.fn = 2;
   }
+  if (!lua_isnoneornil(L, 3)) { /* { trust = true }: as tally.open's */
+    if (!lua_istable(L, 3)) tl_typeerror(L, 3, "table");
+    lua_pushnil(L);
+    while (lua_next(L, 3) != 0) {
+      if (lua_type(L, -2) != LUA_TSTRING || strcmp(lua_tostring(L, -2), "trust") != 0)
+        tl_argerror(L, 3, "unknown option %s (expected trust)",
+                    tl_describe(L, -2, TL_BOOL_VALUE));
+      if (!lua_isboolean(L, -1)) tl_argerror(L, 3, "trust must be a boolean");
+      if (lua_toboolean(L, -1)) flags |= TALLY_OPEN_TRUST;
+      lua_pop(L, 1);
+    }
+  }
   lua_settop(L, 2);
-  rc = tally_store_compact(path, 0, p.fn ? tl_compact_progress : NULL, &p);
+  rc = tally_store_compact(path, flags, p.fn ? tl_compact_progress : NULL, &p);
   if (p.failed) return lua_error(L);
   if (rc < 0) return tl_fail(L, rc);
   lua_pushboolean(L, 1);

@@ -335,9 +335,10 @@ function _M.open_store(uri, opts)
                       opts.create == false and "; --create makes one" or "")
     end
   end
-  local db, msg = tally.open("file:" .. path, { create = opts.create and true or false,
-                                                 trust = opts.trust and true or false })
+  local db, msg, code = tally.open("file:" .. path, { create = opts.create and true or false,
+                                                       trust = opts.trust and true or false })
   if not db then
+    if code == "EUNTRUSTED" then msg = msg .. "; here: --trust" end
     if type(msg) == "string" and msg:find("Permission denied$") then
       msg = msg .. " (the store must be writable by this user"
         .. (opts.writes and "" or ": it takes the store's lock even to read")
@@ -876,15 +877,17 @@ function cmd.compact(args)
   -- the rewrite cannot stop half-way: Ctrl-C is noted, not raised
   local bar, total = progress("compact"), nil
   term.catch_interrupt(true)
-  local ok, done, cmsg = pcall(compact, "file:" .. path, function(n, of)
+  local ok, done, cmsg, ccode = pcall(compact, "file:" .. path, function(n, of)
     total = of
     if bar then pcall(bar.update, "rewrite", n, of, "counters", n == of) end
-  end)
+  end, { trust = trust })
   if bar then bar.done() end
   local stopped = term.interrupted()
   term.catch_interrupt(false)
   if not ok then error(done, 0) end
-  if not done then fail(tostring(cmsg)) end   -- EBUSY names a process that has it open
+  if not done then                            -- EBUSY names a process that has it open
+    fail(tostring(cmsg) .. (ccode == "EUNTRUSTED" and "; here: --trust" or ""))
+  end
   if not bar and total then
     io.stderr:write(fmt("compact: %d counter%s rewritten\n", total, plural(total)))
   end
