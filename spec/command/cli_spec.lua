@@ -193,6 +193,11 @@ describe("the tally command", function()
     out, err, code = run("--bogus")
     assert.equal(2, code)
     assert.equal("tally: unrecognized option '--bogus' (see 'tally --help')\n", err)
+    for _, a in ipairs({ "--store", "--store=" }) do
+      out, err, code = run(a)
+      assert.equal(2, code)
+      assert.equal("tally: " .. a .. " needs a store (file:PATH or a path) (see 'tally --help')\n", err)
+    end
     out, err, code = run("ls", helper.tmpfile(), "--jsno")
     assert.equal(2, code)
     assert.equal("tally ls: unknown option '--jsno'\nusage: tally ls STORE [pattern] [--json]"

@@ -279,6 +279,8 @@ static int pmain(lua_State *L) {
       if (++i >= argc) return fail_usage(ra, "%s needs a store (file:PATH or a path)", a);
       store = argv[i];
     } else if (strncmp(a, "--store=", 8) == 0) {
+      if (a[8] == '\0')
+        return fail_usage(ra, "%s needs a store (file:PATH or a path)", a);
       store = a + 8;
     } else if (strcmp(a, "--create") == 0) {
       create = 1;
