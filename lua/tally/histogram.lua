@@ -353,6 +353,14 @@ local function family_of(db, name)
   return prom and prom.histogram_family(db, name) or nil
 end
 
+-- The member counters' names: each bucket's (les), then the sum's.
+local function members_of(name, les, unit_text)
+  local out = {}
+  for i, e in ipairs(les) do out[i] = e[3] end
+  out[#les + 1] = sum_name(name, unit_text)
+  return out
+end
+
 -- Are the member names of les and the sum at most NAME_MAX bytes?
 local function fits(name, les, unit_text)
   if #sum_name(name, unit_text) > core.NAME_MAX then return false end
@@ -406,11 +414,9 @@ local function histogram(db, name, opts)
     les[i] = { x, t, le_name(name, t) }
   end
   les[#les + 1] = { huge, "+Inf", le_name(name, "+Inf") }
-  local stored, have, msg, code = "other", nil, nil, nil
+  local stored, have, msg, code, asked = "other", nil, nil, nil, nil
   if fits(name, les, unit_text) then
-    local asked = {}
-    for i, e in ipairs(les) do asked[i] = e[3] end
-    asked[#les + 1] = sum_name(name, unit_text)
+    asked = members_of(name, les, unit_text)
     stored, msg, code = core.histogram_stored(db, asked)
     if not stored then return nil, msg, code end
   end
@@ -441,13 +447,13 @@ local function histogram(db, name, opts)
                                  #les[1][3] >= longest and les[1][3] or sum_name(name, unit_text),
                                  longest, core.NAME_MAX), 2)
   end
+  -- the names asked about are the members unless the stored set decided
   local h = setmetatable({ db = db, name = name, unit = unit, unit_text = unit_text,
-                           bounds = {}, buckets = {}, members = {} }, H)
+                           bounds = {}, buckets = {},
+                           members = not have and asked or members_of(name, les, unit_text) }, H)
   for i, e in ipairs(les) do
-    h.members[i] = e[3]
     if e[1] ~= huge then h.bounds[i], h.buckets[i] = e[1], e[1] end
   end
-  h.members[#les + 1] = sum_name(name, unit_text)
   h.les_text = list_text(les)
   -- the writer makes the members (slot counters; EPOLICY for a name taken
   -- by a counter of another policy) and holds the only handles of them

@@ -94,6 +94,12 @@ int tl_fail_msg(lua_State *L, int rc, const char *msg) {
   return 3;
 }
 
+int tl_fail_negate(lua_State *L, const char *name) {
+  return tl_fail_msg(
+      L, TALLY_ERANGE,
+      lua_pushfstring(L, "counter '%s': subtracting -2^63 would overflow", name));
+}
+
 void tl_setint(lua_State *L, const char *k, int64_t v) {
   tl_pushint64(L, v);
   lua_setfield(L, -2, k);

@@ -213,6 +213,9 @@ tl_counter *tl_checkcounter(lua_State *L, int idx);
  * return 3: the message is tally_errmsg(), or msg. */
 int tl_fail(lua_State *L, int rc);
 int tl_fail_msg(lua_State *L, int rc, const char *msg);
+/* nil, "counter 'NAME': subtracting -2^63 would overflow", "ERANGE": a
+ * decrement by the minimum, which tl_negate cannot make an increment. */
+int tl_fail_negate(lua_State *L, const char *name);
 /* t[k] = v for the table on top of the stack (under LuaJIT as tl_pushint64). */
 void tl_setint(lua_State *L, const char *k, int64_t v);
 

@@ -17,7 +17,6 @@
  * raises.
  */
 #include <stdint.h>
-#include <stdio.h>
 
 #include "lua_aux.h"
 
@@ -53,12 +52,7 @@ static int tl_batch(lua_State *L) {
     if (negate) {
       lua_rawgeti(L, 4, (lua_Integer)i + 1);
       if (lua_toboolean(L, -1)) {
-        if (deltas[i] == INT64_MIN) {
-          char msg[TALLY_NAME_MAX + 64];
-          snprintf(msg, sizeof msg, "counter '%s': subtracting -2^63 would overflow",
-                   h->name);
-          return tl_fail_msg(L, TALLY_ERANGE, msg);
-        }
+        if (deltas[i] == INT64_MIN) return tl_fail_negate(L, h->name);
         deltas[i] = -deltas[i];
       }
       lua_pop(L, 1);

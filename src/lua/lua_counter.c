@@ -259,10 +259,7 @@ static int tl_counter_incr_(lua_State *L, int sign) {
   lua_Integer n = tl_tointx(L, 2, &isnum);
   if (TL_UNLIKELY(!isnum)) n = tl_checkdelta(L, 2);
   if (sign < 0) {
-    if (TL_UNLIKELY(n == (lua_Integer)INT64_MIN))
-      return tl_fail_msg(
-          L, TALLY_ERANGE,
-          lua_pushfstring(L, "counter '%s': subtracting -2^63 would overflow", h->name));
+    if (TL_UNLIKELY(n == (lua_Integer)INT64_MIN)) return tl_fail_negate(L, h->name);
     n = tl_negate(n);
   }
   if (TL_LIKELY(h->policy < TALLY_POLICY_KEY))

@@ -429,10 +429,7 @@ static int tl_store_incr_(lua_State *L, int sign) {
   if (TL_UNLIKELY(!isnum)) n = tl_checkdelta(L, 3);
   if (sign < 0) {
     if (TL_UNLIKELY(n == (lua_Integer)INT64_MIN))
-      return tl_fail_msg(L, TALLY_ERANGE,
-                         lua_pushfstring(L,
-                                         "counter '%s': subtracting -2^63 would overflow",
-                                         lua_tostring(L, 2)));
+      return tl_fail_negate(L, lua_tostring(L, 2));
     n = tl_negate(n);
   }
   if (d->vec != NULL) { /* a slot's counter ignores the key, as its handle does */

@@ -315,6 +315,12 @@ local function shown(spec)
   return (spec:gsub("^(%a[%w+.-]*://).*@", "%1***@"))
 end
 
+-- A refusal of a symlink or another user's store, with the command's way
+-- to trust it.
+local function trust_hint(msg, code)
+  return code == "EUNTRUSTED" and msg .. "; here: --trust" or msg
+end
+
 function _M.open_store(uri, opts)
   opts = opts or {}
   if type(uri) ~= "string" or uri == "" then return nil, "a store is needed (file:PATH or a path)" end
@@ -338,7 +344,7 @@ function _M.open_store(uri, opts)
   local db, msg, code = tally.open("file:" .. path, { create = opts.create and true or false,
                                                        trust = opts.trust and true or false })
   if not db then
-    if code == "EUNTRUSTED" then msg = msg .. "; here: --trust" end
+    msg = trust_hint(msg, code)
     if type(msg) == "string" and msg:find("Permission denied$") then
       msg = msg .. " (the store must be writable by this user"
         .. (opts.writes and "" or ": it takes the store's lock even to read")
@@ -886,7 +892,7 @@ function cmd.compact(args)
   term.catch_interrupt(false)
   if not ok then error(done, 0) end
   if not done then                            -- EBUSY names a process that has it open
-    fail(tostring(cmsg) .. (ccode == "EUNTRUSTED" and "; here: --trust" or ""))
+    fail(trust_hint(tostring(cmsg), ccode))
   end
   if not bar and total then
     io.stderr:write(fmt("compact: %d counter%s rewritten\n", total, plural(total)))
