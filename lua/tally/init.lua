@@ -121,6 +121,7 @@ end
 -- not at all, across threads and processes.
 
 local SLOT = { policy = "slot" }
+local delta_problem = core.delta_problem
 local describe = require("tally.util").describe
 
 -- The handle for a batch entry: a counter of this store, or a name (a slot
@@ -140,11 +141,15 @@ function store:incr_many(list)
     argerror(2, "incr_many", "table expected, got " .. describe(list))
   end
   local cs, ds = {}, {}
-  for i, e in ipairs(list) do
+  for i, e in ipairs(list) do  -- every entry checked before a name is opened
     if type(e) ~= "table" then
       argerror(2, "incr_many", "entry " .. i .. " must be { counter_or_name [, n] }, got "
                .. describe(e))
     end
+    local why = e[2] ~= nil and delta_problem(e[2])
+    if why then argerror(2, "incr_many", "entry " .. i .. ": " .. why) end
+  end
+  for i, e in ipairs(list) do
     local c, msg, code = batch_counter(self, e[1], "incr_many", 2)
     if not c then return nil, msg, code end
     cs[i], ds[i] = c, e[2] == nil and 1 or e[2]
@@ -161,6 +166,8 @@ batch_mt.__index = batch_mt
 -- checks an increment's n gets, so "5" or a uint64_t cdata fare as in
 -- c:decr); a counter that cannot be had fails the batch when fn returns.
 local function batch_add(b, c, n, fname, negate)
+  local why = n ~= nil and delta_problem(n)
+  if why then argerror(2, fname, why) end -- (b:incr calls this as a tail call)
   local h, msg, code = batch_counter(b.db, c, fname, 1)
   if not h then
     b.failed = b.failed or { msg, code }

@@ -122,7 +122,28 @@ describe("tally.store:batch and :incr_many", function()
     assert.equal("bad argument #2 to 'batch' (function expected, got 'x')",
                  helper.err(db.batch, db, "x"))
     assert.matches("belongs to another store", helper.err(db.incr_many, db, { { theirs } }))
-    assert.matches("integer", helper.err(db.incr_many, db, { { "n", 1.5 } }))
+    -- a bad n is refused where it is given, naming that call and argument,
+    -- before a name is opened (b:incr(c, n): c is #1, n #2, as in db:incr)
+    assert.equal("bad argument #2 to 'incr_many' (entry 1: number has no integer representation)",
+                 helper.err(db.incr_many, db, { { "n", 1.5 } }))
+    assert.equal("bad argument #2 to 'incr_many' (entry 2: number expected, got table)",
+                 helper.err(db.incr_many, db, { { "n" }, { "n", {} } }))
+    assert.equal("bad argument #2 to 'incr' (number has no integer representation)",
+                 helper.err(db.batch, db, function(b) b:incr("n", 0.5) end))
+    assert.equal("bad argument #2 to 'decr' (number expected, got boolean)",
+                 helper.err(db.batch, db, function(b) b:decr("n", true) end))
+    local ok, msg = pcall(db.batch, db, function(b)
+      b:incr("n", "x") -- this line
+    end)
+    assert.is_false(ok)
+    assert.matches("batch_spec.lua:" .. debug.getinfo(1, "l").currentline - 3 .. ": bad argument #2 "
+                   .. "to 'incr' (number expected, got string)", msg, 1, true)
+    assert.same({}, db:names("n"))
+    -- core.batch itself names the list entry (not a stack position)
+    assert.equal("entry 2: number has no integer representation",
+                 helper.err(require("tally.core").batch, db, { db:counter("s", { policy = "slot" }),
+                                                             db:counter("s", { policy = "slot" }) },
+                            { 1, 2.5 }):match("%((.*)%)$"))
     assert.matches("counter or name expected, got true",
                    helper.err(db.batch, db, function(b) b:incr(true) end))
     local list = {}

@@ -46,15 +46,21 @@ int tl_argerror_got(lua_State *L, int arg, const char *what, int idx, int bools)
   return tl_argerror(L, arg, "%s, got %s", what, got);
 }
 
-int tl_typeerror(lua_State *L, int arg, const char *tname) {
+/* "TNAME expected, got TYPE" for the value at idx (its __name if any),
+ * pushed. */
+static const char *tl_expected(lua_State *L, int idx, const char *tname) {
   const char *got;
-  if (luaL_getmetafield(L, arg, "__name") != 0 && lua_type(L, -1) == LUA_TSTRING)
+  if (luaL_getmetafield(L, idx, "__name") != 0 && lua_type(L, -1) == LUA_TSTRING)
     got = lua_tostring(L, -1); /* (5.1's returns 1 when found, 5.4's the type) */
-  else if (lua_type(L, arg) == LUA_TLIGHTUSERDATA)
+  else if (lua_type(L, idx) == LUA_TLIGHTUSERDATA)
     got = "light userdata";
   else
-    got = luaL_typename(L, arg);
-  return tl_argerror(L, arg, "%s expected, got %s", tname, got);
+    got = luaL_typename(L, idx);
+  return lua_pushfstring(L, "%s expected, got %s", tname, got);
+}
+
+int tl_typeerror(lua_State *L, int arg, const char *tname) {
+  return luaL_argerror(L, arg, tl_expected(L, arg, tname));
 }
 
 void *tl_checkudata(lua_State *L, int idx, const char *tname) {
@@ -160,42 +166,46 @@ void tl_pushint64(lua_State *L, int64_t v) {
   lua_call(L, 2, 1);
 }
 
-/* The int64_t of the cdata at arg, or raise naming argument arg. */
-static int64_t tl_unbox(lua_State *L, int arg) {
+/* The int64_t of the cdata at idx in *out and NULL, or why not (pushed). */
+static const char *tl_unbox(lua_State *L, int idx, int64_t *out) {
   lua_Number hi, lo;
   lua_getfield(L, LUA_REGISTRYINDEX, TL_UNBOX_KEY);
-  if (!lua_isfunction(L, -1)) {
-    tl_typeerror(L, arg, "number");
-    return 0;
-  }
-  lua_pushvalue(L, arg);
+  if (!lua_isfunction(L, -1)) return tl_expected(L, idx, "number");
+  lua_pushvalue(L, idx);
   lua_call(L, 1, 2);
-  if (lua_type(L, -2) != LUA_TNUMBER) {
-    if (lua_type(L, -1) == LUA_TSTRING) luaL_argerror(L, arg, lua_tostring(L, -1));
-    tl_typeerror(L, arg, "number");
-  }
+  if (lua_type(L, -2) != LUA_TNUMBER)
+    return lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1)
+                                          : tl_expected(L, idx, "number");
   hi = lua_tonumber(L, -2);
   lo = lua_tonumber(L, -1);
   lua_pop(L, 2);
-  return (int64_t)(((uint64_t)hi << 32) | (uint64_t)lo);
+  *out = (int64_t)(((uint64_t)hi << 32) | (uint64_t)lo);
+  return NULL;
 }
 
-/* An integer argument: exact numbers within +-2^53 (and numeric strings,
- * as Lua 5.4 takes them), int64_t and uint64_t cdata. */
-static int64_t tl_checkint64(lua_State *L, int arg) {
+const char *tl_int64_at(lua_State *L, int idx, int64_t *out) {
   int isnum;
   lua_Number d;
-  lua_Integer n = tl_tointx(L, arg, &isnum);
-  if (isnum) return n;
-  if (lua_type(L, arg) == TL_TCDATA) return tl_unbox(L, arg);
-  if (!lua_isnumber(L, arg)) tl_typeerror(L, arg, "number");
-  d = lua_tonumber(L, arg);
+  lua_Integer n = tl_tointx(L, idx, &isnum);
+  if (isnum) {
+    *out = n;
+    return NULL;
+  }
+  if (lua_type(L, idx) == TL_TCDATA) return tl_unbox(L, idx, out);
+  if (!lua_isnumber(L, idx)) return tl_expected(L, idx, "number");
+  d = lua_tonumber(L, idx);
   if ((d > TL_EXACT || d < -TL_EXACT) && d - d == 0) /* finite: an integer */
-    luaL_argerror(L, arg,
-                  "integer beyond +-2^53 is not exact as a LuaJIT number "
-                  "(pass an int64_t cdata)");
-  luaL_argerror(L, arg, "number has no integer representation");
-  return 0;
+    return "integer beyond +-2^53 is not exact as a LuaJIT number "
+           "(pass an int64_t cdata)";
+  return "number has no integer representation";
+}
+
+/* An integer argument (tl_int64_at), or raise naming argument arg. */
+static int64_t tl_checkint64(lua_State *L, int arg) {
+  int64_t v = 0;
+  const char *why = tl_int64_at(L, arg, &v);
+  if (why) luaL_argerror(L, arg, why);
+  return v;
 }
 
 lua_Integer tl_checkinteger(lua_State *L, int arg) {
@@ -225,6 +235,16 @@ void tl_set_classic(lua_State *L, const char *name, lua_CFunction fn) {
   lua_pop(L, 1);
 }
 #else
+const char *tl_int64_at(lua_State *L, int idx, int64_t *out) {
+  int isnum;
+  lua_Integer n = lua_tointegerx(L, idx, &isnum);
+  if (isnum) {
+    *out = n;
+    return NULL;
+  }
+  if (!lua_isnumber(L, idx)) return tl_expected(L, idx, "number");
+  return "number has no integer representation"; /* as luaL_checkinteger says */
+}
 #define tl_checkint64(L, arg) luaL_checkinteger((L), (arg))
 #endif
 

@@ -194,6 +194,9 @@ const char *tl_checkstring(lua_State *L, int arg, size_t *len);
 /* A counter increment at arg (nil or none: 1): an integer; under LuaJIT
  * also an int64_t or uint64_t cdata (see core.set_box). Raises otherwise. */
 int64_t tl_checkdelta(lua_State *L, int arg);
+/* NULL and the integer at idx in *out if it is one tl_checkdelta takes,
+ * else why not (the words of its error, perhaps pushed). Never raises. */
+const char *tl_int64_at(lua_State *L, int idx, int64_t *out);
 /* A count for a message: lua_pushfstring knows %d (an int), not %zu. */
 static inline int tl_int(size_t n) {
   return n > (size_t)INT_MAX ? INT_MAX : (int)n;

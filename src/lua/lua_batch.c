@@ -7,6 +7,9 @@
  *       a list as long, of increments (integers; under LuaJIT also int64
  *       cdata), each subtracted where negate[i] is true (b:decr). All of
  *       them land together for snapshots, or none does.
+ *   core.delta_problem(n) -> nil if n is an increment c:incr(n) takes,
+ *       else why not (the words its error gives): db:batch and
+ *       db:incr_many check each n where it is given, naming that call
  *   core.snapshot(db [, pattern]) -> { [name] = value, ... }
  *       the values of the matching counters as one consistent cut (slot
  *       counters; others read one after the other)
@@ -47,7 +50,8 @@ static int tl_batch(lua_State *L) {
       return tl_argerror(L, 2, "counter '%s' belongs to another store", h->name);
     cs[i] = h->c;
     lua_rawgeti(L, 3, (lua_Integer)i + 1);
-    deltas[i] = tl_checkdelta(L, lua_gettop(L));
+    const char *why = tl_int64_at(L, lua_gettop(L), &deltas[i]);
+    if (why) return tl_argerror(L, 3, "entry %d: %s", tl_int(i + 1), why);
     lua_pop(L, 2);
     if (negate) {
       lua_rawgeti(L, 4, (lua_Integer)i + 1);
@@ -64,6 +68,16 @@ static int tl_batch(lua_State *L) {
   return 1;
 }
 
+static int tl_delta_problem(lua_State *L) {
+  int64_t v;
+  const char *why;
+  luaL_checkany(L, 1);
+  why = tl_int64_at(L, 1, &v);
+  if (why == NULL) return 0;
+  lua_pushstring(L, why);
+  return 1;
+}
+
 static int tl_snapshot(lua_State *L) {
   tl_store *db = tl_checkstore(L, 1);
   size_t plen = 1;
@@ -77,6 +91,8 @@ static int tl_snapshot(lua_State *L) {
 int tl_open_batch(lua_State *L) {
   lua_pushcfunction(L, tl_batch);
   lua_setfield(L, -2, "batch");
+  lua_pushcfunction(L, tl_delta_problem);
+  lua_setfield(L, -2, "delta_problem");
   lua_pushcfunction(L, tl_snapshot);
   lua_setfield(L, -2, "snapshot");
   lua_pushinteger(L, TALLY_BATCH_MAX);
