@@ -432,6 +432,29 @@ describe("tally inspection commands", function()
     assert.equal(1, code)
     assert.equal("", out)
     assert.equal("tally import: " .. dir .. ": Is a directory\n", err)
+    -- what is not a JSON object is refused from its first bytes, so a
+    -- stream that never ends fails at once instead of filling memory
+    out, err, code = run("import", path, "/dev/zero")
+    assert.equal(1, code)
+    assert.equal("tally import: /dev/zero is not a tally export: it must be a JSON object ('{' "
+                 .. "first), not byte 0x00\n", err)
+    helper.write(bad, ' \n [{"counters":{}}]')
+    out, err, code = run("import", path, bad)
+    assert.equal(1, code)
+    assert.equal("tally import: " .. bad .. " is not a tally export: it must be a JSON object ('{' "
+                 .. "first), not '['\n", err)
+    -- one that looks like one ends at the limit (4 GiB; here 100,000 bytes)
+    local cmd = "yes '{' | TALLY_IMPORT_MAX_BYTES=100000 timeout 60 " .. q(helper.bin)
+                .. " import " .. q(path) .. " -"
+    out, code = helper.sh(cmd)
+    assert.equal(1, code)
+    assert.equal("tally import: stdin is larger than 100000 bytes, the most tally import reads "
+                 .. "(TALLY_IMPORT_MAX_BYTES): export and import the store in parts (tally export "
+                 .. "STORE PATTERN)\n", out)
+    out, code = helper.sh("TALLY_IMPORT_MAX_BYTES=1e9 " .. q(helper.bin) .. " import " .. q(path)
+                          .. " " .. q(bad))
+    assert.equal(2, code)
+    assert.equal("tally import: TALLY_IMPORT_MAX_BYTES must be a count of bytes, got '1e9'\n", out)
     assert.equal("3\n", (run("get", path, "views")))
   end)
 

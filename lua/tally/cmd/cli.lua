@@ -165,6 +165,10 @@ increments other processes make meanwhile are kept.
   --add      add the counts to what is there instead
   --create   make STORE if it does not exist
 
+FILE must be a JSON object of at most 4 GiB (TALLY_IMPORT_MAX_BYTES in the
+environment sets another limit); export a larger store in parts, by
+pattern.
+
 On a terminal, an import of 1 MiB or more shows a progress bar on stderr
 through its phases (read, parse, check, create, apply). Ctrl-C stops it
 while nothing has changed; once the store starts changing, the import runs
@@ -686,6 +690,20 @@ function cmd.export(args)
 end
 
 local BIG = 1048576   -- 1 MiB: an import this large gets a progress bar
+-- The most an import reads: the whole text is held, then decoded, at a few
+-- times its size, and a stream that never ends (/dev/zero) must fail, not
+-- fill memory. A million counters export in about 100 MiB. The
+-- environment's TALLY_IMPORT_MAX_BYTES sets another limit.
+local MAX_IMPORT = 4 * 1024 * 1024 * 1024
+local function max_import()
+  local v = os.getenv("TALLY_IMPORT_MAX_BYTES")
+  if v == nil or v == "" then return MAX_IMPORT, "4 GiB" end
+  local n = v:match("^%d+$") and tonumber(v)
+  if not n or n < 1 then
+    fail("TALLY_IMPORT_MAX_BYTES must be a count of bytes, got '" .. v .. "'", 2)
+  end
+  return n, fmt("%d bytes", n)
+end
 local PHASES = { decode = "parse", validate = "check", create = "create", apply = "apply" }
 
 function cmd.import(args)
@@ -696,6 +714,7 @@ function cmd.import(args)
   local f, err
   if file == "-" then f = io.stdin else f, err = io.open(file, "rb") end
   if not f then fail("cannot read " .. tostring(err)) end
+  local limit, limit_text = max_import()
   local size = file ~= "-" and f:seek("end") or nil
   if size then f:seek("set") end
   local db, path = open(pos[1], o.create or false)
@@ -713,8 +732,23 @@ function cmd.import(args)
         if rerr then fail((file == "-" and "stdin" or file) .. ": " .. tostring(rerr)) end
         break                                     -- the end of the file
       end
+      if got == 0 then   -- an export is a JSON object: say so before reading on
+        local first = s:match("^[ \t\r\n]*()")
+        local b = s:byte(first)
+        if b and b ~= 123 then
+          fail(fmt("%s is not a tally export: it must be a JSON object ('{' first), not %s",
+                   file == "-" and "stdin" or file,
+                   b >= 32 and b < 127 and fmt("'%s'", s:sub(first, first))
+                     or fmt("byte 0x%02x", b)))
+        end
+      end
       chunks[#chunks + 1] = s
       got = got + #s
+      if got > limit then
+        fail(fmt("%s is larger than %s, the most tally import reads (TALLY_IMPORT_MAX_BYTES): "
+                 .. "export and import the store in parts (tally export STORE PATTERN)",
+                 file == "-" and "stdin" or file, limit_text))
+      end
       if bar and (size or got >= BIG) then bar.update("read", got, size, "bytes") end
       check_stop()
     end
