@@ -37,7 +37,8 @@
  *                                     single increments (slot and thread
  *                                     counters); a histogram's observation
  *                                     (tally_histogram_observe) against the
- *                                     same batch through tally_batch_incr;
+ *                                     same batch through tally_batch_incr,
+ *                                     and through a writer buffering 1,024;
  *                                     a snapshot of 10,000
  *                                     counters (16-shard thread ones, then
  *                                     slot ones) against a tally_counter_value
@@ -1135,16 +1136,22 @@ static int cmd_batch(const char *path, double secs, int reps, long nsnap) {
     hp[i] = hn[i];
     hc[i] = open_ctr(s, hn[i], TALLY_SLOT_SHARDS, TALLY_POLICY_SLOT);
   }
-  tally_histogram *h = NULL;
+  tally_histogram *h = NULL, *hb = NULL;
   if ((rc = tally_histogram_open(s, bounds, 11, hp, 1e-6, &h))) die("histogram", rc);
-  double vo[32], vh[32];
+  if ((rc = tally_histogram_open(s, bounds, 11, hp, 1e-6, &hb)) ||
+      (rc = tally_histogram_buffer(hb, 1024)))
+    die("histogram", rc);
+  double vo[32], vh[32], vf[32];
   for (int r = 0; r < reps; r++) {
     vo[r] = time_observe(s, h, hc, bounds, 0, secs);
     vh[r] = time_observe(s, h, hc, bounds, 1, secs);
+    vf[r] = time_observe(s, hb, hc, bounds, 0, secs);
   }
   printf("RESULT batch.observe %.2f\n", median(vo, reps));
   printf("RESULT batch.observe_by_batch %.2f\n", median(vh, reps));
+  printf("RESULT batch.observe_buffered %.2f\n", median(vf, reps));
   fflush(stdout);
+  tally_histogram_close(hb);
   tally_histogram_close(h);
   for (int i = 0; i < 13; i++) tally_counter_close(hc[i]);
   tally_store_close(s);

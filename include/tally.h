@@ -446,13 +446,29 @@ TALLY_API int tally_batch_incr(tally_store *s, tally_counter *const *cs,
  * any error nothing is added. The count is the sum of the buckets. Naming
  * the members is the caller's (lua/tally/histogram.lua: NAME{le=B},
  * NAME{sum,unit=U}). Like a counter handle, a writer may be shared by
- * threads once opened, and is closed before its store. */
+ * threads once opened, and is closed before its store (closing flushes a
+ * buffered writer; if that flush fails, what it held is lost).
+ *
+ * tally_histogram_buffer(h, n): from now on h holds up to n observations
+ * (1 to TALLY_HISTOGRAM_MAX_BUFFER; 0: none, as opened) in memory of its
+ * own, and adds them to the store as one batch when it is full (at the
+ * next observation), before a bucket would be its 64th with a count or
+ * the sum would overflow, and at tally_histogram_flush(h). An observation
+ * then costs a few ns and writes nothing to the store: readers see it
+ * only once flushed, and a process that dies loses what it had not
+ * flushed. A buffered writer is one thread's (calls must not overlap).
+ * Each flushes first. A flush that fails adds nothing and keeps the
+ * buffer (tally_batch_incr's errors); an observation whose flush fails
+ * returns that error and is not counted. */
 #define TALLY_HISTOGRAM_MAX_BOUNDS 1000
 typedef struct tally_histogram tally_histogram;
 TALLY_API int tally_histogram_open(tally_store *s, const double *bounds, size_t nbounds,
                                    const char *const *names, double unit,
                                    tally_histogram **out);
 TALLY_API int tally_histogram_observe(tally_histogram *h, double v);
+#define TALLY_HISTOGRAM_MAX_BUFFER 1000000
+TALLY_API int tally_histogram_buffer(tally_histogram *h, uint32_t n);
+TALLY_API int tally_histogram_flush(tally_histogram *h);
 /* Close the writer and its counter handles; NULL is allowed. */
 TALLY_API void tally_histogram_close(tally_histogram *h);
 /* What s holds of the histogram whose members are names[] (nbounds + 2,

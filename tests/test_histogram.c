@@ -19,6 +19,12 @@
  *  - SIGKILL: a writer stopped for good between the bucket and the sum
  *    holds a snapshot up while it lives; once killed, the snapshot goes on
  *    within 100 ms and shows neither;
+ *  - buffered: nothing reaches the store until the buffer is full (at the
+ *    next observation), flushed or closed, then all of it, exactly; a
+ *    buffer is flushed before a 64th bucket with a count and before its
+ *    sum overflows, so each flush is one batch (a snapshot's sum always
+ *    equals its count, in the processes case too); a flush that fails
+ *    keeps the buffer and the observation that needed it is refused;
  *  - the short way (tally__batch_try2): it writes the journal the whole way
  *    writes, and gives way to it for a sum leaving its range and for a
  *    dropped member whose space other counters took (nothing of theirs
@@ -230,6 +236,82 @@ static void test_observe(void) {
   tally_store_close(s);
 }
 
+/* ---- buffered -------------------------------------------------------------------- */
+
+static void test_buffered(void) {
+  tally_store *s;
+  REQUIRE_OK(tally_store_open("memory", NULL, &s));
+  tally_histogram *h;
+  REQUIRE_OK(tally_histogram_open(s, BOUNDS4, 4, NAMES4, 0.5, &h));
+  EXPECT_RC(TALLY_EINVAL, tally_histogram_buffer(h, TALLY_HISTOGRAM_MAX_BUFFER + 1));
+  EXPECT_RC(TALLY_EINVAL, tally_histogram_buffer(NULL, 1));
+  EXPECT_RC(TALLY_EINVAL, tally_histogram_flush(NULL));
+  EXPECT_OK(tally_histogram_flush(h)); /* not buffered: nothing to do */
+  EXPECT_OK(tally_histogram_buffer(h, 3));
+  EXPECT_OK(tally_histogram_observe(h, 0.25)); /* le=1, sum 1 */
+  EXPECT_OK(tally_histogram_observe(h, 3));    /* le=5, sum 6 */
+  EXPECT_OK(tally_histogram_observe(h, 11));   /* +Inf, sum 22 */
+  EXPECT_I64(0, member(s, "h{le=1}"));         /* held */
+  EXPECT_I64(0, member(s, "h{sum}"));
+  EXPECT_RC(TALLY_EINVAL, tally_histogram_observe(h, NAN)); /* refused as before */
+  EXPECT_OK(tally_histogram_observe(h, 1.0));               /* full: the three go first */
+  EXPECT_I64(1, member(s, "h{le=1}"));
+  EXPECT_I64(1, member(s, "h{le=5}"));
+  EXPECT_I64(1, member(s, "h{le=+Inf}"));
+  EXPECT_I64(29, member(s, "h{sum}"));
+  EXPECT_OK(tally_histogram_flush(h));
+  EXPECT_I64(2, member(s, "h{le=1}"));
+  EXPECT_I64(31, member(s, "h{sum}"));
+  EXPECT_OK(tally_histogram_flush(h)); /* empty: nothing */
+  EXPECT_I64(31, member(s, "h{sum}"));
+  /* the buffer's sum in int64 is flushed before it overflows: here the
+   * flush fails, since no shard holds 2^63, so the observation that needed
+   * it is refused and nothing is added; the buffer is kept */
+  EXPECT_OK(tally_histogram_buffer(h, TALLY_HISTOGRAM_MAX_BUFFER));
+  for (int i = 0; i < 1023; i++) EXPECT_OK(tally_histogram_observe(h, 0x1p52));
+  EXPECT_RC(TALLY_ERANGE, tally_histogram_observe(h, 0x1p52));
+  EXPECT_RC(TALLY_ERANGE, tally_histogram_flush(h));
+  EXPECT_RC(TALLY_ERANGE, tally_histogram_buffer(h, 0)); /* flushes first */
+  EXPECT_I64(1, member(s, "h{le=+Inf}"));
+  EXPECT_I64(31, member(s, "h{sum}"));
+  tally_histogram_close(h); /* its flush fails too: the 1023 are lost */
+  EXPECT_I64(31, member(s, "h{sum}"));
+
+  /* 100 bounds: 63 buckets with a count and the sum fill a batch, so the
+   * 64th bucket flushes the 63 first */
+  enum { NB = 100 };
+  double bounds[NB];
+  char names[NB + 2][32];
+  const char *np[NB + 2];
+  for (int i = 0; i < NB; i++) bounds[i] = i;
+  for (int i = 0; i <= NB + 1; i++) {
+    snprintf(names[i], sizeof names[i], i == NB + 1 ? "w{sum}" : "w{le=%d}", i);
+    np[i] = names[i];
+  }
+  REQUIRE_OK(tally_histogram_open(s, bounds, NB, np, 1, &h));
+  REQUIRE_OK(tally_histogram_buffer(h, 1000));
+  for (int i = 0; i < 63; i++) EXPECT_OK(tally_histogram_observe(h, i));
+  EXPECT_OK(tally_histogram_observe(h, 62)); /* a bucket with a count: held */
+  EXPECT_I64(0, member(s, "w{le=0}"));
+  EXPECT_OK(tally_histogram_observe(h, 63));
+  EXPECT_I64(1, member(s, "w{le=0}"));
+  EXPECT_I64(2, member(s, "w{le=62}"));
+  EXPECT_I64(0, member(s, "w{le=63}"));
+  EXPECT_I64(62 * 63 / 2 + 62, member(s, "w{sum}"));
+  EXPECT_OK(tally_histogram_flush(h));
+  EXPECT_I64(1, member(s, "w{le=63}"));
+  /* a flush that fails (a member dropped) keeps the buffer and adds
+   * nothing; once buffered no more, observations are batches again */
+  EXPECT_OK(tally_histogram_observe(h, 5));
+  EXPECT_OK(tally_histogram_observe(h, 200));
+  REQUIRE_OK(tally_store_drop(s, "w{le=5}", 7));
+  EXPECT(tally_histogram_flush(h) != 0);
+  EXPECT_I64(0, member(s, "w{le=100}")); /* +Inf: 200 */
+  EXPECT_I64(62 * 63 / 2 + 62 + 63, member(s, "w{sum}"));
+  tally_histogram_close(h);
+  tally_store_close(s);
+}
+
 /* ---- threads ------------------------------------------------------------------------ */
 
 /* sum = count: 0 if it holds. */
@@ -311,6 +393,7 @@ static pid_t spawn_observer(const char *spec, struct page *pg, int i, const char
   if (tally_store_open(spec, NULL, &s) ||
       tally_histogram_open(s, BOUNDS4, 4, NAMES4, 1, &h))
     _exit(2);
+  if (i == 1 && !stall && tally_histogram_buffer(h, 37)) _exit(2); /* one buffers */
   atomic_fetch_add(&pg->ready, 1);
   double end = tu_now() + 20;
   while (!atomic_load_explicit(&pg->stop, memory_order_relaxed) && tu_now() < end) {
@@ -344,8 +427,9 @@ static void test_processes(void) {
   EXPECT_I64(done, member(s, "h{le=1}"));
   EXPECT_I64(done, member(s, "h{sum}"));
   EXPECT(taken > 50);
-  printf("  2 processes: %lld observations, %ld snapshots with sum = count\n", done,
-         taken);
+  printf(
+      "  2 processes (one buffered): %lld observations, %ld snapshots with sum = count\n",
+      done, taken);
   EXPECT_OK(tally_store_check(s));
   munmap(pg, sizeof *pg);
   tally_store_close(s);
@@ -528,6 +612,7 @@ int main(void) {
   test_open();
   test_stored();
   test_observe();
+  test_buffered();
   test_threads();
   test_processes();
   test_killed_mid_observation();

@@ -255,6 +255,10 @@ end
 -- count). Buckets that another process declared are included.
 function H:snapshot()
   check_self(self, "tally.histogram", "snapshot")
+  if self.buffer > 0 then         -- what this writer holds first
+    local ok, msg, code = core.histogram_flush(self.w)
+    if not ok then return nil, msg, code end
+  end
   local snap, msg, code = self.db:snapshot(self.name .. "{*}")
   if not snap then return nil, msg, code end
   local names = {}
@@ -262,6 +266,14 @@ function H:snapshot()
   local h = _M.group(names)[self.name]
   if not h then return nil, "histogram '" .. self.name .. "' was dropped", "ENOENT" end
   return _M.read(snap, h)
+end
+
+-- h:flush() -> true | nil, msg, code: add what a buffered histogram holds
+-- to the store as one batch (nothing to do for one that does not buffer).
+-- On failure nothing is added and it holds on to all of it.
+function H:flush()
+  check_self(self, "tally.histogram", "flush")
+  return core.histogram_flush(self.w)
 end
 
 -- h:names() -> the member counters' names: the buckets in order, +Inf, the sum.
@@ -294,9 +306,10 @@ local function check_spec(spec, p)
     return nil, nil, "histogram must be true or a table { buckets =, unit = }, got " .. describe(spec)
   end
   for k in pairs(spec) do
-    if k ~= "buckets" and k ~= "unit" then
+    if k ~= "buckets" and k ~= "unit" and not (k == "buffer" and p == "") then
       return nil, nil, "unknown option " .. describe(p == "" and k or p .. tostring(k))
                        .. "; expected " .. p .. "buckets, " .. p .. "unit"
+                       .. (p == "" and ", buffer" or "")
     end
   end
   local b, unit = spec.buckets, spec.unit
@@ -330,10 +343,17 @@ local function check_spec(spec, p)
 end
 _M.check_spec = check_spec
 
+-- The bounds, unit and buffer (0: none) of db:histogram's options.
 local function check_opts(opts)
   local bounds, unit, msg = check_spec(opts, "")
   if not unit then argerror(2, "histogram", msg, 3) end
-  return bounds, unit
+  local n = opts and opts.buffer
+  if n == nil or n == false then return bounds, unit, 0 end
+  if type(n) ~= "number" or n ~= floor(n) or n < 0 or n > core.HISTOGRAM_MAX_BUFFER then
+    argerror(2, "histogram", "buffer must be a count of observations from 0 to "
+             .. core.HISTOGRAM_MAX_BUFFER .. ", got " .. describe(n), 3)
+  end
+  return bounds, unit, n
 end
 
 -- "0.1, 0.5, +Inf": the bounds (without +Inf) as member names write them.
@@ -385,11 +405,14 @@ end
 -- whose pattern name matches) the family's buckets and unit are the ones
 -- asked for, opts or not: a stored histogram with others fails with
 -- EEXIST, and opts that differ from them raise. Raises for a bad name or
--- bad options.
+-- bad options. opts.buffer = N (this handle's, never stored): h:observe
+-- holds up to N observations in memory and adds them as one batch when
+-- full, at h:flush(), h:snapshot(), db:tick(), tally.prometheus(db) and
+-- when closed (db:close, collected); a process that dies loses them.
 local function histogram(db, name, opts)
   check_self(db, "tally.store", "histogram")
   check_name(name)
-  local bounds, unit = check_opts(opts)
+  local bounds, unit, buffer = check_opts(opts)
   local unit_given = opts ~= nil and opts.unit ~= nil
   local fam, whose = family_of(db, name), ""
   if fam then                            -- the family's buckets and unit, always
@@ -460,6 +483,12 @@ local function histogram(db, name, opts)
   local w, m, k = core.histogram_writer(db, h.bounds, h.members, unit)
   if not w then return nil, m, k end
   h.w, h[1] = w, w                -- [1]: where core.histogram_method reads it
+  if buffer > 0 then
+    local ok
+    ok, m, k = core.histogram_buffer(w, buffer)
+    if not ok then return nil, m, k end
+  end
+  h.buffer = buffer
   local f = package.loaded["tally.ffi"]
   if f and f.observe and not ffi_mod then ffi_mod = f end
   return h

@@ -52,6 +52,7 @@ local st = {
   on_tick = nil,
   flush_on_exit = 0.2,
   exited = false,       -- the timer saw the worker exiting
+  flush_timer = false,  -- the timer that flushes buffered histograms runs
 }
 
 -- Sink -> what its stats were at the last tick, and when its failure was
@@ -195,6 +196,21 @@ function _M.tick()
   return res
 end
 
+-- This worker's histogram handles by name (db:histogram), and the names
+-- whose opening failed (logged once; observations of them return nil, msg).
+local hists, hist_failed = {}, {}
+
+-- Add what this worker's buffered histograms hold to the store (each one
+-- batch); a failure is logged, and the histogram keeps it for the next.
+local function flush_histograms()
+  for name, h in pairs(hists) do
+    if h.buffer > 0 then
+      local ok, msg = h:flush()
+      if not ok then log(ngx.WARN, "histogram '", name, "': flush failed: ", tostring(msg)) end
+    end
+  end
+end
+
 local function on_timer(premature)
   if premature or ngx.worker.exiting() then
     -- shutting down (reload or stop): the timer stops here. Give sinks a
@@ -202,6 +218,7 @@ local function on_timer(premature)
     -- for the requests still being served.
     if not st.exited then
       st.exited = true
+      flush_histograms()
       local db = st.db
       if db and st.flush_on_exit > 0 then
         local ok, fok, ferr = pcall(db.flush, db, st.flush_on_exit)
@@ -348,9 +365,12 @@ function _M.counter(name, opts)
   return db:counter(name, opts)
 end
 
--- This worker's histogram handles by name (db:histogram), and the names
--- whose opening failed (logged once; observations of them return nil, msg).
-local hists, hist_failed = {}, {}
+-- Without a tick timer (it flushes them: db:tick), buffered histograms
+-- are flushed by a timer of their own, every FLUSH_EVERY seconds.
+local FLUSH_EVERY = 1
+local function on_flush_timer()
+  flush_histograms()   -- (premature, at exit, too)
+end
 
 -- histogram(name [, opts]) -> this worker's handle to histogram name
 -- (db:histogram, opened once per worker and kept), or nil, message [, code]
@@ -370,6 +390,14 @@ function _M.histogram(name, opts)
     return nil, msg, code
   end
   hists[name] = h
+  if h.buffer > 0 and not st.tick_every and not st.flush_timer then
+    local ok, err = ngx.timer.every(FLUSH_EVERY, on_flush_timer)
+    if ok then
+      st.flush_timer = true
+    else
+      log(ngx.ERR, "cannot start the timer that flushes buffered histograms: ", tostring(err))
+    end
+  end
   return h
 end
 

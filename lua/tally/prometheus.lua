@@ -426,7 +426,8 @@ end
 -- unreadable, two counters mapping to one series, a name matching its
 -- family pattern in more than one way) never fails the scrape: it is left
 -- out, counted in the gauge tally_prometheus_skipped{reason=...} and
--- logged once. pause: called after every 10,000 counters read and again
+-- logged once. This process's buffered histograms of db are flushed
+-- first. pause: called after every 10,000 counters read and again
 -- after every 10,000 rendered, so that a host can yield there
 -- (tally.openresty sleeps 1 ms there); what it raises fails the scrape.
 function _M.prometheus(db, pattern, opts)
@@ -451,6 +452,10 @@ function _M.prometheus(db, pattern, opts)
       argerror(3, "prometheus", "pause must be a function, got " .. typename(pause), 2)
     end
   end
+  -- what this process's buffered histograms hold goes in first (a flush
+  -- that fails keeps it for the next: logged, the scrape goes on)
+  local fok, fmsg = core.histograms_flush(db)
+  if not fok then logger("prometheus: buffered histograms not flushed: " .. tostring(fmsg)) end
   local c = _M.mapping_of(db)
   local values, names, nmsg, ncode = {}, db:names(pattern)
   if not names then return nil, nmsg, ncode end   -- a damaged store

@@ -202,7 +202,8 @@ end
 -- db:tick([now]) -> { { pattern =, every =, status =, period =, counters = }, ... }
 -- Runs every schedule of this store handle that is due at `now` (default:
 -- the store's clock) and hands the records to its sinks; first, one step
--- of the store's upkeep (db:maintain), schedules or not. Lists what
+-- of the store's upkeep (db:maintain), schedules or not, and a flush of
+-- this handle's buffered histograms (h:flush). Lists what
 -- happened, leaving out schedules that were not due. Failures of the store
 -- are reported in the list (status "error"; upkeep = true for the
 -- upkeep's), never raised.
@@ -215,6 +216,9 @@ local function tick(db, now)
   end
   local st, done = state[db], {}
   done[1] = upkeep(db, now)
+  -- this handle's buffered histograms, each flushed as one batch
+  local fok, fmsg = core.histograms_flush(db)
+  if not fok then done[#done + 1] = { status = "error", error = fmsg, histograms = true } end
   if not st then return done end
   for _, sch in ipairs(st.schedules) do
     local status, period, n, recs, skipped = sch.handle:tick(now, #sch.sinks > 0)

@@ -212,6 +212,28 @@ describe("tally.openresty in nginx, 2 workers", function()
     assert.same({}, srv.errors())
   end)
 
+  it("flushes buffered histograms by a timer of their own when no rollup ticks", function()
+    local conf, n1, n2 = nginx.example(), 0, 0
+    -- no rollups: no tick timer, so only the histograms' own timer flushes
+    conf, n1 = conf:gsub("rollups = {.-},\n            },\n", "", 1)
+    conf, n2 = conf:gsub('observe_latency%("http_request_duration_seconds"%)',
+      'observe_latency("lat_buffered", { buffer = 1000 })', 1)
+    assert.same({ 1, 1 }, { n1, n2 })
+    srv = nginx.start { conf = conf }
+    local r = nginx.burst(srv.url .. "/page/[1-10]?r=[1-30]", { parallel = 8 }).wait()
+    assert.same({ [200] = 300 }, r.codes)
+    -- every request (the 300 and the start's probes) is observed once, in
+    -- 2 workers, fewer than a buffer each: in the store only once a
+    -- worker's timer (1 s) flushes its own
+    local db = store_of(srv)
+    local h = assert(db:histogram("lat_buffered"))
+    assert.is_truthy(nginx.eventually(function()
+      return h:snapshot().count == db:sum("status:*") and h:snapshot().count >= 300
+    end, 5), "count " .. h:snapshot().count .. ", responses " .. db:sum("status:*"))
+    db:close()
+    assert.same({}, srv.errors())
+  end)
+
   it("loses nothing when reloaded (HUP) in the middle of a burst", function()
     srv = nginx.start { conf = nginx.example { every = 1 } }
     local b = nginx.burst(srv.url .. "/page/[1-300]?r=[1-100]", { parallel = 32 })

@@ -11,8 +11,8 @@ local VALUES = { 0.0001, 0.005, 0.0051, 0.01, 0.3, 0.25, 1, 7, 11, 1e3, -0.5, 0.
 
 -- Observe VALUES (and a run of pseudo-random ones) into a fresh histogram;
 -- returns the raw member values and the snapshot.
-local function scenario(db, name)
-  local h = assert(db:histogram(name, { buckets = { 0.005, 0.01, 0.25, 1, 10 } }))
+local function scenario(db, name, buffer)
+  local h = assert(db:histogram(name, { buckets = { 0.005, 0.01, 0.25, 1, 10 }, buffer = buffer }))
   for _, v in ipairs(VALUES) do assert(h:observe(v)) end
   local x = 12345
   for _ = 1, 20000 do
@@ -20,6 +20,7 @@ local function scenario(db, name)
     assert(h:observe(x / 2147483648 * 12))
   end
   local raw = {}
+  assert(h:flush())
   for n, v in pairs(db:snapshot(name .. "{*}")) do raw[n:sub(#name + 1)] = v end
   return raw, h:snapshot(), h
 end
@@ -64,6 +65,27 @@ describe("h:observe under LuaJIT", function()
     assert.same(s_classic, s_ffi)
     assert.equal(20000 + #VALUES, s_ffi.count)
     assert.equal(s_ffi.count, s_ffi.buckets[#s_ffi.buckets].count)
+    db:close()
+  end)
+
+  it("buffers through the FFI as through the classic path", function()
+    local db = assert(tally.open("file:" .. helper.tmpfile()))
+    local on = tffi.enable(true)
+    local raw_ffi, s_ffi, h = scenario(db, "a", 333)
+    tffi.enable(false)
+    local raw_classic, s_classic = scenario(db, "b", 333)
+    tffi.enable(on)
+    local raw_plain, s_plain = scenario(db, "c")
+    assert.same(raw_plain, raw_ffi)
+    assert.same(raw_plain, raw_classic)
+    assert.same(s_plain, s_ffi)
+    assert.same(s_plain, s_classic)
+    assert.equal(333, h.buffer)
+    h:observe(1)                               -- held: not in the store
+    local stored = 0
+    for _, v in pairs(db:snapshot("a{le=*}")) do stored = stored + v end
+    assert.equal(s_ffi.count, stored)
+    assert.equal(s_ffi.count + 1, h:snapshot().count)
     db:close()
   end)
 

@@ -173,7 +173,7 @@ describe("db:histogram", function()
                  .. " got table)", e(db.histogram, db, "h", { buckets = {} }))
     assert.equal("bad argument #2 to 'histogram' (unit must be a positive finite number, got 0)",
                  e(db.histogram, db, "h", { unit = 0 }))
-    assert.equal("bad argument #2 to 'histogram' (unknown option 'bucket'; expected buckets, unit)",
+    assert.equal("bad argument #2 to 'histogram' (unknown option 'bucket'; expected buckets, unit, buffer)",
                  e(db.histogram, db, "h", { bucket = { 1 } }))
     assert.matches("^bad argument #1 to 'histogram' %(name too long: its member '.*' would be 2%d%d"
                    .. " bytes %(at most 255%)%)$", e(db.histogram, db, ("n"):rep(240)))
@@ -237,6 +237,84 @@ describe("db:histogram", function()
         assert.equal(n[1] + 2 * n[2] + 3 * n[3] + 4 * n[4], s.sum_units)
       end
     end
+  end)
+end)
+
+describe("a buffered histogram (db:histogram(name, { buffer = N }))", function()
+  -- the members' values as the store holds them, without flushing
+  local function stored(db, h)
+    local out = {}
+    for _, n in ipairs(h:names()) do out[#out + 1] = db:value(n) end
+    return out
+  end
+
+  it("holds up to N observations and adds them as one batch when full or flushed", function()
+    local db = memory()
+    local h = assert(db:histogram("lat", { buckets = { 1, 2 }, unit = 1, buffer = 3 }))
+    assert.equal(3, h.buffer)
+    assert.is_true(h:observe(0.5))
+    assert.is_true(h:observe(1.5))
+    assert.is_true(h:observe(7))
+    assert.same({ 0, 0, 0, 0 }, stored(db, h))        -- held
+    assert.is_true(h:observe(1))                      -- full: the three go first
+    assert.same({ 1, 1, 1, 10 }, stored(db, h))       -- 0.5 rounds to 1 (halves away)
+    assert.is_true(h:flush())
+    assert.same({ 2, 1, 1, 11 }, stored(db, h))
+    assert.is_true(h:flush())                         -- nothing held: nothing to do
+    -- h:snapshot flushes this handle first; db:snapshot does not
+    h:observe(2)
+    assert.equal(1, db:snapshot("lat{*}")["lat{le=2}"])
+    assert.equal(5, h:snapshot().count)
+    -- db:tick and tally.prometheus flush every buffered histogram of db
+    h:observe(2)
+    db:tick()
+    assert.same({ 2, 3, 1, 15 }, stored(db, h))
+    h:observe(2)
+    assert.matches('lat_count 7\n', tally.prometheus(db), 1, true)
+    -- a handle without a buffer adds each observation at once
+    local plain = assert(db:histogram("lat"))
+    assert.equal(0, plain.buffer)
+    plain:observe(2)
+    assert.same({ 2, 5, 1, 19 }, stored(db, h))
+    db:close()
+  end)
+
+  it("is flushed when closed or collected, so a file store keeps every observation", function()
+    local path = helper.tmpfile("buffered.tly")
+    os.remove(path)
+    local db = assert(tally.open("file:" .. path))
+    local h = assert(db:histogram("lat", { buffer = 1000 }))
+    for i = 1, 2500 do h:observe(i / 1000) end
+    h = nil -- luacheck: ignore
+    collectgarbage(); collectgarbage()
+    local g = assert(db:histogram("gone", { buffer = 100 }))
+    for _ = 1, 10 do g:observe(0.01) end
+    db:close()                                        -- flushes g (and h, if still open)
+    db = assert(tally.open("file:" .. path))
+    local s = assert(assert(db:histogram("lat")):snapshot())
+    assert.equal(2500, s.count)
+    assert.equal(2500 * 2501 / 2 * 1000, s.sum_units)
+    assert.equal(10, assert(db:histogram("gone")):snapshot().count)
+    db:close()
+    os.remove(path)
+  end)
+
+  it("checks buffer, and h:flush its handle", function()
+    local db = memory()
+    for _, bad in ipairs({ -1, 1.5, "10", true, 1000001 }) do
+      assert.matches("bad argument #2 to 'histogram' %(buffer must be a count of observations "
+                     .. "from 0 to 1000000, got ", helper.err(db.histogram, db, "x", { buffer = bad }))
+    end
+    assert.matches("unknown option 'size'; expected buckets, unit, buffer",
+                   helper.err(db.histogram, db, "x", { size = 1 }), 1, true)
+    -- buffer is a handle's, not the store's: a family's histogram option refuses it
+    assert.matches("unknown option 'histogram.buffer'",
+                   helper.err(db.family, db, "f:*", { histogram = { buffer = 3 } }), 1, true)
+    local x = assert(db:histogram("x", { buffer = 0 }))
+    assert.equal(0, x.buffer)
+    assert.is_true(x:flush())
+    assert.matches("flush", helper.err(x.flush, 42), 1, true)
+    db:close()
   end)
 end)
 

@@ -14,6 +14,14 @@
  * batch, and under LuaJIT one FFI call does all of it. The batch takes
  * the short way (tally__batch_try2) from the locs the members' handles
  * hold, and the whole way (tally__batch_apply2) when anything is unusual.
+ *
+ * A buffered writer (tally_histogram_buffer) trades durability for speed:
+ * it counts observations in memory of its own, no store write, and adds
+ * them to the store as one batch (each bucket's count and the sum) at
+ * every flush. A batch holds TALLY_BATCH_MAX counters, so the buffer is
+ * flushed before a bucket would be its 64th with a count (the sum is the
+ * other), and before the sum would overflow: a flush is always one
+ * batch, and a snapshot sees a flushed buffer whole or not at all.
  */
 #include "internal.h"
 
@@ -24,8 +32,18 @@
 #define EXACT         9007199254740992.0 /* 2^53: sums beyond are not exact */
 #define LINEAR_SEARCH 16                 /* bounds counted without branches */
 
+/* What a buffered writer holds until its next flush. */
+struct buffer {
+  uint32_t limit;    /* observations held at most */
+  uint32_t n;        /* observations held */
+  uint32_t distinct; /* buckets with a count */
+  int64_t sum;       /* in units */
+  int64_t count[];   /* per bucket: nbounds + 1 */
+};
+
 struct tally_histogram {
   tally_store *s;
+  struct buffer *buf; /* NULL: every observation is a batch of its own */
   double unit;
   size_t nbounds;
   tally_counter **member; /* nbounds + 2: the buckets (the last +Inf), the sum */
@@ -34,10 +52,57 @@ struct tally_histogram {
 
 void tally_histogram_close(tally_histogram *h) {
   if (!h) return;
+  if (h->buf) (void)tally_histogram_flush(h); /* a failure loses it: said in tally.h */
+  free(h->buf);
   for (size_t i = 0; h->member && i < h->nbounds + 2; i++)
     tally_counter_close(h->member[i]);
   free(h->member);
   free(h);
+}
+
+__attribute__((noinline)) int tally_histogram_flush(tally_histogram *h) {
+  if (!h) return tally__fail(TALLY_EINVAL, "tally_histogram_flush: histogram is NULL");
+  struct buffer *b = h->buf;
+  if (!b || b->n == 0) return 0;
+  tally_counter *cs[TALLY_BATCH_MAX];
+  int64_t ds[TALLY_BATCH_MAX];
+  size_t k = 0;
+  for (size_t i = 0; i <= h->nbounds; i++)
+    if (b->count[i]) {
+      cs[k] = h->member[i];
+      ds[k++] = b->count[i];
+    }
+  if (b->sum) {
+    cs[k] = h->member[h->nbounds + 1];
+    ds[k++] = b->sum;
+  }
+  int rc = tally_batch_incr(h->s, cs, ds, k); /* k <= 64: see observe_buffered */
+  if (rc) return rc;                          /* nothing added: kept for the next */
+  memset(b->count, 0, (h->nbounds + 1) * sizeof b->count[0]);
+  b->n = b->distinct = 0;
+  b->sum = 0;
+  return 0;
+}
+
+int tally_histogram_buffer(tally_histogram *h, uint32_t n) {
+  if (!h) return tally__fail(TALLY_EINVAL, "tally_histogram_buffer: histogram is NULL");
+  if (n > TALLY_HISTOGRAM_MAX_BUFFER)
+    return tally__fail(TALLY_EINVAL,
+                       "a histogram buffers at most %d observations, not %u",
+                       TALLY_HISTOGRAM_MAX_BUFFER, n);
+  int rc = tally_histogram_flush(h);
+  if (rc) return rc;
+  if (n == 0) {
+    free(h->buf);
+    h->buf = NULL;
+    return 0;
+  }
+  if (!h->buf) {
+    h->buf = calloc(1, sizeof *h->buf + (h->nbounds + 1) * sizeof h->buf->count[0]);
+    if (!h->buf) return tally__fail(TALLY_ENOMEM, "out of memory");
+  }
+  h->buf->limit = n;
+  return 0;
 }
 
 static int open_member(tally_store *s, const char *name, tally_counter **out) {
@@ -188,7 +253,8 @@ int tally_histogram_stored(tally_store *s, const char *const *names, size_t nbou
  * at a time (vector lanes: SSE2 on x86-64) and the counts summed as a
  * tree: one by one, in a chain of adds, the count was a third of an
  * observation. */
-static size_t bucket_of(const double *b, size_t n, double v) {
+static inline __attribute__((always_inline)) size_t bucket_of(const double *b, size_t n,
+                                                              double v) {
   _Static_assert(LINEAR_SEARCH == 16, "the count below reads 8 pairs");
   if (n <= LINEAR_SEARCH) {
     typedef double v2d __attribute__((vector_size(16), may_alias, aligned(8)));
@@ -213,28 +279,70 @@ static size_t bucket_of(const double *b, size_t n, double v) {
   return lo;
 }
 
-int tally_histogram_observe(tally_histogram *h, double v) {
-  if (__builtin_expect(!h, 0))
-    return tally__fail(TALLY_EINVAL, "tally_histogram_observe: histogram is NULL");
-  /* the nearest integer count of units, halves away from zero: y is
-   * truncated, so this is floor(x + 0.5) for x >= 0 and -floor(-x + 0.5)
-   * below, in the same double operations as lua/tally/histogram.lua */
+/* Count bucket i and y units in the buffer, flushing it first if it is
+ * full, if i would be a 64th bucket with a count, or if the sum would
+ * overflow; a flush that fails fails the observation (nothing added). */
+/* v's count of units y, rounded to the nearest integer, halves away from
+ * zero, or an error (< 0) if v is a NaN or |v / unit| > 2^53. y is
+ * truncated, so this is floor(x + 0.5) for x >= 0 and -floor(-x + 0.5)
+ * below, in the same double operations as lua/tally/histogram.lua. */
+static inline __attribute__((always_inline)) int units_of(const tally_histogram *h,
+                                                          double v, int64_t *y) {
   double x = v / h->unit;
-  double y = x >= 0 ? x + 0.5 : x - 0.5;
-  if (__builtin_expect(!(fabs(y) <= EXACT), 0)) { /* a NaN fails it too */
+  double r = x >= 0 ? x + 0.5 : x - 0.5;
+  if (__builtin_expect(!(fabs(r) <= EXACT), 0)) { /* a NaN fails it too */
     if (isnan(v)) return tally__fail(TALLY_EINVAL, "tally_histogram_observe: v is NaN");
     return tally__fail(TALLY_ERANGE,
                        "tally_histogram_observe: %g is out of range (|v / unit| must be "
                        "at most 2^53, unit %g)",
                        v, h->unit);
   }
+  *y = (int64_t)r;
+  return 0;
+}
+
+/* The observation into the buffer, which is flushed first if it is full,
+ * if v's bucket would be a 64th with a count, or if the sum would
+ * overflow; a flush that fails fails the observation (nothing added).
+ */
+__attribute__((noinline)) static int observe_buffered(tally_histogram *h, double v) {
+  int64_t y = 0, sum;
+  int rc = units_of(h, v, &y);
+  if (rc) return rc;
+  size_t i = bucket_of(h->bounds, h->nbounds, v);
+  struct buffer *b = h->buf;
+  if (__builtin_expect(b->n >= b->limit ||
+                           (b->count[i] == 0 && b->distinct >= TALLY_BATCH_MAX - 1) ||
+                           __builtin_add_overflow(b->sum, y, &sum),
+                       0)) {
+    if ((rc = tally_histogram_flush(h))) return rc;
+    sum = y;
+  }
+  if (__builtin_expect(b->count[i]++ == 0, 0)) b->distinct++;
+  b->sum = sum;
+  b->n++;
+  return 0;
+}
+
+/* The observation as a batch of its own. */
+__attribute__((noinline)) static int observe_batch(tally_histogram *h, double v) {
+  int64_t y = 0;
+  int rc = units_of(h, v, &y);
+  if (rc) return rc;
   tally_counter *a = h->member[bucket_of(h->bounds, h->nbounds, v)];
   tally_counter *b = h->member[h->nbounds + 1];
   if (__builtin_expect(
           tally__batch_try2(h->s, a, atomic_load_explicit(&a->loc, memory_order_relaxed),
                             1, b, atomic_load_explicit(&b->loc, memory_order_relaxed),
-                            (int64_t)y) == 0,
+                            y) == 0,
           1))
     return 0;
-  return tally__batch_apply2(h->s, a, 1, b, (int64_t)y);
+  return tally__batch_apply2(h->s, a, 1, b, y);
+}
+
+/* Two functions apart, so that neither saves registers for the other. */
+int tally_histogram_observe(tally_histogram *h, double v) {
+  if (__builtin_expect(!h, 0))
+    return tally__fail(TALLY_EINVAL, "tally_histogram_observe: histogram is NULL");
+  return h->buf ? observe_buffered(h, v) : observe_batch(h, v);
 }

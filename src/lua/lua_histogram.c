@@ -12,6 +12,14 @@
  *       one observation: its bucket +1 and the sum + v / unit, one batch
  *   core.histogram_method(H, method) -> H.observe for Lua 5.4: the same
  *       in one C call, method (the Lua one) for everything else
+ *   core.histogram_buffer(writer, n) -> true
+ *       hold up to n observations in the writer (0: none), flushed as one
+ *       batch (tally_histogram_buffer)
+ *   core.histogram_flush(writer) -> true
+ *       add what the writer holds to the store (tally_histogram_flush)
+ *   core.histograms_flush(db) -> true
+ *       the same for every open writer of db; the first failure is
+ *       returned after all were tried
  *
  * Each returns nil, message, code on failure; misuse (a closed writer or
  * store, arguments of the wrong type) raises. A writer holds its own
@@ -139,6 +147,48 @@ static int tl_histogram_observe(lua_State *L) {
   return 1;
 }
 
+static tl_hist *tl_checkwriter(lua_State *L, int idx) {
+  tl_hist *w = (tl_hist *)tl_checkudata(L, idx, TL_HIST_MT);
+  if (w->h == NULL) luaL_error(L, "attempt to use a closed store");
+  return w;
+}
+
+static int tl_histogram_buffer(lua_State *L) {
+  tl_hist *w = tl_checkwriter(L, 1);
+  lua_Integer n = tl_checkinteger(L, 2);
+  int rc;
+  if (n < 0 || n > TALLY_HISTOGRAM_MAX_BUFFER)
+    return tl_argerror(L, 2, "0 to %d observations expected", TALLY_HISTOGRAM_MAX_BUFFER);
+  rc = tally_histogram_buffer(w->h, (uint32_t)n);
+  if (rc < 0) return tl_fail(L, rc);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+static int tl_histogram_flush(lua_State *L) {
+  tl_hist *w = tl_checkwriter(L, 1);
+  int rc = tally_histogram_flush(w->h);
+  if (rc < 0) return tl_fail(L, rc);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+static int tl_histograms_flush(lua_State *L) {
+  tl_store *db = tl_checkstore(L, 1);
+  int first = 0;
+  char msg[512] = "";
+  for (tl_hist *w = db->hists; w != NULL; w = w->next) {
+    int rc = tally_histogram_flush(w->h);
+    if (rc < 0 && first == 0) {
+      first = rc;
+      snprintf(msg, sizeof msg, "%s", tally_errmsg());
+    }
+  }
+  if (first < 0) return tl_fail_msg(L, first, msg);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
 /* H.observe under Lua 5.4 (upvalues: the class H, the Lua method): h's
  * writer is h[1]. One C call where the Lua method makes three (it checks
  * the metatable and v's type); anything but a plain success (a bad self
@@ -186,5 +236,13 @@ int tl_open_histogram(lua_State *L) {
   lua_setfield(L, -2, "histogram_observe");
   lua_pushcfunction(L, tl_histogram_method_new);
   lua_setfield(L, -2, "histogram_method");
+  lua_pushcfunction(L, tl_histogram_buffer);
+  lua_setfield(L, -2, "histogram_buffer");
+  lua_pushcfunction(L, tl_histogram_flush);
+  lua_setfield(L, -2, "histogram_flush");
+  lua_pushcfunction(L, tl_histograms_flush);
+  lua_setfield(L, -2, "histograms_flush");
+  lua_pushinteger(L, TALLY_HISTOGRAM_MAX_BUFFER);
+  lua_setfield(L, -2, "HISTOGRAM_MAX_BUFFER");
   return 0;
 }
