@@ -54,6 +54,16 @@ static void test_policies(void) {
   EXPECT_I64(TALLY_POLICY_KEY, tally_policy_parse("keyboard", 3));
 }
 
+/* The definition, by recursion: the table below and random pairs are
+ * checked against it. */
+static int glob_ref(const char *p, size_t pl, const char *n, size_t nl) {
+  if (pl == 0) return nl == 0;
+  if (p[0] == '*')
+    return glob_ref(p + 1, pl - 1, n, nl) || (nl > 0 && glob_ref(p, pl, n + 1, nl - 1));
+  return nl > 0 && (p[0] == '?' || p[0] == n[0]) &&
+         glob_ref(p + 1, pl - 1, n + 1, nl - 1);
+}
+
 static void test_glob(void) {
   static const struct {
     const char *pat, *name;
@@ -89,6 +99,17 @@ static void test_glob(void) {
       {"[a]", "[a]", 1},
       {"[a]", "a", 0},
       {"\\*", "\\x", 1},
+      /* a '*' or '?' in a name is a byte like any other */
+      {"*", "*a", 1},
+      {"*", "**", 1},
+      {"post:*", "post:*1", 1},
+      {"a*c", "a*c", 1},
+      {"a*c", "a*xc", 1},
+      {"*b", "*b", 1},
+      {"**a", "*a", 1},
+      {"?*", "*", 1},
+      {"*?", "?", 1},
+      {"a?", "a*", 1},
   };
   for (size_t i = 0; i < sizeof tab / sizeof tab[0]; i++) {
     int got = tally_glob_match(tab[i].pat, strlen(tab[i].pat), tab[i].name,
@@ -98,6 +119,23 @@ static void test_glob(void) {
       TU_FAIL("tally_glob_match(\"%s\", \"%s\") = %d, expected %d", tab[i].pat,
               tab[i].name, got, tab[i].want);
   }
+  /* random patterns and names over a, b, * and ? against the definition */
+  uint64_t x = 88172645463325252ull;
+  int wrong = 0;
+  for (int i = 0; i < 200000; i++) {
+    char pat[8], name[8];
+    size_t pl, nl;
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    pl = x % 8, nl = (x >> 3) % 8;
+    for (size_t k = 0; k < 8; k++) {
+      pat[k] = "ab*?"[(x >> (6 + 2 * k)) & 3];
+      name[k] = "ab*?"[(x >> (22 + 2 * k)) & 3];
+    }
+    if (tally_glob_match(pat, pl, name, nl) != glob_ref(pat, pl, name, nl) && wrong++ < 3)
+      TU_FAIL("tally_glob_match(\"%.*s\", \"%.*s\") differs from the definition", (int)pl,
+              pat, (int)nl, name);
+  }
+  atomic_fetch_add(&tu_checks, 1);
   /* lengths are honoured, bytes are bytes */
   EXPECT_I64(1, tally_glob_match("abXYZ", 2, "abQ", 2));
   EXPECT_I64(1, tally_glob_match("a?c", 3, "a\0c", 3));

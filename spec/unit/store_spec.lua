@@ -365,6 +365,16 @@ describe("tally.store", function()
       assert.same({}, db:names("nothing*"))
     end)
 
+    it("matches names that hold '*' or '?' as any other bytes", function()
+      db:family("post:*", { shards = 4 })
+      for _, n in ipairs({ "*a", "**", "post:*1", "post:?", "b" }) do db:incr(n, 2) end
+      assert.same({ "**", "*a", "b", "post:*1", "post:?" }, db:names())
+      assert.same({ "post:*1", "post:?" }, db:names("post:*"))
+      assert.same(10, (db:sum()))
+      assert.equal(4, db:counter("post:*1"):info().shards)   -- its family's options
+      assert.matches('"post:%*1"', db:export("post:*"))
+    end)
+
     it("raises on a bad pattern", function()
       assert.equal("bad argument #1 to 'names' (string expected, got number)",
                    err(function() db:names(1) end))

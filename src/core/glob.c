@@ -10,12 +10,12 @@ int tally_glob_match(const char *pattern, size_t plen, const char *name, size_t 
   if (!pattern || !name) return 0;
   size_t p = 0, n = 0, star = (size_t)-1, resume = 0;
   while (n < nlen) {
-    if (p < plen && (pattern[p] == '?' || pattern[p] == name[n])) {
-      p++;
-      n++;
-    } else if (p < plen && pattern[p] == '*') {
+    if (p < plen && pattern[p] == '*') { /* first: a '*' in the name is a byte */
       star = p++;
       resume = n;
+    } else if (p < plen && (pattern[p] == '?' || pattern[p] == name[n])) {
+      p++;
+      n++;
     } else if (star != (size_t)-1) {
       p = star + 1;
       n = ++resume;
