@@ -52,7 +52,7 @@ local function connect(self)
                                         user = sec.user })
   if not rh then return nil, err end
   local ok, fl = pcall(core.flusher, self.db, rh, { writer = self.writer, shards = self.shards,
-                                                  verify = self.verify })
+                                                  verify = self.verify_every })
   if not ok or not fl then
     rh:close()
     return nil, tostring(fl)
@@ -216,7 +216,7 @@ function _M.flush_to(db, uri, opts, list, unlink)
   end
   local self = setmetatable({
     db = db, uri = core.redis_redact(uri), every = every, pattern = pattern, shards = shards,
-    timeout = timeout, verify = verify, writer = writer, runs = 0, errors = 0, flushed = 0, commands = 0,
+    timeout = timeout, verify_every = verify, writer = writer, runs = 0, errors = 0, flushed = 0, commands = 0,
     unlink = unlink,
   }, Remote)
   secrets[self] = sec
