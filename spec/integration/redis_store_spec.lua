@@ -206,6 +206,27 @@ describe("the redis store", function()
     db:close()
   end))
 
+  it("says ERANGE for a value, a sum or a reset beyond int64, as the file store", function()
+    local db = assert(tally.open(srv.uri))
+    local name = fresh("big")
+    local c = assert(db:counter(name, { shards = 2, policy = "round_robin" }))
+    assert.is_true(c:incr(math.maxinteger))
+    assert.is_true(c:incr(2))
+    local why = "counter '" .. name .. "': value does not fit in 64 bits"
+    assert.same({ nil, why, "ERANGE" }, { c:value() })
+    assert.same({ nil, why, "ERANGE" }, { db:value(name) })
+    local ok, msg, code = db:sum(name)
+    assert.same({ nil, "ERANGE" }, { ok, code })
+    assert.matches("does not fit in 64 bits", msg, 1, true)
+    assert.same({ nil, "counter '" .. name .. "': the amount to remove does not fit in 64 bits; "
+                       .. "nothing was removed", "ERANGE" }, { c:reset() })
+    local shards = c:shards()
+    table.sort(shards)
+    assert.same({ 2, math.maxinteger }, shards)   -- given back
+    db:drop(name)
+    db:close()
+  end)
+
   it("reads the totals db:flush_to wrote from a local file store", function()
     local name = fresh("flushed")
     local path = helper.tmpfile()

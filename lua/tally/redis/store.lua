@@ -36,6 +36,14 @@ local type, error, tostring, tonumber, setmetatable, pcall, ipairs, pairs =
 local fmt, sort, concat = string.format, table.sort, table.concat
 local tointeger, add = compat.tointeger, compat.add
 
+-- a + b for int64 values, or nil when the sum leaves int64 (the file
+-- store's sums and values are exact or ERANGE, never wrapped).
+local function add_fits(a, b)
+  local r = add(a, b)
+  if (a < 0) == (b < 0) and (r < 0) ~= (a < 0) then return nil end
+  return r
+end
+
 local argerror = require("tally.util").argerror
 local remote = require "tally.remote"
 local check_name, glob_pattern = remote.check_name, remote.glob_pattern
@@ -188,7 +196,10 @@ function Store:sum(pattern)
     local v
     v, err, code = self:value(nm)
     if v then
-      total, count = add(total, v), count + 1
+      total, count = add_fits(total, v), count + 1
+      if total == nil then
+        return nil, "sum over '" .. (pattern or "*") .. "' does not fit in 64 bits", "ERANGE"
+      end
     elseif code ~= "ENOENT" then  -- dropped meanwhile: skipped
       return nil, err, code
     end
@@ -331,7 +342,12 @@ function Counter:value()
   local vals, err, code = self:shards()
   if not vals then return nil, err, code end
   local s = 0
-  for _, v in ipairs(vals) do s = add(s, v) end
+  for _, v in ipairs(vals) do
+    s = add_fits(s, v)
+    if s == nil then
+      return nil, "counter '" .. self.nm .. "': value does not fit in 64 bits", "ERANGE"
+    end
+  end
   return s
 end
 
@@ -339,11 +355,22 @@ end
 -- sets it to 0 atomically, so no concurrent increment is lost.
 function Counter:reset()
   local db = cdb(self)
-  local removed = 0
+  local removed, taken = 0, {}
   for i = 0, self.n - 1 do
     local v, err, code = db.r:command("EVAL", RESET_SCRIPT, 1, shard_key(self.nm, i))
     if not v then return rfail(err, code) end
-    removed = add(removed, tointeger(v))
+    taken[i] = tointeger(v)
+    local sum = add_fits(removed, taken[i])
+    if sum == nil then      -- as the file store: give back what was taken
+      for j = 0, i do
+        local ok, gerr, gcode = db.r:command("HINCRBY", shard_key(self.nm, j), "v",
+                                             compat.int_text(taken[j]))
+        if not ok then return rfail(gerr, gcode) end
+      end
+      return nil, "counter '" .. self.nm .. "': the amount to remove does not fit in 64 bits; "
+                  .. "nothing was removed", "ERANGE"
+    end
+    removed = sum
   end
   return removed
 end
