@@ -363,8 +363,15 @@ histograms_text = function(db, hs, c)
   -- one snapshot of every member, not one per histogram: each is a walk
   -- of the whole store (20,000 histograms took 6 minutes), and one cut of
   -- all of them is consistent for each
-  local all, all_msg
-  if #bases > 0 then all, all_msg = db:snapshot("*{*}") end
+  local all, all_msg, all_code
+  if #bases > 0 then all, all_msg, all_code = db:snapshot("*{*}") end
+  local one = {}     -- each histogram's own cut, when the one of all failed
+  if all_code == "ERANGE" then
+    -- a counter with braces in its name sums beyond int64, and fails the
+    -- cut of them all: a cut per histogram leaves out only its own
+    all = {}
+    for _, base in ipairs(bases) do one[base] = { db:snapshot(base .. "{*}") } end
+  end
   for _, base in ipairs(bases) do
     local m, labels, key = format._histogram_series(c, base)
     if not m then
@@ -373,8 +380,10 @@ histograms_text = function(db, hs, c)
       skip(base, "duplicate", fmt("histogram '%s' maps to the metric %s, which another family "
                                   .. "has (or one of its series)", base, m))
     else
-      if not all then
-        skip(base, "unreadable", "histogram '" .. base .. "': " .. tostring(all_msg))
+      local snap, msg = all, all_msg
+      if one[base] then snap, msg = one[base][1], one[base][2] end
+      if not snap then
+        skip(base, "unreadable", "histogram '" .. base .. "': " .. tostring(msg))
       else
         local other = owner[key]
         if other then
@@ -384,7 +393,7 @@ histograms_text = function(db, hs, c)
         end
         owner[key] = owner[key] or base
         rows[#rows + 1] = { m = m, labels = labels, key = key, base = base, h = hs[base],
-                            v = histogram.read(all, hs[base]) }
+                            v = histogram.read(snap, hs[base]) }
       end
     end
   end

@@ -346,6 +346,22 @@ describe("tally.prometheus with histograms", function()
     db:close()
   end)
 
+  it("exposes histograms when another counter with braces sums beyond int64", function()
+    local db = memory()
+    local logged = {}
+    local old = tally.logger(function(m) logged[#logged + 1] = m end)
+    assert(assert(db:histogram("lat", { buckets = { 0.1, 1 } })):observe(0.05))
+    local c = assert(db:counter("cfg{region=eu}", { shards = 3 }))
+    for i = 1, 3 do assert(c:add_shard(i, 4611686018427387903)) end
+    local text = tally.prometheus(db)
+    tally.logger(old)
+    assert.matches('\nlat_count 1\n', text, 1, true)
+    assert.matches('lat_bucket{le="0.1"} 1\n', text, 1, true)
+    assert.not_matches("unreadable", text)
+    assert.same({}, logged)
+    db:close()
+  end)
+
   it("leaves ordinary counters' exposition as it was", function()
     local db, plain = memory(), memory()
     for _, d in ipairs({ db, plain }) do
