@@ -98,10 +98,12 @@ local function collision(db, pattern, metric, kind)
       if e.metric == metric and e.type ~= kind then
         return fmt("metric '%s' is a %s (family '%s'), not a %s", metric, e.type, e.pattern, kind)
       end
-      local hist, other = nil, nil
-      if kind == "histogram" then hist, other = metric, e.metric end
-      if e.type == "histogram" then hist, other = e.metric, metric end
-      if hist then
+      -- each way round: both may be histograms
+      local pairs_ = {}
+      if kind == "histogram" then pairs_[#pairs_ + 1] = { metric, e.metric } end
+      if e.type == "histogram" then pairs_[#pairs_ + 1] = { e.metric, metric } end
+      for _, hp in ipairs(pairs_) do
+        local hist, other = hp[1], hp[2]
         local b, s, c = hist_series(hist)
         if other == b or other == s or other == c then
           return fmt("metric '%s' (family '%s') would collide with the series of histogram "
@@ -395,6 +397,26 @@ histograms_text = function(db, hs, c)
         rows[#rows + 1] = { m = m, labels = labels, key = key, base = base, h = hs[base],
                             v = histogram.read(snap, hs[base]) }
       end
+    end
+  end
+  -- a histogram metric that is another's _bucket, _sum or _count series
+  -- (histograms lat and lat_sum, or names that sanitise so): both left out
+  local hmetric = {}
+  for _, r in ipairs(rows) do hmetric[r.m] = hmetric[r.m] or r.base end
+  local clash = {}
+  for m, base in pairs(hmetric) do
+    for _, series in ipairs({ hist_series(m) }) do
+      if hmetric[series] then
+        local why = fmt("histogram '%s' maps to the metric %s, one of the series of "
+                        .. "histogram '%s' (metric %s)", hmetric[series], series, base, m)
+        clash[m], clash[series] = why, why
+      end
+    end
+  end
+  for _, r in ipairs(rows) do
+    if clash[r.m] and not bad[r.key] then
+      bad[r.key] = true
+      skip(r.base, "duplicate", clash[r.m])
     end
   end
   local by_metric, metrics = {}, {}

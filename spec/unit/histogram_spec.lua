@@ -346,6 +346,37 @@ describe("tally.prometheus with histograms", function()
     db:close()
   end)
 
+  it("leaves out two histograms when one's metric is a series of the other's", function()
+    local db = memory()
+    local logged = {}
+    local old = tally.logger(function(m) logged[#logged + 1] = m end)
+    assert(assert(db:histogram("lat", { buckets = { 1 } })):observe(0.5))
+    assert(assert(db:histogram("lat_sum", { buckets = { 1 } })):observe(0.5))
+    assert(assert(db:histogram("ok", { buckets = { 1 } })):observe(0.5))
+    local text = tally.prometheus(db)
+    tally.logger(old)
+    assert.not_matches("lat", (text:gsub("tally_prometheus_skipped[^\n]*", "")))
+    assert.matches('\nok_count 1\n', text, 1, true)
+    assert.matches('tally_prometheus_skipped{reason="duplicate"} 2\n', text, 1, true)
+    assert.equal(1, #logged)
+    assert.matches("histogram 'lat_sum' maps to the metric lat_sum, one of the series of "
+                   .. "histogram 'lat' (metric lat)", logged[1], 1, true)
+    if helper.sh("command -v promtool || true") ~= "" then
+      local ok, code, out = require("spec.support.peers").check_metrics(text)
+      assert(ok, ("promtool check metrics failed (%s):\n%s\n%s"):format(code, out, text))
+    end
+    -- families: refused whichever comes first
+    for _, order in ipairs({ { "h", "h_count" }, { "h_count", "h" } }) do
+      local d = memory()
+      assert.is_true(d:family("a:*", { histogram = true, metric = order[1], labels = { "x" } }))
+      assert.matches("would collide with the series of histogram metric 'h'",
+                     helper.err(d.family, d, "b:*", { histogram = true, metric = order[2],
+                                                      labels = { "x" } }), 1, true)
+      d:close()
+    end
+    db:close()
+  end)
+
   it("exposes histograms when another counter with braces sums beyond int64", function()
     local db = memory()
     local logged = {}
