@@ -265,6 +265,13 @@ local function label_value(s)
 end
 local function help_text(s) return (gsub(s, "[\\\n]", HELP_ESC)) end
 
+-- s for a HELP text made from a name or a pattern: as it is when it is
+-- UTF-8 (the exposition is), else with each byte over 127 as \xNN.
+function _M.utf8_text(s)
+  if utf8len(s) then return s end
+  return (gsub(s, "[\128-\255]", function(c) return fmt("\\x%02x", byte(c)) end))
+end
+
 -- The metric of counters no mapping claims. A counter name can hold any
 -- bytes, so it goes into a label value, which carries them all exactly:
 -- no two names collide, and there is one metric family however many
@@ -489,7 +496,7 @@ local function compile_mapping(mapping)
     if m.help ~= nil and fam then fam.help = m.help end   -- the newest help wins
     if hist and metric and not fam.help then
       fam.default_help = fmt("tally histograms '%s' (sums kept in units of %s)",
-                             m.pattern, float_text(unit))
+                             _M.utf8_text(m.pattern), float_text(unit))
     end
     local prefixes = {}
     local ordered = true                -- labels already in the order of series keys

@@ -433,7 +433,7 @@ histograms_text = function(db, hs, c)
     local list, fam = by_metric[m], c.families[m]
     local first = list[1]
     local help = fam and (fam.help or fam.default_help)
-                 or "tally histogram '" .. first.base .. "' (sum kept in units of "
+                 or "tally histogram '" .. format.utf8_text(first.base) .. "' (sum kept in units of "
                     .. first.h.unit_text .. ")"
     out[#out + 1] = "# HELP " .. m .. " " .. gsub(help, "[\\\n]", HELP_ESC) .. "\n# TYPE " .. m
                     .. " histogram\n"

@@ -377,6 +377,23 @@ describe("tally.prometheus with histograms", function()
     db:close()
   end)
 
+  it("writes HELP texts in UTF-8 for names and patterns that are not", function()
+    local db = memory()
+    assert(assert(db:histogram("lat\xff", { buckets = { 1 } })):observe(0.5))
+    db:family("rt:\xfe*", { histogram = true, metric = "rt_seconds", labels = { "route" } })
+    assert(assert(db:histogram("rt:\xfe/a")):observe(0.5))
+    local text = tally.prometheus(db)
+    local helps = {}
+    for line in text:gmatch("# HELP [^\n]+") do
+      helps[#helps + 1] = line
+      assert.truthy(require("tally.compat").utf8len(line), line)
+    end
+    assert.equal(2, #helps)
+    assert.matches("tally histogram 'lat\\\\xff'", text, 1, true)      -- \xff, its \ escaped
+    assert.matches("tally histograms 'rt:\\\\xfe*'", text, 1, true)
+    db:close()
+  end)
+
   it("exposes histograms when another counter with braces sums beyond int64", function()
     local db = memory()
     local logged = {}
