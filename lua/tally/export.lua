@@ -49,6 +49,23 @@ local SHARD_MAX = tointeger("4611686018427387903")    -- 2^62 - 1
 local POLICIES = { thread = true, random = true, round_robin = true, key = true, slot = true,
                    ["function"] = true }
 
+-- a[1] + ... + a[n] (minus b[1] + ... + b[n] when b is given), exactly,
+-- or nil when it is beyond a shard's range. The terms are within +-2^62,
+-- so a sum in doubles is within 2^16 of the true one: past the range by
+-- more, it is; else the true sum fits int64, and adding with wrap-around
+-- (what add and sub do past it) gives it exactly.
+local function shard_sum(a, n, b)
+  local approx, exact = 0, 0
+  for i = 1, n do
+    approx = approx + compat.tofloat(a[i]) - (b and compat.tofloat(b[i]) or 0)
+    exact = add(exact, a[i])
+    if b then exact = sub(exact, b[i]) end
+  end
+  if approx > 2^62 + 2^20 or approx < -2^62 - 2^20 then return nil end
+  if exact < SHARD_MIN or exact > SHARD_MAX then return nil end
+  return exact
+end
+
 local function count_text(n)
   if n >= -SAFE and n <= SAFE then return int_text(n) end
   return '"' .. int_text(n) .. '"'
@@ -230,6 +247,17 @@ local function check_counter(name, doc)
     end
     counts[i] = v
   end
+  if policy == "slot" then
+    -- one shard per writer slot; an import adds them all in its own
+    if n ~= core.SLOT_SHARDS then
+      bad(fmt("num_shards is %d, but a slot counter has %d (one per writer slot)", n,
+              core.SLOT_SHARDS))
+    end
+    if not shard_sum(counts, n) then
+      bad("the counts of a slot counter add up beyond a shard's range (-2^62 to 2^62-1), "
+          .. "and an import adds them all in its own shard")
+    end
+  end
   return { name = name, shards = n, policy = policy, counts = counts }
 end
 
@@ -388,10 +416,11 @@ function import_any(self, text, opts)
     if slot then
       -- each shard of a slot counter is one writer's, journalled by it
       -- (src/core/batch.c): the importer adds the difference in its own
-      local n = 0
-      for s = 1, p.shards do
-        n = add(n, p.counts[s])
-        if mode == "replace" then n = sub(n, now[s]) end
+      local n = shard_sum(p.counts, p.shards, mode == "replace" and now or nil)
+      if n == nil then
+        undo(self, log, created)
+        return nil, fmt("counter '%s': what the import adds to it is beyond a shard's range "
+                        .. "(-2^62 to 2^62-1)", p.name), "ERANGE"
       end
       if n ~= 0 then
         local aok

@@ -186,4 +186,40 @@ describe("slot counters in export and import", function()
     db:close()
     other:close()
   end)
+
+  -- a document of a slot counter with 64 shards of the given counts
+  local function slot_doc(counts)
+    local shards = {}
+    for i = 0, 63 do
+      shards[#shards + 1] = string.format('"%d":{"count":"%s"}', i, counts[i + 1] or "0")
+    end
+    return '{"counters":{"s":{"num_shards":64,"policy":"slot","shards":{'
+           .. table.concat(shards, ",") .. "}}}}"
+  end
+
+  it("refuse counts that add up beyond a shard, before anything changes", function()
+    local db = tally.open()
+    local max = "4611686018427387903"                     -- 2^62 - 1
+    for _, counts in ipairs({ { max, max, max, max }, { max, "1" } }) do
+      local ok, msg = pcall(db.import, db, slot_doc(counts))
+      assert.is_false(ok)
+      assert.matches("counter 's': the counts of a slot counter add up beyond a shard's range",
+                     tostring(msg), 1, true)
+      assert.same({}, db:names())
+    end
+    -- what fits is added whole, even when a part of the way is beyond
+    assert.equal(1, db:import(slot_doc({ max, max, "-" .. max, "-" .. max, "6" })))
+    assert.equal(6, db:value("s"))
+    -- replace: the difference with what is there must fit too; else undone
+    db:incr_many{ { "s", -4611686018427387000 } }
+    local ok, msg, code = db:import(slot_doc({ max }))
+    assert.same({ nil, "ERANGE" }, { ok, code })
+    assert.matches("beyond a shard's range", msg, 1, true)
+    assert.equal(6 - 4611686018427387000, db:value("s"))
+    local bad = '{"counters":{"t":{"num_shards":2,"policy":"slot","shards":{'
+                .. '"0":{"count":1},"1":{"count":2}}}}}'
+    assert.matches("num_shards is 2, but a slot counter has 64 (one per writer slot)",
+                   tostring(select(2, pcall(db.import, db, bad))), 1, true)
+    db:close()
+  end)
 end)
