@@ -36,7 +36,8 @@ local compat = require "tally.compat"
 local type, ipairs, pairs, tostring, tonumber, setmetatable, getmetatable =
       type, ipairs, pairs, tostring, tonumber, setmetatable, getmetatable
 local fmt, find, match, byte = string.format, string.find, string.match, string.byte
-local floor, huge = math.floor, math.huge
+local floor, huge, abs = math.floor, math.huge, math.abs
+local tofloat = compat.tofloat
 local sort, concat = table.sort, table.concat
 local describe, argerror, check_self = util.describe, util.argerror, util.self
 local core_observe = core.histogram_observe
@@ -164,6 +165,17 @@ end
 
 -- ---- reading ---------------------------------------------------------------------
 
+-- n units of `unit` as a float. A unit that is 1 / an integer (1e-6: a
+-- microsecond) divides by that integer, so that 100000 units of 1e-6 read
+-- 0.1, the double nearest the true value, where n * 1e-6 reads
+-- 0.09999999999999999.
+local function units_value(n, unit)
+  local x, per = tofloat(n), 1 / unit
+  local r = floor(per + 0.5)
+  if r >= 1 and r < 2^53 and abs(per - r) <= r * 1e-12 then return x / r end
+  return x * unit
+end
+
 -- From a snapshot (name -> value) and a group entry h: { buckets = { { le =,
 -- count = cumulative }, ... ending with le = math.huge }, count =, sum =
 -- (float, in the observations' units), sum_units = (the integer stored),
@@ -181,7 +193,8 @@ function _M.read(snap, h)
     buckets[i] = { le = e[1], count = total }
   end
   local s = snap[h.sum] or 0
-  return { buckets = buckets, count = total, sum = s * h.unit, sum_units = s, unit = h.unit }
+  return { buckets = buckets, count = total, sum = units_value(s, h.unit), sum_units = s,
+           unit = h.unit }
 end
 
 -- q-quantile estimate of a read histogram r: the upper bound of the bucket

@@ -97,6 +97,19 @@ describe("db:histogram", function()
     assert.same({ "bytes{le=1024}", "bytes{le=+Inf}", "bytes{sum,unit=1}" }, g:names())
   end)
 
+  it("reads the sum as the double nearest units times unit", function()
+    local h = assert(db:histogram("d", { buckets = { 1 } }))       -- unit 1e-6
+    assert.is_true(h:observe(0.1))
+    assert.equal(0.1, h:snapshot().sum)                 -- not 100000 * 1e-6, 0.09999999999999999
+    assert.matches("\nd_sum 0.1\n", tally.prometheus(db, "d{*}"), 1, true)
+    local k = assert(db:histogram("k", { buckets = { 1 }, unit = 0.25 }))
+    assert.is_true(k:observe(0.75))
+    assert.equal(0.75, k:snapshot().sum)
+    local t = assert(db:histogram("t", { buckets = { 1 }, unit = 3 }))
+    assert.is_true(t:observe(7))                        -- 2 units of 3
+    assert.equal(6, t:snapshot().sum)
+  end)
+
   it("writes bounds so that they read back exactly", function()
     local b = { 2.5e-7, 0.1, 1 / 3, 123456789.123, 1e21 }
     local h = assert(db:histogram("x", { buckets = b }))
