@@ -8,7 +8,9 @@
  *     ticker writes (run under TSan too);
  *   - the lease: a stalled holder (SIGSTOP) makes others BUSY until its
  *     lease runs out, then one takes over and finishes the period; the
- *     stalled one, resumed, finds it LOST;
+ *     stalled one, resumed, finds it LOST; one stalled past the end of its
+ *     period has it finished by the next holder before the current one;
+ *   - two schedules of a counter with clocks a little apart both roll it;
  *   - a damaged rollup block is ECORRUPT for check() and for readers.
  */
 #include <fcntl.h>
@@ -325,6 +327,103 @@ static void test_stalled_holder(void) {
   tally_store_close(s);
 }
 
+/* A holder stalled past the end of its period (a lease lasts a period
+ * beyond its last renewal, so it is taken over in a later one): the new
+ * holder first finishes that period from the stalled one's cursor, as of
+ * its last moment, then rolls the current one. Every counter has a
+ * record of both. */
+static void test_stalled_past_period(void) {
+  char spec[1200], name[32];
+  tally_counter *first;
+  tally_store *s = lease_store("late.tly", "p", spec, &first, 1);
+  tally_ring rings[] = {{1, 4}};
+  int *status =
+      mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  *status = -1;
+  pid_t pid = fork();
+  if (pid == 0) {
+    tally_store *cs;
+    tally_schedule *sch;
+    tally_tick_result t;
+    if (tally_store_open(spec, NULL, &cs) ||
+        tally_schedule_new(cs, "p:*", 3, 600, rings, 1, &sch) ||
+        tally_schedule_tick(sch, T0, NULL, NULL, &t))
+      _exit(1);
+    *status = t.status;
+    _exit(0);
+  }
+  tally_rollup r;
+  double deadline = tu_now() + 20;
+  while (tally_counter_rolled(first, &r) != 0 && tu_now() < deadline) {}
+  kill(pid, SIGSTOP);
+  usleep(700 * 1000); /* past its lease */
+  tally_schedule *sch = schedule(s, "p:*", 600, rings, 1);
+  tally_tick_result t = tick(sch, T0 + 600); /* the next period */
+  kill(pid, SIGCONT);
+  int wst;
+  waitpid(pid, &wst, 0);
+  EXPECT(WIFEXITED(wst) && WEXITSTATUS(wst) == 0);
+  EXPECT_I64(TALLY_TICK_RAN, t.status);
+  if (*status == TALLY_TICK_RAN) {
+    printf("  stalled past its period: the child finished first; not exercised\n");
+  } else {
+    EXPECT_I64(TALLY_TICK_LOST, *status);
+    /* the rest of the old period, then all of the new one */
+    EXPECT(t.counters > LEASE_N && t.counters < 2 * LEASE_N);
+    printf("  stalled past its period: %llu counters rolled by the next holder\n",
+           (unsigned long long)t.counters);
+  }
+  int bad = 0;
+  for (int i = 0; i < LEASE_N; i += 997) {
+    tally_counter *c;
+    snprintf(name, sizeof name, "p:%d", i);
+    REQUIRE_OK(tu_counter(s, name, 0, -1, 0, &c));
+    EXPECT_OK(tally_counter_rolled(c, &r));
+    /* once for each period, the old one as of its last moment at the latest */
+    if (r.count != 2 || r.at_ms != T0 + 600 || r.prev_at_ms > T0 + 599) bad++;
+    tally_counter_close(c);
+  }
+  EXPECT_I64(0, bad);
+  EXPECT_I64(TALLY_TICK_NOT_DUE, tick(sch, T0 + 601).status);
+  EXPECT_OK(tally_store_check(s));
+  munmap(status, 4096);
+  tally_schedule_free(sch);
+  tally_counter_close(first);
+  tally_store_close(s);
+}
+
+/* Two schedules of one counter whose clocks read a little apart: the one
+ * that comes second but reads the earlier moment rolls it as of the later
+ * one, not skips it; a roll more than a period ahead is still never gone
+ * back on. */
+static void test_clocks_apart(void) {
+  tally_store *s;
+  REQUIRE_OK(tally_store_open("memory", NULL, &s));
+  tally_counter *c;
+  REQUIRE_OK(tu_counter(s, "x", 1, -1, TALLY_COUNTER_CREATE, &c));
+  tally_ring r1[] = {{1, 4}}, r10[] = {{10, 4}};
+  tally_schedule *a = schedule(s, "x", 1000, r1, 1), *b = schedule(s, "x", 10000, r10, 1);
+  EXPECT_OK(tally_counter_incr(c, 5));
+  tally_tick_result t = tick(a, T0 + 1);
+  EXPECT_I64(1, (int64_t)t.counters);
+  t = tick(b, T0);
+  EXPECT_I64(1, (int64_t)t.counters);
+  EXPECT_I64(0, t.skipped);
+  tally_rollup r;
+  EXPECT_OK(tally_counter_rolled(c, &r));
+  EXPECT_I64(T0 + 1, r.at_ms);
+  EXPECT_I64(2, (int64_t)r.count);
+  /* a period of b further ahead: skipped, as a clock gone back */
+  EXPECT_I64(1, (int64_t)tick(a, T0 + 20001).counters);
+  t = tick(b, T0 + 10000);
+  EXPECT_I64(0, (int64_t)t.counters);
+  EXPECT_I64(1, t.skipped);
+  tally_schedule_free(a);
+  tally_schedule_free(b);
+  tally_counter_close(c);
+  tally_store_close(s);
+}
+
 /* A holder that dies is replaced at once, not after its lease. */
 static void test_dead_holder(void) {
   char spec[1200], name[32];
@@ -577,6 +676,8 @@ int main(void) {
   test_stalled_holder();
   test_dead_holder();
   test_resume_after_other_schedule();
+  test_stalled_past_period();
+  test_clocks_apart();
   test_torn_block();
   test_damaged_block();
   tu_rmrf(g_dir);

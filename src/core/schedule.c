@@ -363,7 +363,11 @@ static int roll_members(struct run *u) {
       continue;
     }
     int rc = tally__rec_value(s, m[i].rec_off, &v);
-    if (rc || atomic_load_explicit(&b->at_ms, memory_order_relaxed) > u->when.now_ms) {
+    int64_t at = atomic_load_explicit(&b->at_ms, memory_order_relaxed);
+    /* rolled later already, by another schedule of the counter: within a
+     * period of this one's moment (clocks read a little apart), as of
+     * that later moment; further ahead, never back in time */
+    if (rc || at - u->when.now_ms > sch->every_ms) {
       tally__block_release(b, odd);
       if (rc == TALLY_EDROPPED)
         sch->built = false; /* list it anew */
@@ -371,8 +375,10 @@ static int roll_members(struct run *u) {
         u->skipped++; /* out of range, or never back in time */
       continue;
     }
+    struct tally__when later, *w = &u->when;
+    if (at > u->when.now_ms) tally__when_init(w = &later, at);
     tally_rollup r;
-    tally__block_roll(b, v, &u->when, &r);
+    tally__block_roll(b, v, w, &r);
     tally__block_release(b, odd);
     atomic_store_explicit(&u->slot->cursor, m[i].key + 1, memory_order_relaxed);
     u->rolled++;
@@ -414,8 +420,14 @@ int tally_schedule_tick(tally_schedule *sch, int64_t now_ms, tally_rollup_fn fn,
     out->status = TALLY_TICK_BUSY;
     return 0;
   }
-  if (atomic_load(&u.slot->running) == period + 1) {
+  /* an earlier period whose holder stalled or died past its end (its
+   * lease lasts a period beyond its last renewal): finished first */
+  int64_t running = atomic_load(&u.slot->running), unfinished = -1;
+  if (running == period + 1) {
     u.resume_after = atomic_load(&u.slot->cursor); /* a holder died in it */
+  } else if (running > atomic_load(&u.slot->done) && running - 1 < period) {
+    unfinished = running - 1;
+    u.resume_after = atomic_load(&u.slot->cursor);
   } else {
     atomic_store(&u.slot->cursor, 0);
     atomic_store(&u.slot->running, period + 1);
@@ -423,7 +435,26 @@ int tally_schedule_tick(tally_schedule *sch, int64_t now_ms, tally_rollup_fn fn,
   tally__unlock(s);
 
   rc = members_refresh(sch, &u);
-  int lost = rc == 1 ? 1 : rc ? 0 : roll_members(&u);
+  int lost = rc == 1;
+  if (rc == 0 && unfinished >= 0) {
+    /* from where its holder stopped, as of its last moment (the values
+     * are read now), then the current period from the start */
+    tally__when_init(&u.when, (unfinished + 1) * sch->every_ms - 1);
+    lost = roll_members(&u);
+    if (!lost && (rc = tally__lock(s)) == 0) {
+      if (atomic_load(&u.slot->owner) == u.me) {
+        atomic_store(&u.slot->done, unfinished + 1);
+        atomic_store(&u.slot->cursor, 0);
+        atomic_store(&u.slot->running, period + 1);
+      } else {
+        lost = 1;
+      }
+      tally__unlock(s);
+    }
+    tally__when_init(&u.when, now_ms);
+    u.resume_after = 0;
+  }
+  if (rc == 0 && !lost) lost = roll_members(&u);
   if (rc == 1) rc = 0;
   out->counters = u.rolled;
   out->skipped = (uint32_t)(u.skipped > UINT32_MAX ? UINT32_MAX : u.skipped);
