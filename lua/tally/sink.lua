@@ -226,10 +226,19 @@ local HTTP_OPTIONS = { url = true, format = true, headers = true, timeout = true
 local RECOVER_EVERY = 10     -- seconds between two looks for files left behind
 local spool_seq = 0
 
-local function url_key(str)   -- djb2, 32 bits, as 8 hex digits: a file name for the url
-  local h = 5381
-  for i = 1, #str do h = (h * 33 + str:byte(i)) % 4294967296 end
-  return fmt("%08x", h)
+-- A file name for the url: two 32-bit hashes as 16 hex digits (djb2 alone,
+-- as before 0.1.1, made "/hook/ab" and "/hook/bA" one name, so one url's
+-- records could go to the other). legacy: the djb2 half, the name files
+-- left by the old version have, which are still taken.
+local function url_key(str, legacy)
+  local h, g = 5381, 7
+  for i = 1, #str do
+    local c = str:byte(i)
+    h = (h * 33 + c) % 4294967296
+    g = (g * 131 + c) % 4294967291        -- a prime: not djb2's collisions
+  end
+  if legacy then return fmt("%08x", h) end
+  return fmt("%08x%08x", h, g)
 end
 
 local function process_alive(pid)
@@ -339,6 +348,7 @@ local function spool_ready(self, db)
   if not ok then return nil, err end
   sp.dir = dir
   sp.prefix = "http-" .. url_key(self.format .. " " .. self.url) .. "."
+  sp.legacy = "http-" .. url_key(self.format .. " " .. self.url, true) .. "."
   sp.base = unique_name(sp) .. ".spool"
   sp.file = dir .. "/" .. sp.base
   live_files[sp.base] = true
@@ -416,9 +426,10 @@ local function spool_recover(self, db, force)
   if not names then return end
   table.sort(names)
   local pat = "^" .. sp.prefix:gsub("%p", "%%%0") .. "(%d+)%-"
+  local old = "^" .. sp.legacy:gsub("%p", "%%%0") .. "(%d+)%-"
   local mypid = core.getpid()
   for _, n in ipairs(names) do
-    local pid = tonumber(n:match(pat) or "")
+    local pid = tonumber(n:match(pat) or n:match(old) or "")
     if pid and not live_files[n] and (pid == mypid or not process_alive(pid)) then
       local base = unique_name(sp) .. ".take"
       local take = sp.dir .. "/" .. base
@@ -449,9 +460,18 @@ function Http:_attach(db)
   spool_recover(self, db, true)
 end
 
+-- x in the fewest digits that read back the same: 0.2, not 0.20000000000000001
+local function shortest(x)
+  for digits = 15, 16 do
+    local t = fmt("%." .. digits .. "g", x)
+    if tonumber(t) == x then return t end
+  end
+  return fmt("%.17g", x)
+end
+
 local function identity(r, every)
   local at = type(r.at) == "number" and math.floor(r.at * 1000 + 0.5) or 0
-  return fmt("%s|%s|%d", r.name, every and fmt("%.17g", every) or "-", at)
+  return fmt("%s|%s|%d", r.name, every and shortest(every) or "-", at)
 end
 
 -- Encode records[from..to] as one body: nil, message if it cannot be.

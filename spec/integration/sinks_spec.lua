@@ -480,6 +480,52 @@ describe("an HTTP sink with a spool", function()
     assert.equal(1, #bodies(srv))
   end)
 
+  it("writes each record's id with its period in the fewest digits and its time", function()
+    local dir = helper.tmpfile("ids.spool")
+    local s = tally.sink.http { url = "http://127.0.0.1:" .. peers.free_port() .. "/x",
+                                spool = dir, timeout = 1 }
+    s:push({ { name = "a", value = 1, at = 1000.5, delta = 0, rate = 0 } }, nil, { every = 0.2 })
+    s:push({ { name = "b", value = 2, at = 7, delta = 0, rate = 0 } }, nil, { every = 10 })
+    local files = readdir(dir)
+    assert.equal(1, #files)
+    local ids = {}
+    for line in io.lines(dir .. "/" .. files[1]) do ids[#ids + 1] = cjson.decode(line).id end
+    assert.same({ "a|0.2|1000500", "b|10|7000" }, ids)
+    s:close()
+  end)
+
+  it("is delivered to its own url only, never to one whose name hashes alike", function()
+    local path = helper.tmpfile()
+    local port = peers.free_port()
+    local base = "http://127.0.0.1:" .. port
+    -- "/hook/ab" and "/hook/bA": one djb2 hash, the files' whole name once
+    local out, code = helper.sh("timeout 30 " .. helper.q(helper.bin) .. " "
+                                .. helper.q(cron_script(path, base .. "/hook/ab")))
+    assert.equal(0, code, out)
+    local dir = path .. ".spool/"
+    local files = readdir(dir)
+    assert.equal(1, #files)
+    assert.matches("^http%-%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%.%d+%-%x+%.spool$", files[1])
+    local srv = peers.start_http_sink { port = port }
+    finally(function() srv.stop() end)
+    out, code = helper.sh("timeout 30 " .. helper.q(helper.bin) .. " "
+                          .. helper.q(later_script(path, base .. "/hook/bA")))
+    assert.equal(0, code, out)
+    assert.same({}, srv.requests())                  -- not bA's
+    assert.same(files, readdir(dir))
+    -- a file named as the old version named it (djb2 alone) is still taken
+    local legacy = files[1]:gsub("^(http%-%x%x%x%x%x%x%x%x)%x%x%x%x%x%x%x%x", "%1")
+    assert(os.rename(dir .. files[1], dir .. legacy))
+    out, code = helper.sh("timeout 30 " .. helper.q(helper.bin) .. " "
+                          .. helper.q(later_script(path, base .. "/hook/ab")))
+    assert.equal(0, code, out)
+    local reqs = srv.requests()
+    assert.equal(1, #reqs)
+    assert.equal("/hook/ab", reqs[1].path)
+    assert.equal(4, #cjson.decode(reqs[1].body))
+    assert.same({}, readdir(dir))
+  end)
+
   it("is delivered by one of several processes that start at once, never twice", function()
     local path = helper.tmpfile()
     local port = peers.free_port()
