@@ -162,10 +162,11 @@ local function rollup(db, pattern, opts)
   for i, s in ipairs(opts.sinks or {}) do
     sinks[i] = sink.wrap(s, i)
   end
-  -- (pattern, every) is the schedule's identity in the store: a second one
-  -- here would share its periods and never run
+  -- (pattern, every in whole ms) is the schedule's identity in the store:
+  -- a second one here would share its periods and never run
+  local ms = math.floor(every * 1000 + 0.5)
   for _, other in ipairs(state_of(db).schedules) do
-    if other.pattern == pattern and other.every == every then
+    if other.pattern == pattern and math.floor(other.every * 1000 + 0.5) == ms then
       argerror(2, "rollup", fmt("a schedule for '%s' every %g s already "
                 .. "exists on this store handle; give it all the keep and sinks", pattern, every), 2)
     end
@@ -322,7 +323,8 @@ local function flush(db, timeout)
   for _, sch in ipairs(st.schedules) do
     for _, s in ipairs(sch.sinks) do
       pcall(s.pump, s)
-      local fok, ok = pcall(s.flush, s, math.max(0, deadline - core.now()))
+      -- (a sink waits at most 4294967 s, about 50 days: longer is that)
+      local fok, ok = pcall(s.flush, s, math.min(4294967, math.max(0, deadline - core.now())))
       if not (fok and ok) then
         local sok, stats = pcall(s.stats, s)
         waiting = waiting + (sok and stats.queued or 0)

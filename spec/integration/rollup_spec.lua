@@ -154,6 +154,9 @@ describe("db:rollup", function()
     db:rollup("d:*", { every = 5, keep = { "10x1s" } })
     assert.matches("a schedule for 'd:%*' every 5 s already exists",
                    helper.err(db.rollup, db, "d:*", { every = 5, keep = { "10x1m" } }))
+    -- the store keeps a period in whole ms: 5.0004 s is 5 s
+    assert.matches("a schedule for 'd:%*' every 5.0004 s already exists",
+                   helper.err(db.rollup, db, "d:*", { every = 5.0004 }))
     db:rollup("d:*", { every = 6 })   -- another period is another schedule
     assert.equal(2, #db:schedules())
   end)
