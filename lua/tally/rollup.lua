@@ -19,6 +19,7 @@ local tointeger, idiv = compat.tointeger, compat.idiv
 local fmt = string.format
 
 local argerror = require("tally.util").argerror
+local describe = require("tally.util").describe
 
 local _M = {}
 
@@ -146,6 +147,12 @@ local function rollup(db, pattern, opts)
     argerror(2, "rollup", "keep must be a list like { '60x1s' }, got "
           .. type(keep), 2)
   end
+  for k in pairs(keep) do      -- { a = "1x1s" } would keep nothing, silently
+    if type(k) ~= "number" or k < 1 or k > #keep or k ~= math.floor(k) then
+      argerror(2, "rollup", "keep must be a list like { '60x1s' }, got a key "
+            .. describe(k), 2)
+    end
+  end
   for i, spec in ipairs(keep) do
     local n, res = _M.parse_keep(spec, 2)
     for _, r in ipairs(rings) do
@@ -210,10 +217,12 @@ end
 -- upkeep's), never raised.
 local function tick(db, now)
   check_self(db, "tally.store", "tick")
-  if now == nil then
-    now = clock_of(db)
-  elseif type(now) ~= "number" or now ~= now or now < 0 then
-    argerror(1, "tick", "time in seconds expected, got " .. tostring(now), 2)
+  local given = now ~= nil
+  if not given then now = clock_of(db) end
+  if type(now) ~= "number" or now ~= now or now < 0 or now >= 9.2e15 then
+    local got = "time in seconds (0 to 9.2e15) expected, got " .. tostring(now)
+    if given then argerror(1, "tick", got, 2) end
+    error("db:tick: the store's clock (db:clock) gave no " .. got:gsub(" expected, got", ":"), 2)
   end
   local st, done = state[db], {}
   done[1] = upkeep(db, now)

@@ -218,8 +218,17 @@ describe("db:rollup", function()
     assert.equal(T0 + 5, c:rolled().at)
     db:clock(false)
     assert.is_true(math.abs(db:clock() - os.time()) < 5)
-    assert.matches("time in seconds expected", helper.err(db.tick, db, -1))
+    assert.matches("time in seconds (0 to 9.2e15) expected, got -1", helper.err(db.tick, db, -1),
+                   1, true)
+    assert.matches("bad argument #1 to 'tick' (time in seconds (0 to 9.2e15) expected, got inf)",
+                   helper.err(db.tick, db, math.huge), 1, true)
+    assert.matches("keep must be a list like { '60x1s' }, got a key 'a'",
+                   helper.err(db.rollup, db, "k:*", { every = 1, keep = { a = "1x1s" } }), 1, true)
     assert.matches("function or false expected", helper.err(db.clock, db, 5))
+    db:clock(function() return math.huge end)
+    assert.matches("db:tick: the store's clock (db:clock) gave no time in seconds (0 to 9.2e15): inf",
+                   helper.err(db.tick, db), 1, true)
+    db:clock(false)
   end)
 
   it("runs for a number of seconds with db:run, rolling up each period", function()
