@@ -1138,7 +1138,14 @@ static int cmd_batch(const char *path, double secs, int reps, long nsnap) {
   }
   tally_histogram *h = NULL, *hb = NULL;
   if ((rc = tally_histogram_open(s, bounds, 11, hp, 1e-6, &h))) die("histogram", rc);
-  if ((rc = tally_histogram_open(s, bounds, 11, hp, 1e-6, &hb)) ||
+  /* the buffered writer has a histogram of its own ("buf{...}") */
+  char bn[13][24];
+  const char *bp[13];
+  for (int i = 0; i < 13; i++) {
+    snprintf(bn[i], sizeof bn[i], i == 12 ? "buf{sum}" : "buf{le=%d}", i);
+    bp[i] = bn[i];
+  }
+  if ((rc = tally_histogram_open(s, bounds, 11, bp, 1e-6, &hb)) ||
       (rc = tally_histogram_buffer(hb, 1024)))
     die("histogram", rc);
   double vo[32], vh[32], vf[32];

@@ -46,8 +46,9 @@ struct tally_histogram {
   struct buffer *buf; /* NULL: every observation is a batch of its own */
   double unit;
   size_t nbounds;
-  tally_counter **member; /* nbounds + 2: the buckets (the last +Inf), the sum */
-  double bounds[];        /* at least LINEAR_SEARCH: +Inf after the last */
+  tally_counter **member;       /* nbounds + 2: the buckets (the last +Inf), the sum */
+  _Alignas(16) double bounds[]; /* at least LINEAR_SEARCH, +Inf after the last; 16-byte
+                                   aligned: its pairs are loaded whole, never split */
 };
 
 void tally_histogram_close(tally_histogram *h) {
@@ -60,7 +61,7 @@ void tally_histogram_close(tally_histogram *h) {
   free(h);
 }
 
-__attribute__((noinline)) int tally_histogram_flush(tally_histogram *h) {
+int tally_histogram_flush(tally_histogram *h) {
   if (!h) return tally__fail(TALLY_EINVAL, "tally_histogram_flush: histogram is NULL");
   struct buffer *b = h->buf;
   if (!b || b->n == 0) return 0;
@@ -253,8 +254,7 @@ int tally_histogram_stored(tally_store *s, const char *const *names, size_t nbou
  * at a time (vector lanes: SSE2 on x86-64) and the counts summed as a
  * tree: one by one, in a chain of adds, the count was a third of an
  * observation. */
-static inline __attribute__((always_inline)) size_t bucket_of(const double *b, size_t n,
-                                                              double v) {
+static size_t bucket_of(const double *b, size_t n, double v) {
   _Static_assert(LINEAR_SEARCH == 16, "the count below reads 8 pairs");
   if (n <= LINEAR_SEARCH) {
     typedef double v2d __attribute__((vector_size(16), may_alias, aligned(8)));
@@ -279,43 +279,20 @@ static inline __attribute__((always_inline)) size_t bucket_of(const double *b, s
   return lo;
 }
 
-/* Count bucket i and y units in the buffer, flushing it first if it is
+/* Bucket i and y units into the buffer, which is flushed first if it is
  * full, if i would be a 64th bucket with a count, or if the sum would
- * overflow; a flush that fails fails the observation (nothing added). */
-/* v's count of units y, rounded to the nearest integer, halves away from
- * zero, or an error (< 0) if v is a NaN or |v / unit| > 2^53. y is
- * truncated, so this is floor(x + 0.5) for x >= 0 and -floor(-x + 0.5)
- * below, in the same double operations as lua/tally/histogram.lua. */
-static inline __attribute__((always_inline)) int units_of(const tally_histogram *h,
-                                                          double v, int64_t *y) {
-  double x = v / h->unit;
-  double r = x >= 0 ? x + 0.5 : x - 0.5;
-  if (__builtin_expect(!(fabs(r) <= EXACT), 0)) { /* a NaN fails it too */
-    if (isnan(v)) return tally__fail(TALLY_EINVAL, "tally_histogram_observe: v is NaN");
-    return tally__fail(TALLY_ERANGE,
-                       "tally_histogram_observe: %g is out of range (|v / unit| must be "
-                       "at most 2^53, unit %g)",
-                       v, h->unit);
-  }
-  *y = (int64_t)r;
-  return 0;
-}
-
-/* The observation into the buffer, which is flushed first if it is full,
- * if v's bucket would be a 64th with a count, or if the sum would
  * overflow; a flush that fails fails the observation (nothing added).
- */
-__attribute__((noinline)) static int observe_buffered(tally_histogram *h, double v) {
-  int64_t y = 0, sum;
-  int rc = units_of(h, v, &y);
-  if (rc) return rc;
-  size_t i = bucket_of(h->bounds, h->nbounds, v);
+ * Apart from the batch's path, which saves registers this one needs not. */
+__attribute__((noinline)) static int observe_buffered(tally_histogram *h, size_t i,
+                                                      int64_t y) {
   struct buffer *b = h->buf;
+  int64_t sum;
   if (__builtin_expect(b->n >= b->limit ||
                            (b->count[i] == 0 && b->distinct >= TALLY_BATCH_MAX - 1) ||
                            __builtin_add_overflow(b->sum, y, &sum),
                        0)) {
-    if ((rc = tally_histogram_flush(h))) return rc;
+    int rc = tally_histogram_flush(h);
+    if (rc) return rc;
     sum = y;
   }
   if (__builtin_expect(b->count[i]++ == 0, 0)) b->distinct++;
@@ -324,25 +301,30 @@ __attribute__((noinline)) static int observe_buffered(tally_histogram *h, double
   return 0;
 }
 
-/* The observation as a batch of its own. */
-__attribute__((noinline)) static int observe_batch(tally_histogram *h, double v) {
-  int64_t y = 0;
-  int rc = units_of(h, v, &y);
-  if (rc) return rc;
-  tally_counter *a = h->member[bucket_of(h->bounds, h->nbounds, v)];
+int tally_histogram_observe(tally_histogram *h, double v) {
+  if (__builtin_expect(!h, 0))
+    return tally__fail(TALLY_EINVAL, "tally_histogram_observe: histogram is NULL");
+  /* the nearest integer count of units, halves away from zero: y is
+   * truncated, so this is floor(x + 0.5) for x >= 0 and -floor(-x + 0.5)
+   * below, in the same double operations as lua/tally/histogram.lua */
+  double x = v / h->unit;
+  double y = x >= 0 ? x + 0.5 : x - 0.5;
+  if (__builtin_expect(!(fabs(y) <= EXACT), 0)) { /* a NaN fails it too */
+    if (isnan(v)) return tally__fail(TALLY_EINVAL, "tally_histogram_observe: v is NaN");
+    return tally__fail(TALLY_ERANGE,
+                       "tally_histogram_observe: %g is out of range (|v / unit| must be "
+                       "at most 2^53, unit %g)",
+                       v, h->unit);
+  }
+  size_t i = bucket_of(h->bounds, h->nbounds, v);
+  if (__builtin_expect(h->buf != NULL, 0)) return observe_buffered(h, i, (int64_t)y);
+  tally_counter *a = h->member[i];
   tally_counter *b = h->member[h->nbounds + 1];
   if (__builtin_expect(
           tally__batch_try2(h->s, a, atomic_load_explicit(&a->loc, memory_order_relaxed),
                             1, b, atomic_load_explicit(&b->loc, memory_order_relaxed),
-                            y) == 0,
+                            (int64_t)y) == 0,
           1))
     return 0;
-  return tally__batch_apply2(h->s, a, 1, b, y);
-}
-
-/* Two functions apart, so that neither saves registers for the other. */
-int tally_histogram_observe(tally_histogram *h, double v) {
-  if (__builtin_expect(!h, 0))
-    return tally__fail(TALLY_EINVAL, "tally_histogram_observe: histogram is NULL");
-  return h->buf ? observe_buffered(h, v) : observe_batch(h, v);
+  return tally__batch_apply2(h->s, a, 1, b, (int64_t)y);
 }
