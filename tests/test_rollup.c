@@ -262,14 +262,12 @@ static tally_store *lease_store(const char *file, const char *prefix, char *spec
   return s;
 }
 
-static void test_stalled_holder(void) {
-  char spec[1200], name[32];
-  tally_counter *first;
-  tally_store *s = lease_store("lease.tly", "l", spec, &first, 1);
-  tally_ring rings[] = {{1, 4}};
-  /* the period is 600 ms: the lease lasts that long without renewal */
-  int *status =
-      mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+/* A child that opens spec and ticks a schedule of pattern every every_ms
+ * (rings[1]) at T0, writing the tick's status to *status (-1 until it
+ * ends); returned once first has a rollup, so the child is rolling (or
+ * done, on a fast run). */
+static pid_t start_ticker(const char *spec, const char *pattern, int64_t every_ms,
+                          const tally_ring *rings, int *status, tally_counter *first) {
   *status = -1;
   pid_t pid = fork();
   if (pid == 0) {
@@ -277,7 +275,7 @@ static void test_stalled_holder(void) {
     tally_schedule *sch;
     tally_tick_result t;
     if (tally_store_open(spec, NULL, &cs) ||
-        tally_schedule_new(cs, "l:*", 3, 600, rings, 1, &sch) ||
+        tally_schedule_new(cs, pattern, strlen(pattern), every_ms, rings, 1, &sch) ||
         tally_schedule_tick(sch, T0, NULL, NULL, &t))
       _exit(1);
     *status = t.status;
@@ -286,6 +284,19 @@ static void test_stalled_holder(void) {
   tally_rollup r;
   double deadline = tu_now() + 20;
   while (tally_counter_rolled(first, &r) != 0 && tu_now() < deadline) {}
+  return pid;
+}
+
+static void test_stalled_holder(void) {
+  char spec[1200], name[32];
+  tally_counter *first;
+  tally_store *s = lease_store("lease.tly", "l", spec, &first, 1);
+  tally_ring rings[] = {{1, 4}};
+  /* the period is 600 ms: the lease lasts that long without renewal */
+  int *status =
+      mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  pid_t pid = start_ticker(spec, "l:*", 600, rings, status, first);
+  tally_rollup r;
   kill(pid, SIGSTOP);
   double stopped = tu_now();
   tally_schedule *sch = schedule(s, "l:*", 600, rings, 1);
@@ -339,22 +350,8 @@ static void test_stalled_past_period(void) {
   tally_ring rings[] = {{1, 4}};
   int *status =
       mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  *status = -1;
-  pid_t pid = fork();
-  if (pid == 0) {
-    tally_store *cs;
-    tally_schedule *sch;
-    tally_tick_result t;
-    if (tally_store_open(spec, NULL, &cs) ||
-        tally_schedule_new(cs, "p:*", 3, 600, rings, 1, &sch) ||
-        tally_schedule_tick(sch, T0, NULL, NULL, &t))
-      _exit(1);
-    *status = t.status;
-    _exit(0);
-  }
+  pid_t pid = start_ticker(spec, "p:*", 600, rings, status, first);
   tally_rollup r;
-  double deadline = tu_now() + 20;
-  while (tally_counter_rolled(first, &r) != 0 && tu_now() < deadline) {}
   kill(pid, SIGSTOP);
   usleep(700 * 1000); /* past its lease */
   tally_schedule *sch = schedule(s, "p:*", 600, rings, 1);

@@ -460,18 +460,9 @@ function Http:_attach(db)
   spool_recover(self, db, true)
 end
 
--- x in the fewest digits that read back the same: 0.2, not 0.20000000000000001
-local function shortest(x)
-  for digits = 15, 16 do
-    local t = fmt("%." .. digits .. "g", x)
-    if tonumber(t) == x then return t end
-  end
-  return fmt("%.17g", x)
-end
-
-local function identity(r, every)
+local function identity(r, every)   -- every in the fewest digits: 0.2, not 0.20000000000000001
   local at = type(r.at) == "number" and math.floor(r.at * 1000 + 0.5) or 0
-  return fmt("%s|%s|%d", r.name, every and shortest(every) or "-", at)
+  return fmt("%s|%s|%d", r.name, every and format.json_number(every) or "-", at)
 end
 
 -- Encode records[from..to] as one body: nil, message if it cannot be.
