@@ -19,7 +19,14 @@
 #include "tally_net.h"
 #include "testutil.h"
 
-enum { ANSWER_NONE = 0, ANSWER_OK = 200, ANSWER_REFUSED = 400, ANSWER_ERROR = 500 };
+enum {
+  ANSWER_NONE = 0,
+  ANSWER_OK = 200,
+  ANSWER_MOVED = 301, /* with a Location */
+  ANSWER_REFUSED = 400,
+  ANSWER_BUSY = 429, /* with Retry-After: 1 */
+  ANSWER_ERROR = 500
+};
 
 #define SRV_MAX_REQS   1024
 #define SRV_MAX_CONNS  64
@@ -158,6 +165,12 @@ static void *srv_conn_main(void *arg) {
                             ? "HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nok\n"
                         : answer == ANSWER_REFUSED
                             ? "HTTP/1.1 400 Bad Request\r\nContent-Length: 4\r\n\r\nbad\n"
+                        : answer == ANSWER_MOVED
+                            ? "HTTP/1.1 301 Moved Permanently\r\nLocation: "
+                              "http://127.0.0.1:9/elsewhere\r\nContent-Length: 0\r\n\r\n"
+                        : answer == ANSWER_BUSY
+                            ? "HTTP/1.1 429 Too Many Requests\r\nRetry-After: 1\r\n"
+                              "Content-Length: 5\r\n\r\nbusy\n"
                             : "HTTP/1.1 500 Internal Server Error\r\n"
                               "Content-Length: 5\r\n\r\nfail\n") != 0)
       goto out;
@@ -576,6 +589,37 @@ static void test_refused(void) {
   server_stop(srv);
 }
 
+/* A redirect is refused as a 400 is (a sink posts to its own url), saying
+ * where to; a 429's Retry-After (1 s) is waited before the next try, where
+ * the backoff alone would retry after 40 ms. */
+static void test_moved_and_busy(void) {
+  server *srv = server_start(ANSWER_MOVED);
+  tally_sender *s = open_sender(srv->url, NULL, NULL, 2000, 0, 40, 5000);
+  EXPECT_OK(post_str(s, "m0", 2));
+  wait_requests(srv, ANSWER_MOVED, 1, 3.0);
+  EXPECT_OK(tally_sender_flush(s, 3000));
+  tally_sender_stats st = stats_of(s);
+  EXPECT_I64(2, st.rejected);
+  EXPECT_I64(301, st.last_status);
+  EXPECT_STR("HTTP 301: redirected to http://127.0.0.1:9/elsewhere (a sink does not "
+             "follow: give it that url)",
+             st.last_error);
+  EXPECT_I64(1, server_count(srv, ANSWER_MOVED)); /* not retried */
+  atomic_store(&srv->answer, ANSWER_BUSY);
+  EXPECT_OK(post_str(s, "b0", 1));
+  wait_requests(srv, ANSWER_BUSY, 1, 3.0);
+  double t0 = tu_now();
+  usleep(600 * 1000);
+  EXPECT_I64(1, server_count(srv, ANSWER_BUSY)); /* still waiting out the 1 s */
+  atomic_store(&srv->answer, ANSWER_OK);
+  EXPECT_OK(tally_sender_flush(s, 3000));
+  EXPECT(tu_now() - t0 > 0.2); /* the retry came after the Retry-After */
+  st = stats_of(s);
+  EXPECT_I64(1, st.sent);
+  tally_sender_close(s, 0);
+  server_stop(srv);
+}
+
 /* A server slower than the timeout: failures with a timeout message, and
  * post() never waits for the network. */
 static void test_slow_server(void) {
@@ -753,6 +797,7 @@ int main(void) {
   test_concurrent_posts();
   test_retry_500();
   test_refused();
+  test_moved_and_busy();
   test_slow_server();
   test_dead_port();
   test_overflow();

@@ -138,8 +138,9 @@ static struct sender_body *pop_front(tally_sender *s) {
 
 /* One request for b. Returns SEND_*; *status gets the HTTP status (0 when
  * no answer came) and err the failure's text. Runs without mu. */
+/* *retry_ms: the answer's Retry-After in ms, or 0 without one. */
 static int send_body(tally_sender *s, const struct sender_body *b, int32_t *status,
-                     char *err, size_t errcap) {
+                     int64_t *retry_ms, char *err, size_t errcap) {
   CURLMcode mc;
   CURLcode cc = CURLE_OK;
   bool done = false;
@@ -147,6 +148,7 @@ static int send_body(tally_sender *s, const struct sender_body *b, int32_t *stat
 
   s->curl_error[0] = '\0';
   *status = 0;
+  *retry_ms = 0;
   curl_easy_setopt(s->easy, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)b->len);
   curl_easy_setopt(s->easy, CURLOPT_POSTFIELDS, (const char *)b->data);
   mc = curl_multi_add_handle(s->multi, s->easy);
@@ -184,7 +186,18 @@ static int send_body(tally_sender *s, const struct sender_body *b, int32_t *stat
              s->curl_error[0] ? s->curl_error : curl_easy_strerror(cc));
     return SEND_FAILED;
   }
+  if (code >= 300 && code <= 399) {
+    char *to = NULL;
+    curl_easy_getinfo(s->easy, CURLINFO_REDIRECT_URL, &to);
+    snprintf(err, errcap,
+             "HTTP %ld: redirected to %s (a sink does not follow: give it that url)",
+             code, to ? to : "(no Location)");
+    return SEND_FAILED;
+  }
   if (code < 200 || code > 299) {
+    curl_off_t after = 0; /* seconds; a date is read as 0 by curl's older versions */
+    if (curl_easy_getinfo(s->easy, CURLINFO_RETRY_AFTER, &after) == CURLE_OK && after > 0)
+      *retry_ms = after > INT64_MAX / 1000 ? INT64_MAX : (int64_t)after * 1000;
     snprintf(err, errcap, "HTTP %ld", code);
     return SEND_FAILED;
   }
@@ -200,6 +213,7 @@ static void *sender_main(void *arg) {
     int64_t now = tally_monotonic_ms();
     struct sender_body *b;
     int32_t status;
+    int64_t retry_ms;
     int result;
 
     if (s->stopping && (!s->head || now >= s->stop_at_ms)) break;
@@ -218,7 +232,7 @@ static void *sender_main(void *arg) {
     s->in_flight = b;
     pthread_mutex_unlock(&s->mu);
     err[0] = '\0';
-    result = send_body(s, b, &status, err, sizeof err);
+    result = send_body(s, b, &status, &retry_ms, err, sizeof err);
     pthread_mutex_lock(&s->mu);
     s->in_flight = NULL;
 
@@ -232,9 +246,10 @@ static void *sender_main(void *arg) {
     } else if (result == SEND_ABORTED) {
       s->dropped += b->records;
       free(b);
-    } else if (status >= 400 && status < 500 && status != 408 && status != 429) {
-      /* the peer refuses this body (bad request, not found, too large):
-       * sending it again would fail again and hold up everything behind it */
+    } else if (status >= 300 && status < 500 && status != 408 && status != 429) {
+      /* the peer refuses this body (bad request, not found, too large), or
+       * sends it elsewhere (a sink posts to its url only): sending it again
+       * would fail again and hold up everything behind it */
       s->failures++;
       s->rejected += b->records;
       s->dropped += b->records;
@@ -247,7 +262,11 @@ static void *sender_main(void *arg) {
       memcpy(s->last_error, err, sizeof s->last_error);
       push_front(s, b);
       while (s->waiting > s->max_queue) drop_oldest(s); /* posted meanwhile */
-      s->retry_at_ms = tally_monotonic_ms() + s->next_backoff_ms;
+      /* a Retry-After (429, 503) is waited, up to the longest backoff */
+      int64_t wait = s->next_backoff_ms;
+      if (retry_ms > wait)
+        wait = retry_ms < s->max_backoff_ms ? retry_ms : s->max_backoff_ms;
+      s->retry_at_ms = tally_monotonic_ms() + wait;
       s->next_backoff_ms = s->next_backoff_ms > s->max_backoff_ms / 2
                                ? s->max_backoff_ms
                                : s->next_backoff_ms * 2;
