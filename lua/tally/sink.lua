@@ -92,6 +92,7 @@ end
 
 function Queued:push(recs)
   check_self(self, "tally.sink", "push")
+  if self.closed then return _M.failed(self, "sink is closed", #recs) end
   local q = self.q
   for i = 1, #recs do
     self.tail = self.tail + 1
@@ -143,6 +144,7 @@ function Queued:close()
   local left = self.tail - self.head + 1
   self.dropped = self.dropped + left
   self.q, self.head, self.tail = {}, 1, 0
+  self.closed = true
 end
 
 -- tally.sink.fn(f [, { max_queue = }]): f(record) for each record. If f
