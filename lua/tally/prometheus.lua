@@ -99,10 +99,10 @@ local function collision(db, pattern, metric, kind)
         return fmt("metric '%s' is a %s (family '%s'), not a %s", metric, e.type, e.pattern, kind)
       end
       -- each way round: both may be histograms
-      local pairs_ = {}
-      if kind == "histogram" then pairs_[#pairs_ + 1] = { metric, e.metric } end
-      if e.type == "histogram" then pairs_[#pairs_ + 1] = { e.metric, metric } end
-      for _, hp in ipairs(pairs_) do
+      local checks = {}
+      if kind == "histogram" then checks[#checks + 1] = { metric, e.metric } end
+      if e.type == "histogram" then checks[#checks + 1] = { e.metric, metric } end
+      for _, hp in ipairs(checks) do
         local hist, other = hp[1], hp[2]
         local b, s, c = hist_series(hist)
         if other == b or other == s or other == c then
