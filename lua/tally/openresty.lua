@@ -29,6 +29,7 @@
 -- Runs under LuaJIT (Lua 5.1 syntax) and Lua 5.4.
 
 local tally = require "tally"
+local core = require "tally.core"
 
 local type, error, pairs, ipairs, pcall, tostring = type, error, pairs, ipairs, pcall, tostring
 local fmt, sub, find = string.format, string.sub, string.find
@@ -202,10 +203,18 @@ local hists, hist_failed = {}, {}
 
 -- Add what this worker's buffered histograms hold to the store (each one
 -- batch); a failure is logged, and the histogram keeps it for the next.
-local function flush_histograms()
+-- exiting: the worker stops (a reload, a stop): the requests it still
+-- serves are observed without a buffer, since no timer flushes any more.
+local function flush_histograms(exiting)
   for name, h in pairs(hists) do
     if h.buffer > 0 then
-      local ok, msg = h:flush()
+      local ok, msg
+      if exiting then
+        ok, msg = core.histogram_buffer(h.w, 0)      -- flushes first
+        if ok then h.buffer = 0 end
+      else
+        ok, msg = h:flush()
+      end
       if not ok then log(ngx.WARN, "histogram '", name, "': flush failed: ", tostring(msg)) end
     end
   end
@@ -218,7 +227,7 @@ local function on_timer(premature)
     -- for the requests still being served.
     if not st.exited then
       st.exited = true
-      flush_histograms()
+      flush_histograms(true)
       local db = st.db
       if db and st.flush_on_exit > 0 then
         local ok, fok, ferr = pcall(db.flush, db, st.flush_on_exit)
@@ -368,8 +377,8 @@ end
 -- Without a tick timer (it flushes them: db:tick), buffered histograms
 -- are flushed by a timer of their own, every FLUSH_EVERY seconds.
 local FLUSH_EVERY = 1
-local function on_flush_timer()
-  flush_histograms()   -- (premature, at exit, too)
+local function on_flush_timer(premature)
+  flush_histograms(premature or ngx.worker.exiting())
 end
 
 -- histogram(name [, opts]) -> this worker's handle to histogram name

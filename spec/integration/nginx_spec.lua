@@ -235,7 +235,13 @@ describe("tally.openresty in nginx, 2 workers", function()
   end)
 
   it("loses nothing when reloaded (HUP) in the middle of a burst", function()
-    srv = nginx.start { conf = nginx.example { every = 1 } }
+    -- latency into a buffered histogram: an old worker flushes what it
+    -- holds when it stops, and observes what it still serves at once
+    local conf, n = nginx.example { every = 1 }, 0
+    conf, n = conf:gsub('observe_latency%("http_request_duration_seconds"%)',
+      'observe_latency("lat_buffered", { buffer = 1000 })', 1)
+    assert.equal(1, n)
+    srv = nginx.start { conf = conf }
     local b = nginx.burst(srv.url .. "/page/[1-300]?r=[1-100]", { parallel = 32 })
     under_way(b)
     local old = srv.reload()
@@ -252,6 +258,10 @@ describe("tally.openresty in nginx, 2 workers", function()
     assert.equal(30000, by_old + by_new)
     local db = store_of(srv)
     assert.equal(30000, (db:sum("http:*")))
+    local h = assert(db:histogram("lat_buffered"))
+    assert.is_truthy(nginx.eventually(function()
+      return h:snapshot().count == db:sum("status:*") and h:snapshot().count >= 30000
+    end, 5), "count " .. h:snapshot().count .. ", responses " .. db:sum("status:*"))
     db:close()
     -- the new workers count too
     local r2 = nginx.burst(srv.url .. "/page/[1-10]?r=[1-100]").wait()
