@@ -30,6 +30,7 @@
 
 local tally = require "tally"
 local core = require "tally.core"
+local huge = math.huge
 
 local type, error, pairs, ipairs, pcall, tostring = type, error, pairs, ipairs, pcall, tostring
 local fmt, sub, find = string.format, string.sub, string.find
@@ -273,6 +274,8 @@ end
 -- environment (the store cannot be opened, ...) are logged and returned,
 -- and counting stays off in this worker: incr() returns nil, message.
 function _M.init_worker(opts)
+  -- what counting says until this call succeeds, if it raises on the way
+  if not st.db then st.reason = "init_worker raised (its error is in the error log)" end
   check_opts(opts)
   if not ngx then
     error("tally.openresty.init_worker: not inside nginx (no ngx table)", 2)
@@ -374,8 +377,9 @@ function _M.counter(name, opts)
   return db:counter(name, opts)
 end
 
--- Without a tick timer (it flushes them: db:tick), buffered histograms
--- are flushed by a timer of their own, every FLUSH_EVERY seconds.
+-- Unless a tick timer (it flushes them: db:tick) runs at least as often,
+-- buffered histograms are flushed by a timer of their own, every
+-- FLUSH_EVERY seconds.
 local FLUSH_EVERY = 1
 local function on_flush_timer(premature)
   flush_histograms(premature or ngx.worker.exiting())
@@ -399,7 +403,8 @@ function _M.histogram(name, opts)
     return nil, msg, code
   end
   hists[name] = h
-  if h.buffer > 0 and not st.tick_every and not st.flush_timer then
+  -- (ticks flush them too, but may be far apart: tick up to 3600 s)
+  if h.buffer > 0 and (st.tick_every or huge) > FLUSH_EVERY and not st.flush_timer then
     local ok, err = ngx.timer.every(FLUSH_EVERY, on_flush_timer)
     if ok then
       st.flush_timer = true

@@ -38,7 +38,7 @@ local compat = require "tally.compat"
 local tointeger, sub = compat.tointeger, compat.sub
 
 local type, error, tostring, setmetatable, pairs = type, error, tostring, setmetatable, pairs
-local fmt = string.format
+local fmt, find = string.format, string.find
 
 local _M = {}
 
@@ -50,8 +50,9 @@ local function check_name(name, fname, narg)
   if type(name) ~= "string" then
     argerror(narg, fname, fmt("string expected, got %s", type(name)), 3)
   end
-  if #name == 0 or #name > core.NAME_MAX then
-    argerror(narg, fname, fmt("name must be 1 to %d bytes", core.NAME_MAX), 3)
+  if #name == 0 or #name > core.NAME_MAX or find(name, "\0", 1, true) then
+    argerror(narg, fname, fmt("name must be 1 to %d bytes without NUL, as in a file store",
+                              core.NAME_MAX), 3)
   end
 end
 _M.check_name = check_name

@@ -24,8 +24,9 @@ local function int(n) return { integerValue = tostring(n) } end
 
 -- The seeds' createCounter, as the Web SDK's batch sends it: one commit
 -- setting counters/{ID} = { num_shards } and shards/{i} = { count: 0 }.
-local function seeds_create(id, n)
-  local writes = { { update = { name = P .. "counters/" .. id, fields = { num_shards = int(n) } } } }
+local function seeds_create(id, n, field)
+  local writes = { { update = { name = P .. "counters/" .. id,
+                                fields = { [field or "num_shards"] = int(n) } } } }
   for i = 0, n - 1 do
     writes[#writes + 1] = { update = { name = P .. "counters/" .. id .. "/shards/" .. i,
                                        fields = { count = int(0) } } }
@@ -107,6 +108,15 @@ describe("tally.open('firestore://...')", function()
     seeds_incr("made-by-tally", 3, 2)
     assert.equal(7, db:value("made-by-tally"))
     assert.equal(7, seeds_count("made-by-tally", 3))
+    -- a name the local store refuses is refused here too (never flushable)
+    assert.matches("name must be 1 to 255 bytes without NUL",
+                   helper.err(db.incr, db, "a\0b"), 1, true)
+    -- the blog variant's numShards: read by every method, listings too
+    seeds_create("blog", 3, "numShards")
+    seeds_incr("blog", 3, 5)
+    assert.equal(5, db:value("blog"))
+    assert.same({ ["blog"] = 5, ["made-by-tally"] = 7, ["post-123-views"] = 20 }, db:values())
+    assert.same({ 32, 3 }, { db:sum() })
     db:close()
   end)
 
@@ -191,6 +201,16 @@ describe("tally.open('firestore://...')", function()
     assert.equal("EINVAL", code)
     assert.matches("unknown Firestore URI option 'bogus'",
                    select(2, tally.open("firestore://p?bogus=1")))
+    -- a database comes after a '/': de_mo is no project "de" and database "_mo"
+    for _, bad in ipairs({ "firestore://de_mo", "firestore://demo(x)" }) do
+      db, msg, code = tally.open(bad .. "?emulator=127.0.0.1:1")
+      assert.same({ nil, "EINVAL" }, { db, code })
+      assert.matches("bad Firestore URI", msg, 1, true)
+    end
+    db, msg, code = tally.open("firestore://demo/_mo?emulator=127.0.0.1:1")
+    assert.equal("ECONNECT", code)                     -- parsed: project demo, database _mo
+    assert.matches("root must be a collection id, got '.'",
+                   select(2, tally.open("firestore://p?root=.")), 1, true)
   end)
 end)
 

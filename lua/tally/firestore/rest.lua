@@ -120,7 +120,8 @@ function _M.parse(uri)
   local rest = match(uri, "^firestore://(.*)$")
   if not rest then return nil, "Firestore URI must start with firestore://" end
   local path, query = match(rest, "^([^?]*)%??(.*)$")
-  local project, database = match(path, "^([%w%-]+)/?([%w%-_()]*)$")
+  local project, database = match(path, "^([%w%-]+)/([%w%-_()]*)$")
+  if not project then project, database = match(path, "^([%w%-]+)$"), "" end
   if not project or project == "" then
     return nil, "bad Firestore URI '" .. uri .. "' (expected firestore://PROJECT[/DATABASE][?emulator=HOST:PORT])"
   end
@@ -134,7 +135,7 @@ function _M.parse(uri)
       if not match(v, "^[%w%.%-%[%]:]+:%d+$") then return nil, "emulator must be HOST:PORT, got '" .. v .. "'" end
       u.emulator = v
     elseif k == "root" then
-      if v == "" or find(v, "/", 1, true) or find(v, "^__.*__$") then
+      if v == "" or v == "." or v == ".." or find(v, "/", 1, true) or find(v, "^__.*__$") then
         return nil, "root must be a collection id, got '" .. v .. "'"
       end
       u.root = v
@@ -252,12 +253,15 @@ function Client:batch_get(paths)
   return out
 end
 
--- list(collection_path, mask_field) -> { document, ... } (every page)
+-- list(collection_path [, mask]) -> { document, ... } (every page); mask: a
+-- field path or a list of them, the fields each document comes with
 function Client:list(cpath, mask)
   local out, tokn = {}, nil
   repeat
     local q = "/" .. _M.pathencode(cpath) .. "?pageSize=" .. (self.page or 1000)
-    if mask then q = q .. "&mask.fieldPaths=" .. mask end
+    for _, f in ipairs(type(mask) == "table" and mask or { mask }) do
+      q = q .. "&mask.fieldPaths=" .. f
+    end
     if tokn then q = q .. "&pageToken=" .. _M.urlencode(tokn) end
     local rep, msg, code = self:call("GET", q)
     if not rep then return nil, msg, code end

@@ -145,7 +145,8 @@ remote.by_name(Store) -- db:incr(name), db:decr, db:value(name)
 
 -- the counter documents matching pattern: { { name =, shards = }, ... } sorted
 local function listed(self, pattern)
-  local docs, err, code = live(self):list(self.root, "num_shards")
+  -- both spellings: numShards is the blog variant's (doc_options)
+  local docs, err, code = live(self):list(self.root, { "num_shards", "numShards" })
   if not docs then return nil, err, code end
   local out = {}
   local lp = pattern and pattern ~= "*" and glob_pattern(pattern)
