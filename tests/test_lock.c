@@ -232,6 +232,55 @@ static void test_stale_words(void) {
   }
 }
 
+/* Process state of pid: the letter after the command in /proc/PID/stat. */
+static char state_of(pid_t pid) {
+  char path[64], buf[512];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  FILE *f = fopen(path, "r");
+  if (!f) return '?';
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = 0;
+  char *p = strrchr(buf, ')');
+  return p && p[1] == ' ' ? p[2] : '?';
+}
+
+static int g_release[2];
+static void *linger(void *ud) {
+  (void)ud;
+  char c;
+  while (read(g_release[0], &c, 1) < 0 && errno == EINTR) {}
+  _exit(0);
+}
+
+/* A process whose main thread exited (pthread_exit) while another runs on
+ * shows Z: it is alive (its handles may still write) until that thread
+ * ends too; then, not yet reaped, it holds nothing. */
+static void test_leader_exited(void) {
+  REQUIRE_OK(pipe(g_release) != 0 ? TALLY_ESYS : 0);
+  fflush(NULL);
+  pid_t pid = fork();
+  if (pid == 0) {
+    pthread_t t;
+    close(g_release[1]); /* the parent's close is then the end of the file */
+    if (pthread_create(&t, NULL, linger, NULL) != 0) _exit(1);
+    pthread_exit(NULL);
+  }
+  close(g_release[0]);
+  uint64_t owner = tally__owner_of(pid, NULL);
+  double end = tu_now() + 5;
+  while (state_of(pid) != 'Z' && tu_now() < end) usleep(1000);
+  EXPECT(state_of(pid) == 'Z');
+  EXPECT(tally__owner_alive(owner)); /* its thread lives */
+  close(g_release[1]);               /* the thread ends: the process with it */
+  end = tu_now() + 5;
+  while (tally__owner_alive(owner) && tu_now() < end) usleep(1000);
+  EXPECT(!tally__owner_alive(owner)); /* dead, not yet reaped */
+  int st;
+  waitpid(pid, &st, 0);
+  EXPECT(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+}
+
 /* The format 7 file: flock(), as before; an outside flock() excludes its
  * creations. A format 8 file ignores flock(). */
 uint64_t tally__header_check(const struct tally__header *h); /* arena.c */
@@ -335,6 +384,7 @@ int main(void) {
   test_killed_holder();
   test_copy_while_held();
   test_stale_words();
+  test_leader_exited();
   test_formats();
   test_creators();
   int rc = tu_finish("test_lock");

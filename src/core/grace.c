@@ -38,9 +38,25 @@
 
 /* ---- the process table --------------------------------------------------- */
 
+/* Threads of process pid ("Threads:" of /proc/PID/status), or 0. */
+static long threads_of(pid_t pid) {
+  char path[64], buf[4096];
+  snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  ssize_t n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (n <= 0) return 0;
+  buf[n] = 0;
+  const char *t = strstr(buf, "\nThreads:");
+  return t ? strtol(t + 9, NULL, 10) : 0;
+}
+
 /* pid << 32 | a hash of the process's start time (field 22 of
  * /proc/PID/stat), or | 1 where /proc cannot tell. *zombie (may be NULL):
- * is it killed and not yet reaped (state Z or X)? */
+ * is it killed and not yet reaped (state Z or X)? A leader thread that
+ * exited (pthread_exit) shows Z while its other threads run on: the
+ * process is alive then, and may still be writing through its handles. */
 uint64_t tally__owner_of(pid_t pid, bool *zombie) {
   char path[64], buf[1024];
   snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
@@ -53,7 +69,8 @@ uint64_t tally__owner_of(pid_t pid, bool *zombie) {
     if (n > 0) {
       buf[n] = 0;
       char *p = strrchr(buf, ')'); /* the command may hold spaces */
-      if (p && zombie && p[1] == ' ') *zombie = p[2] == 'Z' || p[2] == 'X';
+      if (p && zombie && p[1] == ' ')
+        *zombie = p[2] == 'X' || (p[2] == 'Z' && threads_of(pid) <= 1);
       for (int field = 2; p && *p && field < 22; p++)
         if (*p == ' ') field++;
       if (p) start = (uint32_t)tally__mix(strtoull(p, NULL, 10)) | 1;
