@@ -111,4 +111,36 @@ describe("a file store shared by processes", function()
     assert.equal(PROCS * EACH * 10, taken + c:value())
     db:close()
   end)
+
+  it("opens and counts by name while another process drops and makes the name again", function()
+    local path = helper.tmpfile()
+    assert(tally.open("file:" .. path)):close()
+    local script = helper.tmpfile("dropper.lua")
+    local f = assert(io.open(script, "w"))
+    f:write(([[
+      local db = assert(require("tally").open("file:" .. %q))
+      local t = os.time() + 20
+      for _ = 1, 20000 do
+        db:drop("x")
+        assert(db:incr("x"))
+        if os.time() > t then break end
+      end
+      db:close()
+    ]]):format(path))
+    f:close()
+    local dropper = helper.spawn(script)
+    local db = assert(tally.open("file:" .. path, { handle_admit = "always" }))
+    local fails, why, t = 0, nil, os.time() + 20
+    for i = 1, 20000 do
+      local ok, msg = db:incr("x")
+      if i % 2 == 0 then ok, msg = db:counter("x") end
+      if not ok then fails, why = fails + 1, msg end
+      if os.time() > t then break end
+    end
+    local out = dropper:read("a")
+    local _, _, code = dropper:close()
+    assert.equal(0, code, out)
+    assert.equal(0, fails, why)   -- get or create: never "was dropped"
+    db:close()
+  end)
 end)

@@ -96,6 +96,11 @@ int tl_canpush(lua_State *L, int64_t v);
 #error "tally's Lua binding builds against Lua 5.4 or LuaJIT 2.1 headers"
 #endif
 
+/* Opens by name that find the counter dropped by another process between
+ * two steps and open (create) it again, at most this many times more: a
+ * name dropped and made again in a tight loop elsewhere still gets one. */
+#define TL_DROP_RETRIES 16
+
 #if defined(__GNUC__)
 #define TL_LIKELY(x)   __builtin_expect(!!(x), 1)
 #define TL_UNLIKELY(x) __builtin_expect(!!(x), 0)

@@ -174,20 +174,26 @@ int tl_counter_push(lua_State *L, int dbidx, const char *name, size_t len,
   lua_pushvalue(L, dbidx);
   tl_setuv(L, -2, TL_CUV_STORE);
 
-  rc = tally_counter_open(d->store, name, len, opt, flags, &c);
-  if (rc < 0) {
-    lua_pop(L, 1);
-    return rc;
-  }
-  h->c = c;
-  h->next = d->counters;
-  if (d->counters != NULL) d->counters->prev = h;
-  d->counters = h;
-  rc = tally_counter_info_get(c, &info);
-  if (rc < 0) {
+  /* a counter dropped by another process between the open and its info:
+   * opened (so created) again when the open may create */
+  for (int tries = 0;; tries++) {
+    rc = tally_counter_open(d->store, name, len, opt, flags, &c);
+    if (rc < 0) {
+      lua_pop(L, 1);
+      return rc;
+    }
+    h->c = c;
+    h->next = d->counters;
+    if (d->counters != NULL) d->counters->prev = h;
+    d->counters = h;
+    rc = tally_counter_info_get(c, &info);
+    if (rc == 0) break;
     tl_counter_release(h);
-    lua_pop(L, 1);
-    return rc;
+    if (rc != TALLY_EDROPPED || !(flags & TALLY_COUNTER_CREATE) ||
+        tries >= TL_DROP_RETRIES) {
+      lua_pop(L, 1);
+      return rc;
+    }
   }
   h->policy = info.policy;
   if (h->policy == TALLY_POLICY_CUSTOM) {

@@ -408,9 +408,14 @@ static int tl_incr_uncached(lua_State *L, tl_store *d, lua_Integer n) {
   int rc;
   if (door == NULL) return -1;
   rc = tally_store_incr(d->store, name, len, (int64_t)n, 0);
-  if (rc == TALLY_ENOENT) { /* create it, unless the add would fail */
+  /* create it, unless the add would fail; dropped by another process
+   * between the find and the add: the same */
+  if (rc == TALLY_ENOENT || rc == TALLY_EDROPPED) {
     if ((rc = tl_incr_new_fails(L, d, n)) != 0) return rc;
-    rc = tally_store_incr(d->store, name, len, (int64_t)n, TALLY_COUNTER_CREATE);
+    for (int tries = 0; tries <= TL_DROP_RETRIES; tries++) {
+      rc = tally_store_incr(d->store, name, len, (int64_t)n, TALLY_COUNTER_CREATE);
+      if (rc != TALLY_EDROPPED) break;
+    }
   }
   if (rc == TALLY_EPOLICY || rc == TALLY_ENAME) return -1;
   if (rc < 0) return tl_fail(L, rc);
@@ -468,8 +473,9 @@ static int tl_store_incr_(lua_State *L, int sign) {
     else
       rc = tl_counter_incr_policy(L, h, 6, 4, n);
     if (TL_LIKELY(rc == 0)) break;
-    if (rc != TALLY_EDROPPED || tries > 0) return tl_counter_fail(L, h, rc);
-    tl_uncache(L); /* dropped: reopen (and recreate) once */
+    if (rc != TALLY_EDROPPED || tries >= TL_DROP_RETRIES)
+      return tl_counter_fail(L, h, rc);
+    tl_uncache(L); /* dropped: reopen (and recreate) */
     lua_settop(L, 4);
   }
   lua_pushboolean(L, 1);
