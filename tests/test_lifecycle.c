@@ -549,6 +549,50 @@ static void test_stale_here(void) {
   untrack_close(s);
 }
 
+/* An upkeep killed between marking a counter expired and recording its
+ * drop leaves it live with the mark; a user's drop of it later is still a
+ * drop: a handle gets EDROPPED (an expired counter's would bring it back)
+ * and it does not count as expired. */
+static void die_at_expire(const char *where, const char *name, size_t len) {
+  (void)name, (void)len;
+  if (strcmp(where, "expire") == 0) _exit(0);
+}
+
+static void test_expiry_killed(void) {
+  char spec[1200];
+  tu_spec(spec, sizeof spec, NULL, 0, g_dir, "expkill.tly");
+  tally_store *s = open_file("expkill.tly", "0");
+  tally_family_options fo = {1, -1, 10, 0}; /* idle 10 s */
+  EXPECT_OK(tally_family_define(s, "ik:*", 4, &fo));
+  EXPECT_OK(tally_store_incr(s, "ik:a", 4, 5, TALLY_COUNTER_CREATE));
+  EXPECT_OK(tally_store_maintain(s, 1000000, 1000, NULL)); /* seen at t = 1000 s */
+  fflush(NULL);
+  pid_t pid = fork();
+  if (pid == 0) { /* an upkeep that dies as it expires ik:a */
+    tally_store *cs;
+    tally__test_hook = die_at_expire;
+    if (tally_store_open(spec, NULL, &cs) ||
+        tally_store_maintain(cs, 1011000, 1000, NULL))
+      _exit(2);
+    _exit(3); /* expired nothing: the hook never ran */
+  }
+  int st;
+  waitpid(pid, &st, 0);
+  EXPECT(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  EXPECT_I64(5, value_of(s, "ik:a", NULL)); /* still there */
+  tally_counter *c = NULL;
+  REQUIRE_OK(tu_counter(s, "ik:a", 0, -1, 0, &c));
+  EXPECT_OK(tally_store_drop(s, "ik:a", 4));
+  EXPECT_RC(TALLY_EDROPPED, tally_counter_incr(c, 1));
+  int rc;
+  EXPECT_I64(INT64_MIN, value_of(s, "ik:a", &rc));
+  EXPECT_I64(TALLY_ENOENT, rc);
+  EXPECT_I64(0, stats(s).expired);
+  tally_counter_close(c);
+  expect_check(s, "after an expiry killed");
+  untrack_close(s);
+}
+
 /* In another process: it holds a handle to X, which is dropped (expire:
  * expired) and whose space is reused. publish: the holder has passed a
  * grace step since opening its handle; else it only opened the store and
@@ -1582,6 +1626,7 @@ int main(int argc, char **argv) {
   RUN("carve", test_carve());
   RUN("walk", test_walk_holds());
   RUN("open", (test_open_holds(), test_revive_holds()));
+  RUN("expiry killed", test_expiry_killed());
   printf("total %.2f s\n", tu_now() - t0);
   tu_rmrf(g_dir);
   return tu_finish("test_lifecycle");

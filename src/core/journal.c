@@ -114,6 +114,7 @@ static int finish(tally_store *s) {
     if (to_dropped && atomic_load(&h->pend_cond) &&
         total != atomic_load(&h->pend_expect)) { /* an expiry that lost a race */
       for (uint32_t i = 0; i < from_n; i++) restore(s, tally__cell_at(s, from, i), i);
+      atomic_fetch_and(&r->flags, ~TALLY__REC_EXPIRED); /* (its expirer may be dead) */
       atomic_store_explicit(&h->pend_rec, 0, memory_order_release);
       return tally__fail(TALLY_EBUSY, "counter '%s' moved while it expired", r->name);
     }
@@ -145,6 +146,10 @@ int tally__journal_finish(tally_store *s) {
 }
 
 int tally__journal_move(tally_store *s, uint64_t rec_off, uint64_t to) {
+  /* a drop is no expiry, whatever an expirer killed before its drop left */
+  if (to & TALLY__LOC_DROPPED)
+    atomic_fetch_and(&((struct tally__rec *)tally__at(s, rec_off))->flags,
+                     ~TALLY__REC_EXPIRED);
   atomic_store_explicit(&s->hdr->pend_cond, 0, memory_order_release);
   atomic_store_explicit(&s->hdr->pend_done, 0, memory_order_release);
   atomic_store_explicit(&s->hdr->pend_loc, to, memory_order_release);
