@@ -456,9 +456,11 @@ static int tl_store_incr_(lua_State *L, int sign) {
         if (rc == 0) break;
         if (rc > 0) return rc;
       }
-      if (lua_gettop(L) == 4) {   /* not promoted from old */
-        rc = tl_cached(L, 0);     /* an existing counter */
-        if (rc == TALLY_ENOENT) { /* else create it, unless the add would fail */
+      if (lua_gettop(L) == 4) { /* not promoted from old */
+        /* an existing counter (one dropped meanwhile is none); else create
+         * it, unless the add would fail */
+        rc = tl_cached(L, 0);
+        if (rc == TALLY_ENOENT || rc == TALLY_EDROPPED) {
           if ((rc = tl_incr_new_fails(L, d, n)) != 0) return rc;
           rc = tl_cached(L, 1);
         }
