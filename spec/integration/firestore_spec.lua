@@ -219,6 +219,30 @@ describe("db:flush_to('firestore://...')", function()
     return assert(tally.open("file:" .. helper.tmpfile()))
   end
 
+  it("says why it backs off, in db:tick() and at the end of ff:sync()", function()
+    local db = local_db()
+    local ff = db:flush_to("firestore://demo-tally?emulator=127.0.0.1:1",
+                           { writer = "w1", backoff = 5, every = 1 })
+    db:counter("a"):incr(1)
+    local t = 1000
+    db:clock(function() return t end)
+    local first = db:tick()
+    t = t + 1
+    local second = db:tick()
+    local function flush_of(list) for _, r in ipairs(list) do if r.flush then return r end end end
+    assert.equal("error", flush_of(first).status)
+    local b = flush_of(second)
+    assert.equal("backoff", b.status)                -- not "flushed" with nothing flushed
+    assert.matches("connect", b.error)
+    assert.is_true(b.waiting > 0)
+    local ok, msg, code = ff:sync(0.2)
+    assert.is_nil(ok)
+    assert.matches("connect", msg)
+    assert.equal("ECONNECT", code)
+    ff:close()
+    db:close()
+  end)
+
   it("flushes exactly once when replies are lost after Firestore applied the commit", function()
     local db = local_db()
     local ff = db:flush_to(emu.uri, { writer = "w1", doc_interval = 0 })

@@ -328,6 +328,10 @@ function Remote:_run(period)
   self.last_period = period
   local pok, st, msg = pcall(self._round, self)
   if not pok then st, msg = nil, st end
+  if st and st.waiting then   -- backing off after a failure: say so, and which
+    return { flush = self.uri, pattern = self.pattern, every = self.every, status = "backoff",
+             period = period, waiting = st.waiting, error = self.last_error }
+  end
   if st then
     self.last_run = st
     return { flush = self.uri, pattern = self.pattern, every = self.every, status = "flushed",
@@ -357,7 +361,10 @@ function Remote:sync(timeout)
       for _, en in pairs(self.ents) do if en.known == false then clean = false break end end
       if clean then return true end
     end
-    if now() >= deadline then
+    if now() >= deadline then   -- the last failure says more than "pending"
+      if not msg and self.last_error and (st == nil or st.waiting) then
+        msg, code = self.last_error, self.last_code
+      end
       return nil, msg or fmt("%d counters still pending", self.pending or -1), code or "ETIMEDOUT"
     end
     core.sleep(0.02)
