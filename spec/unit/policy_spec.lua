@@ -86,6 +86,19 @@ describe("tally policies", function()
       assert.equal(9, db:value("k"))
       assert.equal(1, nonzero(db:counter("k"):shards()))
     end)
+
+    it("creates nothing by name when the key is missing or of a wrong type", function()
+      db:family("kp:*", { shards = 4, policy = "key" })
+      assert.matches("key expected for a counter with the key policy",
+                     helper.err(db.incr, db, "kp:1", 5), 1, true)
+      assert.matches("string or number expected, got table",
+                     helper.err(db.incr, db, "kp:1", 5, {}), 1, true)
+      assert.matches("string or number expected, got boolean",
+                     helper.err(db.decr, db, "kp:1", 5, true), 1, true)
+      assert.same({ nil, "no such counter 'kp:1'", "ENOENT" }, { db:value("kp:1") })
+      assert.is_true(db:incr("kp:1", 5, "a"))
+      assert.equal(5, db:value("kp:1"))
+    end)
   end)
 
   describe("function", function()
