@@ -387,6 +387,18 @@ static void test_schedule_slot(void) {
   EXPECT_OK(tally_store_schedules(s, &info, 1, &n));
   EXPECT_I64(1, n);
   EXPECT_I64(-1, info.last_period_ms);
+  /* and the check says so (tally info --check) */
+  EXPECT_RC(TALLY_ECORRUPT, tally_store_check(s));
+  EXPECT(strstr(tally_errmsg(), "rollup schedule slot") != NULL);
+  tally_store_close(s);
+  put_word(path, at, -5); /* a negative count */
+  REQUIRE_OK(tally_store_open(spec, NULL, &s));
+  EXPECT_RC(TALLY_ECORRUPT, tally_store_check(s));
+  EXPECT(strstr(tally_errmsg(), "a period count is negative") != NULL);
+  tally_store_close(s);
+  put_word(path, at, INT64_C(1234567892)); /* as it was: sound */
+  REQUIRE_OK(tally_store_open(spec, NULL, &s));
+  EXPECT_OK(tally_store_check(s));
   tally_store_close(s);
 }
 

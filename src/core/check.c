@@ -50,6 +50,7 @@ int tally_store_check(tally_store *s) {
   if (rc == 0) rc = tally__index_each(s, check_one, NULL);
   if (rc == 0) rc = tally__family_check(s);
   if (rc == 0) rc = tally__rollup_table_check(s);
+  if (rc == 0) rc = tally__schedules_check(s);
   if (rc == 0) rc = tally__space_check(s);
   tally__unlock(s);
   return rc;

@@ -795,6 +795,7 @@ void tally__block_roll(struct tally__block *b, int64_t v, struct tally__when *w,
                        tally_rollup *r);
 int tally__rollups_check(tally_store *s, uint64_t rec_off); /* one record's block */
 int tally__rollup_table_check(tally_store *s);
+int tally__schedules_check(tally_store *s); /* schedule.c: every slot's words */
 int tally__rollup_schedules(tally_store *s,
                             uint32_t *n); /* identities kept (schedule.c) */
 

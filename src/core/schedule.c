@@ -480,6 +480,31 @@ int tally_schedule_tick(tally_schedule *sch, int64_t now_ms, tally_rollup_fn fn,
 
 /* ---- what the store keeps of its schedules --------------------------------- */
 
+int tally__schedules_check(tally_store *s) {
+  struct tally__rollup_table *t;
+  int rc = tally__table_of(s, false, &t);
+  if (rc || !t) return rc;
+  for (int i = 0; i < TALLY__SCHED_SLOTS; i++) {
+    const struct tally__sched_slot *sl = &t->slot[i];
+    if (!atomic_load(&sl->id)) continue;
+    int64_t every = atomic_load(&sl->every_ms), done = atomic_load(&sl->done), last;
+    int64_t running = atomic_load(&sl->running);
+    /* every 0: kept by a version that did not keep it */
+    const char *why =
+        every < 0 || every > (int64_t)TALLY_RING_RES_MAX * 1000
+            ? "its period is out of range"
+        : done < 0 || running < 0 ? "a period count is negative"
+        : every > 0 && done > 0 && __builtin_mul_overflow(done - 1, every, &last)
+            ? "its last period is beyond any time"
+            : NULL;
+    if (why)
+      return tally__fail(TALLY_ECORRUPT,
+                         "%s: tally store is corrupt (rollup schedule slot %d: %s)",
+                         tally__store_name(s), i, why);
+  }
+  return 0;
+}
+
 int tally__rollup_schedules(tally_store *s, uint32_t *n) {
   struct tally__rollup_table *t;
   int rc = tally__table_of(s, false, &t);
