@@ -209,6 +209,13 @@ int tl_counter_push(lua_State *L, int dbidx, const char *name, size_t len,
 
 /* ---- increments -------------------------------------------------------------- */
 
+void tl_checkkey(lua_State *L, int kidx) {
+  int t = lua_type(L, kidx);
+  if (t == LUA_TNIL)
+    luaL_argerror(L, kidx, "key expected for a counter with the key policy");
+  if (t != LUA_TSTRING && t != LUA_TNUMBER) tl_typeerror(L, kidx, "string or number");
+}
+
 /* Key and function policies: the counter handle is at hidx, the key at kidx. */
 int tl_counter_incr_policy(lua_State *L, tl_counter *h, int hidx, int kidx,
                            lua_Integer n) {
@@ -216,10 +223,7 @@ int tl_counter_incr_policy(lua_State *L, tl_counter *h, int hidx, int kidx,
   if (h->policy == TALLY_POLICY_KEY) {
     size_t klen;
     const char *k;
-    int t = lua_type(L, kidx);
-    if (t == LUA_TNIL)
-      luaL_argerror(L, kidx, "key expected for a counter with the key policy");
-    if (t != LUA_TSTRING && t != LUA_TNUMBER) tl_typeerror(L, kidx, "string or number");
+    tl_checkkey(L, kidx);
     lua_pushvalue(L, kidx);
     k = lua_tolstring(L, -1, &klen); /* left on the stack: it stays alive */
     return tally_counter_incr_key(h->c, k, klen, (int64_t)n);

@@ -354,11 +354,7 @@ static int tl_incr_new_fails(lua_State *L, tl_store *d, lua_Integer n) {
   char msg[TALLY_NAME_MAX + 128];
   int rc = tally_family_resolve(d->store, name, len, &o);
   if (rc < 0) return tl_fail(L, rc);
-  if (o.policy == TALLY_POLICY_KEY && lua_isnil(L, 4))
-    luaL_argerror(L, 4, "key expected for a counter with the key policy");
-  if (o.policy == TALLY_POLICY_KEY && lua_type(L, 4) != LUA_TSTRING &&
-      lua_type(L, 4) != LUA_TNUMBER) /* as the handle's increment would say */
-    tl_typeerror(L, 4, "string or number");
+  if (o.policy == TALLY_POLICY_KEY) tl_checkkey(L, 4); /* as the handle's increment */
   /* a new counter's shards are 0: n itself must fit [-2^62, 2^62) */
   if (n < -((lua_Integer)1 << 62) || n > ((lua_Integer)1 << 62) - 1) {
     snprintf(msg, sizeof msg,
