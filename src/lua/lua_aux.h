@@ -333,11 +333,11 @@ void tl_slot_unlend(tl_counter *h);
  * of slots emptied. Before its handles are released. */
 void tl_slots_release(lua_State *L, int db);
 void tl_open_slots(lua_State *L); /* core._store_slots, _store_slots_stats */
+/* The key at kidx for the key policy, a string or number, or raise. */
+void tl_checkkey(lua_State *L, int kidx);
 /* Add n to the counter of handle h (at hidx) with the key or function
  * policy (callers add for the others with tally_counter_incr, inline);
  * the key is at kidx. Returns 0 or a TALLY_E* code; raises on misuse. */
-/* The key at kidx for the key policy, a string or number, or raise. */
-void tl_checkkey(lua_State *L, int kidx);
 int tl_counter_incr_policy(lua_State *L, tl_counter *h, int hidx, int kidx,
                            lua_Integer n);
 /* nil, message, code for a failed counter operation (names a dropped one). */
