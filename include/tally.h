@@ -404,6 +404,27 @@ TALLY_API int tally_vector_incr(tally_vector *v, size_t i, int64_t delta);
  * (an empty slot, another policy or shard count, a counter moved since
  * its last increment; out of range: 0). */
 TALLY_API int tally_vector_fast(const tally_vector *v, size_t i);
+/* Stamps: for a caller that finds its slots through a table of names (as
+ * LuaJIT's db:incr does) and can keep a number there in place of the
+ * slot. tally_vector_stamp gives the stamp of handle c's counter while c
+ * is in v: a value in [2^31, 2^53), so a double holds it exactly, naming
+ * the counter's cell; 0 if c is not in v or its increments are not one
+ * plain add (several shards, another policy, a cell past 8 GiB, a region
+ * whose stamps ran out). tally_vector_stamp_incr adds delta through a
+ * stamp, reading nothing but a word that stays in cache before the add:
+ * 0 when added; 1 when added and the counter (automatic shards) is due to
+ * sample its writers: call tally_counter_sample on a handle of it; -1
+ * when nothing was added: the stamp is stale (the counter moved, or c left
+ * v, since it was made) or not a stamp, or the add would leave the range:
+ * take the handle's path (tally_counter_incr), which says why if it fails,
+ * and ask for a new stamp. A stale stamp never adds to another counter's
+ * cell. Same threading as tally_vector_incr. */
+TALLY_API int64_t tally_vector_stamp(tally_vector *v, const tally_counter *c);
+TALLY_API int tally_vector_stamp_incr(tally_vector *v, int64_t stamp, int64_t delta);
+/* Counter c (automatic shards) samples its writers for contention, as one
+ * of its increments in 256 does on the handle's path; nothing for other
+ * counters. 0, or TALLY_EINVAL for a NULL or closed handle. */
+TALLY_API int tally_counter_sample(tally_counter *c);
 /* Close every handle in v and free it; NULL is allowed. */
 TALLY_API void tally_vector_free(tally_vector *v);
 

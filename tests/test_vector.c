@@ -20,6 +20,11 @@
  *    adds land in its ticket's shard; exact while a mover reshards them to
  *    other counts, 1, and back;
  *  - an expired counter comes back through its slot;
+ *  - stamps: they add to their counter's cell; none for rows; a stamp held
+ *    past a move, its slot's emptying, a drop or the reuse of its old cell
+ *    adds nothing anywhere; a region that ran out of generations makes
+ *    no stamps and takes none; automatic counters ask for samples; exact
+ *    while two threads add through stamps and a third reshards;
  *  - two processes on a file store, one SIGKILLed mid-run, while the parent
  *    reshards: every acknowledged increment is there (at most one more per
  *    killed process).
@@ -298,6 +303,110 @@ static void test_reuse(void) {
   tally_store_close(s);
 }
 
+/* ---- stamps ---------------------------------------------------------------- */
+
+#define STAMP_MIN (INT64_C(1) << 31)
+#define STAMP_END (INT64_C(1) << 53)
+
+static bool is_stamp(int64_t st) {
+  return st >= STAMP_MIN && st < STAMP_END;
+}
+
+/* A stamp adds to its counter's cell; it is 0 where the add is not a plain
+ * one; a stamp held past a move, past its slot's emptying, or past the
+ * reuse of its old cell adds nothing anywhere (-1), and a fresh one adds. */
+static void test_stamps(void) {
+  tally_store *s = open_file("stamps.tly", "0");
+  tally_vector *v;
+  REQUIRE_OK(tally_vector_new(s, 4, &v));
+  EXPECT_OK(vopen(v, 0, "a", 1, TALLY_POLICY_THREAD));
+  EXPECT_OK(vopen(v, 1, "b", 1, TALLY_POLICY_RANDOM));
+  EXPECT_OK(vopen(v, 2, "rows", 16, TALLY_POLICY_THREAD));
+  EXPECT_OK(vopen(v, 3, "auto", TALLY_SHARDS_AUTO, TALLY_POLICY_THREAD));
+  tally_counter *a = tally_vector_get(v, 0), *b = tally_vector_get(v, 1);
+  int64_t sa = tally_vector_stamp(v, a), sb = tally_vector_stamp(v, b);
+  EXPECT(is_stamp(sa));
+  EXPECT(is_stamp(sb));
+  EXPECT(sa != sb);
+  EXPECT_I64(0,
+             tally_vector_stamp(v, tally_vector_get(v, 2))); /* the row is the caller's */
+  EXPECT_I64(0, tally_vector_stamp(NULL, a));
+  EXPECT_I64(0, tally_vector_stamp(v, NULL));
+  tally_counter *outside;
+  REQUIRE_OK(tu_counter(s, "a", 0, -1, 0, &outside));
+  EXPECT_I64(0, tally_vector_stamp(v, outside)); /* not in v */
+  EXPECT_I64(0, tally_vector_stamp_incr(v, sa, 10));
+  EXPECT_I64(0, tally_vector_stamp_incr(v, sb, -3));
+  EXPECT_I64(10, tu_value(a));
+  EXPECT_I64(-3, tu_value(b));
+  /* not stamps, or deltas the fast path does not take: nothing added */
+  int64_t bogus[] = {0, -1, 1, STAMP_MIN - 1, STAMP_END, sa + STAMP_END, INT64_MIN};
+  for (size_t k = 0; k < sizeof bogus / sizeof *bogus; k++)
+    EXPECT_I64(-1, tally_vector_stamp_incr(v, bogus[k], 1));
+  EXPECT_I64(-1, tally_vector_stamp_incr(NULL, sa, 1));
+  EXPECT_I64(-1, tally_vector_stamp_incr(v, sa, INT64_C(1) << 40));
+  EXPECT_I64(10, tu_value(a));
+  EXPECT_I64(-3, tu_value(b));
+
+  /* moved by another handle: its old cell is retired, and the stamp adds
+   * nothing there; then past the grace step the old cell is reused by new
+   * counters, and the stamp still adds nothing, anywhere */
+  EXPECT_OK(tally_counter_reshard(outside, 4));
+  EXPECT_I64(-1, tally_vector_stamp_incr(v, sa, 1));
+  EXPECT_OK(tally_counter_reshard(outside, 1));
+  EXPECT_OK(tally_store_maintain(s, 0, 0, NULL));
+  uint64_t r0 = reused(s);
+  fill(s, "y", 200, 1000);
+  EXPECT(reused(s) > r0);
+  for (int k = 0; k < 50; k++) EXPECT_I64(-1, tally_vector_stamp_incr(v, sa, 1));
+  check_fill(s, "y", 200, 1000);
+  EXPECT_I64(10, tu_value(outside));
+  int64_t sa2 = tally_vector_stamp(v, a); /* caches the slot afresh */
+  EXPECT(is_stamp(sa2) && sa2 != sa);
+  EXPECT_I64(0, tally_vector_stamp_incr(v, sa2, 5));
+  EXPECT_I64(15, tu_value(outside));
+
+  /* its slot emptied: the stamp adds nothing from then on, though the
+   * counter has not moved */
+  tally_counter *took = tally_vector_take(v, 1);
+  EXPECT(took == b);
+  EXPECT_I64(-1, tally_vector_stamp_incr(v, sb, 1));
+  EXPECT_I64(0, tally_vector_stamp(v, took));
+  EXPECT_OK(tally_vector_put(v, 1, took));
+  EXPECT_I64(-1, tally_vector_stamp_incr(v, sb, 1)); /* back: still stale */
+  int64_t sb2 = tally_vector_stamp(v, took);
+  EXPECT(is_stamp(sb2));
+  EXPECT_I64(0, tally_vector_stamp_incr(v, sb2, 1));
+  EXPECT_I64(-2, tu_value(took));
+
+  /* dropped: nothing added; the slot's path says why */
+  EXPECT_OK(tally_store_drop(s, "b", 1));
+  EXPECT_I64(-1, tally_vector_stamp_incr(v, sb2, 1));
+  EXPECT_RC(TALLY_EDROPPED, tally_vector_incr(v, 1, 1));
+  EXPECT_I64(0, tally_vector_stamp(v, took));
+
+  /* automatic shards: about one add in 256 asks for a sample */
+  tally_counter *au = tally_vector_get(v, 3);
+  int64_t sau = tally_vector_stamp(v, au);
+  EXPECT(is_stamp(sau));
+  int due = 0;
+  for (int k = 0; k < 25600; k++) {
+    int rc = tally_vector_stamp_incr(v, sau, 1);
+    EXPECT(rc == 0 || rc == 1);
+    due += rc == 1;
+  }
+  EXPECT(due > 50 && due < 200);
+  EXPECT_OK(tally_counter_sample(au));
+  EXPECT_OK(tally_counter_sample(a)); /* not automatic: nothing */
+  EXPECT_RC(TALLY_EINVAL, tally_counter_sample(NULL));
+  EXPECT_I64(25600, tu_value(au));
+  printf("stamps: %d of 25600 adds due to sample\n", due);
+  EXPECT_I64(0, tally_store_check(s));
+  tally_counter_close(outside);
+  tally_vector_free(v);
+  tally_store_close(s);
+}
+
 /* An expired counter comes back through its slot, from zero. */
 static void test_expired(void) {
   tally_store *s = open_file("expire.tly", "0");
@@ -389,6 +498,109 @@ static void test_threads(void) {
   }
   EXPECT(total >= 2 * PER_THREAD);
   printf("threads: %lld increments, %ld reshards, exact\n", (long long)total, m.moves);
+  EXPECT_I64(0, tally_store_check(s));
+  tally_vector_free(v);
+  tally_store_close(s);
+}
+
+/* A region whose generation reaches its limit (2^22 - 1 slot words left
+ * it) makes no more stamps, and no value adds through it: not the last
+ * stamp made, nor one with any generation bits above 2^53. */
+static void test_stamp_limit(void) {
+  tally_store *s;
+  tally_vector *v;
+  REQUIRE_OK(tally_store_open("memory", NULL, &s));
+  REQUIRE_OK(tally_vector_new(s, 1, &v));
+  EXPECT_OK(vopen(v, 0, "lim", 1, TALLY_POLICY_THREAD));
+  tally_counter *c = tally_vector_get(v, 0);
+  int64_t st = tally_vector_stamp(v, c), last = st;
+  EXPECT(is_stamp(st));
+  const int64_t limit = (INT64_C(1) << 22) - 1;
+  int64_t made = 1;
+  while (is_stamp(st)) { /* each take and put: one generation */
+    last = st;
+    tally_counter *t = tally_vector_take(v, 0);
+    EXPECT_OK(tally_vector_put(v, 0, t));
+    st = tally_vector_stamp(v, c);
+    if (++made > limit + 2) break;
+  }
+  EXPECT_I64(0, st);
+  EXPECT_I64(limit, made - 1);
+  EXPECT_I64(-1, tally_vector_stamp_incr(v, last, 1));
+  uint64_t off = (uint64_t)last & ((UINT64_C(1) << 31) - 1);
+  uint64_t gens[] = {1,
+                     (uint64_t)limit,
+                     (uint64_t)limit + 1,
+                     (uint64_t)limit + 2,
+                     UINT64_C(1) << 32,
+                     (UINT64_C(1) << 33) - 1};
+  for (size_t k = 0; k < sizeof gens / sizeof *gens; k++)
+    EXPECT_I64(-1, tally_vector_stamp_incr(v, (int64_t)(gens[k] << 31 | off), 1));
+  EXPECT_I64(-1, tally_vector_stamp_incr(v, 0, 0));
+  EXPECT_I64(0, tu_value(c));
+  EXPECT_OK(tally_vector_incr(v, 0, 2)); /* its slot still adds */
+  EXPECT_I64(2, tu_value(c));
+  printf("stamp limit: %lld stamps, then none\n", (long long)made - 1);
+  tally_vector_free(v);
+  tally_store_close(s);
+}
+
+/* As random_adds, through stamps where the slot gives one: a stale stamp
+ * (-1) takes the slot's path, then a new stamp. */
+static void *stamp_writer_main(void *ud) {
+  struct writer *w = ud;
+  int64_t st[SLOTS] = {0};
+  double end = tu_now() + 10;
+  for (int k = 0; k < PER_THREAD || (atomic_load(&w->m->rounds) < 3 && tu_now() < end);
+       k++) {
+    size_t i = (size_t)(tu_rng(&w->seed) % SLOTS);
+    int rc = st[i] ? tally_vector_stamp_incr(w->v, st[i], 1) : -1;
+    if (rc == 1) rc = tally_counter_sample(tally_vector_get(w->v, i));
+    if (rc < 0) {
+      if (tally_vector_incr(w->v, i, 1) != 0) {
+        TU_FAIL("vector incr %zu: %s", i, tally_errmsg());
+        return NULL;
+      }
+      st[i] = tally_vector_stamp(w->v, tally_vector_get(w->v, i));
+    }
+    w->added[i]++;
+  }
+  return NULL;
+}
+
+/* Two writers add through stamps (1-shard and automatic counters; the
+ * others, stampless, through their slots) while a third thread reshards
+ * the counters back and forth and runs grace steps: exact. */
+static void test_stamp_threads(void) {
+  tally_store *s = open_file("stamp_threads.tly", "100"); /* see test_threads */
+  tally_vector *v;
+  REQUIRE_OK(tally_vector_new(s, SLOTS, &v));
+  for (int i = 0; i < SLOTS; i++) {
+    char nm[32];
+    snprintf(nm, sizeof nm, "st:%d", i);
+    uint32_t shards = i % 3 == 0 ? 1 : i % 3 == 1 ? TALLY_SHARDS_AUTO : 16;
+    REQUIRE_OK(vopen(v, (size_t)i, nm, shards,
+                     i % 2 ? TALLY_POLICY_RANDOM : TALLY_POLICY_THREAD));
+  }
+  atomic_bool stop = false;
+  struct tu_mover m = {.s = s, .prefix = "st:", .n = SLOTS, .stop = &stop};
+  struct writer w[2] = {{.v = v, .seed = 5, .m = &m}, {.v = v, .seed = 9, .m = &m}};
+  pthread_t th[3];
+  pthread_create(&th[2], NULL, tu_mover_main, &m);
+  for (int t = 0; t < 2; t++) pthread_create(&th[t], NULL, stamp_writer_main, &w[t]);
+  for (int t = 0; t < 2; t++) pthread_join(th[t], NULL);
+  atomic_store(&stop, true);
+  pthread_join(th[2], NULL);
+  EXPECT(atomic_load(&m.rounds) >= 3);
+  int64_t total = 0;
+  for (int i = 0; i < SLOTS; i++) {
+    char nm[32];
+    snprintf(nm, sizeof nm, "st:%d", i);
+    EXPECT_I64(w[0].added[i] + w[1].added[i], value_of(s, nm));
+    total += w[0].added[i] + w[1].added[i];
+  }
+  printf("stamp threads: %lld increments, %ld reshards, exact\n", (long long)total,
+         m.moves);
   EXPECT_I64(0, tally_store_check(s));
   tally_vector_free(v);
   tally_store_close(s);
@@ -681,7 +893,10 @@ int main(void) {
   test_dense();
   test_reuse();
   test_expired();
+  test_stamps();
+  test_stamp_limit();
   test_threads();
+  test_stamp_threads();
   test_grow();
   test_auto_grows();
   test_rows();

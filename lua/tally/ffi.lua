@@ -60,6 +60,8 @@ if not pcall(ffi.typeof, "struct tally_ffi_counter") then
       tally_counter *c;        /* NULL once closed */
       void *db, *prev, *next;
       int32_t policy;          /* < 3: thread, random, round_robin */
+      int hasfn;
+      size_t slot1;            /* 1 + its name slot, 0: none */
     };
   ]]
 end
@@ -219,10 +221,20 @@ end
 -- once closed). A cached handle of the thread or random policy is lent a
 -- slot, so db:incr(name) there is one table lookup and tally_vector_incr.
 -- Anything it cannot do returns non-zero, and the cache's path (then the
--- classic method) does it. Set up below, once the store layout is checked.
+-- classic method) does it. Once a name's slot (or its handle) has added,
+-- its entry becomes its counter's stamp where it has one (a number of at
+-- least STAMP_MIN, tally_vector_stamp: the cell itself), and db:incr is
+-- then one table lookup and tally_vector_stamp_incr, which reads nothing
+-- before the cell but a generation that stays in cache: a stale stamp (a
+-- move) adds nothing and the handle's path adds and stamps again. Set up
+-- below, once the store layout is checked.
 local slots = setmetatable({}, { __mode = "k" })
 local slots_of = function() return nil end
 local slot_incr = function() return false end
+local stamp_add = function() return false end
+local stamp = function() end
+local unstamp = function() end
+local STAMP_MIN = 2^31
 
 -- An entry is -1 - slot until hit: a hit writes the slot itself, which
 -- keeps the name in the cache when its generation rotates (lua_slots.c).
@@ -234,38 +246,43 @@ local function slot_hit(sl, name, i)
   return i
 end
 
-local function db_incr(db, ...)
-  local name, n = ...
+-- db:incr and db:decr: through the name's stamp, else its slot, else its
+-- cached handle, each stamping the name when it added (sign: 1 or -1).
+local function by_name(db, name, n, sign)
   local sl = slots[db] or slots_of(db)
-  if sl then
-    local i = sl[name]
-    if i and slot_incr(db, slot_hit(sl, name, i), n) then return true end
+  local i = sl and sl[name]
+  local d = delta(n)
+  if i and d then
+    if i >= STAMP_MIN then
+      if stamp_add(db, name, i, sign * d) then return true end
+    elseif slot_incr(db, slot_hit(sl, name, i), sign * d) then
+      if i < 0 then stamp(db, sl, name) end   -- its first hit since lent or rotated
+      return true
+    end
   end
   local st = caches[db] or cache_of(db)
   local c = st and st[1][name]
-  if c then
-    local d, p = delta(n), plain(c)
-    if d and p and incr_c(p, d) == 0 then return true end
+  if c and d then
+    local p = plain(c)
+    if p and incr_c(p, sign * d) == 0 then
+      if i and i >= STAMP_MIN then stamp(db, sl, name) end   -- stale: again
+      return true
+    end
   end
+  -- the classic method reopens the name, and needs the slot to free
+  if i and i >= STAMP_MIN then unstamp(sl, name, c) end
+  return false
+end
+
+local function db_incr(db, ...)
+  local name, n = ...
+  if by_name(db, name, n, 1) then return true end
   return s_incr(db, ...)
 end
 
 local function db_decr(db, ...)
   local name, n = ...
-  local sl = slots[db] or slots_of(db)
-  if sl then
-    local i = sl[name]
-    if i then
-      local d = delta(n)
-      if d and slot_incr(db, slot_hit(sl, name, i), -d) then return true end
-    end
-  end
-  local st = caches[db] or cache_of(db)
-  local c = st and st[1][name]
-  if c then
-    local d, p = delta(n), plain(c)
-    if d and p and incr_c(p, -d) == 0 then return true end
-  end
+  if by_name(db, name, n, -1) then return true end
   return s_decr(db, ...)
 end
 
@@ -300,6 +317,9 @@ if not pcall(ffi.typeof, "struct tally_ffi_store") then
       struct tally_vector *vec; /* name slots, NULL: none or closed */
     };
     int tally_vector_incr(struct tally_vector *v, size_t i, int64_t delta);
+    int64_t tally_vector_stamp(struct tally_vector *v, const tally_counter *c);
+    int tally_vector_stamp_incr(struct tally_vector *v, int64_t stamp, int64_t delta);
+    int tally_counter_sample(tally_counter *c);
     typedef struct tally_histogram tally_histogram;
     struct tally_ffi_hist {
       uintptr_t key;           /* (uintptr_t)self ^ TL_HIST_SALT */
@@ -339,10 +359,48 @@ if not _M.store_reason and core._store_slots then
     end
     return sl
   end
-  -- slot_incr(db, i, n) -> true if slot i of db's vector added n (nil: 1)
-  slot_incr = function(db, i, n)
-    local d, v = delta(n), cast(SPTR, db).vec
-    return d ~= nil and v ~= nil and vec_incr(v, i, d) == 0
+  -- slot_incr(db, i, d) -> true if slot i of db's vector added d
+  slot_incr = function(db, i, d)
+    local v = cast(SPTR, db).vec
+    return v ~= nil and vec_incr(v, i, d) == 0
+  end
+  local stamp_c, stamp_incr_c, sample_c =
+    C.tally_vector_stamp, C.tally_vector_stamp_incr, C.tally_counter_sample
+  -- the handle cached for name (young, then old: [2]), and its
+  -- tally_counter pointer (nil if closed or of another policy)
+  local function handle_of(db, name)
+    local st = caches[db] or cache_of(db)
+    local c = st and (st[1][name] or st[2] and st[2][name])
+    return c, c and plain(c)
+  end
+  -- stamp_add(db, name, e, d) -> true if stamp e (name's entry) added d;
+  -- false: nothing added (stale), take the slot's or handle's path
+  stamp_add = function(db, name, e, d)
+    local v = cast(SPTR, db).vec
+    if v == nil then return false end
+    local rc = stamp_incr_c(v, e, d)
+    if rc == 0 then return true end
+    if rc < 0 then return false end
+    local _, p = handle_of(db, name)   -- due to sample (automatic shards)
+    if p then sample_c(p) end
+    return true
+  end
+  -- stamp(db, sl, name): name's entry becomes the stamp of its cached
+  -- handle's counter; if it has none (several shards now), a stamp there
+  -- goes back to naming the handle's slot (or goes, if it has none)
+  if ffi.offsetof("struct tally_ffi_counter", "slot1") == info.counter_slot1 then
+    -- unstamp(sl, name, c): a stamp in name's entry names handle c's slot
+    -- again (hit), or goes if c (nil: none) holds none
+    unstamp = function(sl, name, c)
+      if (sl[name] or 0) < STAMP_MIN then return end
+      local s1 = c and tonumber(cast(CPTR, c).slot1) or 0
+      sl[name] = s1 > 0 and s1 - 1 or nil
+    end
+    stamp = function(db, sl, name)
+      local v, c, p = cast(SPTR, db).vec, handle_of(db, name)
+      local e = v ~= nil and p ~= nil and stamp_c(v, p) or 0
+      if e ~= 0 then sl[name] = tonumber(e) else unstamp(sl, name, c) end
+    end
   end
 end
 

@@ -230,6 +230,109 @@ return function(helper, paths, use, bt)
         assert.equal(total, db:value("m"))
       end)
 
+      if path == "ffi" then
+        local STAMP = 2^31   -- entries from here on are stamps: cells, not slots
+
+        it("become their counter's stamp once hit, and add exactly through it", function()
+          db = assert(tally.open("memory", { handle_admit = "always" }))
+          local slots = core._store_slots(db)
+          for i = 1, 50 do assert.is_true(db:incr("s:" .. i % 10, i)) end
+          for i = 0, 9 do
+            assert.is_true(slots["s:" .. i] >= STAMP, "s:" .. i)
+            assert.is_true(db:decr("s:" .. i, 1000))
+          end
+          for i = 0, 9 do
+            local want = -1000
+            for k = 1, 50 do if k % 10 == i then want = want + k end end
+            assert.equal(want, db:value("s:" .. i))
+          end
+          -- several shards: a slot, not a stamp
+          assert(db:counter("wide", { shards = 4 }))
+          for _ = 1, 3 do db:incr("wide") end
+          assert.is_true(slots.wide < STAMP)
+          assert.equal(3, db:value("wide"))
+        end)
+
+        it("made stale by a move elsewhere add nothing there, and are made again", function()
+          local file = helper.tmpfile()
+          db = assert(tally.open("file:" .. file, { handle_admit = "always" }))
+          other = assert(tally.open("file:" .. file))
+          local slots, total = core._store_slots(db), 0
+          for r = 1, 2 do
+            for i = 1, 300 do
+              assert.is_true(db:incr("m", i % 3 + 1))
+              total = total + i % 3 + 1
+            end
+            assert.is_true(slots.m >= STAMP)
+            local before = slots.m
+            -- to 4 shards and back: the stamp's cell is retired, then past
+            -- the grace period (1 s) reused by new counters
+            assert(other:counter("m")):reshard(4)
+            assert(other:counter("m")):reshard(1)
+            other:tick()
+            db:tick()
+            os.execute("sleep 1.1")
+            other:tick()
+            db:tick()
+            local reused = other:stats().reused_bytes
+            for i = 1, 100 do other:incr("fill:" .. r .. ":" .. i, 1000 + i) end
+            assert.is_true(other:stats().reused_bytes > reused, "no space reused")
+            assert.is_true(db:incr("m", 5))           -- stale: through the handle
+            total = total + 5
+            assert.is_true(slots.m >= STAMP and slots.m ~= before)   -- stamped again
+            assert.equal(total, other:value("m"))
+          end
+          for r = 1, 2 do
+            for i = 1, 100 do assert.equal(1000 + i, other:value("fill:" .. r .. ":" .. i)) end
+          end
+          assert.equal(total, db:value("m"))
+          assert.is_true(db:check())
+        end)
+
+        it("go back to slots at a rotation, and are made again", function()
+          db = assert(tally.open("memory", { handle_cache = 20, handle_admit = "always" }))
+          local slots, want = core._store_slots(db), {}
+          for r = 1, 30 do
+            for i = 1, 6 do
+              local name = "h:" .. i
+              assert.is_true(db:incr(name, r))
+              want[name] = (want[name] or 0) + r
+            end
+            db:incr("new:" .. r)                       -- young fills: rotations
+            want["new:" .. r] = 1
+            gc()
+          end
+          assert.is_true(core._store_cache_stats(db).rotations >= 3)
+          local stamps = 0
+          for name, v in pairs(slots) do
+            if v >= STAMP then stamps = stamps + 1 end
+          end
+          assert.is_true(stamps >= 5, stamps .. " stamps")
+          for name, v in pairs(want) do assert.equal(v, db:value(name), name) end
+          local st, n = core._store_slots_stats(db), 0
+          for _ in pairs(slots) do n = n + 1 end
+          assert.equal(st.lent, n)
+        end)
+
+        it("stay exact when a stamped name is dropped, or its handle closes", function()
+          db = assert(tally.open("memory", { handle_admit = "always" }))
+          local slots = core._store_slots(db)
+          for _ = 1, 3 do db:incr("d") end
+          assert.is_true(slots.d >= STAMP)
+          assert.is_true(db:drop("d"))
+          assert.is_true(db:incr("d", 7))
+          assert.equal(7, db:value("d"))
+          for _ = 1, 3 do db:incr("d") end
+          assert.equal(10, db:value("d"))
+          assert.equal(1, core._store_slots_stats(db).lent)
+          local c = uncache(db, "d")
+          c:close()
+          assert.is_nil(slots.d)
+          assert.is_true(db:incr("d"))
+          assert.equal(11, db:value("d"))
+        end)
+      end
+
       it("are emptied by db:close; the store handle then refuses", function()
         db = assert(tally.open("memory", { handle_admit = "always" }))
         for i = 1, 10 do db:incr("x:" .. i) end

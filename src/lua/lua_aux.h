@@ -148,8 +148,8 @@ typedef struct tl_store {
   char spec[]; /* "memory" or "file:PATH" */
 } tl_store;
 
-/* Under LuaJIT, lua/tally/ffi.lua reads c, db and policy straight from the
- * userdata (struct tally_ffi_counter there); it checks their offsets
+/* Under LuaJIT, lua/tally/ffi.lua reads c, db, policy and slot1 straight
+ * from the userdata (struct tally_ffi_counter there); it checks offsets
  * against core._ffi_info() (lua_counter.c) and stays classic if they
  * differ. */
 struct tl_counter {
@@ -309,6 +309,9 @@ void tl_counter_release(tl_counter *h);
 
 /* ---- name slots (lua_slots.c) ------------------------------------------------- */
 
+/* The least stamp (tally_vector_stamp): entries below it are slots. */
+#define TL_STAMP_MIN ((lua_Integer)1 << 31)
+
 /* Lend the handle at h, cached under the name at `name` by the store at
  * db, a name slot (if its policy is thread or random), in place of any
  * other handle's slot for that name. */
@@ -324,6 +327,10 @@ lua_Integer tl_slots_rotate(lua_State *L, int db, int gone, int old, int young,
  * through the name's slot? 0: nothing added, take the cache's path. Leaves
  * two values on the stack either way. */
 int tl_slot_incr(lua_State *L, tl_store *d, int name, lua_Integer n);
+/* Handle h (may be NULL) leaves the cache of the store at db: a stamp in
+ * the entry of the name at `name` names h's slot again (hit), if h holds
+ * one. */
+void tl_slot_unstamp(lua_State *L, int db, int name, tl_counter *h);
 /* The handle at h closes: its slot is emptied and its name's entry gone. */
 void tl_slot_return(lua_State *L, int h);
 /* The same without a Lua state: the slot is emptied, its entry stays

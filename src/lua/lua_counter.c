@@ -446,12 +446,12 @@ static int tl_set_value_opts(lua_State *L) {
 /* core._ffi_info() -> { path = the file this module was loaded from,
  * incr = tally_counter_incr as a light userdata (to check that ffi.load
  * found this very copy), counter_c / counter_db / counter_policy /
- * counter_size (the layout of a counter handle) and store_key /
+ * counter_slot1 / counter_size (the layout of a counter handle) and store_key /
  * store_store / store_size (of a store handle), which the FFI path reads;
  * offsets and sizes in bytes }. */
 static int tl_ffi_info(lua_State *L) {
   Dl_info info;
-  lua_createtable(L, 0, 9);
+  lua_createtable(L, 0, 10);
   if (dladdr((void *)tl_ffi_info, &info) != 0 && info.dli_fname != NULL) {
     lua_pushstring(L, info.dli_fname);
     lua_setfield(L, -2, "path");
@@ -462,6 +462,8 @@ static int tl_ffi_info(lua_State *L) {
   lua_setfield(L, -2, "counter_c");
   lua_pushinteger(L, (lua_Integer)offsetof(tl_counter, policy));
   lua_setfield(L, -2, "counter_policy");
+  lua_pushinteger(L, (lua_Integer)offsetof(tl_counter, slot1));
+  lua_setfield(L, -2, "counter_slot1");
   lua_pushinteger(L, (lua_Integer)sizeof(tl_counter));
   lua_setfield(L, -2, "counter_size");
   lua_pushinteger(L, (lua_Integer)offsetof(tl_counter, db));

@@ -30,6 +30,16 @@
  * carried into the new young, as a hit in old would move them; the others
  * give their slots back then, not when they are collected, so there are
  * about as many slots as handles the cache holds.
+ *
+ * Stamps. The FFI path's db:incr replaces a hit entry by its counter's
+ * stamp (tally_vector_stamp, at least TL_STAMP_MIN: the cell itself), so
+ * its next increment reads no slot word at all; a stamp made stale by a
+ * move adds nothing, and that db:incr stamps the name again through its
+ * handle. A stamped entry counts as hit and names no slot: where this file
+ * needs the slot, it takes the one of the cache's handle for the name
+ * (h->slot1), and a stamped entry it cannot tie to a lent handle is
+ * removed. A handle lent a slot while an older one of its name holds a
+ * stamped entry leaves the older one's slot lent until that is collected.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -44,6 +54,7 @@ int tl_slot_incr(lua_State *L, tl_store *d, int name, lua_Integer n) {
   lua_pushvalue(L, name);
   lua_rawget(L, -2);
   v = lua_tointegerx(L, -1, NULL); /* 0 for nil: a slot 0 entry is -1 or 0 */
+  if (v >= TL_STAMP_MIN) return 0; /* a stamp: the FFI path's; the cache's path */
   if (v < 0) {                     /* its first hit since it was lent or rotated */
     v = -1 - v;
     lua_pushvalue(L, name);
@@ -90,10 +101,19 @@ static void tl_slot_free(tl_store *d, size_t i) {
   d->spare[d->nspare++] = i;
 }
 
-/* The slot an entry (at idx, a number) names, hit or not. */
+/* The slot an entry (at idx, a number, not a stamp) names, hit or not. */
 static size_t tl_slot_at(lua_State *L, int idx) {
   lua_Integer v = lua_tointeger(L, idx);
   return (size_t)(v < 0 ? -1 - v : v);
+}
+
+static int tl_slot_stamped(lua_State *L, int idx) {
+  return lua_type(L, idx) == LUA_TNUMBER && lua_tointeger(L, idx) >= TL_STAMP_MIN;
+}
+
+/* Is h a handle that holds a slot of d? */
+static int tl_slot_holder(tl_store *d, const tl_counter *h) {
+  return h != NULL && h->slot1 != 0 && h->slot1 <= d->used && d->lent[h->slot1 - 1] == h;
 }
 
 void tl_slot_lend(lua_State *L, int db, int name, int h) {
@@ -108,8 +128,7 @@ void tl_slot_lend(lua_State *L, int db, int name, int h) {
   lua_pushvalue(L, name);
   lua_rawget(L, -2);
   if (lua_type(L, -1) == LUA_TNUMBER) { /* an older handle's: its entry is replaced */
-    size_t old = tl_slot_at(L, -1);
-    tl_slot_free(d, old);
+    if (!tl_slot_stamped(L, -1)) tl_slot_free(d, tl_slot_at(L, -1));
     lua_pushvalue(L, name);
     lua_pushnil(L);
     lua_rawset(L, -4);
@@ -129,6 +148,21 @@ void tl_slot_lend(lua_State *L, int db, int name, int h) {
   lua_pop(L, 1);
 }
 
+void tl_slot_unstamp(lua_State *L, int db, int name, tl_counter *h) {
+  tl_store *d = (tl_store *)lua_touserdata(L, db);
+  if (d == NULL || !tl_slot_holder(d, h)) return;
+  name = lua_absindex(L, name);
+  tl_getuv(L, db, TL_SUV_SLOTS);
+  lua_pushvalue(L, name);
+  lua_rawget(L, -2);
+  if (tl_slot_stamped(L, -1)) {
+    lua_pushvalue(L, name);
+    lua_pushinteger(L, (lua_Integer)(h->slot1 - 1));
+    lua_rawset(L, -4);
+  }
+  lua_pop(L, 2);
+}
+
 void tl_slot_return(lua_State *L, int h) {
   tl_counter *hd = (tl_counter *)lua_touserdata(L, h);
   size_t i;
@@ -139,7 +173,8 @@ void tl_slot_return(lua_State *L, int h) {
   tl_getuv(L, -1, TL_SUV_SLOTS);
   lua_pushlstring(L, hd->name, hd->namelen);
   lua_rawget(L, -2);
-  if (lua_type(L, -1) == LUA_TNUMBER && tl_slot_at(L, -1) == i) {
+  if (lua_type(L, -1) == LUA_TNUMBER &&
+      (tl_slot_stamped(L, -1) || tl_slot_at(L, -1) == i)) {
     lua_pushlstring(L, hd->name, hd->namelen);
     lua_pushnil(L);
     lua_rawset(L, -4);
@@ -148,21 +183,29 @@ void tl_slot_return(lua_State *L, int h) {
   tl_slot_free(hd->db, i);
 }
 
-/* Mark the entries of the names in the table at t not hit (the table of
- * slots on top of the stack). */
-static void tl_slots_unhit(lua_State *L, int t) {
+/* Mark the entries of the names in the table at t (name -> handle) not
+ * hit (the table of slots on top of the stack); a stamped one names the
+ * slot of t's handle, or goes if that holds none. */
+static void tl_slots_unhit(lua_State *L, tl_store *d, int t) {
   lua_pushnil(L);
-  while (lua_next(L, t) != 0) {
-    lua_pop(L, 1);
-    lua_pushvalue(L, -1);
-    lua_rawget(L, -3);
-    if (lua_type(L, -1) == LUA_TNUMBER && lua_tointeger(L, -1) >= 0) {
+  while (lua_next(L, t) != 0) { /* slots name h */
+    tl_counter *h = (tl_counter *)lua_touserdata(L, -1);
+    lua_pushvalue(L, -2);
+    lua_rawget(L, -4); /* slots name h entry */
+    if (tl_slot_stamped(L, -1)) {
+      lua_pushvalue(L, -3);
+      if (tl_slot_holder(d, h))
+        lua_pushinteger(L, -1 - (lua_Integer)(h->slot1 - 1));
+      else
+        lua_pushnil(L);
+      lua_rawset(L, -6);
+    } else if (lua_type(L, -1) == LUA_TNUMBER && lua_tointeger(L, -1) >= 0) {
       lua_Integer v = lua_tointeger(L, -1);
-      lua_pushvalue(L, -2);
+      lua_pushvalue(L, -3);
       lua_pushinteger(L, -1 - v);
-      lua_rawset(L, -5);
+      lua_rawset(L, -6);
     }
-    lua_pop(L, 1);
+    lua_pop(L, 2);
   }
 }
 
@@ -183,7 +226,8 @@ lua_Integer tl_slots_rotate(lua_State *L, int db, int gone, int old, int young,
       lua_pushvalue(L, -2);
       lua_rawget(L, -4); /* slots name h entry */
       if (h != NULL && lua_type(L, -1) == LUA_TNUMBER &&
-          h->slot1 == tl_slot_at(L, -1) + 1) {
+          (tl_slot_stamped(L, -1) ? tl_slot_holder(d, h)
+                                  : h->slot1 == tl_slot_at(L, -1) + 1)) {
         if (carried < room && lua_tointeger(L, -1) >= 0) {
           lua_pushvalue(L, -3);
           lua_pushvalue(L, -3);
@@ -200,8 +244,9 @@ lua_Integer tl_slots_rotate(lua_State *L, int db, int gone, int old, int young,
       lua_pop(L, 2);
     }
   }
-  tl_slots_unhit(L, old); /* what is old now, and what was carried */
-  tl_slots_unhit(L, young);
+  /* young first: a name in both has its newer handle there */
+  tl_slots_unhit(L, d, young); /* what was carried */
+  tl_slots_unhit(L, d, old);   /* and what is old now */
   lua_pop(L, 1);
   return carried;
 }

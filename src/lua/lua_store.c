@@ -205,6 +205,9 @@ static void tl_cache_forget(lua_State *L, int st, int gen) {
     lua_pushvalue(L, 2);
     lua_rawget(L, -2);
     if (!lua_isnil(L, -1)) {
+      /* a stamp in its name's entry names its slot again: the FFI path
+       * cannot find the handle any more to take it back */
+      tl_slot_unstamp(L, 1, 2, (tl_counter *)lua_touserdata(L, -1));
       lua_pushvalue(L, 2);
       lua_pushnil(L);
       lua_rawset(L, -4);
