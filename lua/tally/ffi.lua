@@ -14,12 +14,13 @@
 --
 -- The FFI functions read the counter handle's own tally_counter pointer
 -- on every call (the handle userdata cast to its C struct; no pointer is
--- ever cached in Lua), and closing a counter, or its store, sets that
--- pointer to NULL, which sends the next call down the classic path to
--- raise "attempt to use a closed counter". db:incr(name) and db:decr
--- first look for the name's slot (name slots, below: a cached handle lent
--- to a vector the store handle owns), then in the young table of the
--- store's own cache of handles by name (the one the classic db:incr fills
+-- ever cached in Lua: a stamp, below, is an offset the C core checks), and
+-- closing a counter, or its store, sets that pointer to NULL, which sends
+-- the next call down the classic path to raise "attempt to use a closed
+-- counter". db:incr(name) and db:decr first look for the name's stamp or
+-- slot (name slots, below: a cached handle lent to a vector the store
+-- handle owns), then in the young table of the store's own cache of
+-- handles by name (the one the classic db:incr fills
 -- and db:drop clears; src/lua/lua_store.c): it keeps the cache's state
 -- table (core._store_cache), whose [1] is the current young table,
 -- replaced when the generations rotate, so it is read on every call. A
@@ -385,9 +386,7 @@ if not _M.store_reason and core._store_slots then
     if p then sample_c(p) end
     return true
   end
-  -- stamp(db, sl, name): name's entry becomes the stamp of its cached
-  -- handle's counter; if it has none (several shards now), a stamp there
-  -- goes back to naming the handle's slot (or goes, if it has none)
+  -- stamps need the handle's slot (slot1), checked against the layout
   if ffi.offsetof("struct tally_ffi_counter", "slot1") == info.counter_slot1 then
     -- unstamp(sl, name, c): a stamp in name's entry names handle c's slot
     -- again (hit), or goes if c (nil: none) holds none
@@ -396,6 +395,9 @@ if not _M.store_reason and core._store_slots then
       local s1 = c and tonumber(cast(CPTR, c).slot1) or 0
       sl[name] = s1 > 0 and s1 - 1 or nil
     end
+    -- stamp(db, sl, name): name's entry becomes the stamp of its cached
+    -- handle's counter; if it has none (several shards now), a stamp
+    -- there is taken back (unstamp)
     stamp = function(db, sl, name)
       local v, c, p = cast(SPTR, db).vec, handle_of(db, name)
       local e = v ~= nil and p ~= nil and stamp_c(v, p) or 0
