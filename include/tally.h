@@ -415,10 +415,14 @@ TALLY_API int tally_vector_fast(const tally_vector *v, size_t i);
  * 0 when added; 1 when added and the counter (automatic shards) is due to
  * sample its writers: call tally_counter_sample on a handle of it; -1
  * when nothing was added: the stamp is stale (the counter moved, or c left
- * v, since it was made) or not a stamp, or the add would leave the range:
- * take the handle's path (tally_counter_incr), which says why if it fails,
- * and ask for a new stamp. A stale stamp never adds to another counter's
- * cell. Same threading as tally_vector_incr. */
+ * v, since it was made), or 0, or the add would leave the range: take the
+ * handle's path (tally_counter_incr), which says why if it fails, and ask
+ * for a new stamp. A stale stamp never adds to another counter's cell.
+ * Pass only 0 or what tally_vector_stamp returned for v, as a pointer
+ * must be one: any other value is undefined (a stamp of another vector
+ * and a value below 2^32 are refused, but for 1 chance in 2^21; a stamp
+ * changed by arithmetic may add to another counter). Same threading as
+ * tally_vector_incr. */
 TALLY_API int64_t tally_vector_stamp(tally_vector *v, const tally_counter *c);
 TALLY_API int tally_vector_stamp_incr(tally_vector *v, int64_t stamp, int64_t delta);
 /* Counter c (automatic shards) samples its writers for contention, as one

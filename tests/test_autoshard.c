@@ -10,7 +10,9 @@
  *  - two processes on a file store: the counter grows, one is SIGKILLed
  *    mid-run, the value holds every acknowledged increment (and at most one
  *    more per killed process: its add may land before it could count it);
- *  - options: auto with a key policy is refused; EMISMATCH rules; info.
+ *  - options: auto with a key policy is refused; EMISMATCH rules; info;
+ *  - upkeep in three threads at once on two handles (TSan: the quiet time
+ *    and the expiry cursor are read and written by all of them).
  */
 #include <pthread.h>
 #include <signal.h>
@@ -297,10 +299,62 @@ static void test_options(void) {
   tally_store_close(s);
 }
 
+static void *maintain_main(void *ud) {
+  for (int k = 0; k < 200; k++)
+    if (tally_store_maintain(ud, 0, 100, NULL) != 0) {
+      TU_FAIL("maintain: %s", tally_errmsg());
+      break;
+    }
+  return NULL;
+}
+
+/* Upkeep in several threads at once, on two handles of one file and two
+ * threads on one handle, while an automatic counter has grown: its first
+ * look at the quiet time and the expiry scan's cursor race under TSan if
+ * unsynchronized. Runs first, so that look is the first. */
+static void test_maintain_threads(void) {
+  char spec[1200];
+  tally_store *s1, *s2;
+  tally_counter *c;
+  tally_counter_options o = {TALLY_SHARDS_AUTO, TALLY_POLICY_THREAD};
+  tu_spec(spec, sizeof spec, NULL, 0, g_dir, "maintain.tly");
+  REQUIRE_OK(tally_store_open(spec, NULL, &s1));
+  REQUIRE_OK(tally_store_open(spec, NULL, &s2));
+  REQUIRE_OK(tally_counter_open(s1, "hot", 3, &o, TALLY_COUNTER_CREATE, &c));
+  for (int i = 0; i < 100; i++) {
+    char nm[32];
+    snprintf(nm, sizeof nm, "cold:%d", i);
+    EXPECT_OK(tally_store_incr(s1, nm, strlen(nm), 1, TALLY_COUNTER_CREATE));
+  }
+  atomic_bool stop = false;
+  struct hammer h[2] = {{.c = c, .stop = &stop, .t0 = tu_now()},
+                        {.c = c, .stop = &stop, .t0 = tu_now()}};
+  pthread_t th[3];
+  for (int t = 0; t < 2; t++) pthread_create(&th[t], NULL, hammer_main, &h[t]);
+  tally_counter_info in;
+  memset(&in, 0, sizeof in);
+  for (int k = 0; k < 500 && in.shards < 2; k++) {
+    usleep(10000);
+    EXPECT_OK(tally_counter_info_get(c, &in));
+  }
+  atomic_store(&stop, true);
+  for (int t = 0; t < 2; t++) pthread_join(th[t], NULL);
+  pthread_create(&th[0], NULL, maintain_main, s1);
+  pthread_create(&th[1], NULL, maintain_main, s2);
+  pthread_create(&th[2], NULL, maintain_main, s1);
+  for (int t = 0; t < 3; t++) pthread_join(th[t], NULL);
+  EXPECT_I64(h[0].n + h[1].n, tu_value(c));
+  printf("maintain threads: grew to %u shards, upkeep in 3 threads, exact\n", in.shards);
+  tally_counter_close(c);
+  tally_store_close(s2);
+  tally_store_close(s1);
+}
+
 int main(void) {
   setenv("TALLY_AUTO_QUIET_MS", "1", 1); /* upkeep shrinks at once */
   snprintf(g_dir, sizeof g_dir, "%s", tu_tmpdir("autoshard"));
   double t0 = tu_now();
+  test_maintain_threads();
   test_one_and_two_writers();
   test_grow_shrink_exact();
   test_cold_stay_small();

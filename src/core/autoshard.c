@@ -118,13 +118,15 @@ int tally__auto_sample(tally_counter *c, uint64_t loc) {
 }
 
 static int64_t quiet_ms(void) {
-  static int64_t q;
-  if (!q) {
+  static _Atomic int64_t q; /* upkeep may run in several threads at once */
+  int64_t v = atomic_load_explicit(&q, memory_order_relaxed);
+  if (!v) {
     const char *e = getenv("TALLY_AUTO_QUIET_MS");
-    long long v = e ? atoll(e) : 0;
-    q = v > 0 ? v : TALLY_AUTO_QUIET_MS;
+    long long n = e ? atoll(e) : 0;
+    v = n > 0 ? n : TALLY_AUTO_QUIET_MS;
+    atomic_store_explicit(&q, v, memory_order_relaxed);
   }
-  return q;
+  return v;
 }
 
 int tally__auto_upkeep(tally_store *s, uint64_t rec_off) {

@@ -128,8 +128,12 @@ int tally_store_maintain(tally_store *s, int64_t now_ms, uint32_t budget,
   tally__grace_step(s, true, false); /* upkeep: who is alive, looked at afresh */
   tally__unlock(s);
   struct scan sc = {now_ms, &r};
-  if (budget && (tally__family_any_idle(s) || atomic_load(&s->hdr->autos)))
-    rc = tally__index_range(s, &s->expire_cursor, budget, scan_one, &sc);
+  if (budget && (tally__family_any_idle(s) || atomic_load(&s->hdr->autos))) {
+    /* threads sharing the handle may scan at once: each from the cursor */
+    uint64_t cursor = atomic_load_explicit(&s->expire_cursor, memory_order_relaxed);
+    rc = tally__index_range(s, &cursor, budget, scan_one, &sc);
+    atomic_store_explicit(&s->expire_cursor, cursor, memory_order_relaxed);
+  }
   if (rc == 0 && r.expired) { /* its handles here: let them know at once */
     if ((rc = tally__lock(s)) == 0) {
       tally__grace_step(s, false, false);

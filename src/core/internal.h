@@ -263,7 +263,7 @@ struct tally_store {
   _Atomic bool by_name;   /* tally_store_incr was used: never idle (grace.c) */
   _Atomic int holders;    /* walks and opens under way: no newer epoch (grace.c) */
   _Atomic pid_t hold_pid; /* the process holders counts for (a fork's differs) */
-  uint64_t expire_cursor; /* expire.c: next index slot to scan */
+  _Atomic uint64_t expire_cursor; /* expire.c: next index slot to scan */
   /* batch.c: which writer slot each thread of this process holds */
   _Atomic int wkey_state;   /* 1: wkey made */
   pthread_key_t wkey;       /* -> the thread's slot record */

@@ -128,12 +128,21 @@ int tally_vector_new(tally_store *s, size_t n, tally_vector **out) {
   int rc = arrays_new(n, &a);
   if (rc) return rc;
   tally_vector *v = aligned_alloc(64, (sizeof *v + 63) & ~(size_t)63);
-  _Atomic uint64_t *rgen = calloc(REGIONS, sizeof *rgen); /* 128 KiB, touched sparsely */
+  _Atomic uint64_t *rgen = malloc(REGIONS * sizeof *rgen); /* 128 KiB */
   if (!v || !rgen) {
     free(v);
     free(rgen);
     arrays_free(a);
     return tally__fail(TALLY_ENOMEM, "out of memory");
+  }
+  /* each region's generations start at a random point below 2^21: a
+   * stamp of another vector, or a small value that is no stamp, does not
+   * match (but 1 in 2^21 by chance), and a region has 2^21 bumps at least */
+  uint64_t x =
+      tally__mix(s->id ^ (uint64_t)tally_monotonic_ns() ^ (uint64_t)(uintptr_t)v);
+  for (size_t r = 0; r < REGIONS; r++) {
+    x = tally__mix(x + r);
+    atomic_init(&rgen[r], 1 + x % ((UINT64_C(1) << 21) - 1));
   }
   v->rgen = rgen;
   v->base = s->base;
