@@ -133,10 +133,17 @@ static void test_grow_shrink_exact(void) {
     pthread_create(&th[0], NULL, hammer_main, &h[0]);
     pthread_create(&th[1], NULL, hammer_main, &h[1]);
     pthread_create(&th[2], NULL, shrinker_main, &k);
-    usleep(400000);
+    /* 400 ms at least, on until it has grown and shrunk (a loaded
+     * machine, a sanitizer: 5 s at most) */
+    tally_counter_info in;
+    double t0 = tu_now();
+    do {
+      usleep(50000);
+      EXPECT_OK(tally_counter_info_get(c, &in));
+    } while (tu_now() - t0 < 0.4 ||
+             ((in.grown < 1 || in.shrunk < 1) && tu_now() - t0 < 5));
     atomic_store(&stop, true);
     for (int i = 0; i < 3; i++) pthread_join(th[i], NULL);
-    tally_counter_info in;
     EXPECT_OK(tally_counter_info_get(c, &in));
     EXPECT_I64(h[0].n + h[1].n, tu_value(c));
     EXPECT(in.grown >= 1);
