@@ -271,7 +271,7 @@ local function by_name(db, name, n, sign)
     end
   end
   -- the classic method reopens the name, and needs the slot to free
-  if i and i >= STAMP_MIN then unstamp(sl, name, c) end
+  if i and i >= STAMP_MIN then unstamp(sl, name, c or st and st[2] and st[2][name]) end
   return false
 end
 

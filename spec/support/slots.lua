@@ -314,6 +314,29 @@ return function(helper, paths, use, bt)
           assert.equal(st.lent, n)
         end)
 
+        it("made stale while the name's handle is in the old generation keep its slot", function()
+          local file = helper.tmpfile()
+          db = assert(tally.open("file:" .. file, { handle_cache = 8, handle_admit = "always" }))
+          other = assert(tally.open("file:" .. file))
+          local slots = core._store_slots(db)
+          for _ = 1, 3 do db:incr("A") end
+          for i = 1, 4 do db:incr("f" .. i) end            -- young rotates: A is old
+          db:incr("A")                                     -- a hit through its stamp
+          local st = core._store_cache(db)
+          assert.is_nil(st[1].A)
+          assert.is_true(slots.A >= STAMP)
+          assert(other:counter("A")):reshard(2)
+          assert(other:counter("A")):reshard(1)
+          db:tick()
+          assert.is_true(db:incr("A"))                      -- stale: the classic way
+          assert.is_number(slots.A)                         -- its slot, or a new stamp
+          for _ = 1, 3 do db:incr("A") end
+          assert.equal(8, db:value("A"))
+          local n = 0
+          for _ in pairs(slots) do n = n + 1 end
+          assert.equal(core._store_slots_stats(db).lent, n)
+        end)
+
         it("stay exact when a stamped name is dropped, or its handle closes", function()
           db = assert(tally.open("memory", { handle_admit = "always" }))
           local slots = core._store_slots(db)
