@@ -480,6 +480,33 @@ static void *writer_main(void *ud) {
   return NULL;
 }
 
+/* Two writers (fn, seeds a and b) add to the SLOTS slots of v, counters
+ * prefix0.. prefix63, while a mover reshards them and runs grace steps;
+ * then every counter holds what the writers added. Returns their total;
+ * *moves: the mover's reshards. */
+static int64_t run_exact(tally_store *s, tally_vector *v, const char *prefix,
+                         void *(*fn)(void *), uint64_t a, uint64_t b, long *moves) {
+  atomic_bool stop = false;
+  struct tu_mover m = {.s = s, .prefix = prefix, .n = SLOTS, .stop = &stop};
+  struct writer w[2] = {{.v = v, .seed = a, .m = &m}, {.v = v, .seed = b, .m = &m}};
+  pthread_t th[3];
+  pthread_create(&th[2], NULL, tu_mover_main, &m);
+  for (int t = 0; t < 2; t++) pthread_create(&th[t], NULL, fn, &w[t]);
+  for (int t = 0; t < 2; t++) pthread_join(th[t], NULL);
+  atomic_store(&stop, true);
+  pthread_join(th[2], NULL);
+  EXPECT(atomic_load(&m.rounds) >= 3);
+  int64_t total = 0;
+  for (int i = 0; i < SLOTS; i++) {
+    char nm[32];
+    snprintf(nm, sizeof nm, "%s%d", prefix, i);
+    EXPECT_I64(w[0].added[i] + w[1].added[i], value_of(s, nm));
+    total += w[0].added[i] + w[1].added[i];
+  }
+  *moves = m.moves;
+  return total;
+}
+
 static void test_threads(void) {
   /* not 0: a writer thread between its load of a slot and its add is seen
    * by no epoch when another thread of its process runs the grace step;
@@ -495,25 +522,10 @@ static void test_threads(void) {
     int policy = i % 2 ? TALLY_POLICY_RANDOM : TALLY_POLICY_THREAD;
     REQUIRE_OK(vopen(v, (size_t)i, nm, shards, policy));
   }
-  atomic_bool stop = false;
-  struct tu_mover m = {.s = s, .prefix = "v:", .n = SLOTS, .stop = &stop};
-  struct writer w[2] = {{.v = v, .seed = 7, .m = &m}, {.v = v, .seed = 11, .m = &m}};
-  pthread_t th[3];
-  pthread_create(&th[2], NULL, tu_mover_main, &m);
-  for (int t = 0; t < 2; t++) pthread_create(&th[t], NULL, writer_main, &w[t]);
-  for (int t = 0; t < 2; t++) pthread_join(th[t], NULL);
-  atomic_store(&stop, true);
-  pthread_join(th[2], NULL);
-  EXPECT(atomic_load(&m.rounds) >= 3);
-  int64_t total = 0;
-  for (int i = 0; i < SLOTS; i++) {
-    char nm[32];
-    snprintf(nm, sizeof nm, "v:%d", i);
-    EXPECT_I64(w[0].added[i] + w[1].added[i], value_of(s, nm));
-    total += w[0].added[i] + w[1].added[i];
-  }
+  long moves;
+  int64_t total = run_exact(s, v, "v:", writer_main, 7, 11, &moves);
   EXPECT(total >= 2 * PER_THREAD);
-  printf("threads: %lld increments, %ld reshards, exact\n", (long long)total, m.moves);
+  printf("threads: %lld increments, %ld reshards, exact\n", (long long)total, moves);
   EXPECT_I64(0, tally_store_check(s));
   tally_vector_free(v);
   tally_store_close(s);
@@ -599,25 +611,10 @@ static void test_stamp_threads(void) {
     REQUIRE_OK(vopen(v, (size_t)i, nm, shards,
                      i % 2 ? TALLY_POLICY_RANDOM : TALLY_POLICY_THREAD));
   }
-  atomic_bool stop = false;
-  struct tu_mover m = {.s = s, .prefix = "st:", .n = SLOTS, .stop = &stop};
-  struct writer w[2] = {{.v = v, .seed = 5, .m = &m}, {.v = v, .seed = 9, .m = &m}};
-  pthread_t th[3];
-  pthread_create(&th[2], NULL, tu_mover_main, &m);
-  for (int t = 0; t < 2; t++) pthread_create(&th[t], NULL, stamp_writer_main, &w[t]);
-  for (int t = 0; t < 2; t++) pthread_join(th[t], NULL);
-  atomic_store(&stop, true);
-  pthread_join(th[2], NULL);
-  EXPECT(atomic_load(&m.rounds) >= 3);
-  int64_t total = 0;
-  for (int i = 0; i < SLOTS; i++) {
-    char nm[32];
-    snprintf(nm, sizeof nm, "st:%d", i);
-    EXPECT_I64(w[0].added[i] + w[1].added[i], value_of(s, nm));
-    total += w[0].added[i] + w[1].added[i];
-  }
+  long moves;
+  int64_t total = run_exact(s, v, "st:", stamp_writer_main, 5, 9, &moves);
   printf("stamp threads: %lld increments, %ld reshards, exact\n", (long long)total,
-         m.moves);
+         moves);
   EXPECT_I64(0, tally_store_check(s));
   tally_vector_free(v);
   tally_store_close(s);
