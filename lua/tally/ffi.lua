@@ -271,7 +271,7 @@ local function by_name(db, name, n, sign)
     end
   end
   -- the classic method reopens the name, and needs the slot to free
-  if i and i >= STAMP_MIN then unstamp(sl, name, c or st and st[2] and st[2][name]) end
+  if i and i >= STAMP_MIN then unstamp(db, sl, name) end
   return false
 end
 
@@ -388,10 +388,11 @@ if not _M.store_reason and core._store_slots then
   end
   -- stamps need the handle's slot (slot1), checked against the layout
   if ffi.offsetof("struct tally_ffi_counter", "slot1") == info.counter_slot1 then
-    -- unstamp(sl, name, c): a stamp in name's entry names handle c's slot
-    -- again (hit), or goes if c (nil: none) holds none
-    unstamp = function(sl, name, c)
+    -- unstamp(db, sl, name): a stamp in name's entry names the slot of
+    -- its cached handle again (hit), or goes if that holds none
+    unstamp = function(db, sl, name)
       if (sl[name] or 0) < STAMP_MIN then return end
+      local c = handle_of(db, name)
       local s1 = c and tonumber(cast(CPTR, c).slot1) or 0
       sl[name] = s1 > 0 and s1 - 1 or nil
     end
@@ -399,9 +400,9 @@ if not _M.store_reason and core._store_slots then
     -- handle's counter; if it has none (several shards now), a stamp
     -- there is taken back (unstamp)
     stamp = function(db, sl, name)
-      local v, c, p = cast(SPTR, db).vec, handle_of(db, name)
+      local v, _, p = cast(SPTR, db).vec, handle_of(db, name)
       local e = v ~= nil and p ~= nil and stamp_c(v, p) or 0
-      if e ~= 0 then sl[name] = tonumber(e) else unstamp(sl, name, c) end
+      if e ~= 0 then sl[name] = tonumber(e) else unstamp(db, sl, name) end
     end
   end
 end
