@@ -34,7 +34,8 @@
 #include <unistd.h>
 
 #define DEFAULT_GRACE_MS 1000
-#define ALIVE_MS         100 /* a process found alive is not looked at again sooner */
+#define ALIVE_MS         100   /* a process found alive is not looked at again sooner */
+#define FORK_HOLD_MS     10000 /* a slot reserved for a child that never took it */
 
 /* ---- the process table --------------------------------------------------- */
 
@@ -98,21 +99,40 @@ static struct tally__proc *procs(tally_store *s) {
   return tally__at(s, off);
 }
 
+/* A slot a forking parent reserves for its child: the parent's pid and
+ * the time, in the low word, even where an owner's is odd. The child
+ * takes it over in its fork handler; one never taken (the fork failed)
+ * is free again FORK_HOLD_MS later. */
+static uint64_t reservation(int64_t now_ms) {
+  return (uint64_t)(uint32_t)tally__pid() << 32 | (uint32_t)((uint64_t)now_ms << 1);
+}
+
+static bool slot_alive(uint64_t o, int64_t now_ms) {
+  if (o & 1) return tally__owner_alive(o);
+  uint32_t age = ((uint32_t)((uint64_t)now_ms << 1) - (uint32_t)o) >> 1; /* wraps */
+  return age < FORK_HOLD_MS;
+}
+
 static int claim(tally_store *s, uint64_t seen) {
   struct tally__proc *t = procs(s);
   if (!t)
     return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (process table)",
                        tally__store_name(s));
   uint64_t me = tally__owner_of(tally__pid(), NULL);
+  int64_t now_ms = tally_monotonic_ms();
   for (int pass = 0; pass < 2; pass++) {
     for (uint32_t i = 0; i < TALLY__PROCS; i++) {
       uint64_t o = atomic_load(&t[i].owner);
-      if (o && pass == 1 && !tally__owner_alive(o)) { /* a dead process's slot */
+      if (o && pass == 1 && !slot_alive(o, now_ms)) { /* a dead process's slot */
         atomic_compare_exchange_strong(&t[i].owner, &o, 0);
         o = atomic_load(&t[i].owner);
       }
       if (o) continue;
-      atomic_store(&t[i].seen, seen); /* before the owner: never a stale epoch */
+      if (__builtin_expect(tally__test_hook != NULL, 0)) tally__test_hook("claim", "", 0);
+      /* the slot, then its word: a word stored first would overwrite that
+       * of whoever took the slot meanwhile. Until then the slot shows the
+       * word its last owner left: 0 (closed: holds all reuse back) or a
+       * dead process's. */
       if (atomic_compare_exchange_strong(&t[i].owner, &o, me)) {
         atomic_store(&t[i].seen, seen);
         s->proc = i;
@@ -143,17 +163,52 @@ void tally__grace_close(tally_store *s) {
   struct tally__proc *t = procs(s);
   if (!t) return;
   uint64_t me = atomic_load(&t[s->proc].owner);
-  if (me >> 32 == (uint64_t)tally__pid() &&
-      atomic_compare_exchange_strong(&t[s->proc].owner, &me, 0))
-    atomic_store(&t[s->proc].seen, 0); /* a free slot is all zero */
+  if (me >> 32 == (uint64_t)tally__pid() && (me & 1)) {
+    /* the word first: once the slot is free, the word is the next owner's */
+    atomic_store(&t[s->proc].seen, 0);
+    atomic_compare_exchange_strong(&t[s->proc].owner, &me, 0);
+  }
 }
 
 /* A forked child holds copies of its parent's handles, valid as of the
- * parent's epoch: it takes a slot of its own at that epoch. */
+ * parent's epoch. Were the child to take a slot only once it runs, the
+ * parent could pass a grace step first and let those handles' old cells
+ * be reused. So the parent reserves the child's slot before the fork, at
+ * its own word, and holds hlock (its word and its handles) until the
+ * fork is done. */
+void tally__grace_fork_prepare(tally_store *s) {
+  pthread_mutex_lock(&s->hlock);
+  struct tally__proc *t = procs(s);
+  s->fork_slot = TALLY__PROCS;
+  s->fork_seen = t ? atomic_load(&t[s->proc].seen) : 0;
+  if (!t || s->pid != tally__pid()) return; /* forked itself, no slot yet */
+  s->fork_owner = reservation(tally_monotonic_ms());
+  for (uint32_t i = 0; i < TALLY__PROCS; i++) {
+    uint64_t o = 0; /* a window with a stale word is covered by our own */
+    if (atomic_compare_exchange_strong(&t[i].owner, &o, s->fork_owner)) {
+      atomic_store(&t[i].seen, s->fork_seen);
+      s->fork_slot = i;
+      return;
+    }
+  }
+}
+
+void tally__grace_fork_parent(tally_store *s) {
+  pthread_mutex_unlock(&s->hlock);
+}
+
 void tally__grace_fork_child(tally_store *s) {
   struct tally__proc *t = procs(s);
-  if (!t) return;
-  (void)claim(s, atomic_load(&t[s->proc].seen));
+  uint64_t r = s->fork_owner;
+  if (t && s->fork_slot < TALLY__PROCS &&
+      atomic_compare_exchange_strong(&t[s->fork_slot].owner, &r,
+                                     tally__owner_of(tally__pid(), NULL))) {
+    s->proc = s->fork_slot;
+    s->pid = tally__pid();
+  } else if (t) { /* none reserved (a full table), or held past FORK_HOLD_MS */
+    (void)claim(s, s->fork_seen);
+  }
+  pthread_mutex_unlock(&s->hlock);
 }
 
 /* ---- this process's handles, by record ----------------------------------- */
@@ -336,6 +391,7 @@ static void refresh_node(tally_store *s, const struct tally__limbo *l, void *ud)
 static bool alive_seen(tally_store *s, uint32_t i, uint64_t o, int64_t now_ms,
                        bool look) {
   struct tally__alive *a = &s->alive[i % TALLY__ALIVE_SEEN];
+  if (!(o & 1)) return slot_alive(o, now_ms); /* reserved: no look needed */
   if (!look && atomic_load_explicit(&a->owner, memory_order_relaxed) == o &&
       now_ms - atomic_load_explicit(&a->at_ms, memory_order_relaxed) < ALIVE_MS)
     return true;
@@ -402,7 +458,8 @@ int tally__grace_others(tally_store *s, int64_t *pid) {
   for (uint32_t i = 0; i < TALLY__PROCS; i++) {
     uint64_t o = atomic_load(&t[i].owner);
     if (!o || i == s->proc) continue;
-    if (!tally__owner_alive(o)) { /* dead (or a zombie): its slot is free now */
+    if (!slot_alive(
+            o, tally_monotonic_ms())) { /* dead (or a zombie): its slot is free now */
       atomic_compare_exchange_strong(&t[i].owner, &o, 0);
       continue;
     }
@@ -424,7 +481,7 @@ int tally_store_grace(tally_store *s, tally_grace_info *out) {
   out->epoch = epoch;
   for (uint32_t i = 0; i < TALLY__PROCS; i++) {
     uint64_t o = atomic_load(&t[i].owner), w = atomic_load(&t[i].seen);
-    if (!o || !tally__owner_alive(o)) continue;
+    if (!o || !slot_alive(o, tally_monotonic_ms())) continue;
     out->processes++;
     if (!(w & 1) && (w >> 1) < epoch) {
       if (!out->oldest_pid || (w >> 1) < out->oldest_seen) {

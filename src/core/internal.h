@@ -251,6 +251,10 @@ struct tally_store {
                         file still reaches it) */
   uint64_t seen;      /* the epoch this process has passed */
   int64_t grace_ms;   /* least age of limbo before reuse */
+  /* the slot a fork reserved for the child (tally__grace_fork_prepare):
+   * its index (TALLY__PROCS: none), owner word and epoch word */
+  uint32_t fork_slot;
+  uint64_t fork_owner, fork_seen;
   /* when this process last found a process table slot's owner alive (a
    * look costs four system calls, and each create's grace step looks at
    * every process behind it): by slot % TALLY__ALIVE_SEEN */
@@ -477,11 +481,17 @@ int tally__limbo_each(tally_store *s, uint64_t from, tally__limbo_fn fn, void *u
 
 /* ---- grace.c: processes, epochs, handles ---- */
 struct tally__proc {
-  _Atomic uint64_t owner; /* pid << 32 | start-time hash; 0: free */
+  _Atomic uint64_t owner; /* pid << 32 | start-time hash (odd); 0: free;
+                             pid << 32 | time << 1: reserved for a child */
   _Atomic uint64_t seen;  /* epoch passed << 1 | idle (holds nothing) */
 };
 int tally__grace_open(tally_store *s);   /* take a slot */
 void tally__grace_close(tally_store *s); /* give it back */
+/* fork(): the parent reserves a slot for the child at its own epoch
+ * and holds hlock across the fork; the parent lets go of hlock, the child
+ * takes the slot and lets go of it. */
+void tally__grace_fork_prepare(tally_store *s);
+void tally__grace_fork_parent(tally_store *s);
 void tally__grace_fork_child(tally_store *s);
 /* Pass the current epoch: refresh this process's handles for what was
  * retired since, then publish it; then reclaim what every process has

@@ -48,11 +48,17 @@ static tally_store *registry;
 
 static void fork_prepare(void) {
   pthread_mutex_lock(&registry_lock);
-  for (tally_store *s = registry; s; s = s->next) pthread_mutex_lock(&s->lock);
+  for (tally_store *s = registry; s; s = s->next) {
+    pthread_mutex_lock(&s->lock);
+    if (s->kind == TALLY__FILE) tally__grace_fork_prepare(s); /* the child's slot */
+  }
 }
 
 static void fork_parent(void) {
-  for (tally_store *s = registry; s; s = s->next) pthread_mutex_unlock(&s->lock);
+  for (tally_store *s = registry; s; s = s->next) {
+    if (s->kind == TALLY__FILE) tally__grace_fork_parent(s);
+    pthread_mutex_unlock(&s->lock);
+  }
   pthread_mutex_unlock(&registry_lock);
 }
 
@@ -65,7 +71,7 @@ static void fork_child(void) {
   atomic_store_explicit(&self_pid, getpid(), memory_order_relaxed);
   for (tally_store *s = registry; s; s = s->next) {
     s->lock_stale = s->kind == TALLY__FILE;
-    if (s->kind == TALLY__FILE) tally__grace_fork_child(s); /* a slot of its own */
+    if (s->kind == TALLY__FILE) tally__grace_fork_child(s); /* the slot reserved */
     pthread_mutex_unlock(&s->lock);
   }
   pthread_mutex_unlock(&registry_lock);
