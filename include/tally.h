@@ -183,11 +183,11 @@ TALLY_API int tally_store_stats_get(tally_store *s, tally_store_stats *out);
 
 /* What a drop, an expiry, a reshard or the index's growth leaves behind is
  * reused once every live process that has the store open has passed a
- * grace step since (and it is at least the grace time old: 1 s, or
- * TALLY_GRACE_MS milliseconds from the environment at open). A process
- * passes one in tally_store_maintain, and when it creates or drops a
- * counter; one that holds no counter handle never holds reuse back, a
- * dead one never does, a stopped one does until it runs again. */
+ * grace step since (and the grace time has gone by since this process saw
+ * that: 1 s, or TALLY_GRACE_MS milliseconds from the environment at
+ * open). A process passes one in tally_store_maintain, and when it creates
+ * or drops a counter; one that holds no counter handle never holds reuse
+ * back, a dead one never does, a stopped one does until it runs again. */
 typedef struct tally_maintain_result {
   uint64_t scanned; /* counters looked at for expiry */
   uint64_t expired; /* counters expired by this call */

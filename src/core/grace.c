@@ -8,7 +8,8 @@
  * and drops): it points every handle it holds to a counter retired since
  * at the counter's new cells, or at the tombstone cell if the counter is
  * gone, and then publishes the epoch. Limbo retired before the smallest
- * epoch of all live processes, and at least grace_ms old, is reused.
+ * epoch of all live processes, grace_ms after that was first seen, is
+ * reused.
  *
  * A dead process (its pid gone) never holds reuse back: its slot is freed.
  * A stopped one (SIGSTOP) holds it back until it runs again. A process

@@ -229,6 +229,7 @@ enum { TALLY__MEMORY = 0, TALLY__FILE = 1 };
 
 struct tally__handles; /* grace.c: this process's counter handles */
 #define TALLY__ALIVE_SEEN 64
+#define TALLY__PASSED     16
 
 struct tally_store {
   int kind;
@@ -255,6 +256,14 @@ struct tally_store {
    * its index (TALLY__PROCS: none), owner word and epoch word */
   uint32_t fork_slot;
   uint64_t fork_owner, fork_seen;
+  /* when this process's grace steps saw the least epoch of all processes
+   * rise (space.c, under the store lock): grace_ms counts from there */
+  struct tally__passed {
+    uint64_t epoch;         /* the latest min_seen of the note */
+    int64_t from_ms, at_ms; /* its first and latest rise */
+  } passed[TALLY__PASSED + 4];
+  uint32_t passed_n;
+  uint64_t ripe_epoch; /* limbo retired before it may be reused */
   /* when this process last found a process table slot's owner alive (a
    * look costs four system calls, and each create's grace step looks at
    * every process behind it): by slot % TALLY__ALIVE_SEEN */
@@ -437,7 +446,7 @@ void tally__registry_remove(tally_store *s);
 
 /* ---- space.c: limbo and free lists ---- */
 /* A limbo node: what retirements at one epoch freed, reusable once every
- * process has passed that epoch and the newest item is grace_ms old.
+ * process has passed that epoch, grace_ms after that was first seen.
  * Items: off >> 3 in bits 0..31, kind in 32..33, size in 34..63 (SMALL: a
  * counter record of bytes / 16, from alloc_small; ALIGNED: bytes / 64,
  * from alloc; COLUMN: cells of `size` shards; REF: no space, a counter
@@ -452,7 +461,8 @@ enum {
 struct tally__limbo {
   uint64_t next;       /* sealed: newer node, or 0 */
   uint64_t epoch;      /* the epoch its items were retired in */
-  int64_t at_ms;       /* CLOCK_MONOTONIC ms of the newest item */
+  int64_t at_ms;       /* CLOCK_MONOTONIC ms of the newest item (no longer
+                          read: the grace time counts from tally_store.passed) */
   uint64_t last_ident; /* what retired the newest items (a move's sealed
                           word): an interrupted retirement is not queued
                           twice */
@@ -468,7 +478,9 @@ static inline uint64_t tally__item(int kind, uint64_t off, uint64_t size) {
  * retirement with the newest items' ident is not queued again. The grace
  * step bumps the epoch. */
 int tally__retire(tally_store *s, uint64_t ident, const uint64_t *items, uint32_t n);
-/* Move ripe limbo to the free lists (caller holds the lock). */
+/* Move ripe limbo to the free lists (caller holds the lock): retired
+ * before min_seen, the least epoch of all processes, and before an epoch
+ * this process saw them all pass grace_ms ago. */
 void tally__reclaim(tally_store *s, uint64_t min_seen, int64_t now_ms);
 void tally__limbo_repair(tally_store *s); /* after a holder died; lock held */
 int tally__column_pop(tally_store *s, uint32_t n, uint64_t *off); /* 0 none */

@@ -390,15 +390,39 @@ int tally__retire(tally_store *s, uint64_t ident, const uint64_t *items, uint32_
   return 0;
 }
 
+/* The epoch limbo retired before may be reused. grace_ms counts from the
+ * step that first found every process past an epoch, not from the
+ * retirement: a thread of a process that passed it only now may be
+ * between loading an old location and its add. Each process notes when
+ * its steps saw min_seen rise, one note per grace_ms / TALLY__PASSED
+ * taken as of its latest rise (so reuse comes at most that much late). */
+static uint64_t ripe_epoch(tally_store *s, uint64_t min_seen, int64_t now_ms) {
+  if (s->grace_ms <= 0) return min_seen;
+  struct tally__passed *q = s->passed;
+  uint32_t n = s->passed_n, k = 0;
+  while (k < n && now_ms - q[k].at_ms >= s->grace_ms) s->ripe_epoch = q[k++].epoch;
+  memmove(q, q + k, (n - k) * sizeof *q);
+  n -= k;
+  if (min_seen > (n ? q[n - 1].epoch : s->ripe_epoch)) {
+    if (!n || (now_ms - q[n - 1].from_ms >= s->grace_ms / TALLY__PASSED &&
+               n < TALLY__PASSED + 4))
+      q[n++].from_ms = now_ms;
+    q[n - 1].epoch = min_seen;
+    q[n - 1].at_ms = now_ms;
+  }
+  s->passed_n = n;
+  return s->ripe_epoch < min_seen ? s->ripe_epoch : min_seen;
+}
+
 void tally__reclaim(tally_store *s, uint64_t min_seen, int64_t now_ms) {
   struct tally__header *h = s->hdr;
   int rc;
+  uint64_t ripe = ripe_epoch(s, min_seen, now_ms);
   for (;;) {
     uint64_t head = atomic_load(&h->limbo_head), node_off;
     struct tally__limbo *l = head ? node_at(s, head, &rc) : NULL;
     if (!l) return; /* empty, or damaged: check() reports it */
-    if (l->epoch >= min_seen) return;
-    if (now_ms >= l->at_ms && now_ms - l->at_ms < s->grace_ms) return;
+    if (l->epoch >= ripe) return;
     uint64_t bytes = 0;
     for (uint32_t i = 0; i < l->n; i++) bytes += item_bytes(l->item[i]);
     while (l->done < l->n) {
