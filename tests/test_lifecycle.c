@@ -522,6 +522,11 @@ static void test_stale_here(void) {
   int rc;
   EXPECT_I64(INT64_MIN, value_of(s, "sx:e", &rc));
   EXPECT_I64(TALLY_ENOENT, rc);
+  /* an add no counter at 0 could take brings nothing back */
+  EXPECT_RC(TALLY_ERANGE, tally_counter_incr(e, INT64_MAX));
+  EXPECT_RC(TALLY_ERANGE, tally_counter_incr(e, -(INT64_C(1) << 62) - 1));
+  EXPECT_I64(INT64_MIN, value_of(s, "sx:e", &rc));
+  EXPECT_I64(TALLY_ENOENT, rc);
   EXPECT_OK(tally_counter_incr(e, 9)); /* comes back with this increment only */
   EXPECT_I64(9, tu_value(e));
   EXPECT_I64(9, value_of(s, "sx:e", NULL));

@@ -313,24 +313,30 @@ static int settle(tally_store *s, uint64_t rec_off, uint64_t seen, uint64_t *loc
                      tally__store_name(s), r->name);
 }
 
-static int refresh(tally_counter *c, uint64_t seen) {
-  uint64_t loc;
-  if (atomic_load(&c->gone))
-    return atomic_load(&c->gone) == 2 ? revive(c, true) : dropped_error(c);
-  int rc = settle(c->s, tally__crec(c), seen, &loc);
-  if (rc == TALLY_EDROPPED && expired(c)) return revive(c, true);
-  if (rc == 0) tally__handle_set_loc(c, loc);
-  return rc;
-}
-
-/* ---- increments ----------------------------------------------------------- */
-
 static int range_error(tally_counter *c, int64_t delta) {
   return tally__fail(TALLY_ERANGE,
                      "counter '%s': adding %lld would overflow "
                      "a shard (shards hold -2^62 to 2^62-1)",
                      c->name, (long long)delta);
 }
+
+/* An expired counter comes back at 0 for an add of delta, unless delta
+ * could not be added to 0 (then nothing is created). */
+static int comeback(tally_counter *c, int64_t delta) {
+  return tally__cell_live(delta) ? revive(c, true) : range_error(c, delta);
+}
+
+static int refresh(tally_counter *c, uint64_t seen, int64_t delta) {
+  uint64_t loc;
+  if (atomic_load(&c->gone))
+    return atomic_load(&c->gone) == 2 ? comeback(c, delta) : dropped_error(c);
+  int rc = settle(c->s, tally__crec(c), seen, &loc);
+  if (rc == TALLY_EDROPPED && expired(c)) return comeback(c, delta);
+  if (rc == 0) tally__handle_set_loc(c, loc);
+  return rc;
+}
+
+/* ---- increments ----------------------------------------------------------- */
 
 /* 0: added; 1: the cell is retired; 2: another writer's add is in flight
  * past the range, try again; TALLY_ERANGE: this add would leave the range. */
@@ -379,7 +385,7 @@ static int add(tally_counter *c, enum pick how, const void *key, size_t klen,
                            shard, c->name, n);
       if (rc == 0) /* resharded since */
         tally__handle_set_loc(c, cur);
-      else if ((rc = refresh(c, loc))) /* dropped; an expired one comes back */
+      else if ((rc = refresh(c, loc, delta))) /* dropped; an expired one comes back */
         return rc;
       continue;
     }
@@ -400,7 +406,7 @@ static int add(tally_counter *c, enum pick how, const void *key, size_t klen,
         return range_error(c, delta);
       continue;
     }
-    rc = refresh(c, loc);
+    rc = refresh(c, loc, delta);
     if (rc) return rc;
   }
 }
