@@ -235,7 +235,7 @@ typedef struct tally_counter tally_counter;
  * one cell after TALLY_AUTO_QUIET_MS without such contention. */
 #define TALLY_SHARDS_AUTO    0xFFFFFFFFu
 #define TALLY_AUTO_WINDOW_MS 2
-#define TALLY_AUTO_QUIET_MS  60000 /* env TALLY_AUTO_QUIET_MS overrides it */
+#define TALLY_AUTO_QUIET_MS  60000 /* env TALLY_AUTO_QUIET_MS overrides it (0: at once) */
 
 typedef struct tally_counter_options {
   uint32_t shards; /* 1..TALLY_MAX_SHARDS, TALLY_SHARDS_AUTO, or 0 for the

@@ -3,7 +3,7 @@
  *  - one writer never grows a counter; two threads hammering one do (how
  *    soon is printed; scripts/bench holds the 100 ms target), exactly;
  *  - exact under thread, random and round-robin policies while a third
- *    thread shrinks the counter back (upkeep with a 1 ms quiet time) as
+ *    thread shrinks the counter back (upkeep with a 0 ms quiet time) as
  *    fast as it can, so it grows and shrinks under load;
  *  - 100,000 cold counters incremented at random by two threads stay at one
  *    cell;
@@ -12,7 +12,8 @@
  *    more per killed process: its add may land before it could count it);
  *  - options: auto with a key policy is refused; EMISMATCH rules; info;
  *  - upkeep in three threads at once on two handles (TSan: the quiet time
- *    and the expiry cursor are read and written by all of them).
+ *    and the expiry cursor are read and written by all of them);
+ *  - with the default quiet time, upkeep leaves a busy counter grown.
  */
 #include <pthread.h>
 #include <signal.h>
@@ -154,6 +155,48 @@ static void test_grow_shrink_exact(void) {
     tally_counter_close(c);
     tally_store_close(s);
   }
+}
+
+/* With the default quiet time, a counter two writers keep busy is not
+ * shrunk by upkeep: for 2.2 s, so that the clock crosses units of 1024 ms
+ * of either parity (upkeep once read the time in units one off from the
+ * sample's, every other second, and shrank busy counters). In a child:
+ * the quiet time is read once per process, and this process uses 0. */
+static int busy_stays_main(void) {
+  setenv("TALLY_AUTO_QUIET_MS", "60000", 1);
+  tally_store *s;
+  tally_counter *c;
+  tally_counter_options o = {TALLY_SHARDS_AUTO, TALLY_POLICY_THREAD};
+  if (tally_store_open("memory", NULL, &s) ||
+      tally_counter_open(s, "x", 1, &o, TALLY_COUNTER_CREATE, &c))
+    return 2;
+  atomic_bool stop = false;
+  struct hammer h[2] = {{.c = c, .stop = &stop, .t0 = tu_now()},
+                        {.c = c, .stop = &stop, .t0 = tu_now()}};
+  struct shrinker k = {s, &stop, 0};
+  pthread_t th[3];
+  pthread_create(&th[0], NULL, hammer_main, &h[0]);
+  pthread_create(&th[1], NULL, hammer_main, &h[1]);
+  pthread_create(&th[2], NULL, shrinker_main, &k);
+  usleep(2200000);
+  atomic_store(&stop, true);
+  for (int i = 0; i < 3; i++) pthread_join(th[i], NULL);
+  tally_counter_info in;
+  if (tally_counter_info_get(c, &in)) return 3;
+  printf("  busy for 2.2 s, default quiet time: grown %u, shrunk %u times (%lld upkeep "
+         "calls)\n",
+         in.grown, in.shrunk, k.calls);
+  fflush(stdout);
+  return in.grown >= 1 && in.shrunk == 0 && tu_value(c) == h[0].n + h[1].n ? 0 : 1;
+}
+
+static void test_busy_stays(void) {
+  fflush(stdout);
+  pid_t pid = fork();
+  if (pid == 0) _exit(busy_stays_main());
+  int st = 0;
+  EXPECT(pid > 0 && waitpid(pid, &st, 0) == pid);
+  EXPECT(WIFEXITED(st) && WEXITSTATUS(st) == 0);
 }
 
 #define NCOLD 100000
@@ -358,9 +401,10 @@ static void test_maintain_threads(void) {
 }
 
 int main(void) {
-  setenv("TALLY_AUTO_QUIET_MS", "1", 1); /* upkeep shrinks at once */
+  setenv("TALLY_AUTO_QUIET_MS", "0", 1); /* upkeep shrinks at once (0 is not unset) */
   snprintf(g_dir, sizeof g_dir, "%s", tu_tmpdir("autoshard"));
   double t0 = tu_now();
+  test_busy_stays(); /* before this process reads its quiet time */
   test_maintain_threads();
   test_one_and_two_writers();
   test_grow_shrink_exact();

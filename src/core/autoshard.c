@@ -117,13 +117,16 @@ int tally__auto_sample(tally_counter *c, uint64_t loc) {
   return 0;
 }
 
+/* TALLY_AUTO_QUIET_MS from the environment (0: shrink at the next
+ * upkeep), else the default; read once (-1: not yet). */
 static int64_t quiet_ms(void) {
-  static _Atomic int64_t q; /* upkeep may run in several threads at once */
+  static _Atomic int64_t q = -1; /* upkeep may run in several threads at once */
   int64_t v = atomic_load_explicit(&q, memory_order_relaxed);
-  if (!v) {
+  if (v < 0) {
     const char *e = getenv("TALLY_AUTO_QUIET_MS");
-    long long n = e ? atoll(e) : 0;
-    v = n > 0 ? n : TALLY_AUTO_QUIET_MS;
+    char *end = NULL;
+    long long n = e && *e ? strtoll(e, &end, 10) : -1;
+    v = n >= 0 && end && !*end ? n : TALLY_AUTO_QUIET_MS;
     atomic_store_explicit(&q, v, memory_order_relaxed);
   }
   return v;
@@ -134,7 +137,7 @@ int tally__auto_upkeep(tally_store *s, uint64_t rec_off) {
   if (!(atomic_load(&r->flags) & TALLY__REC_AUTO)) return 0;
   if (tally__loc_shards(atomic_load(&r->loc)) <= 1) return 0;
   uint64_t busy = atomic_load(&r->contention) >> 44;
-  uint64_t unit = (uint64_t)tally_monotonic_ms() >> BUSY_UNIT;
+  uint64_t unit = ((uint64_t)tally_monotonic_ms() >> BUSY_UNIT) | 1; /* as sampled */
   if (busy && since20(unit, busy) < ((uint64_t)quiet_ms() >> BUSY_UNIT)) return 0;
   int rc = tally__reshard(s, rec_off, 1, false, NULL);
   if (rc == 0) bump(r, TALLY__REC_SHRUNK_SHIFT);
