@@ -522,6 +522,12 @@ static void test_stale_here(void) {
   int rc;
   EXPECT_I64(INT64_MIN, value_of(s, "sx:e", &rc));
   EXPECT_I64(TALLY_ENOENT, rc);
+  /* a reset removes nothing and brings nothing back */
+  int64_t removed = -1;
+  EXPECT_OK(tally_counter_reset(e, &removed));
+  EXPECT_I64(0, removed);
+  EXPECT_I64(INT64_MIN, value_of(s, "sx:e", &rc));
+  EXPECT_I64(TALLY_ENOENT, rc);
   /* an add no counter at 0 could take brings nothing back */
   EXPECT_RC(TALLY_ERANGE, tally_counter_incr(e, INT64_MAX));
   EXPECT_RC(TALLY_ERANGE, tally_counter_incr(e, -(INT64_C(1) << 62) - 1));

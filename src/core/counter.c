@@ -739,6 +739,12 @@ int tally_counter_reset(tally_counter *c, int64_t *removed) {
   int rc = tally__counter_live(c);
   if (rc == 0 && c->policy == TALLY_POLICY_SLOT) return tally__slot_reset(c, removed);
   if (rc == 0) rc = tally__current(c->s, tally__crec(c), &loc);
+  if (rc == TALLY_EDROPPED && expired(c) && (rc = revive(c, false)) == 0)
+    return tally_counter_reset(c, removed); /* made again meanwhile: that one */
+  if (rc == TALLY_ENOENT && expired(c)) {   /* expired: reads as 0, stays gone */
+    *removed = 0;
+    return 0;
+  }
   if (rc) return rc;
   for (uint32_t i = 0; i < tally__loc_shards(loc); i++) {
     _Atomic int64_t *cell = tally__cell_at(c->s, loc, i);
