@@ -363,8 +363,15 @@ end
 function _M.incr(name, n, key)
   local db = st.db
   if db then
-    if key == nil then return db:incr(name, n or 1) end
-    return db:incr(name, n or 1, key)
+    -- not tail calls: a bad argument is then named as the caller passed
+    -- it (#1 is the name), where a tail call made it "#2 to '?'"
+    local ok, err, code
+    if key == nil then
+      ok, err, code = db:incr(name, n or 1)
+    else
+      ok, err, code = db:incr(name, n or 1, key)
+    end
+    return ok, err, code
   end
   return nil, "tally.openresty: no store in this worker (" .. st.reason .. ")"
 end

@@ -186,8 +186,32 @@ describe("tally.openresty in nginx, 2 workers", function()
     conf, n2 = conf:gsub('observe_latency%("http_request_duration_seconds"%)',
       'observe_latency("lat:" .. (ngx.var.uri:find("^/page/") and "/page"'
       .. ' or ngx.var.uri == "/metrics" and "/metrics" or "other"))', 1)
-    assert.same({ 1, 1 }, { n1, n2 })
+    local n3
+    conf, n3 = conf:gsub("\n        location = /metrics {", [[
+
+        location = /bad {
+            content_by_lua_block {
+                local incr = require("tally.openresty").incr
+                for _, args in ipairs({ { 42 }, { "" }, { "ok:name", "x" } }) do
+                    ngx.say(select(2, pcall(incr, unpack(args))))
+                end
+            }
+        }
+%0]], 1)
+    assert.same({ 1, 1, 1 }, { n1, n2, n3 })
     srv = nginx.start { conf = conf }
+    -- openresty.incr names a bad argument as its caller passed it
+    local status, body = nginx.get(srv.url .. "/bad")
+    assert.equal(200, status, body)
+    local want = { "bad argument #1 to 'incr' (string expected, got number)",
+                   "bad argument #1 to 'incr' (name must be 1 to 255 bytes, got 0)",
+                   "bad argument #2 to 'incr' (number expected, got string)" }
+    local i = 0
+    for line in body:gmatch("[^\n]+") do
+      i = i + 1
+      assert.equal(want[i], line:match(": (bad argument .*)$"), body)
+    end
+    assert.equal(#want, i, body)
     local m = "http_request_duration_seconds"
     local r = nginx.burst(srv.url .. "/page/[1-10]?r=[1-50]", { parallel = 16 }).wait()
     assert.same({ [200] = 500 }, r.codes)
