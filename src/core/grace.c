@@ -459,8 +459,8 @@ int tally__grace_others(tally_store *s, int64_t *pid) {
   for (uint32_t i = 0; i < TALLY__PROCS; i++) {
     uint64_t o = atomic_load(&t[i].owner);
     if (!o || i == s->proc) continue;
-    if (!slot_alive(
-            o, tally_monotonic_ms())) { /* dead (or a zombie): its slot is free now */
+    /* dead (or a zombie), or reserved for a child long ago: free now */
+    if (!slot_alive(o, tally_monotonic_ms())) {
       atomic_compare_exchange_strong(&t[i].owner, &o, 0);
       continue;
     }
