@@ -55,6 +55,25 @@ for _, path in ipairs(helper.paths) do
       assert.equal("-1152921504606846984LL", tostring(a:value()))
     end)
 
+    it("take decimal integer strings exactly, as Lua 5.4 does, beyond 2^53 too", function()
+      local c = db:counter("str", { shards = 2, policy = "random" })
+      assert.is_true(c:incr("9007199254740993"))
+      assert.equal("9007199254740993LL", tostring(c:value()))
+      assert.is_true(db:incr("str", " -9007199254740994 "))     -- spaces and a sign, as Lua's
+      assert.equal(-1, c:value())
+      assert.is_true(c:decr("+1152921504606846976"))
+      assert.equal("-1152921504606846977LL", tostring(c:value()))
+      -- other numeric strings convert as LuaJIT reads them, and are checked
+      -- as numbers are
+      assert.is_true(c:incr("0x10"))
+      assert.is_true(c:incr("2e3"))
+      assert.equal("-1152921504606844961LL", tostring(c:value()))
+      assert.has_error(function() c:incr("1.5") end)
+      assert.has_error(function() c:incr("99999999999999999999") end)   -- beyond int64_t
+      assert.has_error(function() c:incr("12abc") end)
+      assert.equal("-1152921504606844961LL", tostring(c:value()))
+    end)
+
     it("take int64_t and uint64_t increments exactly", function()
       local c = db:counter("big", { shards = 2, policy = "round_robin" })
       c:incr(int64(2)^60)

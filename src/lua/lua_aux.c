@@ -7,8 +7,11 @@
  * side registers with core.set_box. Every class is registered by
  * tl_newclass, so each metatable has __name and the same shape.
  */
+#include <ctype.h>
+#include <errno.h>
 #include <stdarg.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "lua_aux.h"
@@ -182,6 +185,19 @@ static const char *tl_unbox(lua_State *L, int idx, int64_t *out) {
   *out = (int64_t)(((uint64_t)hi << 32) | (uint64_t)lo);
   return NULL;
 }
+
+#if TL_LUAJIT
+int tl_decimal_int64(const char *s, size_t len, int64_t *out) {
+  char *end;
+  errno = 0;
+  long long v = strtoll(s, &end, 10); /* spaces and a sign first, as Lua */
+  if (end == s || errno == ERANGE) return 0;
+  while (isspace((unsigned char)*end)) end++;
+  if (end != s + len) return 0; /* hex, a fraction, an exponent: LuaJIT's */
+  *out = v;
+  return 1;
+}
+#endif
 
 const char *tl_int64_at(lua_State *L, int idx, int64_t *out) {
   int isnum;

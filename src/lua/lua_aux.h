@@ -76,11 +76,25 @@ static inline void tl_setuv(lua_State *L, int idx, int n) { /* pops the value */
   lua_rawseti(L, -2, n);
   lua_pop(L, 1);
 }
+/* A string of a decimal integer in the int64_t range (spaces around, a
+ * sign): 1 and *out, exactly, as Lua 5.4 converts it; else 0. */
+int tl_decimal_int64(const char *s, size_t len, int64_t *out);
 /* Like Lua 5.4's: a number or numeric string with an exact integer value
- * (here also within +-2^53); LuaJIT's own truncates 1.5 to 1. */
+ * (here also within +-2^53, but for a decimal integer string, which is
+ * exact as in 5.4); LuaJIT's own truncates 1.5 to 1, and takes
+ * "9007199254740993" as the double next to it. */
 static inline lua_Integer tl_tointx(lua_State *L, int idx, int *isnum) {
   lua_Number d;
+  int64_t v;
   *isnum = 0;
+  if (lua_type(L, idx) == LUA_TSTRING) {
+    size_t len;
+    const char *s = lua_tolstring(L, idx, &len);
+    if (tl_decimal_int64(s, len, &v)) {
+      *isnum = 1;
+      return (lua_Integer)v;
+    }
+  }
   if (!lua_isnumber(L, idx)) return 0;
   d = lua_tonumber(L, idx);
   if (!(d >= -TL_EXACT && d <= TL_EXACT) || (lua_Number)(int64_t)d != d) return 0;
