@@ -232,7 +232,8 @@ typedef struct tally_counter tally_counter;
  * engine reshards it online: it doubles (up to the writers seen, at most
  * the CPUs) when sampled increments find several writers on it within
  * TALLY_AUTO_WINDOW_MS, and upkeep (tally_store_maintain) takes it back to
- * one cell after TALLY_AUTO_QUIET_MS without such contention. */
+ * one cell after TALLY_AUTO_QUIET_MS without such contention (kept in units
+ * of 1024 ms: between that and 4.1 s more; at most 12 days). */
 #define TALLY_SHARDS_AUTO    0xFFFFFFFFu
 #define TALLY_AUTO_WINDOW_MS 2
 #define TALLY_AUTO_QUIET_MS  60000 /* env TALLY_AUTO_QUIET_MS overrides it (0: at once) */
@@ -598,7 +599,7 @@ typedef struct tally_rollup {
   int64_t value;      /* the counter's exact value when rolled */
   int64_t at_ms;      /* when, in milliseconds of the caller's clock */
   int64_t delta;      /* value minus the previous rollup's value (0 first) */
-  int64_t prev_at_ms; /* the previous rollup's time, or 0 for the first */
+  int64_t prev_at_ms; /* the previous rollup's time (count > 1), else 0 */
   uint64_t count;     /* rollups of this counter so far */
 } tally_rollup;
 

@@ -32,15 +32,19 @@
 
 #define HITS_TO_GROW 8
 
-/* The contention word: the last sampling writer's ticket + 1 (bits 0..15),
- * hits (16..23), that sample's time in monotonic ms (24..43, wrapping) and
- * when two writers were last seen, in units of 1024 ms (44..63, wrapping;
- * 0: never). */
+/* The contention word: the last sampling writer (bits 0..19: its ticket's
+ * low 19 bits, and WHO_SET; 0: none), hits (20..23), that sample's time in
+ * monotonic ms (24..43, wrapping) and when two writers were last seen, in
+ * odd units of 1024 ms (44..63, wrapping; 0: never). Two tickets 2^19
+ * apart look like one writer: they are on one shard (n <= 1024 divides
+ * 2^19) and would need half a million threads drawn between them. */
 #define MS_MASK   0xfffffu
+#define WHO_MASK  0xfffffu
+#define WHO_SET   0x80000u
 #define BUSY_UNIT 10 /* log2 ms */
 static uint64_t pack(uint64_t who, uint64_t hits, int64_t ms, uint64_t busy) {
-  return (busy & MS_MASK) << 44 | ((uint64_t)ms & MS_MASK) << 24 | (hits & 0xff) << 16 |
-         (who & 0xffff);
+  return (busy & MS_MASK) << 44 | ((uint64_t)ms & MS_MASK) << 24 | (hits & 0xf) << 20 |
+         (who & WHO_MASK);
 }
 
 /* now - then for 20-bit wrapping times */
@@ -78,15 +82,16 @@ int tally__auto_sample(tally_counter *c, uint64_t loc) {
   struct tally__rec *r = tally__at(s, rec_off);
   int64_t now = tally_monotonic_ms();
   uint64_t w = atomic_load_explicit(&r->contention, memory_order_relaxed);
-  uint64_t mine = (tally__me.ticket & 0xffff) + 1, last = w & 0xffff,
-           hits = (w >> 16) & 0xff;
+  uint64_t mine = (tally__me.ticket & (WHO_SET - 1)) | WHO_SET, last = w & WHO_MASK,
+           hits = (w >> 20) & 0xf;
   uint64_t then = (w >> 24) & MS_MASK, busy = w >> 44;
   uint64_t now20 = (uint64_t)now & MS_MASK, unit = ((uint64_t)now >> BUSY_UNIT) | 1;
   uint32_t n = tally__loc_shards(loc);
   bool near = last && since20(now20, then) <= TALLY_AUTO_WINDOW_MS;
   if (near && last != mine) {
-    bool same = c->policy != TALLY_POLICY_THREAD ||
-                tally__reduce(last - 1, n) == tally__reduce(mine - 1, n);
+    bool same =
+        c->policy != TALLY_POLICY_THREAD ||
+        tally__reduce(last & (WHO_SET - 1), n) == tally__reduce(mine & (WHO_SET - 1), n);
     if (!same) { /* writers on separate cells: no growth; busy once a unit */
       if ((busy & MS_MASK) != (unit & MS_MASK))
         atomic_store_explicit(&r->contention, pack(last, hits, (int64_t)then, unit),
@@ -138,7 +143,13 @@ int tally__auto_upkeep(tally_store *s, uint64_t rec_off) {
   if (tally__loc_shards(atomic_load(&r->loc)) <= 1) return 0;
   uint64_t busy = atomic_load(&r->contention) >> 44;
   uint64_t unit = ((uint64_t)tally_monotonic_ms() >> BUSY_UNIT) | 1; /* as sampled */
-  if (busy && since20(unit, busy) < ((uint64_t)quiet_ms() >> BUSY_UNIT)) return 0;
+  /* units are odd, so a gap of d units is more than (d - 2) * 1024 ms
+   * since the last contention (busy is refreshed whenever the unit has
+   * changed): q ms have passed once d >= ceil(q / 1024) + 2, and d is
+   * kept in 20 bits (12 days) */
+  uint64_t q = (uint64_t)quiet_ms(), need = q ? (q + 1023) / 1024 + 2 : 0;
+  if (need > MS_MASK - 1) need = MS_MASK - 1;
+  if (busy && since20(unit, busy) < need) return 0;
   int rc = tally__reshard(s, rec_off, 1, false, NULL);
   if (rc == 0) bump(r, TALLY__REC_SHRUNK_SHIFT);
   return rc;

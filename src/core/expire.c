@@ -64,7 +64,9 @@ static bool schedules_behind(tally_store *s, int64_t since_ms) {
     struct tally__sched_slot *sl = &t->slot[i];
     int64_t every = atomic_load(&sl->every_ms), done = atomic_load(&sl->done);
     if (!atomic_load(&sl->id) || every <= 0) continue;
-    if (atomic_load(&sl->until) < mono - 2 * every - 1000) continue; /* abandoned */
+    int64_t until = atomic_load(&sl->until);
+    if (until < mono - 2 * every - 1000) continue;            /* abandoned */
+    if (until > mono + (every > 500 ? every : 500)) continue; /* another boot's */
     if (done == 0 || (done - 1) * every < since_ms) return true;
   }
   return false;

@@ -110,8 +110,11 @@ static uint64_t reservation(int64_t now_ms) {
 
 static bool slot_alive(uint64_t o, int64_t now_ms) {
   if (o & 1) return tally__owner_alive(o);
-  uint32_t age = ((uint32_t)((uint64_t)now_ms << 1) - (uint32_t)o) >> 1; /* wraps */
-  return age < FORK_HOLD_MS;
+  /* signed, as it wraps: one reserved after the caller read now_ms is
+   * young (a few ms ahead), not 2^31 ms old; one far ahead is from
+   * another boot */
+  int32_t ahead = (int32_t)((uint32_t)o - (uint32_t)((uint64_t)now_ms << 1)) / 2;
+  return ahead > -FORK_HOLD_MS && ahead < FORK_HOLD_MS;
 }
 
 static int claim(tally_store *s, uint64_t seen) {

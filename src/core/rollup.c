@@ -350,7 +350,8 @@ void tally__block_roll(struct tally__block *b, int64_t v, struct tally__when *w,
 /* ---- reading --------------------------------------------------------------------- */
 
 double tally_rollup_rate(const tally_rollup *r) {
-  if (!r || !r->prev_at_ms || r->at_ms <= r->prev_at_ms) return 0.0;
+  /* by count, not prev_at_ms: a rollup at now_ms 0 is a previous one */
+  if (!r || r->count < 2 || r->at_ms <= r->prev_at_ms) return 0.0;
   return (double)r->delta * 1000.0 / (double)(r->at_ms - r->prev_at_ms);
 }
 

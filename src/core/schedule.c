@@ -159,8 +159,10 @@ static int64_t lease_span(const tally_schedule *sch) {
 /* Caller holds the store lock. */
 static bool lease_take(struct tally__sched_slot *slot, uint64_t me, int64_t span) {
   uint64_t owner = atomic_load_explicit(&slot->owner, memory_order_acquire);
-  int64_t now = tally_monotonic_ms();
-  if (owner && now < atomic_load(&slot->until) && !pid_gone((pid_t)(owner >> 32)))
+  int64_t now = tally_monotonic_ms(), until = atomic_load(&slot->until);
+  /* a lease ends at most one span from now: one ending later was taken
+   * under another boot's monotonic clock (the file outlived a reboot) */
+  if (owner && now < until && until <= now + span && !pid_gone((pid_t)(owner >> 32)))
     return false;
   atomic_store(&slot->until, now + span);
   atomic_store_explicit(&slot->owner, me, memory_order_release);
