@@ -117,6 +117,30 @@ static void *shrinker_main(void *ud) {
   return NULL;
 }
 
+/* Two threads hammering c and a third running upkeep on s as fast as it
+ * can, until load_stop. */
+struct load {
+  atomic_bool stop;
+  struct hammer h[2];
+  struct shrinker k;
+  pthread_t th[3];
+};
+
+static void load_start(struct load *l, tally_store *s, tally_counter *c) {
+  atomic_init(&l->stop, false);
+  for (int i = 0; i < 2; i++) {
+    l->h[i] = (struct hammer){.c = c, .stop = &l->stop, .t0 = tu_now()};
+    pthread_create(&l->th[i], NULL, hammer_main, &l->h[i]);
+  }
+  l->k = (struct shrinker){s, &l->stop, 0};
+  pthread_create(&l->th[2], NULL, shrinker_main, &l->k);
+}
+
+static void load_stop(struct load *l) {
+  atomic_store(&l->stop, true);
+  for (int i = 0; i < 3; i++) pthread_join(l->th[i], NULL);
+}
+
 static void test_grow_shrink_exact(void) {
   static const int policies[] = {TALLY_POLICY_THREAD, TALLY_POLICY_RANDOM,
                                  TALLY_POLICY_ROUND_ROBIN};
@@ -126,14 +150,8 @@ static void test_grow_shrink_exact(void) {
     tally_counter_options o = {TALLY_SHARDS_AUTO, policies[p]};
     REQUIRE_OK(tally_store_open("memory", NULL, &s));
     REQUIRE_OK(tally_counter_open(s, "x", 1, &o, TALLY_COUNTER_CREATE, &c));
-    atomic_bool stop = false;
-    struct hammer h[2] = {{.c = c, .stop = &stop, .t0 = tu_now()},
-                          {.c = c, .stop = &stop, .t0 = tu_now()}};
-    struct shrinker k = {s, &stop, 0};
-    pthread_t th[3];
-    pthread_create(&th[0], NULL, hammer_main, &h[0]);
-    pthread_create(&th[1], NULL, hammer_main, &h[1]);
-    pthread_create(&th[2], NULL, shrinker_main, &k);
+    struct load l;
+    load_start(&l, s, c);
     /* 400 ms at least, on until it has grown and shrunk (a loaded
      * machine, a sanitizer: 5 s at most) */
     tally_counter_info in;
@@ -143,15 +161,15 @@ static void test_grow_shrink_exact(void) {
       EXPECT_OK(tally_counter_info_get(c, &in));
     } while (tu_now() - t0 < 0.4 ||
              ((in.grown < 1 || in.shrunk < 1) && tu_now() - t0 < 5));
-    atomic_store(&stop, true);
-    for (int i = 0; i < 3; i++) pthread_join(th[i], NULL);
+    load_stop(&l);
     EXPECT_OK(tally_counter_info_get(c, &in));
-    EXPECT_I64(h[0].n + h[1].n, tu_value(c));
+    EXPECT_I64(l.h[0].n + l.h[1].n, tu_value(c));
     EXPECT(in.grown >= 1);
     EXPECT(in.shrunk >= 1);
     printf("  %s: grown %u, shrunk %u times under load (%lld upkeep calls); "
            "%lld increments exact\n",
-           tally_policy_name(policies[p]), in.grown, in.shrunk, k.calls, h[0].n + h[1].n);
+           tally_policy_name(policies[p]), in.grown, in.shrunk, l.k.calls,
+           l.h[0].n + l.h[1].n);
     tally_counter_close(c);
     tally_store_close(s);
   }
@@ -170,24 +188,17 @@ static int busy_stays_main(void) {
   if (tally_store_open("memory", NULL, &s) ||
       tally_counter_open(s, "x", 1, &o, TALLY_COUNTER_CREATE, &c))
     return 2;
-  atomic_bool stop = false;
-  struct hammer h[2] = {{.c = c, .stop = &stop, .t0 = tu_now()},
-                        {.c = c, .stop = &stop, .t0 = tu_now()}};
-  struct shrinker k = {s, &stop, 0};
-  pthread_t th[3];
-  pthread_create(&th[0], NULL, hammer_main, &h[0]);
-  pthread_create(&th[1], NULL, hammer_main, &h[1]);
-  pthread_create(&th[2], NULL, shrinker_main, &k);
+  struct load l;
+  load_start(&l, s, c);
   usleep(2200000);
-  atomic_store(&stop, true);
-  for (int i = 0; i < 3; i++) pthread_join(th[i], NULL);
+  load_stop(&l);
   tally_counter_info in;
   if (tally_counter_info_get(c, &in)) return 3;
   printf("  busy for 2.2 s, default quiet time: grown %u, shrunk %u times (%lld upkeep "
          "calls)\n",
-         in.grown, in.shrunk, k.calls);
+         in.grown, in.shrunk, l.k.calls);
   fflush(stdout);
-  return in.grown >= 1 && in.shrunk == 0 && tu_value(c) == h[0].n + h[1].n ? 0 : 1;
+  return in.grown >= 1 && in.shrunk == 0 && tu_value(c) == l.h[0].n + l.h[1].n ? 0 : 1;
 }
 
 static void test_busy_stays(void) {
