@@ -887,12 +887,52 @@ static void pause_forked_child(void) {
   (void)wait_flag(&g_pg->phase, 2, 30);
 }
 
-static void test_fork_holds(void) {
-  tally_store *s = open_file("fork.tly", "0");
+/* The store's process table (grace.c). */
+static struct tally__proc *proc_table(tally_store *s) {
+  uint64_t off = 0;
+  if (tally__unseal(s, TALLY__SEAL_PROCS, atomic_load(&s->hdr->procs), 0, &off) || !off)
+    return NULL;
+  return tally__at(s, off);
+}
+
+/* Fill every free slot of the table with owner and word w; how many. */
+static int fill_table(tally_store *s, uint64_t owner, uint64_t w) {
+  struct tally__proc *t = proc_table(s);
+  int n = 0;
+  for (uint32_t i = 0; t && i < TALLY__PROCS; i++) {
+    uint64_t free_ = 0;
+    if (atomic_compare_exchange_strong(&t[i].owner, &free_, owner)) {
+      atomic_store(&t[i].seen, w);
+      n++;
+    }
+  }
+  return n;
+}
+
+/* Slots whose owner is `owner`. */
+static int count_owner(tally_store *s, uint64_t owner) {
+  struct tally__proc *t = proc_table(s);
+  int n = 0;
+  for (uint32_t i = 0; t && i < TALLY__PROCS; i++) n += atomic_load(&t[i].owner) == owner;
+  return n;
+}
+
+/* An owner word of a process that is gone: a child, reaped. */
+static uint64_t dead_owner(void) {
+  pid_t pid = fork();
+  if (pid == 0) _exit(0);
+  waitpid(pid, NULL, 0);
+  return (uint64_t)(uint32_t)pid << 32 | 1; /* start unknown: alive iff the pid is */
+}
+
+/* fill_with: an owner word to fill the process table's free slots with (idle)
+ * just before the fork, or 0. */
+static void fork_holds(tally_store *s, const char *label, uint64_t fill_with) {
   tally_counter *c = NULL;
   REQUIRE_OK(tu_counter(s, "fk:x", 4, -1, TALLY_COUNTER_CREATE, &c));
   EXPECT_OK(tally_counter_incr(c, 5));
   EXPECT_OK(tally_store_maintain(s, 0, 0, NULL));
+  if (fill_with) EXPECT(fill_table(s, fill_with, UINT64_C(1)) >= (int)TALLY__PROCS - 3);
   atomic_store(&g_pg->phase, 0);
   g_pause_forks = 1;
   fflush(stdout);
@@ -917,9 +957,65 @@ static void test_fork_holds(void) {
   check_fill(s, "fy", 80, 1000);
   EXPECT_I64(TALLY_EDROPPED, tally_counter_incr(c, 1));
   tally_counter_close(c);
-  expect_check(s, "fork");
-  printf("  a forked child's handles hold reuse back from the fork on: ok if no failure "
-         "above\n");
+  expect_check(s, label);
+  printf("  %s: a forked child's handles hold reuse back from the fork on: ok if no "
+         "failure above\n",
+         label);
+}
+
+static void test_fork_holds(void) {
+  tally_store *s = open_file("fork.tly", "0");
+  fork_holds(s, "fork", 0);
+  untrack_close(s);
+}
+
+/* Processes that exited without closing, idle (never behind, so no step
+ * looked at them), fill the table: a fork still reserves its child's slot
+ * (freeing a dead one), and upkeep frees them all, 16 a step. */
+static void test_table_of_dead(void) {
+  tally_store *s = open_file("dead.tly", "0");
+  uint64_t dead = dead_owner();
+  fork_holds(s, "a table full of dead processes", dead);
+  int left = count_owner(s, dead);
+  EXPECT(left > 0);
+  for (uint32_t k = 0; k < TALLY__PROCS / 16 + 1; k++)
+    EXPECT_OK(tally_store_maintain(s, 0, 0, NULL));
+  printf("  dead owners' slots: %d left after the fork; after upkeep: %d\n", left,
+         count_owner(s, dead));
+  EXPECT_I64(0, count_owner(s, dead));
+  untrack_close(s);
+}
+
+/* A table full of live processes: a forked child gets no slot, and then
+ * must not write its parent's (it did, making the parent look as if it had
+ * passed epochs its handles never saw). */
+static void test_table_full(void) {
+  tally_store *s = open_file("full.tly", "0");
+  tally_counter *c = NULL;
+  REQUIRE_OK(tu_counter(s, "tf:x", 4, -1, TALLY_COUNTER_CREATE, &c));
+  EXPECT_OK(tally_counter_incr(c, 1));
+  EXPECT_OK(tally_store_maintain(s, 0, 0, NULL));
+  struct tally__proc *t = proc_table(s);
+  uint64_t me = tally__owner_of(getpid(), NULL);
+  int n = fill_table(s, me, UINT64_C(1)); /* alive, idle */
+  EXPECT(n >= (int)TALLY__PROCS - 2);
+  uint64_t mine = atomic_load(&t[s->proc].seen);
+  EXPECT_I64(0, (int64_t)(mine & 1)); /* it holds a handle */
+  fflush(NULL);
+  pid_t pid = fork();
+  if (pid == 0) { /* no slot for it: its steps (a drop's, upkeep's) publish nothing */
+    alarm(60);
+    _exit(make(s, "tf:y", 4, 1) == 0 && tally_store_drop(s, "tf:y", 4) == 0 &&
+                  tally_store_maintain(s, 0, 0, NULL) == 0
+              ? 0
+              : 1);
+  }
+  reap(pid, 0, 20);
+  EXPECT_I64((int64_t)mine, (int64_t)atomic_load(&t[s->proc].seen));
+  for (uint32_t i = 0; i < TALLY__PROCS; i++) /* give the slots back */
+    if (i != s->proc && atomic_load(&t[i].owner) == me) atomic_store(&t[i].owner, 0);
+  tally_counter_close(c);
+  expect_check(s, "table full");
   untrack_close(s);
 }
 
@@ -1770,7 +1866,8 @@ int main(int argc, char **argv) {
   RUN("stale", (test_stale_here(), test_stale_there(0, 1), test_stale_there(1, 1),
                 test_stale_there(0, 0), test_stale_there(1, 0), test_grace_from_pass()));
   RUN("stopped", test_stopped());
-  RUN("procs", (test_late_opener(), test_fork_holds()));
+  RUN("procs",
+      (test_late_opener(), test_fork_holds(), test_table_of_dead(), test_table_full()));
   RUN("exact", (test_hold(), test_exact_churn()));
   RUN("caps", test_caps());
   RUN("check", test_check_damage());

@@ -37,6 +37,7 @@
 #define DEFAULT_GRACE_MS 1000
 #define ALIVE_MS         100   /* a process found alive is not looked at again sooner */
 #define FORK_HOLD_MS     10000 /* a slot reserved for a child that never took it */
+#define SWEEP_SLOTS      16    /* slots upkeep looks at for a dead owner, per step */
 
 /* ---- the process table --------------------------------------------------- */
 
@@ -117,12 +118,12 @@ static bool slot_alive(uint64_t o, int64_t now_ms) {
   return ahead > -FORK_HOLD_MS && ahead < FORK_HOLD_MS;
 }
 
-static int claim(tally_store *s, uint64_t seen) {
-  struct tally__proc *t = procs(s);
-  if (!t)
-    return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (process table)",
-                       tally__store_name(s));
-  uint64_t me = tally__owner_of(tally__pid(), NULL);
+/* Take a free slot of the table for owner, then write its word: a word
+ * written first would overwrite that of whoever took the slot meanwhile.
+ * Until then the slot shows the word its last owner left: 0 (closed: holds
+ * all reuse back) or a dead process's. A dead owner's slot is freed on a
+ * second pass. The slot's index, or -1 if the table is full. */
+static int64_t take_slot(struct tally__proc *t, uint64_t owner, uint64_t seen) {
   int64_t now_ms = tally_monotonic_ms();
   for (int pass = 0; pass < 2; pass++) {
     for (uint32_t i = 0; i < TALLY__PROCS; i++) {
@@ -133,21 +134,28 @@ static int claim(tally_store *s, uint64_t seen) {
       }
       if (o) continue;
       if (__builtin_expect(tally__test_hook != NULL, 0)) tally__test_hook("claim", "", 0);
-      /* the slot, then its word: a word stored first would overwrite that
-       * of whoever took the slot meanwhile. Until then the slot shows the
-       * word its last owner left: 0 (closed: holds all reuse back) or a
-       * dead process's. */
-      if (atomic_compare_exchange_strong(&t[i].owner, &o, me)) {
+      if (atomic_compare_exchange_strong(&t[i].owner, &o, owner)) {
         atomic_store(&t[i].seen, seen);
-        s->proc = i;
-        s->pid = tally__pid();
-        s->procs_end = (uint64_t)((unsigned char *)&t[TALLY__PROCS] - s->base);
-        return 0;
+        return i;
       }
     }
   }
-  return tally__fail(TALLY_EBUSY, "%s: %u processes have the store open (the most)",
-                     tally__store_name(s), TALLY__PROCS);
+  return -1;
+}
+
+static int claim(tally_store *s, uint64_t seen) {
+  struct tally__proc *t = procs(s);
+  if (!t)
+    return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (process table)",
+                       tally__store_name(s));
+  int64_t i = take_slot(t, tally__owner_of(tally__pid(), NULL), seen);
+  if (i < 0)
+    return tally__fail(TALLY_EBUSY, "%s: %u processes have the store open (the most)",
+                       tally__store_name(s), TALLY__PROCS);
+  s->proc = (uint32_t)i;
+  s->pid = tally__pid();
+  s->procs_end = (uint64_t)((unsigned char *)&t[TALLY__PROCS] - s->base);
+  return 0;
 }
 
 int tally__grace_open(tally_store *s) {
@@ -184,17 +192,14 @@ void tally__grace_fork_prepare(tally_store *s) {
   pthread_mutex_lock(&s->hlock);
   struct tally__proc *t = procs(s);
   s->fork_slot = TALLY__PROCS;
-  s->fork_seen = t ? atomic_load(&t[s->proc].seen) : 0;
-  if (!t || s->pid != tally__pid()) return; /* forked itself, no slot yet */
+  if (!t) return;
+  /* its own word; forked itself with no slot yet, the epoch its handles
+   * are valid at */
+  s->fork_seen = s->pid == tally__pid() ? atomic_load(&t[s->proc].seen) : s->seen << 1;
   s->fork_owner = reservation(tally_monotonic_ms());
-  for (uint32_t i = 0; i < TALLY__PROCS; i++) {
-    uint64_t o = 0; /* a window with a stale word is covered by our own */
-    if (atomic_compare_exchange_strong(&t[i].owner, &o, s->fork_owner)) {
-      atomic_store(&t[i].seen, s->fork_seen);
-      s->fork_slot = i;
-      return;
-    }
-  }
+  /* the window in which the slot shows a stale word is covered by our own */
+  int64_t i = take_slot(t, s->fork_owner, s->fork_seen);
+  if (i >= 0) s->fork_slot = (uint32_t)i;
 }
 
 void tally__grace_fork_parent(tally_store *s) {
@@ -288,8 +293,9 @@ void tally__hold_begin(tally_store *s) {
   struct tally__proc *t = procs(s);
   uint64_t e = atomic_load_explicit(&s->hdr->epoch, memory_order_seq_cst);
   if (t && s->pid != tally__pid()) {
-    (void)claim(s, e << 1); /* forked: its parent's slot is not its own */
-    s->seen = e;
+    /* forked, with no slot of its own yet (its parent's is not): one at the
+     * epoch its handles are valid at; the next step refreshes them */
+    (void)claim(s, s->seen << 1);
   } else if (t && (atomic_load(&t[s->proc].seen) & 1)) {
     s->seen = e;
     atomic_store_explicit(&t[s->proc].seen, e << 1, memory_order_seq_cst);
@@ -425,9 +431,12 @@ void tally__grace_step(tally_store *s, bool look, bool in_open) {
    * under, so no drop has retired that yet */
   if (!held(s, in_open)) {
     bool idle = (!s->handles || s->handles->n == 0) && !atomic_load(&s->by_name);
-    s->seen = epoch; /* this process's words change under hlock only */
-    if (s->pid != tally__pid()) (void)claim(s, epoch << 1 | idle); /* forked */
-    atomic_store_explicit(&t[s->proc].seen, epoch << 1 | idle, memory_order_release);
+    /* forked with no slot of its own: take one (the parent's is not; with
+     * the table full, this process publishes nothing) */
+    if (s->pid == tally__pid() || claim(s, epoch << 1 | idle) == 0) {
+      s->seen = epoch; /* this process's words change under hlock only */
+      atomic_store_explicit(&t[s->proc].seen, epoch << 1 | idle, memory_order_release);
+    }
   }
   pthread_mutex_unlock(&s->hlock);
   uint64_t min_seen = epoch;
@@ -436,14 +445,22 @@ void tally__grace_step(tally_store *s, bool look, bool in_open) {
     uint64_t o = atomic_load(&t[i].owner);
     if (!o) continue;
     uint64_t w = atomic_load(&t[i].seen);
-    if (w & 1) continue; /* idle: holds nothing */
-    if ((w >> 1) >= min_seen) continue;
+    if ((w & 1) || (w >> 1) >= min_seen) { /* holds nothing back now */
+      /* upkeep frees dead owners' slots, SWEEP_SLOTS a step (one that
+       * exited idle is never behind): a table full of them left forks no
+       * reserved slot */
+      if (look && i != s->proc && (i - s->sweep_from) % TALLY__PROCS < SWEEP_SLOTS &&
+          !slot_alive(o, now_ms))
+        atomic_compare_exchange_strong(&t[i].owner, &o, 0);
+      continue;
+    }
     if (!alive_seen(s, i, o, now_ms, look)) { /* dead: never holds reuse back */
       atomic_compare_exchange_strong(&t[i].owner, &o, 0);
       continue;
     }
     min_seen = w >> 1;
   }
+  if (look) s->sweep_from = (s->sweep_from + SWEEP_SLOTS) % TALLY__PROCS;
   tally__reclaim(s, min_seen, now_ms);
 }
 

@@ -256,6 +256,7 @@ struct tally_store {
    * its index (TALLY__PROCS: none), owner word and epoch word */
   uint32_t fork_slot;
   uint64_t fork_owner, fork_seen;
+  uint32_t sweep_from; /* upkeep's next slots to look at for a dead owner */
   /* when this process's grace steps saw the least epoch of all processes
    * rise (space.c, under the store lock): grace_ms counts from there */
   struct tally__passed {
