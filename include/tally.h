@@ -219,7 +219,8 @@ TALLY_API int tally_store_grace(tally_store *s, tally_grace_info *out);
 /* Rewrite the file store at path with no retired or reusable space: the
  * counters (values, shards, policies), families, rollup records and
  * history are kept. TALLY_EBUSY if another live process has it open.
- * progress (may be NULL) is called with counters done and their total. */
+ * progress (may be NULL) is called with counters done and their total,
+ * with the store locked: it must not fork() or use the store. */
 typedef void (*tally_progress_fn)(void *ud, uint64_t done, uint64_t total);
 TALLY_API int tally_store_compact(const char *path, uint32_t flags,
                                   tally_progress_fn progress, void *ud);

@@ -15,8 +15,11 @@
  * the store again and again while the parent compacts it again and again
  * loses no increment (opens that raced with a rename land on the new
  * file; one that a compaction after compaction keeps sending back is
- * refused with EBUSY, and tries again). Children are our own, bounded by alarm(), and always reaped.
+ * refused with EBUSY, and tries again). A thread that compacts while another
+ * forks does not deadlock. Children are our own, bounded by alarm(), and
+ * always reaped.
  */
+#include <pthread.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -525,6 +528,64 @@ static void test_paths(void) {
   EXPECT(system(cmd) != 0);
 }
 
+/* A thread compacting again and again while another forks again and
+ * again: a compaction opened (and closed) its new store holding the old
+ * one's lock, and fork() takes the registry's lock, then every store's,
+ * so the two deadlocked within seconds. In a child, under alarm(). */
+static atomic_int g_stop;
+
+static void *compactor_main(void *ud) {
+  long *n = ud;
+  while (!atomic_load(&g_stop)) {
+    int rc = tally_store_compact(g_path, 0, NULL, NULL);
+    if (rc && rc != TALLY_EBUSY) return (void *)1;
+    (*n)++;
+  }
+  return NULL;
+}
+
+static void *forker_main(void *ud) {
+  long *n = ud;
+  while (!atomic_load(&g_stop)) {
+    pid_t pid = fork();
+    if (pid == 0) _exit(0);
+    if (pid > 0) waitpid(pid, NULL, 0);
+    (*n)++;
+  }
+  return NULL;
+}
+
+static int compact_fork_main(void) {
+  alarm(20); /* a deadlock ends here, by SIGALRM */
+  char other[1200];
+  tally_store *o;
+  tu_spec(other, sizeof other, NULL, 0, g_dir, "other.tly");
+  if (tally_store_open(other, NULL, &o)) return 2; /* the registry holds one more */
+  long compacts = 0, forks = 0;
+  void *crc = NULL;
+  pthread_t a, b;
+  pthread_create(&a, NULL, compactor_main, &compacts);
+  pthread_create(&b, NULL, forker_main, &forks);
+  usleep(3000000);
+  atomic_store(&g_stop, 1);
+  pthread_join(a, &crc);
+  pthread_join(b, NULL);
+  tally_store_close(o);
+  printf("  3 s of compactions (%ld) beside forks (%ld): no deadlock\n", compacts, forks);
+  fflush(stdout);
+  return crc ? 3 : compacts > 0 && forks > 0 ? 0 : 4;
+}
+
+static void test_compact_beside_fork(void) {
+  fflush(NULL);
+  pid_t pid = fork();
+  if (pid == 0) _exit(compact_fork_main());
+  int st = 0;
+  EXPECT(pid > 0 && waitpid(pid, &st, 0) == pid);
+  EXPECT(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  if (WIFSIGNALED(st)) TU_FAIL("the child died of signal %d: a deadlock?", WTERMSIG(st));
+}
+
 int main(void) {
   setenv("TALLY_GRACE_MS", "0", 1); /* reuse at once: the churn leaves free space */
   snprintf(g_dir, sizeof g_dir, "%s", tu_tmpdir("compact"));
@@ -534,6 +595,7 @@ int main(void) {
   test_killed_holder();
   test_open_races_compaction();
   test_paths();
+  test_compact_beside_fork();
   int rc = tu_finish("test_compact");
   if (rc == 0) tu_rmrf(g_dir);
   return rc;

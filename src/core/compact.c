@@ -392,11 +392,9 @@ static void sync_dir(const char *target) {
   free(copy);
 }
 
-/* Build the new store at tmp from j->from (locked). */
-static int rewrite(struct job *j, const char *tmp, tally_progress_fn progress, void *ud) {
-  tally_open_options o = {0600, 0};
-  int rc = tally_store_open(tmp, &o, &j->to);
-  if (rc == 0) rc = same_owner(j->from, j->to);
+/* Build the new store j->to (open) from j->from (locked). */
+static int rewrite(struct job *j, tally_progress_fn progress, void *ud) {
+  int rc = same_owner(j->from, j->to);
   if (rc == 0 && (rc = tally__lock(j->to)) == 0) {
     rc = lay_out(j->to, j->n);
     tally__unlock(j->to);
@@ -408,8 +406,6 @@ static int rewrite(struct job *j, const char *tmp, tally_progress_fn progress, v
   }
   if (rc == 0) rc = tally_store_check(j->to);
   if (rc == 0) rc = tally_store_sync(j->to);
-  tally_store_close(j->to);
-  j->to = NULL;
   return rc;
 }
 
@@ -429,6 +425,12 @@ int tally_store_compact(const char *path, uint32_t flags, tally_progress_fn prog
   int rc = tally_store_open(spec, &o, &j.from);
   if (rc == 0) rc = tally_store_check(j.from); /* never rewrite what is damaged */
   if (rc == 0) rc = target_of(path, &target);
+  if (rc == 0) rc = temp_spec(target, &tmp);
+  /* the new store is opened and closed outside the old one's lock: an open
+   * and a close take the registry's lock, which fork() takes before every
+   * store's (lock.c) */
+  tally_open_options to = {0600, 0};
+  if (rc == 0) rc = tally_store_open(tmp, &to, &j.to);
   if (rc == 0 && (rc = tally__lock(j.from)) == 0) { /* until the rename */
     int64_t pid = 0;
     rc = tally__grace_others(j.from, &pid);
@@ -445,18 +447,14 @@ int tally_store_compact(const char *path, uint32_t flags, tally_progress_fn prog
     /* nobody else has it open: a batch left half done was a dead writer's */
     if (rc == 0) rc = tally__slots_recover(j.from);
     if (rc == 0) rc = tally__index_each(j.from, collect, &j);
-    if (rc == 0) rc = temp_spec(target, &tmp);
-    if (rc == 0) {
-      rc = rewrite(&j, tmp, progress, ud);
-      if (rc == 0 && rename(tmp + 5, target) != 0)
-        rc = tally__fail_sys("cannot rename over", target);
-      if (rc == 0)
-        sync_dir(target);
-      else
-        unlink(tmp + 5);
-    }
+    if (rc == 0) rc = rewrite(&j, progress, ud);
+    if (rc == 0 && rename(tmp + 5, target) != 0)
+      rc = tally__fail_sys("cannot rename over", target);
+    if (rc == 0) sync_dir(target);
     tally__unlock(j.from);
   }
+  tally_store_close(j.to);
+  if (rc && tmp) unlink(tmp + 5);
   tally_store_close(j.from);
   free(j.recs);
   free(j.fam);

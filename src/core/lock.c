@@ -48,7 +48,11 @@ static tally_store *registry;
 
 static void fork_prepare(void) {
   pthread_mutex_lock(&registry_lock);
-  for (tally_store *s = registry; s; s = s->next) {
+  /* oldest first, as the one code that holds two stores' locks takes them
+   * (a compaction: the old store, then the new one) */
+  tally_store *oldest = registry;
+  while (oldest && oldest->next) oldest = oldest->next;
+  for (tally_store *s = oldest; s; s = s->prev) {
     pthread_mutex_lock(&s->lock);
     if (s->kind == TALLY__FILE) tally__grace_fork_prepare(s); /* the child's slot */
   }
