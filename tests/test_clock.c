@@ -138,7 +138,7 @@ static int processes(tally_store *s) {
 static void reserve_at(tally_store *s, int64_t at) {
   atomic_store(&fake_ms, at);
   tally__grace_fork_prepare(s);
-  tally__grace_fork_parent(s);
+  tally__grace_fork_parent(s, false);
 }
 
 static void test_reserved_ahead(void) {

@@ -25,6 +25,8 @@
 #include <pthread.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <fcntl.h>
 
@@ -986,6 +988,51 @@ static void test_table_of_dead(void) {
   untrack_close(s);
 }
 
+/* Forks that fail (EAGAIN: a process limit) leave no reserved slot behind:
+ * each held reuse back, and a slot of the table, for 10 s. As an
+ * unprivileged user with RLIMIT_NPROC 1, in a child (77: this process
+ * cannot take that user, and the test is skipped). */
+static int failed_forks_main(void *spec) {
+  tally_store *s;
+  if (tally_store_open(spec, NULL, &s)) return 2;
+  struct tally__proc *t = proc_table(s);
+  struct rlimit one = {1, 1};
+  if (setgid(65534) != 0 || setuid(65534) != 0) return 77;
+  if (setrlimit(RLIMIT_NPROC, &one) != 0) return 3;
+  int failed = 0, reserved = 0;
+  for (int i = 0; i < 50; i++) {
+    pid_t pid = fork();
+    if (pid == 0) _exit(0);
+    if (pid > 0) waitpid(pid, NULL, 0);
+    failed += pid < 0;
+  }
+  for (uint32_t i = 0; t && i < TALLY__PROCS; i++) {
+    uint64_t o = atomic_load(&t[i].owner);
+    reserved += o && !(o & 1); /* a reservation's low word is even */
+  }
+  printf("  50 forks, %d failed: %d slots left reserved\n", failed, reserved);
+  fflush(stdout);
+  return failed == 50 && reserved == 0 ? 0 : 1;
+}
+
+static void test_failed_forks(void) {
+  char spec[1200];
+  tu_spec(spec, sizeof spec, NULL, 0, g_dir, "failfork.tly");
+  tally_store *s = open_file("failfork.tly", "0");
+  pid_t pid = spawn(failed_forks_main, spec);
+  int st = 0;
+  waitpid(pid, &st, 0);
+  if (WIFEXITED(st) && WEXITSTATUS(st) == 77) {
+    printf("  failed forks: skipped (cannot become an unprivileged user)\n");
+  } else {
+    atomic_fetch_add(&tu_checks, 1);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+      TU_FAIL("failed forks: the child ended with %d",
+              WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+  }
+  untrack_close(s);
+}
+
 /* A table full of live processes: a forked child gets no slot, and then
  * must not write its parent's (it did, making the parent look as if it had
  * passed epochs its handles never saw). */
@@ -1866,8 +1913,8 @@ int main(int argc, char **argv) {
   RUN("stale", (test_stale_here(), test_stale_there(0, 1), test_stale_there(1, 1),
                 test_stale_there(0, 0), test_stale_there(1, 0), test_grace_from_pass()));
   RUN("stopped", test_stopped());
-  RUN("procs",
-      (test_late_opener(), test_fork_holds(), test_table_of_dead(), test_table_full()));
+  RUN("procs", (test_late_opener(), test_fork_holds(), test_table_of_dead(),
+                test_table_full(), test_failed_forks()));
   RUN("exact", (test_hold(), test_exact_churn()));
   RUN("caps", test_caps());
   RUN("check", test_check_damage());

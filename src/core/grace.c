@@ -202,7 +202,14 @@ void tally__grace_fork_prepare(tally_store *s) {
   if (i >= 0) s->fork_slot = (uint32_t)i;
 }
 
-void tally__grace_fork_parent(tally_store *s) {
+void tally__grace_fork_parent(tally_store *s, bool failed) {
+  struct tally__proc *t = procs(s);
+  uint64_t r = s->fork_owner;
+  if (failed && t && s->fork_slot < TALLY__PROCS &&
+      atomic_load(&t[s->fork_slot].owner) == r) { /* the word first, as a close */
+    atomic_store(&t[s->fork_slot].seen, 0);
+    atomic_compare_exchange_strong(&t[s->fork_slot].owner, &r, 0);
+  }
   pthread_mutex_unlock(&s->hlock);
 }
 

@@ -501,10 +501,11 @@ struct tally__proc {
 int tally__grace_open(tally_store *s);   /* take a slot */
 void tally__grace_close(tally_store *s); /* give it back */
 /* fork(): the parent reserves a slot for the child at its own epoch
- * and holds hlock across the fork; the parent lets go of hlock, the child
- * takes the slot and lets go of it. */
+ * and holds hlock across the fork; the parent lets go of hlock (and of
+ * the slot if the fork failed), the child takes the slot and lets go of
+ * hlock. */
 void tally__grace_fork_prepare(tally_store *s);
-void tally__grace_fork_parent(tally_store *s);
+void tally__grace_fork_parent(tally_store *s, bool failed);
 void tally__grace_fork_child(tally_store *s);
 /* Pass the current epoch: refresh this process's handles for what was
  * retired since, then publish it; then reclaim what every process has

@@ -56,11 +56,13 @@ static void fork_prepare(void) {
     pthread_mutex_lock(&s->lock);
     if (s->kind == TALLY__FILE) tally__grace_fork_prepare(s); /* the child's slot */
   }
+  errno = 0; /* glibc's fork() sets it before the parent's handlers if it failed */
 }
 
 static void fork_parent(void) {
+  int failed = errno == EAGAIN || errno == ENOMEM; /* no child: its slot is free */
   for (tally_store *s = registry; s; s = s->next) {
-    if (s->kind == TALLY__FILE) tally__grace_fork_parent(s);
+    if (s->kind == TALLY__FILE) tally__grace_fork_parent(s, failed);
     pthread_mutex_unlock(&s->lock);
   }
   pthread_mutex_unlock(&registry_lock);
