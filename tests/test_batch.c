@@ -32,6 +32,8 @@
 
 #include "testutil.h"
 
+#include "../src/core/internal.h" /* tally__me: a thread's writer slot */
+
 static char g_dir[1024];
 
 static tally_counter *slot_counter(tally_store *s, const char *name) {
@@ -299,8 +301,10 @@ static void test_slots_run_out(void) {
 }
 
 /* Threads that batched and still run when the store closes: their slot
- * records go with the store (under ASan, LeakSanitizer fails the test if
- * they leak: their threads' exit runs no destructor for a deleted key). */
+ * records are kept, reachable, as orphans (their threads' exit runs no
+ * destructor for a deleted key), and freed at a later close once their
+ * threads are gone (under ASan, LeakSanitizer fails the test if they
+ * leak). */
 struct lingerer {
   tally_counter *c;
   pthread_barrier_t *batched, *closed;
@@ -340,6 +344,144 @@ static void test_close_with_live_writers(void) {
   }
   pthread_barrier_destroy(&batched);
   pthread_barrier_destroy(&closed);
+}
+
+/* Threads that batched exit while their store closes (their destructor and
+ * the close at once): a record was freed by both, or used after the close
+ * freed it (glibc may run a destructor already fetched when the key is
+ * deleted). 1.5 s of rounds; under ASan any use after free fails. */
+struct exiter {
+  tally_counter *c;
+  pthread_barrier_t *batched;
+  int rc;
+};
+
+static void *exiter_main(void *ud) {
+  struct exiter *e = ud;
+  e->rc = tally_counter_incr(e->c, 1);
+  pthread_barrier_wait(e->batched);
+  return NULL; /* exits now, as the store closes */
+}
+
+static void test_close_as_writers_exit(void) {
+  enum { T = 8 };
+  long rounds = 0;
+  for (double end = tu_now() + 1.5; tu_now() < end; rounds++) {
+    tally_store *s;
+    REQUIRE_OK(tally_store_open("memory", NULL, &s));
+    tally_counter *c = slot_counter(s, "c");
+    pthread_barrier_t batched;
+    pthread_barrier_init(&batched, NULL, T + 1);
+    struct exiter e[T];
+    pthread_t th[T];
+    for (int i = 0; i < T; i++) {
+      e[i] = (struct exiter){c, &batched, -1};
+      pthread_create(&th[i], NULL, exiter_main, &e[i]);
+    }
+    pthread_barrier_wait(&batched);
+    tally_counter_close(c);
+    tally_store_close(s);
+    for (int i = 0; i < T; i++) {
+      pthread_join(th[i], NULL);
+      EXPECT_OK(e[i].rc);
+    }
+    pthread_barrier_destroy(&batched);
+  }
+  printf("  %ld closes as 8 writer threads exit\n", rounds);
+}
+
+/* One process, two handles on one store: closing one gave back the writer
+ * slots of every thread of the process, so a thread of the other handle
+ * and a new one shared a slot (torn snapshots, lost increments). */
+struct two {
+  tally_store *s;
+  tally_counter *c;
+  pthread_barrier_t *leased, *closed;
+  uint32_t slot;
+  int rc;
+};
+
+static void *two_main(void *ud) {
+  struct two *t = ud;
+  t->rc = tally_counter_incr(t->c, 1); /* leases this thread's slot */
+  t->slot = tally__me.wslot;
+  if (t->leased) pthread_barrier_wait(t->leased);
+  if (t->closed) pthread_barrier_wait(t->closed);
+  return NULL;
+}
+
+static void test_two_handles(void) {
+  char spec[1200];
+  tu_spec(spec, sizeof spec, NULL, 0, g_dir, "two.tly");
+  tally_store *s1, *s2;
+  REQUIRE_OK(tally_store_open(spec, NULL, &s1));
+  REQUIRE_OK(tally_store_open(spec, NULL, &s2));
+  tally_counter *c1 = slot_counter(s1, "one"), *c2 = slot_counter(s2, "two");
+  pthread_barrier_t leased, closed;
+  pthread_barrier_init(&leased, NULL, 2);
+  pthread_barrier_init(&closed, NULL, 2);
+  struct two a = {s2, c2, &leased, &closed, 0, -1}, b = {s2, c2, NULL, NULL, 0, -1};
+  pthread_t ta, tb;
+  pthread_create(&ta, NULL, two_main, &a);
+  pthread_barrier_wait(&leased);
+  EXPECT_OK(tally_counter_incr(c1, 1)); /* this thread leases a slot through s1 */
+  tally_counter_close(c1);
+  tally_store_close(s1);
+  pthread_create(&tb, NULL, two_main, &b); /* a's slot is still a's */
+  pthread_join(tb, NULL);
+  pthread_barrier_wait(&closed);
+  pthread_join(ta, NULL);
+  EXPECT_OK(a.rc);
+  EXPECT_OK(b.rc);
+  printf("  two handles, one closed: the other's thread kept slot %u, a new one got %u\n",
+         a.slot, b.slot);
+  EXPECT(a.slot != b.slot);
+  EXPECT_I64(2, tu_value(c2));
+  pthread_barrier_destroy(&leased);
+  pthread_barrier_destroy(&closed);
+  tally_counter_close(c2);
+  tally_store_close(s2);
+}
+
+/* Two resets of one slot counter at once both read the whole value and
+ * both took it: the amounts reported added up to twice what it held. */
+struct resetter {
+  tally_counter *c;
+  pthread_barrier_t *go;
+  int64_t removed;
+  int rc;
+};
+
+static void *resetter_main(void *ud) {
+  struct resetter *r = ud;
+  pthread_barrier_wait(r->go);
+  r->rc = tally_counter_reset(r->c, &r->removed);
+  return NULL;
+}
+
+static void test_resets_at_once(void) {
+  tally_store *s;
+  REQUIRE_OK(tally_store_open("memory", NULL, &s));
+  tally_counter *c = slot_counter(s, "r");
+  int doubled = 0, rounds = 0;
+  for (double end = tu_now() + 1; tu_now() < end && rounds < 5000; rounds++) {
+    EXPECT_OK(tally_counter_incr(c, 1000));
+    pthread_barrier_t go;
+    pthread_barrier_init(&go, NULL, 2);
+    struct resetter r[2] = {{c, &go, 0, -1}, {c, &go, 0, -1}};
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++) pthread_create(&th[i], NULL, resetter_main, &r[i]);
+    for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+    pthread_barrier_destroy(&go);
+    EXPECT_OK(r[0].rc);
+    EXPECT_OK(r[1].rc);
+    if (r[0].removed + r[1].removed != 1000 || tu_value(c) != 0) doubled++;
+  }
+  printf("  %d rounds of two resets at once: %d took the amount twice\n", rounds,
+         doubled);
+  EXPECT_I64(0, doubled);
+  tally_counter_close(c);
+  tally_store_close(s);
 }
 
 /* ---- processes -------------------------------------------------------------------- */
@@ -674,6 +816,9 @@ int main(void) {
   test_threads();
   test_slots_run_out();
   test_close_with_live_writers();
+  test_close_as_writers_exit();
+  test_two_handles();
+  test_resets_at_once();
   test_processes();
   test_killed_mid_batch();
   test_expiry_and_compaction();

@@ -264,18 +264,22 @@ static void test_buffered(void) {
   EXPECT_I64(31, member(s, "h{sum}"));
   EXPECT_OK(tally_histogram_flush(h)); /* empty: nothing */
   EXPECT_I64(31, member(s, "h{sum}"));
-  /* the buffer's sum in int64 is flushed before it overflows: here the
-   * flush fails, since no shard holds 2^63, so the observation that needed
-   * it is refused and nothing is added; the buffer is kept */
+  /* the buffer's sum is flushed before it leaves a shard's range (2^62;
+   * it was flushed only before int64 overflow, and such a flush could never
+   * be stored): 511 observations of 2^53 units go out as the 512th comes.
+   * The next 511 do not fit beside them in the sum's shard, so the flush
+   * fails, the observation that needed it is refused and nothing is added;
+   * the buffer is kept */
   EXPECT_OK(tally_histogram_buffer(h, TALLY_HISTOGRAM_MAX_BUFFER));
-  for (int i = 0; i < 1023; i++) EXPECT_OK(tally_histogram_observe(h, 0x1p52));
+  for (int i = 0; i < 1022; i++) EXPECT_OK(tally_histogram_observe(h, 0x1p52));
+  EXPECT_I64(512, member(s, "h{le=+Inf}"));
+  EXPECT_I64(31 + 511 * (INT64_C(1) << 53), member(s, "h{sum}"));
   EXPECT_RC(TALLY_ERANGE, tally_histogram_observe(h, 0x1p52));
   EXPECT_RC(TALLY_ERANGE, tally_histogram_flush(h));
   EXPECT_RC(TALLY_ERANGE, tally_histogram_buffer(h, 0)); /* flushes first */
-  EXPECT_I64(1, member(s, "h{le=+Inf}"));
-  EXPECT_I64(31, member(s, "h{sum}"));
-  tally_histogram_close(h); /* its flush fails too: the 1023 are lost */
-  EXPECT_I64(31, member(s, "h{sum}"));
+  EXPECT_I64(512, member(s, "h{le=+Inf}"));
+  tally_histogram_close(h); /* its flush fails too: the 511 held are lost */
+  EXPECT_I64(31 + 511 * (INT64_C(1) << 53), member(s, "h{sum}"));
 
   /* 100 bounds: 63 buckets with a count and the sum fill a batch, so the
    * 64th bucket flushes the 63 first */

@@ -139,38 +139,58 @@ int tally__slots_recover(tally_store *s) {
 /* ---- this thread's slot --------------------------------------------------- */
 
 /* A thread's record of its slot, the value of s->wkey. Each is also in
- * the list s->mine, so the records of threads still running when the
- * store closes are freed with it (pthread_key_delete runs no destructor). */
+ * the list s->mine, so that the store's close gives back the slots of its
+ * own threads (pthread_key_delete runs no destructor). */
 struct tally__mine {
-  tally_store *s;
+  tally_store *s;          /* NULL: its store closed (an orphan) */
   struct tally__wslot *sl; /* the slot: the table never moves while open */
   uint32_t slot;
   pid_t pid, tid;
   uint64_t owner;
-  struct tally__mine *prev, *next; /* s->mine */
+  struct tally__mine *prev, *next; /* s->mine, or orphans */
 };
 
-static void link_mine(struct tally__mine *m) {
-  tally_store *s = m->s;
-  pthread_mutex_lock(&s->hlock);
+/* Every store's records are under one lock: a thread's exit
+ * (thread_exit, which glibc may be running already when the store closes
+ * and deletes the key) races with the close. A record of a thread still
+ * running at the close is kept as an orphan: that thread's exit runs no
+ * destructor once the key is gone. */
+static pthread_mutex_t mine_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct tally__mine *orphans;
+
+static struct tally__mine **list_of_mine(struct tally__mine *m) {
+  return m->s ? &m->s->mine : &orphans;
+}
+
+static void push_mine(struct tally__mine *m) { /* under mine_lock */
+  struct tally__mine **head = list_of_mine(m);
   m->prev = NULL;
-  m->next = s->mine;
-  if (s->mine) s->mine->prev = m;
-  s->mine = m;
-  pthread_mutex_unlock(&s->hlock);
+  m->next = *head;
+  if (*head) (*head)->prev = m;
+  *head = m;
+}
+
+static void unlink_mine(struct tally__mine *m) { /* under mine_lock */
+  struct tally__mine **head = list_of_mine(m);
+  if (m->prev)
+    m->prev->next = m->next;
+  else if (*head == m)
+    *head = m->next;
+  if (m->next) m->next->prev = m->prev;
+}
+
+static void link_mine(struct tally__mine *m) {
+  pthread_mutex_lock(&mine_lock);
+  push_mine(m);
+  pthread_mutex_unlock(&mine_lock);
 }
 
 /* Unlink m and free it. */
 static void free_mine(struct tally__mine *m) {
   if (!m) return;
-  tally_store *s = m->s;
-  pthread_mutex_lock(&s->hlock);
-  if (m->prev)
-    m->prev->next = m->next;
-  else if (s->mine == m)
-    s->mine = m->next;
-  if (m->next) m->next->prev = m->prev;
-  pthread_mutex_unlock(&s->hlock);
+  pthread_mutex_lock(&mine_lock);
+  unlink_mine(m);
+  pthread_mutex_unlock(&mine_lock);
   free(m);
 }
 
@@ -185,8 +205,12 @@ static void give_back(struct tally__mine *m) {
 }
 
 static void thread_exit(void *p) {
-  give_back(p);
-  free_mine(p);
+  struct tally__mine *m = p;
+  pthread_mutex_lock(&mine_lock);
+  if (m->s) give_back(m); /* else its store closed: nothing of it is left */
+  unlink_mine(m);
+  pthread_mutex_unlock(&mine_lock);
+  free(m);
 }
 
 static int key_ready(tally_store *s) {
@@ -265,29 +289,37 @@ static int lease_slot(tally_store *s) {
   return 0;
 }
 
+/* The store closes: the slots its threads leased go back (only its own:
+ * another handle of this process on the same store keeps its threads'). */
 void tally__slots_release(tally_store *s) {
   if (atomic_load(&s->wkey_state) != 1) return;
-  struct tally__mine *m = pthread_getspecific(s->wkey);
-  if (m) give_back(m);
-  free_mine(m);
+  struct tally__mine *self = pthread_getspecific(s->wkey), *m;
   if (tally__me.wstore_id == s->id) tally__me.wstore_id = 0;
-  pthread_key_delete(s->wkey); /* other threads' slots are given back below */
+  pthread_key_delete(s->wkey);
   atomic_store(&s->wkey_state, 0);
-  pthread_mutex_lock(&s->hlock);
+  pthread_mutex_lock(&mine_lock);
   while ((m = s->mine)) {
     s->mine = m->next;
-    free(m);
-  }
-  pthread_mutex_unlock(&s->hlock);
-  struct tally__wslot *t = slot_table(s);
-  uint64_t me = tally__owner_of(tally__pid(), NULL);
-  for (uint32_t w = 0; t && w < TALLY_SLOT_SHARDS; w++) {
-    uint64_t owner = me;
-    if (atomic_load(&t[w].owner) == me && !(atomic_load(&t[w].seq) & 1)) {
-      atomic_store(&t[w].tid, 0);
-      atomic_compare_exchange_strong(&t[w].owner, &owner, 0);
+    give_back(m);
+    if (m == self) {
+      free(m);
+    } else { /* its thread may be exiting now, or later without a destructor */
+      m->s = NULL;
+      push_mine(m);
     }
   }
+  /* orphans whose thread is gone (or of the process before a fork) can
+   * run no destructor any more */
+  struct tally__mine *next;
+  for (m = orphans; m; m = next) {
+    next = m->next;
+    if (m->pid != tally__pid() ||
+        (syscall(SYS_tgkill, m->pid, m->tid, 0) != 0 && errno == ESRCH)) {
+      unlink_mine(m);
+      free(m);
+    }
+  }
+  pthread_mutex_unlock(&mine_lock);
 }
 
 /* Compaction copies every cell as it is: the new store's slots start as
@@ -474,6 +506,7 @@ struct snap {
   size_t n, cap;
   char *names; /* copies: a record may be reused once its counter is dropped */
   size_t names_len, names_cap;
+  bool locked; /* the caller holds the store lock (a reset) */
 };
 
 static int grow(void **p, size_t *cap, size_t need, size_t size) {
@@ -511,8 +544,9 @@ static int gather(tally_store *s, uint64_t rec_off, void *ud) {
   return 0;
 }
 
-/* Wait out a live writer's batch; roll back a dead one's. */
-static int wait_slot(tally_store *s, struct tally__wslot *sl, uint64_t seq) {
+/* Wait out a live writer's batch; roll back a dead one's (under the
+ * store lock: taken here unless the caller holds it). */
+static int wait_slot(tally_store *s, struct tally__wslot *sl, uint64_t seq, bool locked) {
   int64_t t0 = tally_monotonic_ms();
   while (atomic_load_explicit(&sl->seq, memory_order_acquire) == seq) {
     if (tally_monotonic_ms() - t0 < LIVENESS_MS) {
@@ -520,10 +554,10 @@ static int wait_slot(tally_store *s, struct tally__wslot *sl, uint64_t seq) {
       continue;
     }
     if (!holder_alive(sl)) {
-      int rc = tally__lock(s);
+      int rc = locked ? 0 : tally__lock(s);
       if (rc) return rc;
       if (atomic_load(&sl->seq) == seq && !holder_alive(sl)) roll_back(s, sl);
-      tally__unlock(s);
+      if (!locked) tally__unlock(s);
       return 0;
     }
     sleep_us(100);
@@ -541,7 +575,7 @@ static int read_slot(tally_store *s, struct tally__wslot *sl, uint32_t w, struct
     uint64_t s1 = atomic_load_explicit(&sl->seq, memory_order_acquire);
     if (s1 == 0) break; /* never written: all its cells are 0 */
     if (s1 & 1) {
-      if ((rc = wait_slot(s, sl, s1))) break;
+      if ((rc = wait_slot(s, sl, s1, g->locked))) break;
       continue;
     }
     /* acquire loads: seq is read again after them, and an add seen makes
@@ -577,33 +611,41 @@ static int read_slot(tally_store *s, struct tally__wslot *sl, uint32_t w, struct
  * one writer (tally_batch_incr), so nobody else may change them: the value
  * is read slot by slot as a snapshot reads it (a dead writer's batch rolled
  * back first), and subtracted in the caller's own shard, as a batch of
- * one. An increment that lands after its slot was read stays counted. */
+ * one. An increment that lands after its slot was read stays counted.
+ * Resets take turns under the store lock: two at once both read the
+ * whole value, and both took it. */
 int tally__slot_reset(tally_counter *c, int64_t *removed) {
   tally_store *s = c->s;
+  int rc = tally__me.wstore_id == s->id ? 0 : lease_slot(s); /* not under the lock */
+  if (rc || (rc = tally__lock(s))) return rc;
+  if (atomic_load(&c->gone)) { /* marked since: coming back takes the lock */
+    tally__unlock(s);
+    return tally_counter_reset(c, removed);
+  }
   uint64_t rec_off = tally__crec(c), cells;
   const struct tally__rec *r = tally__at(s, rec_off);
   uint64_t loc = atomic_load_explicit(&r->loc, memory_order_acquire);
   uint32_t shards;
   bool dropped;
-  int rc = tally__loc_decode(s, rec_off, loc, &cells, &shards, &dropped);
-  if (rc) return rc;
+  rc = tally__loc_decode(s, rec_off, loc, &cells, &shards, &dropped);
   struct snap_entry e = {.rec_off = rec_off, .loc = loc, .slot = true};
-  struct snap g = {.e = &e, .n = 1};
+  struct snap g = {.e = &e, .n = 1, .locked = true};
   struct tally__wslot *t = slot_table(s);
   int64_t val;
-  for (uint32_t w = 0; !dropped && t && w < TALLY_SLOT_SHARDS; w++)
-    if ((rc = read_slot(s, &t[w], w, &g, &val))) return rc;
-  if (dropped || shards != TALLY_SLOT_SHARDS || !e.slot)
-    return tally__fail(TALLY_EDROPPED, "counter '%s' was dropped", c->name);
-  if (e.total > INT64_MAX || e.total <= INT64_MIN)
-    return tally__fail(TALLY_ERANGE,
-                       "counter '%s': the amount to remove does not fit in 64 bits; "
-                       "nothing was removed",
-                       c->name);
-  int64_t minus = -(int64_t)e.total;
-  if (minus && (rc = tally_batch_incr(s, &c, &minus, 1))) return rc;
-  *removed = (int64_t)e.total;
-  return 0;
+  for (uint32_t w = 0; rc == 0 && !dropped && t && w < TALLY_SLOT_SHARDS; w++)
+    rc = read_slot(s, &t[w], w, &g, &val);
+  if (rc == 0 && (dropped || shards != TALLY_SLOT_SHARDS || !e.slot))
+    rc = tally__fail(TALLY_EDROPPED, "counter '%s' was dropped", c->name);
+  if (rc == 0 && (e.total > INT64_MAX || e.total <= INT64_MIN))
+    rc = tally__fail(TALLY_ERANGE,
+                     "counter '%s': the amount to remove does not fit in 64 bits; "
+                     "nothing was removed",
+                     c->name);
+  int64_t minus = rc == 0 ? -(int64_t)e.total : 0;
+  if (minus) rc = tally_batch_incr(s, &c, &minus, 1); /* the slot leased above */
+  tally__unlock(s);
+  if (rc == 0) *removed = (int64_t)e.total;
+  return rc;
 }
 
 int tally_store_snapshot(tally_store *s, const char *pattern, size_t plen,

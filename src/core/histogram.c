@@ -281,16 +281,17 @@ static size_t bucket_of(const double *b, size_t n, double v) {
 
 /* Bucket i and y units into the buffer, which is flushed first if it is
  * full, if i would be a 64th bucket with a count, or if the sum would
- * overflow; a flush that fails fails the observation (nothing added).
+ * leave a cell's range (a flush of it could never be stored); a flush
+ * that fails fails the observation (nothing added).
  * Apart from the batch's path, which saves registers this one needs not. */
 __attribute__((noinline)) static int observe_buffered(tally_histogram *h, size_t i,
                                                       int64_t y) {
   struct buffer *b = h->buf;
   int64_t sum;
-  if (__builtin_expect(b->n >= b->limit ||
-                           (b->count[i] == 0 && b->distinct >= TALLY_BATCH_MAX - 1) ||
-                           __builtin_add_overflow(b->sum, y, &sum),
-                       0)) {
+  if (__builtin_expect(
+          b->n >= b->limit || (b->count[i] == 0 && b->distinct >= TALLY_BATCH_MAX - 1) ||
+              __builtin_add_overflow(b->sum, y, &sum) || !tally__cell_live(sum),
+          0)) {
     int rc = tally_histogram_flush(h);
     if (rc) return rc;
     sum = y;
