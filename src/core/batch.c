@@ -648,22 +648,16 @@ int tally__slot_reset(tally_counter *c, int64_t *removed) {
   return rc;
 }
 
-int tally_store_snapshot(tally_store *s, const char *pattern, size_t plen,
-                         tally_value_fn fn, void *ud) {
-  if (!s || !fn) return tally__fail(TALLY_EINVAL, "tally_store_snapshot: NULL argument");
-  struct snap g = {.pattern = pattern && plen ? pattern : "*",
-                   .plen = pattern && plen ? plen : 1};
-  int64_t *vals = NULL;
-  int rc = tally__truncated(s);
-  size_t hint = (size_t)tally__index_live(s) + 16; /* one allocation, mostly */
-  tally__hold_begin(s); /* the records gathered are read again below */
-  if (rc == 0) rc = grow((void **)&g.e, &g.cap, hint, sizeof *g.e);
-  if (rc == 0) rc = grow((void **)&g.names, &g.names_cap, hint * 16, 1);
-  if (rc == 0) rc = tally__index_each(s, gather, &g);
+#define SNAP_TRIES 4 /* cuts taken while counters come and go, the last locked */
+
+/* One cut: gather the counters, read the others' values, then the slot
+ * counters slot by slot (*vals: their buffer, left NULL if none). */
+static int read_cut(tally_store *s, struct snap *g, int64_t **vals) {
+  int rc = tally__index_each(s, gather, g);
   bool any_slot = false;
-  for (size_t i = 0; rc == 0 && i < g.n; i++) {
-    struct snap_entry *e = &g.e[i];
-    if (i + VALUES_AHEAD < g.n && !e[VALUES_AHEAD].slot) {       /* see index.c's walk */
+  for (size_t i = 0; rc == 0 && i < g->n; i++) {
+    struct snap_entry *e = &g->e[i];
+    if (i + VALUES_AHEAD < g->n && !e[VALUES_AHEAD].slot) {      /* see index.c's walk */
       __builtin_prefetch(tally__at(s, e[VALUES_AHEAD].rec_off)); /* gather bounded it */
       tally__fetch_cells(s, e[VALUES_AHEAD].loc);
     }
@@ -681,10 +675,40 @@ int tally_store_snapshot(tally_store *s, const char *pattern, size_t plen,
       e->total = v;
   }
   struct tally__wslot *t = any_slot ? slot_table(s) : NULL;
-  if (rc == 0 && t && !(vals = malloc(g.n * sizeof *vals)))
+  if (rc == 0 && t && !(*vals = malloc(g->n * sizeof **vals)))
     rc = tally__fail(TALLY_ENOMEM, "out of memory");
   for (uint32_t w = 0; rc == 0 && t && w < TALLY_SLOT_SHARDS; w++)
-    rc = read_slot(s, &t[w], w, &g, vals);
+    rc = read_slot(s, &t[w], w, g, *vals);
+  return rc;
+}
+
+int tally_store_snapshot(tally_store *s, const char *pattern, size_t plen,
+                         tally_value_fn fn, void *ud) {
+  if (!s || !fn) return tally__fail(TALLY_EINVAL, "tally_store_snapshot: NULL argument");
+  struct snap g = {.pattern = pattern && plen ? pattern : "*",
+                   .plen = pattern && plen ? plen : 1};
+  int64_t *vals = NULL;
+  int rc = tally__truncated(s);
+  size_t hint = (size_t)tally__index_live(s) + 16; /* one allocation, mostly */
+  tally__hold_begin(s); /* the records gathered are read again below */
+  if (rc == 0) rc = grow((void **)&g.e, &g.cap, hint, sizeof *g.e);
+  if (rc == 0) rc = grow((void **)&g.names, &g.names_cap, hint * 16, 1);
+  /* A batch over counters created while the walk ran may land in the
+   * ones it found and not in those it passed before they were there: the
+   * cut is taken again if any counter was created or dropped meanwhile,
+   * and the last time under the store lock, which creates take. */
+  for (int attempt = 1; rc == 0; attempt++) {
+    if (attempt == SNAP_TRIES && (rc = tally__lock(s)) == 0) g.locked = true;
+    uint64_t gen = atomic_load_explicit(&s->hdr->generation, memory_order_acquire);
+    g.n = g.names_len = 0;
+    free(vals);
+    vals = NULL;
+    if (rc == 0) rc = read_cut(s, &g, &vals);
+    if (rc || !vals || g.locked ||
+        atomic_load_explicit(&s->hdr->generation, memory_order_acquire) == gen)
+      break;
+  }
+  if (g.locked) tally__unlock(s);
   for (size_t i = 0; rc == 0 && i < g.n; i++) {
     struct snap_entry *e = &g.e[i];
     if (!e->loc) continue; /* dropped */
