@@ -239,10 +239,14 @@ local STAMP_MIN = 2^31
 
 -- An entry is -1 - slot until hit: a hit writes the slot itself, which
 -- keeps the name in the cache when its generation rotates (lua_slots.c).
-local function slot_hit(sl, name, i)
-  if i < 0 then
-    i = -1 - i
-    sl[name] = i
+-- Only over the entry read (e): a handle collected since (a finalizer runs
+-- at an allocation or a trace exit) took its entry away, and its slot is
+-- spare, or another name's by the next lend.
+local function slot_hit(sl, name, e)
+  local i = e
+  if e < 0 then
+    i = -1 - e
+    if sl[name] == e then sl[name] = i end
   end
   return i
 end

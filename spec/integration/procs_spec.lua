@@ -143,4 +143,37 @@ describe("a file store shared by processes", function()
     assert.equal(0, fails, why)   -- get or create: never "was dropped"
     db:close()
   end)
+
+  it("opens and counts by name while another process expires the names", function()
+    -- the upkeep's clock runs 3 s a tick against idle = 1: the names expire
+    -- again and again; an open that raced an expiry said "no such counter"
+    local path = helper.tmpfile()
+    assert(tally.open("file:" .. path)):close()
+    local script = helper.tmpfile("expirer.lua")
+    local f = assert(io.open(script, "w"))
+    f:write(([[
+      local db = assert(require("tally").open("file:" .. %q))
+      db:family("d*", { idle = 1 })
+      local t, stop = 1e6, os.clock() + 2
+      while os.clock() < stop do t = t + 3; db:tick(t) end
+      db:close()
+    ]]):format(path))
+    f:close()
+    local expirer = helper.spawn(script)
+    local db = assert(tally.open("file:" .. path, { handle_cache = 2, handle_admit = "always" }))
+    local fails, why, k, stop = 0, nil, 0, os.clock() + 1.5
+    while os.clock() < stop do
+      k = k + 1
+      local name = "d" .. (k % 3 + 1)
+      local ok, msg = db:incr(name)
+      if k % 2 == 0 then ok, msg = db:counter(name) end
+      if not ok then fails, why = fails + 1, msg end
+    end
+    local out = expirer:read("a")
+    local _, _, code = expirer:close()
+    assert.equal(0, code, out)
+    assert.is_true(k > 1000)
+    assert.equal(0, fails, why)   -- get or create: never "no such counter"
+    db:close()
+  end)
 end)

@@ -354,6 +354,41 @@ return function(helper, paths, use, bt)
           assert.is_true(db:incr("d"))
           assert.equal(11, db:value("d"))
         end)
+
+        it("stay their name's when its handle is collected in the middle of db:incr", function()
+          -- a finalizer runs at an allocation or a trace exit: here a line
+          -- hook collects on the line after by_name read the entry, and the
+          -- hit wrote the freed slot back, which the next name was lent:
+          -- x's increments went to y (or a slot was handed out twice)
+          local src = assert(package.searchpath("tally.ffi", package.path))
+          local line, n = nil, 0
+          for l in io.lines(src) do
+            n = n + 1
+            if l == "  local d = delta(n)" then line = n end
+          end
+          assert.is_number(line)
+          db = assert(tally.open("memory", { handle_cache = 0 }))   -- a weak cache
+          do
+            local c = db:counter("x") -- luacheck: ignore (held until the block ends)
+            assert.is_number(core._store_slots(db).x)               -- lent
+          end                                                       -- the weak cache's only
+          local armed = true
+          debug.sethook(function(_, l)
+            if armed and l == line and debug.getinfo(2, "S").short_src:find("ffi.lua", 1, true) then
+              armed = false
+              collectgarbage("collect")
+            end
+          end, "l")
+          local ok = db:incr("x")
+          debug.sethook()
+          assert.is_false(armed)
+          assert.is_true(ok)
+          local y = db:counter("y")
+          for _ = 1, 3 do assert.is_true(db:incr("x")) end
+          assert.same({ 4, 0 }, { db:value("x"), db:value("y") })
+          assert.is_true(y:incr())
+          assert.same({ 4, 1 }, { db:value("x"), db:value("y") })
+        end)
       end
 
       it("are emptied by db:close; the store handle then refuses", function()

@@ -174,8 +174,9 @@ int tl_counter_push(lua_State *L, int dbidx, const char *name, size_t len,
   lua_pushvalue(L, dbidx);
   tl_setuv(L, -2, TL_CUV_STORE);
 
-  /* a counter dropped by another process between the open and its info:
-   * opened (so created) again when the open may create */
+  /* a counter dropped by another process between the open and its info
+   * (EDROPPED), or expired (ENOENT: its handle's info does not bring it
+   * back): opened (so created) again when the open may create */
   for (int tries = 0;; tries++) {
     rc = tally_counter_open(d->store, name, len, opt, flags, &c);
     if (rc < 0) {
@@ -189,7 +190,7 @@ int tl_counter_push(lua_State *L, int dbidx, const char *name, size_t len,
     rc = tally_counter_info_get(c, &info);
     if (rc == 0) break;
     tl_counter_release(h);
-    if (rc != TALLY_EDROPPED || !(flags & TALLY_COUNTER_CREATE) ||
+    if ((rc != TALLY_EDROPPED && rc != TALLY_ENOENT) || !(flags & TALLY_COUNTER_CREATE) ||
         tries >= TL_DROP_RETRIES) {
       lua_pop(L, 1);
       return rc;

@@ -95,8 +95,10 @@ static void tl_slot_empty(tl_store *d, size_t i) {
   d->lent[i] = NULL;
 }
 
-/* Slot i emptied and kept for reuse: no entry may name it any more. */
+/* Slot i emptied and kept for reuse: no entry may name it any more. One
+ * already spare (a stale entry named it) is not kept twice. */
 static void tl_slot_free(tl_store *d, size_t i) {
+  if (i >= d->used || d->lent[i] == NULL) return;
   tl_slot_empty(d, i);
   d->spare[d->nspare++] = i;
 }
@@ -109,6 +111,13 @@ static size_t tl_slot_at(lua_State *L, int idx) {
 
 static int tl_slot_stamped(lua_State *L, int idx) {
   return lua_type(L, idx) == LUA_TNUMBER && lua_tointeger(L, idx) >= TL_STAMP_MIN;
+}
+
+/* Is slot i lent to a handle of h's name? */
+static int tl_slot_named(tl_store *d, size_t i, const tl_counter *h) {
+  const tl_counter *o = d->lent[i];
+  return o != NULL && o->namelen == h->namelen &&
+         memcmp(o->name, h->name, h->namelen) == 0;
 }
 
 /* Is h a handle that holds a slot of d? */
@@ -128,7 +137,9 @@ void tl_slot_lend(lua_State *L, int db, int name, int h) {
   lua_pushvalue(L, name);
   lua_rawget(L, -2);
   if (lua_type(L, -1) == LUA_TNUMBER) { /* an older handle's: its entry is replaced */
-    if (!tl_slot_stamped(L, -1)) tl_slot_free(d, tl_slot_at(L, -1));
+    size_t old = tl_slot_at(L, -1);
+    if (!tl_slot_stamped(L, -1) && old < d->used && tl_slot_named(d, old, hd))
+      tl_slot_free(d, old); /* only if that handle's: else the entry was stale */
     lua_pushvalue(L, name);
     lua_pushnil(L);
     lua_rawset(L, -4);
@@ -142,7 +153,7 @@ void tl_slot_lend(lua_State *L, int db, int name, int h) {
       lua_pushinteger(L, -1 - (lua_Integer)i); /* not hit yet */
       lua_rawset(L, -3);
     } else {
-      tl_slot_free(d, (size_t)i);
+      d->spare[d->nspare++] = (size_t)i; /* never lent */
     }
   }
   lua_pop(L, 1);
