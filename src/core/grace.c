@@ -158,6 +158,13 @@ static int claim(tally_store *s, uint64_t seen) {
   return 0;
 }
 
+/* Free slot i, held by owner: the word first, since once the slot is
+ * free the word is the next owner's. */
+static void give_slot_back(struct tally__proc *t, uint32_t i, uint64_t owner) {
+  atomic_store(&t[i].seen, 0);
+  atomic_compare_exchange_strong(&t[i].owner, &owner, 0);
+}
+
 int tally__grace_open(tally_store *s) {
   s->grace_ms = DEFAULT_GRACE_MS;
   const char *g = getenv("TALLY_GRACE_MS");
@@ -175,11 +182,7 @@ void tally__grace_close(tally_store *s) {
   struct tally__proc *t = procs(s);
   if (!t) return;
   uint64_t me = atomic_load(&t[s->proc].owner);
-  if (me >> 32 == (uint64_t)tally__pid() && (me & 1)) {
-    /* the word first: once the slot is free, the word is the next owner's */
-    atomic_store(&t[s->proc].seen, 0);
-    atomic_compare_exchange_strong(&t[s->proc].owner, &me, 0);
-  }
+  if (me >> 32 == (uint64_t)tally__pid() && (me & 1)) give_slot_back(t, s->proc, me);
 }
 
 /* A forked child holds copies of its parent's handles, valid as of the
@@ -204,12 +207,9 @@ void tally__grace_fork_prepare(tally_store *s) {
 
 void tally__grace_fork_parent(tally_store *s, bool failed) {
   struct tally__proc *t = procs(s);
-  uint64_t r = s->fork_owner;
   if (failed && t && s->fork_slot < TALLY__PROCS &&
-      atomic_load(&t[s->fork_slot].owner) == r) { /* the word first, as a close */
-    atomic_store(&t[s->fork_slot].seen, 0);
-    atomic_compare_exchange_strong(&t[s->fork_slot].owner, &r, 0);
-  }
+      atomic_load(&t[s->fork_slot].owner) == s->fork_owner)
+    give_slot_back(t, s->fork_slot, s->fork_owner);
   pthread_mutex_unlock(&s->hlock);
 }
 
@@ -483,11 +483,12 @@ int tally__grace_others(tally_store *s, int64_t *pid) {
   if (!t)
     return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (process table)",
                        tally__store_name(s));
+  int64_t now_ms = tally_monotonic_ms();
   for (uint32_t i = 0; i < TALLY__PROCS; i++) {
     uint64_t o = atomic_load(&t[i].owner);
     if (!o || i == s->proc) continue;
     /* dead (or a zombie), or reserved for a child long ago: free now */
-    if (!slot_alive(o, tally_monotonic_ms())) {
+    if (!slot_alive(o, now_ms)) {
       atomic_compare_exchange_strong(&t[i].owner, &o, 0);
       continue;
     }
@@ -507,9 +508,10 @@ int tally_store_grace(tally_store *s, tally_grace_info *out) {
                        tally__store_name(s));
   uint64_t epoch = atomic_load(&s->hdr->epoch);
   out->epoch = epoch;
+  int64_t now_ms = tally_monotonic_ms();
   for (uint32_t i = 0; i < TALLY__PROCS; i++) {
     uint64_t o = atomic_load(&t[i].owner), w = atomic_load(&t[i].seen);
-    if (!o || !slot_alive(o, tally_monotonic_ms())) continue;
+    if (!o || !slot_alive(o, now_ms)) continue;
     out->processes++;
     if (!(w & 1) && (w >> 1) < epoch) {
       if (!out->oldest_pid || (w >> 1) < out->oldest_seen) {

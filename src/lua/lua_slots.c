@@ -115,7 +115,7 @@ static int tl_slot_stamped(lua_State *L, int idx) {
 
 /* Is slot i lent to a handle of h's name? */
 static int tl_slot_named(tl_store *d, size_t i, const tl_counter *h) {
-  const tl_counter *o = d->lent[i];
+  const tl_counter *o = i < d->used ? d->lent[i] : NULL;
   return o != NULL && o->namelen == h->namelen &&
          memcmp(o->name, h->name, h->namelen) == 0;
 }
@@ -138,7 +138,7 @@ void tl_slot_lend(lua_State *L, int db, int name, int h) {
   lua_rawget(L, -2);
   if (lua_type(L, -1) == LUA_TNUMBER) { /* an older handle's: its entry is replaced */
     size_t old = tl_slot_at(L, -1);
-    if (!tl_slot_stamped(L, -1) && old < d->used && tl_slot_named(d, old, hd))
+    if (!tl_slot_stamped(L, -1) && tl_slot_named(d, old, hd))
       tl_slot_free(d, old); /* only if that handle's: else the entry was stale */
     lua_pushvalue(L, name);
     lua_pushnil(L);
