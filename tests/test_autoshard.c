@@ -202,12 +202,7 @@ static int busy_stays_main(void) {
 }
 
 static void test_busy_stays(void) {
-  fflush(stdout);
-  pid_t pid = fork();
-  if (pid == 0) _exit(busy_stays_main());
-  int st = 0;
-  EXPECT(pid > 0 && waitpid(pid, &st, 0) == pid);
-  EXPECT(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  tu_in_child("a busy counter under upkeep", busy_stays_main);
 }
 
 #define NCOLD 100000

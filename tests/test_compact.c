@@ -577,13 +577,7 @@ static int compact_fork_main(void) {
 }
 
 static void test_compact_beside_fork(void) {
-  fflush(NULL);
-  pid_t pid = fork();
-  if (pid == 0) _exit(compact_fork_main());
-  int st = 0;
-  EXPECT(pid > 0 && waitpid(pid, &st, 0) == pid);
-  EXPECT(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-  if (WIFSIGNALED(st)) TU_FAIL("the child died of signal %d: a deadlock?", WTERMSIG(st));
+  tu_in_child("compactions beside forks (SIGALRM: a deadlock)", compact_fork_main);
 }
 
 int main(void) {

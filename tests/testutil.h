@@ -15,6 +15,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -197,6 +198,22 @@ static inline void tu_expect_acked(int64_t total, int64_t acked) {
   if (total < acked || total > acked + 1)
     TU_FAIL("total %lld, acknowledged %lld (at most one more may land)", (long long)total,
             (long long)acked);
+}
+
+/* Run fn in a forked child (a process of its own: its environment, its
+ * clock, its deadlock) and expect it to exit 0; fn bounds itself (alarm). */
+static inline void tu_in_child(const char *what, int (*fn)(void)) {
+  fflush(NULL);
+  pid_t pid = fork();
+  if (pid == 0) _exit(fn());
+  int st = 0;
+  atomic_fetch_add(&tu_checks, 1);
+  if (pid < 0 || waitpid(pid, &st, 0) != pid)
+    TU_FAIL("%s: no child to wait for: %s", what, strerror(errno));
+  else if (WIFSIGNALED(st))
+    TU_FAIL("%s: the child died of signal %d", what, WTERMSIG(st));
+  else if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+    TU_FAIL("%s: the child exited %d", what, WEXITSTATUS(st));
 }
 
 static inline int tu_finish(const char *name) {
