@@ -65,8 +65,8 @@ static bool schedules_behind(tally_store *s, int64_t since_ms) {
     int64_t every = atomic_load(&sl->every_ms), done = atomic_load(&sl->done);
     if (!atomic_load(&sl->id) || every <= 0) continue;
     int64_t until = atomic_load(&sl->until);
-    if (until < mono - 2 * every - 1000) continue;            /* abandoned */
-    if (until > mono + (every > 500 ? every : 500)) continue; /* another boot's */
+    if (until < mono - 2 * every - 1000) continue;         /* abandoned */
+    if (until > mono + tally__lease_span(every)) continue; /* another boot's */
     if (done == 0 || (done - 1) * every < since_ms) return true;
   }
   return false;

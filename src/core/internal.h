@@ -745,6 +745,14 @@ struct tally__sched_slot {  /* one cache line */
   uint64_t reserved_;
 };
 
+/* How long a schedule's lease lasts without renewal: one period, but not
+ * so short that a holder busy with a large store loses it between
+ * renewals. A lease ending later than that from now was taken under
+ * another boot's monotonic clock. */
+static inline int64_t tally__lease_span(int64_t every_ms) {
+  return every_ms > 500 ? every_ms : 500;
+}
+
 struct tally__rollup_table {
   uint64_t magic;
   uint64_t check; /* keyed by the store's salt */

@@ -150,12 +150,6 @@ static uint64_t lease_me(void) {
   return (uint64_t)(uint32_t)getpid() << 32 | token;
 }
 
-/* How long a lease lasts without renewal: one period, but not so short
- * that a holder busy with a large store loses it between renewals. */
-static int64_t lease_span(const tally_schedule *sch) {
-  return sch->every_ms > 500 ? sch->every_ms : 500;
-}
-
 /* Caller holds the store lock. */
 static bool lease_take(struct tally__sched_slot *slot, uint64_t me, int64_t span) {
   uint64_t owner = atomic_load_explicit(&slot->owner, memory_order_acquire);
@@ -312,7 +306,7 @@ static void prefetch_slots(struct tally__block *b, struct tally__when *w) {
 #define AHEAD 16 /* members prefetched ahead: record and block, then slots */
 
 static bool run_renew(struct run *u) {
-  return lease_renew(u->slot, u->me, lease_span(u->sch));
+  return lease_renew(u->slot, u->me, tally__lease_span(u->sch->every_ms));
 }
 
 /* Claim member i's current block: *b NULL if it has none (damaged). */
@@ -417,7 +411,7 @@ int tally_schedule_tick(tally_schedule *sch, int64_t now_ms, tally_rollup_fn fn,
     tally__unlock(s);
     return 0;
   }
-  if (!lease_take(u.slot, u.me, lease_span(sch))) {
+  if (!lease_take(u.slot, u.me, tally__lease_span(sch->every_ms))) {
     tally__unlock(s);
     out->status = TALLY_TICK_BUSY;
     return 0;
