@@ -300,14 +300,18 @@ static void test_slots_run_out(void) {
   tally_store_close(s);
 }
 
-/* Threads that batched and still run when the store closes: their slot
- * records are kept, reachable, as orphans (their threads' exit runs no
- * destructor for a deleted key), and freed at a later close once their
- * threads are gone (under ASan, LeakSanitizer fails the test if they
- * leak). */
+/* n threads batch once on a new store, then it closes.
+ *  - linger: they still run at the close. Their slot records are kept,
+ *    reachable, as orphans (their threads' exit runs no destructor for a
+ *    deleted key), and freed at a later close once their threads are gone
+ *    (under ASan, LeakSanitizer fails the test if they leak).
+ *  - else they exit as it closes (their destructor and the close at once):
+ *    a record was freed by both, or used after the close freed it (glibc
+ *    may run a destructor already fetched when the key is deleted); under
+ *    ASan any use after free fails. */
 struct lingerer {
   tally_counter *c;
-  pthread_barrier_t *batched, *closed;
+  pthread_barrier_t *batched, *closed; /* closed: NULL, exit at once */
   int rc;
 };
 
@@ -315,30 +319,29 @@ static void *lingerer_main(void *ud) {
   struct lingerer *l = ud;
   l->rc = tally_counter_incr(l->c, 1);
   pthread_barrier_wait(l->batched);
-  pthread_barrier_wait(l->closed); /* exits only after the store closed */
+  if (l->closed) pthread_barrier_wait(l->closed); /* exits after the store closed */
   return NULL;
 }
 
-static void test_close_with_live_writers(void) {
-  enum { T = 3 };
+static void close_with_writers(int n, bool linger) {
   tally_store *s;
   REQUIRE_OK(tally_store_open("memory", NULL, &s));
   tally_counter *c = slot_counter(s, "c");
   pthread_barrier_t batched, closed;
-  pthread_barrier_init(&batched, NULL, T + 1);
-  pthread_barrier_init(&closed, NULL, T + 1);
-  struct lingerer l[T];
-  pthread_t th[T];
-  for (int i = 0; i < T; i++) {
-    l[i] = (struct lingerer){c, &batched, &closed, -1};
+  pthread_barrier_init(&batched, NULL, (unsigned)n + 1);
+  pthread_barrier_init(&closed, NULL, (unsigned)n + 1);
+  struct lingerer l[8];
+  pthread_t th[8];
+  for (int i = 0; i < n; i++) {
+    l[i] = (struct lingerer){c, &batched, linger ? &closed : NULL, -1};
     pthread_create(&th[i], NULL, lingerer_main, &l[i]);
   }
   pthread_barrier_wait(&batched);
-  EXPECT_I64(T, tu_value(c));
+  if (linger) EXPECT_I64(n, tu_value(c));
   tally_counter_close(c);
   tally_store_close(s);
-  pthread_barrier_wait(&closed);
-  for (int i = 0; i < T; i++) {
+  if (linger) pthread_barrier_wait(&closed);
+  for (int i = 0; i < n; i++) {
     pthread_join(th[i], NULL);
     EXPECT_OK(l[i].rc);
   }
@@ -346,47 +349,14 @@ static void test_close_with_live_writers(void) {
   pthread_barrier_destroy(&closed);
 }
 
-/* Threads that batched exit while their store closes (their destructor and
- * the close at once): a record was freed by both, or used after the close
- * freed it (glibc may run a destructor already fetched when the key is
- * deleted). 1.5 s of rounds; under ASan any use after free fails. */
-struct exiter {
-  tally_counter *c;
-  pthread_barrier_t *batched;
-  int rc;
-};
-
-static void *exiter_main(void *ud) {
-  struct exiter *e = ud;
-  e->rc = tally_counter_incr(e->c, 1);
-  pthread_barrier_wait(e->batched);
-  return NULL; /* exits now, as the store closes */
+static void test_close_with_live_writers(void) {
+  close_with_writers(3, true);
 }
 
 static void test_close_as_writers_exit(void) {
-  enum { T = 8 };
   long rounds = 0;
-  for (double end = tu_now() + 1.5; tu_now() < end; rounds++) {
-    tally_store *s;
-    REQUIRE_OK(tally_store_open("memory", NULL, &s));
-    tally_counter *c = slot_counter(s, "c");
-    pthread_barrier_t batched;
-    pthread_barrier_init(&batched, NULL, T + 1);
-    struct exiter e[T];
-    pthread_t th[T];
-    for (int i = 0; i < T; i++) {
-      e[i] = (struct exiter){c, &batched, -1};
-      pthread_create(&th[i], NULL, exiter_main, &e[i]);
-    }
-    pthread_barrier_wait(&batched);
-    tally_counter_close(c);
-    tally_store_close(s);
-    for (int i = 0; i < T; i++) {
-      pthread_join(th[i], NULL);
-      EXPECT_OK(e[i].rc);
-    }
-    pthread_barrier_destroy(&batched);
-  }
+  for (double end = tu_now() + 1.5; tu_now() < end; rounds++)
+    close_with_writers(8, false);
   printf("  %ld closes as 8 writer threads exit\n", rounds);
 }
 
