@@ -184,12 +184,7 @@ static void test_threads(void) {
   atomic_bool stop = false;
   struct writer w[2] = {{.s = s, .seed = 3, .only = -1}, {.s = s, .seed = 5, .only = -1}};
   struct tu_mover m = {.s = s, .prefix = "t:", .n = NAMES, .stop = &stop};
-  pthread_t th[3];
-  pthread_create(&th[2], NULL, tu_mover_main, &m);
-  for (int t = 0; t < 2; t++) pthread_create(&th[t], NULL, writer_main, &w[t]);
-  for (int t = 0; t < 2; t++) pthread_join(th[t], NULL);
-  atomic_store(&stop, true);
-  pthread_join(th[2], NULL);
+  tu_write_while_moving(&m, writer_main, &w[0], &w[1]);
   EXPECT(m.moves > 0);
   for (int i = 0; i < NAMES; i++) {
     char nm[32];
@@ -218,6 +213,7 @@ static void test_threads(void) {
                         {.s = s, .only = 0, .stop = &done, .limit = INT_MAX}};
   EXPECT_OK(tally_store_drop(s, "t:0", 3));
   EXPECT_OK(incr(s, "t:0", 0, TALLY_COUNTER_CREATE));
+  pthread_t th[2];
   for (int t = 0; t < 2; t++) pthread_create(&th[t], NULL, writer_main, &h[t]);
   tally_counter_info in;
   memset(&in, 0, sizeof in);

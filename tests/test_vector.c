@@ -489,12 +489,7 @@ static int64_t run_exact(tally_store *s, tally_vector *v, const char *prefix,
   atomic_bool stop = false;
   struct tu_mover m = {.s = s, .prefix = prefix, .n = SLOTS, .stop = &stop};
   struct writer w[2] = {{.v = v, .seed = a, .m = &m}, {.v = v, .seed = b, .m = &m}};
-  pthread_t th[3];
-  pthread_create(&th[2], NULL, tu_mover_main, &m);
-  for (int t = 0; t < 2; t++) pthread_create(&th[t], NULL, fn, &w[t]);
-  for (int t = 0; t < 2; t++) pthread_join(th[t], NULL);
-  atomic_store(&stop, true);
-  pthread_join(th[2], NULL);
+  tu_write_while_moving(&m, fn, &w[0], &w[1]);
   EXPECT(atomic_load(&m.rounds) >= 3);
   int64_t total = 0;
   for (int i = 0; i < SLOTS; i++) {

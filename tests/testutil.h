@@ -8,7 +8,9 @@
 #define TALLY_TESTUTIL_H
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -189,6 +191,19 @@ static inline void *tu_mover_main(void *ud) {
   for (int i = 0; i < m->n; i++) tally_counter_close(c[i]);
   free(c);
   return NULL;
+}
+
+/* Two writer threads, fn(w0) and fn(w1), while m's mover reshards; once
+ * both writers are done, the mover is stopped. */
+static inline void tu_write_while_moving(struct tu_mover *m, void *(*fn)(void *),
+                                         void *w0, void *w1) {
+  pthread_t mover, th[2];
+  pthread_create(&mover, NULL, tu_mover_main, m);
+  pthread_create(&th[0], NULL, fn, w0);
+  pthread_create(&th[1], NULL, fn, w1);
+  for (int t = 0; t < 2; t++) pthread_join(th[t], NULL);
+  atomic_store(m->stop, true);
+  pthread_join(mover, NULL);
 }
 
 /* Every acknowledged increment counted, and at most one more: a process
