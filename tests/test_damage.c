@@ -311,7 +311,7 @@ static void test_truncated(void) {
 
 /* ---- a limbo item's size ------------------------------------------------------ */
 
-/* A retired record's item in the limbo queue, its size (in 16-byte units)
+/* A retired record's item in the limbo queue, its size (in s->small units)
  * damaged past the free lists: open, check, upkeep and new counters report
  * the damage and never index a list past the header's (found by fuzzing
  * the command: UBSan, and an out-of-bounds push in a release build). */
@@ -322,7 +322,7 @@ static void test_limbo_item(void) {
   tally_counter *c;
   REQUIRE_OK(tally_store_open(spec, NULL, &s));
   REQUIRE_OK(tu_counter(s, "victim", 2, -1, TALLY_COUNTER_CREATE, &c));
-  uint64_t rec_off = tally__crec(c), units = tally__round(tally__rec_bytes(6), 16) / 16;
+  uint64_t rec_off = tally__crec(c), units = tally__rec_units(s, 6);
   tally_counter_close(c);
   for (int i = 0; i < 100;
        i++) { /* records after it: its damaged size stays in the arena */

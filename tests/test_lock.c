@@ -8,8 +8,10 @@
  *     the lock, that process still alive) or from before a reboot (a word
  *     naming a live process that does not have the file open) is taken over;
  *   - a format 7 file still uses flock(), so an outside flock() excludes
- *     its creations, where it does not touch a format 8 file's, and
- *     compaction turns it into a format 8 file;
+ *     its creations, where it does not touch a format 8 or 9 file's, and
+ *     compaction turns it into a format 9 file;
+ *   - a format 9 file cuts records in 8-byte units, a format 8 one still
+ *     in 16 (older versions free its records by that unit);
  *   - processes creating the same names at once each get them once.
  * The holder is a forked child that takes the lock through the library's
  * own tally__lock and reports on a pipe.
@@ -281,16 +283,18 @@ static void test_leader_exited(void) {
   EXPECT(WIFEXITED(st) && WEXITSTATUS(st) == 0);
 }
 
-/* The format 7 file: flock(), as before; an outside flock() excludes its
- * creations. A format 8 file ignores flock(). */
+/* The older formats: format 7's flock(), as before (an outside flock()
+ * excludes its creations; from format 8 it does not), and format 8's
+ * 16-byte record unit. The file is made, then marked older while it
+ * holds no record, as a file an older version made would be. */
 uint64_t tally__header_check(const struct tally__header *h); /* arena.c */
 
-static void make_format7(const char *path) {
+static void make_format(const char *path, uint32_t format) {
   int fd = open(path, O_RDWR);
   REQUIRE_OK(fd < 0 ? TALLY_ESYS : 0);
   struct tally__header h;
   REQUIRE_OK(pread(fd, &h, sizeof h, 0) != (ssize_t)sizeof h ? TALLY_ESYS : 0);
-  h.format = 7;
+  h.format = format;
   h.check = tally__header_check(&h);
   REQUIRE_OK(pwrite(fd, &h, offsetof(struct tally__header, pad0_), 0) !=
                      (ssize_t)offsetof(struct tally__header, pad0_)
@@ -299,17 +303,24 @@ static void make_format7(const char *path) {
   close(fd);
 }
 
+/* A new file of the format: made by this version, marked older if asked. */
+static void new_store(const char *file, uint32_t format, char *spec, size_t spec_len,
+                      char *path, size_t path_len) {
+  spec_of(spec, spec_len, path, path_len, file);
+  tally_store *s = NULL;
+  REQUIRE_OK(tally_store_open(spec, NULL, &s));
+  tally_store_close(s);
+  if (format != TALLY__FORMAT) make_format(path, format);
+}
+
 static void test_formats(void) {
-  for (int format = 7; format <= 8; format++) {
+  for (uint32_t format = 7; format <= TALLY__FORMAT; format++) {
     char spec[1300], path[1300], name[32];
-    snprintf(name, sizeof name, "f%d.tly", format);
-    spec_of(spec, sizeof spec, path, sizeof path, name);
+    snprintf(name, sizeof name, "f%u.tly", format);
+    new_store(name, format, spec, sizeof spec, path, sizeof path);
     tally_store *s = NULL;
     REQUIRE_OK(tally_store_open(spec, NULL, &s));
     EXPECT_OK(tally_store_incr(s, "f:a", 3, 2, TALLY_COUNTER_CREATE));
-    tally_store_close(s);
-    if (format == 7) make_format7(path);
-    REQUIRE_OK(tally_store_open(spec, NULL, &s));
     tally_store_stats st;
     EXPECT_OK(tally_store_stats_get(s, &st));
     EXPECT_I64(format, st.format);
@@ -335,11 +346,51 @@ static void test_formats(void) {
     EXPECT_OK(tally_store_compact(path, 0, NULL, NULL));
     REQUIRE_OK(tally_store_open(spec, NULL, &s));
     EXPECT_OK(tally_store_stats_get(s, &st));
-    EXPECT_I64(8, st.format);
+    EXPECT_I64(TALLY__FORMAT, st.format);
     expect_value(s, "f:a", 2);
     expect_value(s, "f:b", 1);
     tally_store_close(s);
   }
+}
+
+static uint64_t rec_of(tally_store *s, const char *name) {
+  tally_counter *c = NULL;
+  REQUIRE_OK(tally_counter_open(s, name, strlen(name), NULL, 0, &c));
+  uint64_t off = tally__crec(c);
+  tally_counter_close(c);
+  return off;
+}
+
+/* Two records of 17-byte names made one after the other lie 88 bytes
+ * apart in a format 9 file (64 + 17 + 1, rounded up to 8), 96 in a format
+ * 8 one; a dropped record's place goes to the next record of its size. */
+static void test_record_units(void) {
+  static const char *const names[] = {"units:00000000001", "units:00000000002",
+                                      "units:00000000003"};
+  setenv("TALLY_GRACE_MS", "0", 1); /* one process: the drop is ripe at once */
+  for (uint32_t format = 8; format <= TALLY__FORMAT; format++) {
+    char spec[1300], path[1300], file[32];
+    snprintf(file, sizeof file, "u%u.tly", format);
+    new_store(file, format, spec, sizeof spec, path, sizeof path);
+    tally_store *s = NULL;
+    REQUIRE_OK(tally_store_open(spec, NULL, &s));
+    /* the first counter takes the cells' chunk, so the next two are neighbours */
+    EXPECT_OK(tally_store_incr(s, "units:first", 11, 1, TALLY_COUNTER_CREATE));
+    for (int i = 0; i < 2; i++)
+      EXPECT_OK(tally_store_incr(s, names[i], 17, i + 1, TALLY_COUNTER_CREATE));
+    uint64_t a = rec_of(s, names[0]), b = rec_of(s, names[1]);
+    EXPECT_I64(format >= 9 ? 88 : 96, (int64_t)(b - a));
+    EXPECT_OK(tally_store_drop(s, names[0], 17));
+    EXPECT_OK(tally_store_maintain(s, 0, 0, NULL));
+    EXPECT_OK(tally_store_incr(s, names[2], 17, 3, TALLY_COUNTER_CREATE));
+    EXPECT_I64((int64_t)a, (int64_t)rec_of(s, names[2]));
+    expect_value(s, names[1], 2);
+    expect_value(s, names[2], 3);
+    expect_value(s, "units:first", 1);
+    EXPECT_OK(tally_store_check(s));
+    tally_store_close(s);
+  }
+  unsetenv("TALLY_GRACE_MS");
 }
 
 /* Processes that create at once, through the word: every counter is
@@ -386,6 +437,7 @@ int main(void) {
   test_stale_words();
   test_leader_exited();
   test_formats();
+  test_record_units();
   test_creators();
   int rc = tu_finish("test_lock");
   if (rc == 0) tu_rmrf(g_dir);

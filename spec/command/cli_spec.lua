@@ -462,7 +462,7 @@ describe("tally inspection commands", function()
     local out, err, code = run("info", path)
     assert.equal(0, code, err)
     assert.matches("^store      file:" .. path:gsub("%p", "%%%0") .. "\n", out)
-    assert.matches("\nformat     8\n", out)
+    assert.matches("\nformat     9\n", out)
     assert.matches("\ncounters   3\n", out)
     assert.matches("\nfile size  [%d.]+ [KMG]?i?B %(%d+ bytes%)\n", out)
     assert.matches("\nused       [%d.]+ [KMG]?i?B; [%d.]+ [KMG]?i?B free inside the file\n", out)
@@ -482,7 +482,7 @@ describe("tally inspection commands", function()
     local db = assert(tally.open("file:" .. path))
     local st = db:stats()
     db:close()
-    assert.same({ store = "file:" .. path, format = 8, counters = 3, file_bytes = st.file_bytes,
+    assert.same({ store = "file:" .. path, format = 9, counters = 3, file_bytes = st.file_bytes,
                   used_bytes = st.used_bytes, free_bytes = st.file_bytes - st.used_bytes,
                   max_bytes = 32 * 2^30, fs_avail_bytes = doc.fs_avail_bytes,
                   live_bytes = st.live_bytes, retired_bytes = 0, reusable_bytes = 0,

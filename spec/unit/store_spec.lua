@@ -523,7 +523,7 @@ describe("tally.store:stats()", function()
   it("says the format, the size limit, the writers and the schedules kept", function()
     local db = assert(tally.open("file:" .. helper.tmpfile()))
     local st = db:stats()
-    assert.same({ 8, 32 * 2^30, 0, 0 }, { st.format, st.max_bytes, st.writers, st.schedules })
+    assert.same({ 9, 32 * 2^30, 0, 0 }, { st.format, st.max_bytes, st.writers, st.schedules })
     db:incr("a")                                    -- this thread draws a ticket
     db:rollup("a", { every = 10 })
     db:rollup("*", { every = 60 })

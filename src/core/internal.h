@@ -33,19 +33,20 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#define TALLY__MAGIC         "\x89TALLY\r\n"
-#define TALLY__FORMAT        8u /* 7 still opens: its store lock is flock() */
-#define TALLY__FORMAT_FLOCK  7u
-#define TALLY__BYTE_ORDER    0x01020304u
-#define TALLY__HEADER_BYTES  4096u
-#define TALLY__CLASS_OFF     4096u
-#define TALLY__JOURNAL_OFF   (TALLY__CLASS_OFF + TALLY_MAX_SHARDS * 16u)
-#define TALLY__ARENA_OFF     (TALLY__JOURNAL_OFF + TALLY_MAX_SHARDS * 8u)
-#define TALLY__ROW_CELLS     520u
-#define TALLY__ROW_BYTES     (TALLY__ROW_CELLS * 8u)
-#define TALLY__MAX_BYTES     (32ull << 30) /* offsets >> 3 fit in 32 bits */
-#define TALLY__PIECE_CLASSES 64u           /* sizes with a free list each */
-#define TALLY__PROCS         1024u         /* processes with a store open */
+#define TALLY__MAGIC          "\x89TALLY\r\n"
+#define TALLY__FORMAT         9u /* 7 and 8 still open: see the next two */
+#define TALLY__FORMAT_FLOCK   7u /* its store lock is flock() */
+#define TALLY__FORMAT_SMALL16 8u /* up to it, records come in 16-byte units */
+#define TALLY__BYTE_ORDER     0x01020304u
+#define TALLY__HEADER_BYTES   4096u
+#define TALLY__CLASS_OFF      4096u
+#define TALLY__JOURNAL_OFF    (TALLY__CLASS_OFF + TALLY_MAX_SHARDS * 16u)
+#define TALLY__ARENA_OFF      (TALLY__JOURNAL_OFF + TALLY_MAX_SHARDS * 8u)
+#define TALLY__ROW_CELLS      520u
+#define TALLY__ROW_BYTES      (TALLY__ROW_CELLS * 8u)
+#define TALLY__MAX_BYTES      (32ull << 30) /* offsets >> 3 fit in 32 bits */
+#define TALLY__PIECE_CLASSES  64u           /* sizes with a free list each */
+#define TALLY__PROCS          1024u         /* processes with a store open */
 
 /* A live cell holds a value in [-2^62, 2^62): bits 63 and 62 agree. A move
  * (reshard, drop) retires a cell by swapping in SENTINEL, deep inside the
@@ -242,6 +243,8 @@ struct tally_store {
   _Atomic int64_t *journal;     /* TALLY_MAX_SHARDS saved cell values */
   pthread_mutex_t lock;
   bool lock_word;           /* format 8: the lock is hdr->lock_owner, not flock() */
+  uint32_t small;           /* the unit of records and limbo nodes: 8 bytes
+                               from format 9, 16 before (space.c) */
   bool lock_stale;          /* forked: fd's open file is shared with the parent */
   uint64_t id;              /* unique in this process (thread tickets) */
   tally_store *prev, *next; /* open stores, for fork handling */
@@ -420,7 +423,7 @@ uint64_t tally__header_check(const struct tally__header *h);
 const char *tally__store_name(const tally_store *s); /* for messages */
 int tally__truncated(tally_store *s);                /* ECORRUPT if the file shrank */
 /* `bytes` zeroed bytes, 64-aligned and rounded up to 64 (alloc), or
- * 16-aligned and rounded up to 16 (alloc_small: records, limbo nodes): a
+ * aligned and rounded up to s->small (alloc_small: records, limbo nodes): a
  * free piece of the kind if one fits (space.c), else fresh arena. Caller
  * holds the lock. */
 int tally__alloc(tally_store *s, uint64_t bytes, uint64_t *off);
@@ -449,7 +452,7 @@ void tally__registry_remove(tally_store *s);
 /* A limbo node: what retirements at one epoch freed, reusable once every
  * process has passed that epoch, grace_ms after that was first seen.
  * Items: off >> 3 in bits 0..31, kind in 32..33, size in 34..63 (SMALL: a
- * counter record of bytes / 16, from alloc_small; ALIGNED: bytes / 64,
+ * counter record of bytes / s->small, from alloc_small; ALIGNED: bytes / 64,
  * from alloc; COLUMN: cells of `size` shards; REF: no space, a counter
  * whose handles must look again, size 0). */
 enum {
@@ -725,6 +728,10 @@ _Static_assert(sizeof(struct tally__rec) == 64,
                "a counter record's fixed part is 64 bytes");
 static inline uint64_t tally__rec_bytes(size_t len) {
   return sizeof(struct tally__rec) + len + 1;
+}
+/* ... as alloc_small hands it out, in units of s->small */
+static inline uint64_t tally__rec_units(const tally_store *s, size_t len) {
+  return tally__round(tally__rec_bytes(len), s->small) / s->small;
 }
 
 /* ---- rollup.c, schedule.c ---- */

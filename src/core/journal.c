@@ -67,8 +67,7 @@ static int bury(tally_store *s, uint64_t rec_off, uint64_t ident) {
   if (atomic_load(&r->flags) & TALLY__REC_LIMBO) return 0;
   uint64_t loc = atomic_load(&r->loc), items[3];
   uint32_t n = 0;
-  items[n++] = tally__item(TALLY__ITEM_SMALL, rec_off,
-                           tally__round(tally__rec_bytes(r->name_len), 16) / 16);
+  items[n++] = tally__item(TALLY__ITEM_SMALL, rec_off, tally__rec_units(s, r->name_len));
   items[n++] = tally__item(TALLY__ITEM_COLUMN, (loc >> 32) << 3, tally__loc_shards(loc));
   struct tally__block *b = NULL;
   if (tally__block_of(s, rec_off, &b) == 0 && b)

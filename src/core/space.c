@@ -8,7 +8,8 @@
  * grace.c decides when every process has passed an epoch; then the ripe
  * nodes' pieces go to free lists, and allocation takes from those first.
  *
- * Three kinds of space: small pieces (records, limbo nodes; 16-aligned),
+ * Three kinds of space: small pieces (records, limbo nodes; in units of
+ * s->small: 8 bytes, 16 in stores before format 9),
  * aligned pieces (index tables, rollup blocks; 64-aligned) and columns of
  * cells (a counter's shards inside a chunk). Each has lists by exact size,
  * so reuse rarely splits or searches: churn creates the sizes it frees.
@@ -30,7 +31,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define SMALL     16u
 #define ALIGNED   64u
 #define BIG_WALK  64u          /* entries looked at in a bucket of large pieces */
 #define CARVE_MIN (64u * 1024) /* the smallest piece worth carving */
@@ -85,7 +85,7 @@ static int piece_at(tally_store *s, uint64_t word, uint64_t id, uint64_t want,
   int rc = tally__unseal(s, TALLY__SEAL_FREE, word, id, off);
   if (rc) return rc;
   if (!*off) return 0;
-  uint64_t align = (id & 0xf00) == LIST_SMALL ? SMALL : ALIGNED;
+  uint64_t align = (id & 0xf00) == LIST_SMALL ? s->small : ALIGNED;
   if (*off % align || !tally__in_arena(s, *off, 16))
     return corrupt(s, "free piece", *off);
   *bytes = atomic_load_explicit(&words(s, *off)[1], memory_order_relaxed);
@@ -194,16 +194,16 @@ static int carve(tally_store *s, uint64_t bytes, uint64_t align, uint64_t *off) 
 }
 
 int tally__alloc_small(tally_store *s, uint64_t bytes, uint64_t *off) {
-  bytes = tally__round(bytes ? bytes : 1, SMALL);
-  uint64_t units = bytes / SMALL, id;
+  bytes = tally__round(bytes ? bytes : 1, s->small);
+  uint64_t units = bytes / s->small, id;
   if (units < TALLY__PIECE_CLASSES) {
     _Atomic uint64_t *head = list_of(s, TALLY__ITEM_SMALL, units, &id);
     int rc = pop(s, head, id, bytes, true, off);
     if (rc || *off) return rc;
   }
-  int rc = carve(s, bytes, SMALL, off);
+  int rc = carve(s, bytes, s->small, off);
   if (rc || *off) return rc;
-  return tally__alloc_fresh(s, bytes, SMALL, off);
+  return tally__alloc_fresh(s, bytes, s->small, off);
 }
 
 int tally__alloc(tally_store *s, uint64_t bytes, uint64_t *off) {
@@ -265,10 +265,10 @@ static int item_kind(uint64_t it) {
 static uint64_t item_size(uint64_t it) {
   return it >> 34;
 }
-static uint64_t item_bytes(uint64_t it) {
+static uint64_t item_bytes(const tally_store *s, uint64_t it) {
   uint64_t z = item_size(it);
   switch (item_kind(it)) {
-  case TALLY__ITEM_SMALL: return z * SMALL;
+  case TALLY__ITEM_SMALL: return z * s->small;
   case TALLY__ITEM_ALIGNED: return z * ALIGNED;
   case TALLY__ITEM_COLUMN: return z * 8;
   default: return 0;
@@ -279,8 +279,8 @@ static bool item_ok(tally_store *s, uint64_t it) {
   uint64_t off = item_off(it), z = item_size(it);
   switch (item_kind(it)) {
   case TALLY__ITEM_SMALL: /* records and limbo nodes: a list per size */
-    return off % SMALL == 0 && z >= 1 && z < TALLY__PIECE_CLASSES &&
-           tally__in_arena(s, off, z * SMALL);
+    return off % s->small == 0 && z >= 1 && z < TALLY__PIECE_CLASSES &&
+           tally__in_arena(s, off, z * s->small);
   case TALLY__ITEM_ALIGNED:
     return off % ALIGNED == 0 && z >= 1 && tally__in_arena(s, off, z * ALIGNED);
   case TALLY__ITEM_COLUMN:
@@ -296,8 +296,8 @@ static struct tally__limbo *node_at(tally_store *s, uint64_t word, int *rc) {
   *rc = tally__unseal(s, TALLY__SEAL_LIMBO, word, 0, &off);
   if (*rc || !off) return NULL;
   struct tally__limbo *l = tally__at(s, off);
-  if (off % SMALL || !tally__in_arena(s, off, sizeof *l) || l->n > TALLY__LIMBO_ITEMS ||
-      l->done > l->n) {
+  if (off % s->small || !tally__in_arena(s, off, sizeof *l) ||
+      l->n > TALLY__LIMBO_ITEMS || l->done > l->n) {
     *rc = corrupt(s, "limbo node", off);
     return NULL;
   }
@@ -329,7 +329,7 @@ static void free_item(tally_store *s, uint64_t it) {
   }
   uint64_t id;
   _Atomic uint64_t *head = list_of(s, item_kind(it), item_size(it), &id);
-  push(s, head, id, item_off(it), item_bytes(it));
+  push(s, head, id, item_off(it), item_bytes(s, it));
 }
 
 /* A holder that died in the middle of the list's two-word updates leaves
@@ -362,7 +362,7 @@ int tally__retire(tally_store *s, uint64_t ident, const uint64_t *items, uint32_
   struct tally__limbo *t = tail ? node_at(s, tail, &rc) : NULL;
   if (rc) return rc;
   if (ident && t && t->last_ident == ident) return 0; /* queued before a crash */
-  for (uint32_t i = 0; i < n; i++) bytes += item_bytes(items[i]);
+  for (uint32_t i = 0; i < n; i++) bytes += item_bytes(s, items[i]);
   if (t && t->epoch == epoch && t->n + n <= TALLY__LIMBO_ITEMS) {
     /* the items first, then the count that makes them part of the node */
     for (uint32_t i = 0; i < n; i++) t->item[t->n + i] = items[i];
@@ -424,7 +424,7 @@ void tally__reclaim(tally_store *s, uint64_t min_seen, int64_t now_ms) {
     if (!l) return; /* empty, or damaged: check() reports it */
     if (l->epoch >= ripe) return;
     uint64_t bytes = 0;
-    for (uint32_t i = 0; i < l->n; i++) bytes += item_bytes(l->item[i]);
+    for (uint32_t i = 0; i < l->n; i++) bytes += item_bytes(s, l->item[i]);
     while (l->done < l->n) {
       free_item(s, l->item[l->done]);
       l->done++;
@@ -439,8 +439,8 @@ void tally__reclaim(tally_store *s, uint64_t min_seen, int64_t now_ms) {
     atomic_store(&h->retired, r >= bytes ? r - bytes : 0);
     (void)tally__unseal(s, TALLY__SEAL_LIMBO, head, 0, &node_off);
     uint64_t id;
-    uint64_t nb = tally__round(sizeof *l, SMALL);
-    _Atomic uint64_t *list = list_of(s, TALLY__ITEM_SMALL, nb / SMALL, &id);
+    uint64_t nb = tally__round(sizeof *l, s->small);
+    _Atomic uint64_t *list = list_of(s, TALLY__ITEM_SMALL, nb / s->small, &id);
     push(s, list, id, node_off, nb);
   }
 }
@@ -464,7 +464,7 @@ int tally__space_open_check(tally_store *s) {
   int rc = 0;
   for (uint64_t u = 1; rc == 0 && u < TALLY__PIECE_CLASSES; u++) {
     _Atomic uint64_t *list = list_of(s, TALLY__ITEM_SMALL, u, &id);
-    rc = piece_at(s, atomic_load(list), id, u * SMALL, &off, &bytes);
+    rc = piece_at(s, atomic_load(list), id, u * s->small, &off, &bytes);
     list = list_of(s, TALLY__ITEM_ALIGNED, u, &id);
     if (rc == 0) rc = piece_at(s, atomic_load(list), id, u * ALIGNED, &off, &bytes);
     if (rc == 0)
@@ -481,7 +481,7 @@ int tally__space_open_check(tally_store *s) {
     rc = corrupt(s, "epoch", 0);
   uint64_t cur = atomic_load(&h->carve_cur), end = atomic_load(&h->carve_end);
   if (rc == 0 && cur &&
-      (cur % SMALL || cur >= end || !tally__in_arena(s, cur, end - cur)))
+      (cur % s->small || cur >= end || !tally__in_arena(s, cur, end - cur)))
     rc = corrupt(s, "carve region", cur);
   return rc;
 }
@@ -592,7 +592,7 @@ int tally__space_check(tally_store *s) {
   int rc = 0;
   for (uint64_t u = 1; rc == 0 && u < TALLY__PIECE_CLASSES; u++) {
     _Atomic uint64_t *list = list_of(s, TALLY__ITEM_SMALL, u, &id);
-    rc = walk_list(s, list, id, u * SMALL, &sp, &sum);
+    rc = walk_list(s, list, id, u * s->small, &sp, &sum);
     list = list_of(s, TALLY__ITEM_ALIGNED, u, &id);
     if (rc == 0) rc = walk_list(s, list, id, u * ALIGNED, &sp, &sum);
   }
@@ -621,13 +621,13 @@ int tally__space_check(tally_store *s) {
       if (item_kind(it) == TALLY__ITEM_COLUMN)
         rc = add_col(&sp, item_off(it));
       else if (item_kind(it) != TALLY__ITEM_REF)
-        rc = add_span(&sp, item_off(it), item_bytes(it));
+        rc = add_span(&sp, item_off(it), item_bytes(s, it));
     }
     w = l->next;
   }
   uint64_t cur = atomic_load(&h->carve_cur), end = atomic_load(&h->carve_end);
   if (rc == 0 && cur) { /* the carve region is free space too */
-    if (cur % SMALL || cur >= end || !tally__in_arena(s, cur, end - cur))
+    if (cur % s->small || cur >= end || !tally__in_arena(s, cur, end - cur))
       rc = corrupt(s, "carve region", cur);
     if (rc == 0) rc = add_span(&sp, cur, end - cur);
     sum += end - cur;

@@ -54,7 +54,7 @@ static int header_validate(const struct tally__header *h, uint64_t file_size,
                            const char *path) {
   if (memcmp(h->magic, TALLY__MAGIC, 8) != 0)
     return tally__fail(TALLY_ENOTSTORE, "%s: not a tally store (bad magic)", path);
-  if (h->format != TALLY__FORMAT && h->format != TALLY__FORMAT_FLOCK)
+  if (h->format < TALLY__FORMAT_FLOCK || h->format > TALLY__FORMAT)
     return tally__fail(TALLY_EVERSION,
                        "%s: unsupported tally store format %u (this is %u)", path,
                        h->format, TALLY__FORMAT);
@@ -268,6 +268,7 @@ static int open_once(const char *spec, const tally_open_options *opt, tally_stor
   }
   if (rc == 0) {
     s->hdr = (struct tally__header *)s->base;
+    s->small = s->hdr->format > TALLY__FORMAT_SMALL16 ? 8 : 16;
     s->classes = (struct tally__class *)(s->base + TALLY__CLASS_OFF);
     s->journal = (_Atomic int64_t *)(s->base + TALLY__JOURNAL_OFF);
     if ((rc = tally__lock(s)) == 0) {
