@@ -467,7 +467,9 @@ static int cmd_open(const char *path) {
  * thread policy; a memory store), through tally_vectors of the same
  * counters (by index, as the array; a 16-shard counter's thread adds to
  * its ticket's shard), by name without a handle (tally_store_incr), into a
- * plain array of K atomic words shared by all threads, or into an array of
+ * plain array of K atomic words shared by all threads (malloc'd, as a
+ * user would; and again on transparent huge pages, as a memory store's
+ * arena asks for), or into an array of
  * K words of the thread's own (ideal cells: what sharding can reach). The
  * RNG and the loop are the same for every kind; one shared atomic draws
  * the indexes too and ignores them. */
@@ -478,12 +480,13 @@ enum {
   MANY_VECTOR16,
   MANY_BYNAME1,
   MANY_ARRAY,
+  MANY_ARRAYHP,
   MANY_ROWS,
   MANY_ATOMIC,
   MANY_N
 };
-static const char *many_names[] = {"tally16", "tally1", "vector1", "vector16",
-                                   "byname1", "array",  "rows",    "atomic"};
+static const char *many_names[] = {"tally16", "tally1",  "vector1", "vector16", "byname1",
+                                   "array",   "arrayhp", "rows",    "atomic"};
 
 static struct {
   tally_counter **cs[2]; /* handles: [0] 16 shards, [1] 1 shard */
@@ -491,7 +494,8 @@ static struct {
                            as vectors */
   tally_store *s1;       /* their store, for increments by name */
   char (*names)[16];     /* "m:I", built once */
-  _Atomic int64_t *arr;
+  _Atomic int64_t *arr, *arrhp;
+  size_t arrhp_bytes;
   _Atomic int64_t *rows[MAX_THREADS]; /* ideal cells: an array per thread */
   uint64_t k;
   _Alignas(64) _Atomic int64_t one;
@@ -531,8 +535,9 @@ static void *many_main(void *arg) {
          if (tally_store_incr(s, names[i], strlen(names[i]), 1, 0) != 0) abort());
     break;
   }
-  case MANY_ARRAY: {
-    _Atomic int64_t *a = M.arr;
+  case MANY_ARRAY:
+  case MANY_ARRAYHP: {
+    _Atomic int64_t *a = w->impl == MANY_ARRAY ? M.arr : M.arrhp;
     LOOP(atomic_fetch_add_explicit(&a[pick(&x, k)], 1, memory_order_relaxed));
     break;
   }
@@ -648,6 +653,13 @@ static int cmd_many(const char *path, uint64_t k, double secs, int reps, int nth
   M.arr = malloc(k * sizeof *M.arr);
   if (!M.arr) oom();
   for (uint64_t i = 0; i < k; i++) atomic_init(&M.arr[i], 1); /* resident, as tally's */
+  M.arrhp_bytes = k * sizeof *M.arrhp;
+  void *hp = mmap(NULL, M.arrhp_bytes, PROT_READ | PROT_WRITE,
+                  MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (hp == MAP_FAILED) oom();
+  (void)madvise(hp, M.arrhp_bytes, MADV_HUGEPAGE);
+  M.arrhp = hp;
+  for (uint64_t i = 0; i < k; i++) atomic_init(&M.arrhp[i], 1);
   for (int t = 0; t < nthreads; t++) {
     if (!(M.rows[t] = malloc(k * sizeof *M.rows[t]))) oom();
     for (uint64_t i = 0; i < k; i++) atomic_init(&M.rows[t][i], 1);
@@ -661,6 +673,7 @@ static int cmd_many(const char *path, uint64_t k, double secs, int reps, int nth
         fflush(stdout);
       }
   for (int t = 0; t < nthreads; t++) free(M.rows[t]);
+  munmap(M.arrhp, M.arrhp_bytes);
   tally_vector_free(M.vec[0]);
   tally_vector_free(M.vec[1]);
   free(M.names);

@@ -12,8 +12,14 @@
  * raising it. Each golden is the figure measured when it was last set,
  * rounded up to the next multiple of 8 bytes. The file's size is printed
  * too (it grows in steps, so it is not what is held).
+ *
+ * And a memory store's pages: its first 2 MiB are plain pages (a small
+ * store stays small), the rest of its arena is marked for transparent huge
+ * pages (a million cold counters' cells are scattered over ~2,000 pages).
  */
 #include "testutil.h"
+
+#include "../src/core/internal.h"
 
 #define N_COUNTERS 100000
 
@@ -73,7 +79,57 @@ static void footprint(const char *dir, uint32_t shards, const char *names,
   unlink(path);
 }
 
+/* The VmFlags and Rss (kB) of the mapping that starts at `at`, from
+ * /proc/self/smaps; false if none starts there. */
+static bool mapping_at(uintptr_t at, char *flags, size_t cap, long *rss_kb) {
+  FILE *f = fopen("/proc/self/smaps", "r");
+  if (!f) return false;
+  char line[512];
+  bool in = false, found = false;
+  while (fgets(line, sizeof line, f)) {
+    unsigned long lo, hi;
+    if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 &&
+        strchr(line, '-') < strchr(line, ' ')) {
+      if (found) break;
+      in = lo == at;
+      found = found || in;
+    } else if (in && strncmp(line, "Rss:", 4) == 0) {
+      *rss_kb = atol(line + 4);
+    } else if (in && strncmp(line, "VmFlags:", 8) == 0) {
+      snprintf(flags, cap, "%s", line + 8);
+    }
+  }
+  fclose(f);
+  return found;
+}
+
+static void test_memory_pages(void) {
+  if (access("/sys/kernel/mm/transparent_hugepage/enabled", F_OK) != 0) {
+    printf(
+        "test_footprint: no transparent huge pages in this kernel: page check skipped\n");
+    return;
+  }
+  tally_store *s = NULL;
+  REQUIRE_OK(tally_store_open("memory", NULL, &s));
+  for (int i = 0; i < 100; i++) {
+    char name[32];
+    int len = snprintf(name, sizeof name, "pages:%d", i);
+    EXPECT_OK(tally_store_incr(s, name, (size_t)len, 1, TALLY_COUNTER_CREATE));
+  }
+  char flags[256] = "", more[256] = "";
+  long rss = -1, rss_more = -1;
+  uintptr_t base = (uintptr_t)s->base;
+  EXPECT(mapping_at(base, flags, sizeof flags, &rss));
+  EXPECT(mapping_at(base + (UINT64_C(2) << 20), more, sizeof more, &rss_more));
+  EXPECT(strstr(flags, " hg") == NULL); /* the first 2 MiB: plain pages */
+  EXPECT(strstr(more, " hg") != NULL);  /* the rest: MADV_HUGEPAGE */
+  EXPECT(rss >= 0 && rss < 1024);       /* 100 counters: well under 2 MiB */
+  printf("test_footprint: a memory store of 100 counters: %ld kB resident\n", rss);
+  tally_store_close(s);
+}
+
 int main(void) {
+  test_memory_pages();
   const char *dir = tu_tmpdir("footprint");
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
     footprint(dir, cases[i].shards, cases[i].names, cases[i].golden);

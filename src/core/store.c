@@ -199,10 +199,19 @@ static int map_file(tally_store *s, const char *path, const tally_open_options *
   return 0;
 }
 
+#define HUGE_FROM (UINT64_C(2) << 20)
+
 static int map_memory(tally_store *s) {
   void *p = mmap(NULL, TALLY__MAX_BYTES, PROT_READ | PROT_WRITE,
                  MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (p == MAP_FAILED) return tally__fail_sys("cannot reserve memory", NULL);
+  /* Past its first 2 MiB (a small store stays small), the arena asks for
+   * transparent huge pages: a million cold counters' cells lie on ~2,000
+   * 4 KiB pages among their records, and random increments pay for page
+   * walks that a plain array of the same cells does not (scripts/bench:
+   * about 15 ns a random increment by index, 13 on huge pages, where the
+   * array gains nothing). A kernel with THP off ignores it. */
+  (void)madvise((char *)p + HUGE_FROM, TALLY__MAX_BYTES - HUGE_FROM, MADV_HUGEPAGE);
   s->base = p;
   s->reserved = TALLY__MAX_BYTES;
   header_init((struct tally__header *)p);
