@@ -14,7 +14,8 @@
  *    three adds made) holds a snapshot up while it lives; once killed, the
  *    waiting snapshot finishes within 100 ms and shows nothing of the batch,
  *    which is rolled back in the cells too; writers killed at random times
- *    never leave a half batch;
+ *    never leave a half batch; with no snapshot, upkeep rolls it back, and
+ *    a rollup tick before it records;
  *  - idle expiry skips slot counters; compaction keeps their values;
  *  - reset and drop race batches: a batch stores its cells' new values
  *    rather than adding, so a reset subtracts in its own shard: two threads
@@ -611,6 +612,54 @@ static void test_killed_mid_batch(void) {
   tally_store_close(s);
 }
 
+/* A dead writer's half batch with no snapshot to come: upkeep
+ * (tally_store_maintain) rolls it back, and so does a rollup tick before
+ * it records the values: history never holds it. */
+static int64_t g_rolled_a = -1;
+static void rolled(void *ud, const char *name, size_t len, const tally_rollup *r) {
+  (void)ud;
+  if (len == 1 && name[0] == 'a') g_rolled_a = r->value;
+}
+
+static void test_killed_no_snapshot(void) {
+  for (int by_tick = 0; by_tick < 2; by_tick++) {
+    char spec[1200], path[1100], file[32];
+    snprintf(file, sizeof file, "settle%d.tly", by_tick);
+    tu_spec(spec, sizeof spec, path, sizeof path, g_dir, file);
+    tally_store *s;
+    REQUIRE_OK(tally_store_open(spec, NULL, &s));
+    tally_counter *a = slot_counter(s, "a"), *b = slot_counter(s, "b");
+    struct page *pg = tu_shared(sizeof *pg);
+    pid_t pid = spawn_writer(spec, pg, 0, "2"); /* stops after a+1, b+2 */
+    double until = tu_now() + 10;
+    while (tu_value(b) != 2 && tu_now() < until) usleep(1000);
+    kill(pid, SIGKILL);
+    int st;
+    waitpid(pid, &st, 0);
+    EXPECT(WIFSIGNALED(st));
+    EXPECT_I64(1, tu_value(a)); /* dead, not yet rolled back */
+    EXPECT_I64(2, tu_value(b));
+    if (by_tick) {
+      tally_schedule *sch = NULL;
+      tally_tick_result r;
+      REQUIRE_OK(tally_schedule_new(s, "*", 1, 1000, NULL, 0, &sch));
+      EXPECT_OK(tally_schedule_tick(sch, 5000, rolled, NULL, &r));
+      EXPECT_I64(TALLY_TICK_RAN, r.status);
+      EXPECT_I64(0, g_rolled_a);
+      tally_schedule_free(sch);
+    } else {
+      EXPECT_OK(tally_store_maintain(s, 0, 0, NULL));
+    }
+    EXPECT_I64(0, tu_value(a));
+    EXPECT_I64(0, tu_value(b));
+    EXPECT_OK(tally_store_check(s));
+    munmap(pg, sizeof *pg);
+    tally_counter_close(a);
+    tally_counter_close(b);
+    tally_store_close(s);
+  }
+}
+
 /* ---- expiry and compaction -------------------------------------------------------- */
 
 static void test_expiry_and_compaction(void) {
@@ -873,6 +922,7 @@ int main(void) {
   test_snapshot_while_creating();
   test_processes();
   test_killed_mid_batch();
+  test_killed_no_snapshot();
   test_expiry_and_compaction();
   test_reset_and_drop_race();
   printf("total %.2f s\n", tu_now() - t0);

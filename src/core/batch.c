@@ -128,6 +128,15 @@ static void roll_back(tally_store *s, struct tally__wslot *sl) {
   atomic_store_explicit(&sl->owner, 0, memory_order_release);
 }
 
+void tally__slots_settle(tally_store *s) {
+  struct tally__wslot *t = slot_table(s);
+  if (!t) return;
+  for (uint32_t w = 0; w < TALLY_SLOT_SHARDS; w++)
+    if ((atomic_load_explicit(&t[w].seq, memory_order_acquire) & 1) &&
+        !holder_alive(&t[w]))
+      roll_back(s, &t[w]);
+}
+
 int tally__slots_recover(tally_store *s) {
   struct tally__wslot *t = slot_table(s);
   if (!t) return 0;

@@ -128,6 +128,7 @@ int tally_store_maintain(tally_store *s, int64_t now_ms, uint32_t budget,
   if (rc == 0) rc = tally__lock(s);
   if (rc) return rc;
   tally__grace_step(s, true, false); /* upkeep: who is alive, looked at afresh */
+  tally__slots_settle(s);            /* before the scan reads values */
   tally__unlock(s);
   struct scan sc = {now_ms, &r};
   if (budget && (tally__family_any_idle(s) || atomic_load(&s->hdr->autos))) {

@@ -352,6 +352,10 @@ int tally__slot_incr(tally_counter *c, int64_t delta);     /* a batch of one */
 int tally__slot_reset(tally_counter *c, int64_t *removed); /* in its own shard */
 void tally__slots_release(tally_store *s);                 /* this process's, at close */
 int tally__slots_recover(tally_store *s); /* roll back dead writers' batches; locked */
+/* Only the half batches of dead writers, rolled back (64 loads when no
+ * batch is open), so that upkeep and rollup ticks undo them, not only the
+ * next snapshot. Locked. */
+void tally__slots_settle(tally_store *s);
 int tally__slots_copy(tally_store *from, tally_store *to); /* compaction */
 uint64_t tally__owner_of(pid_t pid, bool *zombie);         /* grace.c */
 bool tally__owner_alive(uint64_t owner);                   /* grace.c */

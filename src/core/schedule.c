@@ -416,6 +416,7 @@ int tally_schedule_tick(tally_schedule *sch, int64_t now_ms, tally_rollup_fn fn,
     out->status = TALLY_TICK_BUSY;
     return 0;
   }
+  tally__slots_settle(s); /* a dead writer's half batch is not history */
   /* an earlier period whose holder stalled or died past its end (its
    * lease lasts a period beyond its last renewal): finished first */
   int64_t running = atomic_load(&u.slot->running), unfinished = -1;
