@@ -12,7 +12,10 @@
  *     compaction turns it into a format 9 file;
  *   - a format 9 file cuts records in 8-byte units, a format 8 one still
  *     in 16 (older versions free its records by that unit);
- *   - processes creating the same names at once each get them once.
+ *   - processes creating the same names at once each get them once;
+ *   - a holder killed between a counter's creation or burial and its
+ *     family's live count leaves the family's cap exact (the taker-over
+ *     recounts), in a format 7 file as in a format 9 one.
  * The holder is a forked child that takes the lock through the library's
  * own tally__lock and reports on a pipe.
  */
@@ -428,6 +431,88 @@ static void test_creators(void) {
   tally_store_close(s);
 }
 
+/* Open name (created if need be): true if it got a counter of its own,
+ * false if its family's overflow counter. */
+static bool got_own(tally_store *s, const char *name) {
+  tally_counter *c = NULL;
+  tally_counter_info inf = {0};
+  EXPECT_OK(tu_counter(s, name, 0, -1, TALLY_COUNTER_CREATE, &c));
+  if (c) EXPECT_OK(tally_counter_info_get(c, &inf));
+  bool own = inf.name && strcmp(inf.name, name) == 0;
+  tally_counter_close(c);
+  return own;
+}
+
+static const char *g_die_at; /* the test hook's point where a child dies */
+static void die_at(const char *where, const char *name, size_t len) {
+  (void)name, (void)len;
+  if (g_die_at && strcmp(where, g_die_at) == 0) kill(getpid(), SIGKILL);
+}
+
+/* A child that creates name ("indexed") or drops it ("limbo") and is
+ * SIGKILLed there, holding the lock. */
+static void die_in(const char *spec, const char *where, const char *name) {
+  fflush(NULL);
+  pid_t pid = fork();
+  REQUIRE_OK(pid < 0 ? TALLY_ESYS : 0);
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    tally_store *s = NULL;
+    if (tally_store_open(spec, NULL, &s) != 0) _exit(2);
+    tally_counter *c = NULL;
+    g_die_at = where;
+    tally__test_hook = die_at;
+    if (strcmp(where, "indexed") == 0)
+      (void)tu_counter(s, name, 0, -1, TALLY_COUNTER_CREATE, &c);
+    else
+      (void)tally_store_drop(s, name, strlen(name));
+    _exit(3); /* not killed: the hook never ran */
+  }
+  int st = 0;
+  waitpid(pid, &st, 0);
+  atomic_fetch_add(&tu_checks, 1);
+  if (!(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL))
+    TU_FAIL("the child to die at '%s' ended with status 0x%x", where, st);
+}
+
+/* A family capped at 4 whose second creation dies before its live count
+ * goes up: exactly two more names get their own counters (a count one
+ * short admitted a fifth). Capped at 3, a drop that dies before the count
+ * goes down: exactly one name more (a count one over refused it). */
+static void test_cap_killed(uint32_t format) {
+  char spec[1300], path[1300], file[32];
+  snprintf(file, sizeof file, "cap%u.tly", format);
+  new_store(file, format, spec, sizeof spec, path, sizeof path);
+  tally_store *s = NULL;
+  REQUIRE_OK(tally_store_open(spec, NULL, &s));
+  tally_family_options four = {1, -1, 0, 4}, three = {1, -1, 0, 3};
+  EXPECT_OK(tally_family_define(s, "ck:*", 4, &four));
+  EXPECT(got_own(s, "ck:a"));
+  die_in(spec, "indexed", "ck:b");
+  expect_value(s, "ck:b", 0); /* its creation is complete but for the count */
+  EXPECT(got_own(s, "ck:c"));
+  EXPECT(got_own(s, "ck:d"));
+  EXPECT(!got_own(s, "ck:e"));
+  EXPECT(!got_own(s, "ck:f"));
+
+  EXPECT_OK(tally_family_define(s, "cd:*", 4, &three));
+  EXPECT(got_own(s, "cd:a"));
+  EXPECT(got_own(s, "cd:b"));
+  EXPECT(got_own(s, "cd:c"));
+  die_in(spec, "limbo", "cd:a");
+  int64_t v;
+  EXPECT_RC(TALLY_ENOENT, tally_store_value(s, "cd:a", 4, &v)); /* dropped */
+  EXPECT(got_own(s, "cd:d"));
+  EXPECT(!got_own(s, "cd:e"));
+
+  tally_store_stats st;
+  EXPECT_OK(tally_store_stats_get(s, &st));
+  EXPECT_I64(3, st.capped);               /* ck:e, ck:f, cd:e */
+  EXPECT_I64(4 + 1 + 3 + 1, st.counters); /* with the two overflow counters */
+  EXPECT_OK(tally_store_check(s));
+  tally_store_close(s);
+}
+
 int main(void) {
   alarm(120); /* a lock never taken over hangs: fail instead */
   snprintf(g_dir, sizeof g_dir, "%s", tu_tmpdir("lock"));
@@ -439,6 +524,8 @@ int main(void) {
   test_formats();
   test_record_units();
   test_creators();
+  test_cap_killed(TALLY__FORMAT_FLOCK);
+  test_cap_killed(TALLY__FORMAT);
   int rc = tu_finish("test_lock");
   if (rc == 0) tu_rmrf(g_dir);
   return rc;

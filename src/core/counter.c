@@ -85,6 +85,10 @@ static int create_locked(tally_store *s, const char **name, size_t *len, uint64_
   if (rc == 0 && opt && opt->shards) o.shards = opt->shards;
   if (rc == 0 && opt && opt->policy >= 0) o.policy = opt->policy;
   if (rc == 0) rc = create(s, *name, *len, *hash, &o, fam, rec_off);
+  if (rc == 0 && fam && __builtin_expect(tally__test_hook != NULL, 0))
+    tally__test_hook("indexed", *name, *len);
+  /* a holder killed before this leaves the count one short: a takeover
+   * recounts (lock.c) */
   if (rc == 0 && fam) atomic_fetch_add(&((struct tally__family *)f)->live, 1);
   if (rc == 0 && atomic_load_explicit(&s->hdr->limbo_head, memory_order_relaxed))
     tally__grace_step(s, false, true); /* churn: reuse what was retired */

@@ -122,15 +122,84 @@ uint32_t tally__pattern_hash(const char *p, size_t n) {
   return h ? h : 1;
 }
 
-struct count_under {
-  uint32_t hash;
+/* Live counters by family: an index walk with count_one adds each counter
+ * not dropped to its family's n (v sorted by hash, one entry a hash). */
+struct fam_count {
+  uint32_t hash, age; /* age: place in the list, 0 the newest */
   uint64_t n;
+  struct tally__family *f;
+};
+struct count_under {
+  struct fam_count *v;
+  size_t nv;
 };
 static int count_one(tally_store *s, uint64_t rec_off, void *ud) {
   struct count_under *c = ud;
   const struct tally__rec *r = tally__at(s, rec_off);
-  c->n += r->family == c->hash && !(atomic_load(&r->loc) & TALLY__LOC_DROPPED);
+  if (!r->family || (atomic_load(&r->loc) & TALLY__LOC_DROPPED)) return 0;
+  for (size_t lo = 0, hi = c->nv; lo < hi;) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (c->v[mid].hash == r->family) {
+      c->v[mid].n++;
+      break;
+    }
+    if (c->v[mid].hash < r->family)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
   return 0;
+}
+
+static int by_hash_age(const void *pa, const void *pb) {
+  const struct fam_count *a = pa, *b = pb;
+  if (a->hash != b->hash) return a->hash < b->hash ? -1 : 1;
+  return a->age < b->age ? -1 : a->age > b->age;
+}
+
+/* No memory for the table: one walk per family, as exact and slower. */
+static int recount_each(tally_store *s, uint64_t off, size_t n) {
+  int rc = 0;
+  for (size_t i = 0; rc == 0 && i < n; i++) {
+    struct tally__family *f = tally__at(s, off); /* checked by the caller */
+    struct fam_count one = {tally__pattern_hash(f->pattern, f->pattern_len), 0, 0, f};
+    struct count_under cu = {&one, 1};
+    if (tally__family_by_hash(s, one.hash) == f && /* the record that counts */
+        (rc = tally__index_each(s, count_one, &cu)) == 0)
+      atomic_store(&f->live, one.n);
+    off = f->next;
+  }
+  return rc;
+}
+
+int tally__family_recount(tally_store *s) {
+  uint64_t first, off;
+  int rc = head(s, &first);
+  size_t n = 0;
+  for (off = first; rc == 0 && off && n < MAX_FAMILIES; n++) {
+    const struct tally__family *f = NULL;
+    if ((rc = family_at(s, off, &f)) == 0) off = f->next;
+  }
+  if (rc || n == 0) return rc;
+  struct fam_count *v = malloc(n * sizeof *v);
+  if (!v) return recount_each(s, first, n);
+  off = first;
+  for (size_t i = 0; i < n; i++) {
+    struct tally__family *f = tally__at(s, off);
+    v[i] = (struct fam_count){tally__pattern_hash(f->pattern, f->pattern_len),
+                              (uint32_t)i, 0, f};
+    off = f->next;
+  }
+  /* the newest record of each hash keeps the count (tally__family_by_hash) */
+  qsort(v, n, sizeof *v, by_hash_age);
+  size_t d = 0;
+  for (size_t i = 0; i < n; i++)
+    if (d == 0 || v[d - 1].hash != v[i].hash) v[d++] = v[i];
+  struct count_under cu = {v, d};
+  rc = tally__index_each(s, count_one, &cu);
+  for (size_t i = 0; rc == 0 && i < d; i++) atomic_store(&v[i].f->live, v[i].n);
+  free(v);
+  return rc;
 }
 
 int tally_family_set(tally_store *s, const char *pattern, size_t plen,
@@ -187,7 +256,8 @@ int tally_family_define(tally_store *s, const char *pattern, size_t plen,
   }
   /* the live count moves to the new record: count the counters created
    * under this pattern (rare: only when the options change) */
-  struct count_under cu = {tally__pattern_hash(pattern, plen), 0};
+  struct fam_count one = {tally__pattern_hash(pattern, plen), 0, 0, NULL};
+  struct count_under cu = {&one, 1};
   rc = tally__index_each(s, count_one, &cu);
   uint64_t off;
   if (rc == 0) rc = tally__alloc(s, sizeof(struct tally__family) + plen + 1, &off);
@@ -198,7 +268,7 @@ int tally_family_define(tally_store *s, const char *pattern, size_t plen,
     f->policy = policy;
     f->idle_s = opt->idle_s;
     f->max_counters = opt->max_counters;
-    atomic_store(&f->live, cu.n);
+    atomic_store(&f->live, one.n);
     f->kind = TALLY__KIND_FAMILY;
     f->pattern_len = (uint16_t)plen;
     memcpy(f->pattern, pattern, plen);

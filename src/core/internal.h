@@ -151,7 +151,8 @@ struct tally__header {
   _Atomic uint64_t wslots;   /* sealed offset of the writer slots (batch.c), or 0 */
   /* thread tickets: the only word writers touch outside the lock */
   _Alignas(64) _Atomic uint64_t writers;
-  /* format 8: the store lock (lock.c), on a line of its own */
+  /* format 8: the store lock (lock.c), on a line of its own; format 7
+   * writes lock_owner beside its flock(), to see a holder that died */
   _Alignas(64) _Atomic uint64_t lock_owner; /* the holder's owner word, 0: free */
   _Atomic uint32_t lock_sleepers;           /* futex word: 1 if a waiter may sleep */
 };
@@ -530,9 +531,12 @@ void tally__handle_add(tally_store *s, tally_counter *c);
  * takes. Nest. */
 void tally__hold_begin(tally_store *s);
 void tally__hold_end(tally_store *s);
-/* Tests only: called, when set, where a test pauses a thread (test_lifecycle):
- * "open", between an open's lookup and its handle's insertion; "revive",
- * between an expired counter's new open and its old handle's return. */
+/* Tests only: called, when set, where a test pauses a thread or kills a
+ * process (test_lifecycle, test_lock): "open", between an open's lookup and its
+ * handle's insertion; "revive", between an expired counter's new open and
+ * its old handle's return; "indexed", between a new counter's index entry
+ * and its family's live count; "limbo", between a dropped counter's LIMBO
+ * flag and its family's count. */
 extern void (*tally__test_hook)(const char *where, const char *name, size_t len);
 void tally__grace_by_name(tally_store *s); /* before the first tally_store_incr */
 void tally__handle_remove(tally_store *s, tally_counter *c);
@@ -586,6 +590,10 @@ int tally__family_of(tally_store *s, const char *name, size_t len,
 struct tally__family *tally__family_by_hash(tally_store *s, uint32_t h);
 uint32_t tally__pattern_hash(const char *p, size_t n); /* never 0 */
 bool tally__family_any_idle(tally_store *s);           /* does any family expire? */
+/* Every family's live count, recounted from the index: after a holder of
+ * the lock was taken over (lock.c). One walk of the index; caller holds
+ * the lock. On error (a damaged list or index) some counts are left. */
+int tally__family_recount(tally_store *s);
 
 /* ---- cells.c ---- */
 #define TALLY__LOC_SHARDS_MASK 0x3ffull

@@ -5,6 +5,8 @@
  * file's own lock. Whatever a holder killed mid-change left half done is
  * a pending move that the next holder finishes as it takes the lock
  * (journal.c), so a dead holder only has to be noticed, never undone.
+ * Only the families' live counts (family.c) are kept beside a change, not
+ * in it: a holder that takes over counts them all again, once.
  *
  * Format 8: the file's lock is a word in the header, taken with one
  * compare-and-swap (no system call while nobody waits: flock() cost two,
@@ -171,7 +173,8 @@ static bool holder_present(tally_store *s, uint64_t o) {
   return tally__owner_alive(o); /* locked (or no answer): the pid alone decides */
 }
 
-static int word_lock(tally_store *s) {
+/* True if the lock was taken over from a holder that is gone. */
+static bool word_lock(tally_store *s) {
   _Atomic uint64_t *w = &s->hdr->lock_owner;
   _Atomic uint32_t *sleepers = &s->hdr->lock_sleepers;
   uint64_t me = self_owner();
@@ -179,7 +182,7 @@ static int word_lock(tally_store *s) {
     uint64_t o = 0;
     if (atomic_compare_exchange_weak_explicit(w, &o, me, memory_order_acquire,
                                               memory_order_relaxed))
-      return 0;
+      return false;
     if (o == 0) continue; /* a weak compare-and-swap's spurious failure */
     if (spin < SPINS) {
       spin_pause();
@@ -193,7 +196,7 @@ static int word_lock(tally_store *s) {
     long r = syscall(SYS_futex, (uint32_t *)sleepers, FUTEX_WAIT, 1, &ts, NULL, 0);
     if (r != 0 && errno == ETIMEDOUT && atomic_load(w) == o && !holder_present(s, o) &&
         atomic_compare_exchange_strong(w, &o, me))
-      return 0; /* a stale holder taken over: tally__lock finishes its work */
+      return true; /* a stale holder taken over: tally__lock finishes its work */
   }
 }
 
@@ -206,30 +209,47 @@ static void word_unlock(tally_store *s) {
             NULL, 0);
 }
 
+/* Format 7: the holder of the flock() writes its owner word in lock_owner
+ * too (unused there by the lock itself) and clears it before unlocking,
+ * so a word found there once the flock() is ours is a dead holder's (or a
+ * copy's, made while held): a takeover, as word_lock's. Older versions
+ * never write it, so their deaths go unnoticed. */
+static bool flock_taken_over(tally_store *s) {
+  return atomic_exchange(&s->hdr->lock_owner, self_owner()) != 0;
+}
+
 int tally__lock(tally_store *s) {
   pthread_mutex_lock(&s->lock);
+  bool taken_over = false;
   if (s->kind == TALLY__FILE) {
     int rc = s->lock_stale ? own_open_file(s) : 0;
-    if (rc == 0 && s->lock_word) rc = word_lock(s);
+    if (rc == 0 && s->lock_word) taken_over = word_lock(s);
     while (rc == 0 && !s->lock_word && flock(s->fd, LOCK_EX) != 0)
       if (errno != EINTR) rc = tally__fail_sys("cannot lock", s->path);
     if (rc) {
       pthread_mutex_unlock(&s->lock);
       return rc;
     }
+    if (!s->lock_word) taken_over = flock_taken_over(s);
   }
   if (atomic_load_explicit(&s->hdr->pend_rec, memory_order_acquire))
     (void)tally__journal_finish(s); /* a holder died mid-move: finish its work
                                     (a damaged move record is reported at open) */
   tally__limbo_repair(s);           /* ... or in the middle of limbo's updates */
+  /* ... or between a counter's creation or burial and its family's live
+   * count, which nothing in the store tells: count them all again (a
+   * damaged index is reported at open) */
+  if (taken_over) (void)tally__family_recount(s);
   return 0;
 }
 
 void tally__unlock(tally_store *s) {
-  if (s->kind == TALLY__FILE && s->lock_word)
+  if (s->kind == TALLY__FILE && s->lock_word) {
     word_unlock(s);
-  else if (s->kind == TALLY__FILE)
+  } else if (s->kind == TALLY__FILE) {
+    atomic_store(&s->hdr->lock_owner, 0); /* before the flock() goes: see above */
     flock(s->fd, LOCK_UN);
+  }
   pthread_mutex_unlock(&s->lock);
 }
 
