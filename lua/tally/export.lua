@@ -10,7 +10,9 @@
 -- so equal stores give equal text. Counts are exact: a count within
 -- +-(2^53-1) is a JSON number, any other is a decimal string ("count":
 -- "9007199254740993"), because a JSON reader holds numbers as doubles.
--- Import validates the whole document before it changes anything.
+-- A name's bytes that are not UTF-8 are written \udcXX and read back as
+-- bytes (tally.json). Import validates the whole document before it
+-- changes anything.
 
 local core = require "tally.core"
 
@@ -27,19 +29,10 @@ local check_self = require("tally.util").self
 local json_string = require("tally.format").json_string
 local argerror = require("tally.util").argerror
 
--- lua-cjson, a private instance loaded on first use (require "tally" does
--- not load it): strings are escaped with it and documents decoded, numbers
--- are written here, exactly.
-local cjson, json
-local function load_json()
-  if not json then
-    cjson = require "cjson"
-    json = cjson.new()
-    json.decode_invalid_numbers(false)   -- no NaN, Infinity or hex numbers
-    json.decode_max_depth(64)
-  end
-  return json
-end
+-- Documents are read by tally.json (lua-cjson underneath, loaded on first
+-- use: require "tally" does not load it); numbers are written here, exactly.
+local json = require "tally.json"
+local cjson
 
 local store = core.store_methods
 
@@ -311,9 +304,10 @@ function import_any(self, text, opts)
   self:stats()                           -- raises now if the store is closed
 
   step("decode", 0, 1)
-  local ok, doc = pcall(load_json().decode, text)
+  cjson = cjson or require "cjson"       -- its null, for jdescribe
+  local doc, jmsg = json.decode(text)
   step("decode", 1, 1)
-  if not ok then raise("malformed JSON: " .. gsub(tostring(doc), "^.-:%d+: ", "")) end
+  if doc == nil then raise("malformed JSON: " .. gsub(jmsg, "^.-:%d+: ", "")) end
   if not is_object(doc) or doc.counters == nil then
     raise("the document must be an object with \"counters\", got " .. jdescribe(doc))
   end

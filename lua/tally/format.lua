@@ -24,13 +24,8 @@ local mtype, isnum, int_text, utf8len = compat.mtype, compat.isnum, compat.int_t
       compat.utf8len
 local idiv, mod, mul = compat.idiv, compat.mod, compat.mul
 
--- A JSON string literal: `"`, `\\` and control bytes escaped, every other
--- byte as it is (names are bytes; a name that is not UTF-8 stays so).
-local JESC = { ['"'] = '\\"', ["\\"] = "\\\\", ["\n"] = "\\n", ["\r"] = "\\r", ["\t"] = "\\t" }
-local function jesc(c) return JESC[c] or fmt("\\u%04x", byte(c)) end
-local function quote(s)
-  return '"' .. gsub(s, '[%c"\\]', jesc) .. '"'
-end
+-- A JSON string literal (tally.json: bytes that are not UTF-8 as \udcXX).
+local quote = require("tally.json").quote
 
 
 local core = require "tally.core"

@@ -24,6 +24,7 @@ end })
 
 local type, error, pcall, tostring, pairs, ipairs = type, error, pcall, tostring, pairs, ipairs
 local tointeger = require("tally.compat").tointeger
+local json = require "tally.json"          -- small; it loads lua-cjson on first decode
 local check_self = require("tally.util").self
 local concat = table.concat
 local fmt = string.format
@@ -317,11 +318,9 @@ end
 
 -- ---- the spool (see the top of this part) ----
 
-local spool_json
 local function spooled_record(line)       -- a spool line back to its record, exactly
-  spool_json = spool_json or require("cjson").new()
-  local ok, t = pcall(spool_json.decode, line)
-  if not ok or type(t) ~= "table" or type(t.name) ~= "string" or type(t.id) ~= "string" then
+  local t = json.decode(line)             -- a name that is not UTF-8 comes back as its bytes
+  if type(t) ~= "table" or type(t.name) ~= "string" or type(t.id) ~= "string" then
     return nil
   end
   local head = '{"name":' .. format.json_string(t.name) .. ',"value":'

@@ -425,7 +425,8 @@ describe("an HTTP sink with a spool", function()
 
   -- A script that rolls c:* up twice (store clock T0, T0 + 10) into a JSON
   -- webhook at url with spool = true, then exits without closing anything.
-  local function cron_script(path, url)
+  -- Its counters are c:1 and c:2 (or name).
+  local function cron_script(path, url, name)
     local script = helper.tmpfile("cron.lua")
     helper.write(script, ([[
       local tally = require "tally"
@@ -434,13 +435,13 @@ describe("an HTTP sink with a spool", function()
       db:clock(function() return t end)
       db:rollup("c:*", { every = 10, sinks = { tally.sink.http { url = %q, spool = true, timeout = 1 } } })
       db:incr("c:1", 5)
-      db:incr("c:2", 9007199254740993)
+      db:incr(%q, 9007199254740993)
       db:tick()
       t = t + 10
       db:incr("c:1", 1)
       db:tick()
       os.exit(0)
-    ]]):format(path, T0, url))
+    ]]):format(path, T0, url, name or "c:2"))
     return script
   end
 
@@ -498,6 +499,27 @@ describe("an HTTP sink with a spool", function()
     out, code = helper.sh("timeout 30 " .. helper.q(helper.bin) .. " " .. helper.q(later_script(path, url)))
     assert.equal(0, code, out)
     assert.equal(1, #bodies(srv))
+  end)
+
+  it("spools a name that is not UTF-8 as \\udcXX, and delivers it as spooled", function()
+    local path = helper.tmpfile()
+    local port = peers.free_port()
+    local url = "http://127.0.0.1:" .. port .. "/hook"
+    local out, code = helper.sh("timeout 30 " .. helper.q(helper.bin) .. " "
+                                .. helper.q(cron_script(path, url, "c:\255")))
+    assert.equal(0, code, out)
+    local files = readdir(path .. ".spool")
+    local spooled = {}
+    for line in io.lines(path .. ".spool/" .. files[1]) do spooled[#spooled + 1] = line end
+    assert.equal(4, #spooled)
+    assert.equal('{"name":"c:\\udcff","value":9007199254740993,"at":' .. T0 .. '.000,"delta":0,"rate":0,'
+                 .. '"id":"c:\\udcff|10|' .. T0 .. '000"}', spooled[2])
+    local srv = peers.start_http_sink { port = port }
+    finally(function() srv.stop() end)
+    out, code = helper.sh("timeout 30 " .. helper.q(helper.bin) .. " " .. helper.q(later_script(path, url)))
+    assert.equal(0, code, out)
+    assert.same({ "[" .. table.concat(spooled, ",") .. "]" }, bodies(srv))
+    assert.same({}, readdir(path .. ".spool"))
   end)
 
   it("writes each record's id with its period in the fewest digits and its time", function()

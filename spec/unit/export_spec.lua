@@ -104,6 +104,22 @@ describe("tally.store", function()
       end
     end)
 
+    it("writes each byte that is not UTF-8 as \\udcXX (surrogateescape), so the text is JSON", function()
+      -- a lone byte, a UTF-8 surrogate, an overlong form, a cut sequence, and
+      -- UTF-8 around them, which stays as it is
+      local names = { "x\255", "mix\255é\128", "\237\160\128", "\192\128", "\240\159\152", "é✓" }
+      for i, n in ipairs(names) do db:incr(n, i) end
+      local function line(name, i)
+        return fmt('"%s":{"num_shards":1,"policy":"thread","shards":{"0":{"count":%d}}}', name, i)
+      end
+      local text = db:export()
+      assert.equal('{"counters":{\n' .. table.concat({
+        line("mix\\udcffé\\udc80", 2), line("x\\udcff", 1), line("\\udcc0\\udc80", 4),
+        line("é✓", 6), line("\\udced\\udca0\\udc80", 3), line("\\udcf0\\udc9f\\udc98", 5),
+      }, ",\n") .. "\n}}\n", text)
+      assert.truthy(utf8.len(text))                     -- JSON text is UTF-8 (RFC 8259)
+    end)
+
     it("raises on bad arguments and a closed store", function()
       assert.equal("bad argument #1 to 'export' (string expected, got number)",
                    err(db.export, db, 1))
@@ -148,6 +164,37 @@ describe("tally.store", function()
       end
       assert.equal(text, fresh:export())
       fresh:close()
+    end)
+
+    it("round-trips names that are not UTF-8, byte for byte, apart from the text \\udcXX", function()
+      local names = { "\255", "a\128b", "mix\255é\128", "\237\160\128", "\192\128", "\240\159\152",
+                      "a\128", "a\\udc80", "\\udcff", "a\\u0080" }
+      for b = 128, 255 do names[#names + 1] = "b" .. string.char(b) end
+      for i, n in ipairs(names) do db:counter(n, { shards = 2 }):add_shard(2, i) end
+      local text = db:export()
+      assert.truthy(utf8.len(text))
+      assert.matches('"a\\udc80":', text, 1, true)      -- the byte 0x80
+      assert.matches('"a\\\\udc80":', text, 1, true)    -- the text, its backslash escaped
+      local fresh = tally.open()
+      assert.equal(#names, fresh:import(text))
+      assert.same(db:names(), fresh:names())
+      for i, n in ipairs(names) do assert.same({ 0, i }, fresh:counter(n, { create = false }):shards()) end
+      assert.equal(text, fresh:export())
+      fresh:close()
+    end)
+
+    it("reads \\udcXX as the byte, as Python's json writes a surrogateescape name", function()
+      -- json.dumps({"counters": {b"x\xff".decode("utf-8", "surrogateescape"): ...}}), and
+      -- surrogate pairs, which stay characters (U+10080 then the byte 0x80; U+1F44D)
+      local one = '{"num_shards":1,"shards":{"0":{"count":1}}}'
+      assert.equal(3, db:import('{"counters":{"x\\udcff":' .. one .. ',"\\ud800\\udc80\\uDC80":'
+                                .. one .. ',"\\uD83D\\uDC4D":' .. one .. "}}"))
+      assert.same({ "x\255", "\240\144\130\128\128", "\240\159\145\141" }, db:names())
+      -- keys are told apart by their bytes: \u0041 is A, a\\u0061 the text
+      assert.equal(3, db:import('{"counters":{"a":' .. one .. ',"\\u0041":' .. one .. ',"a\\\\u0061":'
+                                .. one .. "}}"))
+      assert.same({ "A", "a", "a\\u0061", "x\255", "\240\144\130\128\128", "\240\159\145\141" },
+                  db:names())
     end)
 
     it("round-trips through a file store", function()
@@ -339,6 +386,10 @@ describe("tally.store", function()
                 with("n\0ul", '{"num_shards":1,"shards":{"0":{"count":1}}}'))
         refuses("import: counter name '" .. ("x"):rep(256) .. "' must be 1 to 255 bytes without NUL",
                 with(("x"):rep(256), '{"num_shards":1,"shards":{"0":{"count":1}}}'))
+        -- a NUL stays one beside bytes written \udcXX (which are read back)
+        refuses("import: counter name 'a\0" .. "80' must be 1 to 255 bytes without NUL",
+                '{"counters":{"a\\u000080":{"num_shards":1,"shards":{"0":{"count":1}}},'
+                .. '"b\\udc80":{"num_shards":1,"shards":{"0":{"count":1}}}}}')
       end)
 
       it("a shard count that does not add up", function()

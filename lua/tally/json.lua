@@ -1,0 +1,138 @@
+-- tally.json: counter names in JSON text, both ways.
+--
+-- Names are bytes; JSON text is Unicode. The bridge is Python's
+-- "surrogateescape" (PEP 383): quote(s) writes valid UTF-8 as it is and
+-- each byte that is not part of a valid UTF-8 sequence as the escape
+-- \udcXX (XX the byte, 80 to ff), so the text stays JSON and a UTF-8 name
+-- is written as it always was. Python reads such a string as str and gets
+-- the bytes back with s.encode("utf-8", "surrogateescape").
+--
+-- decode(text) is lua-cjson's decode (no NaN, Infinity or hex numbers, at
+-- most 64 levels) with \udcXX read back as the byte (lua-cjson refuses a
+-- lone surrogate). lua-cjson is loaded on first use (require "tally" does
+-- not load it).
+
+local type, pairs, ipairs, tonumber, tostring, pcall =
+      type, pairs, ipairs, tonumber, tostring, pcall
+local byte, char, find, fmt, gsub, sub = string.byte, string.char, string.find,
+      string.format, string.gsub, string.sub
+local concat = table.concat
+local utf8len = require("tally.compat").utf8len
+
+local _M = {}
+
+-- ---- writing ---------------------------------------------------------------------
+
+local JESC = { ['"'] = '\\"', ["\\"] = "\\\\", ["\n"] = "\\n", ["\r"] = "\\r", ["\t"] = "\\t" }
+local function jesc(c) return JESC[c] or fmt("\\u%04x", byte(c)) end
+
+-- s with each byte outside a valid UTF-8 sequence as \udcXX. A sequence's
+-- first byte says its length; utf8len checks the rest (strict, as Lua 5.4).
+local function surrogate_escape(s)
+  local out, n, i = {}, 0, 1
+  while true do
+    local j = find(s, "[\128-\255]", i)
+    if not j then break end
+    local c = byte(s, j)
+    local len = c >= 0xF0 and 4 or c >= 0xE0 and 3 or 2
+    n = n + 1
+    if utf8len(sub(s, j, j + len - 1)) == 1 then
+      out[n], i = sub(s, i, j + len - 1), j + len
+    else
+      out[n], i = sub(s, i, j - 1) .. fmt("\\udc%02x", c), j + 1
+    end
+  end
+  out[n + 1] = sub(s, i)
+  return concat(out)
+end
+
+-- json.quote(s) -> '"..."': `"`, `\` and control bytes escaped, bytes that
+-- are not UTF-8 as \udcXX, every other byte as it is.
+function _M.quote(s)
+  s = gsub(s, '[%c"\\]', jesc)
+  if find(s, "[\128-\255]") and not utf8len(s) then s = surrogate_escape(s) end
+  return '"' .. s .. '"'
+end
+
+-- ---- reading ---------------------------------------------------------------------
+
+local json
+local function cjson()
+  if not json then
+    json = require("cjson").new()
+    json.decode_invalid_numbers(false)   -- no NaN, Infinity or hex numbers
+    json.decode_max_depth(64)
+  end
+  return json
+end
+
+-- text with each \udcXX (XX 80 to ff) made \u0000XX, which lua-cjson reads
+-- as NUL then "XX", and each \u0000 made \u000000, so that every NUL it
+-- reads is a mark: unmark() takes a NUL and its two hex digits back to the
+-- byte. A surrogate pair stays (one character). Returns nil when there is
+-- no \udcXX, else the text and where each mark starts in it.
+local function mark(text)
+  if not find(text, "\\u[dD][cC][89a-fA-F]%x") then return nil end
+  local out, n, last, p, at = {}, 0, 1, 1, {}
+  while true do
+    p = find(text, "\\", p, true)
+    if not p then break end
+    local cp = byte(text, p + 1) == 117 and find(text, "^%x%x%x%x", p + 2)   -- \u
+               and tonumber(sub(text, p + 2, p + 5), 16)
+    if cp and (cp == 0 or (cp >= 0xDC80 and cp <= 0xDCFF)) then
+      out[n + 1], out[n + 2] = sub(text, last, p - 1), "\\u0000" .. sub(text, p + 4, p + 5)
+      n, last = n + 2, p + 6
+      at[#at + 1] = p + 2 * #at
+      p = p + 6
+    elseif cp and cp >= 0xD800 and cp <= 0xDBFF and find(text, "^\\u[dD][c-fC-F]%x%x", p + 6) then
+      p = p + 12
+    else
+      p = p + (cp and 6 or 2)
+    end
+  end
+  out[n + 1] = sub(text, last)
+  return concat(out), at
+end
+
+local function unbyte(xx) return char(tonumber(xx, 16)) end
+
+-- v (decoded from marked text) with its marks taken back to bytes, in place.
+local function unmark(v)
+  if type(v) == "string" then
+    return find(v, "\0", 1, true) and (gsub(v, "%z(%x%x)", unbyte)) or v
+  end
+  if type(v) ~= "table" then return v end
+  local renamed
+  for k, x in pairs(v) do
+    if type(x) == "string" or type(x) == "table" then v[k] = unmark(x) end
+    if type(k) == "string" and find(k, "\0", 1, true) then
+      renamed = renamed or {}
+      renamed[#renamed + 1] = k
+    end
+  end
+  for _, k in ipairs(renamed or {}) do v[unmark(k)], v[k] = v[k], nil end
+  return v
+end
+
+-- json.decode(text) -> value, or nil and lua-cjson's message.
+function _M.decode(text)
+  local marked, at = mark(text)
+  local ok, v = pcall(cjson().decode, marked or text)
+  if not ok then
+    v = tostring(v)
+    if at then                           -- a position in text, not in marked
+      v = gsub(v, "at character (%d+)", function(c)
+        local n = 0
+        for _, m in ipairs(at) do
+          if m < tonumber(c) then n = n + 1 end
+        end
+        return "at character " .. (tonumber(c) - 2 * n)
+      end)
+    end
+    return nil, v
+  end
+  if marked then v = unmark(v) end
+  return v
+end
+
+return _M
