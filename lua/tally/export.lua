@@ -11,8 +11,8 @@
 -- +-(2^53-1) is a JSON number, any other is a decimal string ("count":
 -- "9007199254740993"), because a JSON reader holds numbers as doubles.
 -- A name's bytes that are not UTF-8 are written \udcXX and read back as
--- bytes (tally.json). Import validates the whole document before it
--- changes anything.
+-- bytes (tally.json). Import validates the whole document, and refuses a
+-- key given twice, before it changes anything.
 
 local core = require "tally.core"
 
@@ -166,6 +166,19 @@ local function shard_id_ok(k, n)
   return i and i < n and i or nil
 end
 
+-- What a key given twice is (its path from json.decode): lua-cjson would
+-- keep the last value and lose the others without a word.
+local function twice_text(path)
+  if path[1] == "counters" and path[2] and #path == 2 then
+    return fmt("counter '%s' is given twice", path[2])
+  elseif path[1] == "counters" and path[2] then
+    local rest = {}
+    for i = 3, #path do rest[i - 2] = path[i] end
+    return fmt("counter '%s': %s is given twice", path[2], json.path_text(rest))
+  end
+  return fmt("'%s' is given twice", json.path_text(path))
+end
+
 -- Check one counter of the document; returns its plan { name=, shards=,
 -- policy=, counts={...} }, or raises { msg = what is wrong }.
 local function raise_msg(msg) error({ msg = msg }) end
@@ -305,31 +318,45 @@ function import_any(self, text, opts)
 
   step("decode", 0, 1)
   cjson = cjson or require "cjson"       -- its null, for jdescribe
-  local doc, jmsg = json.decode(text)
+  local doc, nkeys, path = json.decode(text)
   step("decode", 1, 1)
-  if doc == nil then raise("malformed JSON: " .. gsub(jmsg, "^.-:%d+: ", "")) end
+  if path then raise(twice_text(path)) end
+  if doc == nil then raise("malformed JSON: " .. gsub(nkeys, "^.-:%d+: ", "")) end
+  -- lua-cjson keeps the last of a key given twice and drops the others.
+  -- The checked counters tell how many keys doc holds; fewer than nkeys,
+  -- and json.twice (slower) names the one. A failed check may come of one
+  -- too ("num_shards is 2 but 1 shards are given"): or_twice(msg) is msg,
+  -- or what is given twice.
+  local function or_twice(msg)
+    path = json.twice(text)
+    return path and twice_text(path) or msg
+  end
   if not is_object(doc) or doc.counters == nil then
-    raise("the document must be an object with \"counters\", got " .. jdescribe(doc))
+    raise(or_twice("the document must be an object with \"counters\", got " .. jdescribe(doc)))
   end
   for k in pairs(doc) do
-    if k ~= "counters" then raise("unknown top-level field '" .. k .. "' (expected counters)") end
+    if k ~= "counters" then
+      raise(or_twice("unknown top-level field '" .. k .. "' (expected counters)"))
+    end
   end
   local counters = doc.counters
   if not is_object(counters) then
-    raise("\"counters\" must be an object of counters by name, got " .. jdescribe(counters))
+    raise(or_twice("\"counters\" must be an object of counters by name, got "
+                   .. jdescribe(counters)))
   end
   local names = {}
   for name in pairs(counters) do names[#names + 1] = name end
   sort(names)
 
   -- 1. validate everything, against the store as it is
-  local plan = {}
+  local plan, keys = {}, 1                -- keys: "counters", then each counter's
   for i, name in ipairs(names) do
     local cok, p = pcall(check_counter, name, counters[name])
     if not cok then
-      if type(p) == "table" then raise(p.msg) end
+      if type(p) == "table" then raise(or_twice(p.msg)) end
       error(p, 0)
     end
+    keys = keys + 1 + (p.policy and 3 or 2) + 2 * p.shards   -- name, fields, ids, counts
     local v, vmsg, code = self:value(name)
     if v == nil and code ~= "ENOENT" and code ~= "ERANGE" then
       return nil, vmsg, code                 -- a damaged store
@@ -368,6 +395,8 @@ function import_any(self, text, opts)
     plan[i] = p
     step("validate", i, #names)
   end
+
+  if keys ~= nkeys then raise(or_twice("a key is given twice")) end
 
   -- 2. create the counters that do not exist
   local created = {}

@@ -9,8 +9,11 @@
 --
 -- decode(text) is lua-cjson's decode (no NaN, Infinity or hex numbers, at
 -- most 64 levels) with \udcXX read back as the byte (lua-cjson refuses a
--- lone surrogate). lua-cjson is loaded on first use (require "tally" does
--- not load it).
+-- lone surrogate). lua-cjson keeps the last of a key given twice without a
+-- word: decode also says how many keys the text has, and twice(text) names
+-- the first key given twice, keys compared as the bytes they stand for
+-- ("a" and "\u0061" are one key). lua-cjson is loaded on first use
+-- (require "tally" does not load it).
 
 local type, pairs, ipairs, tonumber, tostring, pcall =
       type, pairs, ipairs, tonumber, tostring, pcall
@@ -96,7 +99,8 @@ end
 
 local function unbyte(xx) return char(tonumber(xx, 16)) end
 
--- v (decoded from marked text) with its marks taken back to bytes, in place.
+-- v (decoded from marked text) with its marks taken back to bytes, in
+-- place; nil if that makes two keys of one object the same bytes.
 local function unmark(v)
   if type(v) == "string" then
     return find(v, "\0", 1, true) and (gsub(v, "%z(%x%x)", unbyte)) or v
@@ -104,17 +108,108 @@ local function unmark(v)
   if type(v) ~= "table" then return v end
   local renamed
   for k, x in pairs(v) do
-    if type(x) == "string" or type(x) == "table" then v[k] = unmark(x) end
+    if type(x) == "string" or type(x) == "table" then
+      x = unmark(x)
+      if x == nil then return nil end
+      v[k] = x
+    end
     if type(k) == "string" and find(k, "\0", 1, true) then
       renamed = renamed or {}
       renamed[#renamed + 1] = k
     end
   end
-  for _, k in ipairs(renamed or {}) do v[unmark(k)], v[k] = v[k], nil end
+  for _, k in ipairs(renamed or {}) do
+    local b = unmark(k)
+    if v[b] ~= nil then return nil end
+    v[b], v[k] = v[k], nil
+  end
   return v
 end
 
--- json.decode(text) -> value, or nil and lua-cjson's message.
+-- The first key that an object of text (valid JSON) has twice: the keys
+-- from the top down to it (false for an array on the way), or nil. One
+-- pass over strings and brackets; a key with escapes is read by lua-cjson
+-- (and unmarked, if text is marked).
+local function twice(text, marked)
+  -- per depth: key -> the number of the object that has it; that number
+  -- (false in an array); the key whose value is open
+  local seen, obj, key = {}, {}, {}
+  local depth, objects, pos = 0, 0, 1
+  local o, s = nil, nil                  -- obj[depth], seen[depth]
+  while true do
+    local i = find(text, '[][{}"]', pos)
+    if not i then return nil end
+    local c = byte(text, i)
+    pos = i + 1
+    if c == 34 then                      -- "
+      local e, escaped = pos, false
+      while true do
+        e = find(text, '["\\]', e)
+        if byte(text, e) == 34 then break end
+        escaped, e = true, e + 2
+      end
+      pos = e + 1
+      if o and (byte(text, pos) == 58 or find(text, "^%s*:", pos)) then     -- a key
+        local k = sub(text, i + 1, e - 1)
+        if escaped then
+          k = cjson().decode(sub(text, i, e))
+          if marked then k = unmark(k) end
+        end
+        if s[k] == o then
+          local path = {}
+          for d = 1, depth - 1 do path[d] = key[d] end
+          path[depth] = k
+          return path
+        end
+        s[k], key[depth] = o, k
+      end
+    elseif c == 123 then                 -- {
+      depth, objects = depth + 1, objects + 1
+      o, s = objects, seen[depth] or {}
+      obj[depth], seen[depth] = o, s
+    elseif c == 91 then                  -- [
+      depth = depth + 1
+      o, obj[depth], key[depth] = false, false, false
+    else
+      depth = depth - 1
+      o, s = obj[depth], seen[depth]
+    end
+  end
+end
+
+-- "k" or ["k"] after the first, by whether k is a name; [] for an array.
+local function path_text(path)
+  local out = { path[1] or "[]" }
+  for i = 2, #path do
+    local k = path[i]
+    out[i] = not k and "[]" or find(k, "^[%a_][%w_]*$") and "." .. k or fmt('["%s"]', k)
+  end
+  return concat(out)
+end
+_M.path_text = path_text
+
+-- The number of keys in text (valid JSON): its colons outside strings.
+local function keys(text)
+  if find(text, "\\", 1, true) then text = gsub(text, "\\.", "") end   -- escapes, \" among them
+  local _, n = gsub(gsub(text, '"[^"]*"', ""), ":", "")
+  return n
+end
+
+-- json.twice(text) -> the first key that an object of text has twice: the
+-- keys from the top down to it (false for an array on the way), or nil.
+-- For text that json.decode read. A pass in Lua over every string and
+-- bracket: about twice lua-cjson's time.
+function _M.twice(text)
+  local marked = mark(text)
+  return twice(marked or text, marked ~= nil)
+end
+
+-- json.decode(text) -> value, n: n is how many keys text has, so a caller
+-- that knows how many the value has (tally.export's import does, once the
+-- document is checked) can tell whether one was given twice, at a small
+-- fraction of json.twice's time. nil, msg for malformed text (lua-cjson's
+-- message), or nil, msg, path for two keys that only tell apart as
+-- written ("\u00e9" and "\udcc3\udca9" are both the bytes of é).
 function _M.decode(text)
   local marked, at = mark(text)
   local ok, v = pcall(cjson().decode, marked or text)
@@ -131,8 +226,15 @@ function _M.decode(text)
     end
     return nil, v
   end
-  if marked then v = unmark(v) end
-  return v
+  if marked then
+    local u = unmark(v)
+    if u == nil then
+      local path = twice(marked, true)
+      return nil, fmt("key '%s' is given twice", path_text(path)), path
+    end
+    v = u
+  end
+  return v, keys(marked or text)
 end
 
 return _M

@@ -491,6 +491,22 @@ describe("tally inspection commands", function()
     assert.equal("3\n", (run("get", path, "views")))
   end)
 
+  it("import: a counter given twice is refused, named, before anything changes", function()
+    -- two exports pasted into one document: one of the two values would be lost
+    local before = run("export", path)
+    local twice = helper.tmpfile("twice.json")
+    helper.write(twice, '{"counters":{\n"views":{"num_shards":1,"shards":{"0":{"count":10}}},\n'
+                        .. '"new":{"num_shards":1,"shards":{"0":{"count":1}}},\n'
+                        .. '"views":{"num_shards":1,"shards":{"0":{"count":20}}}\n}}\n')
+    for _, mode in ipairs({ "--create", "--add" }) do
+      local out, err, code = run("import", path, twice, mode)
+      assert.equal(1, code)
+      assert.equal("", out)
+      assert.equal("tally import: counter 'views' is given twice\n", err)
+      assert.equal(before, (run("export", path)))
+    end
+  end)
+
   it("info: what an operator needs, as text and JSON", function()
     local out, err, code = run("info", path)
     assert.equal(0, code, err)

@@ -30,9 +30,10 @@ describe("the Lua side under LuaJIT and Lua 5.4", function()
     assert.matches('fn sink 8: "{\\"name\\":\\"post:2:likes\\",\\"value\\":4611686018427387003,',
                    viaffi, 1, true)
     assert.matches('"count\\":\\"-9007199254740993\\"}', viaffi, 1, true)
-    -- and through names that are not UTF-8
+    -- and through names that are not UTF-8, and a counter given twice
     assert.matches('"x\\\\udcff\\":{\\"num_shards', viaffi, 1, true)
     assert.matches('odd names: {1="x\\\\udcff",2="x\255",3="\237\160\128"}', viaffi, 1, true)
     assert.matches("export odd again: true\n", viaffi, 1, true)
+    assert.matches("import twice: \"import: counter 'b' is given twice\"\n", viaffi, 1, true)
   end)
 end)

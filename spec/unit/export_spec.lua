@@ -392,6 +392,35 @@ describe("tally.store", function()
                 .. '"b\\udc80":{"num_shards":1,"shards":{"0":{"count":1}}}}}')
       end)
 
+      it("a counter or a field given twice, however it is written", function()
+        -- lua-cjson keeps the last and drops the others: a value lost without a word
+        local one = '{"num_shards":1,"shards":{"0":{"count":1}}}'
+        local function counters(...) return '{"counters":{' .. table.concat({ ... }, ",") .. "}}" end
+        refuses("import: counter 'a' is given twice",             -- with(): "a" first
+                with("a", '{"num_shards":2,"shards":{"0":{"count":7},"1":{"count":8}}}'))
+        refuses("import: counter 'a' is given twice",
+                with("a", '{"num_shards":2,"shards":{"0":{"count":7},"1":{"count":8}}}'), { mode = "add" })
+        refuses("import: counter 'b' is given twice", counters('"b":' .. one, '"\\u0062":' .. one))
+        refuses("import: counter 'é' is given twice", counters('"é":' .. one, '"\\u00e9":' .. one))
+        refuses("import: counter 'é' is given twice",                 -- its two bytes, each escaped
+                counters('"\\udcc3\\udca9":' .. one, '"é":' .. one))
+        refuses("import: counter '\255' is given twice",
+                counters('"\\udcff":' .. one, '"\\uDCFF":' .. one))
+        refuses("import: counter 'b' is given twice", counters('"b":5', '"b":' .. one))
+        refuses("import: 'counters' is given twice", '{"counters":{},"counters":{"b":' .. one .. "}}")
+        refuses("import: counter 'b': num_shards is given twice",
+                with("b", '{"num_shards":1,"num_shards":1,"shards":{"0":{"count":1}}}'))
+        refuses([[import: counter 'b': shards["0"] is given twice]],
+                with("b", '{"num_shards":1,"shards":{"0":{"count":1},"0":{"count":2}}}'))
+        refuses([[import: counter 'b': shards["0"] is given twice]],      -- not "2 but 1 shards"
+                with("b", '{"num_shards":2,"shards":{"0":{"count":1},"0":{"count":2}}}'))
+        refuses([[import: counter 'b': shards["0"].count is given twice]],
+                with("b", '{"num_shards":1,"shards":{"0":{"count":1,"count":2}}}'))
+        -- the text \udcff is not the byte; a\u0062 (with its backslash) is not ab
+        assert.equal(4, db:import(counters('"\\udcff":' .. one, '"\\\\udcff":' .. one,
+                                           '"ab":' .. one, '"a\\\\u0062":' .. one)))
+      end)
+
       it("a shard count that does not add up", function()
         refuses("import: counter 'b': num_shards is 3 but 2 shards are given",
                 with("b", '{"num_shards":3,"shards":{"0":{"count":1},"1":{"count":1}}}'))
