@@ -116,7 +116,7 @@ static void test_memory_pages(void) {
     int len = snprintf(name, sizeof name, "pages:%d", i);
     EXPECT_OK(tally_store_incr(s, name, (size_t)len, 1, TALLY_COUNTER_CREATE));
   }
-  char flags[256] = "", more[256] = "";
+  char flags[512] = "", more[512] = "";
   long rss = -1, rss_more = -1;
   uintptr_t base = (uintptr_t)s->base;
   EXPECT(mapping_at(base, flags, sizeof flags, &rss));
