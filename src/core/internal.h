@@ -246,7 +246,7 @@ struct tally_store {
   bool lock_word;           /* format 8: the lock is hdr->lock_owner, not flock() */
   uint32_t small;           /* the unit of records and limbo nodes: 8 bytes
                                from format 9, 16 before (space.c) */
-  bool lock_stale;          /* forked: fd's open file is shared with the parent */
+  _Atomic bool lock_stale;  /* forked: fd's open file is shared with the parent */
   uint64_t id;              /* unique in this process (thread tickets) */
   tally_store *prev, *next; /* open stores, for fork handling */
   /* grace periods (grace.c) */
@@ -448,6 +448,11 @@ int tally__lock(tally_store *s); /* also finishes a pending move */
 /* A format-8 file store's open file marks this process as having it open
  * (lock.c: what tells a waiter that a holder is gone). */
 int tally__lock_attach(tally_store *s);
+/* Does pid hold its attach lock on the file, that is, have it open? True
+ * where there are no attach locks (format 7, memory stores), where the
+ * probe cannot tell (this process; a forked child not reopened yet) and
+ * when the kernel does not answer. */
+bool tally__attached(tally_store *s, pid_t pid);
 void tally__unlock(tally_store *s);
 void tally__registry_add(tally_store *s); /* open stores, for fork() */
 pid_t tally__pid(void);                   /* getpid(), cached; a fork handler renews it */
