@@ -306,23 +306,25 @@ static void make_format(const char *path, uint32_t format) {
   close(fd);
 }
 
-/* A new file of the format: made by this version, marked older if asked. */
-static void new_store(const char *file, uint32_t format, char *spec, size_t spec_len,
-                      char *path, size_t path_len) {
+/* A new file of the format (named prefix and the format), made by this
+ * version, marked older if asked, and open. */
+static tally_store *new_store(const char *prefix, uint32_t format, char *spec,
+                              size_t spec_len, char *path, size_t path_len) {
+  char file[64];
+  snprintf(file, sizeof file, "%s%u.tly", prefix, format);
   spec_of(spec, spec_len, path, path_len, file);
   tally_store *s = NULL;
   REQUIRE_OK(tally_store_open(spec, NULL, &s));
   tally_store_close(s);
   if (format != TALLY__FORMAT) make_format(path, format);
+  REQUIRE_OK(tally_store_open(spec, NULL, &s));
+  return s;
 }
 
 static void test_formats(void) {
   for (uint32_t format = 7; format <= TALLY__FORMAT; format++) {
-    char spec[1300], path[1300], name[32];
-    snprintf(name, sizeof name, "f%u.tly", format);
-    new_store(name, format, spec, sizeof spec, path, sizeof path);
-    tally_store *s = NULL;
-    REQUIRE_OK(tally_store_open(spec, NULL, &s));
+    char spec[1300], path[1300];
+    tally_store *s = new_store("f", format, spec, sizeof spec, path, sizeof path);
     EXPECT_OK(tally_store_incr(s, "f:a", 3, 2, TALLY_COUNTER_CREATE));
     tally_store_stats st;
     EXPECT_OK(tally_store_stats_get(s, &st));
@@ -372,11 +374,8 @@ static void test_record_units(void) {
                                       "units:00000000003"};
   setenv("TALLY_GRACE_MS", "0", 1); /* one process: the drop is ripe at once */
   for (uint32_t format = 8; format <= TALLY__FORMAT; format++) {
-    char spec[1300], path[1300], file[32];
-    snprintf(file, sizeof file, "u%u.tly", format);
-    new_store(file, format, spec, sizeof spec, path, sizeof path);
-    tally_store *s = NULL;
-    REQUIRE_OK(tally_store_open(spec, NULL, &s));
+    char spec[1300], path[1300];
+    tally_store *s = new_store("u", format, spec, sizeof spec, path, sizeof path);
     /* the first counter takes the cells' chunk, so the next two are neighbours */
     EXPECT_OK(tally_store_incr(s, "units:first", 11, 1, TALLY_COUNTER_CREATE));
     for (int i = 0; i < 2; i++)
@@ -480,11 +479,8 @@ static void die_in(const char *spec, const char *where, const char *name) {
  * short admitted a fifth). Capped at 3, a drop that dies before the count
  * goes down: exactly one name more (a count one over refused it). */
 static void test_cap_killed(uint32_t format) {
-  char spec[1300], path[1300], file[32];
-  snprintf(file, sizeof file, "cap%u.tly", format);
-  new_store(file, format, spec, sizeof spec, path, sizeof path);
-  tally_store *s = NULL;
-  REQUIRE_OK(tally_store_open(spec, NULL, &s));
+  char spec[1300], path[1300];
+  tally_store *s = new_store("cap", format, spec, sizeof spec, path, sizeof path);
   tally_family_options four = {1, -1, 0, 4}, three = {1, -1, 0, 3};
   EXPECT_OK(tally_family_define(s, "ck:*", 4, &four));
   EXPECT(got_own(s, "ck:a"));
