@@ -395,6 +395,46 @@ static void test_record_units(void) {
   unsetenv("TALLY_GRACE_MS");
 }
 
+/* A file growing under another process is not a truncated one: the
+ * check without the lock (tally__truncated: before stats, walks, upkeep,
+ * ticks) read the file's size, then the header's, so a growth in between
+ * looked like truncation. A child grows the file for 1.5 s while this
+ * process checks in a loop. */
+
+static void test_growing_not_truncated(void) {
+  char spec[1300], path[1300];
+  spec_of(spec, sizeof spec, path, sizeof path, "grow.tly");
+  tally_store *s = NULL;
+  REQUIRE_OK(tally_store_open(spec, NULL, &s));
+  fflush(NULL);
+  pid_t pid = fork();
+  if (pid == 0) {
+    tally_store *w;
+    if (tally_store_open(spec, NULL, &w)) _exit(2);
+    tally_counter_options o = {64, -1}; /* 512 bytes of cells a counter */
+    char name[32];
+    for (long i = 0, end = (long)tu_now() + 10; tu_now() < end; i++) { /* or killed */
+      tally_counter *c;
+      int n = snprintf(name, sizeof name, "grow:%ld", i);
+      if (tally_counter_open(w, name, (size_t)n, &o, TALLY_COUNTER_CREATE, &c)) _exit(3);
+      tally_counter_close(c);
+    }
+    _exit(0);
+  }
+  long calls = 0, bad = 0;
+  for (double end = tu_now() + 1.5; tu_now() < end; calls++)
+    if (tally__truncated(s) != 0 && bad++ == 0) printf("  %s\n", tally_errmsg());
+  kill(pid, SIGKILL);
+  waitpid(pid, NULL, 0);
+  tally_store_stats st;
+  EXPECT_OK(tally_store_stats_get(s, &st));
+  printf("  a growing file: %ld checks, %ld said truncated; %llu counters made\n", calls,
+         bad, (unsigned long long)st.counters);
+  EXPECT_I64(0, bad);
+  EXPECT(st.counters > 1000);
+  tally_store_close(s);
+}
+
 /* Processes that create at once, through the word: every counter is
  * there once, with its value, and the store checks. */
 static void test_creators(void) {
@@ -520,6 +560,7 @@ int main(void) {
   test_formats();
   test_record_units();
   test_creators();
+  test_growing_not_truncated();
   test_cap_killed(TALLY__FORMAT_FLOCK);
   test_cap_killed(TALLY__FORMAT);
   int rc = tu_finish("test_lock");

@@ -128,7 +128,11 @@ int tally__truncated(tally_store *s) {
                        "%s: tally store is truncated (file has "
                        "%lld bytes, less than its header)",
                        s->path, (long long)st.st_size);
+  /* a growth publishes the size after the file grew: a size read after a
+   * stale fstat() is looked at again against a fresh one */
   uint64_t size = atomic_load(&s->hdr->size);
+  if (size > (uint64_t)st.st_size && fstat(s->fd, &st) != 0)
+    return tally__fail_sys("cannot stat", s->path);
   if (size > (uint64_t)st.st_size)
     return tally__fail(TALLY_ECORRUPT,
                        "%s: tally store is truncated (header "
