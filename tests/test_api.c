@@ -663,6 +663,19 @@ static void test_families(tally_store *s) {
   EXPECT_OK(tally_family_resolve(s, "fam:1:views", 11, &o));
   EXPECT_I64(TALLY_SHARDS_AUTO, o.shards);
 
+  /* two patterns of one 32-bit hash would share a cap's count: the
+   * second is refused, the first stays as it was */
+  fam = (tally_counter_options){3, TALLY_POLICY_RANDOM};
+  EXPECT_OK(tally_family_set(s, "f22572:*", 8, &fam));
+  EXPECT_RC(TALLY_EINVAL, tally_family_set(s, "f49913:*", 8, &fam));
+  EXPECT(strstr(tally_errmsg(), "has the hash of family 'f22572:*'") != NULL);
+  EXPECT_OK(tally_family_resolve(s, "f49913:1", 8, &o));
+  EXPECT_I64(TALLY_SHARDS_AUTO, o.shards);
+  fam = (tally_counter_options){5, TALLY_POLICY_RANDOM};
+  EXPECT_OK(tally_family_set(s, "f22572:*", 8, &fam)); /* its own pattern, again */
+  EXPECT_OK(tally_family_resolve(s, "f22572:1", 8, &o));
+  EXPECT_I64(5, o.shards);
+
   /* a later, broader family wins where both match */
   fam = (tally_counter_options){4, TALLY_POLICY_ROUND_ROBIN};
   EXPECT_OK(tally_family_set(s, "fam:*", 5, &fam));

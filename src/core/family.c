@@ -254,6 +254,18 @@ int tally_family_define(tally_store *s, const char *pattern, size_t plen,
     tally__unlock(s);
     return rc;
   }
+  /* a counter knows its family by the pattern's 32-bit hash (caps, and
+   * the live count a drop takes down): two patterns of one hash would
+   * share a count */
+  const struct tally__family *twin =
+      tally__family_by_hash(s, tally__pattern_hash(pattern, plen));
+  if (twin && (twin->pattern_len != plen || memcmp(twin->pattern, pattern, plen) != 0)) {
+    tally__unlock(s);
+    return tally__fail(TALLY_EINVAL,
+                       "family '%.*s': its pattern has the hash of family '%.*s', "
+                       "and counters know their family by it: choose another pattern",
+                       (int)plen, pattern, (int)twin->pattern_len, twin->pattern);
+  }
   /* the live count moves to the new record: count the counters created
    * under this pattern (rare: only when the options change) */
   struct fam_count one = {tally__pattern_hash(pattern, plen), 0, 0, NULL};
