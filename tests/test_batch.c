@@ -660,6 +660,62 @@ static void test_killed_no_snapshot(void) {
   }
 }
 
+/* A writer whose process execs while it is stopped mid-batch: the thread
+ * that exec'd takes the leader's tid, and the pid and start time stay, so
+ * only the file let go (close-on-exec) says the writer is gone. Upkeep
+ * rolls its half batch back. */
+static void *exec_soon(void *arg) {
+  (void)arg;
+  usleep(100000); /* the main thread is in its batch by then */
+  execl("/bin/sleep", "sleep", "20", (char *)NULL);
+  _exit(127);
+}
+
+static void test_writer_execs(void) {
+  char spec[1200], path[1100];
+  tu_spec(spec, sizeof spec, path, sizeof path, g_dir, "exec.tly");
+  tally_store *s;
+  REQUIRE_OK(tally_store_open(spec, NULL, &s));
+  tally_counter *a = slot_counter(s, "a"), *b = slot_counter(s, "b");
+  fflush(NULL);
+  pid_t pid = fork();
+  if (pid == 0) {
+    tally_store *cs;
+    if (tally_store_open(spec, NULL, &cs)) _exit(2);
+    tally_counter *ab[2] = {slot_counter(cs, "a"), slot_counter(cs, "b")};
+    static const int64_t d[2] = {5, 5};
+    pthread_t th;
+    pthread_create(&th, NULL, exec_soon, NULL);
+    setenv("TALLY_TEST_BATCH_STALL", "1", 1); /* stops after a+5 */
+    tally_batch_incr(cs, ab, d, 2);
+    _exit(3);
+  }
+  char proc[64], comm[32] = "";
+  snprintf(proc, sizeof proc, "/proc/%d/comm", (int)pid);
+  for (double end = tu_now() + 10; strncmp(comm, "sleep", 5) != 0 && tu_now() < end;) {
+    usleep(2000);
+    FILE *f = fopen(proc, "r");
+    if (f) {
+      if (!fgets(comm, sizeof comm, f)) comm[0] = 0;
+      fclose(f);
+    }
+  }
+  EXPECT(strncmp(comm, "sleep", 5) == 0);
+  EXPECT_I64(5, tu_value(a)); /* the half batch, its writer gone with the exec */
+  EXPECT_OK(tally_store_maintain(s, 0, 0, NULL));
+  EXPECT_I64(0, tu_value(a));
+  EXPECT_I64(0, tu_value(b));
+  struct snapv sv = {0};
+  if (tu_value(a) == 0) /* else it would wait for the writer for good */
+    EXPECT_OK(tally_store_snapshot(s, "*", 1, snap_one, &sv));
+  kill(pid, SIGKILL);
+  waitpid(pid, NULL, 0);
+  EXPECT_OK(tally_store_check(s));
+  tally_counter_close(a);
+  tally_counter_close(b);
+  tally_store_close(s);
+}
+
 /* ---- expiry and compaction -------------------------------------------------------- */
 
 static void test_expiry_and_compaction(void) {
@@ -923,6 +979,7 @@ int main(void) {
   test_processes();
   test_killed_mid_batch();
   test_killed_no_snapshot();
+  test_writer_execs();
   test_expiry_and_compaction();
   test_reset_and_drop_race();
   printf("total %.2f s\n", tu_now() - t0);

@@ -94,11 +94,14 @@ static pid_t self_tid(void) {
 
 /* Does the slot's thread still run? A pid reused by another process fails
  * the owner word's start-time check; a thread gone fails tgkill. */
-static bool holder_alive(const struct tally__wslot *sl) {
+static bool holder_alive(tally_store *s, const struct tally__wslot *sl) {
   uint64_t owner = atomic_load(&sl->owner);
   pid_t tid = (pid_t)atomic_load(&sl->tid);
   if (!owner) return false;
-  if (!tally__owner_alive(owner)) return false;
+  /* a process that exec'd keeps its pid, its start time and, through the
+   * thread that exec'd, the leader's tid, but not the file */
+  if (!tally__attached(s, (pid_t)(owner >> 32)) || !tally__owner_alive(owner))
+    return false;
   return syscall(SYS_tgkill, (pid_t)(owner >> 32), tid, 0) == 0 || errno == EPERM;
 }
 
@@ -133,7 +136,7 @@ void tally__slots_settle(tally_store *s) {
   if (!t) return;
   for (uint32_t w = 0; w < TALLY_SLOT_SHARDS; w++)
     if ((atomic_load_explicit(&t[w].seq, memory_order_acquire) & 1) &&
-        !holder_alive(&t[w]))
+        !holder_alive(s, &t[w]))
       roll_back(s, &t[w]);
 }
 
@@ -141,7 +144,7 @@ int tally__slots_recover(tally_store *s) {
   struct tally__wslot *t = slot_table(s);
   if (!t) return 0;
   for (uint32_t w = 0; w < TALLY_SLOT_SHARDS; w++)
-    if (atomic_load(&t[w].owner) && !holder_alive(&t[w])) roll_back(s, &t[w]);
+    if (atomic_load(&t[w].owner) && !holder_alive(s, &t[w])) roll_back(s, &t[w]);
   return 0;
 }
 
@@ -562,10 +565,10 @@ static int wait_slot(tally_store *s, struct tally__wslot *sl, uint64_t seq, bool
       sched_yield();
       continue;
     }
-    if (!holder_alive(sl)) {
+    if (!holder_alive(s, sl)) {
       int rc = locked ? 0 : tally__lock(s);
       if (rc) return rc;
-      if (atomic_load(&sl->seq) == seq && !holder_alive(sl)) roll_back(s, sl);
+      if (atomic_load(&sl->seq) == seq && !holder_alive(s, sl)) roll_back(s, sl);
       if (!locked) tally__unlock(s);
       return 0;
     }
