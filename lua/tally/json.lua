@@ -57,6 +57,13 @@ function _M.quote(s)
   return '"' .. s .. '"'
 end
 
+-- json.quote_bytes(s): as versions before 2026-11-25 quoted, every byte
+-- over 127 as it is (not JSON when s is not UTF-8): to recognise what
+-- they wrote, such as a spool's lines.
+function _M.quote_bytes(s)
+  return '"' .. gsub(s, '[%c"\\]', jesc) .. '"'
+end
+
 -- ---- reading ---------------------------------------------------------------------
 
 local json
@@ -118,10 +125,14 @@ local function unmark(v)
       renamed[#renamed + 1] = k
     end
   end
-  for _, k in ipairs(renamed or {}) do
-    local b = unmark(k)
-    if v[b] ~= nil then return nil end
-    v[b], v[k] = v[k], nil
+  if renamed then                        -- all out, then all in: a key's unmarked
+    local moved = {}                     -- bytes may be another's marked ones
+    for i, k in ipairs(renamed) do moved[i], v[k] = v[k], nil end
+    for i, k in ipairs(renamed) do
+      local b = unmark(k)
+      if v[b] ~= nil then return nil end
+      v[b] = moved[i]
+    end
   end
   return v
 end
@@ -145,6 +156,7 @@ local function twice(text, marked)
       local e, escaped = pos, false
       while true do
         e = find(text, '["\\]', e)
+        if not e then return nil end     -- unterminated: not text decode took
         if byte(text, e) == 34 then break end
         escaped, e = true, e + 2
       end
@@ -152,7 +164,9 @@ local function twice(text, marked)
       if o and (byte(text, pos) == 58 or find(text, "^%s*:", pos)) then     -- a key
         local k = sub(text, i + 1, e - 1)
         if escaped then
-          k = cjson().decode(sub(text, i, e))
+          local ok, dk = pcall(cjson().decode, sub(text, i, e))
+          if not ok then return nil end  -- a bad escape: not text decode took
+          k = dk
           if marked then k = unmark(k) end
         end
         if s[k] == o then
@@ -200,6 +214,7 @@ end
 -- For text that json.decode read. A pass in Lua over every string and
 -- bracket: about twice lua-cjson's time.
 function _M.twice(text)
+  if find(text, "\0", 1, true) then return nil end   -- decode refuses it
   local marked = mark(text)
   return twice(marked or text, marked ~= nil)
 end
@@ -211,6 +226,8 @@ end
 -- message), or nil, msg, path for two keys that only tell apart as
 -- written ("\u00e9" and "\udcc3\udca9" are both the bytes of é).
 function _M.decode(text)
+  local nul = find(text, "\0", 1, true)  -- lua-cjson would stop reading there
+  if nul then return nil, "Expected value but found a NUL byte at character " .. nul end
   local marked, at = mark(text)
   local ok, v = pcall(cjson().decode, marked or text)
   if not ok then
@@ -230,6 +247,7 @@ function _M.decode(text)
     local u = unmark(v)
     if u == nil then
       local path = twice(marked, true)
+      if not path then return nil, "a key is given twice" end   -- not expected: twice saw them
       return nil, fmt("key '%s' is given twice", path_text(path)), path
     end
     v = u

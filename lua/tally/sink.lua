@@ -324,7 +324,10 @@ local function spooled_record(line)       -- a spool line back to its record, ex
     return nil
   end
   local head = '{"name":' .. format.json_string(t.name) .. ',"value":'
-  if line:sub(1, #head) ~= head then return nil end
+  if line:sub(1, #head) ~= head then      -- or a line of a version before \udcXX
+    head = '{"name":' .. json.quote_bytes(t.name) .. ',"value":'
+    if line:sub(1, #head) ~= head then return nil end
+  end
   local rest = line:sub(#head + 1)         -- no string before "id" is left in it
   local v = tointeger(rest:match("^(%-?%d+)"))
   if not v then return nil end

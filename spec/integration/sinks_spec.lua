@@ -501,6 +501,30 @@ describe("an HTTP sink with a spool", function()
     assert.equal(1, #bodies(srv))
   end)
 
+  it("delivers a spool line an older version wrote, a name's bytes raw, as JSON", function()
+    local path = helper.tmpfile()
+    local port = peers.free_port()
+    local url = "http://127.0.0.1:" .. port .. "/hook"
+    local out, code = helper.sh("timeout 30 " .. helper.q(helper.bin) .. " "
+                                .. helper.q(cron_script(path, url, "c:\255")))
+    assert.equal(0, code, out)
+    local files = readdir(path .. ".spool")
+    local file = path .. ".spool/" .. files[1]
+    local spooled, raw = {}, {}
+    for line in io.lines(file) do
+      spooled[#spooled + 1], raw[#raw + 1] = line, (line:gsub("\\udcff", "\255"))
+    end
+    assert.equal('{"name":"c:\255","value":9007199254740993,"at":' .. T0 .. '.000,"delta":0,"rate":0,'
+                 .. '"id":"c:\255|10|' .. T0 .. '000"}', raw[2])
+    helper.write(file, table.concat(raw, "\n") .. "\n")
+    local srv = peers.start_http_sink { port = port }
+    finally(function() srv.stop() end)
+    out, code = helper.sh("timeout 30 " .. helper.q(helper.bin) .. " " .. helper.q(later_script(path, url)))
+    assert.equal(0, code, out)
+    assert.same({ "[" .. table.concat(spooled, ",") .. "]" }, bodies(srv))
+    assert.same({}, readdir(path .. ".spool"))
+  end)
+
   it("spools a name that is not UTF-8 as \\udcXX, and delivers it as spooled", function()
     local path = helper.tmpfile()
     local port = peers.free_port()

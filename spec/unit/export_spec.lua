@@ -339,6 +339,20 @@ describe("tally.store", function()
           assert.matches("^import: malformed JSON: ", msg)
           assert.equal(before, db:export())
         end
+        -- lua-cjson stops at a NUL: what follows was counted, or crashed the search
+        for _, text in ipairs({ '{"counters":{}}\n\0 "note": x', '{"counters":{}}\n\0:"' }) do
+          assert.equal("import: malformed JSON: Expected value but found a NUL byte at character 17",
+                       err(db.import, db, text))
+          assert.equal(before, db:export())
+        end
+      end)
+
+      it("a name with a NUL, beside the same bytes written as \\udcXX", function()
+        -- "\u000080" is NUL, "8", "0"; "\udc80" the byte 0x80: two names, not one
+        local one = '{"num_shards":1,"shards":{"0":{"count":1}}}'
+        local msg = err(db.import, db, '{"counters":{"\\u000080":' .. one .. ',"\\udc80":' .. one .. "}}")
+        assert.matches("^import: counter name '%z80", msg)
+        assert.equal(before, db:export())
       end)
 
       it("a document of the wrong shape", function()
@@ -477,5 +491,29 @@ describe("tally.store", function()
                      err(db.import, nil, "{}"))
       end)
     end)
+  end)
+end)
+
+describe("tally.json", function()
+  local json = require "tally.json"
+
+  it("reads a key \\u0000XX and a key \\udcXX of one object as two keys, in either order", function()
+    -- unmarked, the first is NUL "XX"; marked, the second was NUL "XX" too
+    for x = 0x80, 0xff do
+      for _, text in ipairs({ fmt('{"\\u0000%02x":1,"\\udc%02x":2}', x, x),
+                              fmt('{"\\udc%02x":2,"\\u0000%02x":1}', x, x) }) do
+        local v = assert(json.decode(text))
+        assert.equal(2, v[string.char(x)])
+        assert.equal(1, v["\0" .. fmt("%02x", x)])
+      end
+    end
+  end)
+
+  it("refuses text with a NUL byte, and twice() answers nil for text decode refuses", function()
+    assert.same({ nil, "Expected value but found a NUL byte at character 8" },
+                { json.decode('{"a":1}\0{"a":2}') })
+    for _, text in ipairs({ '{"a', '{"a":"\\', '{"\\uZZZZ":1}', '{"a":1}\0:"' }) do
+      assert.is_nil(json.twice(text))
+    end
   end)
 end)
