@@ -1033,51 +1033,6 @@ static void test_failed_forks(void) {
   untrack_close(s);
 }
 
-/* A child that execs keeps its pid and start time, but not the file (its
- * descriptors are close-on-exec, and its attach lock goes with them):
- * upkeep frees its slot. It held reuse back at its parent's epoch for as
- * long as the program it became ran. */
-static void test_exec_frees(void) {
-  tally_store *s = open_file("exec.tly", "0");
-  tally_counter *c = NULL; /* open across the fork: the child's slot is behind */
-  REQUIRE_OK(tu_counter(s, "xe:x", 4, -1, TALLY_COUNTER_CREATE, &c));
-  EXPECT_OK(tally_counter_incr(c, 1));
-  EXPECT_OK(tally_store_maintain(s, 0, 0, NULL));
-  fflush(NULL);
-  pid_t pid = fork();
-  if (pid == 0) {
-    execl("/bin/sleep", "sleep", "20", (char *)NULL);
-    _exit(127);
-  }
-  char path[64], comm[32] = "";
-  snprintf(path, sizeof path, "/proc/%d/comm", (int)pid);
-  for (double end = tu_now() + 10; strncmp(comm, "sleep", 5) != 0 && tu_now() < end;) {
-    usleep(2000);
-    FILE *f = fopen(path, "r");
-    if (f) {
-      if (!fgets(comm, sizeof comm, f)) comm[0] = 0;
-      fclose(f);
-    }
-  }
-  EXPECT(strncmp(comm, "sleep", 5) == 0);
-  tally_counter_close(c);
-  EXPECT_OK(tally_store_drop(s, "xe:x", 4));
-  for (int k = 0; k < 3; k++) EXPECT_OK(tally_store_maintain(s, 0, 0, NULL));
-  tally_grace_info gi;
-  EXPECT_OK(tally_store_grace(s, &gi));
-  EXPECT_I64(0, gi.behind);    /* the exec'd child's slot: freed */
-  EXPECT_I64(1, gi.processes); /* this one */
-  uint64_t reused0 = stats(s).reused_bytes;
-  fill(s, "xf", 20, 1);
-  EXPECT(stats(s).reused_bytes > reused0); /* xe:x's space, handed out again */
-  check_fill(s, "xf", 20, 1);
-  kill(pid, SIGKILL);
-  reap(pid, 1, 20);
-  expect_check(s, "exec");
-  untrack_close(s);
-  printf("  a child that exec'd: its slot freed by upkeep, reuse goes on\n");
-}
-
 /* A table full of live processes: a forked child gets no slot, and then
  * must not write its parent's (it did, making the parent look as if it had
  * passed epochs its handles never saw). */
@@ -1959,7 +1914,7 @@ int main(int argc, char **argv) {
                 test_stale_there(0, 0), test_stale_there(1, 0), test_grace_from_pass()));
   RUN("stopped", test_stopped());
   RUN("procs", (test_late_opener(), test_fork_holds(), test_table_of_dead(),
-                test_table_full(), test_failed_forks(), test_exec_frees()));
+                test_table_full(), test_failed_forks()));
   RUN("exact", (test_hold(), test_exact_churn()));
   RUN("caps", test_caps());
   RUN("check", test_check_damage());

@@ -549,9 +549,55 @@ static void test_cap_killed(uint32_t format) {
   tally_store_close(s);
 }
 
-int main(void) {
+/* A thread holds the lock when another thread of its process execs: the
+ * word keeps the pid and start time the program it became has too. That
+ * program's open must take the word over (no attach lock of this pid but
+ * through its own new open file), not wait for itself for good. The
+ * test execs itself: `test_lock again SPEC` is the program after. */
+static void *hold_forever(void *arg) {
+  if (tally__lock(arg)) _exit(2);
+  for (;;) pause();
+}
+
+static int after_exec(const char *spec) {
+  alarm(10);
+  tally_store *s = NULL;
+  int rc = tally_store_open(spec, NULL, &s);
+  if (rc == 0) rc = tally_store_incr(s, "after", 5, 1, TALLY_COUNTER_CREATE);
+  return rc == 0 ? 0 : 1;
+}
+
+static void test_exec_while_held(void) {
+  char spec[1300], path[1300];
+  spec_of(spec, sizeof spec, path, sizeof path, "execheld.tly");
+  fflush(NULL);
+  pid_t pid = fork();
+  if (pid == 0) {
+    tally_store *s = NULL;
+    if (tally_store_open(spec, NULL, &s)) _exit(3);
+    pthread_t th;
+    pthread_create(&th, NULL, hold_forever, s);
+    while (atomic_load(&s->hdr->lock_owner) == 0) usleep(1000);
+    execl("/proc/self/exe", "test_lock", "again", spec, (char *)NULL);
+    _exit(4);
+  }
+  int st = 0;
+  waitpid(pid, &st, 0);
+  atomic_fetch_add(&tu_checks, 1);
+  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+    TU_FAIL("the program after exec could not open the store its pid held: status 0x%x",
+            st);
+  tally_store *s = NULL;
+  REQUIRE_OK(tally_store_open(spec, NULL, &s));
+  expect_value(s, "after", 1);
+  tally_store_close(s);
+}
+
+int main(int argc, char **argv) {
+  if (argc == 3 && strcmp(argv[1], "again") == 0) return after_exec(argv[2]);
   alarm(120); /* a lock never taken over hangs: fail instead */
   snprintf(g_dir, sizeof g_dir, "%s", tu_tmpdir("lock"));
+  test_exec_while_held();
   test_live_holder();
   test_killed_holder();
   test_copy_while_held();

@@ -109,11 +109,8 @@ static uint64_t reservation(int64_t now_ms) {
   return (uint64_t)(uint32_t)tally__pid() << 32 | (uint32_t)((uint64_t)now_ms << 1);
 }
 
-/* A claimed slot's owner is alive while it runs and has the file open:
- * a process that exec'd keeps its pid and start time but not the file
- * (its descriptors are close-on-exec, and its attach lock went with them). */
-static bool slot_alive(tally_store *s, uint64_t o, int64_t now_ms) {
-  if (o & 1) return tally__attached(s, (pid_t)(o >> 32)) && tally__owner_alive(o);
+static bool slot_alive(uint64_t o, int64_t now_ms) {
+  if (o & 1) return tally__owner_alive(o);
   /* signed, as it wraps: one reserved after the caller read now_ms is
    * young (a few ms ahead), not 2^31 ms old; one far ahead is from
    * another boot */
@@ -126,13 +123,12 @@ static bool slot_alive(tally_store *s, uint64_t o, int64_t now_ms) {
  * Until then the slot shows the word its last owner left: 0 (closed: holds
  * all reuse back) or a dead process's. A dead owner's slot is freed on a
  * second pass. The slot's index, or -1 if the table is full. */
-static int64_t take_slot(tally_store *s, struct tally__proc *t, uint64_t owner,
-                         uint64_t seen) {
+static int64_t take_slot(struct tally__proc *t, uint64_t owner, uint64_t seen) {
   int64_t now_ms = tally_monotonic_ms();
   for (int pass = 0; pass < 2; pass++) {
     for (uint32_t i = 0; i < TALLY__PROCS; i++) {
       uint64_t o = atomic_load(&t[i].owner);
-      if (o && pass == 1 && !slot_alive(s, o, now_ms)) { /* a dead process's slot */
+      if (o && pass == 1 && !slot_alive(o, now_ms)) { /* a dead process's slot */
         atomic_compare_exchange_strong(&t[i].owner, &o, 0);
         o = atomic_load(&t[i].owner);
       }
@@ -152,12 +148,7 @@ static int claim(tally_store *s, uint64_t seen) {
   if (!t)
     return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (process table)",
                        tally__store_name(s));
-  /* a forked child whose file is still its parent's (lock.c) holds no
-   * attach lock: a slot claimed now would look dead to other processes */
-  if (atomic_load_explicit(&s->lock_stale, memory_order_relaxed) && s->lock_word)
-    return tally__fail(TALLY_EBUSY, "%s: not reopened since fork()",
-                       tally__store_name(s));
-  int64_t i = take_slot(s, t, tally__owner_of(tally__pid(), NULL), seen);
+  int64_t i = take_slot(t, tally__owner_of(tally__pid(), NULL), seen);
   if (i < 0)
     return tally__fail(TALLY_EBUSY, "%s: %u processes have the store open (the most)",
                        tally__store_name(s), TALLY__PROCS);
@@ -210,7 +201,7 @@ void tally__grace_fork_prepare(tally_store *s) {
   s->fork_seen = s->pid == tally__pid() ? atomic_load(&t[s->proc].seen) : s->seen << 1;
   s->fork_owner = reservation(tally_monotonic_ms());
   /* the window in which the slot shows a stale word is covered by our own */
-  int64_t i = take_slot(s, t, s->fork_owner, s->fork_seen);
+  int64_t i = take_slot(t, s->fork_owner, s->fork_seen);
   if (i >= 0) s->fork_slot = (uint32_t)i;
 }
 
@@ -225,12 +216,9 @@ void tally__grace_fork_parent(tally_store *s, bool failed) {
 void tally__grace_fork_child(tally_store *s) {
   struct tally__proc *t = procs(s);
   uint64_t r = s->fork_owner;
-  if (atomic_load_explicit(&s->lock_stale, memory_order_relaxed) && s->lock_word) {
-    /* not reopened (lock.c): the reservation holds for FORK_HOLD_MS, and
-     * the first lock reopens and claims (tally__grace_step) */
-  } else if (t && s->fork_slot < TALLY__PROCS &&
-             atomic_compare_exchange_strong(&t[s->fork_slot].owner, &r,
-                                            tally__owner_of(tally__pid(), NULL))) {
+  if (t && s->fork_slot < TALLY__PROCS &&
+      atomic_compare_exchange_strong(&t[s->fork_slot].owner, &r,
+                                     tally__owner_of(tally__pid(), NULL))) {
     s->proc = s->fork_slot;
     s->pid = tally__pid();
   } else if (t) { /* none reserved (a full table), or held past FORK_HOLD_MS */
@@ -420,11 +408,11 @@ static void refresh_node(tally_store *s, const struct tally__limbo *l, void *ud)
 static bool alive_seen(tally_store *s, uint32_t i, uint64_t o, int64_t now_ms,
                        bool look) {
   struct tally__alive *a = &s->alive[i % TALLY__ALIVE_SEEN];
-  if (!(o & 1)) return slot_alive(s, o, now_ms); /* reserved: no look needed */
+  if (!(o & 1)) return slot_alive(o, now_ms); /* reserved: no look needed */
   if (!look && atomic_load_explicit(&a->owner, memory_order_relaxed) == o &&
       now_ms - atomic_load_explicit(&a->at_ms, memory_order_relaxed) < ALIVE_MS)
     return true;
-  if (!tally__attached(s, (pid_t)(o >> 32)) || !tally__owner_alive(o)) return false;
+  if (!tally__owner_alive(o)) return false;
   atomic_store_explicit(&a->at_ms, now_ms, memory_order_relaxed);
   atomic_store_explicit(&a->owner, o, memory_order_relaxed);
   return true;
@@ -469,7 +457,7 @@ void tally__grace_step(tally_store *s, bool look, bool in_open) {
        * exited idle is never behind): a table full of them left forks no
        * reserved slot */
       if (look && i != s->proc && (i - s->sweep_from) % TALLY__PROCS < SWEEP_SLOTS &&
-          !slot_alive(s, o, now_ms))
+          !slot_alive(o, now_ms))
         atomic_compare_exchange_strong(&t[i].owner, &o, 0);
       continue;
     }
@@ -500,7 +488,7 @@ int tally__grace_others(tally_store *s, int64_t *pid) {
     uint64_t o = atomic_load(&t[i].owner);
     if (!o || i == s->proc) continue;
     /* dead (or a zombie), or reserved for a child long ago: free now */
-    if (!slot_alive(s, o, now_ms)) {
+    if (!slot_alive(o, now_ms)) {
       atomic_compare_exchange_strong(&t[i].owner, &o, 0);
       continue;
     }
@@ -523,7 +511,7 @@ int tally_store_grace(tally_store *s, tally_grace_info *out) {
   int64_t now_ms = tally_monotonic_ms();
   for (uint32_t i = 0; i < TALLY__PROCS; i++) {
     uint64_t o = atomic_load(&t[i].owner), w = atomic_load(&t[i].seen);
-    if (!o || !slot_alive(s, o, now_ms)) continue;
+    if (!o || !slot_alive(o, now_ms)) continue;
     out->processes++;
     if (!(w & 1) && (w >> 1) < epoch) {
       if (!out->oldest_pid || (w >> 1) < out->oldest_seen) {

@@ -451,7 +451,8 @@ int tally__lock_attach(tally_store *s);
 /* Does pid hold its attach lock on the file, that is, have it open? True
  * where there are no attach locks (format 7, memory stores), where the
  * probe cannot tell (this process; a forked child not reopened yet) and
- * when the kernel does not answer. */
+ * when the kernel does not answer. A program that pid exec'd and that
+ * opened the file again holds one too (the same byte). */
 bool tally__attached(tally_store *s, pid_t pid);
 void tally__unlock(tally_store *s);
 void tally__registry_add(tally_store *s); /* open stores, for fork() */

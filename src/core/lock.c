@@ -75,16 +75,10 @@ static void fork_parent(void) {
  * child learns its own pid in the fork handler below. */
 static _Atomic pid_t self_pid;
 
-static int own_open_file(tally_store *s);
-
 static void fork_child(void) {
   atomic_store_explicit(&self_pid, getpid(), memory_order_relaxed);
   for (tally_store *s = registry; s; s = s->next) {
     s->lock_stale = s->kind == TALLY__FILE;
-    /* its own open file and attach lock before it takes its slot: the
-     * attach lock is what says it still has the file open (an exec closes
-     * it); failing here, its next lock tries again (see grace.c) */
-    if (s->lock_stale && s->lock_word) (void)own_open_file(s);
     if (s->kind == TALLY__FILE) tally__grace_fork_child(s); /* the slot reserved */
     pthread_mutex_unlock(&s->lock);
   }
@@ -168,22 +162,31 @@ static uint64_t self_owner(void) {
   return w;
 }
 
-bool tally__attached(tally_store *s, pid_t pid) {
-  if (s->kind != TALLY__FILE || !s->lock_word) return true; /* no attach locks */
-  if (pid <= 0 || pid >= PID_LIMIT) return false; /* no process: a damaged word */
-  /* a lock of our own open file never conflicts with our probe: ours, or,
-   * not reopened since fork(), our parent's */
-  if (pid == tally__pid() || atomic_load_explicit(&s->lock_stale, memory_order_relaxed))
-    return true;
+/* A lock on byte ATTACH_AT + pid of the file, seen through our open file
+ * (which never sees its own), or no answer from the kernel. */
+static bool attach_held(tally_store *s, pid_t pid) {
   struct flock fl = {
       .l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = ATTACH_AT + pid, .l_len = 1};
   return !(fcntl(s->fd, F_OFD_GETLK, &fl) == 0 && fl.l_type == F_UNLCK);
 }
 
+bool tally__attached(tally_store *s, pid_t pid) {
+  if (s->kind != TALLY__FILE || !s->lock_word) return true; /* no attach locks */
+  if (pid <= 0 || pid >= PID_LIMIT) return false; /* no process: a damaged word */
+  /* ours, or, not reopened since fork(), our parent's: never seen */
+  if (pid == tally__pid() || atomic_load_explicit(&s->lock_stale, memory_order_relaxed))
+    return true;
+  return attach_held(s, pid);
+}
+
 /* Does the process of owner word o (the lock's holder) still have this
- * file open? See the top of this file. */
+ * file open? See the top of this file. Our own pid is looked at too: a
+ * word this pid left before an exec is stale, and the lock's process
+ * mutex keeps our other threads from waiting here. */
 static bool holder_present(tally_store *s, uint64_t o) {
-  if (!tally__attached(s, (pid_t)(o >> 32))) return false;
+  pid_t pid = (pid_t)(o >> 32);
+  if (pid <= 0 || pid >= PID_LIMIT) return false; /* no process: a damaged word */
+  if (!attach_held(s, pid)) return false;
   return tally__owner_alive(o); /* locked (or no answer): the pid alone decides */
 }
 
