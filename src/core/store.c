@@ -209,7 +209,7 @@ static int map_memory(tally_store *s) {
    * transparent huge pages: a million cold counters' cells lie on ~2,000
    * 4 KiB pages among their records, and random increments pay for page
    * walks that a plain array of the same cells does not (scripts/bench:
-   * about 15 ns a random increment by index, 13 on huge pages, where the
+   * 15.4 ns a random increment by index, 14.3 on huge pages, where the
    * array gains nothing). A kernel with THP off ignores it. */
   (void)madvise((char *)p + HUGE_FROM, TALLY__MAX_BYTES - HUGE_FROM, MADV_HUGEPAGE);
   s->base = p;
