@@ -400,7 +400,6 @@ static void test_record_units(void) {
  * ticks) read the file's size, then the header's, so a growth in between
  * looked like truncation. A child grows the file for 1.5 s while this
  * process checks in a loop. */
-
 static void test_growing_not_truncated(void) {
   char spec[1300], path[1300];
   spec_of(spec, sizeof spec, path, sizeof path, "grow.tly");

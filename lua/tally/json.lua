@@ -49,10 +49,15 @@ local function surrogate_escape(s)
   return concat(out)
 end
 
+-- `"`, `\` and control bytes escaped; every other byte as it is
+local function escaped(s)
+  return (gsub(s, '[%c"\\]', jesc))
+end
+
 -- json.quote(s) -> '"..."': `"`, `\` and control bytes escaped, bytes that
 -- are not UTF-8 as \udcXX, every other byte as it is.
 function _M.quote(s)
-  s = gsub(s, '[%c"\\]', jesc)
+  s = escaped(s)
   if find(s, "[\128-\255]") and not utf8len(s) then s = surrogate_escape(s) end
   return '"' .. s .. '"'
 end
@@ -61,7 +66,7 @@ end
 -- over 127 as it is (not JSON when s is not UTF-8): to recognise what
 -- they wrote, such as a spool's lines.
 function _M.quote_bytes(s)
-  return '"' .. gsub(s, '[%c"\\]', jesc) .. '"'
+  return '"' .. escaped(s) .. '"'
 end
 
 -- ---- reading ---------------------------------------------------------------------
