@@ -36,6 +36,33 @@ static void test_errors(void) {
   EXPECT_I64(-15, TALLY_EBUSY);
 }
 
+/* A name is any bytes but NUL; the message naming it must not carry a
+ * control byte (a forged log line, a terminal escape) or bytes that are
+ * not UTF-8, and keeps valid UTF-8 as it is. */
+static void test_error_text(void) {
+  tally_store *s = NULL;
+  int64_t v;
+  REQUIRE_OK(tally_store_open("memory", NULL, &s));
+  static const char odd[] = "a\nb\x1b[31mc\x7f\xff\xc3(\xed\xa0\x80z";
+  EXPECT_RC(TALLY_ENOENT, tally_store_value(s, odd, sizeof odd - 1, &v));
+  EXPECT_STR("no such counter 'a\\x0ab\\x1b[31mc\\x7f\\xff\\xc3(\\xed\\xa0\\x80z'",
+             tally_errmsg());
+  static const char utf8[] = "caf\xc3\xa9:\xe2\x82\xac:\xf0\x9f\x91\x8d";
+  EXPECT_RC(TALLY_ENOENT, tally_store_value(s, utf8, sizeof utf8 - 1, &v));
+  EXPECT_STR("no such counter 'caf\xc3\xa9:\xe2\x82\xac:\xf0\x9f\x91\x8d'",
+             tally_errmsg());
+  /* a long name: the message is cut at a whole escape, and ends there */
+  char longname[TALLY_NAME_MAX];
+  memset(longname, '\n', sizeof longname);
+  EXPECT_RC(TALLY_ENOENT, tally_store_value(s, longname, sizeof longname, &v));
+  const char *m = tally_errmsg();
+  size_t len = strlen(m);
+  EXPECT(len > 400 && len < 512);
+  EXPECT(strchr(m, '\n') == NULL);
+  EXPECT_STR("\\x0a", m + len - 4);
+  tally_store_close(s);
+}
+
 static void test_policies(void) {
   static const char *names[] = {"thread", "random", "round_robin",
                                 "key",    "custom", "slot"};
@@ -1261,6 +1288,7 @@ int main(void) {
   snprintf(g_dir, sizeof g_dir, "%s", tu_tmpdir("api"));
 
   test_errors();
+  test_error_text();
   test_hash_is_format();
   test_policies();
   test_glob();

@@ -4,6 +4,11 @@
  * into a thread-local buffer and returns the code, so callers can write
  * `return tally__fail(TALLY_ECORRUPT, "%s: ...", path)`. tally_errmsg()
  * reads the buffer back; like dlerror(), it belongs to the calling thread.
+ *
+ * Messages name counters, and a name is any bytes but NUL: one with a
+ * newline or an escape sequence would forge a line in a log, or drive the
+ * terminal that prints it. So the message keeps valid UTF-8 as it is and
+ * writes control bytes and bytes outside a valid UTF-8 sequence as \xNN.
  */
 #include "internal.h"
 
@@ -40,8 +45,43 @@ const char *tally_errmsg(void) {
   return last_message[0] ? last_message : "no error";
 }
 
+/* Length of the valid UTF-8 sequence at s (n bytes left), or 0. */
+static size_t utf8_seq(const unsigned char *s, size_t n) {
+  size_t len = s[0] >= 0xF0 ? 4 : s[0] >= 0xE0 ? 3 : 2;
+  if (s[0] < 0xC2 || s[0] > 0xF4 || len > n) return 0;
+  for (size_t i = 1; i < len; i++)
+    if ((s[i] & 0xC0) != 0x80) return 0;
+  /* no overlong 3- and 4-byte forms, no surrogates, nothing past U+10FFFF */
+  if ((s[0] == 0xE0 && s[1] < 0xA0) || (s[0] == 0xED && s[1] > 0x9F) ||
+      (s[0] == 0xF0 && s[1] < 0x90) || (s[0] == 0xF4 && s[1] > 0x8F))
+    return 0;
+  return len;
+}
+
+/* text into out (size bytes), escaped as the header says; cut short at a
+ * whole character or escape when it does not fit. */
+static void printable(char *out, size_t size, const char *text) {
+  const unsigned char *s = (const unsigned char *)text;
+  size_t n = strlen(text), o = 0;
+  for (size_t i = 0; i < n;) {
+    size_t len = s[i] < 0x80 ? 1 : utf8_seq(s + i, n - i);
+    bool plain = len > 1 || (len == 1 && s[i] >= 0x20 && s[i] != 0x7f);
+    size_t need = plain ? len : 4;
+    if (o + need >= size) break;
+    if (plain)
+      memcpy(out + o, s + i, len);
+    else
+      snprintf(out + o, 5, "\\x%02x", s[i]);
+    o += need;
+    i += plain ? len : 1;
+  }
+  out[o] = 0;
+}
+
 static int set_message(int code, const char *fmt, va_list ap) {
-  vsnprintf(last_message, sizeof last_message, fmt, ap);
+  char raw[sizeof last_message];
+  vsnprintf(raw, sizeof raw, fmt, ap);
+  printable(last_message, sizeof last_message, raw);
   return code;
 }
 
