@@ -1,4 +1,4 @@
--- tally.json: counter names in JSON text, both ways.
+-- tally.json: JSON text whose strings are bytes (counter names), both ways.
 --
 -- Names are bytes; JSON text is Unicode. The bridge is Python's
 -- "surrogateescape" (PEP 383): quote(s) writes valid UTF-8 as it is and
@@ -6,6 +6,10 @@
 -- \udcXX (XX the byte, 80 to ff), so the text stays JSON and a UTF-8 name
 -- is written as it always was. Python reads such a string as str and gets
 -- the bytes back with s.encode("utf-8", "surrogateescape").
+--
+-- encode(v) writes any value made of tables, strings, numbers and
+-- booleans (a status page's) the same way: strings through quote, numbers
+-- through tally.format (integers exact), keys sorted.
 --
 -- decode(text) is lua-cjson's decode (no NaN, Infinity or hex numbers, at
 -- most 64 levels) with \udcXX read back as the byte (lua-cjson refuses a
@@ -19,8 +23,10 @@ local type, pairs, ipairs, tonumber, tostring, pcall =
       type, pairs, ipairs, tonumber, tostring, pcall
 local byte, char, find, fmt, gsub, sub = string.byte, string.char, string.find,
       string.format, string.gsub, string.sub
-local concat = table.concat
-local utf8len = require("tally.compat").utf8len
+local concat, sort = table.concat, table.sort
+local setmetatable, error = setmetatable, error
+local compat = require "tally.compat"
+local utf8len, int_text = compat.utf8len, compat.int_text
 
 local _M = {}
 
@@ -67,6 +73,81 @@ end
 -- they wrote, such as a spool's lines.
 function _M.quote_bytes(s)
   return '"' .. escaped(s) .. '"'
+end
+
+-- json.empty_array: encode writes it as [] (an empty table is {}).
+local EMPTY_ARRAY = setmetatable({}, { __newindex = function()
+  error("tally.json.empty_array is read-only", 2)
+end })
+_M.empty_array = EMPTY_ARRAY
+
+local MAX_DEPTH = 64
+local format                             -- tally.format, loaded on first use (it requires this module)
+
+-- v's JSON text appended to out (n entries so far): the new count, or nil
+-- and what cannot be written.
+local function put(v, out, n, depth)
+  local t = type(v)
+  if v == nil then
+    out[n + 1] = "null"
+  elseif t == "string" then
+    out[n + 1] = _M.quote(v)
+  elseif t == "number" then
+    out[n + 1] = format.json_number(v)   -- null for NaN and the infinities
+  elseif t == "boolean" then
+    out[n + 1] = tostring(v)
+  elseif t == "cdata" and int_text(v) then   -- an int64_t under LuaJIT
+    out[n + 1] = int_text(v)
+  elseif t ~= "table" then
+    return nil, "cannot write a " .. t .. " as JSON"
+  elseif depth > MAX_DEPTH then
+    return nil, "tables nested deeper than " .. MAX_DEPTH .. " levels (a cycle?)"
+  elseif v == EMPTY_ARRAY then
+    out[n + 1] = "[]"
+  else
+    local count = 0                      -- keys exactly 1..count: an array
+    for _ in pairs(v) do count = count + 1 end
+    local array = count > 0
+    for i = 1, count do
+      if v[i] == nil then array = false; break end
+    end
+    local keys, by = {}, {}              -- the keys as text; text -> key
+    if array then
+      for i = 1, count do keys[i] = i end
+    else
+      for k in pairs(v) do
+        local text = type(k) == "string" and k or type(k) == "number" and format.json_number(k)
+        if not text then return nil, "cannot write a " .. type(k) .. " key as JSON" end
+        if by[text] ~= nil then return nil, "key '" .. text .. "' is given twice" end
+        keys[#keys + 1], by[text] = text, k
+      end
+      sort(keys)
+    end
+    for i, k in ipairs(keys) do
+      n = n + 1
+      out[n] = (i == 1 and (array and "[" or "{") or ",") .. (array and "" or _M.quote(k) .. ":")
+      local err
+      n, err = put(v[array and k or by[k]], out, n, depth + 1)
+      if not n then return nil, err end
+    end
+    out[n + 1] = #keys == 0 and "{}" or array and "]" or "}"
+  end
+  return n + 1
+end
+
+-- json.encode(v) -> JSON text of v: strings as quote writes them (any
+-- bytes), numbers as tally.format.json_number (integers exact, NaN and
+-- the infinities as null), a table whose keys are exactly 1 to n as an
+-- array, json.empty_array as [], any other table as an object with its
+-- keys sorted (a number key as its text). nil, msg for what JSON cannot
+-- hold: a function, userdata or thread, a key of another type, a number
+-- key and a string key with one text, tables nested beyond 64 levels.
+function _M.encode(v)
+  format = format or require "tally.format"
+  local out = {}
+  local n, err = put(v, out, 0, 1)
+  if not n then return nil, err end
+  return concat(out)
 end
 
 -- ---- reading ---------------------------------------------------------------------

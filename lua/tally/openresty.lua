@@ -32,7 +32,8 @@ local tally = require "tally"
 local core = require "tally.core"
 local huge = math.huge
 
-local type, error, pairs, ipairs, pcall, tostring = type, error, pairs, ipairs, pcall, tostring
+local type, error, pairs, ipairs, next, pcall, tostring =
+      type, error, pairs, ipairs, next, pcall, tostring
 local fmt, sub, find = string.format, string.sub, string.find
 
 local ngx = ngx  -- nil outside nginx: init_worker says so
@@ -508,13 +509,20 @@ function _M.stats()
   return out
 end
 
--- status(): content handler writing stats() as JSON (lua-cjson).
+-- status(): content handler writing stats() as JSON (tally.json, as the
+-- exports write names: a string that is not UTF-8, a pattern say, has its
+-- other bytes as \udcXX; lua-cjson wrote them raw, which is not JSON);
+-- schedules and sinks are arrays, [] when empty. 503 without a store (the
+-- body says why); 500, logged, if a sink's stats hold what JSON cannot.
 function _M.status()
-  local cjson = require "cjson.safe"
+  local json = require "tally.json"
   local s = _M.stats()
-  if #s.schedules == 0 then s.schedules = cjson.empty_array end  -- nil (left out) in plain lua-cjson
-  local body = cjson.encode(s)
-  if not body then return fail(500, "tally.openresty: status: cannot encode") end
+  if #s.schedules == 0 then s.schedules = json.empty_array end
+  for _, x in ipairs(s.schedules) do
+    if type(x.sinks) == "table" and next(x.sinks) == nil then x.sinks = json.empty_array end
+  end
+  local body, err = json.encode(s)
+  if not body then return fail(500, "tally.openresty: status: cannot encode: " .. err) end
   ngx.status = s.error and 503 or 200
   ngx.header["Content-Type"] = "application/json"
   ngx.say(body)

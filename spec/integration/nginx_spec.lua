@@ -9,6 +9,7 @@ local peers = require "spec.support.peers"
 local nginx = require "spec.support.nginx"
 local tally = require "tally"
 local cjson = require "cjson"
+local json = require "tally.json"
 
 local function store_of(srv)
   return assert(tally.open("file:" .. srv.dir .. "/data/tally.tly", { create = false }))
@@ -433,6 +434,23 @@ describe("tally.openresty in nginx, 2 workers", function()
     assert.same({}, srv.errors())
   end)
 
+  it("serves /tally/status as JSON when a pattern is not UTF-8 (its bytes as \\udcXX)", function()
+    local conf, n = nginx.example():gsub("\n            rollups = {\n", '%0'
+      .. '                { "bytes:\\255*", every = 10, keep = { "6x10s" } },\n', 1)
+    assert.equal(1, n)
+    srv = nginx.start { conf = conf }
+    local status, body = nginx.get(srv.url .. "/tally/status")
+    assert.equal(200, status, body)
+    assert.is_truthy(utf8.len(body), "not UTF-8: " .. body)
+    assert.matches('"pattern":"bytes:\\udcff*"', body, 1, true)
+    local s = assert(json.decode(body))
+    local patterns = {}
+    for _, sch in ipairs(s.schedules) do patterns[#patterns + 1] = sch.pattern end
+    table.sort(patterns)
+    assert.same({ "bytes:\255*", "http:*" }, patterns)
+    assert.same({}, srv.errors())
+  end)
+
   it("logs why a worker cannot open its store, and still serves", function()
     local conf, n = nginx.example():gsub('"file:data/tally%.tly"', '"file:missing/tally.tly"')
     assert.equal(1, n)
@@ -445,6 +463,9 @@ describe("tally.openresty in nginx, 2 workers", function()
     local status, body = nginx.get(srv.url .. "/metrics")
     assert.equal(503, status)
     assert.matches("no store in this worker (cannot open file:", body, 1, true)
+    status, body = nginx.get(srv.url .. "/tally/status")
+    assert.equal(503, status)
+    assert.matches('"schedules":[]', body, 1, true)            -- an array, even empty
     assert.same({ [200] = 20 }, nginx.burst(srv.url .. "/page/[1-20]").wait().codes)
   end)
 

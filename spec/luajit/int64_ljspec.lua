@@ -259,3 +259,15 @@ describe("tally.compat under LuaJIT", function()
     assert.equal(#strs, i)
   end)
 end)
+
+describe("tally.json under LuaJIT", function()
+  local json = require "tally.json"
+
+  it("encodes int64_t cdata exactly and bytes that are not UTF-8 as \\udcXX", function()
+    assert.equal('{"big":9007199254740993,"n":-9223372036854775808,"p":"bytes:\\udcff*","r":0.1}',
+                 json.encode({ big = int64(2^53) + 1, n = I("-9223372036854775808"),
+                               p = "bytes:\255*", r = 0.1 }))
+    assert.equal("[1000000000000000]", json.encode({ 1e15 }))
+    assert.same({ nil, "cannot write a cdata as JSON" }, { json.encode({ ffi.new("double", 1.5) }) })
+  end)
+end)

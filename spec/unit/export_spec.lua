@@ -509,6 +509,41 @@ describe("tally.json", function()
     end
   end)
 
+  describe(".encode()", function()
+    it("writes bytes that are not UTF-8 as \\udcXX, in keys and values, as quote does", function()
+      local v = { pattern = "bytes:\255*", ["k\xc3"] = { "x\xff", "é" }, ok = "é\n" }
+      local text = assert(json.encode(v))
+      assert.equal('{"k\\udcc3":["x\\udcff","é"],"ok":"é\\n","pattern":"bytes:\\udcff*"}', text)
+      assert.is_truthy(utf8.len(text))
+      assert.same(v, json.decode(text))
+      for b = 0, 255 do                    -- every byte, alone and after UTF-8
+        for _, x in ipairs({ string.char(b), "é" .. string.char(b) .. "z" }) do
+          local t = assert(json.encode({ s = x }))
+          assert.is_truthy(utf8.len(t), t)
+          assert.equal(x, assert(json.decode(t)).s)
+        end
+      end
+    end)
+
+    it("writes integers exactly, NaN and infinities as null, lists as arrays", function()
+      assert.equal('{"a":[1,2,3],"big":9223372036854775807,"e":{},"l":[],"nan":null,"r":0.1,'
+                   .. '"t":true}', json.encode({ a = { 1, 2, 3 }, big = math.maxinteger, e = {},
+                                                 l = json.empty_array, nan = 0 / 0, r = 0.1, t = true }))
+      assert.equal('{"1":"a","2":"b","x":1}', json.encode({ "a", "b", x = 1 }))
+      assert.equal("null", json.encode(nil))
+    end)
+
+    it("answers nil and why for what JSON cannot hold", function()
+      local loop = {}
+      loop.loop = loop
+      assert.same({ nil, "cannot write a function as JSON" }, { json.encode({ f = print }) })
+      assert.same({ nil, "cannot write a boolean key as JSON" }, { json.encode({ [true] = 1 }) })
+      assert.same({ nil, "key '1' is given twice" }, { json.encode({ [1] = 1, ["1"] = 2, x = 0 }) })
+      assert.same({ nil, "tables nested deeper than 64 levels (a cycle?)" }, { json.encode(loop) })
+      assert.has_error(function() json.empty_array[1] = 1 end, "tally.json.empty_array is read-only")
+    end)
+  end)
+
   it("refuses text with a NUL byte, and twice() answers nil for text decode refuses", function()
     assert.same({ nil, "Expected value but found a NUL byte at character 8" },
                 { json.decode('{"a":1}\0{"a":2}') })
