@@ -471,8 +471,11 @@ static int cmd_open(const char *path) {
  * user would; and again on transparent huge pages, as a memory store's
  * arena asks for), or into an array of
  * K words of the thread's own (ideal cells: what sharding can reach). The
- * RNG and the loop are the same for every kind; one shared atomic draws
- * the indexes too and ignores them. */
+ * two "group" kinds are those arrays again, each index found through a
+ * table of bases, one per 520 indexes: the least a vector's dense path
+ * pays (it reads its group's base, and the add waits for that load), as a
+ * floor for the vector rows. The RNG and the loop are the same for every
+ * kind; one shared atomic draws the indexes too and ignores them. */
 enum {
   MANY_TALLY16,
   MANY_TALLY1,
@@ -482,11 +485,15 @@ enum {
   MANY_ARRAY,
   MANY_ARRAYHP,
   MANY_ROWS,
+  MANY_ARRAYGROUP,
+  MANY_ROWSGROUP,
   MANY_ATOMIC,
   MANY_N
 };
-static const char *many_names[] = {"tally16", "tally1",  "vector1", "vector16", "byname1",
-                                   "array",   "arrayhp", "rows",    "atomic"};
+static const char *many_names[] = {"tally16",    "tally1",    "vector1", "vector16",
+                                   "byname1",    "array",     "arrayhp", "rows",
+                                   "arraygroup", "rowsgroup", "atomic"};
+#define MANY_GROUP 520 /* TALLY__ROW_CELLS: a chunk's columns, a vector's group */
 
 static struct {
   tally_counter **cs[2]; /* handles: [0] 16 shards, [1] 1 shard */
@@ -497,6 +504,7 @@ static struct {
   _Atomic int64_t *arr, *arrhp;
   size_t arrhp_bytes;
   _Atomic int64_t *rows[MAX_THREADS]; /* ideal cells: an array per thread */
+  uint64_t *gbase;                    /* per group of MANY_GROUP: its byte offset */
   uint64_t k;
   _Alignas(64) _Atomic int64_t one;
 } M;
@@ -544,6 +552,15 @@ static void *many_main(void *arg) {
   case MANY_ROWS: {
     _Atomic int64_t *a = M.rows[w->id];
     LOOP(atomic_fetch_add_explicit(&a[pick(&x, k)], 1, memory_order_relaxed));
+    break;
+  }
+  case MANY_ARRAYGROUP:
+  case MANY_ROWSGROUP: {
+    char *a = (char *)(w->impl == MANY_ARRAYGROUP ? M.arr : M.rows[w->id]);
+    const uint64_t *gb = M.gbase;
+    LOOP(uint64_t i = pick(&x, k); atomic_fetch_add_explicit(
+             (_Atomic int64_t *)(a + gb[i / MANY_GROUP] + i % MANY_GROUP * 8), 1,
+             memory_order_relaxed));
     break;
   }
   case MANY_ATOMIC:
@@ -660,6 +677,8 @@ static int cmd_many(const char *path, uint64_t k, double secs, int reps, int nth
   (void)madvise(hp, M.arrhp_bytes, MADV_HUGEPAGE);
   M.arrhp = hp;
   for (uint64_t i = 0; i < k; i++) atomic_init(&M.arrhp[i], 1);
+  if (!(M.gbase = malloc((k / MANY_GROUP + 1) * sizeof *M.gbase))) oom();
+  for (uint64_t g = 0; g <= k / MANY_GROUP; g++) M.gbase[g] = g * MANY_GROUP * 8;
   for (int t = 0; t < nthreads; t++) {
     if (!(M.rows[t] = malloc(k * sizeof *M.rows[t]))) oom();
     for (uint64_t i = 0; i < k; i++) atomic_init(&M.rows[t][i], 1);
@@ -673,6 +692,7 @@ static int cmd_many(const char *path, uint64_t k, double secs, int reps, int nth
         fflush(stdout);
       }
   for (int t = 0; t < nthreads; t++) free(M.rows[t]);
+  free(M.gbase);
   munmap(M.arrhp, M.arrhp_bytes);
   tally_vector_free(M.vec[0]);
   tally_vector_free(M.vec[1]);
