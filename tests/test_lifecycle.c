@@ -1883,6 +1883,77 @@ static void test_revive_holds(void) {
   untrack_close(s);
 }
 
+/* ---- a full disk in the middle of a move ----------------------------------- */
+
+/* Create counters whose records fill the file to its end (their name
+ * lengths chosen for it), so that the next piece of fresh space, such as a
+ * limbo node for what a move retires, needs the file to grow. */
+static void fill_to_end(tally_store *s) {
+  char name[TALLY_NAME_MAX + 1];
+  for (int k = 0;; k++) {
+    uint64_t gap = atomic_load(&s->hdr->size) - atomic_load(&s->hdr->used);
+    if (gap < sizeof(struct tally__limbo)) return;
+    uint64_t r = gap <= 320 ? gap : gap - 320 >= 72 ? 320 : gap - 72; /* record bytes */
+    size_t len = (size_t)(r - 65); /* 64 + len + NUL, a multiple of 8: r */
+    memset(name, 'x', len);
+    name[snprintf(name, len, "fill:%d", k)] = 'x';
+    tally_counter *c;
+    tally_counter_options o = {1, -1};
+    REQUIRE_OK(tally_counter_open(s, name, len, &o, TALLY_COUNTER_CREATE, &c));
+    tally_counter_close(c);
+  }
+}
+
+/* The file may not grow (RLIMIT_FSIZE, as a full disk) when a reshard
+ * has retired the old cells into the journal and needs a limbo node for
+ * them: the move stays pending. A drop of another counter then recorded
+ * its own move over it, and the first counter's value, kept only in the
+ * journal, was gone (its cells retired: ECORRUPT), and once the disk had
+ * room a reshard gave it the dropped counter's value instead. In a child:
+ * the limit is the process's. */
+static int full_main(void) {
+  alarm(60);
+  signal(SIGXFSZ, SIG_IGN); /* EFBIG from the growth instead */
+  char path[1200];
+  snprintf(path, sizeof path, "%s/full.tly", g_dir);
+  unlink(path);
+  tally_store *s = open_file("full.tly", "3600000"); /* nothing reclaimed */
+  tally_counter *a;
+  REQUIRE_OK(make(s, "full:a", 1, 5));
+  REQUIRE_OK(make(s, "full:two", 2, 0)); /* 2-shard columns: the reshard's new cells */
+  REQUIRE_OK(make(s, "full:c", 1, 7));
+  REQUIRE_OK(tu_counter(s, "full:a", 0, -1, 0, &a));
+  fill_to_end(s);
+  EXPECT_OK(tally_store_maintain(s, 0, 0, NULL)); /* a new epoch: a new limbo node */
+  struct stat st;
+  REQUIRE_OK(stat(path, &st) ? TALLY_ESYS : 0);
+  struct rlimit off, rl; /* the soft limit only: it is lifted again */
+  REQUIRE_OK(getrlimit(RLIMIT_FSIZE, &off) ? TALLY_ESYS : 0);
+  rl = (struct rlimit){(rlim_t)st.st_size, off.rlim_max};
+  REQUIRE_OK(setrlimit(RLIMIT_FSIZE, &rl) ? TALLY_ESYS : 0);
+  int rc = tally_counter_reshard(a, 2);
+  printf("  full: reshard %s (%s)\n", tally_err_name(rc), tally_errmsg());
+  EXPECT(rc != 0);                       /* the file could not grow */
+  rc = tally_store_drop(s, "full:c", 6); /* another move meanwhile */
+  printf("  full: drop %s (%s)\n", tally_err_name(rc), tally_errmsg());
+  REQUIRE_OK(setrlimit(RLIMIT_FSIZE, &off) ? TALLY_ESYS : 0); /* space again */
+  EXPECT_I64(5, tu_value(a));
+  EXPECT_OK(tally_counter_reshard(a, 2));
+  EXPECT_I64(5, tu_value(a));
+  rc = 0;
+  int64_t c = value_of(s, "full:c", &rc);
+  if (rc == 0) EXPECT_I64(7, c); /* or dropped */
+  expect_check(s, "after the disk filled");
+  tally_counter_close(a);
+  untrack_close(s);
+  fflush(stdout);
+  return atomic_load(&tu_failures) ? 1 : 0;
+}
+
+static void test_full(void) {
+  tu_in_child("a move on a full disk", full_main);
+}
+
 int main(int argc, char **argv) {
   const char *only = argc > 1 ? argv[1] : NULL; /* run one test by name */
   /* before tally's own handlers (registered at its first open): a child
@@ -1924,6 +1995,7 @@ int main(int argc, char **argv) {
   RUN("walk", test_walk_holds());
   RUN("open", (test_open_holds(), test_revive_holds()));
   RUN("expiry killed", test_expiry_killed());
+  RUN("full", test_full());
   printf("total %.2f s\n", tu_now() - t0);
   tu_rmrf(g_dir);
   return tu_finish("test_lifecycle");

@@ -148,7 +148,24 @@ int tally__journal_finish(tally_store *s) {
   return finish(s);
 }
 
+/* A move still recorded when another begins: its finish in tally__lock
+ * failed (the file could not grow for its limbo node, say), and tally__lock
+ * does not say. Recording the new move over it would lose its counter's
+ * value, which only the journal holds once its cells are retired. So it is
+ * finished now, or the new move refused; refused too if it finishes now,
+ * since the caller read the store before that (a drop's cells). */
+static int pending(tally_store *s) {
+  if (!atomic_load_explicit(&s->hdr->pend_rec, memory_order_acquire)) return 0;
+  int rc = finish(s);
+  if (atomic_load_explicit(&s->hdr->pend_rec, memory_order_acquire)) return rc;
+  return tally__fail(TALLY_EBUSY,
+                     "%s: a move left unfinished was finished first: try again",
+                     tally__store_name(s));
+}
+
 int tally__journal_move(tally_store *s, uint64_t rec_off, uint64_t to) {
+  int rc = pending(s);
+  if (rc) return rc;
   /* a drop is no expiry, whatever an expirer killed before its drop left */
   if (to & TALLY__LOC_DROPPED)
     atomic_fetch_and(&((struct tally__rec *)tally__at(s, rec_off))->flags,
@@ -163,6 +180,8 @@ int tally__journal_move(tally_store *s, uint64_t rec_off, uint64_t to) {
 
 int tally__journal_drop_if(tally_store *s, uint64_t rec_off, uint64_t to,
                            int64_t expect) {
+  int rc = pending(s);
+  if (rc) return rc;
   atomic_store_explicit(&s->hdr->pend_expect, expect, memory_order_release);
   atomic_store_explicit(&s->hdr->pend_cond, 1, memory_order_release);
   atomic_store_explicit(&s->hdr->pend_done, 0, memory_order_release);
