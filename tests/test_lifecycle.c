@@ -1933,16 +1933,22 @@ static int full_main(void) {
   REQUIRE_OK(setrlimit(RLIMIT_FSIZE, &rl) ? TALLY_ESYS : 0);
   int rc = tally_counter_reshard(a, 2);
   printf("  full: reshard %s (%s)\n", tally_err_name(rc), tally_errmsg());
-  EXPECT(rc != 0);                       /* the file could not grow */
+  EXPECT_I64(TALLY_ESYS, rc); /* the file could not grow: nothing moved */
+  EXPECT_I64(5, tu_value(a)); /* and the counter is still there to use */
+  EXPECT_OK(tally_counter_incr(a, 1));
+  EXPECT_I64(6, tu_value(a));
   rc = tally_store_drop(s, "full:c", 6); /* another move meanwhile */
   printf("  full: drop %s (%s)\n", tally_err_name(rc), tally_errmsg());
+  EXPECT_I64(TALLY_ESYS, rc); /* refused, not done half */
+  EXPECT_I64(7, value_of(s, "full:c", NULL));
   REQUIRE_OK(setrlimit(RLIMIT_FSIZE, &off) ? TALLY_ESYS : 0); /* space again */
-  EXPECT_I64(5, tu_value(a));
+  EXPECT_I64(6, tu_value(a));
   EXPECT_OK(tally_counter_reshard(a, 2));
-  EXPECT_I64(5, tu_value(a));
-  rc = 0;
-  int64_t c = value_of(s, "full:c", &rc);
-  if (rc == 0) EXPECT_I64(7, c); /* or dropped */
+  EXPECT_I64(6, tu_value(a));
+  tally_counter_info in;
+  EXPECT_OK(tally_counter_info_get(a, &in));
+  EXPECT_I64(2, in.shards);
+  EXPECT_OK(tally_store_drop(s, "full:c", 6));
   expect_check(s, "after the disk filled");
   tally_counter_close(a);
   untrack_close(s);

@@ -493,6 +493,10 @@ static inline uint64_t tally__item(int kind, uint64_t off, uint64_t size) {
  * retirement with the newest items' ident is not queued again. The grace
  * step bumps the epoch. */
 int tally__retire(tally_store *s, uint64_t ident, const uint64_t *items, uint32_t n);
+/* Make room for a retirement of up to n items that allocates nothing (a
+ * move's, once its cells are retired: journal.c), or fail with nothing
+ * retired. Caller holds the lock and retires before the next grace step. */
+int tally__retire_room(tally_store *s, uint32_t n);
 /* Move ripe limbo to the free lists (caller holds the lock): retired
  * before min_seen, the least epoch of all processes, and before an epoch
  * this process saw them all pass grace_ms ago. */

@@ -355,21 +355,20 @@ void tally__limbo_repair(tally_store *s) {
   }
 }
 
-int tally__retire(tally_store *s, uint64_t ident, const uint64_t *items, uint32_t n) {
+/* The newest limbo node if it is of the current epoch and has room for n
+ * more items, else a new empty one linked after it. An empty newest node
+ * (its move was refused: a reshard that would overflow, an expiry that
+ * lost its race) is taken at the current epoch, so refusals never pile up
+ * nodes. */
+static int room(tally_store *s, uint32_t n, struct tally__limbo **out) {
   struct tally__header *h = s->hdr;
   int rc = 0;
-  uint64_t tail = atomic_load(&h->limbo_tail), epoch = atomic_load(&h->epoch), bytes = 0;
+  uint64_t tail = atomic_load(&h->limbo_tail), epoch = atomic_load(&h->epoch);
   struct tally__limbo *t = tail ? node_at(s, tail, &rc) : NULL;
   if (rc) return rc;
-  if (ident && t && t->last_ident == ident) return 0; /* queued before a crash */
-  for (uint32_t i = 0; i < n; i++) bytes += item_bytes(s, items[i]);
+  if (t && t->n == 0) t->epoch = epoch; /* made for a move that was refused */
   if (t && t->epoch == epoch && t->n + n <= TALLY__LIMBO_ITEMS) {
-    /* the items first, then the count that makes them part of the node */
-    for (uint32_t i = 0; i < n; i++) t->item[t->n + i] = items[i];
-    t->last_ident = ident;
-    t->at_ms = tally_monotonic_ms();
-    t->n += n;
-    atomic_fetch_add(&h->retired, bytes);
+    *out = t;
     return 0;
   }
   uint64_t off;
@@ -377,15 +376,35 @@ int tally__retire(tally_store *s, uint64_t ident, const uint64_t *items, uint32_
   struct tally__limbo *l = tally__at(s, off);
   l->epoch = epoch;
   l->at_ms = tally_monotonic_ms();
-  l->last_ident = ident;
-  l->n = n;
-  for (uint32_t i = 0; i < n; i++) l->item[i] = items[i];
   uint64_t word = tally__seal(s, TALLY__SEAL_LIMBO, off, 0);
   if (t)
     t->next = word;
   else
     atomic_store(&h->limbo_head, word);
   atomic_store(&h->limbo_tail, word);
+  *out = l;
+  return 0;
+}
+
+int tally__retire_room(tally_store *s, uint32_t n) {
+  struct tally__limbo *t;
+  return room(s, n, &t);
+}
+
+int tally__retire(tally_store *s, uint64_t ident, const uint64_t *items, uint32_t n) {
+  struct tally__header *h = s->hdr;
+  int rc = 0;
+  uint64_t tail = atomic_load(&h->limbo_tail), bytes = 0;
+  struct tally__limbo *t = tail ? node_at(s, tail, &rc) : NULL;
+  if (rc) return rc;
+  if (ident && t && t->last_ident == ident) return 0; /* queued before a crash */
+  if ((rc = room(s, n, &t))) return rc;
+  for (uint32_t i = 0; i < n; i++) bytes += item_bytes(s, items[i]);
+  /* the items first, then the count that makes them part of the node */
+  for (uint32_t i = 0; i < n; i++) t->item[t->n + i] = items[i];
+  t->last_ident = ident;
+  t->at_ms = tally_monotonic_ms();
+  t->n += n;
   atomic_fetch_add(&h->retired, bytes);
   return 0;
 }
