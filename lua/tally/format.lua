@@ -152,8 +152,9 @@ local function influx_escape(s, eq)
   return (gsub(s, eq and "[, =]" or "[, ]", "\\%0"))
 end
 
--- the precisions InfluxDB takes (1.x: ns, u, ms, s, m, h; 2.x: us for u)
-local PRECISION = { h = true, m = true, s = true, ms = true, u = true, us = true, ns = true }
+-- the precisions InfluxDB takes (1.x: n or ns, u, ms, s, m, h; 2.x: us for u)
+local PRECISION = { h = true, m = true, s = true, ms = true, u = true, us = true, ns = true,
+                    n = true }   -- (1.x's /write takes n for ns)
 local MS_PER = { h = 3600000, m = 60000, s = 1000 }
 local NS_LIMIT = compat.tointeger("9223372036854775")  -- microseconds that fit as ns
 
@@ -178,13 +179,21 @@ function _M.influx(records, opts)
           argerror(2, "influx", "measurement must be a non-empty string "
                 .. "without newlines, got " .. describe(v), 2)
         end
+        -- a line starting with # is a comment; InfluxDB reads \, \space
+        -- and \= in a measurement as the second byte, and a backslash
+        -- at the end escapes the comma after it
+        if find(v, "^#") or find(v, "\\$") or find(v, "\\[, =]") then
+          argerror(2, "influx", "measurement " .. describe(v) .. " cannot be carried by line "
+                .. "protocol (it starts with #, ends in a backslash, or has one before , space "
+                .. "or =)", 2)
+        end
         measurement = v
       elseif k == "precision" then
         if not PRECISION[v] then
           argerror(2, "influx", "precision must be 's', 'ms', 'u', 'ns', 'm' or 'h', got "
                 .. describe(v), 2)
         end
-        precision = v
+        precision = v == "n" and "ns" or v
       else
         argerror(2, "influx", "unknown option " .. describe(k), 2)
       end

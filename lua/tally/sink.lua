@@ -206,6 +206,9 @@ local CONTENT_TYPE = {
   influx = "text/plain; charset=utf-8",
 }
 
+-- InfluxDB precisions that name one unit
+local SAME_UNIT = { n = "ns", ns = "ns", u = "u", us = "u", ms = "ms", s = "s", m = "m", h = "h" }
+
 local HTTP_OPTIONS = { url = true, format = true, headers = true, timeout = true,
                        max_queue = true, batch = true, measurement = true,
                        precision = true, method = true, spool = true }
@@ -290,9 +293,25 @@ function _M.http(opts)
       end
     end
   end
-  if fmt_name == "influx" and opts.precision ~= nil and not opts.url:find("precision=", 1, true) then
-    argerror(1, "http", "the url must carry precision=" .. tostring(opts.precision)
-             .. " too, so InfluxDB reads the timestamps as sent", 2)
+  local precision = opts.precision
+  if fmt_name == "influx" then
+    -- the url's precision is the one InfluxDB reads the timestamps in
+    local url_precision = opts.url:match("[?&]precision=([^&#]*)")
+    if url_precision == "" then url_precision = nil end   -- InfluxDB: ns
+    if precision ~= nil and not url_precision then
+      argerror(1, "http", "the url must carry precision=" .. tostring(precision)
+               .. " too, so InfluxDB reads the timestamps as sent", 2)
+    end
+    if precision ~= nil and SAME_UNIT[precision] ~= SAME_UNIT[url_precision] then
+      argerror(1, "http", "precision " .. describe(precision) .. " but the url has precision="
+               .. url_precision .. ": InfluxDB would read the timestamps in the url's", 2)
+    end
+    precision = precision or url_precision or "ns"
+    -- what format.influx refuses (a measurement, a precision), refused now:
+    -- at the tick it would drop every record
+    local ok, err = pcall(format.influx, {}, { measurement = opts.measurement,
+                                               precision = precision })
+    if not ok then argerror(1, "http", (err:gsub("^bad argument #%d+ to 'influx' %((.*)%)$", "%1")), 2) end
   end
   local ok, sender = pcall(core.sender, {
     url = opts.url, method = opts.method, headers = headers, timeout = opts.timeout,
@@ -306,10 +325,6 @@ function _M.http(opts)
             .. tostring(opts.spool), 2)
     end
     spool = { dir = opts.spool, posted = 0, sent0 = 0, stuck = false, errors = 0 }
-  end
-  local precision = opts.precision
-  if fmt_name == "influx" and not precision then
-    precision = opts.url:match("[?&]precision=(%a+)") or "ns"
   end
   return setmetatable({ kind = "http", format = fmt_name, url = opts.url, batch = batch,
                         sender = sender, measurement = opts.measurement,

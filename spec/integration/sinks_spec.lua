@@ -399,6 +399,32 @@ describe("HTTP sinks", function()
     assert.matches("unknown option 'uri'", helper.err(http, { uri = "http://x" }))
     assert.matches("precision", helper.err(http, { url = "http://x/write?db=a", format = "influx", precision = "s" }))
   end)
+
+  it("to InfluxDB refuse, when made, a precision or measurement that would lose every record", function()
+    local http = tally.sink.http
+    local url = ix.url .. "/write?db=tally_spec&precision=ms"
+    -- seconds read as milliseconds would have stored 1970-01-21
+    assert.equal("bad argument #1 to 'http' (precision 's' but the url has precision=ms: "
+                 .. "InfluxDB would read the timestamps in the url's)",
+                 helper.err(http, { url = url, format = "influx", precision = "s" }))
+    assert.equal("bad argument #1 to 'http' (measurement '#m' cannot be carried by line protocol "
+                 .. "(it starts with #, ends in a backslash, or has one before , space or =))",
+                 helper.err(http, { url = url, format = "influx", measurement = "#m" }))
+    -- 1.x's precision=n: nanoseconds, where every record was dropped
+    local db = assert(tally.open())
+    local s = http { url = ix.url .. "/write?db=tally_spec&precision=n", format = "influx",
+                     measurement = "nano" }
+    assert.is_truthy(http { url = url, format = "influx", precision = "ms" })
+    db:rollup("p:*", { every = 1, sinks = { s } })
+    db:incr("p:1", 3)
+    db:tick(T0)
+    assert.is_true(db:flush(5))
+    assert.same({ 1, 0 }, { s:stats().sent, s:stats().dropped })
+    local q = peers.urlencode([[SELECT "value" FROM "nano"]])
+    local _, body = peers.http("GET", ix.url .. "/query?db=tally_spec&epoch=ms&q=" .. q)
+    assert.same({ { T0 * 1000, 3 } }, cjson.decode(body).results[1].series[1].values)
+    db:close()
+  end)
 end)
 
 describe("examples/pageviews.lua", function()

@@ -119,6 +119,7 @@ describe("tally.format", function()
       assert.equal("1700000000123000", ts("u"))
       assert.equal("1700000000123000", ts("us"))
       assert.equal("1700000000123000000", ts("ns"))
+      assert.equal("1700000000123000000", ts("n"))    -- InfluxDB 1.x's /write takes n
       assert.equal("28333333", ts("m"))
       assert.equal("472222", ts("h"))
     end)
@@ -147,6 +148,16 @@ describe("tally.format", function()
                    err(format.influx, { rec }, { db = "x" }))
       assert.equal("bad argument #2 to 'influx' (measurement must be a non-empty string without newlines, got '')",
                    err(format.influx, { rec }, { measurement = "" }))
+      -- a comment line; InfluxDB reads "m\\,x" as "m,x", "m\\=x" as "m=x"; a
+      -- backslash at the end escapes the comma before the tags
+      for _, m in ipairs({ "#m", "m\\", "m\\,x", "m\\ x", "m\\=x" }) do
+        assert.equal("bad argument #2 to 'influx' (measurement " .. "'" .. m .. "'"
+                     .. " cannot be carried by line protocol (it starts with #, ends in a "
+                     .. "backslash, or has one before , space or =))",
+                     err(format.influx, { rec }, { measurement = m }))
+      end
+      assert.equal("m#\\x,name=a value=1i\n",     -- elsewhere # and \ are as they are
+                   format.influx({ { name = "a", value = 1 } }, { measurement = "m#\\x" }))
       assert.equal("bad argument #1 to 'influx' (records[1].value must be an integer, got 'x')",
                    err(format.influx, { { name = "a", value = "x" } }))
       assert.equal("bad argument #1 to 'influx' (records[1].at must be a finite number of seconds that fits, got 1e+300)",
