@@ -374,6 +374,33 @@ describe("tally inspection commands", function()
     assert.equal("tally get: no such counter 'nope'\n", err)
   end)
 
+  it("ls, get and their messages write a name's control bytes as \\xNN, never to the terminal", function()
+    -- names often come from requests: one must not clear the screen,
+    -- retitle the window or make a row of its own
+    local db = assert(tally.open("file:" .. path))
+    db:incr("evil\27]0;owned\7\27[2J", 1)
+    db:incr("two\nviews  99", 2)
+    db:incr("c1\194\155x", 3)                     -- U+009B, CSI to some terminals
+    db:close()
+    local out, err, code = run("ls", path)
+    assert.equal(0, code, err)
+    assert.equal(
+      "NAME                                    VALUE  SHARDS  POLICY  ROLLED AT            RATE/S\n" ..
+      "c1\\xc2\\x9bx                                 3  1 auto  thread  -                         -\n" ..
+      "evil\\x1b]0;owned\\x07\\x1b[2J                 1  1 auto  thread  -                         -\n" ..
+      "post:1:likes                                7       4  thread  -                         -\n" ..
+      "post:2:likes                 9007199254740993       2  random  -                         -\n" ..
+      "two\\x0aviews  99                            2  1 auto  thread  -                         -\n" ..
+      "views                                       3  1 auto  thread  -                         -\n", out)
+    out, err, code = run("get", path, "no\27[31mpe")
+    assert.equal(1, code)
+    assert.equal("tally get: no such counter 'no\\x1b[31mpe'\n", err)
+    out, err, code = run("incr", path, "x\27[31m", "9223372036854775807")
+    assert.equal(1, code)
+    assert.equal("tally incr: counter 'x\\x1b[31m': adding 9223372036854775807 would overflow a shard "
+                 .. "(shards hold -2^62 to 2^62-1)\n", err)
+  end)
+
   it("incr: adds 1 or n (negative too), creating the counter, and prints the value", function()
     assert.equal("4\n", (run("incr", path, "views")))
     assert.equal("14\n", (run("incr", path, "views", "10")))

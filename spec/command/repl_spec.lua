@@ -54,6 +54,16 @@ describe("the tally prompt", function()
     t:wait("\ntally%.counter 'post:1:likes' = 5  %(1 auto shards, thread%)\n  shards: 5\n>$")
   end)
 
+  it("writes a counter name's control bytes as \\xNN", function()
+    t = prompt()
+    t:line([[db:incr('a\27[2J\27]0;owned\7', 5); db:incr('b\nc')]])
+    t:line("=db")
+    t:wait("\ntally%.store %(memory%): 2 counters\n  a\\x1b%[2J\\x1b%]0;owned\\x07  5\n"
+           .. "  b\\x0ac                    1\n>$")
+    t:line([[db:counter('b\nc')]])
+    t:wait("\ntally%.counter 'b\\x0ac' = 1  %(1 auto shards, thread%)\n  shards: 1\n>$")
+  end)
+
   it("prints an error's message and goes on", function()
     t = prompt()
     t:line("error('it broke')")

@@ -73,6 +73,16 @@ describe("tally watch", function()
     t:wait("%[exit 0%]")
   end)
 
+  it("writes a name's control bytes as \\xNN: a name cannot drive the terminal", function()
+    local path = store_with({ ["evil\27[2J\27]0;owned\7"] = 4, ["two\nrows"] = 5 })
+    t = tty.open(q(tty.bin()) .. " watch " .. q(path) .. " --interval 0.2 --sort name")
+    local s = frame(t, "2 counters")
+    assert.matches("\nevil\\x1b%[2J\\x1b%]0;owned\\x07%s+4 ", s)
+    assert.matches("\ntwo\\x0arows%s+5 ", s)
+    t:keys("q")
+    t:wait("%[exit 0%]")
+  end)
+
   it("adds the total exactly, and says when it leaves int64", function()
     -- two counters of 2^63 - 2 each (two shards of 2^62 - 1): their sum wrapped to -4
     local path = helper.tmpfile()

@@ -246,6 +246,7 @@ _M.help_text = help_text
 
 local common = require "tally.cmd.common"
 local Fail, fail = common.Fail, common.fail
+local printable = common.printable
 _M.fail = fail
 
 local current = "tally"   -- the command running, for messages
@@ -562,7 +563,7 @@ function cmd.ls(args)
   -- widths from the names and the first rows (a million counters stream)
   local head = { "NAME", "VALUE", "SHARDS", "POLICY", "ROLLED AT", "RATE/S" }
   local w = { #head[1], #head[2], #head[3], #head[4], 19, #head[6] }
-  for _, name in ipairs(names) do if #name > w[1] then w[1] = #name end end
+  for _, name in ipairs(names) do if #printable(name) > w[1] then w[1] = #printable(name) end end
   local rows, i, CHUNK = {}, 0, 5000
   local function cells(p)
     local r = p.rolled
@@ -571,7 +572,7 @@ function cmd.ls(args)
       sh = (p.grown + p.shrunk > 0) and fmt("%d auto +%d -%d", p.shards, p.grown, p.shrunk)
            or sh .. " auto"
     end
-    return { p.name, tostring(p.value), sh, p.policy,
+    return { printable(p.name), tostring(p.value), sh, p.policy,
              r and time_text(r.at) or "-", r and rate_text(r.rate) or "-" }
   end
   local function emit(c)
@@ -611,7 +612,7 @@ function cmd.ls(args)
     for _, base in ipairs(hnames) do
       local r = read(hs[base])
       if r then
-        rows[#rows + 1] = { base, tostring(r.count), common.hist_sum_text(r), quantile_text(r, 0.5),
+        rows[#rows + 1] = { printable(base), tostring(r.count), common.hist_sum_text(r), quantile_text(r, 0.5),
                             quantile_text(r, 0.9), quantile_text(r, 0.99), tostring(#r.buckets) }
       end
     end
@@ -636,7 +637,7 @@ function cmd.get(args)
   if o.help then return "help" end
   local db = open(pos[1])
   local p = peek_counter(db, pos[2], o.shards)
-  if not p then fail(fmt("no such counter '%s'", pos[2])) end
+  if not p then fail(fmt("no such counter '%s'", printable(pos[2]))) end
   if o.shards then
     out(concat(p.cells, "\n", 1, #p.cells), "\n")
   else
@@ -1061,7 +1062,7 @@ function _M.main(name, ...)
     return res or 0
   end
   if getmetatable(res) == Fail then
-    io.stderr:write("tally ", name, ": ", res.msg, "\n")
+    io.stderr:write("tally ", name, ": ", printable(tostring(res.msg), true), "\n")
     return res.status
   end
   io.stderr:write("tally ", name, ": ", tostring(res), "\n")

@@ -18,6 +18,7 @@
 --   banner()                    -> the greeting
 
 local tally = require "tally"
+local printable = require("tally.cmd.common").printable   -- names: control bytes as \xNN
 
 local type, pairs, ipairs, next, tostring, pcall, select, rawget =
       type, pairs, ipairs, next, tostring, pcall, select, rawget
@@ -90,10 +91,10 @@ local function counter_text(c, block)
   if not ok or not info then return tostring(c) end
   local v, msg = c:value()
   if v == nil then
-    if msg and msg:find("dropped") then return fmt("tally.counter '%s' (dropped)", info.name) end
-    return fmt("tally.counter '%s' (%s)", info.name, tostring(msg))
+    if msg and msg:find("dropped") then return fmt("tally.counter '%s' (dropped)", printable(info.name)) end
+    return fmt("tally.counter '%s' (%s)", printable(info.name), tostring(msg))
   end
-  local head = fmt("tally.counter '%s' = %s", info.name, tostring(v))
+  local head = fmt("tally.counter '%s' = %s", printable(info.name), tostring(v))
   if not block then return head end
   local lines = { head .. fmt("  (%d%s shards, %s)", info.shards, info.auto and " auto" or "",
                               info.policy) }
@@ -121,10 +122,10 @@ local function store_text(db, block)
   if st.counters > 0 and st.counters <= MAX_LISTED then
     local names = db:names()
     local w = 0
-    for _, n in ipairs(names) do if #n > w then w = #n end end
+    for _, n in ipairs(names) do if #printable(n) > w then w = #printable(n) end end
     for _, n in ipairs(names) do
       local v = db:value(n)
-      lines[#lines + 1] = fmt("  %-" .. w .. "s  %s", n, v ~= nil and tostring(v) or "-")
+      lines[#lines + 1] = fmt("  %-" .. w .. "s  %s", printable(n), v ~= nil and tostring(v) or "-")
     end
   elseif st.counters > MAX_LISTED then
     lines[#lines + 1] = "  (db:names() lists them; tally ls from a shell)"

@@ -159,7 +159,7 @@ local HIST_HEAD = { "HISTOGRAM", "COUNT", "RATE/S", "SUM", "MEAN", "P50<=", "P90
 -- The cells of a histogram row, as HIST_HEAD names them.
 local function hist_cells(h)
   local r = h.r
-  return { h.name, fmt("%d", r.count), cli.rate_text(h.s.rate), cli.hist_sum_text(r),
+  return { cli.printable(h.name), fmt("%d", r.count), cli.rate_text(h.s.rate), cli.hist_sum_text(r),
            r.count > 0 and fmt("%.4g", r.sum / r.count) or "-",
            bound_text(r, 0.5), bound_text(r, 0.9), bound_text(r, 0.99) }
 end
@@ -262,7 +262,7 @@ local function loop(db, o)
     for i = first, last do
       local r = items[i]
       if type(r) == "table" and r ~= HHEAD and not r.r then
-        nw = max(nw, #r.name)
+        nw = max(nw, #cli.printable(r.name))
         vw = max(vw, #tostring(r.value))
         rw = max(rw, #cli.rate_text(r.s.rate))
       end
@@ -314,7 +314,7 @@ local function loop(db, o)
           end
           spark = sparkline(xs, hw, glyphs)
         end
-        out[#out + 1] = fit(r.name, nw) .. "  " .. rjust(tostring(r.value), vw) .. "  "
+        out[#out + 1] = fit(cli.printable(r.name), nw) .. "  " .. rjust(tostring(r.value), vw) .. "  "
                         .. rjust(cli.rate_text(r.s.rate), rw) .. "  " .. spark
       end
     end
