@@ -631,6 +631,21 @@ local function entry_series(e, name, caps)
   return e.metric, series, e.metric .. "{" .. concat(keys, ",") .. "}"
 end
 
+-- The label names of counter name's series under compiled mapping c, as
+-- _render_prometheus writes it (the entry's labels, or the default
+-- metric's counter or counter_hex). The Pushgateway sink checks them
+-- against its group's labels.
+function _M._series_labels(c, name)
+  local e, caps = first_entry(c.entries, name)
+  if e then
+    caps = caps or glob_captures(e.glob, name)
+    local utf8 = true
+    for j = 1, #caps do utf8 = utf8 and utf8len(caps[j]) ~= nil end
+    if utf8 then return e.labels end
+  end
+  return { utf8len(name) and _M.DEFAULT_LABEL or _M.DEFAULT_HEX_LABEL }
+end
+
 -- The series of histogram name (tally.histogram) under compiled mapping c:
 -- its metric, its labels as written inside the braces ('route="/api"', ""
 -- for none; the le label comes after them), a key equal for two

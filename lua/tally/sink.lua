@@ -261,6 +261,21 @@ local function unique_name(sp)
              spool_seq)
 end
 
+-- The label names of a Pushgateway group url's grouping key
+-- (.../metrics/job/NAME[/LABEL/VALUE...], a name may end in @base64), or
+-- nil: the Pushgateway sets them on every series pushed there.
+local function grouping_labels(url)
+  local path = url:match("^https?://[^/?#]*(/[^?#]*)")
+  local rest = path and path:match("^.-/metrics/(.*)$")
+  if not rest then return nil end
+  local keys, i = {}, 0
+  for seg in rest:gmatch("[^/]+") do
+    i = i + 1
+    if i % 2 == 1 then keys[(seg:gsub("@base64$", ""))] = true end
+  end
+  return keys
+end
+
 -- tally.sink.http{ url = , format = "json" | "prometheus" | "influx", ... }
 --   json:       POST a JSON array of records (a webhook)
 --   prometheus: POST text exposition (a Pushgateway group URL,
@@ -328,7 +343,9 @@ function _M.http(opts)
   end
   return setmetatable({ kind = "http", format = fmt_name, url = opts.url, batch = batch,
                         sender = sender, measurement = opts.measurement,
-                        precision = precision, spool = spool }, Http)
+                        precision = precision, spool = spool,
+                        grouping = fmt_name == "prometheus" and grouping_labels(opts.url) or nil },
+                      Http)
 end
 
 -- ---- the spool (see the top of this part) ----
@@ -490,9 +507,29 @@ function Http:encode(part, db)
   if self.format == "influx" then
     return pcall(format.influx, part, { measurement = self.measurement, precision = self.precision })
   end
+  local c = require("tally.prometheus").mapping_of(db)
+  if self.grouping then
+    -- a series with a label of the group's key (a family's label 'job'):
+    -- the Pushgateway replaces its value, so two such counters are one
+    -- series and it refuses the whole body; left out and counted
+    local keep, why = {}, nil
+    for _, r in ipairs(part) do
+      local clash
+      for _, l in ipairs(format._series_labels(c, r.name)) do
+        if self.grouping[l] then clash = l; break end
+      end
+      if clash then
+        why = why or fmt("counter '%s' has the label '%s', which the Pushgateway group url "
+                         .. "sets on every series: give the family another label name", r.name, clash)
+      else
+        keep[#keep + 1] = r
+      end
+    end
+    if why then _M.failed(self, why, #part - #keep); part = keep end
+  end
   -- lenient: a counter that cannot be exposed (two counters mapping to one
   -- series, an ambiguous name) is left out and counted, not the whole body
-  local text, skipped = format._render_prometheus(part, require("tally.prometheus").mapping_of(db), nil, true)
+  local text, skipped = format._render_prometheus(part, c, nil, true)
   if not text then return false, skipped end
   if #skipped > 0 then _M.failed(self, skipped[1].msg, #skipped) end
   return true, text

@@ -225,6 +225,29 @@ describe("HTTP sinks", function()
     db:close()
   end)
 
+  it("leave out a counter whose series has a label of the Pushgateway group's key, and push the rest", function()
+    -- the Pushgateway sets job and instance on every series: two counters
+    -- labelled job= became one series and it refused the whole body (400)
+    local db = assert(tally.open())
+    db:family("w:*", { metric = "workers", labels = { "job" } })
+    local s = tally.sink.http { url = pg.url .. "/metrics/job/grouped/instance/spec",
+                                format = "prometheus" }
+    db:rollup("*", { every = 10, sinks = { s } })
+    db:incr("w:a", 1)
+    db:incr("w:b", 2)
+    db:incr("other", 3)
+    db:tick(T0)
+    assert.is_true(db:flush(5))
+    local st = s:stats()
+    assert.same({ 2, 0 }, { st.dropped, st.rejected })
+    assert.equal("counter 'w:a' has the label 'job', which the Pushgateway group url sets on every "
+                 .. "series: give the family another label name", st.last_error)
+    local _, body = peers.http("GET", pg.url .. "/metrics")
+    assert.truthy(body:find('tally_value{counter="other",instance="spec",job="grouped"} 3\n', 1, true), body)
+    assert.falsy(body:find("\nworkers{", 1, true), body)
+    db:close()
+  end)
+
   it("write line protocol to InfluxDB, read back through its query API", function()
     local db = assert(tally.open())
     local s = tally.sink.http { url = ix.url .. "/write?db=tally_spec&precision=ms",
