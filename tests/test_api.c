@@ -43,9 +43,11 @@ static void test_error_text(void) {
   tally_store *s = NULL;
   int64_t v;
   REQUIRE_OK(tally_store_open("memory", NULL, &s));
-  static const char odd[] = "a\nb\x1b[31mc\x7f\xff\xc3(\xed\xa0\x80z";
+  static const char odd[] = "a\nb\x1b[31mc\x7f\xff\xc3(\xed\xa0\x80z\xc2\x9b"
+                            "2J\xc2\xa0";
   EXPECT_RC(TALLY_ENOENT, tally_store_value(s, odd, sizeof odd - 1, &v));
-  EXPECT_STR("no such counter 'a\\x0ab\\x1b[31mc\\x7f\\xff\\xc3(\\xed\\xa0\\x80z'",
+  EXPECT_STR("no such counter "
+             "'a\\x0ab\\x1b[31mc\\x7f\\xff\\xc3(\\xed\\xa0\\x80z\\xc2\\x9b2J\xc2\xa0'",
              tally_errmsg());
   static const char utf8[] = "caf\xc3\xa9:\xe2\x82\xac:\xf0\x9f\x91\x8d";
   EXPECT_RC(TALLY_ENOENT, tally_store_value(s, utf8, sizeof utf8 - 1, &v));

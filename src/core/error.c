@@ -8,7 +8,8 @@
  * Messages name counters, and a name is any bytes but NUL: one with a
  * newline or an escape sequence would forge a line in a log, or drive the
  * terminal that prints it. So the message keeps valid UTF-8 as it is and
- * writes control bytes and bytes outside a valid UTF-8 sequence as \xNN.
+ * writes control characters (C0, DEL, C1) and bytes outside a valid UTF-8
+ * sequence as \xNN, a byte each.
  */
 #include "internal.h"
 
@@ -65,7 +66,9 @@ static void printable(char *out, size_t size, const char *text) {
   size_t n = strlen(text), o = 0;
   for (size_t i = 0; i < n;) {
     size_t len = s[i] < 0x80 ? 1 : utf8_seq(s + i, n - i);
-    bool plain = len > 1 || (len == 1 && s[i] >= 0x20 && s[i] != 0x7f);
+    /* C1 controls (U+0080 to U+009F) drive terminals as C0 ones do */
+    bool plain = (len > 1 && !(s[i] == 0xC2 && s[i + 1] < 0xA0)) ||
+                 (len == 1 && s[i] >= 0x20 && s[i] != 0x7f);
     size_t need = plain ? len : 4;
     if (o + need >= size) break;
     if (plain)
