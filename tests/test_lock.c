@@ -165,6 +165,27 @@ static void test_killed_holder(void) {
   tally_store_close(s);
 }
 
+/* An open that takes the lock over from a dead holder recounts the
+ * families (a walk) before it has its slot in the process table: the walk
+ * took a slot of its own, and the open another, so the process showed as
+ * two, one of them never given back ("in use by this process" to its
+ * compaction, reuse held back for its life). */
+static void test_takeover_in_open(void) {
+  char spec[1300];
+  spec_of(spec, sizeof spec, NULL, 0, "takeover.tly");
+  tally_store *s = NULL;
+  tally_family_options o = {.shards = 1, .policy = TALLY_POLICY_THREAD};
+  REQUIRE_OK(tally_store_open(spec, NULL, &s));
+  EXPECT_OK(tally_family_define(s, "t:*", 3, &o));
+  tally_store_close(s);
+  reap(spawn_holder(spec, -1), true);
+  REQUIRE_OK(tally_store_open(spec, NULL, &s)); /* takes the dead holder's lock */
+  tally_grace_info g;
+  EXPECT_OK(tally_store_grace(s, &g));
+  EXPECT_I64(1, g.processes);
+  tally_store_close(s);
+}
+
 static void copy_file(const char *from, const char *to) {
   int in = open(from, O_RDONLY), out = open(to, O_WRONLY | O_CREAT | O_TRUNC, 0600);
   REQUIRE_OK(in < 0 || out < 0 ? TALLY_ESYS : 0);
@@ -599,6 +620,7 @@ int main(int argc, char **argv) {
   test_exec_while_held();
   test_live_holder();
   test_killed_holder();
+  test_takeover_in_open();
   test_copy_while_held();
   test_stale_words();
   test_leader_exited();

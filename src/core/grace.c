@@ -299,9 +299,11 @@ void tally__hold_begin(tally_store *s) {
   atomic_fetch_add(&s->holders, 1);
   struct tally__proc *t = procs(s);
   uint64_t e = atomic_load_explicit(&s->hdr->epoch, memory_order_seq_cst);
-  if (t && s->pid != tally__pid()) {
+  if (t && s->pid && s->pid != tally__pid()) {
     /* forked, with no slot of its own yet (its parent's is not): one at the
-     * epoch its handles are valid at; the next step refreshes them */
+     * epoch its handles are valid at; the next step refreshes them. Not
+     * in an open before its slot (pid 0): a walk there runs under the
+     * lock (a takeover's recount), and the open takes the slot after */
     (void)claim(s, s->seen << 1);
   } else if (t && (atomic_load(&t[s->proc].seen) & 1)) {
     s->seen = e;
