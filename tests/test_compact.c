@@ -20,6 +20,7 @@
  * always reaped.
  */
 #include <pthread.h>
+#include <dirent.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -528,6 +529,54 @@ static void test_paths(void) {
   EXPECT(system(cmd) != 0);
 }
 
+/* A compaction SIGKILLed midway leaves its file beside the store; the
+ * next compaction removes it, and nothing else there. */
+static void die_midway(void *ud, uint64_t done, uint64_t total) {
+  (void)ud, (void)done, (void)total;
+  raise(SIGKILL);
+}
+
+/* The name of the one file named as a compaction names its own ("" if
+ * none), into out; how many there are. */
+static int leftovers(char *out, size_t size) {
+  DIR *d = opendir(g_dir);
+  int n = 0;
+  out[0] = 0;
+  for (struct dirent *e; d && (e = readdir(d));)
+    if (strncmp(e->d_name, "c.tly.compact.", 14) == 0 && strlen(e->d_name) == 20) {
+      snprintf(out, size, "%s", e->d_name);
+      n++;
+    }
+  if (d) closedir(d);
+  return n;
+}
+
+static void test_killed_compaction(void) {
+  char other[1300], was[64] = "", now[64];
+  snprintf(other, sizeof other, "%s/c.tly.compact.notes", g_dir);
+  FILE *f = fopen(other, "w");
+  EXPECT(f != NULL);
+  if (f) fclose(f);
+  for (int k = 0; k < 2; k++) { /* the second removes the first's */
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) _exit(tally_store_compact(g_path, 0, die_midway, NULL) ? 2 : 3);
+    int st = 0;
+    EXPECT(waitpid(pid, &st, 0) == pid && WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
+    EXPECT_I64(1, leftovers(now, sizeof now));
+    EXPECT(strcmp(now, was) != 0);
+    snprintf(was, sizeof was, "%s", now);
+  }
+  EXPECT_OK(tally_store_compact(g_path, 0, NULL, NULL));
+  EXPECT_I64(0, leftovers(now, sizeof now));
+  EXPECT(access(other, F_OK) == 0); /* another name: kept */
+  unlink(other);
+  tally_store *s;
+  REQUIRE_OK(tally_store_open(g_spec, NULL, &s));
+  EXPECT_OK(tally_store_check(s));
+  tally_store_close(s);
+}
+
 /* A thread compacting again and again while another forks again and
  * again: a compaction opened (and closed) its new store holding the old
  * one's lock, and fork() takes the registry's lock, then every store's,
@@ -589,6 +638,7 @@ int main(void) {
   test_killed_holder();
   test_open_races_compaction();
   test_paths();
+  test_killed_compaction();
   test_compact_beside_fork();
   int rc = tu_finish("test_compact");
   if (rc == 0) tu_rmrf(g_dir);

@@ -9,7 +9,10 @@
  * in index order: its record (same name, policy, incarnation, family, idle
  * and shipped marks), its cells (every shard's value, not just the sum)
  * and its rollup block (record and rings, slot for slot). The new file is checked, synced and renamed over the old one
- * with the old one's mode and owner.
+ * with the old one's mode and owner. A compaction killed midway leaves
+ * its PATH.compact.XXXXXX behind; the next one removes such files, once
+ * it holds the lock and no other process has the store open (every
+ * compaction keeps the store open while its file exists).
  *
  * It is offline: it refuses (TALLY_EBUSY) while another live process has
  * the store open, and holds the store lock from that check to the rename,
@@ -25,6 +28,8 @@
  */
 #include "internal.h"
 
+#include <ctype.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <libgen.h>
 #include <stdio.h>
@@ -367,6 +372,33 @@ static int temp_spec(const char *target, char **out) {
   return 0;
 }
 
+/* Remove what compactions killed midway left beside target: regular files
+ * named as temp_spec names them, but ours (tmp). Best effort. */
+static void sweep_leftovers(const char *target, const char *tmp) {
+  char *dir_copy = strdup(target), *base_copy = strdup(target);
+  DIR *d = dir_copy && base_copy ? opendir(dirname(dir_copy)) : NULL;
+  if (d) {
+    const char *base = basename(base_copy), *ours = strrchr(tmp, '/');
+    size_t blen = strlen(base), plen = strlen(".compact.");
+    ours = ours ? ours + 1 : tmp;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+      const char *n = e->d_name;
+      struct stat st;
+      bool named = strlen(n) == blen + plen + 6 && strncmp(n, base, blen) == 0 &&
+                   strncmp(n + blen, ".compact.", plen) == 0 && strcmp(n, ours) != 0;
+      for (size_t i = blen + plen; named && n[i]; i++)
+        named = isalnum((unsigned char)n[i]);
+      if (named && fstatat(dirfd(d), n, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+          S_ISREG(st.st_mode))
+        (void)unlinkat(dirfd(d), n, 0);
+    }
+    closedir(d);
+  }
+  free(dir_copy);
+  free(base_copy);
+}
+
 /* The new file gets the old one's owner (where this process may give it)
  * and mode. */
 static int same_owner(tally_store *from, tally_store *to) {
@@ -444,7 +476,9 @@ int tally_store_compact(const char *path, uint32_t flags, tally_progress_fn prog
                        "%s: store is in use by process %lld (compaction needs it "
                        "closed everywhere)",
                        path, (long long)pid);
-    /* nobody else has it open: a batch left half done was a dead writer's */
+    /* nobody else has it open: a batch left half done was a dead writer's,
+     * and another compaction's file a dead compaction's */
+    if (rc == 0) sweep_leftovers(target, tmp + 5);
     if (rc == 0) rc = tally__slots_recover(j.from);
     if (rc == 0) rc = tally__index_each(j.from, collect, &j);
     if (rc == 0) rc = rewrite(&j, progress, ud);
