@@ -23,12 +23,17 @@
 --   idiv, mod          floor division and its remainder (Lua 5.4's // and %)
 --   tofloat(x)         x as a float (LuaJIT: tonumber of a cdata)
 --   utf8len(s)         utf8.len(s) (strict), or nil for invalid UTF-8
+--   utf8_escape(s, set, form)  s with each byte that the pattern class set
+--                      matches and that is not part of a valid UTF-8
+--                      sequence (strict, as utf8len) written as
+--                      form:format(byte); valid sequences kept whole
 --   pack, unpack       table.pack, table.unpack
 
 local type, tostring, tonumber, select, load = type, tostring, tonumber, select, load
 local floor = math.floor
-local byte, find, fmt, match, gsub = string.byte, string.find, string.format,
-      string.match, string.gsub
+local byte, find, fmt, match, gsub, sub = string.byte, string.find, string.format,
+      string.match, string.gsub, string.sub
+local concat = table.concat
 
 local _M = {}
 
@@ -37,6 +42,28 @@ _M.luajit = type(jit) == "table"
 
 _M.unpack = table.unpack or rawget(_G, "unpack")
 _M.pack = table.pack or function(...) return { n = select("#", ...), ... } end
+
+-- The one walk over UTF-8 sequences: tally.json writes the bytes outside
+-- them as \udcXX, tally.util's messages as \xNN. A sequence's first byte
+-- says its length; utf8len (below, per interpreter) checks the rest.
+function _M.utf8_escape(s, set, form)
+  local j = find(s, set)
+  if not j then return s end
+  local utf8len, out, n, i = _M.utf8len, {}, 0, 1
+  repeat
+    local c = byte(s, j)
+    local len = c >= 0xF0 and 4 or c >= 0xE0 and 3 or 2
+    n = n + 1
+    if c >= 0xC2 and utf8len(sub(s, j, j + len - 1)) == 1 then
+      out[n], i = sub(s, i, j + len - 1), j + len
+    else
+      out[n], i = sub(s, i, j - 1) .. fmt(form, c), j + 1
+    end
+    j = find(s, set, i)
+  until not j
+  out[n + 1] = sub(s, i)
+  return concat(out)
+end
 
 if not _M.luajit then
   -- ---- Lua 5.4: the language's own operators and functions ----------------------

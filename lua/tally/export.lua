@@ -25,6 +25,7 @@ local compat = require "tally.compat"
 local tointeger, int_text, add, sub = compat.tointeger, compat.int_text, compat.add, compat.sub
 
 local describe, typename = require("tally.util").describe, require("tally.util").typename
+local printable = require("tally.util").printable
 local check_self = require("tally.util").self
 local json_string = require("tally.format").json_string
 local argerror = require("tally.util").argerror
@@ -121,7 +122,7 @@ local function jdescribe(v)
     if k == nil then return "an empty object" end
     return type(k) == "string" and "an object" or "an array"
   end
-  if type(v) == "string" then return "'" .. v .. "'" end
+  if type(v) == "string" then return describe(v) end
   if type(v) == "number" and int_text(v) then return int_text(v) end
   return tostring(v)
 end
@@ -170,11 +171,11 @@ end
 -- keep the last value and lose the others without a word.
 local function twice_text(path)
   if path[1] == "counters" and path[2] and #path == 2 then
-    return fmt("counter '%s' is given twice", path[2])
+    return fmt("counter '%s' is given twice", printable(path[2]))
   elseif path[1] == "counters" and path[2] then
     local rest = {}
     for i = 3, #path do rest[i - 2] = path[i] end
-    return fmt("counter '%s': %s is given twice", path[2], json.path_text(rest))
+    return fmt("counter '%s': %s is given twice", printable(path[2]), json.path_text(rest))
   end
   return fmt("'%s' is given twice", json.path_text(path))
 end
@@ -186,15 +187,15 @@ local function raise_msg(msg) error({ msg = msg }) end
 local function check_counter(name, doc)
   local raise = raise_msg
   if #name < 1 or #name > core.NAME_MAX or find(name, "\0", 1, true) then
-    raise(fmt("counter name '%s' must be 1 to %d bytes without NUL", name, core.NAME_MAX))
+    raise(fmt("counter name '%s' must be 1 to %d bytes without NUL", printable(name), core.NAME_MAX))
   end
-  local function bad(msg) raise(fmt("counter '%s': %s", name, msg)) end
+  local function bad(msg) raise(fmt("counter '%s': %s", printable(name), msg)) end
   if not is_object(doc) or next(doc) == nil then
     bad("must be an object with num_shards and shards, got " .. jdescribe(doc))
   end
   for k in pairs(doc) do
     if k ~= "num_shards" and k ~= "shards" and k ~= "policy" then
-      bad("unknown field '" .. k .. "' (expected num_shards, shards and policy)")
+      bad("unknown field '" .. printable(k) .. "' (expected num_shards, shards and policy)")
     end
   end
   local n = type(doc.num_shards) == "number" and tointeger(doc.num_shards)
@@ -226,7 +227,7 @@ local function check_counter(name, doc)
   if not complete then                  -- say what is wrong
     for k in pairs(shards) do
       if not shard_id_ok(k, n) then
-        bad(fmt("shards has id '%s' (expected \"0\" to \"%d\" for num_shards %d)", k, n - 1, n))
+        bad(fmt("shards has id '%s' (expected \"0\" to \"%d\" for num_shards %d)", printable(k), n - 1, n))
       end
     end
     bad(fmt("num_shards is %d but %d shards are given", n, given))
@@ -243,7 +244,7 @@ local function check_counter(name, doc)
         if type(k) ~= "string" then
           bad(fmt('shards["%s"] must be an object with a count, got %s', id, jdescribe(s)))
         end
-        bad(fmt('shards["%s"] has unknown field \'%s\'', id, k))
+        bad(fmt('shards["%s"] has unknown field \'%s\'', id, printable(k)))
       end
     end
     local v, why = parse_count(s.count)
@@ -336,7 +337,7 @@ function import_any(self, text, opts)
   end
   for k in pairs(doc) do
     if k ~= "counters" then
-      raise(or_twice("unknown top-level field '" .. k .. "' (expected counters)"))
+      raise(or_twice("unknown top-level field '" .. printable(k) .. "' (expected counters)"))
     end
   end
   local counters = doc.counters
@@ -368,11 +369,11 @@ function import_any(self, text, opts)
       if not info then return nil, imsg, icode end
       if info.shards ~= p.shards then
         raise(fmt("counter '%s': num_shards is %d but the counter exists with %d shards",
-                  name, p.shards, info.shards))
+                  printable(name), p.shards, info.shards))
       end
       if p.policy and p.policy ~= info.policy then
         raise(fmt("counter '%s': policy is %s but the counter exists with policy %s",
-                  name, p.policy, info.policy))
+                  printable(name), p.policy, info.policy))
       end
       if mode == "add" then
         local now, smsg, scode = c:shards()
@@ -382,7 +383,7 @@ function import_any(self, text, opts)
           if sum < SHARD_MIN or sum > SHARD_MAX then
             raise(fmt('counter \'%s\': shards["%d"].count %s would take the shard '
                       .. "(now %s) out of its range (-2^62 to 2^62-1)",
-                      name, s - 1, int_text(p.counts[s]), int_text(now[s])))
+                      printable(name), s - 1, int_text(p.counts[s]), int_text(now[s])))
           end
         end
       end
@@ -390,7 +391,7 @@ function import_any(self, text, opts)
     elseif p.policy == "function" then
       raise(fmt("counter '%s': policy function cannot be created by an import: create the "
                 .. "counter first with db:counter(name, { shards = %d, policy = fn })",
-                name, p.shards))
+                printable(name), p.shards))
     end
     plan[i] = p
     step("validate", i, #names)
@@ -428,7 +429,7 @@ function import_any(self, text, opts)
     local now, msg, code = c:shards()
     if now and #now ~= p.shards then
       now, msg, code = nil, fmt("counter '%s' was resharded to %d shards during the import",
-                                p.name, #now), "EMISMATCH"
+                                printable(p.name), #now), "EMISMATCH"
     end
     if not now then
       undo(self, log, created)
@@ -443,7 +444,7 @@ function import_any(self, text, opts)
       if n == nil then
         undo(self, log, created)
         return nil, fmt("counter '%s': what the import adds to it is beyond a shard's range "
-                        .. "(-2^62 to 2^62-1)", p.name), "ERANGE"
+                        .. "(-2^62 to 2^62-1)", printable(p.name)), "ERANGE"
       end
       if n ~= 0 then
         local aok
@@ -463,7 +464,7 @@ function import_any(self, text, opts)
         local cok, aok
         cok, aok, msg, code = pcall(c.add_shard, c, s, n)  -- raises if resharded just now
         if not cok then
-          aok, msg, code = nil, fmt("counter '%s' was resharded during the import", p.name),
+          aok, msg, code = nil, fmt("counter '%s' was resharded during the import", printable(p.name)),
                            "EMISMATCH"
         end
         if not aok then

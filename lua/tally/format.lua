@@ -34,7 +34,7 @@ local _M = { _VERSION = core.version }
 -- ---- helpers -----------------------------------------------------------------
 
 local util = require "tally.util"
-local describe, argerror = util.describe, util.argerror
+local describe, argerror, printable = util.describe, util.argerror, util.printable
 
 -- int_text(v): the decimal text of an integer (or of a float with an
 -- exact integer value), or nil (tally.compat).
@@ -485,7 +485,7 @@ local function compile_mapping(mapping)
     end
     if (m.metric ~= nil or not hist) and #labels ~= g.nwild then
       return nil, fmt("%s.labels has %d name%s but '%s' has %d wildcard%s", what, #labels,
-                      #labels == 1 and "" or "s", m.pattern, g.nwild, g.nwild == 1 and "" or "s")
+                      #labels == 1 and "" or "s", printable(m.pattern), g.nwild, g.nwild == 1 and "" or "s")
     end
     local metric = m.metric and _M.metric_name(m.metric)
     local fam = metric and families[metric]
@@ -604,7 +604,7 @@ local function entry_series(e, name, caps)
   caps = caps or glob_captures(e.glob, name)
   if glob_ambiguous(e.glob, name) then     -- no labels rather than wrong ones
     return nil, "ambiguous", fmt("counter '%s' matches '%s' in more than one way, so "
-                                 .. "its label values are ambiguous", name, e.pattern)
+                                 .. "its label values are ambiguous", printable(name), printable(e.pattern))
   end
   local nc, plain = #caps, e.ordered
   for j = 1, nc do
@@ -663,7 +663,8 @@ function _M._histogram_series(c, name)
     if caps then
       if glob_ambiguous(e.glob, name) then
         return nil, "ambiguous", fmt("histogram '%s' matches '%s' in more than one way, so "
-                                     .. "its label values are ambiguous", name, e.pattern)
+                                     .. "its label values are ambiguous", printable(name),
+                                     printable(e.pattern))
       end
       local parts, keys = {}, {}
       for j = 1, #caps do
@@ -813,7 +814,8 @@ function _M._render_prometheus(samples, mapping, names, lenient, extra, tail, pa
       else
         local other = owner[key]
         if other then
-          local msg = fmt("counters '%s' and '%s' both map to the series %s", other, name, series)
+          local msg = fmt("counters '%s' and '%s' both map to the series %s", printable(other),
+                          printable(name), printable(series))
           if not lenient then return nil, msg, 0 end
           if not bad[key] then bad[key] = true; skip(other, "duplicate", msg) end
           skip(name, "duplicate", msg)

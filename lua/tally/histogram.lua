@@ -39,7 +39,7 @@ local fmt, find, match, byte = string.format, string.find, string.match, string.
 local floor, huge, abs = math.floor, math.huge, math.abs
 local tofloat = compat.tofloat
 local sort, concat = table.sort, table.concat
-local describe, argerror, check_self = util.describe, util.argerror, util.self
+local describe, argerror, check_self, printable = util.describe, util.argerror, util.self, util.printable
 local core_observe = core.histogram_observe
 
 local _M = {}
@@ -277,7 +277,7 @@ function H:snapshot()
   local names = {}
   for n in pairs(snap) do names[#names + 1] = n end
   local h = _M.group(names)[self.name]
-  if not h then return nil, "histogram '" .. self.name .. "' was dropped", "ENOENT" end
+  if not h then return nil, "histogram '" .. printable(self.name) .. "' was dropped", "ENOENT" end
   return _M.read(snap, h)
 end
 
@@ -432,14 +432,14 @@ local function histogram(db, name, opts)
     local fb, fu = fam.histogram.buckets, fam.histogram.unit
     if bounds and bounds_text(bounds) ~= bounds_text(fb) then
       argerror(2, "histogram", fmt("buckets %s differ from those of family '%s' (%s)",
-                                   bounds_text(bounds), fam.pattern, bounds_text(fb)), 2)
+                                   bounds_text(bounds), printable(fam.pattern), bounds_text(fb)), 2)
     end
     if unit_given and num_text(unit) ~= num_text(fu) then
       argerror(2, "histogram", fmt("unit %s differs from that of family '%s' (%s)",
-                                   num_text(unit), fam.pattern, num_text(fu)), 2)
+                                   num_text(unit), printable(fam.pattern), num_text(fu)), 2)
     end
     bounds, unit, unit_given = fb, fu, true
-    whose = " (family '" .. fam.pattern .. "')"
+    whose = " (family '" .. printable(fam.pattern) .. "')"
   end
   -- the members asked for (the defaults when not given): a store that
   -- holds none of them, or this very set (the mark its first writer left
@@ -464,12 +464,12 @@ local function histogram(db, name, opts)
     if bounds then
       local got = list_text(have.les)
       if bounds_text(bounds) ~= got then
-        return nil, fmt("histogram '%s' exists with buckets %s, not %s%s", name, got,
+        return nil, fmt("histogram '%s' exists with buckets %s, not %s%s", printable(name), got,
                         bounds_text(bounds), whose), "EEXIST"
       end
     end
     if unit_given and num_text(unit) ~= have.unit_text then
-      return nil, fmt("histogram '%s' exists with unit %s, not %s%s", name, have.unit_text,
+      return nil, fmt("histogram '%s' exists with unit %s, not %s%s", printable(name), have.unit_text,
                       num_text(unit), whose), "EEXIST"
     end
     les, unit, unit_text = have.les, have.unit, have.unit_text
@@ -480,7 +480,7 @@ local function histogram(db, name, opts)
       if #e[3] > longest then longest = #e[3] end
     end
     argerror(1, "histogram", fmt("name too long: its member '%s' would be %d bytes (at most %d)",
-                                 #les[1][3] >= longest and les[1][3] or sum_name(name, unit_text),
+                                 printable(#les[1][3] >= longest and les[1][3] or sum_name(name, unit_text)),
                                  longest, core.NAME_MAX), 2)
   end
   -- the names asked about are the members unless the stored set decided

@@ -21,6 +21,7 @@ compat.install(core)
 
 local argerror = require("tally.util").argerror
 local typename = require("tally.util").typename
+local printable = require("tally.util").printable
 
 local _M = { _VERSION = core.version }
 
@@ -76,7 +77,7 @@ function store:top(pattern, n, by)
   end
   by = by or "value"
   if by ~= "value" and by ~= "rate" then
-    argerror(3, "top", "\"value\" or \"rate\" expected, got " .. tostring(by), 2)
+    argerror(3, "top", "\"value\" or \"rate\" expected, got " .. printable(tostring(by)), 2)
   end
   local rows = {}
   local names, msg, code = self:names(pattern)

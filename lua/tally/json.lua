@@ -26,7 +26,8 @@ local byte, char, find, fmt, gsub, sub = string.byte, string.char, string.find,
 local concat, sort = table.concat, table.sort
 local setmetatable, error = setmetatable, error
 local compat = require "tally.compat"
-local utf8len, int_text = compat.utf8len, compat.int_text
+local utf8len, utf8_escape, int_text = compat.utf8len, compat.utf8_escape, compat.int_text
+local printable = require("tally.util").printable
 
 local _M = {}
 
@@ -34,26 +35,6 @@ local _M = {}
 
 local JESC = { ['"'] = '\\"', ["\\"] = "\\\\", ["\n"] = "\\n", ["\r"] = "\\r", ["\t"] = "\\t" }
 local function jesc(c) return JESC[c] or fmt("\\u%04x", byte(c)) end
-
--- s with each byte outside a valid UTF-8 sequence as \udcXX. A sequence's
--- first byte says its length; utf8len checks the rest (strict, as Lua 5.4).
-local function surrogate_escape(s)
-  local out, n, i = {}, 0, 1
-  while true do
-    local j = find(s, "[\128-\255]", i)
-    if not j then break end
-    local c = byte(s, j)
-    local len = c >= 0xF0 and 4 or c >= 0xE0 and 3 or 2
-    n = n + 1
-    if utf8len(sub(s, j, j + len - 1)) == 1 then
-      out[n], i = sub(s, i, j + len - 1), j + len
-    else
-      out[n], i = sub(s, i, j - 1) .. fmt("\\udc%02x", c), j + 1
-    end
-  end
-  out[n + 1] = sub(s, i)
-  return concat(out)
-end
 
 -- `"`, `\` and control bytes escaped; every other byte as it is
 local function escaped(s)
@@ -64,7 +45,9 @@ end
 -- are not UTF-8 as \udcXX, every other byte as it is.
 function _M.quote(s)
   s = escaped(s)
-  if find(s, "[\128-\255]") and not utf8len(s) then s = surrogate_escape(s) end
+  if find(s, "[\128-\255]") and not utf8len(s) then
+    s = utf8_escape(s, "[\128-\255]", "\\udc%02x")
+  end
   return '"' .. s .. '"'
 end
 
@@ -118,7 +101,7 @@ local function put(v, out, n, depth)
       for k in pairs(v) do
         local text = type(k) == "string" and k or type(k) == "number" and format.json_number(k)
         if not text then return nil, "cannot write a " .. type(k) .. " key as JSON" end
-        if by[text] ~= nil then return nil, "key '" .. text .. "' is given twice" end
+        if by[text] ~= nil then return nil, "key '" .. printable(text) .. "' is given twice" end
         keys[#keys + 1], by[text] = text, k
       end
       sort(keys)
@@ -278,13 +261,14 @@ local function twice(text, marked)
 end
 
 -- "k" or ["k"] after the first, by whether k is a name; [] for an array.
+-- For messages: the keys through tally.util.printable.
 local function path_text(path)
   local out = { path[1] or "[]" }
   for i = 2, #path do
     local k = path[i]
     out[i] = not k and "[]" or find(k, "^[%a_][%w_]*$") and "." .. k or fmt('["%s"]', k)
   end
-  return concat(out)
+  return printable(concat(out))
 end
 _M.path_text = path_text
 

@@ -38,7 +38,7 @@ local fmt, sub, find = string.format, string.sub, string.find
 
 local ngx = ngx  -- nil outside nginx: init_worker says so
 
-local argerror = require("tally.util").argerror
+local argerror, printable = require("tally.util").argerror, require("tally.util").printable
 
 local _M = { _VERSION = tally.version }
 
@@ -105,14 +105,14 @@ local function check_opts(opts)
                   on_tick = true, flush_on_exit = true }
   for k in pairs(opts) do
     if not known[k] then
-      argerror(1, "init_worker", "unknown option '" .. tostring(k)
+      argerror(1, "init_worker", "unknown option '" .. printable(tostring(k))
                .. "'; expected store, open, families, rollups, tick, on_tick, flush_on_exit", 3)
     end
   end
   local spec = opts.store
   if type(spec) ~= "string" or sub(spec, 1, 5) ~= "file:" or #spec == 5 then
     argerror(1, "init_worker", "store must be \"file:PATH\", got "
-             .. (type(spec) == "string" and "'" .. spec .. "'" or type(spec))
+             .. (type(spec) == "string" and "'" .. printable(spec) .. "'" or type(spec))
              .. "; a memory store would be private to each worker", 3)
   end
   for _, k in ipairs({ "open", "families", "rollups" }) do
@@ -123,14 +123,14 @@ local function check_opts(opts)
   local t = opts.tick
   if t ~= nil and t ~= false and (type(t) ~= "number" or t ~= t or t < 0.001 or t > 3600) then
     argerror(1, "init_worker", "tick must be seconds from 0.001 to 3600, or false, got "
-          .. tostring(t), 3)
+          .. printable(tostring(t)), 3)
   end
   if opts.on_tick ~= nil and type(opts.on_tick) ~= "function" then
     argerror(1, "init_worker", "on_tick must be a function, got " .. type(opts.on_tick), 3)
   end
   local f = opts.flush_on_exit
   if f ~= nil and (type(f) ~= "number" or f ~= f or f < 0) then
-    argerror(1, "init_worker", "flush_on_exit must be seconds >= 0, got " .. tostring(f), 3)
+    argerror(1, "init_worker", "flush_on_exit must be seconds >= 0, got " .. printable(tostring(f)), 3)
   end
 end
 
@@ -154,12 +154,12 @@ function _M.tick()
     if r.status == "error" and r.upkeep then
       log(ngx and ngx.ERR, "upkeep (expiry, space reuse) failed: ", tostring(r.error))
     elseif r.status == "error" then
-      log(ngx and ngx.ERR, "rollup '", r.pattern, "' every ", r.every, "s failed: ", tostring(r.error))
+      log(ngx and ngx.ERR, "rollup '", printable(r.pattern), "' every ", r.every, "s failed: ", tostring(r.error))
     elseif r.status == "lost" then
-      log(ngx and ngx.WARN, "rollup '", r.pattern, "' every ", r.every, "s: lost the lease in period ",
+      log(ngx and ngx.WARN, "rollup '", printable(r.pattern), "' every ", r.every, "s: lost the lease in period ",
           tostring(r.period), " (this worker stalled; another finishes the period)")
     elseif r.status == "ran" then
-      log(ngx and ngx.INFO, "rolled up '", r.pattern, "' every ", r.every, "s, period ",
+      log(ngx and ngx.INFO, "rolled up '", printable(r.pattern), "' every ", r.every, "s, period ",
           tostring(r.period), ": ", tostring(r.counters), " counters")
     end
   end
@@ -177,7 +177,7 @@ function _M.tick()
           sink_seen[sk] = seen
         end
         local f, d, sent = ss.failures or 0, ss.dropped or 0, ss.sent or 0
-        local what = fmt("sink #%d of rollup '%s' every %ss", i, sch.pattern, tostring(sch.every))
+        local what = fmt("sink #%d of rollup '%s' every %ss", i, printable(sch.pattern), tostring(sch.every))
         if f > seen.failures or d > seen.dropped then
           if not seen.at or now - seen.at >= SINK_LOG_EVERY then
             log(ngx and ngx.ERR, what, ": ", tostring(ss.last_error), " (", f, " failures, ", d,
@@ -217,7 +217,7 @@ local function flush_histograms(exiting)
       else
         ok, msg = h:flush()
       end
-      if not ok then log(ngx.WARN, "histogram '", name, "': flush failed: ", tostring(msg)) end
+      if not ok then log(ngx.WARN, "histogram '", printable(name), "': flush failed: ", tostring(msg)) end
     end
   end
 end
@@ -300,7 +300,7 @@ function _M.init_worker(opts)
   st.store = spec
   local db, msg, code = tally.open(spec, opts.open)
   if not db then
-    st.reason = fmt("cannot open %s: %s", spec, tostring(msg))
+    st.reason = fmt("cannot open %s: %s", printable(spec), tostring(msg))
     if find(tostring(msg), "ermission denied", 1, true) then
       st.reason = st.reason .. " (workers run as the user of nginx's `user` directive,"
                   .. " nobody by default when started as root: that user must be able to"
@@ -315,11 +315,11 @@ function _M.init_worker(opts)
     local ok, fok, fmsg = pcall(db.family, db, pattern, fopts)
     if not ok then      -- misuse: say which entry
       db:close()
-      error(fmt("tally.openresty.init_worker: families entry #%d ('%s'): %s", i, pattern,
+      error(fmt("tally.openresty.init_worker: families entry #%d ('%s'): %s", i, printable(pattern),
                 tostring(fok)), 2)
     end
     if not fok then
-      st.reason = fmt("family '%s' on %s: %s", pattern, spec, tostring(fmsg))
+      st.reason = fmt("family '%s' on %s: %s", printable(pattern), printable(spec), tostring(fmsg))
       log(ngx.ERR, st.reason, "; counting is off in this worker")
       db:close()
       return nil, st.reason
@@ -331,7 +331,7 @@ function _M.init_worker(opts)
     local ok, err = pcall(db.rollup, db, pattern, ropts)
     if not ok then
       db:close()
-      error(fmt("tally.openresty.init_worker: rollups entry #%d ('%s'): %s", i, pattern,
+      error(fmt("tally.openresty.init_worker: rollups entry #%d ('%s'): %s", i, printable(pattern),
                 tostring(err)), 2)
     end
   end
@@ -403,7 +403,7 @@ function _M.histogram(name, opts)
   local msg, code
   h, msg, code = db:histogram(name, opts)
   if not h then
-    msg = "tally.openresty: histogram '" .. tostring(name) .. "': " .. tostring(msg)
+    msg = "tally.openresty: histogram '" .. printable(tostring(name)) .. "': " .. tostring(msg)
     if not hist_failed[name] then
       hist_failed[name] = true
       log(ngx and ngx.ERR, msg)

@@ -24,7 +24,7 @@ local find, gsub, fmt = string.find, string.gsub, string.format
 local compat = require "tally.compat"
 local mtype, pack, unpack, utf8len, tofloat = compat.mtype, compat.pack, compat.unpack,
       compat.utf8len, compat.tofloat
-local describe = require("tally.util").describe
+local describe, printable = require("tally.util").describe, require("tally.util").printable
 local check_self = require("tally.util").self
 
 local argerror = require("tally.util").argerror
@@ -96,7 +96,7 @@ local function collision(db, pattern, metric, kind)
   for _, e in ipairs(registry[db] or {}) do
     if e.pattern ~= pattern and e.metric then
       if e.metric == metric and e.type ~= kind then
-        return fmt("metric '%s' is a %s (family '%s'), not a %s", metric, e.type, e.pattern, kind)
+        return fmt("metric '%s' is a %s (family '%s'), not a %s", metric, e.type, printable(e.pattern), kind)
       end
       -- each way round: both may be histograms
       local checks = {}
@@ -107,8 +107,8 @@ local function collision(db, pattern, metric, kind)
         local b, s, c = hist_series(hist)
         if other == b or other == s or other == c then
           return fmt("metric '%s' (family '%s') would collide with the series of histogram "
-                     .. "metric '%s' (%s, %s, %s)", other, other == metric and pattern
-                     or e.pattern, hist, b, s, c)
+                     .. "metric '%s' (%s, %s, %s)", other,
+                     printable(other == metric and pattern or e.pattern), hist, b, s, c)
         end
       end
     end
@@ -125,7 +125,7 @@ local function check_histogram(pattern, opts)
   if not unit then return nil, msg end
   if find(pattern, "[{}]") then
     return nil, "a histogram family's pattern holds no { or } (its histograms' names cannot), "
-                .. "got '" .. pattern .. "'"
+                .. "got '" .. printable(pattern) .. "'"
   end
   local copy = {}
   for i, x in ipairs(bounds or histogram.DEFAULT_BUCKETS) do copy[i] = x end
@@ -187,7 +187,7 @@ local function check_mapping(db, pattern, opts)
   end
   if #copy ~= nwild then
     return nil, fmt("labels must name the %d wildcard%s of '%s' in order, got %d name%s",
-                    nwild, nwild == 1 and "" or "s", pattern, #copy, #copy == 1 and "" or "s")
+                    nwild, nwild == 1 and "" or "s", printable(pattern), #copy, #copy == 1 and "" or "s")
   end
   if kind == nil then kind = "gauge" end
   if not hist and not format.TYPES[kind] then
@@ -380,16 +380,17 @@ histograms_text = function(db, hs, c)
       skip(base, labels, key)
     elseif taken[m] or taken[m .. "_bucket"] or taken[m .. "_sum"] or taken[m .. "_count"] then
       skip(base, "duplicate", fmt("histogram '%s' maps to the metric %s, which another family "
-                                  .. "has (or one of its series)", base, m))
+                                  .. "has (or one of its series)", printable(base), m))
     else
       local snap, msg = all, all_msg
       if one[base] then snap, msg = one[base][1], one[base][2] end
       if not snap then
-        skip(base, "unreadable", "histogram '" .. base .. "': " .. tostring(msg))
+        skip(base, "unreadable", "histogram '" .. printable(base) .. "': " .. tostring(msg))
       else
         local other = owner[key]
         if other then
-          local why = fmt("histograms '%s' and '%s' both map to the series %s", other, base, key)
+          local why = fmt("histograms '%s' and '%s' both map to the series %s", printable(other),
+                          printable(base), printable(key))
           if not bad[key] then bad[key] = true; skip(other, "duplicate", why) end
           skip(base, "duplicate", why)
         end
@@ -408,7 +409,7 @@ histograms_text = function(db, hs, c)
     for _, series in ipairs({ hist_series(m) }) do
       if hmetric[series] then
         local why = fmt("histogram '%s' maps to the metric %s, one of the series of "
-                        .. "histogram '%s' (metric %s)", hmetric[series], series, base, m)
+                        .. "histogram '%s' (metric %s)", printable(hmetric[series]), series, printable(base), m)
         clash[m], clash[series] = why, why
       end
     end
@@ -475,7 +476,7 @@ function _M.prometheus(db, pattern, opts)
     end
     for k in pairs(opts) do
       if k ~= "pause" then
-        argerror(3, "prometheus", "unknown option " .. tostring(k) .. "; expected pause", 2)
+        argerror(3, "prometheus", "unknown option " .. printable(tostring(k)) .. "; expected pause", 2)
       end
     end
     pause = opts.pause
@@ -504,7 +505,7 @@ function _M.prometheus(db, pattern, opts)
       for _, s in ipairs(c and c:shards() or {}) do v = v + tofloat(s) end
     elseif v == nil and code ~= "ENOENT" then   -- ENOENT: dropped meanwhile
       skips.unreadable = (skips.unreadable or 0) + 1
-      log_once(name, "unreadable", "counter '" .. name .. "': " .. tostring(msg))
+      log_once(name, "unreadable", "counter '" .. printable(name) .. "': " .. tostring(msg))
     end
     values[name] = v
   end

@@ -33,7 +33,7 @@
 --                                   handle for the life of the process
 
 local core = require "tally.core"
-local argerror = require("tally.util").argerror
+local argerror, printable = require("tally.util").argerror, require("tally.util").printable
 local compat = require "tally.compat"
 local tointeger, sub = compat.tointeger, compat.sub
 
@@ -105,7 +105,8 @@ function _M.check_counter_opts(kind, opts, fname, narg)
     if k == "shards" then
       local s = tointeger(v)
       if type(s) ~= "number" or s < 1 or s > core.MAX_SHARDS then
-        argerror(narg, fname, fmt("shards must be an integer from 1 to %d, got %s", core.MAX_SHARDS, tostring(v)), 3)
+        argerror(narg, fname, fmt("shards must be an integer from 1 to %d, got %s", core.MAX_SHARDS,
+                                  printable(tostring(v))), 3)
       end
       shards = s
     elseif k == "policy" then
@@ -113,13 +114,14 @@ function _M.check_counter_opts(kind, opts, fname, narg)
         argerror(narg, fname, "function policies are not supported by the " .. kind .. " store", 3)
       end
       if not POLICIES[v] then
-        argerror(narg, fname, fmt("policy must be thread, random, round_robin or key, got %s", tostring(v)), 3)
+        argerror(narg, fname, fmt("policy must be thread, random, round_robin or key, got %s",
+                                  printable(tostring(v))), 3)
       end
       policy = v
     elseif k == "create" and fname == "counter" then
       create = v ~= false
     else
-      argerror(narg, fname, fmt("unknown option '%s'%s", tostring(k),
+      argerror(narg, fname, fmt("unknown option '%s'%s", printable(tostring(k)),
                 fname == "family" and "; the " .. kind .. " store takes shards and policy" or ""), 3)
     end
   end
@@ -238,7 +240,7 @@ function _M.pick_shard(c, key)
   end
   if p == "key" then
     if key == nil then
-      error(fmt("counter '%s' has the key policy: pass a key to incr", c.nm), 3)
+      error(fmt("counter '%s' has the key policy: pass a key to incr", printable(c.nm)), 3)
     end
     if type(key) ~= "string" and type(key) ~= "number" then
       argerror(2, "incr", "string expected, got " .. type(key), 3)
@@ -282,7 +284,7 @@ function _M.default_writer(db)
     local id = f:read("*l")
     f:close()
     if id and id:match("^[%w%-_.:]+$") and #id <= 128 then return id end
-    error(fmt("bad writer id file %s (delete it only if this store never flushed)", idfile), 3)
+    error(fmt("bad writer id file %s (delete it only if this store never flushed)", printable(idfile)), 3)
   end
   local id = "file-" .. random_id()
   local tmp = idfile .. ".tmp" .. random_id()

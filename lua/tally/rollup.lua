@@ -19,7 +19,7 @@ local tointeger, idiv = compat.tointeger, compat.idiv
 local fmt = string.format
 
 local argerror = require("tally.util").argerror
-local describe = require("tally.util").describe
+local describe, printable = require("tally.util").describe, require("tally.util").printable
 
 local _M = {}
 
@@ -48,7 +48,7 @@ function _M.parse_keep(spec, level)
   end
   local n, k, unit = spec:match("^(%d+)x(%d+)(%a+)$")
   if not n then
-    error(fmt("bad keep entry '%s' (expected COUNTxWIDTHUNIT, e.g. '60x1s', '24x1h')", spec), level)
+    error(fmt("bad keep entry '%s' (expected COUNTxWIDTHUNIT, e.g. '60x1s', '24x1h')", printable(spec)), level)
   end
   local mult = UNITS[unit]
   if not mult then
@@ -76,7 +76,7 @@ local function parse_res(res)
   end
   if r and r >= 1 and r <= RING_RES_MAX then return r end
   argerror(1, "history", fmt("resolution like '1m' or seconds expected, got %s",
-            type(res) == "string" and "'" .. res .. "'" or tostring(res)), 3)
+            type(res) == "string" and "'" .. printable(res) .. "'" or tostring(res)), 3)
 end
 
 local function clock_of(db)
@@ -85,7 +85,7 @@ local function clock_of(db)
   if fn then
     local t = fn()
     if type(t) ~= "number" or t ~= t or t < 0 then
-      error("the store's clock returned " .. tostring(t) .. " (seconds since the epoch expected)", 3)
+      error("the store's clock returned " .. printable(tostring(t)) .. " (seconds since the epoch expected)", 3)
     end
     return t
   end
@@ -130,13 +130,13 @@ local function rollup(db, pattern, opts)
   end
   for k in pairs(opts) do
     if not OPTIONS[k] then
-      argerror(2, "rollup", "unknown option '" .. tostring(k) .. "'; expected every, keep, sinks", 2)
+      argerror(2, "rollup", "unknown option '" .. printable(tostring(k)) .. "'; expected every, keep, sinks", 2)
     end
   end
   local every = opts.every
   if type(every) ~= "number" or every ~= every or every <= 0 then
     argerror(2, "rollup", "every must be a positive number of seconds, got "
-          .. tostring(every), 2)
+          .. printable(tostring(every)), 2)
   end
   if every < 0.001 or every > RING_RES_MAX then
     argerror(2, "rollup", "every must be from 0.001 s to 366 days, got "
@@ -175,7 +175,7 @@ local function rollup(db, pattern, opts)
   for _, other in ipairs(state_of(db).schedules) do
     if other.pattern == pattern and math.floor(other.every * 1000 + 0.5) == ms then
       argerror(2, "rollup", fmt("a schedule for '%s' every %g s already "
-                .. "exists on this store handle; give it all the keep and sinks", pattern, every), 2)
+                .. "exists on this store handle; give it all the keep and sinks", printable(pattern), every), 2)
     end
   end
   local ok, handle = pcall(core.schedule, db, pattern, every, rings)
@@ -220,7 +220,7 @@ local function tick(db, now)
   local given = now ~= nil
   if not given then now = clock_of(db) end
   if type(now) ~= "number" or now ~= now or now < 0 or now >= 9.2e15 then
-    local got = "time in seconds (0 to 9.2e15) expected, got " .. tostring(now)
+    local got = "time in seconds (0 to 9.2e15) expected, got " .. printable(tostring(now))
     if given then argerror(1, "tick", got, 2) end
     error("db:tick: the store's clock (db:clock) gave no " .. got:gsub(" expected, got", ":"), 2)
   end
@@ -297,7 +297,7 @@ end
 local function run(db, seconds, on_tick)
   check_self(db, "tally.store", "run")
   if type(seconds) ~= "number" or seconds ~= seconds or seconds < 0 then
-    argerror(1, "run", "seconds expected, got " .. tostring(seconds), 2)
+    argerror(1, "run", "seconds expected, got " .. printable(tostring(seconds)), 2)
   end
   if on_tick ~= nil and type(on_tick) ~= "function" then
     argerror(2, "run", "function expected, got " .. type(on_tick), 2)
@@ -324,7 +324,7 @@ local function flush(db, timeout)
   timeout = timeout or 5
   if type(timeout) ~= "number" or not (timeout >= 0) then     -- NaN too
     argerror(1, "flush", "seconds expected, got "
-             .. (timeout ~= timeout and "nan" or tostring(timeout)), 2)
+             .. (timeout ~= timeout and "nan" or printable(tostring(timeout))), 2)
   end
   local st = state[db]
   if not st then return true end
@@ -396,10 +396,10 @@ local function value_opts(c, opts)
   local max_age, now = opts.max_age, opts.now
   if type(max_age) ~= "number" or max_age ~= max_age or max_age < 0 then
     argerror(1, "value", "max_age must be a number of seconds >= 0, got "
-          .. tostring(max_age), 2)
+          .. printable(tostring(max_age)), 2)
   end
   if now ~= nil and (type(now) ~= "number" or now ~= now) then
-    argerror(1, "value", "now must be a time in seconds, got " .. tostring(now), 2)
+    argerror(1, "value", "now must be a time in seconds, got " .. printable(tostring(now)), 2)
   end
   local r = c:rolled()
   if r then

@@ -30,7 +30,7 @@ local concat = table.concat
 local fmt = string.format
 
 local argerror = require("tally.util").argerror
-local describe = require("tally.util").describe
+local describe, printable = require("tally.util").describe, require("tally.util").printable
 
 local _M = {}
 
@@ -46,7 +46,7 @@ local function check_opts(opts, allowed, what, level)
       for n in pairs(allowed) do names[#names + 1] = n end
       table.sort(names)
       argerror(1, what, fmt("unknown option '%s'; expected %s",
-                tostring(k), concat(names, ", ")), level + 1)
+                printable(tostring(k)), concat(names, ", ")), level + 1)
     end
   end
 end
@@ -56,7 +56,7 @@ local function check_count(v, name, what, default, level)
   local n = tointeger(v)
   if not n or n < 1 then
     argerror(1, what, fmt("%s must be a positive integer, got %s", name,
-              tostring(v)), level + 1)
+              printable(tostring(v))), level + 1)
   end
   return n
 end
@@ -286,11 +286,11 @@ function _M.http(opts)
   local fmt_name = opts.format or "json"
   if not CONTENT_TYPE[fmt_name] then
     argerror(1, "http", "format must be json, prometheus or influx, got "
-          .. tostring(fmt_name), 2)
+          .. printable(tostring(fmt_name)), 2)
   end
   if type(opts.url) ~= "string" or not opts.url:match("^https?://.") then
     argerror(1, "http", "url must be an http:// or https:// URL, got "
-          .. tostring(opts.url), 2)
+          .. printable(tostring(opts.url)), 2)
   end
   local batch = check_count(opts.batch, "batch", "http", 1000, 2)
   local headers = { "Content-Type: " .. CONTENT_TYPE[fmt_name] }
@@ -314,12 +314,12 @@ function _M.http(opts)
     local url_precision = opts.url:match("[?&]precision=([^&#]*)")
     if url_precision == "" then url_precision = nil end   -- InfluxDB: ns
     if precision ~= nil and not url_precision then
-      argerror(1, "http", "the url must carry precision=" .. tostring(precision)
+      argerror(1, "http", "the url must carry precision=" .. printable(tostring(precision))
                .. " too, so InfluxDB reads the timestamps as sent", 2)
     end
     if precision ~= nil and SAME_UNIT[precision] ~= SAME_UNIT[url_precision] then
       argerror(1, "http", "precision " .. describe(precision) .. " but the url has precision="
-               .. url_precision .. ": InfluxDB would read the timestamps in the url's", 2)
+               .. printable(url_precision) .. ": InfluxDB would read the timestamps in the url's", 2)
     end
     precision = precision or url_precision or "ns"
     -- what format.influx refuses (a measurement, a precision), refused now:

@@ -13,10 +13,18 @@
 --   util.typename(v)             T: a metatable's __name (tally.store,
 --                                tally.counter, tally.sink, ...) or type(v)
 --   util.describe(v)             a value for messages: 'str', 12, nil, table
+--   util.printable(s)            s for a message: control bytes (below 0x20,
+--                                and 0x7f) and bytes outside a valid UTF-8
+--                                sequence as \xNN, valid UTF-8 as it is.
+--                                The C side's rule (src/core/error.c): a
+--                                name is any bytes but NUL, and one with a
+--                                newline or ESC in a message would forge a
+--                                log line or drive the terminal
 
 local type, getmetatable, error, tostring = type, getmetatable, error, tostring
 local getinfo = debug.getinfo
-local int_text = require("tally.compat").int_text
+local compat = require "tally.compat"
+local int_text, utf8_escape = compat.int_text, compat.utf8_escape
 
 local _M = {}
 
@@ -24,9 +32,18 @@ function _M.argerror(n, fname, msg, level)
   error("bad argument #" .. n .. " to '" .. fname .. "' (" .. msg .. ")", (level or 2) + 1)
 end
 
+-- the bytes to look at: control bytes, DEL, and those of sequences that
+-- may be UTF-8 (kept when they are); a NUL, which ends a C message, is
+-- written \x00 here
+local UNPRINTABLE = "[%z\1-\31\127-\255]"
+local function printable(s)
+  return utf8_escape(s, UNPRINTABLE, "\\x%02x")
+end
+_M.printable = printable
+
 -- A short description of a value for messages, like the C side's: 'str', 12.
 function _M.describe(v)
-  if type(v) == "string" then return "'" .. v .. "'" end
+  if type(v) == "string" then return "'" .. printable(v) .. "'" end
   if type(v) == "cdata" and int_text(v) then return int_text(v) end  -- LuaJIT int64
   if type(v) == "number" or type(v) == "boolean" then return tostring(v) end
   if v == nil then return "nil" end

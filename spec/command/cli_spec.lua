@@ -372,6 +372,13 @@ describe("tally inspection commands", function()
     assert.equal(1, code)
     assert.equal("", out)
     assert.equal("tally get: no such counter 'nope'\n", err)
+    -- a name's control bytes and bytes that are not UTF-8 as \xNN, UTF-8 as it is
+    out, err = run("get", path, "a\nb\27[1m\255")
+    assert.equal("", out)
+    assert.equal("tally get: no such counter 'a\\x0ab\\x1b[1m\\xff'\n", err)
+    out, err = run("ls", path, "caf\195\169*")
+    assert.equal("", out)
+    assert.equal("tally ls: no counter matches 'caf\195\169*'\n", err)
   end)
 
   it("ls, get and their messages write a name's control bytes as \\xNN, never to the terminal", function()

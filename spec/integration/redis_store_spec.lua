@@ -99,6 +99,26 @@ describe("the redis store", function()
     db:close()
   end))
 
+  it("writes a name's control bytes and bytes that are not UTF-8 as \\xNN in messages", both(function(uri)
+    local db = assert(tally.open(uri))
+    local name = fresh("a\nb\27[1m\255")
+    local odd = name:gsub("\n", "\\x0a"):gsub("\27", "\\x1b"):gsub("\255", "\\xff")
+    db:counter(name, { shards = 2, policy = "key" })
+    assert.equal(("counter '%s' exists with 2 shards and policy key (asked for 4 shards)"):format(odd),
+      helper.err(db.counter, db, name, { shards = 4 }))
+    assert.equal(("counter '%s' has the key policy: pass a key to incr"):format(odd),
+      helper.err(db.incr, db, name))
+    local _, msg = db:counter(name .. "\n", { create = false })
+    assert.equal(("no such counter '%s\\x0a'"):format(odd), msg)
+    local cafe = fresh("caf\195\169")
+    db:counter(cafe, { shards = 2 })
+    assert.equal(("counter '%s' exists with 2 shards and policy thread (asked for 4 shards)"):format(cafe),
+      helper.err(db.counter, db, cafe, { shards = 4 }))
+    db:drop(name)
+    db:drop(cafe)
+    db:close()
+  end))
+
   it("shards keys like the C core's key policy", function()
     local db = assert(tally.open(srv.uri))
     local mem = tally.open("memory")

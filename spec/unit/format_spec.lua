@@ -138,7 +138,7 @@ describe("tally.format", function()
     end)
 
     it("raises on what line protocol cannot carry, and on bad options", function()
-      assert.equal("bad argument #1 to 'influx' (records[1].name 'a\nb' has a newline, which line protocol cannot carry in a tag)",
+      assert.equal("bad argument #1 to 'influx' (records[1].name 'a\\x0ab' has a newline, which line protocol cannot carry in a tag)",
                    err(format.influx, { { name = "a\nb", value = 1 } }))
       assert.equal("bad argument #1 to 'influx' (records[1].name 'a\\' ends in a backslash, which line protocol cannot carry in a tag)",
                    err(format.influx, { { name = "a\\", value = 1 } }))

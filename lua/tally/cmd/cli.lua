@@ -245,6 +245,7 @@ _M.help_text = help_text
 -- ---- failing ------------------------------------------------------------------
 
 local common = require "tally.cmd.common"
+local printable = require("tally.util").printable
 local Fail, fail = common.Fail, common.fail
 local printable = common.printable
 _M.fail = fail
@@ -290,7 +291,7 @@ local function parse(args, spec)
         end
         o[name] = val
       else
-        usage_error("unknown option '" .. a .. "'")
+        usage_error("unknown option '" .. printable(a) .. "'")
       end
     end
     i = i + 1
@@ -299,7 +300,7 @@ local function parse(args, spec)
   if #pos < (spec.min or 0) then
     usage_error(spec.min == 1 and "a store is needed" or "missing " .. spec.missing)
   end
-  if spec.max and #pos > spec.max then usage_error("unexpected argument '" .. pos[spec.max + 1] .. "'") end
+  if spec.max and #pos > spec.max then usage_error("unexpected argument '" .. printable(pos[spec.max + 1]) .. "'") end
   return o, pos
 end
 
@@ -342,7 +343,7 @@ function _M.open_store(uri, opts)
     if f then
       f:close()
     elseif code == 2 then
-      return nil, fmt("no store at %s (no such file%s)", shown(path),
+      return nil, fmt("no store at %s (no such file%s)", printable(shown(path)),
                       opts.create == false and "; --create makes one" or "")
     end
   end
@@ -585,7 +586,7 @@ function cmd.ls(args)
     rows = {}
   end
   if #names == 0 then
-    if pos[2] then io.stderr:write("tally ls: no counter matches '", pos[2], "'\n")
+    if pos[2] then io.stderr:write("tally ls: no counter matches '", printable(pos[2]), "'\n")
     else io.stderr:write("tally ls: the store has no counters\n") end
     return 0
   end
@@ -657,7 +658,7 @@ function cmd.incr(args)
     n = pos[3]:find("^[+-]?%d+$") and tonumber(pos[3])
     if mtype(n) ~= "integer" then
       usage_error("n must be an integer from " .. fmt("%d", math.mininteger) .. " to "
-                  .. fmt("%d", math.maxinteger) .. ", got '" .. pos[3] .. "'")
+                  .. fmt("%d", math.maxinteger) .. ", got '" .. printable(pos[3]) .. "'")
     end
   end
   -- a store --create would make is empty: an n no shard can hold fails
@@ -667,7 +668,7 @@ function cmd.incr(args)
     local f = io.open(pos[1]:match("^file:(.*)$") or pos[1], "rb")
     if f then f:close() else
       fail(fmt("counter '%s': adding %d would overflow a shard (shards hold -2^62 to 2^62-1)",
-               pos[2], n))
+               printable(pos[2]), n))
     end
   end
   local db = open(pos[1], o.create or false)
@@ -701,7 +702,7 @@ local function max_import()
   if v == nil or v == "" then return MAX_IMPORT, "4 GiB" end
   local n = v:match("^%d+$") and tonumber(v)
   if not n or n < 1 then
-    fail("TALLY_IMPORT_MAX_BYTES must be a count of bytes, got '" .. v .. "'", 2)
+    fail("TALLY_IMPORT_MAX_BYTES must be a count of bytes, got '" .. printable(v) .. "'", 2)
   end
   return n, fmt("%d bytes", n)
 end
@@ -714,7 +715,7 @@ function cmd.import(args)
   local file = pos[2]
   local f, err
   if file == "-" then f = io.stdin else f, err = io.open(file, "rb") end
-  if not f then fail("cannot read " .. tostring(err)) end
+  if not f then fail("cannot read " .. printable(tostring(err))) end   -- (the path is in err)
   local limit, limit_text = max_import()
   local size = file ~= "-" and f:seek("end") or nil
   if size then f:seek("set") end
@@ -730,7 +731,7 @@ function cmd.import(args)
     while true do
       local s, rerr = f:read(BIG)
       if not s then
-        if rerr then fail((file == "-" and "stdin" or file) .. ": " .. tostring(rerr)) end
+        if rerr then fail((file == "-" and "stdin" or printable(file)) .. ": " .. tostring(rerr)) end
         break                                     -- the end of the file
       end
       if got == 0 then   -- an export is a JSON object: say so before reading on
@@ -738,7 +739,7 @@ function cmd.import(args)
         local b = s:byte(first)
         if b and b ~= 123 then
           fail(fmt("%s is not a tally export: it must be a JSON object ('{' first), not %s",
-                   file == "-" and "stdin" or file,
+                   file == "-" and "stdin" or printable(file),
                    b >= 32 and b < 127 and fmt("'%s'", s:sub(first, first))
                      or fmt("byte 0x%02x", b)))
         end
@@ -748,7 +749,7 @@ function cmd.import(args)
       if got > limit then
         fail(fmt("%s is larger than %s, the most tally import reads (TALLY_IMPORT_MAX_BYTES): "
                  .. "export and import the store in parts (tally export STORE PATTERN)",
-                 file == "-" and "stdin" or file, limit_text))
+                 file == "-" and "stdin" or printable(file), limit_text))
       end
       if bar and (size or got >= BIG) then bar.update("read", got, size, "bytes") end
       check_stop()
@@ -910,8 +911,8 @@ function cmd.compact(args)
   if path == "" then fail("empty store path in '" .. uri .. "'") end
   local before, msg = file_size(path)
   if not before then
-    if msg:find("No such file or directory$") then fail(fmt("no store at %s (no such file)", path)) end
-    fail(msg)
+    if msg:find("No such file or directory$") then fail(fmt("no store at %s (no such file)", printable(path))) end
+    fail(printable(msg))                  -- (the path is in msg)
   end
   local compact = tally.compact or require("tally.core").compact
   if not compact then fail("this build of tally has no compact") end
@@ -948,12 +949,12 @@ function cmd.watch(args)
   if o.interval then
     interval = tonumber(o.interval)
     if not interval or interval ~= interval or interval < 0.1 or interval > 3600 then
-      usage_error("--interval must be seconds from 0.1 to 3600, got '" .. o.interval .. "'")
+      usage_error("--interval must be seconds from 0.1 to 3600, got '" .. printable(o.interval) .. "'")
     end
   end
   local sort = o.sort or "rate"
   if sort ~= "rate" and sort ~= "value" and sort ~= "name" then
-    usage_error("--sort must be rate, value or name, got '" .. sort .. "'")
+    usage_error("--sort must be rate, value or name, got '" .. printable(sort) .. "'")
   end
   local db, path = open(pos[1])
   must(db:names(pos[2]))                 -- a damaged store: said before the screen is taken
@@ -1005,7 +1006,9 @@ function cmd.help(args)
     out("usage: " .. USAGE.tally .. "\n\n" .. HELP.tally)
     return 0
   end
-  if not HELP[name] then usage_error("no command '" .. name .. "' (commands: " .. concat(COMMANDS, ", ") .. ")") end
+  if not HELP[name] then
+    usage_error("no command '" .. printable(name) .. "' (commands: " .. concat(COMMANDS, ", ") .. ")")
+  end
   out(help_text(name))
   return 0
 end
@@ -1033,7 +1036,7 @@ function _M.unknown(word)
     if d < bd then best, bd = c, d end
   end
   io.stderr:write(fmt("tally: '%s' is neither a command nor a script file%s\n"
-                      .. "Run 'tally help' for the commands.\n", word,
+                      .. "Run 'tally help' for the commands.\n", printable(word),
                       best and fmt(" (did you mean '%s'?)", best) or ""))
   return 2
 end

@@ -65,7 +65,7 @@ local type, error, tostring, pcall, setmetatable, pairs, ipairs =
 local fmt, min, random = string.format, math.min, math.random
 local sub, int_text, tointeger = compat.sub, compat.int_text, compat.tointeger
 
-local argerror = require("tally.util").argerror
+local argerror, printable = require("tally.util").argerror, require("tally.util").printable
 local remote = require "tally.remote"
 local key_shard = require("tally.remote").key_shard
 local now = core.now
@@ -412,7 +412,7 @@ local function num(opts, k, default, lo, hi)
   if v == nil then return default end
   if type(v) ~= "number" or v ~= v or v < lo or v > hi then
     argerror(2, "flush_to", fmt("%s must be a number from %s to %s, got %s", k, tostring(lo),
-              tostring(hi), tostring(v)), 4)
+              tostring(hi), printable(tostring(v))), 4)
   end
   return v
 end
@@ -423,7 +423,7 @@ function _M.flush_to(db, uri, opts, list, unlink)
   if type(opts) ~= "table" then argerror(2, "flush_to", "options table expected, got " .. type(opts), 3) end
   for k in pairs(opts) do
     if not OPTIONS[k] then
-      argerror(2, "flush_to", "unknown option '" .. tostring(k) .. "'; expected every, pattern, shards, "
+      argerror(2, "flush_to", "unknown option '" .. printable(tostring(k)) .. "'; expected every, pattern, shards, "
                .. "writer, timeout, rate, ramp, ramp_every, doc_interval, batch, backoff, max_backoff", 3)
     end
   end
@@ -436,17 +436,18 @@ function _M.flush_to(db, uri, opts, list, unlink)
   local shards = opts.shards and tointeger(opts.shards)
   if opts.shards ~= nil and (type(shards) ~= "number" or shards < 1 or shards > core.MAX_SHARDS) then
     argerror(2, "flush_to", fmt("shards must be an integer from 1 to %d, got %s", core.MAX_SHARDS,
-              tostring(opts.shards)), 3)
+              printable(tostring(opts.shards))), 3)
   end
   local writer = opts.writer
   if writer == nil then
     writer = remote.default_writer(db)
   elseif type(writer) ~= "string" or #writer < 1 or #writer > 128 or writer:find("\0", 1, true) then
-    argerror(2, "flush_to", "writer must be a string of 1 to 128 bytes, got " .. tostring(writer), 3)
+    argerror(2, "flush_to", "writer must be a string of 1 to 128 bytes, got " .. printable(tostring(writer)), 3)
   end
   for _, other in ipairs(list) do
     if other.writer == writer and other.pattern == pattern then
-      argerror(2, "flush_to", fmt("this store handle already flushes '%s' as writer '%s'", pattern, writer), 3)
+      argerror(2, "flush_to", fmt("this store handle already flushes '%s' as writer '%s'", printable(pattern),
+                                  printable(writer)), 3)
     end
   end
   local self = setmetatable({

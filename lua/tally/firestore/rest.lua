@@ -35,6 +35,7 @@ local type, tostring, tonumber, ipairs, error, pcall, setmetatable =
 local fmt, byte, char, gsub, find, sub, match =
       string.format, string.byte, string.char, string.gsub, string.find, string.sub, string.match
 local tointeger, int_text = compat.tointeger, compat.int_text
+local printable = require("tally.util").printable
 
 local _M = {}
 
@@ -123,20 +124,23 @@ function _M.parse(uri)
   local project, database = match(path, "^([%w%-]+)/([%w%-_()]*)$")
   if not project then project, database = match(path, "^([%w%-]+)$"), "" end
   if not project or project == "" then
-    return nil, "bad Firestore URI '" .. uri .. "' (expected firestore://PROJECT[/DATABASE][?emulator=HOST:PORT])"
+    return nil, "bad Firestore URI '" .. printable(uri)
+                .. "' (expected firestore://PROJECT[/DATABASE][?emulator=HOST:PORT])"
   end
   if database == "" then database = "(default)" end
   local u = { project = project, database = database, root = "counters" }
   for pair in query:gmatch("[^&]+") do
     local k, v = match(pair, "^([^=]+)=(.*)$")
-    if not k then return nil, "bad Firestore URI option '" .. pair .. "'" end
+    if not k then return nil, "bad Firestore URI option '" .. printable(pair) .. "'" end
     v = urldecode(v)
     if k == "emulator" then
-      if not match(v, "^[%w%.%-%[%]:]+:%d+$") then return nil, "emulator must be HOST:PORT, got '" .. v .. "'" end
+      if not match(v, "^[%w%.%-%[%]:]+:%d+$") then
+        return nil, "emulator must be HOST:PORT, got '" .. printable(v) .. "'"
+      end
       u.emulator = v
     elseif k == "root" then
       if v == "" or v == "." or v == ".." or find(v, "/", 1, true) or find(v, "^__.*__$") then
-        return nil, "root must be a collection id, got '" .. v .. "'"
+        return nil, "root must be a collection id, got '" .. printable(v) .. "'"
       end
       u.root = v
     elseif k == "token_env" then
@@ -144,7 +148,7 @@ function _M.parse(uri)
     elseif k == "token_cmd" then
       u.token_cmd = v
     else
-      return nil, "unknown Firestore URI option '" .. k .. "' (emulator, root, token_env, token_cmd)"
+      return nil, "unknown Firestore URI option '" .. printable(k) .. "' (emulator, root, token_env, token_cmd)"
     end
   end
   if not u.emulator and not u.token_cmd and not u.token_env then
@@ -178,7 +182,7 @@ local function token(self, fresh)
   t = t and gsub(t, "%s+$", "")
   if not t or t == "" then
     return nil, "no Firestore credentials: set " .. (u.token_cmd and ("token_cmd (" .. "it printed nothing)")
-      or ("$" .. (u.token_env or "TALLY_FIRESTORE_TOKEN"))) .. " or use ?emulator=HOST:PORT"
+      or ("$" .. printable(u.token_env or "TALLY_FIRESTORE_TOKEN"))) .. " or use ?emulator=HOST:PORT"
   end
   self.tok = t
   return t

@@ -37,7 +37,7 @@ local type, error, tostring, tonumber, setmetatable, pairs, ipairs =
 local fmt, concat, sort = string.format, table.concat, table.sort
 local add, sub, int_text = compat.add, compat.sub, compat.int_text
 
-local argerror = require("tally.util").argerror
+local argerror, printable = require("tally.util").argerror, require("tally.util").printable
 local remote = require "tally.remote"
 local check_name, glob_pattern = remote.check_name, remote.glob_pattern
 
@@ -113,12 +113,12 @@ function Store:counter(name, opts)
         if shards and shards ~= o.shards then asked[#asked + 1] = shards .. " shards" end
         if policy and policy ~= o.policy then asked[#asked + 1] = "policy " .. policy end
         error(fmt("counter '%s' exists with %d shards and policy %s (asked for %s)",
-                  name, o.shards, o.policy, concat(asked, " and ")), 2)
+                  printable(name), o.shards, o.policy, concat(asked, " and ")), 2)
       end
       return new_counter(self, name, o.shards, o.policy)
     end
-    if got[path] then return nil, fmt("counters document of '%s' has no num_shards", name), "EPROTO" end
-    if not create then return nil, fmt("no such counter '%s'", name), "ENOENT" end
+    if got[path] then return nil, fmt("counters document of '%s' has no num_shards", printable(name)), "EPROTO" end
+    if not create then return nil, fmt("no such counter '%s'", printable(name)), "ENOENT" end
     local fam
     fam, msg, code = family_options(self, name)
     if not fam then return nil, msg, code end
@@ -138,7 +138,7 @@ function Store:counter(name, opts)
     if code ~= "ALREADY_EXISTS" then return nil, msg, code end
     -- created meanwhile by another writer: read it again
   end
-  return nil, fmt("counter '%s' keeps changing", name), "EAGAIN"
+  return nil, fmt("counter '%s' keeps changing", printable(name)), "EAGAIN"
 end
 
 remote.by_name(Store) -- db:incr(name), db:decr, db:value(name)
@@ -199,7 +199,7 @@ function Store:values(pattern)
   for i, p in ipairs(paths) do
     local d = got[p]
     local v, why = rest.toint(d and d.fields and d.fields.count)
-    if v == nil then return nil, fmt("counter '%s': %s", owner[i], why), "EPROTO" end
+    if v == nil then return nil, fmt("counter '%s': %s", printable(owner[i]), why), "EPROTO" end
     out[owner[i]] = add(out[owner[i]], v)
   end
   return out
@@ -223,7 +223,7 @@ function Store:drop(name)
   local got, err, code = cl:batch_get({ path })
   if not got then return nil, err, code end
   local o = doc_options(got[path])
-  if not got[path] then return nil, fmt("no such counter '%s'", name), "ENOENT" end
+  if not got[path] then return nil, fmt("no such counter '%s'", printable(name)), "ENOENT" end
   local writes = { { delete = cl:name(path) } }
   for _, sub_ in ipairs({ "shards", "writers" }) do
     local docs
@@ -306,7 +306,7 @@ local function read_shards(self)
   for i, p in ipairs(paths) do
     local d = got[p]
     local v, why = rest.toint(d and d.fields and d.fields.count)
-    if v == nil then return nil, fmt("counter '%s' shard %d: %s", self.nm, i - 1, why), "EPROTO" end
+    if v == nil then return nil, fmt("counter '%s' shard %d: %s", printable(self.nm), i - 1, why), "EPROTO" end
     vals[i], times[i] = v, d and d.updateTime or false
   end
   return vals, times
@@ -343,7 +343,7 @@ function Counter:reset()
     if ok then return removed end
     if code ~= "FAILED_PRECONDITION" and code ~= "ABORTED" then return nil, err, code end
   end
-  return nil, fmt("reset of '%s': the shards kept changing", self.nm), "EAGAIN"
+  return nil, fmt("reset of '%s': the shards kept changing", printable(self.nm)), "EAGAIN"
 end
 
 -- c:add_shard(i, n): add n to shard i (1-based), as db:import does
@@ -384,11 +384,11 @@ function _M.open(uri, opts)
   for k, v in pairs(opts or {}) do
     if k == "timeout" then
       if type(v) ~= "number" or not (v > 0) then
-        argerror(2, "open", "timeout must be a positive number of seconds, got " .. tostring(v), 3)
+        argerror(2, "open", "timeout must be a positive number of seconds, got " .. printable(tostring(v)), 3)
       end
       timeout = v
     else
-      argerror(2, "open", "unknown option '" .. tostring(k) .. "'; the firestore store takes timeout", 3)
+      argerror(2, "open", "unknown option '" .. printable(tostring(k)) .. "'; the firestore store takes timeout", 3)
     end
   end
   local u, err = rest.parse(uri)

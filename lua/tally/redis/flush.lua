@@ -29,7 +29,7 @@ local core = require "tally.core"
 local type, error, tostring, pcall, setmetatable = type, error, tostring, pcall, setmetatable
 local fmt = string.format
 
-local argerror = require("tally.util").argerror
+local argerror, printable = require("tally.util").argerror, require("tally.util").printable
 local remote = require "tally.remote"
 
 local _M = {}
@@ -160,14 +160,14 @@ function _M.flush_to(db, uri, opts, list, unlink)
   end
   for k in pairs(opts) do
     if not OPTIONS[k] then
-      argerror(2, "flush_to", "unknown option '" .. tostring(k)
+      argerror(2, "flush_to", "unknown option '" .. printable(tostring(k))
                .. "'; expected every, pattern, shards, writer, timeout, password, user, verify", 3)
     end
   end
   local every = opts.every == nil and 1 or opts.every
   if type(every) ~= "number" or every ~= every or every < 0.001 or every > 366 * 86400 then
     argerror(2, "flush_to", "every must be from 0.001 s to 366 days, got "
-          .. tostring(every), 3)
+          .. printable(tostring(every)), 3)
   end
   local pattern = opts.pattern == nil and "*" or opts.pattern
   if type(pattern) ~= "string" or pattern == "" then
@@ -181,12 +181,12 @@ function _M.flush_to(db, uri, opts, list, unlink)
   if type(shards) ~= "number" or shards ~= math.floor(shards) or shards < 1
      or shards > core.MAX_SHARDS then
     argerror(2, "flush_to", fmt("shards must be an integer from 1 to %d, got %s",
-              core.MAX_SHARDS, tostring(shards)), 3)
+              core.MAX_SHARDS, printable(tostring(shards))), 3)
   end
   local timeout = opts.timeout == nil and 5 or opts.timeout
   if type(timeout) ~= "number" or not (timeout > 0) then
     argerror(2, "flush_to", "timeout must be a positive number of seconds, got "
-          .. tostring(timeout), 3)
+          .. printable(tostring(timeout)), 3)
   end
   for _, k in ipairs({ "password", "user" }) do
     if opts[k] ~= nil and (type(opts[k]) ~= "string" or opts[k] == "") then
@@ -197,7 +197,7 @@ function _M.flush_to(db, uri, opts, list, unlink)
   local verify = opts.verify == nil and 60 or opts.verify
   if type(verify) ~= "number" or not (verify >= 0 and verify <= 4294967) then
     argerror(2, "flush_to", "verify must be a number of seconds from 0 to 4294967, got "
-          .. tostring(verify), 3)
+          .. printable(tostring(verify)), 3)
   end
   local sec = { uri = uri, password = opts.password, user = opts.user }
   -- Connect now so a bad URI raises here; a server that is down is only
@@ -212,7 +212,7 @@ function _M.flush_to(db, uri, opts, list, unlink)
     writer = remote.default_writer(db)
   elseif type(writer) ~= "string" or #writer < 1 or #writer > 128 or writer:find("\0", 1, true) then
     argerror(2, "flush_to", "writer must be a string of 1 to 128 bytes, got "
-          .. tostring(writer), 3)
+          .. printable(tostring(writer)), 3)
   end
   local self = setmetatable({
     db = db, uri = core.redis_redact(uri), every = every, pattern = pattern, shards = shards,
@@ -224,7 +224,7 @@ function _M.flush_to(db, uri, opts, list, unlink)
     if other.writer == writer and other.pattern == pattern then
       if rh then rh:close() end
       argerror(2, "flush_to", fmt("this store handle already flushes '%s' as writer '%s'",
-                pattern, writer), 3)
+                printable(pattern), printable(writer)), 3)
     end
   end
   if rh then

@@ -44,7 +44,7 @@ local function add_fits(a, b)
   return r
 end
 
-local argerror = require("tally.util").argerror
+local argerror, printable = require("tally.util").argerror, require("tally.util").printable
 local remote = require "tally.remote"
 local check_name, glob_pattern = remote.check_name, remote.glob_pattern
 
@@ -145,7 +145,7 @@ function Store:counter(name, opts)
   if not meta then return rfail(err, code) end
   local s, p = tonumber(meta[1]), meta[2] or DEFAULT_POLICY
   if not s then
-    if not create then return nil, fmt("no such counter '%s'", name), "ENOENT" end
+    if not create then return nil, fmt("no such counter '%s'", printable(name)), "ENOENT" end
     local fam, ferr, fcode = family_options(self, name)
     if not fam then return nil, ferr, fcode end
     local want_s = shards or fam.shards or core.DEFAULT_SHARDS
@@ -165,7 +165,7 @@ function Store:counter(name, opts)
     if shards and shards ~= s then asked[#asked + 1] = shards .. " shards" end
     if policy and policy ~= p then asked[#asked + 1] = "policy " .. policy end
     error(fmt("counter '%s' exists with %d shards and policy %s (asked for %s)",
-              name, s, p, concat(asked, " and ")), 2)
+              printable(name), s, printable(p), concat(asked, " and ")), 2)
   end
   return new_counter(self, name, s, p)
 end
@@ -198,7 +198,7 @@ function Store:sum(pattern)
     if v then
       total, count = add_fits(total, v), count + 1
       if total == nil then
-        return nil, "sum over '" .. (pattern or "*") .. "' does not fit in 64 bits", "ERANGE"
+        return nil, "sum over '" .. printable(pattern or "*") .. "' does not fit in 64 bits", "ERANGE"
       end
     elseif code ~= "ENOENT" then  -- dropped meanwhile: skipped
       return nil, err, code
@@ -226,11 +226,11 @@ function Store:top(pattern, n, by)
   local k = tointeger(n)
   if type(k) ~= "number" or k < 0 then
     argerror(narg, "top", "non-negative integer expected, got "
-          .. tostring(n), 2)
+          .. printable(tostring(n)), 2)
   end
   if by ~= nil and by ~= "value" then
     if by == "rate" then error("top by rate is not supported by the redis store", 2) end
-    argerror(3, "top", "\"value\" expected, got " .. tostring(by), 2)
+    argerror(3, "top", "\"value\" expected, got " .. printable(tostring(by)), 2)
   end
   local vals, err, code = self:values(pattern)
   if not vals then return nil, err, code end
@@ -251,7 +251,7 @@ function Store:drop(name)
   local s, err, code = cmd(self, "HGET", mk, "shards")
   if err then return rfail(err, code) end
   s = tonumber(s)
-  if not s then return nil, fmt("no such counter '%s'", name), "ENOENT" end
+  if not s then return nil, fmt("no such counter '%s'", printable(name)), "ENOENT" end
   local ok
   ok, err, code = cmd(self, "DEL", mk)
   if not ok then return rfail(err, code) end
@@ -313,7 +313,7 @@ local function incr(self, n, key, sign, fname)
     if v == nil then return rfail(acked, code) end
     if acked < nrep then
       return nil, fmt("%s on %s: applied on the master but acknowledged by %d of %d replicas"
-                      .. " within %d ms (a failover may lose it)", fname, sk,
+                      .. " within %d ms (a failover may lose it)", fname, printable(sk),
                       acked < 0 and 0 or acked, nrep, db.replica_timeout), "EREPLICAS"
     end
     return true
@@ -345,7 +345,7 @@ function Counter:value()
   for _, v in ipairs(vals) do
     s = add_fits(s, v)
     if s == nil then
-      return nil, "counter '" .. self.nm .. "': value does not fit in 64 bits", "ERANGE"
+      return nil, "counter '" .. printable(self.nm) .. "': value does not fit in 64 bits", "ERANGE"
     end
   end
   return s
@@ -367,7 +367,7 @@ function Counter:reset()
                                              compat.int_text(taken[j]))
         if not ok then return rfail(gerr, gcode) end
       end
-      return nil, "counter '" .. self.nm .. "': the amount to remove does not fit in 64 bits; "
+      return nil, "counter '" .. printable(self.nm) .. "': the amount to remove does not fit in 64 bits; "
                   .. "nothing was removed", "ERANGE"
     end
     removed = sum
@@ -426,21 +426,21 @@ function _M.open(uri, opts)
     if k == "timeout" then
       if type(v) ~= "number" or not (v > 0) then
         argerror(2, "open", "timeout must be a positive number of seconds, got "
-              .. tostring(v), 3)
+              .. printable(tostring(v)), 3)
       end
       ropts.timeout = v
     elseif k == "replicas" then
       local n = tointeger(v)
       if type(n) ~= "number" or n < 1 or n > 1000000 then
         argerror(2, "open", "replicas must be an integer from 1 to 1000000, got "
-              .. tostring(v), 3)
+              .. printable(tostring(v)), 3)
       end
       sopts.replicas = n
     elseif k == "replica_timeout" then
       local n = tointeger(v)
       if type(n) ~= "number" or n < 1 or n > 3600000 then
         argerror(2, "open", "replica_timeout must be an integer number of"
-              .. " milliseconds from 1 to 3600000, got " .. tostring(v), 3)
+              .. " milliseconds from 1 to 3600000, got " .. printable(tostring(v)), 3)
       end
       sopts.replica_timeout = n
     elseif k == "password" or k == "user" then
@@ -450,7 +450,7 @@ function _M.open(uri, opts)
       end
       ropts[k] = v
     else
-      argerror(2, "open", "unknown option '" .. tostring(k)
+      argerror(2, "open", "unknown option '" .. printable(tostring(k))
                .. "'; the redis store takes timeout, password, user, replicas, replica_timeout", 3)
     end
   end

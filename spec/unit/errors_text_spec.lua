@@ -1,0 +1,8 @@
+-- The messages the Lua side builds, under Lua 5.4: the specs are
+-- spec/support/errors_text.lua's.
+local helper = require "spec.support.helper"
+
+require("spec.support.errors_text")(helper, {
+  describe = describe, it = it, before_each = before_each, after_each = after_each,
+  assert = assert,
+})
