@@ -92,6 +92,13 @@ TALLY_API const char *tally_err_name(int code);
 /* The calling thread's message for its most recent failure, with details,
  * e.g. "data/x.tly: not a tally store (bad magic)". Never NULL. */
 TALLY_API const char *tally_errmsg(void);
+/* text (len bytes) as tally's messages write names, which are any bytes
+ * but NUL: valid UTF-8 as it is, control characters (C0 with NUL, DEL,
+ * C1) and bytes outside a valid UTF-8 sequence as \xNN, so a name cannot
+ * forge a log line or drive a terminal. Writes what fits of it in whole
+ * characters and escapes into out (cap bytes, NUL added; none if cap is
+ * 0) and returns the length of the whole, as snprintf does. */
+TALLY_API size_t tally_printable(char *out, size_t cap, const char *text, size_t len);
 
 /* Shard policies. CUSTOM means the caller picks the shard itself (through
  * tally_counter_incr_shard); the Lua binding uses it for Lua functions. */

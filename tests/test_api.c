@@ -63,6 +63,14 @@ static void test_error_text(void) {
   EXPECT(strchr(m, '\n') == NULL);
   EXPECT_STR("\\x0a", m + len - 4);
   tally_store_close(s);
+
+  /* tally_printable: the whole length, as snprintf; what fits, whole */
+  char out[16];
+  EXPECT_I64(12, tally_printable(out, sizeof out, "a\0b\xc3\xa9\n", 6));
+  EXPECT_STR("a\\x00b\xc3\xa9\\x0a", out);
+  EXPECT_I64(12, tally_printable(out, 8, "a\0b\xc3\xa9\n", 6));
+  EXPECT_STR("a\\x00b", out); /* the two bytes of e-acute would end at 8 */
+  EXPECT_I64(12, tally_printable(NULL, 0, "a\0b\xc3\xa9\n", 6));
 }
 
 static void test_policies(void) {

@@ -13,8 +13,8 @@
 --   util.typename(v)             T: a metatable's __name (tally.store,
 --                                tally.counter, tally.sink, ...) or type(v)
 --   util.describe(v)             a value for messages: 'str', 12, nil, table
---   util.printable(s)            s for a message: control bytes (below 0x20,
---                                and 0x7f) and bytes outside a valid UTF-8
+--   util.printable(s)            s for a message: control characters (C0,
+--                                DEL, C1) and bytes outside a valid UTF-8
 --                                sequence as \xNN, valid UTF-8 as it is.
 --                                The C side's rule (src/core/error.c): a
 --                                name is any bytes but NUL, and one with a
@@ -25,6 +25,7 @@ local type, getmetatable, error, tostring = type, getmetatable, error, tostring
 local getinfo = debug.getinfo
 local compat = require "tally.compat"
 local int_text, utf8_escape = compat.int_text, compat.utf8_escape
+local byte, fmt, gsub, sub = string.byte, string.format, string.gsub, string.sub
 
 local _M = {}
 
@@ -33,11 +34,14 @@ function _M.argerror(n, fname, msg, level)
 end
 
 -- the bytes to look at: control bytes, DEL, and those of sequences that
--- may be UTF-8 (kept when they are); a NUL, which ends a C message, is
+-- may be UTF-8 (kept when they are, but C1 controls, U+0080 to U+009F,
+-- which terminals obey as they do ESC); a NUL, which ends a C message, is
 -- written \x00 here
 local UNPRINTABLE = "[%z\1-\31\127-\255]"
+local function hex(c) return fmt("\\x%02x", byte(c)) end
+local function c1(c) return hex(sub(c, 1, 1)) .. hex(sub(c, 2)) end
 local function printable(s)
-  return utf8_escape(s, UNPRINTABLE, "\\x%02x")
+  return (gsub(utf8_escape(s, UNPRINTABLE, "\\x%02x"), "\194[\128-\159]", c1))
 end
 _M.printable = printable
 

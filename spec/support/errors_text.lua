@@ -43,6 +43,8 @@ return function(helper, bt)
                    util.printable("\128 \226\130 \192\175 \237\160\128 \244\144\128\128"))
       assert.equal(CAFE .. " \226\130\172 \240\159\152\128", util.printable(CAFE .. " \226\130\172 \240\159\152\128"))
       assert.equal("plain", util.printable("plain"))
+      -- C1 controls as UTF-8 (CSI, U+009B) drive terminals too; U+00A0 is text
+      assert.equal("\\xc2\\x9b2J \194\160", util.printable("\194\1552J \194\160"))
     end)
 
     it("describe writes a string through printable", function()
@@ -94,6 +96,19 @@ return function(helper, bt)
       doc = '{"counters":{"' .. CAFE .. '":{"num_shards":0,"shards":{}}}}'
       assert.equal("import: counter '" .. CAFE .. "': num_shards must be an integer from 1 to "
                    .. tally.MAX_SHARDS .. ", got 0", helper.err(db.import, db, doc))
+    end)
+
+    it("a counter, in the messages the C binding builds (db:counter, db:value)", function()
+      assert(db:counter(ODD, { shards = 2 }))
+      printable(helper.err(db.counter, db, ODD, { shards = 4 }),
+                "counter '" .. ODD_TEXT .. "' exists with 2 shards")
+      printable(helper.err(db.counter, db, "x", { [ODD] = 1 }), "'" .. ODD_TEXT .. "'")
+      local v, msg, code = db:value(ODD .. "?")
+      assert.is_nil(v)
+      assert.equal("ENOENT", code)
+      printable(msg, "no such counter '" .. ODD_TEXT .. "?'")
+      assert(db:counter(CAFE, { shards = 2 }))
+      assert.truthy(helper.err(db.counter, db, CAFE, { shards = 4 }):find("'" .. CAFE .. "'", 1, true))
     end)
 
     it("a keep entry of a rollup (db:rollup)", function()

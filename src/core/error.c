@@ -7,9 +7,7 @@
  *
  * Messages name counters, and a name is any bytes but NUL: one with a
  * newline or an escape sequence would forge a line in a log, or drive the
- * terminal that prints it. So the message keeps valid UTF-8 as it is and
- * writes control characters (C0, DEL, C1) and bytes outside a valid UTF-8
- * sequence as \xNN, a byte each.
+ * terminal that prints it. So messages go through tally_printable.
  */
 #include "internal.h"
 
@@ -59,32 +57,33 @@ static size_t utf8_seq(const unsigned char *s, size_t n) {
   return len;
 }
 
-/* text into out (size bytes), escaped as the header says; cut short at a
- * whole character or escape when it does not fit. */
-static void printable(char *out, size_t size, const char *text) {
+size_t tally_printable(char *out, size_t cap, const char *text, size_t len) {
   const unsigned char *s = (const unsigned char *)text;
-  size_t n = strlen(text), o = 0;
-  for (size_t i = 0; i < n;) {
-    size_t len = s[i] < 0x80 ? 1 : utf8_seq(s + i, n - i);
+  size_t o = 0, need = 0;
+  for (size_t i = 0; i < len;) {
+    size_t n = s[i] < 0x80 ? 1 : utf8_seq(s + i, len - i);
     /* C1 controls (U+0080 to U+009F) drive terminals as C0 ones do */
-    bool plain = (len > 1 && !(s[i] == 0xC2 && s[i + 1] < 0xA0)) ||
-                 (len == 1 && s[i] >= 0x20 && s[i] != 0x7f);
-    size_t need = plain ? len : 4;
-    if (o + need >= size) break;
-    if (plain)
-      memcpy(out + o, s + i, len);
-    else
-      snprintf(out + o, 5, "\\x%02x", s[i]);
-    o += need;
-    i += plain ? len : 1;
+    bool plain = (n > 1 && !(s[i] == 0xC2 && s[i + 1] < 0xA0)) ||
+                 (n == 1 && s[i] >= 0x20 && s[i] != 0x7f);
+    size_t w = plain ? n : 4;
+    if (cap && o == need && o + w < cap) { /* all so far fitted, and this does */
+      if (plain)
+        memcpy(out + o, s + i, n);
+      else
+        snprintf(out + o, 5, "\\x%02x", s[i]);
+      o += w;
+    }
+    need += w;
+    i += plain ? n : 1;
   }
-  out[o] = 0;
+  if (cap) out[o] = 0;
+  return need;
 }
 
 static int set_message(int code, const char *fmt, va_list ap) {
   char raw[sizeof last_message];
   vsnprintf(raw, sizeof raw, fmt, ap);
-  printable(last_message, sizeof last_message, raw);
+  (void)tally_printable(last_message, sizeof last_message, raw, strlen(raw));
   return code;
 }
 

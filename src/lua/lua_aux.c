@@ -18,9 +18,46 @@
 
 /* ---- arguments and messages ------------------------------------------------ */
 
+const char *tl_pushprintable(lua_State *L, const char *s, size_t len) {
+  size_t need = tally_printable(NULL, 0, s, len);
+  char *b = lua_newuserdata(L, need + 1);
+  tally_printable(b, need + 1, s, len);
+  lua_pushlstring(L, b, need);
+  lua_remove(L, -2);
+  return lua_tostring(L, -1);
+}
+
+/* The message on top, escaped in its place. */
+static const char *printable_top(lua_State *L) {
+  size_t len;
+  const char *m = lua_tolstring(L, -1, &len);
+  m = tl_pushprintable(L, m, len);
+  lua_remove(L, -2);
+  return m;
+}
+
+int tl_error(lua_State *L, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  lua_pushvfstring(L, fmt, ap);
+  va_end(ap);
+  printable_top(L);
+  luaL_where(L, 1);
+  lua_insert(L, -2);
+  lua_concat(L, 2);
+  return lua_error(L);
+}
+
 const char *tl_describe(lua_State *L, int idx, int bools) {
   switch (lua_type(L, idx)) {
-  case LUA_TSTRING: return lua_pushfstring(L, "'%s'", lua_tostring(L, idx));
+  case LUA_TSTRING: {
+    size_t len;
+    const char *str = lua_tolstring(L, idx, &len);
+    tl_pushprintable(L, str, len);
+    lua_pushfstring(L, "'%s'", lua_tostring(L, -1));
+    lua_remove(L, -2);
+    return lua_tostring(L, -1);
+  }
   case LUA_TNUMBER: lua_pushvalue(L, idx); return lua_tostring(L, -1);
   case LUA_TBOOLEAN:
     if (bools == TL_BOOL_VALUE) {
@@ -39,8 +76,9 @@ int tl_argerror(lua_State *L, int arg, const char *fmt, ...) {
   const char *msg;
   va_list ap;
   va_start(ap, fmt);
-  msg = lua_pushvfstring(L, fmt, ap);
+  lua_pushvfstring(L, fmt, ap);
   va_end(ap);
+  msg = printable_top(L);
   return luaL_argerror(L, arg, msg);
 }
 
@@ -98,7 +136,7 @@ int tl_fail(lua_State *L, int rc) {
 
 int tl_fail_msg(lua_State *L, int rc, const char *msg) {
   lua_pushnil(L);
-  lua_pushstring(L, msg);
+  tl_pushprintable(L, msg, strlen(msg));
   lua_pushstring(L, tally_err_name(rc));
   return 3;
 }

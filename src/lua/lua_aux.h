@@ -194,6 +194,12 @@ struct tl_hist {
  * "boolean" (what the sender's and Redis messages have always said). */
 enum { TL_BOOL_VALUE = 0, TL_BOOL_TYPE = 1 };
 
+/* Push and return s (len bytes) as messages write names and other given
+ * strings (tally_printable: control characters and bytes that are not
+ * UTF-8 as \xNN). Every message below goes through it. */
+const char *tl_pushprintable(lua_State *L, const char *s, size_t len);
+/* luaL_error, its message through tl_pushprintable; never returns. */
+int tl_error(lua_State *L, const char *fmt, ...);
 /* Push and return a short description of the value at idx for messages:
  * 'str' (quoted), a number as Lua writes it, a boolean (see above), else
  * its type name (nil, table, no value). */

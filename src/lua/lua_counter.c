@@ -234,10 +234,10 @@ int tl_counter_incr_policy(lua_State *L, tl_counter *h, int hidx, int kidx,
     lua_Integer s;
     int isnum, rc;
     if (!h->hasfn)
-      luaL_error(L,
-                 "counter '%s' has a function policy: "
-                 "pass it as policy = function to db:counter",
-                 h->name);
+      tl_error(L,
+               "counter '%s' has a function policy: "
+               "pass it as policy = function to db:counter",
+               h->name);
     rc = tally_counter_info_get(h->c, &info);
     if (rc < 0) return rc;
     tl_getuv(L, hidx, TL_CUV_POLICY);
@@ -248,10 +248,10 @@ int tl_counter_incr_policy(lua_State *L, tl_counter *h, int hidx, int kidx,
     if (h->c == NULL) luaL_error(L, "attempt to use a closed counter");
     s = tl_tointx(L, -1, &isnum);
     if (!isnum || lua_type(L, -1) != LUA_TNUMBER || s < 1 || s > (lua_Integer)info.shards)
-      luaL_error(L,
-                 "policy function for '%s' returned %s "
-                 "(expected an integer from 1 to %d)",
-                 h->name, tl_describe(L, -1, TL_BOOL_VALUE), (int)info.shards);
+      tl_error(L,
+               "policy function for '%s' returned %s "
+               "(expected an integer from 1 to %d)",
+               h->name, tl_describe(L, -1, TL_BOOL_VALUE), (int)info.shards);
     lua_pop(L, 1);
     return tally_counter_incr_shard(h->c, (uint32_t)(s - 1), (int64_t)n);
   }

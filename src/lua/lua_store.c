@@ -570,10 +570,10 @@ static int tl_mismatch(lua_State *L, tl_store *d, const char *name, size_t len,
   char asked[96];
   int rc = tally_counter_open(d->store, name, len, NULL, 0, &c);
   if (rc == TALLY_ENOENT) /* a capped family's overflow counter stood in for it */
-    return luaL_error(L,
-                      "counter '%s' falls under a family at its cap (max_counters), "
-                      "whose overflow counter exists with other options",
-                      name);
+    return tl_error(L,
+                    "counter '%s' falls under a family at its cap (max_counters), "
+                    "whose overflow counter exists with other options",
+                    name);
   if (rc < 0) return tl_fail(L, rc);
   rc = tally_counter_info_get(c, &info);
   tally_counter_close(c);
@@ -588,10 +588,9 @@ static int tl_mismatch(lua_State *L, tl_store *d, const char *name, size_t len,
     snprintf(asked + used, sizeof(asked) - used, "%spolicy %s", used ? " and " : "",
              tl_policy_label(o->policy));
   }
-  return luaL_error(L,
-                    "counter '%s' exists with %d%s shards and policy %s (asked for %s)",
-                    name, (int)info.shards, info.auto_shards ? " (auto)" : "",
-                    tl_policy_label(info.policy), asked[0] ? asked : "different options");
+  return tl_error(L, "counter '%s' exists with %d%s shards and policy %s (asked for %s)",
+                  name, (int)info.shards, info.auto_shards ? " (auto)" : "",
+                  tl_policy_label(info.policy), asked[0] ? asked : "different options");
 }
 
 static int tl_store_counter(lua_State *L) {

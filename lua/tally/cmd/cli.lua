@@ -245,7 +245,6 @@ _M.help_text = help_text
 -- ---- failing ------------------------------------------------------------------
 
 local common = require "tally.cmd.common"
-local printable = require("tally.util").printable
 local Fail, fail = common.Fail, common.fail
 local printable = common.printable
 _M.fail = fail

@@ -9,11 +9,13 @@
 --                                none, integers exact, else 1-2 decimals
 --   common.hist_sum_text(r)      a histogram's sum (tally.histogram.read's
 --                                record) as the listings show it
---   common.printable(s [, lines]) s for a terminal: control bytes as \xNN
+--   common.printable(s [, lines]) s for a terminal: control characters
+--                                and bytes that are not UTF-8 as \xNN
 
 local error, setmetatable, tonumber = error, setmetatable, tonumber
 local fmt, floor, huge = string.format, math.floor, math.huge
-local byte, find, gsub = string.byte, string.find, string.gsub
+local gsub = string.gsub
+local printable = require("tally.util").printable
 
 local _M = {}
 
@@ -51,16 +53,14 @@ function _M.hist_sum_text(r)
   return (u < 0 and "-" or "") .. fmt("%d", a // p) .. (frac ~= "" and "." .. frac or "")
 end
 
--- s as the command writes it to a terminal: each control byte (C0, DEL,
--- and C1 as UTF-8 writes it, which terminals also obey) as \xNN, so that a
--- counter name (any bytes, often from a request) cannot move the cursor,
--- clear the screen, retitle the window or make a line of its own. lines:
--- newlines stay (a message of several lines).
-local function hex(c) return fmt("\\x%02x", byte(c)) end
+-- s as the command writes it to a terminal: tally.util.printable's
+-- \xNN for control characters (C0, DEL, C1) and bytes that are not UTF-8,
+-- so that a counter name (any bytes, often from a request) cannot move
+-- the cursor, clear the screen, retitle the window or make a line of its
+-- own. lines: newlines stay (a message of several lines).
 function _M.printable(s, lines)
-  if not find(s, "[\0\1-\31\127\194]") then return s end
-  s = gsub(s, lines and "[\0\1-\9\11-\31\127]" or "[\0\1-\31\127]", hex)
-  return (gsub(s, "\194[\128-\159]", function(c) return hex(c:sub(1, 1)) .. hex(c:sub(2)) end))
+  if not lines then return printable(s) end
+  return (gsub(s, "[^\n]+", printable))
 end
 
 return _M
