@@ -337,7 +337,11 @@ TALLY_API int tally_counter_read(tally_counter *c, int64_t *value, uint64_t *inc
  * mark for another incarnation is ignored). A name two writers cover
  * never expires. The store keeps 8 registrations of patterns up to 112
  * bytes; past that every counter counts as covered. Registrations last
- * (across restarts, for file stores) until tally_store_unship(writer). */
+ * (across restarts, for file stores) until tally_store_unship(writer).
+ * A flusher marks TALLY_SHIP_UNKNOWN before it sends a value out (the
+ * remote may then hold either one): the counter is held, whatever its
+ * value, until a value read back from the remote is marked. */
+#define TALLY_SHIP_UNKNOWN INT64_MIN
 TALLY_API int tally_store_ship(tally_store *s, const char *writer, size_t wlen,
                                const char *pattern, size_t plen);
 TALLY_API int tally_store_unship(tally_store *s, const char *writer, size_t wlen);

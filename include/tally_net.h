@@ -313,7 +313,11 @@ TALLY_API const redisReply *tally_rc_pipe_reply(const tally_rc_pipe *p, uint32_t
  * (tally_counter_ship) only when it has read w:W back from Redis with
  * that incarnation and value: after a script applied, the next round in
  * which the counter is quiet re-reads w:W (one HGET), so a flush that a
- * failover lost is sent again before the counter may expire.
+ * failover lost is sent again before the counter may expire. Before it
+ * sends a script it marks the value unknown (TALLY_SHIP_UNKNOWN), so a
+ * value that goes back to the last one read back (a decrement, a reset)
+ * while Redis may hold the later one is held too, and read back again
+ * (also after a script whose reply was lost).
  *
  * Consequences of "local value = contribution": resetting a local counter
  * flushes a negative delta (the remote total then no longer includes what

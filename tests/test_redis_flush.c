@@ -17,7 +17,9 @@
  *      errors, then catch up; its data kept, no conflict, totals exact;
  *  (f) idle expiry of a flushed counter: held until w:W is read back, a
  *      lost flush resent first, a late increment (new incarnation) and a
- *      drop and re-create add to the remote total, a bare w:W migrates;
+ *      drop and re-create add to the remote total, a bare w:W migrates; a
+ *      value back to the last one read back after a later flush (applied,
+ *      or its reply lost) is held and put right in Redis;
  *  (g) 2 writer processes, an expirer and a flusher on one file store with
  *      idle expiry: remote totals == increments acknowledged, exactly.
  * Everything is bounded in time; servers are stopped by PID.
@@ -918,6 +920,85 @@ static void test_expiry(const struct target *t) {
   tally_rc_close(rc);
 }
 
+/* The server (index into g_ports) that holds key. */
+static int server_of(const struct target *t, const char *key) {
+  return t->cluster ? owner(tally_rc_keyslot(key, strlen(key))) : 0;
+}
+
+/* v of key, read on server m; -1 if absent. */
+static long long raw_v(int m, const char *key) {
+  redisReply *r = rawcmd(g_ports[m], "HGET %s v", key);
+  long long v = r->type == REDIS_REPLY_STRING ? atoll(r->str) : -1;
+  freeReplyObject(r);
+  return v;
+}
+
+/* (f, continued) A local value that goes back to the last value read back
+ * from Redis after a later flush went out: Redis may hold that later one,
+ * so the counter is held, and w:W is read again and put right. First with
+ * no fault (a flush applied, then a decrement to the read-back value), then
+ * with the flush's reply lost (its server stopped past the timeout, the
+ * script run once it resumes). */
+static void test_expiry_back(const struct target *t) {
+  printf("(f) %s: a value back to the last one read back\n", t->label);
+  tally_rc *rc;
+  REQUIRE_OK(tally_rc_open(t->seeds, 300, &rc));
+  char sname[64], id[64], key[300];
+  snprintf(sname, sizeof sname, "h-%s.tly", t->label);
+  snprintf(id, sizeof id, "writer-h-%s", t->label);
+  tally_store *s = open_store(sname);
+  tally_family_options fo = {0, -1, 1, 0}; /* idle 1 s */
+  REQUIRE_OK(tally_family_define(s, "h:*", 3, &fo));
+  tally_counter *c, *d;
+  REQUIRE_OK(tu_counter(s, "h:x", 2, TALLY_POLICY_THREAD, TALLY_COUNTER_CREATE, &c));
+  tally_flusher *f;
+  REQUIRE_OK(tally_flusher_new(s, rc, id, R, &f));
+  tally_flush_stats st;
+  tally_maintain_result mr;
+  int64_t now = 1000;
+
+  /* +5 flushed (not read back yet), then -5: back to the initial mark 0 */
+  EXPECT_OK(tally_counter_incr(c, 5));
+  EXPECT_OK(tally_flusher_run(f, "h:x", 3, &st));
+  EXPECT_I64(1, st.flushed);
+  EXPECT_OK(tally_counter_incr(c, -5));
+  EXPECT_OK(tally_store_maintain(s, now, 1000, &mr));
+  EXPECT_OK(tally_store_maintain(s, now += 2000, 1000, &mr));
+  EXPECT_I64(0, mr.expired); /* Redis holds 5 */
+  EXPECT(flush_clean(f, "h:x", 10, NULL) > 0);
+  EXPECT_I64(0, remote(f, "h:x"));
+  EXPECT_OK(tally_store_maintain(s, now += 2000, 1000, &mr));
+  EXPECT_I64(1, mr.expired); /* 0 read back: now it may go */
+  EXPECT_I64(0, remote(f, "h:x"));
+
+  /* 10 flushed and read back; +5 sent while its server is stopped, run
+   * there after the round gave up; then -5, back to 10 */
+  REQUIRE_OK(tu_counter(s, "h:y", 2, TALLY_POLICY_THREAD, TALLY_COUNTER_CREATE, &d));
+  EXPECT(tally_flusher_shard_key("h:y", 3, tally_flusher_shard(f), key, sizeof key) > 0);
+  int m = server_of(t, key);
+  EXPECT_OK(tally_counter_incr(d, 10));
+  EXPECT(flush_clean(f, "h:y", 10, NULL) > 0);
+  EXPECT_OK(tally_counter_incr(d, 5));
+  kill(g_pids[m], SIGSTOP);
+  EXPECT(tally_flusher_run(f, "h:y", 3, &st) != 0); /* timed out */
+  kill(g_pids[m], SIGCONT);
+  double end = tu_now() + 5;
+  while (raw_v(m, key) != 15 && tu_now() < end) usleep(10000);
+  EXPECT_I64(15, raw_v(m, key)); /* the script ran: its reply was lost */
+  EXPECT_OK(tally_counter_incr(d, -5));
+  EXPECT(flush_clean(f, "h:y", 10, NULL) > 0);
+  EXPECT_I64(10, raw_v(m, key));
+  EXPECT_OK(tally_store_maintain(s, now += 2000, 1000, &mr));
+  EXPECT_OK(tally_store_maintain(s, now += 2000, 1000, &mr));
+  EXPECT_I64(1, mr.expired);
+  EXPECT_I64(10, remote(f, "h:y"));
+  tally_flusher_free(f);
+  tally_counter_close(c);
+  tally_counter_close(d);
+  tally_store_close(s);
+  tally_rc_close(rc);
+}
+
 #define NG 32 /* names in (g) */
 
 struct churn_page {
@@ -1057,6 +1138,7 @@ int main(void) {
     printf("  (c)+(d) %.2f s\n", tu_now() - t1);
     t1 = tu_now();
     test_expiry(&ts[i]);
+    test_expiry_back(&ts[i]);
     test_expiry_churn(&ts[i]);
     printf("  (f)+(g) %.2f s\n", tu_now() - t1);
   }

@@ -11,7 +11,8 @@
  *   for this incarnation (tally_counter_ship).
  *
  * A new counter starts with shipped 0, so one that a flusher has not seen
- * yet is held as soon as it has counted anything. A name two writers cover
+ * yet is held as soon as it has counted anything. TALLY_SHIP_UNKNOWN (a
+ * flush is out, its fate unknown) holds it whatever its value. A name two writers cover
  * never expires: one field cannot say both have its final value. When the
  * table is full (or a pattern too long for it) every name is covered.
  */
@@ -85,7 +86,8 @@ bool tally__ship_holds(tally_store *s, const struct tally__rec *r, int64_t v) {
     first = sh->writer;
   }
   if (!first && !atomic_load(&h->ship_all)) return false;
-  return two || atomic_load(&r->shipped) != v;
+  int64_t shipped = atomic_load(&r->shipped);
+  return two || shipped == TALLY_SHIP_UNKNOWN || shipped != v;
 }
 
 int tally_counter_ship(tally_counter *c, uint64_t incarnation, int64_t value) {

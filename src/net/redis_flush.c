@@ -386,6 +386,25 @@ static void confirm(tally_flusher *f, tally_flush_stats *st, struct entry *en) {
   }
 }
 
+/* Before a script goes out: mark the counter's shipped value unknown, so
+ * upkeep holds it whatever its value (the script may apply, its reply may
+ * be lost), then read the value again, the one to send: an expiry before
+ * the mark saw a value Redis has, and shows here as incarnation 0. The
+ * mark stays until a read of w:W (confirm) replaces it. Returns 0, or a
+ * failure to note (ENOENT, EDROPPED: gone, the entry is simply not sent). */
+static int mark_sending(struct entry *en) {
+  en->confirmed = false;
+  for (int i = 0; i < 2; i++) { /* a new incarnation in between: mark it too */
+    int code = tally_counter_ship(en->c, en->inc, TALLY_SHIP_UNKNOWN);
+    if (code) return code;
+    uint64_t inc = en->inc;
+    code = tally_counter_read(en->c, &en->cur, &en->inc);
+    if (code) return code;
+    if (en->inc == inc || en->inc == 0) break;
+  }
+  return 0;
+}
+
 /* HGET w:W for the pending entries whose prev is not known, or to confirm. */
 static int phase_hget(tally_flusher *f, tally_flush_stats *st) {
   char key[KEY_MAX];
@@ -439,6 +458,19 @@ static int phase_eval(tally_flusher *f, tally_flush_stats *st) {
     struct entry *en = &f->ents[i];
     if (!en->pending || !en->known) continue;
     if (en->cur == en->prev && en->pinc == en->inc) {
+      st->unchanged++;
+      continue;
+    }
+    int mcode = mark_sending(en);
+    if (mcode == TALLY_ENOENT || mcode == TALLY_EDROPPED || (!mcode && en->inc == 0)) {
+      en->pending = false; /* gone meanwhile */
+      continue;
+    }
+    if (mcode) {
+      fail_entry(f, st, en, mcode);
+      continue;
+    }
+    if (en->cur == en->prev && en->pinc == en->inc) { /* moved back: read it back */
       st->unchanged++;
       continue;
     }
