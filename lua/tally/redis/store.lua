@@ -150,13 +150,16 @@ function Store:counter(name, opts)
     if not fam then return nil, ferr, fcode end
     local want_s = shards or fam.shards or core.DEFAULT_SHARDS
     local want_p = policy or fam.policy or DEFAULT_POLICY
-    local res
+    -- the name before the meta hash: a counter is only found (and never
+    -- added to the names again) once its meta exists, so a create that
+    -- fails in between leaves a name without meta (skipped by reads, made
+    -- whole by the next create), never a counter missing from names
+    local ok, res
+    ok, err, code = cmd(self, "SADD", NAMES_KEY, name)
+    if not ok then return rfail(err, code) end
     res, err, code = cmd(self, "EVAL", CREATE_SCRIPT, 1, mk, want_s, want_p)
     if not res then return rfail(err, code) end
     s, p = tonumber(res[1]), res[2]
-    local ok
-    ok, err, code = cmd(self, "SADD", NAMES_KEY, name)
-    if not ok then return rfail(err, code) end
     if res[3] == "1" then return new_counter(self, name, s, p) end
     -- another process created it meanwhile: compare below
   end
@@ -244,7 +247,8 @@ function Store:top(pattern, n, by)
   return rows
 end
 
--- db:drop(name): the meta hash, the name, then every shard key.
+-- db:drop(name): every shard key, the name, then the meta hash, which says
+-- how many shard keys there are: a drop that fails midway can be run again.
 function Store:drop(name)
   check_name(name, "drop", 1)
   local mk = meta_key(name)
@@ -253,14 +257,14 @@ function Store:drop(name)
   s = tonumber(s)
   if not s then return nil, fmt("no such counter '%s'", printable(name)), "ENOENT" end
   local ok
-  ok, err, code = cmd(self, "DEL", mk)
-  if not ok then return rfail(err, code) end
-  ok, err, code = cmd(self, "SREM", NAMES_KEY, name)
-  if not ok then return rfail(err, code) end
   for i = 0, s - 1 do
     ok, err, code = cmd(self, "DEL", shard_key(name, i))
     if not ok then return rfail(err, code) end
   end
+  ok, err, code = cmd(self, "SREM", NAMES_KEY, name)
+  if not ok then return rfail(err, code) end
+  ok, err, code = cmd(self, "DEL", mk)
+  if not ok then return rfail(err, code) end
   self.cache[name] = nil
   return true
 end
