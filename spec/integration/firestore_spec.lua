@@ -321,6 +321,139 @@ describe("db:flush_to('firestore://...')", function()
     db:close()
   end)
 
+  -- Expiry (docs/lifecycle.md) with the flusher: upkeep drops an idle
+  -- counter only while its value is the last one marked shipped. A commit
+  -- going out may land, so its counter must be held whatever its value
+  -- until Firestore's value is known again; a decrement back to the last
+  -- mark must not let it expire with Firestore holding the later value.
+  describe("holds an idle counter while a commit of it may have landed", function()
+    local T = 1700000040                                -- upkeep's made-up clock (s)
+    local function upkeep(db, t)
+      db:maintain(t * 1000)                             -- notes the value ...
+      return db:maintain((t + 10) * 1000)               -- ... idle 10 s later
+    end
+    local function flushed_at_10(path)
+      local db = assert(tally.open("file:" .. path))
+      db:family("k:*", { idle = 10 })
+      local ff = db:flush_to(emu.uri, { writer = "w1", doc_interval = 0, timeout = 0.5, backoff = 0.01 })
+      local c = db:counter("k:1", { shards = 2 })
+      c:incr(10)
+      assert(ff:sync(10))                               -- Firestore 10, marked shipped at 10
+      assert.equal(10, seeds_count("k:1", 2))
+      return db, ff, c
+    end
+    -- after the fault: held, then flushed back to 10 and expired at 10
+    local function settles(db, ff, t)
+      upkeep(db, t)
+      assert.same({ "k:1" }, db:names("k:*"),          -- on the code before: expired, Firestore 15
+                  "expired locally at 10, Firestore holds " .. seeds_count("k:1", 2))
+      assert.equal(15, seeds_count("k:1", 2))
+      assert(ff:sync(10))
+      assert.equal(10, seeds_count("k:1", 2))
+      upkeep(db, t + 100)
+      assert.same({}, db:names("k:*"))               -- its final value is in Firestore
+      assert.equal(10, seeds_count("k:1", 2))
+      db:close()
+    end
+
+    it("the emulator stopped past the timeout, then applying the commit", function()
+      local db, ff, c = flushed_at_10(helper.tmpfile())
+      c:incr(5)                                         -- 15
+      emu.pause()
+      local st, msg, code = ff:flush_now()              -- the commit of 15 goes out, no reply in 0.5 s
+      emu.resume()
+      assert.is_nil(st)
+      assert.equal("ETIMEDOUT", code, msg)
+      for _ = 1, 500 do                                 -- java reads the request once it runs again
+        if seeds_count("k:1", 2) == 15 then break end
+        tally.sleep(0.02)
+      end
+      assert.equal(15, seeds_count("k:1", 2))
+      c:decr(5)                                         -- back to 10, the value last marked
+      settles(db, ff, T)
+    end)
+
+    it("another process's upkeep while the commit is out (no fault)", function()
+      local path = helper.tmpfile()
+      local db, ff, c = flushed_at_10(path)
+      local other = assert(tally.open("file:" .. path)) -- as another process (an nginx worker)
+      c:incr(5)                                         -- 15, read by the round below
+      local cl, orig = ff.cl, ff.cl.call
+      cl.call = function(self, method, suffix, body)
+        if suffix == ":commit" then                     -- sent after this: 15
+          cl.call = orig
+          other:decr("k:1", 5)                          -- back to 10 ...
+          upkeep(other, T)                              -- ... and idle
+        end
+        return orig(self, method, suffix, body)
+      end
+      assert(ff:flush_now())
+      assert.equal(15, seeds_count("k:1", 2))
+      other:close()
+      settles(db, ff, T + 1000)
+    end)
+
+    it("a commit refused for sure, then the value back to the last mark", function()
+      local db, ff, c = flushed_at_10(helper.tmpfile())
+      c:incr(5)
+      local cl, orig = ff.cl, ff.cl.call
+      cl.call = function(self, method, suffix, body)
+        if suffix == ":commit" then
+          cl.call = orig
+          return nil, "Firestore: refused by the spec", "PERMISSION_DENIED"
+        end
+        return orig(self, method, suffix, body)
+      end
+      assert.is_nil(ff:flush_now())
+      c:decr(5)                                         -- 10: Firestore's value, read back below
+      assert(ff:sync(10))
+      assert.equal(10, seeds_count("k:1", 2))
+      upkeep(db, T + 2000)
+      assert.same({}, db:names("k:*"))               -- marked again once read back
+      db:close()
+    end)
+
+    it("a new incarnation's first commit refused for sure, then back to 0", function()
+      local db, ff, c = flushed_at_10(helper.tmpfile())
+      upkeep(db, T + 2500)
+      assert.same({}, db:names("k:*"))               -- expired at 10, Firestore's value
+      c:incr(3)                                         -- created again: another incarnation
+      local cl, orig = ff.cl, ff.cl.call
+      cl.call = function(self, method, suffix, body)
+        if suffix == ":commit" then
+          cl.call = orig
+          return nil, "Firestore: refused by the spec", "PERMISSION_DENIED"
+        end
+        return orig(self, method, suffix, body)
+      end
+      assert.is_nil(ff:flush_now())
+      c:decr(3)                                         -- 0: nothing of it is in Firestore
+      assert(ff:sync(10))
+      upkeep(db, T + 2600)
+      assert.same({}, db:names("k:*"))
+      assert.equal(10, seeds_count("k:1", 2))
+      db:close()
+    end)
+
+    it("sends the value read after the mark, not the one the round began with", function()
+      local db, ff, c = flushed_at_10(helper.tmpfile())
+      c:incr(5)
+      local ship = core.counter_ship
+      core.counter_ship = function(h, inc, v)
+        local ok, msg, code = ship(h, inc, v)
+        if v == nil then c:incr(2) end                  -- moves between the mark and the commit
+        return ok, msg, code
+      end
+      local st = ff:flush_now()
+      core.counter_ship = ship
+      assert(st)
+      assert.equal(17, seeds_count("k:1", 2))           -- one commit: the value after the mark
+      upkeep(db, T + 3000)
+      assert.same({}, db:names("k:*"))
+      db:close()
+    end)
+  end)
+
   it("resends what a SIGKILLed process left unflushed, once, after restart", function()
     local path = helper.tmpfile()
     local log = helper.tmpfile("worker.log")

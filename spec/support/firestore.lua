@@ -9,6 +9,8 @@
 --   e.wipe()                    -- DELETE every document (between tests)
 --   e.rest(method, path, body)  -- status, decoded JSON, raw text; path after
 --                               -- /v1/projects/P/databases/(default)/documents
+--   e.pause(), e.resume()       -- SIGSTOP, SIGCONT the java child (by PID): a
+--                               -- request sent meanwhile is applied on resume
 --   e.stop()                    -- the java child, then the launcher, by PID
 --
 -- The launcher (a shell script) forks java; both are found by PID (the
@@ -136,7 +138,14 @@ function M.start()
     local st = rh:request("DELETE", ("/emulator/v1/projects/%s/databases/(default)/documents"):format(e.project))
     assert(st == 200, "wipe failed: " .. tostring(st))
   end
+  -- the emulator's own processes (java under the launcher), by PID
+  local function signal_all(sig)
+    for _, c in ipairs(descendants(e.pid)) do os.execute(("kill -%s %d 2>/dev/null"):format(sig, c)) end
+  end
+  function e.pause() signal_all("STOP") end
+  function e.resume() signal_all("CONT") end
   function e.stop()
+    e.resume()                         -- a stopped java would not take SIGTERM
     rh:close()
     stop_pid(e.pid)
     os.execute("rm -rf " .. q(dir))

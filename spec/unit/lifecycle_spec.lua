@@ -171,6 +171,33 @@ describe("idle expiry", function()
   end)
 end)
 
+describe("a shipped counter's expiry (core.ship, core.counter_ship)", function()
+  it("waits for its value to be marked; a nil mark holds it whatever its value", function()
+    local core = require "tally.core"
+    local db = assert(tally.open())
+    db:family("s:*", { idle = 10 })
+    assert.is_true(core.ship(db, "w1", "s:*"))
+    local c = db:counter("s:1")
+    c:incr(5)
+    local _, inc = core.counter_read(c)
+    assert.is_true(core.counter_ship(c, inc, 5))
+    assert.is_true(core.counter_ship(c, inc, nil))    -- a flush of it is out
+    c:incr(-5)
+    c:incr(5)                                         -- 5, the value last marked
+    assert.same({ scanned = 1, expired = 0, held = 0 }, db:maintain(T * 1000))
+    assert.same({ scanned = 1, expired = 0, held = 1 }, db:maintain((T + 20) * 1000))
+    c:incr(-4)                                        -- 1 (nil was read as 1 before)
+    assert.same({ scanned = 1, expired = 0, held = 0 }, db:maintain((T + 40) * 1000))
+    assert.same({ scanned = 1, expired = 0, held = 1 }, db:maintain((T + 60) * 1000))
+    assert.is_true(core.counter_ship(c, inc, 1))      -- read back
+    assert.same({ scanned = 1, expired = 1, held = 0 }, db:maintain((T + 80) * 1000))
+    assert.same({}, db:names())
+    assert.equal("bad argument #3 to 'tally.core.counter_ship' (number expected, got table)",
+                 err(core.counter_ship, c, inc, {}))
+    db:close()
+  end)
+end)
+
 describe("max_counters", function()
   it("sends new names past the cap to the family's overflow counter", function()
     local db = assert(tally.open())

@@ -11,7 +11,10 @@
  *       incarnation as 16 hex digits ("0000000000000000": expired, not
  *       created again; the value is then 0)
  *   core.counter_ship(c, incarnation, value) -> true   mark value shipped
- *       for that incarnation (a mark for another incarnation is ignored)
+ *       for that incarnation (a mark for another incarnation is ignored);
+ *       value nil marks TALLY_SHIP_UNKNOWN: a value is going out whose
+ *       fate may stay unknown, so upkeep holds the counter whatever its
+ *       value until a value read back from the remote is marked
  *
  * Each returns nil, message, code on failure (EDROPPED for a dropped
  * counter); misuse raises. core.unship (lua_redis.c) undoes core.ship.
@@ -59,7 +62,8 @@ static int tl_counter_ship(lua_State *L) {
     return tl_argerror_got(L, 2, "incarnation of 16 hex digits expected", 2,
                            TL_BOOL_TYPE);
   inc = (uint64_t)strtoull(hex, &end, 16);
-  v = tl_checkdelta(L, 3);
+  /* nil: a value is going out and may land unseen */
+  v = lua_isnoneornil(L, 3) ? TALLY_SHIP_UNKNOWN : tl_checkdelta(L, 3);
   rc = tally_counter_ship(h->c, inc, v);
   if (rc < 0) return tl_fail(L, rc);
   lua_pushboolean(L, 1);

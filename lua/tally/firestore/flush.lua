@@ -38,8 +38,13 @@
 -- A counter that expires locally (docs/lifecycle.md) leaves only once its
 -- final value is in Firestore (core.ship / core.counter_ship, as the
 -- Redis flusher): the flusher registers the pattern, and marks each value
--- it has flushed. A counter created again is a new incarnation: its value
--- is flushed in full, the marker then names the new incarnation.
+-- it has flushed, or read back. Before a commit goes out it marks the
+-- counter unknown (held whatever its value: the commit may land with its
+-- reply lost) and reads the value to send again, so a counter never
+-- expires at the old mark while Firestore holds a later value; the mark
+-- stays until the commit's reply or a read back gives Firestore's value.
+-- A counter created again is a new incarnation: its value is flushed in
+-- full, the marker then names the new incarnation.
 --
 -- Limits (enforced here; the emulator enforces none):
 --   doc_interval  at least this many seconds between two writes of one
@@ -137,7 +142,7 @@ function Remote:_read(list)
     else
       en.flushed, en.minc, en.utime = 0, nil, nil
     end
-    en.known = true
+    en.known, en.guess = true, nil
   end
   return true
 end
@@ -147,6 +152,26 @@ local function delta_of(en)
   local base = (en.minc == en.inc) and en.flushed or 0
   local d = sub(en.v, base)
   if d == 0 then return nil end
+  return d
+end
+
+-- Before en's commit goes out: mark it unknown (upkeep holds it whatever
+-- its value until a value Firestore holds is marked), then read the value
+-- to send again, so what is committed is never a value the counter may
+-- have expired at under the old mark. -> the delta to send; or nil and
+-- why not: "gone" (expired, dropped or created again meanwhile: the next
+-- round sees it afresh), "failed" (the mark failed: still pending), "back"
+-- (it moved back to the value Firestore holds: nothing to send).
+local function mark_sending(en)
+  local pok, ok = pcall(core.counter_ship, en.c, en.inc, nil)
+  ok = pok and ok
+  if ok then en.shipv = nil end                    -- to be marked again once known
+  local got, v, inc = pcall(core.counter_read, en.c)
+  if not got or v == nil or inc ~= en.inc then return nil, "gone" end
+  if not ok then return nil, "failed" end
+  en.v = v
+  local d = delta_of(en)
+  if not d then return nil, "back" end
   return d
 end
 
@@ -192,7 +217,7 @@ function Remote:_commit(batch)
     local r = wr[mark[i]]
     en.utime = r and r.updateTime
     if not en.utime then en.known = false end      -- cannot happen; read it again
-    en.flushed, en.minc, en.exists = en.v, en.inc, true
+    en.flushed, en.minc, en.exists, en.guess = en.v, en.inc, true, nil
     en.rshards = en.rshards or en.lshards
     en.last, en.since = t, nil
     self.flushed = self.flushed + 1
@@ -229,7 +254,7 @@ function Remote:_round()
       -- not to exist; if they do (a restart, another writer's counter) it
       -- is rejected whole and they are read, as after any failure.
       en = { name = name, cpath = path, mpath = path .. "/writers/" .. rest.escape(self.writer),
-             known = true, exists = false, flushed = 0 }
+             known = true, exists = false, flushed = 0, guess = true }
       ents[name] = en
     end
     local v, inc
@@ -275,14 +300,21 @@ function Remote:_round()
     self.cur_backoff = self.backoff
     return true
   end
+  -- nothing to send: Firestore holds en.v for this incarnation (as its
+  -- marker, or nothing of it when the marker is another's and en.v is 0),
+  -- unless that is only the first guess (a restarted writer may have
+  -- flushed a value this one has not read)
+  local function settled(en)
+    en.since = nil
+    if not en.guess and en.shipv ~= en.v then        -- read back: may expire at this value
+      pcall(core.counter_ship, en.c, en.inc, en.v)
+      en.shipv = en.v
+    end
+  end
   for _, en in ipairs(due) do
     local d = delta_of(en)
     if not d then
-      en.since = nil
-      if en.minc == en.inc and en.shipv ~= en.v then   -- read back: may expire at this value
-        pcall(core.counter_ship, en.c, en.inc, en.v)
-        en.shipv = en.v
-      end
+      settled(en)
     else
       en.since = en.since or t
       local w = en.exists and 2 or 3
@@ -292,13 +324,22 @@ function Remote:_round()
         st.pending = st.pending + 1                    -- over the ramp-up budget
         st.limited = true
       else
-        if not self.t0 then self.t0 = t end
-        en.d = d
-        batch[#batch + 1] = en
-        nw = nw + w
-        if #batch >= self.batch then
-          local ok, m, c = send()
-          if not ok then return nil, m, c end
+        local why
+        d, why = mark_sending(en)
+        if not d then
+          self.tokens = self.tokens + w                -- not sent: its writes are not spent
+          if why == "failed" then st.pending = st.pending + 1
+          elseif why == "back" then settled(en)
+          else en.since = nil end                      -- gone: the next round sees it afresh
+        else
+          if not self.t0 then self.t0 = t end
+          en.d = d
+          batch[#batch + 1] = en
+          nw = nw + w
+          if #batch >= self.batch then
+            local ok, m, c = send()
+            if not ok then return nil, m, c end
+          end
         end
       end
     end
