@@ -578,6 +578,27 @@ describe("db:flush_to('firestore://...')", function()
     db:close()
   end)
 
+  it("forgets counters that are gone: nothing left pending, no entry kept", function()
+    local db = assert(tally.open())
+    local ff = db:flush_to(emu.uri, { writer = "w1", doc_interval = 60 })
+    for i = 1, 10 do assert(db:incr("gone:" .. i)) end
+    assert(ff:sync(5))
+    for i = 1, 10 do assert(db:incr("gone:" .. i)) end
+    local st = assert(ff:flush_now())                   -- held back by doc_interval
+    assert.equal(10, st.pending)
+    for i = 1, 10 do assert(db:drop("gone:" .. i)) end
+    assert(ff:sync(2))                                   -- was: "10 counters still pending"
+    assert.equal(0, ff:stats().lag)
+    local n = 0
+    for _ in pairs(ff.ents) do n = n + 1 end
+    assert.equal(0, n)
+    assert.equal(1, ff:remote_value("gone:1"))           -- what was flushed stays
+    assert(db:incr("gone:1", 5))                         -- made again: counts on
+    assert(ff:sync(5))
+    assert.equal(6, ff:remote_value("gone:1"))
+    db:close()
+  end)
+
   it("keeps the ramp-up rule: 500 writes/s, +50% every ramp_every", function()
     local db = assert(tally.open())
     local ff = db:flush_to(emu.uri, { writer = "w1", ramp_every = 0.5, doc_interval = 0 })

@@ -244,7 +244,7 @@ function Remote:_round()
   local names, msg, code = self.db:names(self.pattern)
   if not names then return nil, msg, code end
   local ents = self.ents
-  local unknown, due = {}, {}
+  local unknown, due, live = {}, {}, {}
   for _, name in ipairs(names) do
     local en = ents[name]
     if not en then
@@ -266,11 +266,19 @@ function Remote:_round()
       en.c = nil                                          -- dropped: open it again by name
     end
     if v ~= nil and inc ~= NO_INC then
+      live[name] = true
       st.counters = st.counters + 1
       en.v, en.inc = v, inc
       if not en.lshards then en.lshards = self.shards or en.c:info().shards end
       if not en.known then unknown[#unknown + 1] = en else due[#due + 1] = en end
     end
+  end
+  -- a counter gone (dropped, expired: what it counted is in Firestore, or
+  -- given up by the drop) leaves nothing pending, and its entry goes: a
+  -- flusher over short-lived keys stays the size of the live ones. Made
+  -- again, it is a first guess (read when its commit is refused).
+  for name in pairs(ents) do
+    if not live[name] then ents[name] = nil end
   end
   -- what Firestore holds for the unknown ones
   for i = 1, #unknown, 250 do
