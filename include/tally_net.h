@@ -356,6 +356,9 @@ typedef struct tally_flush_stats {
   uint64_t verified;  /* known w:W values read again (re-verification) */
   uint64_t repaired;  /* of those, found different from what was believed
                           (a flush lost in a failover): sent again */
+  uint64_t entries;   /* counters the flusher keeps after the round, each
+                          with what it knows of w:W and an open handle: the
+                          live ones its rounds' patterns cover */
 } tally_flush_stats;
 
 /* A flusher for writer `writer` (NUL-terminated, 1..TALLY_FLUSH_WRITER_MAX
@@ -370,7 +373,10 @@ TALLY_API int tally_flusher_new(tally_store *local, tally_rc *rc, const char *wr
  * prev, each batch pipelined per node. Counters that fail are left for the
  * next round. *st (may be NULL) is filled in every case. Returns 0 when no
  * counter failed, else the first failure's code (tally_errmsg() gives its
- * message). Nothing is ever resent inside a round. */
+ * message). Nothing is ever resent inside a round. The round ends by
+ * forgetting the counters the pattern covers that it did not find live
+ * (dropped, expired): their entries go, their handles closed; a name made
+ * again is read from Redis (HGET) before its first flush. */
 TALLY_API int tally_flusher_run(tally_flusher *f, const char *pattern, size_t plen,
                                 tally_flush_stats *st);
 

@@ -21,7 +21,10 @@
  *      value back to the last one read back after a later flush (applied,
  *      or its reply lost) is held and put right in Redis;
  *  (g) 2 writer processes, an expirer and a flusher on one file store with
- *      idle expiry: remote totals == increments acknowledged, exactly.
+ *      idle expiry: remote totals == increments acknowledged, exactly;
+ *  (h) short-lived names, round after round created, flushed, then dropped
+ *      or expired: the flusher keeps entries and handles for the live ones
+ *      only, and a name made again after its entry went is flushed once.
  * Everything is bounded in time; servers are stopped by PID.
  */
 #include <limits.h>
@@ -31,6 +34,7 @@
 
 #include "tally_net.h"
 #include "redis_servers.h"
+#include "../src/core/internal.h" /* tally__handles_open */
 
 #define NC       200 /* counters per store */
 #define R        8   /* remote shards */
@@ -1118,6 +1122,172 @@ static void test_expiry_churn(const struct target *t) {
   munmap(pg, sizeof *pg);
 }
 
+/* ---- (h) a flusher over short-lived names ------------------------------------ */
+
+/* A counter name made, incremented by v and let go (the handle closed). */
+static void make(tally_store *s, const char *name, int64_t v) {
+  tally_counter *c;
+  REQUIRE_OK(tu_counter(s, name, 2, TALLY_POLICY_THREAD, TALLY_COUNTER_CREATE, &c));
+  EXPECT_OK(tally_counter_incr(c, v));
+  tally_counter_close(c);
+}
+
+/* Rounds of names created, flushed and read back, then half dropped (with
+ * an increment not flushed) and half expired: the flusher's entries and
+ * the store's open handles stay those of the live names (they grew by
+ * every name ever flushed before). A name made again after its entry went
+ * is a first guess: read (HGET), then flushed on top of what Redis has,
+ * once.
+ * Entries of names outside a round's pattern stay, and what they know. */
+static void test_forget(const struct target *t) {
+  printf("(h) %s: short-lived names are forgotten\n", t->label);
+  enum { NH = 20, ROUNDS = 5 };
+  tally_rc *rc;
+  REQUIRE_OK(tally_rc_open(t->seeds, 2000, &rc));
+  char sname[64], id[64], name[64], key[300], want[40];
+  snprintf(sname, sizeof sname, "k-%s.tly", t->label);
+  snprintf(id, sizeof id, "writer-k-%s", t->label);
+  tally_store *s = open_store(sname);
+  tally_family_options fo = {0, -1, 1, 0}; /* idle 1 s */
+  REQUIRE_OK(tally_family_define(s, "k:*", 3, &fo));
+  tally_flusher *f;
+  REQUIRE_OK(tally_flusher_new(s, rc, id, R, &f));
+  tally_flush_stats st;
+  tally_maintain_result mr;
+  int64_t now = 1000;
+
+  make(s, "m:a", 3); /* another pattern's, flushed and read back */
+  EXPECT(flush_clean(f, "m:*", 10, NULL) > 0);
+  EXPECT_I64(1, tally__handles_open(s));
+
+  for (int r = 0; r < ROUNDS; r++) {
+    for (int i = 0; i < NH; i++) {
+      snprintf(name, sizeof name, "k:%d:%d", r, i);
+      make(s, name, i + 1);
+    }
+    EXPECT(flush_clean(f, "k:*", 10, NULL) > 0); /* flushed, then read back */
+    EXPECT_OK(tally_store_maintain(s, now += 2000, 4096, &mr)); /* seen */
+    for (int i = 0; i < NH; i += 2) {
+      snprintf(name, sizeof name, "k:%d:%d", r, i);
+      make(s, name, 100); /* given up by the drop */
+      EXPECT_OK(tally_store_drop(s, name, strlen(name)));
+    }
+    EXPECT_OK(tally_store_maintain(s, now += 2000, 4096, &mr));
+    EXPECT_I64(NH / 2, mr.expired);
+    EXPECT_OK(tally_flusher_run(f, "k:*", 3, &st));
+    EXPECT_I64(0, st.counters);
+    EXPECT_I64(0, st.commands);
+    if (st.entries != 1 || tally__handles_open(s) != 1)
+      TU_FAIL("round %d: %llu entries, %zu handles open; 1 live name", r,
+              (unsigned long long)st.entries, tally__handles_open(s));
+  }
+  EXPECT_I64(1, remote(f, "k:0:0"));
+  EXPECT_I64(2, remote(f, "k:0:1"));
+
+  /* the other pattern's entry kept what it knew: nothing to read again */
+  EXPECT_OK(tally_flusher_run(f, "m:*", 3, &st));
+  EXPECT_I64(1, st.unchanged);
+  EXPECT_I64(0, st.commands);
+
+  /* made again (one dropped, one expired): read, then flushed once */
+  make(s, "k:0:0", 5);
+  make(s, "k:0:1", 7);
+  EXPECT_OK(tally_flusher_run(f, "k:*", 3, &st));
+  EXPECT_I64(2, st.flushed);
+  EXPECT_I64(12, st.delta);
+  EXPECT_I64(4, st.commands); /* HGET, EVAL each */
+  EXPECT_I64(0, st.conflicts);
+  EXPECT(flush_clean(f, "k:*", 10, NULL) > 0);
+  EXPECT_I64(6, remote(f, "k:0:0"));
+  EXPECT_I64(9, remote(f, "k:0:1"));
+  tally_counter *c;
+  uint64_t inc;
+  int64_t v;
+  REQUIRE_OK(tu_counter(s, "k:0:0", 2, TALLY_POLICY_THREAD, 0, &c));
+  EXPECT_OK(tally_counter_read(c, &v, &inc));
+  tally_counter_close(c);
+  EXPECT(tally_flusher_shard_key("k:0:0", 5, tally_flusher_shard(f), key, sizeof key) >
+         0);
+  EXPECT(hget_is(rc, key, id, field(want, inc, 5)));
+
+  /* one gone among many: its handle goes at once */
+  for (int i = 0; i < 8; i++) {
+    snprintf(name, sizeof name, "k:keep:%d", i);
+    make(s, name, 1);
+  }
+  EXPECT(flush_clean(f, "k:*", 10, NULL) > 0);
+  EXPECT_I64(11, tally__handles_open(s));
+  EXPECT_OK(tally_store_drop(s, "k:keep:0", 8));
+  EXPECT_OK(tally_flusher_run(f, "k:*", 3, &st));
+  EXPECT_I64(9, st.counters);
+  EXPECT_I64(10, tally__handles_open(s));
+  EXPECT_I64(10, st.entries);
+
+  /* a re-verification reads the live names only */
+  tally_flusher_verify(f);
+  EXPECT_OK(tally_flusher_run(f, "*", 1, &st));
+  EXPECT_I64(10, st.verified);
+  EXPECT_I64(0, st.repaired);
+  EXPECT_I64(10, st.commands);
+  EXPECT_I64(10, st.entries);
+
+  /* and all of them gone */
+  for (int i = 1; i < 8; i++) {
+    snprintf(name, sizeof name, "k:keep:%d", i);
+    EXPECT_OK(tally_store_drop(s, name, strlen(name)));
+  }
+  EXPECT_OK(tally_store_drop(s, "k:0:0", 5));
+  EXPECT_OK(tally_store_drop(s, "k:0:1", 5));
+  EXPECT_OK(tally_store_drop(s, "m:a", 3));
+  EXPECT_OK(tally_flusher_run(f, NULL, 0, &st));
+  EXPECT_I64(0, st.entries);
+  EXPECT_I64(0, tally__handles_open(s));
+  EXPECT_I64(3, remote(f, "m:a"));
+
+  /* churn at random: entries come and go through the table, whose probe
+   * runs must still lead to each live name (a name not found would be a
+   * new entry, read again with an HGET in a quiet round) */
+  enum { NZ = 300 };
+  static int64_t total[NZ];
+  static bool live[NZ];
+  memset(total, 0, sizeof total);
+  memset(live, 0, sizeof live);
+  uint64_t seed = 0x5eed;
+  for (int r = 0; r < 12; r++) {
+    int nlive = 0;
+    for (int i = 0; i < NZ; i++) {
+      uint64_t x = tu_rng(&seed) % 8;
+      snprintf(name, sizeof name, "z:%d", i);
+      if (live[i] && x < 3) { /* dropped: flushed all it had */
+        EXPECT_OK(tally_store_drop(s, name, strlen(name)));
+        live[i] = false;
+      } else if (x < 6) {
+        make(s, name, (int64_t)x + 1);
+        total[i] += (int64_t)x + 1;
+        live[i] = true;
+      }
+      nlive += live[i];
+    }
+    EXPECT(flush_clean(f, "z:*", 10, NULL) > 0);
+    EXPECT_OK(tally_flusher_run(f, "z:*", 3, &st));
+    EXPECT_I64(nlive, st.entries);
+    EXPECT_I64(nlive, st.counters);
+    EXPECT_I64(0, st.commands);
+    EXPECT_I64(nlive, tally__handles_open(s));
+  }
+  int bad = 0;
+  for (int i = 0; i < NZ; i++) {
+    snprintf(name, sizeof name, "z:%d", i);
+    if (remote(f, name) != total[i] && bad++ < 5)
+      TU_FAIL("%s: remote %lld, flushed %lld", name, (long long)remote(f, name),
+              (long long)total[i]);
+  }
+  EXPECT_I64(0, bad);
+  tally_flusher_free(f);
+  tally_store_close(s);
+  tally_rc_close(rc);
+}
+
 int main(void) {
   double t0 = tu_now();
   start_all();
@@ -1140,7 +1310,8 @@ int main(void) {
     test_expiry(&ts[i]);
     test_expiry_back(&ts[i]);
     test_expiry_churn(&ts[i]);
-    printf("  (f)+(g) %.2f s\n", tu_now() - t1);
+    test_forget(&ts[i]);
+    printf("  (f)+(g)+(h) %.2f s\n", tu_now() - t1);
   }
   test_migration(&ts[1]);
   test_restart(&ts[1]);

@@ -245,6 +245,27 @@ describe("db:flush_to", function()
     rf:close(); db:close()
   end)
 
+  -- A flusher over short-lived names keeps entries for the live ones only
+  -- (stats().entries); a name made again after its entry went is read from
+  -- Redis first, then flushed on top of what it holds, once.
+  it("forgets counters that are gone, and counts on when one is made again", function()
+    local db = tally.open("memory")
+    local pre = fresh("gone")
+    local rf = db:flush_to(srv.uri, { every = 100, pattern = pre .. ":*" })
+    for i = 1, 10 do db:incr(pre .. ":" .. i, i) end
+    assert.equal(10, settle(rf).entries)
+    for i = 1, 10 do assert(db:drop(pre .. ":" .. i)) end
+    local st = assert(rf:flush_now())
+    assert.same({ 0, 0, 0 }, { st.entries, st.counters, st.commands })
+    assert.equal(1, rf:remote_value(pre .. ":1"))     -- what was flushed stays
+    db:incr(pre .. ":1", 5)                           -- made again
+    st = assert(rf:flush_now())
+    assert.same({ 1, 1, 2, 5 }, { st.entries, st.flushed, st.commands, st.delta })
+    settle(rf)
+    assert.equal(6, rf:remote_value(pre .. ":1"))
+    rf:close(); db:close()
+  end)
+
   it("keeps totals exact through db:run on the cluster", function()
     local db = tally.open("memory")
     local names = { fresh("a"), fresh("b"), fresh("c") }

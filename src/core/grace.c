@@ -355,6 +355,14 @@ void tally__handle_remove(tally_store *s, tally_counter *c) {
   pthread_mutex_unlock(&s->hlock);
 }
 
+/* How many counter handles this process has open on s (tests). */
+size_t tally__handles_open(tally_store *s) {
+  pthread_mutex_lock(&s->hlock);
+  size_t n = s->handles ? s->handles->n : 0;
+  pthread_mutex_unlock(&s->hlock);
+  return n;
+}
+
 /* The store closes: handles still open (a host's garbage collector may
  * close them later) forget it, so closing them touches nothing freed. */
 void tally__handles_free(tally_store *s) {

@@ -551,6 +551,7 @@ extern void (*tally__test_hook)(const char *where, const char *name, size_t len)
 void tally__grace_by_name(tally_store *s); /* before the first tally_store_incr */
 void tally__handle_remove(tally_store *s, tally_counter *c);
 void tally__handles_free(tally_store *s);
+size_t tally__handles_open(tally_store *s); /* tests: handles open here */
 int tally__grace_table_create(tally_store *s);
 uint64_t tally__tombstone_loc(void); /* a one-shard loc at hdr->tombstone */
 /* 1 and its pid in *pid if a live process other than this handle's slot

@@ -38,7 +38,7 @@
  *               after topology changes and f:verify())
  *   f:run([pattern]) -> stats table, or nil, message, code, stats table
  *       stats: counters, unchanged, flushed, already, conflicts, errors,
- *              commands, bytes, delta, verified, repaired
+ *              commands, bytes, delta, verified, repaired, entries
  *   f:verify()  the next run reads every w:W again (see tally_net.h)
  *   f:remote_value(name) -> integer, or nil, message, code
  *   f:shard() -> the remote shard index (0-based) this writer flushes into
@@ -568,7 +568,7 @@ static int tl_flusher_new(lua_State *L) {
 }
 
 static void tl_pushflushstats(lua_State *L, const tally_flush_stats *st) {
-  lua_createtable(L, 0, 11);
+  lua_createtable(L, 0, 12);
   tl_setint(L, "verified", st->verified);
   tl_setint(L, "repaired", st->repaired);
   tl_setint(L, "counters", st->counters);
@@ -579,6 +579,7 @@ static void tl_pushflushstats(lua_State *L, const tally_flush_stats *st) {
   tl_setint(L, "errors", st->errors);
   tl_setint(L, "commands", st->commands);
   tl_setint(L, "bytes", st->bytes);
+  tl_setint(L, "entries", st->entries);
   tl_pushint64(L, st->delta);
   lua_setfield(L, -2, "delta");
 }

@@ -9,7 +9,10 @@
  * unknown prev and for quiet ones not read back since their last write,
  * then pipelines the compare-and-set script for entries whose value or
  * incarnation moved. A value read back is marked shipped in the local
- * store, which lets the counter expire. See tally_net.h for the protocol.
+ * store, which lets the counter expire. A name the round's pattern covers
+ * that the round did not find live (dropped, expired) loses its entry at
+ * the round's end: the flusher keeps what the live counters need, not
+ * every name it ever flushed. See tally_net.h for the protocol.
  */
 
 #include "tally_net.h"
@@ -42,6 +45,7 @@ struct entry {
   bool confirmed;   /* ... and was read from Redis, not only written */
   bool verifying;   /* known was cleared by a re-verification: expect prev */
   bool pending;     /* in this round */
+  uint64_t seen;    /* the last round that found it live (or failed to read) */
   tally_counter *c; /* NULL: not open */
   uint64_t pinc;    /* w:W's incarnation; 0: none (nil, or an older format) */
   int64_t prev;
@@ -72,6 +76,7 @@ struct tally_flusher {
   uint32_t *table; /* index + 1, 0 = empty */
   uint32_t tcap;   /* power of two */
   uint32_t *order; /* entries sent in the current batch, in add order */
+  uint64_t round;  /* rounds begun */
   tally_rc_pipe *pipe;
   /* re-verification */
   uint32_t verify_ms;   /* 0: no timer */
@@ -275,8 +280,7 @@ static uint32_t slot_of(const tally_flusher *f, const char *name, size_t len) {
   }
 }
 
-static int grow_table(tally_flusher *f) {
-  uint32_t ncap = f->tcap * 2;
+static int resize_table(tally_flusher *f, uint32_t ncap) {
   uint32_t *t = calloc(ncap, sizeof *t);
   if (!t) return tally_error_set(TALLY_ENOMEM, "redis flush: out of memory");
   free(f->table);
@@ -285,6 +289,10 @@ static int grow_table(tally_flusher *f) {
   for (uint32_t i = 0; i < f->n; i++)
     f->table[slot_of(f, f->ents[i].name, f->ents[i].len)] = i + 1;
   return 0;
+}
+
+static int grow_table(tally_flusher *f) {
+  return resize_table(f, f->tcap * 2);
 }
 
 /* The entry for name, created if absent; NULL on ENOMEM (errmsg set). */
@@ -319,6 +327,63 @@ static struct entry *entry_get(tally_flusher *f, const char *name, size_t len) {
   en->len = (uint32_t)len;
   f->table[h] = ++f->n;
   return en;
+}
+
+/* Remove entry i: its handle closed, its name freed, the last entry moved
+ * into its place. Its table slot is emptied by backward-shift deletion
+ * (each later entry of the probe run that the hole would cut off from its
+ * home slot moves back into it), so every other name is still found. */
+static void entry_remove(tally_flusher *f, uint32_t i) {
+  struct entry *en = &f->ents[i];
+  uint32_t mask = f->tcap - 1, hole = slot_of(f, en->name, en->len);
+  for (uint32_t j = hole;;) {
+    j = (j + 1) & mask;
+    uint32_t e = f->table[j];
+    if (e == 0) break;
+    const struct entry *x = &f->ents[e - 1];
+    uint32_t home = name_hash(x->name, x->len) & mask;
+    if (hole <= j ? hole < home && home <= j : hole < home || home <= j)
+      continue; /* reached from its home without crossing the hole */
+    f->table[hole] = e;
+    hole = j;
+  }
+  f->table[hole] = 0;
+  tally_counter_close(en->c);
+  free(en->name);
+  uint32_t last = --f->n;
+  if (i != last) {
+    *en = f->ents[last]; /* the table finds it by name under index last */
+    f->table[slot_of(f, en->name, en->len)] = i + 1;
+  }
+}
+
+/* End of a round: clear the pending marks and remove the entries of the
+ * names the pattern covers that this round did not find live. Such a
+ * counter was dropped (what it had not flushed is given up) or expired
+ * (its final value read back first): what its entry knew of w:W served
+ * that incarnation only. A name made again is a new incarnation and a new
+ * entry, whose prev is not known: its first round reads w:W (HGET) and
+ * flushes its whole value on top, once. One pass over the entries, and
+ * O(1) expected per entry removed; the table and the arrays shrink once
+ * mostly empty (rebuilt in O(entries), after as many removals). */
+static void forget_gone(tally_flusher *f, const char *pattern, size_t plen) {
+  for (uint32_t i = f->n; i-- > 0;) { /* the entry moved into i was seen */
+    struct entry *en = &f->ents[i];
+    en->pending = false;
+    if (en->seen != f->round && tally_glob_match(pattern, plen, en->name, en->len))
+      entry_remove(f, i);
+  }
+  uint64_t tcap = 64;
+  while (tcap < (uint64_t)f->n * 4) tcap *= 2;
+  if (f->tcap > tcap * 2) (void)resize_table(f, (uint32_t)tcap); /* ENOMEM: the old */
+  if (f->cap > 64 && f->n * 4 < f->cap) {
+    uint32_t ncap = f->n * 2 > 64 ? f->n * 2 : 64;
+    struct entry *e = realloc(f->ents, ncap * sizeof *e);
+    if (e) f->ents = e;
+    uint32_t *o = realloc(f->order, ncap * sizeof *o);
+    if (o) f->order = o;
+    if (e || o) f->cap = ncap; /* one that failed is larger: still room */
+  }
 }
 
 /* ---- a round ---------------------------------------------------------------- */
@@ -547,11 +612,15 @@ int tally_flusher_run(tally_flusher *f, const char *pattern, size_t plen,
   f->first_code = 0;
   f->first_msg[0] = '\0';
   f->nlen = 0;
+  f->round++;
   maybe_verify(f);
   /* before listing: a counter created from now on is held until shipped */
   int code = tally_store_ship(f->local, f->writer, f->wlen, pattern, plen);
   if (!code) code = tally_store_each(f->local, pattern, plen, collect, f);
-  if (code) return code;
+  if (code) {
+    st->entries = f->n;
+    return code;
+  }
 
   /* local values */
   for (size_t off = 0; off < f->nlen;) {
@@ -560,7 +629,11 @@ int tally_flusher_run(tally_flusher *f, const char *pattern, size_t plen,
     const char *name = f->nbuf + off + sizeof len;
     off += sizeof len + len;
     struct entry *en = entry_get(f, name, len);
-    if (!en) return TALLY_ENOMEM;
+    if (!en) {
+      for (uint32_t i = 0; i < f->n; i++) f->ents[i].pending = false;
+      st->entries = f->n;
+      return TALLY_ENOMEM;
+    }
     en->pending = false;
     /* a handle whose counter was dropped is opened again by name, once:
      * a counter created again is a new incarnation, flushed this round */
@@ -578,16 +651,19 @@ int tally_flusher_run(tally_flusher *f, const char *pattern, size_t plen,
     if (code) {
       note_fail(f, code);
       st->errors++;
+      en->seen = f->round; /* not known to be gone: kept */
       continue;
     }
     if (en->inc == 0) continue; /* expired since listed */
+    en->seen = f->round;
     en->pending = true;
     st->counters++;
   }
 
   code = phase_hget(f, st);
   if (!code) code = phase_eval(f, st);
-  for (uint32_t i = 0; i < f->n; i++) f->ents[i].pending = false;
+  forget_gone(f, pattern, plen);
+  st->entries = f->n;
   if (code) return code; /* ENOMEM adding to the pipeline */
   if (f->first_code) return tally_error_set(f->first_code, "%s", f->first_msg);
   return 0;
