@@ -63,6 +63,15 @@ local st = {
 local sink_seen = setmetatable({}, { __mode = "k" })
 local SINK_LOG_EVERY = 60   -- seconds between two logs of one failing sink
 
+-- A tick's failures that go on (a rollup or the upkeep on a full disk, a
+-- flush of buffered histograms with a member dropped): what failed ->
+-- { at = when last logged, n = failures since }. Each is logged when it
+-- starts, then at most every SINK_LOG_EVERY seconds while it lasts (a
+-- tick comes up to twice a second in every worker), and once when a tick
+-- no longer reports it.
+local failing = {}
+local UPKEEP, HISTOGRAMS = "upkeep (expiry, space reuse)", "flushing buffered histograms"
+
 local function log(level, ...)
   if ngx then ngx.log(level, "tally.openresty: ", ...) end
 end
@@ -142,20 +151,48 @@ function _M.tick()
   local db = st.db
   if not db then return nil, st.reason end
   if ngx then ngx.update_time() end  -- ngx.now() is cached per event loop turn
+  local now = ngx and ngx.now() or 0
+  local failed, worked = {}, {}   -- in this tick: what failed (-> message), what worked
   local ok, res = pcall(db.tick, db)
   if not ok then
     st.tick_errors = st.tick_errors + 1
     st.last_tick_error = tostring(res)
-    log(ngx and ngx.ERR, "tick failed: ", tostring(res))
-    return nil, tostring(res)
+    failed["tick"] = "tick failed: " .. tostring(res)
+  else
+    st.ticks = st.ticks + 1
+    worked["tick"] = true
+    worked[UPKEEP], worked[HISTOGRAMS] = true, true   -- unless listed: they run every tick
+    for _, r in ipairs(res) do
+      local what = r.upkeep and UPKEEP or r.histograms and HISTOGRAMS
+                   or fmt("rollup '%s' every %ss", printable(tostring(r.pattern)), tostring(r.every))
+      if r.status == "error" then
+        failed[what], worked[what] = what .. " failed: " .. tostring(r.error), nil
+      elseif r.status == "ran" or r.status == "lost" then
+        worked[what] = true
+      end
+    end
   end
-  st.ticks = st.ticks + 1
+  for key, msg in pairs(failed) do
+    local f = failing[key]
+    if not f then
+      log(ngx and ngx.ERR, msg)
+      failing[key] = { at = now, n = 0 }
+    elseif now - f.at >= SINK_LOG_EVERY then
+      log(ngx and ngx.ERR, msg, " (", f.n, " more failures since it was last logged)")
+      f.at, f.n = now, 0
+    else
+      f.n = f.n + 1
+    end
+  end
+  for key in pairs(failing) do
+    if worked[key] then
+      failing[key] = nil
+      log(ngx and ngx.NOTICE, key == "tick" and "ticks" or key, " no longer failing")
+    end
+  end
+  if not ok then return nil, tostring(res) end
   for _, r in ipairs(res) do
-    if r.status == "error" and r.upkeep then
-      log(ngx and ngx.ERR, "upkeep (expiry, space reuse) failed: ", tostring(r.error))
-    elseif r.status == "error" then
-      log(ngx and ngx.ERR, "rollup '", printable(r.pattern), "' every ", r.every, "s failed: ", tostring(r.error))
-    elseif r.status == "lost" then
+    if r.status == "lost" then
       log(ngx and ngx.WARN, "rollup '", printable(r.pattern), "' every ", r.every, "s: lost the lease in period ",
           tostring(r.period), " (this worker stalled; another finishes the period)")
     elseif r.status == "ran" then
@@ -166,7 +203,6 @@ function _M.tick()
   -- Sinks fail quietly (they keep the records, retry and count): log a
   -- failing sink when it starts failing, then at most every SINK_LOG_EVERY
   -- seconds while it goes on, and once when it delivers again.
-  local now = ngx and ngx.now() or 0
   for _, sch in ipairs(db:schedules()) do
     for i, sk in ipairs(sch.sinks or {}) do
       local ok, ss = pcall(sk.stats, sk)
