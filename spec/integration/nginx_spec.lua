@@ -503,6 +503,23 @@ describe("tally.openresty in nginx, 2 workers", function()
     assert.same({}, srv.errors { "flushing buffered histograms failed" })
   end)
 
+  it("says, once per worker, that it needs lua_code_cache on", function()
+    -- with lua_code_cache off every request runs in a Lua VM of its own,
+    -- without the store init_worker opened (in the worker's VM)
+    local conf, n = nginx.example():gsub('\n    lua_package_cpath ([^\n]*)\n', '%0    lua_code_cache off;\n', 1)
+    assert.equal(1, n)
+    srv = nginx.start { conf = conf, ready = "/page/1" }
+    assert.same({ [200] = 20 }, nginx.burst(srv.url .. "/page/[1-20]", { close = true }).wait().codes)
+    local status, body = nginx.get(srv.url .. "/tally/status")
+    assert.equal(503, status, body)
+    assert.matches("with lua_code_cache off every request has a VM of its own;"
+                   .. " tally.openresty needs lua_code_cache on", body, 1, true)
+    local _, lines = srv.text():gsub("tally%.openresty: init_worker opened the store in this worker's own"
+                                     .. " Lua VM[^\n]*counting is off in requests", "")
+    assert.is_true(lines >= 1 and lines <= 2, lines .. " lines:\n" .. srv.text())   -- once per worker
+    assert.same({}, srv.errors { "needs lua_code_cache on", "lua_code_cache is off; this will hurt performance" })
+  end)
+
   it("refuses to open the store in init_by_lua (the master)", function()
     local conf = nginx.example():gsub("\n    init_worker_by_lua_block {", [[
 
