@@ -89,17 +89,35 @@ end
 local sink_seen = setmetatable({}, { __mode = "k" })
 local SINK_LOG_EVERY = 60   -- seconds between two logs of one failing sink
 
--- A tick's failures that go on (a rollup or the upkeep on a full disk, a
+local function log(level, ...)
+  if ngx then ngx.log(level, "tally.openresty: ", ...) end
+end
+
+-- Failures that go on (a rollup or the upkeep on a full disk, a
 -- flush of buffered histograms with a member dropped): what failed ->
 -- { at = when last logged, n = failures since }. Each is logged when it
 -- starts, then at most every SINK_LOG_EVERY seconds while it lasts (a
--- tick comes up to twice a second in every worker), and once when a tick
--- no longer reports it.
+-- tick comes up to twice a second in every worker, a flush every second),
+-- and once when it works again.
 local failing = {}
 local UPKEEP, HISTOGRAMS = "upkeep (expiry, space reuse)", "flushing buffered histograms"
-
-local function log(level, ...)
-  if ngx then ngx.log(level, "tally.openresty: ", ...) end
+local function failed_again(key, level, msg, now)
+  local f = failing[key]
+  if not f then
+    log(level, msg)
+    failing[key] = { at = now, n = 0 }
+  elseif now - f.at >= SINK_LOG_EVERY then
+    log(level, msg, " (", f.n, " more failures since it was last logged)")
+    f.at, f.n = now, 0
+  else
+    f.n = f.n + 1
+  end
+end
+local function works_again(key)
+  if failing[key] then
+    failing[key] = nil
+    log(ngx and ngx.NOTICE, key == "tick" and "ticks" or key, " no longer failing")
+  end
 end
 
 -- A path relative to the nginx prefix (what nginx does with relative
@@ -198,24 +216,8 @@ function _M.tick()
       end
     end
   end
-  for key, msg in pairs(failed) do
-    local f = failing[key]
-    if not f then
-      log(ngx and ngx.ERR, msg)
-      failing[key] = { at = now, n = 0 }
-    elseif now - f.at >= SINK_LOG_EVERY then
-      log(ngx and ngx.ERR, msg, " (", f.n, " more failures since it was last logged)")
-      f.at, f.n = now, 0
-    else
-      f.n = f.n + 1
-    end
-  end
-  for key in pairs(failing) do
-    if worked[key] then
-      failing[key] = nil
-      log(ngx and ngx.NOTICE, key == "tick" and "ticks" or key, " no longer failing")
-    end
-  end
+  for key, msg in pairs(failed) do failed_again(key, ngx and ngx.ERR, msg, now) end
+  for key in pairs(worked) do works_again(key) end
   if not ok then return nil, tostring(res) end
   for _, r in ipairs(res) do
     if r.status == "lost" then
@@ -279,7 +281,12 @@ local function flush_histograms(exiting)
       else
         ok, msg = h:flush()
       end
-      if not ok then log(ngx.WARN, "histogram '", printable(name), "': flush failed: ", tostring(msg)) end
+      local key = "flushing buffered histogram '" .. printable(name) .. "'"
+      if ok then
+        works_again(key)
+      else            -- (the timer's every second, and every tick: logged once a minute)
+        failed_again(key, ngx.WARN, key .. " failed: " .. tostring(msg), ngx.now())
+      end
     end
   end
 end
