@@ -101,6 +101,7 @@ end
 -- and once when it works again.
 local failing = {}
 local UPKEEP, HISTOGRAMS = "upkeep (expiry, space reuse)", "flushing buffered histograms"
+local function time_now() return ngx and ngx.now() or 0 end
 local function failed_again(key, level, msg, now)
   local f = failing[key]
   if not f then
@@ -430,7 +431,8 @@ end
 
 -- incr(name [, n [, key]]) -> true, or nil, message [, code]
 -- db:incr on this worker's store; counting a request never raises for a
--- store that could not be opened (init_worker logged why).
+-- store that could not be opened (init_worker logged why). A failure (a
+-- full disk, a shard's range) is logged, at most once a minute.
 function _M.incr(name, n, key)
   local db = st.db
   if db then
@@ -442,6 +444,7 @@ function _M.incr(name, n, key)
     else
       ok, err, code = db:incr(name, n or 1, key)
     end
+    if not ok then failed_again("counting", ngx and ngx.ERR, "counting failed: " .. tostring(err), time_now()) end
     return ok, err, code
   end
   return nil, "tally.openresty: no store in this worker (" .. st.reason .. ")"
@@ -501,7 +504,9 @@ function _M.observe(name, v, opts)
     h, msg, code = _M.histogram(name, opts)
     if not h then return nil, msg, code end
   end
-  return h:observe(v)
+  local ok, err, ecode = h:observe(v)
+  if not ok then failed_again("observing", ngx and ngx.ERR, "observing failed: " .. tostring(err), time_now()) end
+  return ok, err, ecode
 end
 
 -- observe_latency(name [, opts]) -> true, or nil, message [, code]: in

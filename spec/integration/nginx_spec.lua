@@ -512,6 +512,21 @@ describe("tally.openresty in nginx, 2 workers", function()
     end
   end)
 
+  it("logs an increment that goes on failing once, not at every request", function()
+    -- a counter at the top of a shard's range: every request's incr fails
+    -- (ERANGE), as every new name's does on a full disk; the example's
+    -- handlers ignore what incr returns
+    srv = nginx.start { conf = nginx.example() }
+    local db = store_of(srv)
+    assert.is_true(db:incr("http:/page/1", math.maxinteger >> 1))   -- 2^62 - 1, one shard
+    db:close()
+    assert.same({ [200] = 50 }, nginx.burst(srv.url .. "/page/1?r=[1-50]", { close = true }).wait().codes)
+    local _, lines = srv.text():gsub("tally%.openresty: counting failed: counter 'http:/page/1': adding 1"
+                                     .. " would overflow a shard", "")
+    assert.is_true(lines >= 1 and lines <= 2, lines .. " lines:\n" .. srv.text())   -- once per worker
+    assert.same({}, srv.errors { "counting failed: counter 'http:/page/1'" })
+  end)
+
   it("says, once per worker, that it needs lua_code_cache on", function()
     -- with lua_code_cache off every request runs in a Lua VM of its own,
     -- without the store init_worker opened (in the worker's VM)
