@@ -61,25 +61,18 @@ local st = {
 -- lua_code_cache off: every request runs in a Lua VM of its own, which
 -- loads this module afresh, without the store init_worker opened in the
 -- worker's own VM (whose timers still tick). init_worker marks the worker
--- process in its environment (one per process, not per VM, and not
--- inherited: workers are forked by the master, which never marks), so
--- such a VM says why it has no store, and logs it once per worker.
-local MARK = "TALLY_OPENRESTY_WORKER"
-local function setenv(k, v)
-  local ok, ffi = pcall(require, "ffi")
-  if not ok then return end
-  pcall(ffi.cdef, "int setenv(const char *name, const char *value, int overwrite);")
-  pcall(function() ffi.C.setenv(k, v, 1) end)
-end
+-- process in tally.core (one copy per process, shared by its VMs; workers
+-- are forked by the master, which never marks), so such a VM says why it
+-- has no store, and logs it once per worker (the mark's sign).
 if ngx and ngx.get_phase() ~= "init" and ngx.worker and ngx.worker.pid then
-  local pid, mark = tostring(ngx.worker.pid()), os.getenv(MARK)
-  if mark == pid or mark == pid .. " logged" then
+  local pid, mark = ngx.worker.pid(), core._process_mark()
+  if mark == pid or mark == -pid then
     st.reason = "init_worker opened the store in this worker's own Lua VM, but this code runs in"
                 .. " another one: with lua_code_cache off every request has a VM of its own;"
                 .. " tally.openresty needs lua_code_cache on"
     if mark == pid then
+      core._process_mark(-pid)
       ngx.log(ngx.ERR, "tally.openresty: ", st.reason, "; counting is off in requests")
-      setenv(MARK, pid .. " logged")
     end
   end
 end
@@ -406,7 +399,7 @@ function _M.init_worker(opts)
     end
   end
   st.db, st.reason = db, nil
-  setenv(MARK, tostring(ngx.worker.pid()))
+  core._process_mark(ngx.worker.pid())
   st.on_tick = opts.on_tick
   st.flush_on_exit = opts.flush_on_exit or 0.2
   local every = opts.tick

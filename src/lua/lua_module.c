@@ -8,6 +8,8 @@
  */
 #include "lua_aux.h"
 
+#include <stdatomic.h>
+
 static const luaL_Reg tl_parts[] = {
     {"store", tl_open_store},           /* core.open, the store handle */
     {"counter", tl_open_counter},       /* the counter handle */
@@ -21,6 +23,19 @@ static const luaL_Reg tl_parts[] = {
     {"histogram", tl_open_histogram},   /* core.histogram_writer (lua_histogram.c) */
     {"exposition", tl_open_exposition}, /* core._prom_lines (lua_exposition.c) */
     {NULL, NULL}};
+
+/* core._process_mark([n]) -> the mark before (0: none); n sets it. One
+ * per process, shared by every Lua state that loads this module (each gets
+ * this same copy of it), never by another process: tally.openresty marks a
+ * worker whose init_worker opened the store, so that a request's Lua state
+ * of its own (lua_code_cache off) can say why it has none. */
+static _Atomic lua_Integer process_mark;
+static int tl_process_mark(lua_State *L) {
+  lua_Integer before = atomic_load(&process_mark);
+  if (!lua_isnoneornil(L, 1)) atomic_store(&process_mark, luaL_checkinteger(L, 1));
+  lua_pushinteger(L, before);
+  return 1;
+}
 
 TL_EXPORT int luaopen_tally_core(lua_State *L) {
   const luaL_Reg *part;
@@ -37,6 +52,8 @@ TL_EXPORT int luaopen_tally_core(lua_State *L) {
   lua_setfield(L, -2, "MAINTAIN_MAX_MS");
   lua_pushinteger(L, TALLY_DEFAULT_SHARDS);
   lua_setfield(L, -2, "DEFAULT_SHARDS");
+  lua_pushcfunction(L, tl_process_mark);
+  lua_setfield(L, -2, "_process_mark");
 #if TL_LUAJIT
   lua_pushcfunction(L, tl_set_box); /* 64-bit integers as cdata */
   lua_setfield(L, -2, "set_box");
