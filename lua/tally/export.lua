@@ -268,6 +268,14 @@ local function check_counter(name, doc)
   return { name = name, shards = n, policy = policy, counts = counts }
 end
 
+-- Why a name cannot be imported: a family at its cap (max_counters) gives
+-- its overflow counter for it, which other names share, so neither mode
+-- could set or add the name's shards as the document asks.
+local function capped(name)
+  return fmt("counter '%s' falls under a family at its cap (max_counters): it would be "
+             .. "counted in the family's overflow counter", printable(name))
+end
+
 -- Undo what an import applied: the log holds the adds (counter handle,
 -- shard, amount in three arrays), undone newest first; then the counters
 -- it created are dropped. Only runs when another process changed or
@@ -367,6 +375,7 @@ function import_any(self, text, opts)
       if not c then return nil, cmsg, ccode end
       local info, imsg, icode = c:info()
       if not info then return nil, imsg, icode end
+      if info.overflow then return nil, capped(name), "EFULL" end   -- a handle db:counter cached
       if info.shards ~= p.shards then
         raise(fmt("counter '%s': num_shards is %d but the counter exists with %d shards",
                   printable(name), p.shards, info.shards))
@@ -410,6 +419,11 @@ function import_any(self, text, opts)
         undo(self, { {}, {}, {} }, created)
         if not cok then error(c, 0) end
         return nil, msg, code
+      end
+      local info = c:info()
+      if info and info.overflow then
+        undo(self, { {}, {}, {} }, created)
+        return nil, capped(p.name), "EFULL"
       end
       created[#created + 1] = p.name
       p.c = c

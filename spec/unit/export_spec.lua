@@ -241,6 +241,23 @@ describe("tally.store", function()
       assert.same({ name = "f:1", shards = 2, policy = "round_robin" }, plain(db:counter("f:1"):info()))
     end)
 
+    it("refuses a new counter that a family at its cap would send to its overflow counter", function()
+      -- two names, one overflow counter: a replace would set it to the last
+      -- one's counts and lose the others' (and what it held before)
+      db:family("client:*", { max_counters = 1 })
+      db:incr("client:a", 1)
+      db:incr("client:z", 100)                   -- capped: counted in client:_overflow
+      local before = db:export()
+      local text = doc({ { name = "client:b", shards = { 7 } }, { name = "client:c", shards = { 11 } } })
+      for _, mode in ipairs({ "replace", "add" }) do
+        assert.same({ nil, "counter 'client:b' falls under a family at its cap "
+                      .. "(max_counters): it would be counted in the family's overflow counter",
+                      "EFULL" }, { db:import(text, { mode = mode }) })
+        assert.equal(before, db:export())
+        assert.same({ 101, 2 }, { db:sum("client:*") })
+      end
+    end)
+
     it("imports into a counter with a function policy, but cannot create one", function()
       local c = db:counter("fn", { shards = 2, policy = function() return 2 end })
       local text = db:export()

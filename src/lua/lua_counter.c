@@ -381,6 +381,11 @@ static int tl_counter_info(lua_State *L) {
   snprintf(inc, sizeof inc, "%016llx", (unsigned long long)info.incarnation);
   lua_pushstring(L, inc);
   lua_setfield(L, -2, "incarnation");
+  if (info.name &&
+      (info.name_len != h->namelen || memcmp(info.name, h->name, h->namelen) != 0)) {
+    lua_pushlstring(L, info.name, info.name_len); /* a capped family's overflow counter */
+    lua_setfield(L, -2, "overflow");
+  }
   if (info.auto_shards) { /* only then: and the engine's reshards so far */
     lua_pushboolean(L, 1);
     lua_setfield(L, -2, "auto");
