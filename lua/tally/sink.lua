@@ -396,10 +396,11 @@ local function spool_error(self, err)
   self.spool.last_error = tostring(err)
 end
 
--- Encode and post records in batches; returns how many were posted. What
--- cannot be encoded or queued is counted as failed.
+-- Encode and post records in batches; returns how many were posted and
+-- how many could not be encoded (dropped: they never will be). What cannot
+-- be encoded or queued is counted as failed.
 local function post_records(self, recs, db)
-  local posted_n = 0
+  local posted_n, unencodable = 0, 0
   local batch = self.format == "prometheus" and #recs or self.batch
   for from = 1, #recs, batch do
     local to = math.min(from + batch - 1, #recs)
@@ -412,17 +413,19 @@ local function post_records(self, recs, db)
         if self:encode({ r }, db) then good[#good + 1] = r end
       end
       _M.failed(self, body, #part - #good)
+      unencodable = unencodable + #part - #good
       part = good
       if #part > 0 then ok, body = self:encode(part, db) end
     elseif not ok then
       _M.failed(self, body, #part)
+      unencodable = unencodable + #part
     end
     if ok and #part > 0 then
       local posted, err = self.sender:post(body, #part)
       if not posted then _M.failed(self, err, #part) else posted_n = posted_n + #part end
     end
   end
-  return posted_n
+  return posted_n, unencodable
 end
 
 -- Everything posted since the file was last emptied is delivered: empty it.
@@ -446,9 +449,10 @@ local function spool_post(self, recs, db)
   end
   local ok, err = core.spool_append(sp.file, concat(lines, "\n") .. "\n")
   if not ok then spool_error(self, err) end
-  local n = post_records(self, recs, db)
+  local n, unencodable = post_records(self, recs, db)
   sp.posted = sp.posted + n
-  if ok and n < #recs then sp.stuck = true end   -- in the file, never posted: keep it
+  -- in the file, never posted: keep it (what cannot be encoded is dropped)
+  if ok and n + unencodable < #recs then sp.stuck = true end
 end
 
 -- Take over the files of sinks for this url and format whose process is

@@ -674,6 +674,39 @@ describe("an HTTP sink with a spool", function()
     assert.same({}, readdir(path .. ".spool"))
   end)
 
+  it("drops a record its format cannot carry, and still empties the file", function()
+    -- it once kept the file for good: every later run posted its records again
+    local path = helper.tmpfile()
+    local srv = peers.start_http_sink {}
+    finally(function() srv.stop() end)
+    local script = helper.tmpfile("influx.lua")
+    helper.write(script, ([[
+      local tally = require "tally"
+      local db = assert(tally.open("file:" .. %q))
+      local t = tonumber(arg[1])
+      db:clock(function() return t end)
+      local s = tally.sink.http { url = %q, format = "influx", spool = true, timeout = 2 }
+      db:rollup("c:*", { every = 10, sinks = { s } })
+      db:incr("c:good", 1)
+      db:incr("c:bad\\", 1)               -- line protocol cannot end a tag in a backslash
+      db:tick()
+      assert(db:flush(10))
+      print(s:stats().sent, s:stats().dropped)
+    ]]):format(path, srv.url .. "/write?db=x"))
+    for i = 0, 2 do
+      local out, code = helper.sh("timeout 30 " .. helper.q(helper.bin) .. " " .. helper.q(script)
+                                  .. " " .. (T0 + 10 * i))
+      assert.equal(0, code, out)
+      assert.equal("1\t1\n", out)
+      assert.same({}, readdir(path .. ".spool"))
+    end
+    assert.same({
+      "tally,name=c:good value=1i,delta=0i,rate=0 " .. T0 .. "000000000\n",
+      "tally,name=c:good value=2i,delta=1i,rate=0.1 " .. (T0 + 10) .. "000000000\n",
+      "tally,name=c:good value=3i,delta=1i,rate=0.1 " .. (T0 + 20) .. "000000000\n",
+    }, bodies(srv))
+  end)
+
   it("leaves a live process's file alone, and refuses a bad spool option", function()
     local path = helper.tmpfile()
     local port = peers.free_port()
