@@ -428,19 +428,28 @@ local function post_records(self, recs, db)
   return posted_n, unencodable
 end
 
--- Everything posted since the file was last emptied is delivered: empty it.
+-- Everything posted since the file was last emptied is delivered: empty it
+-- (and the files taken from dead processes that could not be copied into
+-- it, sp.held).
 local function spool_settle(self)
   local sp = self.spool
   if not sp.file or sp.stuck or sp.posted == 0 then return end
   local st = self.sender:stats()
   if st.sent - sp.sent0 >= sp.posted and st.queued == 0 then
     os.remove(sp.file)
+    for _, f in ipairs(sp.held or {}) do
+      os.remove(sp.dir .. "/" .. f)
+      live_files[f] = nil
+    end
+    sp.held = nil
     sp.sent0, sp.posted = sp.sent0 + sp.posted, 0
   end
 end
 
 -- Append records (with their ids) to this sink's file and post them.
-local function spool_post(self, recs, db)
+-- durable: they are on disk already (in a file taken from a dead process).
+-- Returns whether the append succeeded.
+local function spool_post(self, recs, db, durable)
   local sp = self.spool
   local lines = {}
   for i, r in ipairs(recs) do
@@ -451,8 +460,9 @@ local function spool_post(self, recs, db)
   if not ok then spool_error(self, err) end
   local n, unencodable = post_records(self, recs, db)
   sp.posted = sp.posted + n
-  -- in the file, never posted: keep it (what cannot be encoded is dropped)
-  if ok and n + unencodable < #recs then sp.stuck = true end
+  -- in a file, never posted: keep it (what cannot be encoded is dropped)
+  if (ok or durable) and n + unencodable < #recs then sp.stuck = true end
+  return ok
 end
 
 -- Take over the files of sinks for this url and format whose process is
@@ -482,10 +492,16 @@ local function spool_recover(self, db, force)
         for line in data:gmatch("[^\n]+") do   -- a torn last line (a crash mid-write) is left out
           recs[#recs + 1] = spooled_record(line)
         end
-        if #recs > 0 then spool_post(self, recs, db) end
-        os.remove(take)
+        if #recs == 0 or spool_post(self, recs, db, true) then
+          os.remove(take)
+          live_files[base] = nil
+        else          -- not copied into ours (a full disk): ours until delivered
+          sp.held = sp.held or {}
+          sp.held[#sp.held + 1] = base
+        end
+      else
+        live_files[base] = nil
       end
-      live_files[base] = nil
     end
   end
 end

@@ -707,6 +707,62 @@ describe("an HTTP sink with a spool", function()
     }, bodies(srv))
   end)
 
+  it("keeps a dead process's file it cannot copy into its own (a full disk) (as root)", function()
+    if not helper.is_root() then
+      pending("needs root to mount a small tmpfs")
+      return
+    end
+    local dir = helper.tmpfile("fullspool")
+    os.execute("mkdir -p " .. helper.q(dir))
+    local _, mounted = helper.sh("mount -t tmpfs -o size=64k tmpfs " .. helper.q(dir))
+    if mounted ~= 0 then
+      pending("cannot mount a tmpfs here")
+      return
+    end
+    finally(function() helper.sh("umount " .. helper.q(dir)) end)
+    local spool = dir .. "/spool"
+    local port = peers.free_port()
+    local url = "http://127.0.0.1:" .. port .. "/hook"
+    local line = '{"name":"a","value":1,"at":' .. T0 .. '.000,"delta":0,"rate":0,"id":"a|10|' .. T0 .. '000"}'
+    local script = helper.tmpfile("take.lua")
+    helper.write(script, ([[
+      local tally = require "tally"
+      local s = tally.sink.http { url = %q, spool = %q, timeout = 1 }
+      local db = assert(tally.open())
+      db:rollup("c:*", { every = 10, sinks = { s } })
+      if arg[1] == "wait" then assert(db:flush(10)) end
+      print(s:stats().spool_errors)
+    ]]):format(url, spool))
+    -- a file left by a process that exited while the webhook was down
+    local first = helper.tmpfile("first.lua")
+    helper.write(first, ([[
+      local tally = require "tally"
+      local s = tally.sink.http { url = %q, spool = %q, timeout = 1 }
+      s:push({ { name = "a", value = 1, at = %d, delta = 0, rate = 0 } }, nil, { every = 10 })
+    ]]):format(url, spool, T0))
+    local out, code = helper.sh("timeout 30 " .. helper.q(helper.bin) .. " " .. helper.q(first))
+    assert.equal(0, code, out)
+    assert.equal(1, #readdir(spool))
+    helper.sh("head -c 100000 /dev/zero > " .. helper.q(dir .. "/filler") .. " 2>/dev/null")
+    -- the webhook is down and the disk full: the taker cannot copy the
+    -- records into its own file, and exits before they are delivered
+    out, code = helper.sh("timeout 30 " .. helper.q(helper.bin) .. " " .. helper.q(script))
+    assert.equal(0, code, out)
+    assert.equal("1\n", out)
+    local text = ""
+    for _, n in ipairs(readdir(spool)) do text = text .. helper.slurp(spool .. "/" .. n) end
+    assert.equal(line .. "\n", text)          -- still on disk, for a later run
+    -- a later run, the disk still full, the webhook up: delivers it, then
+    -- removes the file it took
+    local srv = peers.start_http_sink { port = port }
+    finally(function() srv.stop() end)
+    out, code = helper.sh("timeout 30 " .. helper.q(helper.bin) .. " " .. helper.q(script) .. " wait")
+    assert.equal(0, code, out)
+    assert.equal("1\n", out)
+    assert.same({ "[" .. line .. "]" }, bodies(srv))
+    assert.same({}, readdir(spool))
+  end)
+
   it("leaves a live process's file alone, and refuses a bad spool option", function()
     local path = helper.tmpfile()
     local port = peers.free_port()
