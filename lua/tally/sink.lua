@@ -485,14 +485,18 @@ local function spool_recover(self, db, force)
       local take = sp.dir .. "/" .. base
       live_files[base] = true
       if os.rename(sp.dir .. "/" .. n, take) then   -- ours now: nobody else has it
-        local f = io.open(take, "rb")
-        local data = f and f:read("a") or ""
+        local f, ferr = io.open(take, "rb")
+        local data = f and f:read("a")
         if f then f:close() end
         local recs = {}
-        for line in data:gmatch("[^\n]+") do   -- a torn last line (a crash mid-write) is left out
+        for line in (data or ""):gmatch("[^\n]+") do   -- a torn last line (a crash mid-write) is left out
           recs[#recs + 1] = spooled_record(line)
         end
-        if #recs == 0 or spool_post(self, recs, db, true) then
+        if not data then     -- unreadable (another user's): leave it, and say so
+          os.rename(take, sp.dir .. "/" .. n)
+          live_files[base] = nil
+          spool_error(self, ferr or ("cannot read " .. take))
+        elseif #recs == 0 or spool_post(self, recs, db, true) then
           os.remove(take)
           live_files[base] = nil
         else          -- not copied into ours (a full disk): ours until delivered

@@ -763,6 +763,45 @@ describe("an HTTP sink with a spool", function()
     assert.same({}, readdir(spool))
   end)
 
+  it("leaves a file it cannot read where it was, and says so (as root)", function()
+    -- it once renamed it, read nothing, and removed it: records lost
+    if not helper.is_root() or not helper.on_path("setpriv") then
+      pending("needs root and setpriv to run a taker as nobody")
+      return
+    end
+    local dir = helper.tmpfile("perm")
+    local spool = dir .. "/spool"
+    os.execute("mkdir -p " .. helper.q(spool) .. " && chmod 755 " .. helper.q(dir)
+               .. " && chown nobody " .. helper.q(spool) .. " && chmod 700 " .. helper.q(spool))
+    local url = "http://127.0.0.1:" .. peers.free_port() .. "/hook"
+    local first = dir .. "/first.lua"           -- root's run, the webhook down: a 0600 file
+    helper.write(first, ([[
+      local tally = require "tally"
+      local s = tally.sink.http { url = %q, spool = %q, timeout = 1 }
+      s:push({ { name = "a", value = 1, at = %d, delta = 0, rate = 0 } }, nil, { every = 10 })
+    ]]):format(url, spool, T0))
+    local out, code = helper.sh("timeout 30 " .. helper.q(helper.bin) .. " " .. helper.q(first))
+    assert.equal(0, code, out)
+    local files = readdir(spool)
+    assert.equal(1, #files)
+    local data = helper.slurp(spool .. "/" .. files[1])
+    local take = dir .. "/take.lua"             -- a worker running as nobody
+    helper.write(take, ([[
+      local tally = require "tally"
+      local s = tally.sink.http { url = %q, spool = %q, timeout = 1 }
+      local db = assert(tally.open())
+      db:rollup("c:*", { every = 10, sinks = { s } })
+      print(s:stats().spool_errors, s:stats().spool_last_error)
+    ]]):format(url, spool))
+    os.execute("chmod 644 " .. helper.q(take))
+    out, code = helper.sh("timeout 30 setpriv --reuid=nobody --regid=nogroup --clear-groups "
+                          .. helper.q(helper.bin) .. " " .. helper.q(take))
+    assert.equal(0, code, out)
+    assert.matches("^1\t.*%.take: Permission denied\n$", out)
+    assert.same(files, readdir(spool))
+    assert.equal(data, helper.slurp(spool .. "/" .. files[1]))
+  end)
+
   it("leaves a live process's file alone, and refuses a bad spool option", function()
     local path = helper.tmpfile()
     local port = peers.free_port()
