@@ -626,7 +626,12 @@ function Http:close(drain)
   end
   if self.closed then return end
   if drain and drain > 0 then self.sender:flush(drain) end
-  if self.spool then spool_settle(self) end       -- what is left stays in the file
+  local sp = self.spool
+  if sp then
+    spool_settle(self)                 -- what is left stays in the file, for the next
+    if sp.base then live_files[sp.base] = nil end   -- sink, this process's too
+    for _, f in ipairs(sp.held or {}) do live_files[f] = nil end
+  end
   local st = self.sender:stats()
   self.sender:close(0)
   st.dropped, st.queued = st.dropped + st.queued, 0  -- what close threw away

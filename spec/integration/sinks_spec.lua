@@ -802,6 +802,27 @@ describe("an HTTP sink with a spool", function()
     assert.equal(data, helper.slurp(spool .. "/" .. files[1]))
   end)
 
+  it("hands a closed sink's file to the next sink for its url in the same process", function()
+    -- it once stayed this process's until it exited
+    local dir = helper.tmpfile("closed.spool")
+    local port = peers.free_port()
+    local url = "http://127.0.0.1:" .. port .. "/hook"
+    local a = tally.sink.http { url = url, spool = dir, timeout = 1 }
+    a:push({ { name = "a", value = 1, at = T0, delta = 0, rate = 0 } }, nil, { every = 10 })
+    a:close()                                   -- the webhook was down
+    assert.equal(1, #readdir(dir))
+    local srv = peers.start_http_sink { port = port }
+    finally(function() srv.stop() end)
+    local db = assert(tally.open())
+    local b = tally.sink.http { url = url, spool = dir, timeout = 2 }
+    db:rollup("c:*", { every = 10, sinks = { b } })
+    assert.is_true(db:flush(10))
+    assert.same({ '[{"name":"a","value":1,"at":' .. T0 .. '.000,"delta":0,"rate":0,"id":"a|10|' .. T0
+                  .. '000"}]' }, bodies(srv))
+    assert.same({}, readdir(dir))
+    db:close()
+  end)
+
   it("leaves a live process's file alone, and refuses a bad spool option", function()
     local path = helper.tmpfile()
     local port = peers.free_port()
