@@ -719,7 +719,11 @@ describe("an HTTP sink with a spool", function()
       pending("cannot mount a tmpfs here")
       return
     end
-    finally(function() helper.sh("umount " .. helper.q(dir)) end)
+    local srv
+    finally(function()                -- one finally per test: busted keeps the last
+      if srv then srv.stop() end
+      helper.sh("umount " .. helper.q(dir))
+    end)
     local spool = dir .. "/spool"
     local port = peers.free_port()
     local url = "http://127.0.0.1:" .. port .. "/hook"
@@ -754,8 +758,7 @@ describe("an HTTP sink with a spool", function()
     assert.equal(line .. "\n", text)          -- still on disk, for a later run
     -- a later run, the disk still full, the webhook up: delivers it, then
     -- removes the file it took
-    local srv = peers.start_http_sink { port = port }
-    finally(function() srv.stop() end)
+    srv = peers.start_http_sink { port = port }
     out, code = helper.sh("timeout 30 " .. helper.q(helper.bin) .. " " .. helper.q(script) .. " wait")
     assert.equal(0, code, out)
     assert.equal("1\n", out)
