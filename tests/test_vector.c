@@ -19,7 +19,9 @@
  *    path (the first count the vector meets, not another); each writer's
  *    adds land in its ticket's shard; exact while a mover reshards them to
  *    other counts, 1, and back;
- *  - an expired counter comes back through its slot;
+ *  - an expired counter comes back through its slot; two threads add to
+ *    counters that expire over and over and come back under other
+ *    options (their handle's policy and path change under the adds);
  *  - stamps: they add to their counter's cell; none for rows; a stamp held
  *    past a move, its slot's emptying, a drop or the reuse of its old cell
  *    adds nothing anywhere; a region that ran out of generations makes
@@ -443,6 +445,74 @@ static void test_expired(void) {
   EXPECT_OK(tally_vector_incr(v, 0, 1));
   EXPECT_I64(10, tu_value(tally_vector_get(v, 0)));
   check_fill(s, "e", 100, 100);
+  tally_vector_free(v);
+  tally_store_close(s);
+}
+
+struct reviver {
+  tally_vector *v;
+  atomic_bool *stop;
+  atomic_int *half; /* the slots added to: i % 2 == half */
+  uint64_t seed;
+  int64_t stamp[8];
+};
+
+/* Adds through stamps and slots until stopped; expired counters come back
+ * through the slot's handle (revive, counter.c). */
+static void *reviver_main(void *ud) {
+  struct reviver *r = ud;
+  while (!atomic_load(r->stop)) {
+    size_t i = (size_t)(tu_rng(&r->seed) % 4 * 2) + (size_t)atomic_load(r->half);
+    int rc = r->stamp[i] ? tally_vector_stamp_incr(r->v, r->stamp[i], 1) : -1;
+    if (rc == 1) rc = tally_counter_sample(tally_vector_get(r->v, i));
+    if (rc < 0) {
+      if (tally_vector_incr(r->v, i, 1) != 0) {
+        TU_FAIL("vector incr %zu: %s", i, tally_errmsg());
+        return NULL;
+      }
+      r->stamp[i] = tally_vector_stamp(r->v, tally_vector_get(r->v, i));
+    }
+  }
+  return NULL;
+}
+
+/* Two threads add to counters opened with options of their own (auto,
+ * random) that expire over and over and come back under their family's
+ * (one shard, thread): the handle's policy and path change while the
+ * other thread reads them (TSan: a data race before they were atomic). */
+static void test_revive_threads(void) {
+  tally_store *s = open_file("revive.tly", "100");
+  tally_family_options fo = {1, TALLY_POLICY_THREAD, 1, 0}; /* idle 1 s */
+  tally_vector *v;
+  EXPECT_OK(tally_family_define(s, "rv:*", 4, &fo));
+  REQUIRE_OK(tally_vector_new(s, 8, &v));
+  for (int i = 0; i < 8; i++) {
+    char nm[32];
+    snprintf(nm, sizeof nm, "rv:%d", i);
+    REQUIRE_OK(vopen(v, (size_t)i, nm, i % 2 ? TALLY_SHARDS_AUTO : 1,
+                     i % 4 < 2 ? TALLY_POLICY_RANDOM : TALLY_POLICY_THREAD));
+  }
+  atomic_bool stop = false;
+  atomic_int half = 0;
+  struct reviver r[2] = {{.v = v, .stop = &stop, .half = &half, .seed = 11},
+                         {.v = v, .stop = &stop, .half = &half, .seed = 12}};
+  pthread_t th[2];
+  for (int t = 0; t < 2; t++) pthread_create(&th[t], NULL, reviver_main, &r[t]);
+  uint64_t expired = 0;
+  int64_t now = 10000;
+  for (int k = 0; k < 400 && !tu_failures; k++) {
+    tally_maintain_result mr;
+    now += 2000; /* the half not added to expires */
+    EXPECT_OK(tally_store_maintain(s, now, 1000, &mr));
+    expired += mr.expired;
+    if (k % 4 == 3) atomic_store(&half, 1 - atomic_load(&half));
+    usleep(500);
+  }
+  atomic_store(&stop, true);
+  for (int t = 0; t < 2; t++) pthread_join(th[t], NULL);
+  printf("revive threads: %llu expiries\n", (unsigned long long)expired);
+  EXPECT(expired > 0);
+  EXPECT_I64(0, tally_store_check(s));
   tally_vector_free(v);
   tally_store_close(s);
 }
@@ -902,6 +972,7 @@ int main(void) {
   test_dense();
   test_reuse();
   test_expired();
+  test_revive_threads();
   test_stamps();
   test_stamp_limit();
   test_threads();

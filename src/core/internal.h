@@ -295,9 +295,11 @@ struct tally_counter {
   unsigned char *base;  /* s->base */
   tally_store *s;
   uint64_t store_id; /* s->id, for the thread ticket check */
-  int policy;
-  int fast; /* the increment's path: 0 thread, 1 random, 4 the slow path
-               (other policies); | 2: automatic shards (autoshard.c) */
+  /* atomic: revive() (counter.c) rewrites both, under hlock, while other
+   * threads increment through the handle or its vector slot */
+  _Atomic int policy;
+  _Atomic int fast; /* the increment's path: 0 thread, 1 random, 4 the slow
+                       path (other policies); | 2: automatic shards (autoshard.c) */
   /* Set by this process's grace step (grace.c) when the record is gone
    * for good: loc then points at the tombstone cell, and rec must not be
    * read (it may belong to another counter now). 1: dropped, 2: expired. */
