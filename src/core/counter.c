@@ -246,17 +246,19 @@ static int revive(tally_counter *c, bool create) {
     tally__hold_end(s);
     return rc;
   }
-  tally__handle_remove(s, c); /* it moves to its new record's chain */
+  if (__builtin_expect(tally__test_hook != NULL, 0))
+    tally__test_hook("revive", c->name, c->name_len);
+  /* it moves to its new record's chain, in one section: two threads
+   * reviving c at once would otherwise both add it */
   pthread_mutex_lock(&s->hlock);
+  tally__handle_remove_locked(s, c);
   atomic_store(&c->rec_off, tally__crec(fresh));
   c->policy = fresh->policy;
   c->fast = fresh->fast;
   tally__handle_set_loc(c, atomic_load(&fresh->loc));
   atomic_store(&c->gone, 0);
+  tally__handle_add_locked(s, c);
   pthread_mutex_unlock(&s->hlock);
-  if (__builtin_expect(tally__test_hook != NULL, 0))
-    tally__test_hook("revive", c->name, c->name_len);
-  tally__handle_add(s, c);
   tally__hold_end(s);
   tally_counter_close(fresh);
   return 0;

@@ -244,8 +244,7 @@ static void insert(struct tally__handles *h, tally_counter *c) {
   h->bucket[b] = c;
 }
 
-void tally__handle_add(tally_store *s, tally_counter *c) {
-  pthread_mutex_lock(&s->hlock);
+void tally__handle_add_locked(tally_store *s, tally_counter *c) {
   struct tally__handles *h = s->handles;
   if (!h && (h = s->handles = calloc(1, sizeof *h))) {
     h->cap = 64;
@@ -273,6 +272,11 @@ void tally__handle_add(tally_store *s, tally_counter *c) {
     insert(h, c);
     h->n++;
   }
+}
+
+void tally__handle_add(tally_store *s, tally_counter *c) {
+  pthread_mutex_lock(&s->hlock);
+  tally__handle_add_locked(s, c);
   pthread_mutex_unlock(&s->hlock);
 }
 
@@ -341,8 +345,7 @@ void tally__grace_by_name(tally_store *s) {
   tally__hold_end(s);
 }
 
-void tally__handle_remove(tally_store *s, tally_counter *c) {
-  pthread_mutex_lock(&s->hlock);
+void tally__handle_remove_locked(tally_store *s, tally_counter *c) {
   struct tally__handles *h = s->handles;
   if (h)
     for (tally_counter **p = &h->bucket[bucket_of(h, c->rec_off)]; *p;
@@ -352,6 +355,11 @@ void tally__handle_remove(tally_store *s, tally_counter *c) {
         h->n--;
         break;
       }
+}
+
+void tally__handle_remove(tally_store *s, tally_counter *c) {
+  pthread_mutex_lock(&s->hlock);
+  tally__handle_remove_locked(s, c);
   pthread_mutex_unlock(&s->hlock);
 }
 

@@ -537,6 +537,11 @@ void tally__grace_fork_child(tally_store *s);
  * counted. Caller holds the lock. */
 void tally__grace_step(tally_store *s, bool look, bool in_open);
 void tally__handle_add(tally_store *s, tally_counter *c);
+/* The same, the caller holding hlock: a handle moved to another record
+ * (revive) leaves and rejoins in one section, as two threads may move it
+ * at once, and one added twice would make its chain a loop. */
+void tally__handle_add_locked(tally_store *s, tally_counter *c);
+void tally__handle_remove_locked(tally_store *s, tally_counter *c);
 /* Around what reads records or the index table by offset for as long as
  * it runs (index.c's walk, a snapshot, an open until its handle is in):
  * nothing retired meanwhile is reused before the end, however long it
