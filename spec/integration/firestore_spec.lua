@@ -342,6 +342,17 @@ describe("db:flush_to('firestore://...')", function()
       assert.equal(10, seeds_count("k:1", 2))
       return db, ff, c
     end
+    -- ff's next commit is refused for sure (it never reaches Firestore)
+    local function refuse_next_commit(ff)
+      local cl, orig = ff.cl, ff.cl.call
+      cl.call = function(self, method, suffix, body)
+        if suffix == ":commit" then
+          cl.call = orig
+          return nil, "Firestore: refused by the spec", "PERMISSION_DENIED"
+        end
+        return orig(self, method, suffix, body)
+      end
+    end
     -- after the fault: held, then flushed back to 10 and expired at 10
     local function settles(db, ff, t)
       upkeep(db, t)
@@ -396,14 +407,7 @@ describe("db:flush_to('firestore://...')", function()
     it("a commit refused for sure, then the value back to the last mark", function()
       local db, ff, c = flushed_at_10(helper.tmpfile())
       c:incr(5)
-      local cl, orig = ff.cl, ff.cl.call
-      cl.call = function(self, method, suffix, body)
-        if suffix == ":commit" then
-          cl.call = orig
-          return nil, "Firestore: refused by the spec", "PERMISSION_DENIED"
-        end
-        return orig(self, method, suffix, body)
-      end
+      refuse_next_commit(ff)
       assert.is_nil(ff:flush_now())
       c:decr(5)                                         -- 10: Firestore's value, read back below
       assert(ff:sync(10))
@@ -418,14 +422,7 @@ describe("db:flush_to('firestore://...')", function()
       upkeep(db, T + 2500)
       assert.same({}, db:names("k:*"))               -- expired at 10, Firestore's value
       c:incr(3)                                         -- created again: another incarnation
-      local cl, orig = ff.cl, ff.cl.call
-      cl.call = function(self, method, suffix, body)
-        if suffix == ":commit" then
-          cl.call = orig
-          return nil, "Firestore: refused by the spec", "PERMISSION_DENIED"
-        end
-        return orig(self, method, suffix, body)
-      end
+      refuse_next_commit(ff)
       assert.is_nil(ff:flush_now())
       c:decr(3)                                         -- 0: nothing of it is in Firestore
       assert(ff:sync(10))

@@ -8,6 +8,24 @@ local cjson = require "cjson"
 
 local T0 = 1763769600
 
+-- A fresh directory on a tmpfs of `size` (a disk that fills), or nil once
+-- the test is marked pending (not root, or no mount here). The caller
+-- unmounts it in its one finally (busted keeps only the last).
+local function small_tmpfs(name, size)
+  if not helper.is_root() then
+    pending("needs root to mount a small tmpfs")
+    return nil
+  end
+  local dir = helper.tmpfile(name)
+  os.execute("mkdir -p " .. helper.q(dir))
+  local _, code = helper.sh("mount -t tmpfs -o size=" .. size .. " tmpfs " .. helper.q(dir))
+  if code ~= 0 then
+    pending("cannot mount a tmpfs here")
+    return nil
+  end
+  return dir
+end
+
 -- Poll until cond() is true, for at most `secs`; returns cond()'s last value.
 local function eventually(cond, secs)
   local deadline = tally.now() + (secs or 10)
@@ -708,17 +726,8 @@ describe("an HTTP sink with a spool", function()
   end)
 
   it("keeps a dead process's file it cannot copy into its own (a full disk) (as root)", function()
-    if not helper.is_root() then
-      pending("needs root to mount a small tmpfs")
-      return
-    end
-    local dir = helper.tmpfile("fullspool")
-    os.execute("mkdir -p " .. helper.q(dir))
-    local _, mounted = helper.sh("mount -t tmpfs -o size=64k tmpfs " .. helper.q(dir))
-    if mounted ~= 0 then
-      pending("cannot mount a tmpfs here")
-      return
-    end
+    local dir = small_tmpfs("fullspool", "64k")
+    if not dir then return end
     local srv
     finally(function()                -- one finally per test: busted keeps the last
       if srv then srv.stop() end
@@ -872,17 +881,8 @@ describe("core.spool_append", function()
   end)
 
   it("undoes a write the disk had no room for, so the next line is whole (as root)", function()
-    if not helper.is_root() then
-      pending("needs root to mount a small tmpfs")
-      return
-    end
-    local dir = helper.tmpfile("full")
-    os.execute("mkdir -p " .. helper.q(dir))
-    local _, code = helper.sh("mount -t tmpfs -o size=16k tmpfs " .. helper.q(dir))
-    if code ~= 0 then
-      pending("cannot mount a tmpfs here")
-      return
-    end
+    local dir = small_tmpfs("full", "16k")
+    if not dir then return end
     finally(function() helper.sh("umount " .. helper.q(dir)) end)
     helper.sh("head -c 8192 /dev/zero > " .. helper.q(dir .. "/filler"))
     local path = dir .. "/spool.jsonl"
