@@ -8,6 +8,19 @@ local cjson = require "cjson"
 
 local T0 = 1763769600
 
+-- Run a process (its script at `script`) that spools one record for url
+-- into spool while nothing listens there, and exits: the file it leaves
+-- is a dead process's, for the next sink of url to take.
+local function leave_spool_file(script, url, spool)
+  helper.write(script, ([[
+    local tally = require "tally"
+    local s = tally.sink.http { url = %q, spool = %q, timeout = 1 }
+    s:push({ { name = "a", value = 1, at = %d, delta = 0, rate = 0 } }, nil, { every = 10 })
+  ]]):format(url, spool, T0))
+  local out, code = helper.sh("timeout 30 " .. helper.q(helper.bin) .. " " .. helper.q(script))
+  assert.equal(0, code, out)
+end
+
 -- A fresh directory on a tmpfs of `size` (a disk that fills), or nil once
 -- the test is marked pending (not root, or no mount here). The caller
 -- unmounts it in its one finally (busted keeps only the last).
@@ -747,14 +760,8 @@ describe("an HTTP sink with a spool", function()
       print(s:stats().spool_errors)
     ]]):format(url, spool))
     -- a file left by a process that exited while the webhook was down
-    local first = helper.tmpfile("first.lua")
-    helper.write(first, ([[
-      local tally = require "tally"
-      local s = tally.sink.http { url = %q, spool = %q, timeout = 1 }
-      s:push({ { name = "a", value = 1, at = %d, delta = 0, rate = 0 } }, nil, { every = 10 })
-    ]]):format(url, spool, T0))
-    local out, code = helper.sh("timeout 30 " .. helper.q(helper.bin) .. " " .. helper.q(first))
-    assert.equal(0, code, out)
+    leave_spool_file(helper.tmpfile("first.lua"), url, spool)
+    local out, code
     assert.equal(1, #readdir(spool))
     helper.sh("head -c 100000 /dev/zero > " .. helper.q(dir .. "/filler") .. " 2>/dev/null")
     -- the webhook is down and the disk full: the taker cannot copy the
@@ -786,14 +793,8 @@ describe("an HTTP sink with a spool", function()
     os.execute("mkdir -p " .. helper.q(spool) .. " && chmod 755 " .. helper.q(dir)
                .. " && chown nobody " .. helper.q(spool) .. " && chmod 700 " .. helper.q(spool))
     local url = "http://127.0.0.1:" .. peers.free_port() .. "/hook"
-    local first = dir .. "/first.lua"           -- root's run, the webhook down: a 0600 file
-    helper.write(first, ([[
-      local tally = require "tally"
-      local s = tally.sink.http { url = %q, spool = %q, timeout = 1 }
-      s:push({ { name = "a", value = 1, at = %d, delta = 0, rate = 0 } }, nil, { every = 10 })
-    ]]):format(url, spool, T0))
-    local out, code = helper.sh("timeout 30 " .. helper.q(helper.bin) .. " " .. helper.q(first))
-    assert.equal(0, code, out)
+    leave_spool_file(dir .. "/first.lua", url, spool) -- root's run: a 0600 file
+    local out, code
     local files = readdir(spool)
     assert.equal(1, #files)
     local data = helper.slurp(spool .. "/" .. files[1])
