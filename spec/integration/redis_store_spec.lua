@@ -226,11 +226,13 @@ describe("the redis store", function()
     db:close()
   end))
 
+  -- ACL SETUSER default RULE... on the standalone server: refuses a command
+  -- (or a key) the way a node down or a lost connection does in the field
+  local function acl(...) assert.equal("OK", redis.cli(srv.standalone, "ACL", "SETUSER", "default", ...)) end
+
   it("finishes a create or a drop that failed midway when run again", function()
-    -- one command of each refused (ACL here; a node down or a lost
-    -- connection in the field)
+    -- one command of each refused
     local db = assert(tally.open(srv.uri))
-    local function acl(rule) assert.equal("OK", redis.cli(srv.standalone, "ACL", "SETUSER", "default", rule)) end
     local x, y = fresh("half-x"), fresh("half-y")
     local ok, err = pcall(function()
       acl("-sadd")
@@ -251,6 +253,62 @@ describe("the redis store", function()
       assert.equal(0, db:counter(y):value())  -- created again: nothing of the old one
     end)
     acl("+@all")
+    db:close()
+    assert(ok, err)
+  end)
+
+  it("lists and drops no name without meta; a create refused midway leaves none", both(function(uri)
+    -- a name without meta: a db:counter racing a drop puts it back
+    local db = assert(tally.open(uri))
+    local r = assert(core.redis(uri))
+    local x, y = fresh("nometa-x"), fresh("nometa-y")
+    assert.equal(1, r:command("SADD", "tally:names", x))
+    assert.equal(1, r:command("SADD", "tally:names", y))
+    assert.equal(1, r:command("HSET", "tally:{" .. y .. "#0}", "v", "5")) -- a flusher's, not registered
+    assert.is_true(db:incr(fresh("nometa-z"), 2))
+    assert.same({}, db:names(x))
+    assert.equal(1, #db:names("nometa-*"))
+    assert.same({ 0, 0 }, { db:sum(x) })
+    for _, nm in ipairs({ x, y }) do
+      local ok, msg, code = db:drop(nm)
+      assert.is_nil(ok)
+      assert.equal(("no such counter '%s'"):format(nm), msg)
+      assert.equal("ENOENT", code)
+      assert.equal(0, r:command("SISMEMBER", "tally:names", nm)) -- taken out
+    end
+    assert.equal("5", r:command("HGET", "tally:{" .. y .. "#0}", "v")) -- left alone
+    assert.equal(5, db:counter(y, { shards = 1 }):value())
+    assert.same({ y }, db:names(y))
+    r:close()
+    db:close()
+  end))
+
+  it("refused midway, a create leaves no name; a drop's meta is listed again on open", function()
+    local db = assert(tally.open(srv.uri))
+    local x, y = fresh("half2-x"), fresh("half2-y")
+    local ok, err = pcall(function()
+      acl("-eval") -- the create's meta hash
+      local c, msg, code = db:counter(x)
+      assert.is_nil(c)
+      assert.matches("NOPERM", msg)
+      assert.equal("EREDIS", code)
+      acl("+eval")
+      assert.same({}, db:names(x))
+      -- a drop whose last step (DEL of the meta hash) is refused
+      assert.is_true(db:incr(y, 5))
+      acl("resetkeys", "~tally:{*", "~tally:names", "%R~tally:meta:*")
+      assert.is_nil((db:drop(y)))
+      acl("allkeys")
+      assert.same({}, db:names(y))
+      local cy = db:counter(y)      -- before the drop is run again
+      assert.is_true(cy:incr(3))
+      assert.same({ y }, db:names(y))
+      assert.same({ 3, 1 }, { db:sum(y) })
+      assert.same({ { name = y, value = 3 } }, db:top(y, 5))
+      assert.is_true(db:drop(y))
+      assert.same({}, db:names(y))
+    end)
+    acl("+@all", "allkeys")
     db:close()
     assert(ok, err)
   end)

@@ -455,8 +455,10 @@ static void confirm(tally_flusher *f, tally_flush_stats *st, struct entry *en) {
  * upkeep holds it whatever its value (the script may apply, its reply may
  * be lost), then read the value again, the one to send: an expiry before
  * the mark saw a value Redis has, and shows here as incarnation 0. The
- * mark stays until a read of w:W (confirm) replaces it. Returns 0, or a
- * failure to note (ENOENT, EDROPPED: gone, the entry is simply not sent). */
+ * mark stays until a read of w:W (confirm) replaces it. Returns 0; 1 when
+ * the incarnation changed again after its second mark (the one read was
+ * never marked: not sent this round); or a failure to note (ENOENT,
+ * EDROPPED: gone, the entry is simply not sent). */
 static int mark_sending(struct entry *en) {
   en->confirmed = false;
   for (int i = 0; i < 2; i++) { /* a new incarnation in between: mark it too */
@@ -465,9 +467,9 @@ static int mark_sending(struct entry *en) {
     uint64_t inc = en->inc;
     code = tally_counter_read(en->c, &en->cur, &en->inc);
     if (code) return code;
-    if (en->inc == inc || en->inc == 0) break;
+    if (en->inc == inc || en->inc == 0) return 0;
   }
-  return 0;
+  return 1;
 }
 
 /* HGET w:W for the pending entries whose prev is not known, or to confirm. */
@@ -527,8 +529,9 @@ static int phase_eval(tally_flusher *f, tally_flush_stats *st) {
       continue;
     }
     int mcode = mark_sending(en);
-    if (mcode == TALLY_ENOENT || mcode == TALLY_EDROPPED || (!mcode && en->inc == 0)) {
-      en->pending = false; /* gone meanwhile */
+    if (mcode == TALLY_ENOENT || mcode == TALLY_EDROPPED || mcode == 1 ||
+        (!mcode && en->inc == 0)) {
+      en->pending = false; /* gone meanwhile, or made again twice: next round */
       continue;
     }
     if (mcode) {

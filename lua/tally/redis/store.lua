@@ -34,7 +34,7 @@ local compat = require "tally.compat"
 local type, error, tostring, tonumber, setmetatable, pcall, ipairs, pairs =
       type, error, tostring, tonumber, setmetatable, pcall, ipairs, pairs
 local fmt, sort, concat = string.format, table.sort, table.concat
-local tointeger, add = compat.tointeger, compat.add
+local tointeger, add, unpack = compat.tointeger, compat.add, compat.unpack
 
 -- a + b for int64 values, or nil when the sum leaves int64 (the file
 -- store's sums and values are exact or ERANGE, never wrapped).
@@ -136,48 +136,65 @@ local function new_counter(self, name, shards, policy)
                         rr = get_ticket() % shards }, CounterMT)
 end
 
--- db:counter(name [, opts]) -> counter, or nil, msg, code
-function Store:counter(name, opts)
-  check_name(name, "counter", 1)
-  local shards, policy, create = remote.check_counter_opts("redis", opts, "counter", 2)
+-- The counter's shards and policy, and whether this call created it; or
+-- nil, msg, code (ENOENT: no meta and not create).
+local function find(self, name, shards, policy, create)
   local mk = meta_key(name)
   local meta, err, code = cmd(self, "HMGET", mk, "shards", "policy")
   if not meta then return rfail(err, code) end
   local s, p = tonumber(meta[1]), meta[2] or DEFAULT_POLICY
-  if not s then
-    if not create then return nil, fmt("no such counter '%s'", printable(name)), "ENOENT" end
-    local fam, ferr, fcode = family_options(self, name)
-    if not fam then return nil, ferr, fcode end
-    local want_s = shards or fam.shards or core.DEFAULT_SHARDS
-    local want_p = policy or fam.policy or DEFAULT_POLICY
-    -- the name before the meta hash: a counter is only found (and never
-    -- added to the names again) once its meta exists, so a create that
-    -- fails in between leaves a name without meta (skipped by reads, made
-    -- whole by the next create), never a counter missing from names
-    local ok, res
-    ok, err, code = cmd(self, "SADD", NAMES_KEY, name)
-    if not ok then return rfail(err, code) end
-    res, err, code = cmd(self, "EVAL", CREATE_SCRIPT, 1, mk, want_s, want_p)
-    if not res then return rfail(err, code) end
-    s, p = tonumber(res[1]), res[2]
-    if res[3] == "1" then return new_counter(self, name, s, p) end
-    -- another process created it meanwhile: compare below
-  end
-  if (shards and shards ~= s) or (policy and policy ~= p) then
+  if s then return s, p, false end
+  if not create then return nil, fmt("no such counter '%s'", printable(name)), "ENOENT" end
+  local fam, ferr, fcode = family_options(self, name)
+  if not fam then return nil, ferr, fcode end
+  local want_s = shards or fam.shards or core.DEFAULT_SHARDS
+  local want_p = policy or fam.policy or DEFAULT_POLICY
+  local res
+  res, err, code = cmd(self, "EVAL", CREATE_SCRIPT, 1, mk, want_s, want_p)
+  if not res then return rfail(err, code) end
+  return tonumber(res[1]), res[2], res[3] == "1" -- "0": another process made it
+end
+
+-- db:counter(name [, opts]) -> counter, or nil, msg, code. The meta hash,
+-- then the name, on a get as on a create (SADD, one round trip more than
+-- the HMGET): a create that failed in between, or a drop that failed
+-- before deleting the meta, left a counter missing from the names, and
+-- the next db:counter(name) (or db:incr) puts it back. The name after the
+-- meta also lets a drop of a name without meta take it out (Store:drop).
+function Store:counter(name, opts)
+  check_name(name, "counter", 1)
+  local shards, policy, create = remote.check_counter_opts("redis", opts, "counter", 2)
+  local s, p, created = find(self, name, shards, policy, create)
+  if not s then return nil, p, created end
+  if not created and ((shards and shards ~= s) or (policy and policy ~= p)) then
     local asked = {}
     if shards and shards ~= s then asked[#asked + 1] = shards .. " shards" end
     if policy and policy ~= p then asked[#asked + 1] = "policy " .. policy end
     error(fmt("counter '%s' exists with %d shards and policy %s (asked for %s)",
               printable(name), s, printable(p), concat(asked, " and ")), 2)
   end
+  local ok, err, code = cmd(self, "SADD", NAMES_KEY, name)
+  if not ok then return rfail(err, code) end
   return new_counter(self, name, s, p)
 end
 
 remote.by_name(Store) -- db:incr(name), db:decr, db:value(name)
 
-function Store:names(pattern)
+-- db:value(name): reads the options each time, never creates, and leaves
+-- the names alone (sum and values read each listed name through it).
+function Store:value(name)
+  check_name(name, "value", 1)
+  local s, p, code = find(self, name, nil, nil, false)
+  if not s then return nil, p, code end
+  return new_counter(self, name, s, p):value()
+end
+
+-- The names in tally:names matching pattern (nil: all), sorted, with or
+-- without a meta hash (a drop racing a db:counter of the name can leave a
+-- name without one): what sum, values and top read, skipping ENOENT.
+local function listed(self, pattern, fname)
   if pattern ~= nil and type(pattern) ~= "string" then
-    argerror(1, "names", "string expected, got " .. type(pattern), 2)
+    argerror(1, fname, "string expected, got " .. type(pattern), 3)
   end
   local all, err, code = cmd(self, "SMEMBERS", NAMES_KEY)
   if not all then return rfail(err, code) end
@@ -190,9 +207,48 @@ function Store:names(pattern)
   return out
 end
 
+-- Which of KEYS exist: a table of 0/1, one per key (all in one slot on a
+-- cluster; a standalone server holds every key).
+local EXISTS_SCRIPT = [[
+local out = {}
+for i, k in ipairs(KEYS) do out[i] = redis.call('EXISTS', k) end
+return out]]
+local EXISTS_BATCH = 1000
+
+-- db:names([pattern]): the listed names whose meta hash exists. One script
+-- per 1000 names on a standalone server; one EXISTS per name on a cluster
+-- (their meta hashes live in as many slots).
+function Store:names(pattern)
+  local names, err, code = listed(self, pattern, "names")
+  if not names then return nil, err, code end
+  local out = {}
+  if live(self):stats().cluster then
+    for _, nm in ipairs(names) do
+      local n
+      n, err, code = cmd(self, "EXISTS", meta_key(nm))
+      if not n then return rfail(err, code) end
+      if n == 1 then out[#out + 1] = nm end
+    end
+    return out
+  end
+  for first = 1, #names, EXISTS_BATCH do
+    local last = first + EXISTS_BATCH - 1
+    if last > #names then last = #names end
+    local args = { "EVAL", EXISTS_SCRIPT, last - first + 1 }
+    for i = first, last do args[#args + 1] = meta_key(names[i]) end
+    local flags
+    flags, err, code = cmd(self, unpack(args))
+    if not flags then return rfail(err, code) end
+    for i = first, last do
+      if flags[i - first + 1] == 1 then out[#out + 1] = names[i] end
+    end
+  end
+  return out
+end
+
 -- db:sum([pattern]) -> sum, count (scatter-gather over every matching counter)
 function Store:sum(pattern)
-  local names, err, code = self:names(pattern)
+  local names, err, code = listed(self, pattern, "sum")
   if not names then return nil, err, code end
   local total, count = 0, 0
   for _, nm in ipairs(names) do
@@ -211,7 +267,7 @@ function Store:sum(pattern)
 end
 
 function Store:values(pattern)
-  local names, err, code = self:names(pattern)
+  local names, err, code = listed(self, pattern, "values")
   if not names then return nil, err, code end
   local out = {}
   for _, nm in ipairs(names) do
@@ -249,14 +305,31 @@ end
 
 -- db:drop(name): every shard key, the name, then the meta hash, which says
 -- how many shard keys there are: a drop that fails midway can be run again.
+-- A name without meta (a db:counter racing a drop put it back) is taken
+-- out of the names, its shard keys left alone (a flusher writes shard keys
+-- without meta until the name is registered), and the drop says ENOENT. A
+-- create racing it adds the name after its meta: read the meta again, and
+-- put the name back if it appeared meanwhile.
 function Store:drop(name)
   check_name(name, "drop", 1)
   local mk = meta_key(name)
   local s, err, code = cmd(self, "HGET", mk, "shards")
   if err then return rfail(err, code) end
   s = tonumber(s)
-  if not s then return nil, fmt("no such counter '%s'", printable(name)), "ENOENT" end
   local ok
+  if not s then
+    ok, err, code = cmd(self, "SREM", NAMES_KEY, name)
+    if not ok then return rfail(err, code) end
+    if ok == 1 then
+      s, err, code = cmd(self, "EXISTS", mk)
+      if not s then return rfail(err, code) end
+      if s == 1 then
+        ok, err, code = cmd(self, "SADD", NAMES_KEY, name)
+        if not ok then return rfail(err, code) end
+      end
+    end
+    return nil, fmt("no such counter '%s'", printable(name)), "ENOENT"
+  end
   for i = 0, s - 1 do
     ok, err, code = cmd(self, "DEL", shard_key(name, i))
     if not ok then return rfail(err, code) end
