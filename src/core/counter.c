@@ -37,8 +37,12 @@ static int create(tally_store *s, const char *name, size_t len, uint64_t hash,
                     : o->shards == TALLY_SHARDS_AUTO ? TALLY_DEFAULT_SHARDS
                                                      : o->shards;
   int rc = tally__cells_alloc(s, shards, &cells);
-  if (rc == 0) rc = tally__alloc_small(s, tally__rec_bytes(len), &off);
   if (rc) return rc;
+  if ((rc = tally__alloc_small(s, tally__rec_bytes(len), &off))) {
+    /* (a full disk): give the cells back, or each refusal keeps a column */
+    tally__free_now(s, tally__item(TALLY__ITEM_COLUMN, cells, shards));
+    return rc;
+  }
   struct tally__rec *r = tally__at(s, off);
   r->policy = (uint8_t)o->policy;
   r->name_len = (uint8_t)len;
@@ -52,7 +56,12 @@ static int create(tally_store *s, const char *name, size_t len, uint64_t hash,
                         memory_order_release);
   if (is_auto) atomic_store(&s->hdr->autos, 1); /* upkeep looks for them */
   rc = tally__index_insert(s, hash, off);
-  if (rc == 0) *rec_off = off;
+  if (rc == 0) {
+    *rec_off = off;
+  } else { /* not in the index (it could not grow): nobody can reach either */
+    tally__free_now(s, tally__item(TALLY__ITEM_COLUMN, cells, shards));
+    tally__free_now(s, tally__item(TALLY__ITEM_SMALL, off, tally__rec_units(s, len)));
+  }
   return rc;
 }
 

@@ -505,6 +505,12 @@ int tally__retire_room(tally_store *s, uint32_t n);
 void tally__reclaim(tally_store *s, uint64_t min_seen, int64_t now_ms);
 void tally__limbo_repair(tally_store *s); /* after a holder died; lock held */
 int tally__column_pop(tally_store *s, uint32_t n, uint64_t *off); /* 0 none */
+/* Free an item (tally__item) at once, without a grace period: only what
+ * no handle, index entry or move record has named yet, such as the new
+ * cells of a move that was refused or undone (move.c) or a creation's
+ * cells and record when its index entry could not be made (counter.c).
+ * Caller holds the lock. */
+void tally__free_now(tally_store *s, uint64_t item);
 int tally__space_check(tally_store *s);
 int tally__space_open_check(tally_store *s); /* O(1), at open */
 /* Walk limbo nodes newer than epoch `from` (caller holds the lock). */
@@ -553,7 +559,9 @@ void tally__hold_end(tally_store *s);
  * handle's insertion; "revive", between an expired counter's new open and
  * its old handle's return; "indexed", between a new counter's index entry
  * and its family's live count; "limbo", between a dropped counter's LIMBO
- * flag and its family's count. */
+ * flag and its family's count; "expire", under the lock between an
+ * expiry's mark and its move; "reshard", under the lock between a
+ * reshard's check that the value fits and its move. */
 extern void (*tally__test_hook)(const char *where, const char *name, size_t len);
 void tally__grace_by_name(tally_store *s); /* before the first tally_store_incr */
 void tally__handle_remove(tally_store *s, tally_counter *c);
@@ -574,6 +582,10 @@ int tally__journal_move(tally_store *s, uint64_t rec_off, uint64_t to);
  * expiry): TALLY_EBUSY, with every cell restored, if it moved meanwhile. */
 int tally__journal_drop_if(tally_store *s, uint64_t rec_off, uint64_t to, int64_t expect);
 int tally__journal_finish(tally_store *s); /* a pending move; caller holds the lock */
+/* What a move needs before it changes or takes anything: no move pending,
+ * room in limbo. tally__journal_move checks it again; a caller that
+ * allocates for the move calls it first, so a refusal leaves nothing taken. */
+int tally__journal_ready(tally_store *s);
 bool tally__fits_shards(__int128 total, uint32_t n); /* over n cells' range */
 
 /* ---- index.c ---- */

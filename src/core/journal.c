@@ -167,13 +167,13 @@ static int pending(tally_store *s) {
  * what it will retire (a drop's record, column and rollup block; a
  * reshard's column), so that a file that cannot grow fails it here, not
  * with its cells retired and their value only in the journal. */
-static int ready(tally_store *s) {
+int tally__journal_ready(tally_store *s) {
   int rc = pending(s);
   return rc ? rc : tally__retire_room(s, 3);
 }
 
 int tally__journal_move(tally_store *s, uint64_t rec_off, uint64_t to) {
-  int rc = ready(s);
+  int rc = tally__journal_ready(s);
   if (rc) return rc;
   /* a drop is no expiry, whatever an expirer killed before its drop left */
   if (to & TALLY__LOC_DROPPED)
@@ -189,7 +189,7 @@ int tally__journal_move(tally_store *s, uint64_t rec_off, uint64_t to) {
 
 int tally__journal_drop_if(tally_store *s, uint64_t rec_off, uint64_t to,
                            int64_t expect) {
-  int rc = ready(s);
+  int rc = tally__journal_ready(s);
   if (rc) return rc;
   atomic_store_explicit(&s->hdr->pend_expect, expect, memory_order_release);
   atomic_store_explicit(&s->hdr->pend_cond, 1, memory_order_release);

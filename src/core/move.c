@@ -32,10 +32,22 @@ int tally__reshard(tally_store *s, uint64_t rec_off, uint32_t shards, bool grow_
     if (!tally__fits_shards(value, shards))
       rc = tally__fail(TALLY_ERANGE, "counter '%s' would overflow a shard with %u shards",
                        ((struct tally__rec *)tally__at(s, rec_off))->name, shards);
-    if (rc == 0) rc = tally__cells_alloc(s, shards, &cells);
-    if (rc == 0)
+    /* ready before the new cells are taken, so that a refused move (one
+     * pending, a full disk) leaves none behind */
+    if (rc == 0) rc = tally__journal_ready(s);
+    if (rc == 0 && (rc = tally__cells_alloc(s, shards, &cells)) == 0) {
+      if (__builtin_expect(tally__test_hook != NULL, 0)) {
+        const struct tally__rec *r = tally__at(s, rec_off);
+        tally__test_hook("reshard", r->name, r->name_len);
+      }
       rc = tally__journal_move(s, rec_off,
                                tally__loc_make(s, rec_off, cells, shards, false));
+      /* refused with nothing left recorded (undone: the value no longer
+       * fits): nobody has seen the new cells, so they are free at once. A
+       * move left pending keeps them: its finish spreads the value there */
+      if (rc && !atomic_load_explicit(&s->hdr->pend_rec, memory_order_acquire))
+        tally__free_now(s, tally__item(TALLY__ITEM_COLUMN, cells, shards));
+    }
   }
   tally__unlock(s);
   if (rc == 0 && out)

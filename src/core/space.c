@@ -332,6 +332,10 @@ static void free_item(tally_store *s, uint64_t it) {
   push(s, head, id, item_off(it), item_bytes(s, it));
 }
 
+void tally__free_now(tally_store *s, uint64_t item) {
+  free_item(s, item);
+}
+
 /* A holder that died in the middle of the list's two-word updates leaves
  * a head without tail or a tail with a successor; a reclaim that died
  * between pushing an item and counting it leaves that item on top of its
