@@ -181,8 +181,24 @@ local function check_opts(opts)
   end
 end
 
+-- What one of db:tick()'s results is about, as its failure is logged and
+-- kept in `failing`: the upkeep, the buffered histograms, a flush schedule
+-- (db:flush_to: Redis, Firestore; its result carries flush = the URI,
+-- redacted) or a rollup. A flush and a rollup of one pattern and period
+-- are two things: each fails and recovers on its own.
+local function result_key(r)
+  if r.upkeep then return UPKEEP end
+  if r.histograms then return HISTOGRAMS end
+  if r.flush ~= nil then
+    return fmt("flush of '%s' every %ss to '%s'", printable(tostring(r.pattern)), tostring(r.every),
+               printable(tostring(r.flush)))
+  end
+  return fmt("rollup '%s' every %ss", printable(tostring(r.pattern)), tostring(r.every))
+end
+
 -- Tick once now in this worker: db:tick() with the results logged
--- (ran: info, lost: warn, error: err; a sink that fails: err, at most
+-- (ran: info, lost: warn, error: err, a rollup's, the upkeep's or a
+-- flush's that goes on: once a minute; a sink that fails: err, at most
 -- once a minute). Returns the results, or nil and the
 -- message if the tick raised (also logged). Called by the timer.
 function _M.tick()
@@ -201,12 +217,11 @@ function _M.tick()
     worked["tick"] = true
     worked[UPKEEP], worked[HISTOGRAMS] = true, true   -- unless listed: they run every tick
     for _, r in ipairs(res) do
-      local what = r.upkeep and UPKEEP or r.histograms and HISTOGRAMS
-                   or fmt("rollup '%s' every %ss", printable(tostring(r.pattern)), tostring(r.every))
+      local what = result_key(r)
       if r.status == "error" then
         failed[what], worked[what] = what .. " failed: " .. tostring(r.error), nil
-      elseif r.status == "ran" or r.status == "lost" then
-        worked[what] = true
+      elseif r.status == "ran" or r.status == "lost" or r.status == "flushed" then
+        worked[what] = true   -- (a flush's "backoff": still failing, not tried again yet)
       end
     end
   end

@@ -77,6 +77,66 @@ describe("tally.openresty outside nginx", function()
     assert.is_nil((openresty.db()))
     assert.equal("/abs/path", openresty.path("/abs/path"))
   end)
+
+  -- A flush schedule's result (db:flush_to, tally.redis.flush and
+  -- tally.firestore.flush: { flush = URI, pattern =, every =, status = }) is
+  -- logged as that flush, not as a rollup; "flushed" is its recovery; and
+  -- a rollup of the same pattern and period neither clears nor shares its
+  -- failure. A fresh copy of the module under a stub ngx, with db:tick()
+  -- answering what each step sets.
+  it("logs a flush that fails as that flush, apart from a rollup of its pattern", function()
+    local core = require "tally.core"
+    local clock, logged = 1000, {}
+    local levels = { [4] = "err", [5] = "warn", [6] = "notice", [7] = "info" }
+    local stub = {
+      ERR = 4, WARN = 5, NOTICE = 6, INFO = 7,
+      get_phase = function() return "init_worker" end,
+      now = function() return clock end, update_time = function() end,
+      worker = { pid = function() return 424242 end, exiting = function() return false end },
+      log = function(level, ...) logged[#logged + 1] = levels[level] .. " " .. table.concat({ ... }) end,
+    }
+    local methods = core.store_methods
+    local old_mod, old_ngx, old_tick = package.loaded["tally.openresty"], rawget(_G, "ngx"), methods.tick
+    local old_logger, old_mark = tally.logger(), core._process_mark()
+    local answer, db
+    finally(function()
+      methods.tick = old_tick
+      if db then db:close() end
+      core._process_mark(old_mark)
+      tally.logger(old_logger)
+      _G.ngx, package.loaded["tally.openresty"] = old_ngx, old_mod
+    end)
+    _G.ngx, package.loaded["tally.openresty"] = stub, nil
+    local fresh = require "tally.openresty"
+    db = assert(fresh.init_worker({ store = "file:" .. helper.tmpfile(), tick = false }))
+    methods.tick = function() return answer end
+    local function flush(status, err)
+      return { flush = "redis://127.0.0.1:6390/0", pattern = "http:*", every = 10, status = status,
+               period = 100, error = err, flushed = status == "flushed" and 3 or nil }
+    end
+    local rollup = { pattern = "http:*", every = 10, status = "ran", period = 100, counters = 2 }
+    local function step(results, dt)
+      clock, answer = clock + (dt or 1), results
+      for i = #logged, 1, -1 do logged[i] = nil end
+      assert(fresh.tick())
+      local out = {}
+      for i, l in ipairs(logged) do out[i] = l end
+      return out
+    end
+    local what = "flush of 'http:*' every 10s to 'redis://127.0.0.1:6390/0'"
+    local failed = "err tally.openresty: " .. what .. " failed: connection refused"
+    assert.same({ failed }, step({ flush("error", "connection refused") }))
+    -- the rollup of the same pattern and period runs: the flush still fails
+    assert.same({ "info tally.openresty: rolled up 'http:*' every 10s, period 100: 2 counters" },
+                step({ rollup }))
+    assert.same({}, step({ flush("error", "connection refused") }))
+    assert.same({}, step({ flush("backoff", "connection refused") }))     -- (Firestore's, waiting: not counted)
+    assert.same({ failed .. " (1 more failures since it was last logged)" },
+                step({ flush("error", "connection refused") }, 60))
+    assert.same({ "notice tally.openresty: " .. what .. " no longer failing" }, step({ flush("flushed") }))
+    assert.same({}, step({ flush("flushed") }))
+    assert.same({ failed }, step({ flush("error", "connection refused") }))   -- a new failure
+  end)
 end)
 
 describe("tally.openresty in nginx, 2 workers", function()
