@@ -449,6 +449,29 @@ describe("db:flush_to('firestore://...')", function()
       assert.same({}, db:names("k:*"))
       db:close()
     end)
+
+    it("a first guess marked unknown, then back to 0 before it is sent", function()
+      local db = assert(tally.open("file:" .. helper.tmpfile()))
+      db:family("k:*", { idle = 10 })
+      local ff = db:flush_to(emu.uri, { writer = "w1", doc_interval = 0 })
+      local c = db:counter("k:1", { shards = 2 })
+      c:incr(7)                                         -- met first at 7: a first guess
+      local ship = core.counter_ship
+      core.counter_ship = function(h, inc, v)
+        local ok, msg, code = ship(h, inc, v)
+        if v == nil then c:decr(7) end                  -- 0 between the mark and the read after it
+        return ok, msg, code
+      end
+      local st = ff:flush_now()
+      core.counter_ship = ship
+      assert(st)
+      assert.equal(0, st.commits)                       -- "back": nothing sent
+      assert(ff:sync(10))
+      upkeep(db, T + 4000)
+      assert.same({}, db:names("k:*"))               -- on the code before: held unknown for good
+      assert.equal(0, seeds_count("k:1", 2))
+      db:close()
+    end)
   end)
 
   it("resends what a SIGKILLed process left unflushed, once, after restart", function()
@@ -593,6 +616,31 @@ describe("db:flush_to('firestore://...')", function()
     assert(db:incr("gone:1", 5))                         -- made again: counts on
     assert(ff:sync(5))
     assert.equal(6, ff:remote_value("gone:1"))
+    db:close()
+  end)
+
+  -- A name forgotten (gone in a round) and made again is a first guess
+  -- whose commit Firestore refuses (ALREADY_EXISTS: its counter document
+  -- is there from before). It must not take the known counters down with
+  -- it: sharing their commit, it refused them all, round after round.
+  it("a name forgotten and made again does not refuse the known counters' commit", function()
+    local db = assert(tally.open())
+    local ff = db:flush_to(emu.uri, { writer = "w1", doc_interval = 0 })
+    for i = 1, 5 do assert(db:incr("re:" .. i, 1)) end
+    assert(ff:sync(5))
+    assert(db:drop("re:3"))
+    assert(ff:flush_now())                              -- forgotten
+    assert.is_nil(ff.ents["re:3"])
+    assert(db:incr("re:3", 4))                          -- made again: a first guess
+    for _, i in ipairs({ 1, 2, 4, 5 }) do assert(db:incr("re:" .. i, 10)) end
+    local _, _, code = ff:flush_now()                   -- one round
+    assert.equal("ALREADY_EXISTS", code)                -- the guess alone is refused
+    for _, i in ipairs({ 1, 2, 4, 5 }) do             -- on the code before: 1 (refused with it)
+      assert.equal(11, ff:remote_value("re:" .. i))
+    end
+    assert(ff:sync(5))
+    assert.equal(5, ff:remote_value("re:3"))            -- what was flushed stays, the new one counts on
+    assert.equal(1, ff:stats().conflicts)
     db:close()
   end)
 

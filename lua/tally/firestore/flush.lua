@@ -165,7 +165,7 @@ end
 local function mark_sending(en)
   local pok, ok = pcall(core.counter_ship, en.c, en.inc, nil)
   ok = pok and ok
-  if ok then en.shipv = nil end                    -- to be marked again once known
+  if ok then en.shipv, en.unmarked = nil, true end -- to be marked again once known
   local got, v, inc = pcall(core.counter_read, en.c)
   if not got or v == nil or inc ~= en.inc then return nil, "gone" end
   if not ok then return nil, "failed" end
@@ -314,12 +314,32 @@ function Remote:_round()
   -- flushed a value this one has not read)
   local function settled(en)
     en.since = nil
-    if not en.guess and en.shipv ~= en.v then        -- read back: may expire at this value
+    if en.guess then
+      -- marked unknown (mark_sending) and back to the guessed value: only
+      -- a read of Firestore may mark it again; unread it is held for good
+      if en.unmarked then en.known = false end
+    elseif en.shipv ~= en.v then                     -- read back: may expire at this value
       pcall(core.counter_ship, en.c, en.inc, en.v)
       en.shipv = en.v
     end
   end
+  -- first guesses go last, in commits of their own: a guess refused
+  -- (ALREADY_EXISTS: a name forgotten and made again, a restart) then
+  -- refuses only guesses, never the known counters it would have shared
+  -- a commit with, round after round
+  local order, nknown = {}, 0
   for _, en in ipairs(due) do
+    if not en.guess then order[#order + 1] = en end
+  end
+  nknown = #order
+  for _, en in ipairs(due) do
+    if en.guess then order[#order + 1] = en end
+  end
+  for i, en in ipairs(order) do
+    if i == nknown + 1 then
+      local ok, m, c = send()                          -- the known ones' last commit
+      if not ok then return nil, m, c end
+    end
     local d = delta_of(en)
     if not d then
       settled(en)
