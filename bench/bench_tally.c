@@ -474,8 +474,11 @@ static int cmd_open(const char *path) {
  * two "group" kinds are those arrays again, each index found through a
  * table of bases, one per 520 indexes: the least a vector's dense path
  * pays (it reads its group's base, and the add waits for that load), as a
- * floor for the vector rows. The RNG and the loop are the same for every
- * kind; one shared atomic draws the indexes too and ignores them. */
+ * floor for the vector rows; the "x" kinds use the add's result as tally's
+ * exact add must (its range; a retired cell), the floor of an exact
+ * vector. The "batch" kinds are the vectors again, MANY_BATCH random
+ * slots a tally_vector_incr_many call. The RNG and the loop are the same
+ * for every kind; one shared atomic draws the indexes too and ignores them. */
 enum {
   MANY_TALLY16,
   MANY_TALLY1,
@@ -488,12 +491,25 @@ enum {
   MANY_ARRAYGROUP,
   MANY_ROWSGROUP,
   MANY_ATOMIC,
+  MANY_BATCH1,
+  MANY_BATCH16,
+  MANY_ARRAYGROUPX,
+  MANY_ROWSGROUPX,
   MANY_N
 };
-static const char *many_names[] = {"tally16",    "tally1",    "vector1", "vector16",
-                                   "byname1",    "array",     "arrayhp", "rows",
-                                   "arraygroup", "rowsgroup", "atomic"};
+static const char *many_names[] = {
+    "tally16", "tally1",       "vector1",       "vector16",    "byname1",
+    "array",   "arrayhp",      "rows",          "arraygroup",  "rowsgroup",
+    "atomic",  "vectorbatch1", "vectorbatch16", "arraygroupx", "rowsgroupx"};
 #define MANY_GROUP 520 /* TALLY__ROW_CELLS: a chunk's columns, a vector's group */
+#define MANY_BATCH 64  /* increments a tally_vector_incr_many call */
+
+/* What tally's add checks of the value it returns (tally__cell_live):
+ * within [-2^62, 2^62). An exact cell must use its add's result, to
+ * refuse a value out of range and to see a retired cell. */
+static inline bool in_range(int64_t v) {
+  return (((uint64_t)v ^ ((uint64_t)v << 1)) >> 63) == 0;
+}
 
 static struct {
   tally_counter **cs[2]; /* handles: [0] 16 shards, [1] 1 shard */
@@ -561,6 +577,28 @@ static void *many_main(void *arg) {
     LOOP(uint64_t i = pick(&x, k); atomic_fetch_add_explicit(
              (_Atomic int64_t *)(a + gb[i / MANY_GROUP] + i % MANY_GROUP * 8), 1,
              memory_order_relaxed));
+    break;
+  }
+  case MANY_BATCH1:
+  case MANY_BATCH16: { /* the same adds, MANY_BATCH a call */
+    tally_vector *v = M.vec[w->impl == MANY_BATCH1];
+    size_t slots[MANY_BATCH];
+    while (!atomic_load_explicit(&B.stop, memory_order_relaxed)) {
+      for (int q = 0; q < MANY_BATCH; q++) slots[q] = pick(&x, k);
+      if (tally_vector_incr_many(v, slots, NULL, MANY_BATCH, NULL) != 0) abort();
+      ops += MANY_BATCH;
+    }
+    break;
+  }
+  case MANY_ARRAYGROUPX:
+  case MANY_ROWSGROUPX: { /* the group kinds, the add's result checked */
+    char *a = (char *)(w->impl == MANY_ARRAYGROUPX ? M.arr : M.rows[w->id]);
+    const uint64_t *gb = M.gbase;
+    LOOP(uint64_t i = pick(&x, k);
+         int64_t old = atomic_fetch_add_explicit(
+             (_Atomic int64_t *)(a + gb[i / MANY_GROUP] + i % MANY_GROUP * 8), 1,
+             memory_order_relaxed);
+         if (__builtin_expect(!in_range(old) || !in_range(old + 1), 0)) abort());
     break;
   }
   case MANY_ATOMIC:

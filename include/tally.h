@@ -409,6 +409,17 @@ TALLY_API size_t tally_vector_size(const tally_vector *v);
 /* tally_counter_incr on slot i's counter, with the same results;
  * TALLY_EINVAL if i is out of range, TALLY_ENOENT if the slot is empty. */
 TALLY_API int tally_vector_incr(tally_vector *v, size_t i, int64_t delta);
+/* tally_vector_incr(v, slots[k], deltas[k]) for k = 0 .. n-1, in order
+ * (deltas NULL: 1 each), stopping at the first that does not return 0:
+ * *done (if not NULL) is how many returned 0 before it, and that one's
+ * result is returned, as tally_vector_incr's would be (0 when all did).
+ * Each add is exact on its own, as a single increment is; the batch is no
+ * unit: a reader may see part of it (see tally_batch_incr for batches
+ * seen whole). One call for many adds asks for the cells of adds further
+ * on ahead of time, so that their misses overlap: for random adds over
+ * many cold counters. TALLY_EINVAL if v is NULL, or slots with n > 0. */
+TALLY_API int tally_vector_incr_many(tally_vector *v, const size_t *slots,
+                                     const int64_t *deltas, size_t n, size_t *done);
 /* 2 if slot i's next increment takes the one-miss path and the slot is
  * dense (its counter's cells follow its group's pattern, as counters
  * created in slot order do: the increment then reads

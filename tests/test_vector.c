@@ -6,6 +6,9 @@
  *  - the API: put, open, get, take, grow, size, errors (out of range,
  *    empty slot, a handle in two vectors, another store's handle, key
  *    policy, range, large deltas), free, a store closed first;
+ *  - tally_vector_incr_many: a loop of tally_vector_incr's adds, stopping
+ *    at the first failure with the count before it; exact over a thousand
+ *    dense slots, and under load while a mover reshards;
  *  - a slot never adds to space its counter left: the counter is dropped,
  *    or resharded away by another handle, its old cells are reused by new
  *    counters, and increments through the vector go where they belong;
@@ -173,6 +176,105 @@ static void test_api(void) {
   EXPECT_RC(TALLY_EINVAL, tally_vector_incr(v, 0, 1));
   tally_vector_free(v);
   tally_store_close(other);
+}
+
+/* tally_vector_incr_many: the adds of a loop of tally_vector_incr, in
+ * order, stopping at the first that fails, whose result it returns with
+ * the count of those before it; deltas NULL adds 1 each. Over a thousand
+ * dense slots of one and of 16 shards (the adds ahead are asked for), in
+ * batches longer than the distance it looks ahead and shorter. */
+static void test_many_api(void) {
+  tally_store *s;
+  tally_vector *v;
+  size_t done = 99;
+  REQUIRE_OK(tally_store_open("memory", NULL, &s));
+  REQUIRE_OK(tally_vector_new(s, 8, &v));
+  EXPECT_OK(vopen(v, 0, "one", 1, TALLY_POLICY_THREAD));
+  EXPECT_OK(vopen(v, 1, "sixteen", 16, TALLY_POLICY_THREAD));
+  EXPECT_OK(vopen(v, 2, "keyed", 4, TALLY_POLICY_KEY));
+  EXPECT_OK(vopen(v, 4, "random", 16, TALLY_POLICY_RANDOM)); /* the handle's path */
+
+  EXPECT_OK(tally_vector_incr_many(v, (size_t[]){0, 1, 0, 1, 1, 4}, NULL, 6, &done));
+  EXPECT_I64(6, done);
+  EXPECT_I64(2, value_of(s, "one"));
+  EXPECT_I64(3, value_of(s, "sixteen"));
+  EXPECT_I64(1, value_of(s, "random"));
+  int64_t big = INT64_C(1) << 40; /* past the fast add's range: the handle's */
+  EXPECT_OK(
+      tally_vector_incr_many(v, (size_t[]){0, 1, 4}, (int64_t[]){-7, big, 5}, 3, &done));
+  EXPECT_I64(3, done);
+  EXPECT_I64(-5, value_of(s, "one"));
+  EXPECT_I64(3 + big, value_of(s, "sixteen"));
+  EXPECT_I64(6, value_of(s, "random"));
+
+  /* the first that fails ends it: those before it added, it and those
+   * after it not */
+  EXPECT_RC(TALLY_ENOENT, tally_vector_incr_many(v, (size_t[]){0, 1, 3, 0}, NULL, 4,
+                                                 &done)); /* empty */
+  EXPECT_I64(2, done);
+  EXPECT_I64(-4, value_of(s, "one"));
+  EXPECT_I64(4 + big, value_of(s, "sixteen"));
+  EXPECT_RC(TALLY_EINVAL, tally_vector_incr_many(v, (size_t[]){0, 8, 0}, NULL, 3, &done));
+  EXPECT_I64(1, done);
+  EXPECT_RC(TALLY_EPOLICY, tally_vector_incr_many(v, (size_t[]){2, 0}, NULL, 2, &done));
+  EXPECT_I64(0, done);
+  EXPECT_I64(-3, value_of(s, "one"));
+  int64_t top = (INT64_C(1) << 62) - 1; /* a shard's largest value */
+  EXPECT_OK(tally_vector_incr(v, 0, top + 3));
+  EXPECT_RC(TALLY_ERANGE, tally_vector_incr_many(v, (size_t[]){1, 0, 1},
+                                                 (int64_t[]){1, 1, 1}, 3, &done));
+  EXPECT_I64(1, done);
+  EXPECT_I64(top, value_of(s, "one")); /* nothing added past the range */
+  EXPECT_I64(5 + big, value_of(s, "sixteen"));
+  int64_t removed;
+  EXPECT_OK(tally_counter_reset(tally_vector_get(v, 0), &removed));
+
+  EXPECT_RC(TALLY_EINVAL, tally_vector_incr_many(NULL, (size_t[]){0}, NULL, 1, &done));
+  EXPECT_I64(0, done);
+  EXPECT_RC(TALLY_EINVAL, tally_vector_incr_many(v, NULL, NULL, 1, &done));
+  EXPECT_OK(tally_vector_incr_many(v, NULL, NULL, 0, &done));
+  EXPECT_I64(0, done);
+  EXPECT_OK(tally_vector_incr_many(v, (size_t[]){0}, NULL, 1, NULL)); /* done NULL */
+  EXPECT_I64(1, value_of(s, "one"));
+  tally_vector_free(v);
+
+  /* a thousand dense slots each of one and 16 shards, at random */
+  enum { N = 1000, ROUNDS = 200, MAX = 100 };
+  static int64_t want[2 * N];
+  REQUIRE_OK(tally_vector_new(s, 2 * N, &v));
+  for (size_t i = 0; i < 2 * N; i++) {
+    char nm[32];
+    snprintf(nm, sizeof nm, "many:%zu", i);
+    REQUIRE_OK(vopen(v, i, nm, i < N ? 1 : 16, TALLY_POLICY_THREAD));
+    want[i] = 0;
+  }
+  EXPECT_I64(2, tally_vector_fast(v, 10));   /* the first group lines up with 1 shard's */
+  EXPECT(tally_vector_fast(v, N + 10) >= 1); /* rows: the one-miss path, by slot word */
+  uint64_t seed = 5;
+  size_t slots[MAX];
+  int64_t deltas[MAX];
+  for (int r = 0; r < ROUNDS; r++) {
+    size_t n =
+        (size_t)(tu_rng(&seed) % MAX) + 1; /* 1..100: shorter and longer than AHEAD */
+    for (size_t k = 0; k < n; k++) {
+      slots[k] = (size_t)(tu_rng(&seed) % (2 * N));
+      deltas[k] = (int64_t)(tu_rng(&seed) % 11) - 3;
+      want[slots[k]] += deltas[k];
+    }
+    EXPECT_OK(tally_vector_incr_many(v, slots, deltas, n, &done));
+    EXPECT_I64(n, done);
+  }
+  for (size_t i = 0; i < 2 * N; i += 37) {
+    char nm[32];
+    snprintf(nm, sizeof nm, "many:%zu", i);
+    EXPECT_I64(want[i], value_of(s, nm));
+  }
+  int64_t sum = 0, total = 0;
+  for (size_t i = 0; i < 2 * N; i++) sum += want[i];
+  EXPECT_OK(tally_store_sum(s, "many:*", 6, &total, NULL));
+  EXPECT_I64(sum, total);
+  tally_vector_free(v);
+  tally_store_close(s);
 }
 
 /* ---- dense slots ----------------------------------------------------------- */
@@ -596,6 +698,48 @@ static void test_threads(void) {
   tally_store_close(s);
 }
 
+/* As writer_main, through tally_vector_incr_many: batches of 1 to 32
+ * random slots, whose cells are asked for ahead while the mover moves
+ * them: a cell asked for that moved meanwhile is only a wasted fetch. */
+static void *writer_many_main(void *ud) {
+  struct writer *w = ud;
+  struct tu_mover *m = w->m;
+  double end = tu_now() + 10;
+  size_t slots[32];
+  for (int k = 0; k < PER_THREAD || (atomic_load(&m->rounds) < 3 && tu_now() < end);) {
+    size_t n = (size_t)(tu_rng(&w->seed) % 32) + 1, done = 0;
+    for (size_t j = 0; j < n; j++) slots[j] = (size_t)(tu_rng(&w->seed) % SLOTS);
+    if (tally_vector_incr_many(w->v, slots, NULL, n, &done) != 0 || done != n) {
+      TU_FAIL("vector incr_many: %zu of %zu: %s", done, n, tally_errmsg());
+      return NULL;
+    }
+    for (size_t j = 0; j < n; j++) w->added[slots[j]]++;
+    k += (int)n;
+  }
+  return NULL;
+}
+
+static void test_many_threads(void) {
+  tally_store *s = open_file("many_threads.tly", "100");
+  tally_vector *v;
+  REQUIRE_OK(tally_vector_new(s, SLOTS, &v));
+  for (int i = 0; i < SLOTS; i++) {
+    char nm[32];
+    snprintf(nm, sizeof nm, "b:%d", i);
+    uint32_t shards = i % 3 == 0 ? 1 : i % 3 == 1 ? 16 : TALLY_SHARDS_AUTO;
+    int policy = i % 2 ? TALLY_POLICY_RANDOM : TALLY_POLICY_THREAD;
+    REQUIRE_OK(vopen(v, (size_t)i, nm, shards, policy));
+  }
+  long moves;
+  int64_t total = run_exact(s, v, "b:", writer_many_main, 13, 17, &moves);
+  EXPECT(total >= 2 * PER_THREAD);
+  printf("many_threads: %lld increments in batches, %ld reshards, exact\n",
+         (long long)total, moves);
+  EXPECT_I64(0, tally_store_check(s));
+  tally_vector_free(v);
+  tally_store_close(s);
+}
+
 /* A region whose generation reaches its limit (2^22 - 1; it starts at
  * random below 2^21) makes no more stamps, and no value adds through it:
  * not the last stamp made, nor one with any generation bits above 2^53. */
@@ -969,6 +1113,7 @@ static void test_processes(void) {
 int main(void) {
   snprintf(g_dir, sizeof g_dir, "%s", tu_tmpdir("vector"));
   test_api();
+  test_many_api();
   test_dense();
   test_reuse();
   test_expired();
@@ -976,6 +1121,7 @@ int main(void) {
   test_stamps();
   test_stamp_limit();
   test_threads();
+  test_many_threads();
   test_stamp_threads();
   test_grow();
   test_auto_grows();
