@@ -549,12 +549,16 @@ function Http:encode(part, db)
         keep[#keep + 1] = r
       end
     end
+    -- none left: nothing to push (the caller counts them; an empty body
+    -- PUT would empty the group of what other pushes put there)
+    if why and #keep == 0 then return false, why end
     if why then _M.failed(self, why, #part - #keep); part = keep end
   end
   -- lenient: a counter that cannot be exposed (two counters mapping to one
   -- series, an ambiguous name) is left out and counted, not the whole body
   local text, skipped = format._render_prometheus(part, c, nil, true)
   if not text then return false, skipped end
+  if #skipped > 0 and #skipped == #part then return false, skipped[1].msg end
   if #skipped > 0 then _M.failed(self, skipped[1].msg, #skipped) end
   return true, text
 end

@@ -279,6 +279,29 @@ describe("HTTP sinks", function()
     db:close()
   end)
 
+  it("send nothing when every counter of a Pushgateway push is left out (a PUT would empty the group)", function()
+    -- a PUT replaces the whole group: an empty body pushed for records all
+    -- left out wiped what other pushes had put there
+    local db = assert(tally.open())
+    local url = pg.url .. "/metrics/job/wiped/instance/spec"
+    local keep = tally.sink.http { url = url, format = "prometheus" }
+    db:rollup("kept", { every = 10, sinks = { keep } })
+    db:incr("kept", 7)
+    db:tick(T0)
+    assert.is_true(db:flush(5))
+    db:family("w:*", { metric = "workers", labels = { "job" } })
+    local s = tally.sink.http { url = url, format = "prometheus", method = "PUT" }
+    db:rollup("w:*", { every = 10, sinks = { s } })
+    db:incr("w:a", 1)
+    db:tick(T0 + 10)
+    assert.is_true(db:flush(5))
+    local st = s:stats()
+    assert.same({ 1, 0, 0 }, { st.dropped, st.sent, st.rejected })
+    local _, body = peers.http("GET", pg.url .. "/metrics")
+    assert.truthy(body:find('tally_value{counter="kept",instance="spec",job="wiped"} 7\n', 1, true), body)
+    db:close()
+  end)
+
   it("write line protocol to InfluxDB, read back through its query API", function()
     local db = assert(tally.open())
     local s = tally.sink.http { url = ix.url .. "/write?db=tally_spec&precision=ms",
