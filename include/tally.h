@@ -417,7 +417,7 @@ TALLY_API int tally_vector_incr(tally_vector *v, size_t i, int64_t delta);
  * unit: a reader may see part of it (see tally_batch_incr for batches
  * seen whole). One call for many adds asks for the cells of adds further
  * on ahead of time, so that their misses overlap: for random adds over
- * many cold counters. TALLY_EINVAL if v is NULL, or slots with n > 0. */
+ * many cold counters. TALLY_EINVAL if v is NULL, or slots NULL with n > 0. */
 TALLY_API int tally_vector_incr_many(tally_vector *v, const size_t *slots,
                                      const int64_t *deltas, size_t n, size_t *done);
 /* 2 if slot i's next increment takes the one-miss path and the slot is

@@ -229,6 +229,18 @@ static void test_many_api(void) {
   int64_t removed;
   EXPECT_OK(tally_counter_reset(tally_vector_get(v, 0), &removed));
 
+  /* a slot out of range or empty where the call looks ahead: refused
+   * there, the adds before it made */
+  size_t far[12] = {0, 1, 0, 1, 0, 1, 0, 1, 0, (size_t)-1, 0, 0};
+  EXPECT_RC(TALLY_EINVAL, tally_vector_incr_many(v, far, NULL, 12, &done));
+  EXPECT_I64(9, done);
+  far[9] = 3; /* empty */
+  EXPECT_RC(TALLY_ENOENT, tally_vector_incr_many(v, far, NULL, 12, &done));
+  EXPECT_I64(9, done);
+  EXPECT_I64(10, value_of(s, "one"));
+  EXPECT_I64(13 + big, value_of(s, "sixteen"));
+  EXPECT_OK(tally_counter_reset(tally_vector_get(v, 0), &removed));
+
   EXPECT_RC(TALLY_EINVAL, tally_vector_incr_many(NULL, (size_t[]){0}, NULL, 1, &done));
   EXPECT_I64(0, done);
   EXPECT_RC(TALLY_EINVAL, tally_vector_incr_many(v, NULL, NULL, 1, &done));

@@ -423,7 +423,7 @@ int tally_vector_incr(tally_vector *v, size_t i, int64_t delta) {
  * of 8 and 16 on the 2-core VM (docs/benchmarks.md). */
 #define AHEAD 8
 static inline void prefetch_for_write(const void *p) {
-#if defined(__x86_64__) || defined(__i386__)
+#if defined(__x86_64__) /* every x86-64 CPU takes it (a NOP where unknown) */
   __asm__ volatile("prefetchw %0" : : "m"(*(const char *)p));
 #else
   __builtin_prefetch(p, 1, 3);
@@ -437,9 +437,13 @@ int tally_vector_incr_many(tally_vector *v, const size_t *slots, const int64_t *
   if (!v || (n && !slots)) {
     rc = tally__fail(TALLY_EINVAL, "tally_vector_incr_many: NULL argument");
   } else {
+    uint32_t kind;
+    for (size_t a = 0; a < AHEAD && a < n; a++) { /* the first ones, before any add */
+      const void *first = slots[a] < v->n ? fast_cell(v, slots[a], &kind) : NULL;
+      if (first) prefetch_for_write(first);
+    }
     for (; k < n; k++) {
       if (k + AHEAD < n && slots[k + AHEAD] < v->n) {
-        uint32_t kind;
         const void *ahead = fast_cell(v, slots[k + AHEAD], &kind);
         if (ahead) prefetch_for_write(ahead);
       }
