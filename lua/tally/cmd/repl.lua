@@ -19,6 +19,7 @@
 
 local tally = require "tally"
 local printable = require("tally.cmd.common").printable   -- names: control bytes as \xNN
+local utf8_escape = require("tally.compat").utf8_escape
 
 local type, pairs, ipairs, next, tostring, pcall, select, rawget =
       type, pairs, ipairs, next, tostring, pcall, select, rawget
@@ -67,8 +68,13 @@ end
 -- ---- values --------------------------------------------------------------
 
 local ESC = { ["\n"] = "\\n", ["\t"] = "\\t", ["\r"] = "\\r", ['"'] = '\\"', ["\\"] = "\\\\" }
+-- A string as Lua source that reads back as the same bytes, and cannot
+-- drive the terminal: C0 and DEL as escapes, then bytes outside valid
+-- UTF-8 and UTF-8's C1 controls (U+0080-U+009F: CSI is one) as \ddd.
 local function quote(s)
-  return '"' .. s:gsub('[%c"\\]', function(c) return ESC[c] or fmt("\\%03d", c:byte()) end) .. '"'
+  s = s:gsub('[%c"\\]', function(c) return ESC[c] or fmt("\\%03d", c:byte()) end)
+  s = utf8_escape(s, "[\128-\255]", "\\%03d")
+  return '"' .. s:gsub("\194([\128-\159])", function(b) return "\\194\\" .. b:byte() end) .. '"'
 end
 
 local function when(at)
