@@ -686,28 +686,36 @@ static int64_t run_exact(tally_store *s, tally_vector *v, const char *prefix,
   return total;
 }
 
-static void test_threads(void) {
+/* Slots of 1-shard, 16-shard (thread or random policy) and automatic
+ * counters prefix0.. in a file store, two writers fn (seeds a, b) while a
+ * mover reshards them: exact. */
+static void run_mixed(const char *file, const char *prefix, void *(*fn)(void *),
+                      uint64_t a, uint64_t b, const char *what) {
   /* not 0: a writer thread between its load of a slot and its add is seen
    * by no epoch when another thread of its process runs the grace step;
    * grace_ms bounds that window (grace.c), for slots as for handles */
-  tally_store *s = open_file("threads.tly", "100");
+  tally_store *s = open_file(file, "100");
   tally_vector *v;
   REQUIRE_OK(tally_vector_new(s, SLOTS, &v));
   for (int i = 0; i < SLOTS; i++) {
     char nm[32];
-    snprintf(nm, sizeof nm, "v:%d", i);
+    snprintf(nm, sizeof nm, "%s%d", prefix, i);
     /* a third each: one shard, 16 shards (thread or random), automatic */
     uint32_t shards = i % 3 == 0 ? 1 : i % 3 == 1 ? 16 : TALLY_SHARDS_AUTO;
     int policy = i % 2 ? TALLY_POLICY_RANDOM : TALLY_POLICY_THREAD;
     REQUIRE_OK(vopen(v, (size_t)i, nm, shards, policy));
   }
   long moves;
-  int64_t total = run_exact(s, v, "v:", writer_main, 7, 11, &moves);
+  int64_t total = run_exact(s, v, prefix, fn, a, b, &moves);
   EXPECT(total >= 2 * PER_THREAD);
-  printf("threads: %lld increments, %ld reshards, exact\n", (long long)total, moves);
+  printf("%s: %lld increments, %ld reshards, exact\n", what, (long long)total, moves);
   EXPECT_I64(0, tally_store_check(s));
   tally_vector_free(v);
   tally_store_close(s);
+}
+
+static void test_threads(void) {
+  run_mixed("threads.tly", "v:", writer_main, 7, 11, "threads");
 }
 
 /* As writer_main, through tally_vector_incr_many: batches of 1 to 32
@@ -732,24 +740,8 @@ static void *writer_many_main(void *ud) {
 }
 
 static void test_many_threads(void) {
-  tally_store *s = open_file("many_threads.tly", "100");
-  tally_vector *v;
-  REQUIRE_OK(tally_vector_new(s, SLOTS, &v));
-  for (int i = 0; i < SLOTS; i++) {
-    char nm[32];
-    snprintf(nm, sizeof nm, "b:%d", i);
-    uint32_t shards = i % 3 == 0 ? 1 : i % 3 == 1 ? 16 : TALLY_SHARDS_AUTO;
-    int policy = i % 2 ? TALLY_POLICY_RANDOM : TALLY_POLICY_THREAD;
-    REQUIRE_OK(vopen(v, (size_t)i, nm, shards, policy));
-  }
-  long moves;
-  int64_t total = run_exact(s, v, "b:", writer_many_main, 13, 17, &moves);
-  EXPECT(total >= 2 * PER_THREAD);
-  printf("many_threads: %lld increments in batches, %ld reshards, exact\n",
-         (long long)total, moves);
-  EXPECT_I64(0, tally_store_check(s));
-  tally_vector_free(v);
-  tally_store_close(s);
+  run_mixed("many_threads.tly", "b:", writer_many_main, 13, 17,
+            "many_threads, in batches");
 }
 
 /* A region whose generation reaches its limit (2^22 - 1; it starts at
