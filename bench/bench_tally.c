@@ -476,7 +476,9 @@ static int cmd_open(const char *path) {
  * pays (it reads its group's base, and the add waits for that load), as a
  * floor for the vector rows; the "x" kinds use the add's result as tally's
  * exact add must (its range; a retired cell), the floor of an exact
- * vector. The "batch" kinds are the vectors again, MANY_BATCH random
+ * vector ("rowsx": the per-thread arrays indexed directly, no table, as
+ * a layout with each writer's cells of a vector in one array would be).
+ * The "batch" kinds are the vectors again, MANY_BATCH random
  * slots a tally_vector_incr_many call. The RNG and the loop are the same
  * for every kind; one shared atomic draws the indexes too and ignores them. */
 enum {
@@ -495,12 +497,13 @@ enum {
   MANY_BATCH16,
   MANY_ARRAYGROUPX,
   MANY_ROWSGROUPX,
+  MANY_ROWSX,
   MANY_N
 };
 static const char *many_names[] = {
-    "tally16", "tally1",       "vector1",       "vector16",    "byname1",
-    "array",   "arrayhp",      "rows",          "arraygroup",  "rowsgroup",
-    "atomic",  "vectorbatch1", "vectorbatch16", "arraygroupx", "rowsgroupx"};
+    "tally16",       "tally1",      "vector1",    "vector16",  "byname1", "array",
+    "arrayhp",       "rows",        "arraygroup", "rowsgroup", "atomic",  "vectorbatch1",
+    "vectorbatch16", "arraygroupx", "rowsgroupx", "rowsx"};
 #define MANY_GROUP 520 /* TALLY__ROW_CELLS: a chunk's columns, a vector's group */
 #define MANY_BATCH 64  /* increments a tally_vector_incr_many call */
 
@@ -598,6 +601,13 @@ static void *many_main(void *arg) {
          int64_t old = atomic_fetch_add_explicit(
              (_Atomic int64_t *)(a + gb[i / MANY_GROUP] + i % MANY_GROUP * 8), 1,
              memory_order_relaxed);
+         if (__builtin_expect(!in_range(old) || !in_range(old + 1), 0)) abort());
+    break;
+  }
+  case MANY_ROWSX: { /* ideal cells, indexed directly, the add's result checked */
+    _Atomic int64_t *a = M.rows[w->id];
+    LOOP(int64_t old =
+             atomic_fetch_add_explicit(&a[pick(&x, k)], 1, memory_order_relaxed);
          if (__builtin_expect(!in_range(old) || !in_range(old + 1), 0)) abort());
     break;
   }
