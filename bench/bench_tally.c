@@ -514,6 +514,12 @@ static inline bool in_range(int64_t v) {
   return (((uint64_t)v ^ ((uint64_t)v << 1)) >> 63) == 0;
 }
 
+/* Add 1 to cell as an exact cell's add must: its result checked. */
+static inline void checked_add(_Atomic int64_t *cell) {
+  int64_t old = atomic_fetch_add_explicit(cell, 1, memory_order_relaxed);
+  if (__builtin_expect(!in_range(old) || !in_range(old + 1), 0)) abort();
+}
+
 static struct {
   tally_counter **cs[2]; /* handles: [0] 16 shards, [1] 1 shard */
   tally_vector *vec[2];  /* the 16-shard, then the 1-shard counters again,
@@ -598,17 +604,12 @@ static void *many_main(void *arg) {
     char *a = (char *)(w->impl == MANY_ARRAYGROUPX ? M.arr : M.rows[w->id]);
     const uint64_t *gb = M.gbase;
     LOOP(uint64_t i = pick(&x, k);
-         int64_t old = atomic_fetch_add_explicit(
-             (_Atomic int64_t *)(a + gb[i / MANY_GROUP] + i % MANY_GROUP * 8), 1,
-             memory_order_relaxed);
-         if (__builtin_expect(!in_range(old) || !in_range(old + 1), 0)) abort());
+         checked_add((_Atomic int64_t *)(a + gb[i / MANY_GROUP] + i % MANY_GROUP * 8)));
     break;
   }
   case MANY_ROWSX: { /* ideal cells, indexed directly, the add's result checked */
     _Atomic int64_t *a = M.rows[w->id];
-    LOOP(int64_t old =
-             atomic_fetch_add_explicit(&a[pick(&x, k)], 1, memory_order_relaxed);
-         if (__builtin_expect(!in_range(old) || !in_range(old + 1), 0)) abort());
+    LOOP(checked_add(&a[pick(&x, k)]));
     break;
   }
   case MANY_ATOMIC:

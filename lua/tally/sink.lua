@@ -558,8 +558,10 @@ function Http:encode(part, db)
   -- series, an ambiguous name) is left out and counted, not the whole body
   local text, skipped = format._render_prometheus(part, c, nil, true)
   if not text then return false, skipped end
-  if #skipped > 0 and #skipped == #part then return false, skipped[1].msg end
-  if #skipped > 0 then _M.failed(self, skipped[1].msg, #skipped) end
+  if #skipped > 0 then
+    if #skipped == #part then return false, skipped[1].msg end   -- none left, as above
+    _M.failed(self, skipped[1].msg, #skipped)
+  end
   return true, text
 end
 

@@ -430,6 +430,13 @@ static inline void prefetch_for_write(const void *p) {
 #endif
 }
 
+/* Ask for the cell an add to slot i would take, if it takes the fast path. */
+static inline void prefetch_slot(tally_vector *v, size_t i) {
+  uint32_t kind;
+  const void *cell = i < v->n ? fast_cell(v, i, &kind) : NULL;
+  if (cell) prefetch_for_write(cell);
+}
+
 int tally_vector_incr_many(tally_vector *v, const size_t *slots, const int64_t *deltas,
                            size_t n, size_t *done) {
   size_t k = 0;
@@ -437,16 +444,10 @@ int tally_vector_incr_many(tally_vector *v, const size_t *slots, const int64_t *
   if (!v || (n && !slots)) {
     rc = tally__fail(TALLY_EINVAL, "tally_vector_incr_many: NULL argument");
   } else {
-    uint32_t kind;
-    for (size_t a = 0; a < AHEAD && a < n; a++) { /* the first ones, before any add */
-      const void *first = slots[a] < v->n ? fast_cell(v, slots[a], &kind) : NULL;
-      if (first) prefetch_for_write(first);
-    }
+    for (size_t a = 0; a < AHEAD && a < n; a++)
+      prefetch_slot(v, slots[a]); /* the first ones, before any add */
     for (; k < n; k++) {
-      if (k + AHEAD < n && slots[k + AHEAD] < v->n) {
-        const void *ahead = fast_cell(v, slots[k + AHEAD], &kind);
-        if (ahead) prefetch_for_write(ahead);
-      }
+      if (k + AHEAD < n) prefetch_slot(v, slots[k + AHEAD]);
       rc = incr_one(v, slots[k], deltas ? deltas[k] : 1);
       if (__builtin_expect(rc != 0, 0)) break;
     }

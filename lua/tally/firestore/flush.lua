@@ -327,11 +327,11 @@ function Remote:_round()
   -- (ALREADY_EXISTS: a name forgotten and made again, a restart) then
   -- refuses only guesses, never the known counters it would have shared
   -- a commit with, round after round
-  local order, nknown = {}, 0
+  local order = {}
   for _, en in ipairs(due) do
     if not en.guess then order[#order + 1] = en end
   end
-  nknown = #order
+  local nknown = #order
   for _, en in ipairs(due) do
     if en.guess then order[#order + 1] = en end
   end

@@ -178,7 +178,7 @@ function Store:counter(name, opts)
   return new_counter(self, name, s, p)
 end
 
-remote.by_name(Store) -- db:incr(name), db:decr, db:value(name)
+remote.by_name(Store) -- db:incr(name), db:decr (db:value: its own, below)
 
 -- db:value(name): reads the options each time, never creates, and leaves
 -- the names alone (sum and values read each listed name through it).
