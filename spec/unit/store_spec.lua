@@ -418,6 +418,38 @@ describe("tally.store", function()
       assert.is_true(db:check())
       f:close()
     end)
+
+    -- The guarantee "db:sync() makes it survive the machine" rests on two
+    -- calls: msync(MS_SYNC) over the mapping, then fsync of the store's
+    -- file. A machine cannot be pulled here; strace shows both are made.
+    it("writes the mapping and the file to disk (msync MS_SYNC, then fsync)", function()
+      if not helper.on_path("strace") then
+        pending("strace is not installed (scripts/setup installs it)")
+        return
+      end
+      local path, script, trace = helper.tmpfile(), helper.tmpfile("sync.lua"), helper.tmpfile("trace")
+      helper.write(script, ([[
+        local db = assert(require("tally").open("file:" .. %q))
+        db:incr("a", 7)
+        io.stderr:write("synced\n")
+        assert(db:sync())
+        db:close()
+      ]]):format(path))
+      local out, code = helper.sh("strace -f -s 4096 -e trace=openat,msync,fsync,write -o " .. helper.q(trace)
+                                  .. " " .. helper.q(helper.bin) .. " " .. helper.q(script))
+      assert.equal(0, code, out)
+      local fd, after, msynced, fsynced
+      for line in io.lines(trace) do
+        local opened = line:match('openat%(AT_FDCWD, "' .. path:gsub("%p", "%%%0") .. '", [^)]*%) = (%d+)')
+        if opened then fd = opened end
+        if line:find('write(2, "synced\\n"', 1, true) then after = true end
+        if after and line:find("msync%(0x%x+, %d+, MS_SYNC%)%s+= 0") then msynced = true end
+        if msynced and fd and line:find("fsync%(" .. fd .. "%)%s+= 0") then fsynced = true end
+      end
+      assert.truthy(fd, "the store was never opened")
+      assert.is_true(msynced == true, "no msync(MS_SYNC) after the increment")
+      assert.is_true(fsynced == true, "no fsync of the store's file after its msync")
+    end)
   end)
 
   describe(":close()", function()
