@@ -699,6 +699,23 @@ TALLY_API int tally_store_schedules(tally_store *s, tally_schedule_info *out,
 /* The counter's latest rollup record; TALLY_ENOROLLUP if it has none. */
 TALLY_API int tally_counter_rolled(tally_counter *c, tally_rollup *out);
 
+/* The k live counters matching pattern that rank first, best first: by
+ * TALLY_TOP_VALUE, the largest values (read as tally_store_values reads
+ * them); by TALLY_TOP_RATE, the largest rates of their latest rollup
+ * (tally_rollup_rate), counters never rolled up (or whose record is being
+ * written at that moment) after every rolled one. Ties go by name, bytewise
+ * (a name before any longer name it begins). One walk of the index and a
+ * heap of k entries: O(n log k) time, O(k) memory, no handle per counter.
+ * Then fn for each of them in that order, with its latest rollup or NULL
+ * (never rolled up); name is valid during the call only. fn returns 0 to
+ * go on, non-zero to stop (that value is then returned). Left out as by
+ * tally_store_values: dropped during the walk, or beyond int64. */
+enum { TALLY_TOP_VALUE = 0, TALLY_TOP_RATE = 1 };
+typedef int (*tally_top_fn)(void *ud, const char *name, size_t len, int64_t value,
+                            const tally_rollup *rolled);
+TALLY_API int tally_store_top(tally_store *s, const char *pattern, size_t plen,
+                              uint64_t k, int by, tally_top_fn fn, void *ud);
+
 typedef struct tally_bucket {
   int64_t t;     /* bucket start, seconds since the epoch */
   int64_t value; /* value at the last rollup inside the bucket */

@@ -285,6 +285,53 @@ describe("reads that choose their cost", function()
     assert.matches("\"value\" or \"rate\"", helper.err(db.top, db, "p:*", 1, "size"))
   end)
 
+  it("db:top gives the first k of a full sort, by value and by rate, ties by name", function()
+    -- the order db:top promises, written out: largest first, rolled
+    -- before never rolled, then the names bytewise (a prefix first)
+    local function full(by)
+      local rows = {}
+      for _, name in ipairs(db:names("t:*")) do
+        local c = db:counter(name, { create = false })
+        local r = c:rolled()
+        rows[#rows + 1] = { name = name, value = c:value(), rate = r and r.rate }
+      end
+      table.sort(rows, function(a, b)
+        local x, y = a[by], b[by]
+        if x ~= y then
+          if x == nil then return false end
+          if y == nil then return true end
+          return x > y
+        end
+        return a.name < b.name
+      end)
+      return rows
+    end
+    for i = 1, 20000 do   -- t:17 and t:17x; values with many ties
+      db:incr(("t:%d%s"):format(i // 2, i % 2 == 1 and "x" or ""), (i * 7919) % 300 - 100)
+    end
+    db:incr("u", 10^9)
+    db:rollup("t:1*", { every = 1 })
+    db:tick(T0)
+    for i = 1, 20000, 7 do db:incr(("t:%d"):format(i // 2), i % 5) end
+    db:tick(T0 + 1)
+    for _, by in ipairs({ "value", "rate" }) do
+      local all = full(by)
+      for _, k in ipairs({ 1, 10, 777, 19999, 20000, 30000 }) do
+        local top = db:top("t:*", k, by)
+        assert.equal(math.min(k, #all), #top)
+        for i = 1, #top do
+          if top[i].name ~= all[i].name or top[i].value ~= all[i].value
+             or top[i].rate ~= all[i].rate then
+            assert.same(all[i], top[i], by .. " k=" .. k .. " row " .. i)
+          end
+        end
+      end
+    end
+    assert.same({}, db:top("t:*", 0))
+    assert.same({}, db:top("none:*", 5))
+    assert.equal(#db:names("t:*"), #db:top(math.maxinteger, "t:*"))
+  end)
+
   it("c:skew shows how evenly shards fill", function()
     local c = db:counter("s", { shards = 4, policy = "round_robin" })
     for _ = 1, 40 do c:incr() end

@@ -1,4 +1,5 @@
-/* aggregate.c -- questions about many counters: names, values, sums, counts.
+/* aggregate.c -- questions about many counters: names, values, sums,
+ * counts, the top k.
  *
  * All of them walk the name index once and read each record in place, with
  * no handle per counter. A counter created during the walk may or may not
@@ -6,6 +7,7 @@
  */
 #include "internal.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 struct walk {
@@ -102,6 +104,126 @@ int tally_store_sum(tally_store *s, const char *pattern, size_t plen, int64_t *s
   *sum = (int64_t)w.sum;
   if (count) *count = w.count;
   return 0;
+}
+
+/* ---- the top k: a heap whose root is the entry that ranks last --------- */
+
+struct top_item {
+  uint64_t rec_off;
+  int64_t value;
+  double rate;
+  bool rated; /* roll holds its latest rollup (by rate only) */
+  tally_rollup roll;
+};
+
+struct top {
+  struct walk w;
+  int by;
+  uint64_t k;
+  struct top_item *heap;
+  size_t n, cap;
+};
+
+/* a ranks before b: the larger value (or rate; rolled before never
+ * rolled), then the name, bytewise. */
+static bool ahead(tally_store *s, int by, const struct top_item *a,
+                  const struct top_item *b) {
+  if (by == TALLY_TOP_RATE) {
+    if (a->rated != b->rated) return a->rated;
+    if (a->rated && a->rate != b->rate) return a->rate > b->rate;
+  } else if (a->value != b->value) {
+    return a->value > b->value;
+  }
+  const struct tally__rec *x = tally__at(s, a->rec_off), *y = tally__at(s, b->rec_off);
+  size_t m = x->name_len < y->name_len ? x->name_len : y->name_len;
+  int c = memcmp(x->name, y->name, m);
+  return c ? c < 0 : x->name_len < y->name_len;
+}
+
+static void sift_down(tally_store *s, struct top *t, size_t i, size_t n) {
+  for (;;) {
+    size_t l = 2 * i + 1, r = l + 1, last = i;
+    if (l < n && ahead(s, t->by, &t->heap[last], &t->heap[l])) last = l;
+    if (r < n && ahead(s, t->by, &t->heap[last], &t->heap[r])) last = r;
+    if (last == i) return;
+    struct top_item x = t->heap[i];
+    t->heap[i] = t->heap[last];
+    t->heap[last] = x;
+    i = last;
+  }
+}
+
+static int top_one(tally_store *s, uint64_t rec_off, void *ud) {
+  struct top *t = ud;
+  struct top_item it = {.rec_off = rec_off};
+  int m = value_of(s, rec_off, &t->w, &it.value);
+  if (m == TALLY_ERANGE) return 0; /* left out, as by tally_store_values */
+  if (m <= 0) return m;
+  if (t->by == TALLY_TOP_RATE) {
+    int rc = tally__rec_rolled(s, rec_off, &it.roll);
+    if (rc == TALLY_ECORRUPT) return rc;
+    if ((it.rated = rc == 0)) it.rate = tally_rollup_rate(&it.roll);
+  }
+  if (t->n == t->k) { /* full: replace the last if this one ranks before it */
+    if (!ahead(s, t->by, &it, &t->heap[0])) return 0;
+    t->heap[0] = it;
+    sift_down(s, t, 0, t->n);
+    return 0;
+  }
+  if (t->n == t->cap) {
+    size_t cap = t->cap ? t->cap * 2 : 64;
+    if (cap > t->k) cap = (size_t)t->k;
+    struct top_item *h = realloc(t->heap, cap * sizeof *h);
+    if (!h) return tally__fail(TALLY_ENOMEM, "out of memory");
+    t->heap = h;
+    t->cap = cap;
+  }
+  size_t i = t->n++; /* sift up: the parent must rank after its children */
+  while (i && ahead(s, t->by, &t->heap[(i - 1) / 2], &it)) {
+    t->heap[i] = t->heap[(i - 1) / 2];
+    i = (i - 1) / 2;
+  }
+  t->heap[i] = it;
+  return 0;
+}
+
+int tally_store_top(tally_store *s, const char *pattern, size_t plen, uint64_t k, int by,
+                    tally_top_fn fn, void *ud) {
+  if (!s || !fn) return tally__fail(TALLY_EINVAL, "tally_store_top: NULL argument");
+  if (by != TALLY_TOP_VALUE && by != TALLY_TOP_RATE)
+    return tally__fail(TALLY_EINVAL, "tally_store_top: by must be TALLY_TOP_VALUE or "
+                                     "TALLY_TOP_RATE");
+  struct top t = {.by = by,
+                  .k = k > SIZE_MAX / sizeof(struct top_item)
+                           ? SIZE_MAX / sizeof(struct top_item)
+                           : k};
+  pattern_or_all(&t.w, pattern, plen);
+  if (!t.k) return 0;
+  tally__hold_begin(s); /* the records stay ours until fn has seen them */
+  int rc = tally__index_each_value(s, top_one, &t);
+  /* heapsort: the last-ranked goes to the end, the first ends at 0 */
+  for (size_t n = t.n; rc == 0 && n > 1; n--) {
+    struct top_item x = t.heap[0];
+    t.heap[0] = t.heap[n - 1];
+    t.heap[n - 1] = x;
+    sift_down(s, &t, 0, n - 1);
+  }
+  for (size_t i = 0; rc == 0 && i < t.n; i++) {
+    struct top_item *it = &t.heap[i];
+    const struct tally__rec *r = tally__at(s, it->rec_off);
+    if (by == TALLY_TOP_VALUE) { /* only the k rows need their rollup */
+      int got = tally__rec_rolled(s, it->rec_off, &it->roll);
+      if (got == TALLY_ECORRUPT) {
+        rc = got;
+        break;
+      }
+      it->rated = got == 0;
+    }
+    rc = fn(ud, r->name, r->name_len, it->value, it->rated ? &it->roll : NULL);
+  }
+  tally__hold_end(s);
+  free(t.heap);
+  return rc;
 }
 
 static int count_one(tally_store *s, uint64_t rec_off, void *ud) {

@@ -834,6 +834,10 @@ static inline _Atomic int64_t *tally__slots_at(struct tally__block *b) {
 }
 /* The record's block, validated (ECORRUPT if not); *out NULL if it has none. */
 int tally__block_of(tally_store *s, uint64_t rec_off, struct tally__block **out);
+/* The record's latest rollup without waiting on a write in progress:
+ * TALLY_ENOROLLUP (none yet) and TALLY_EBUSY (being written) set no error
+ * text; TALLY_ECORRUPT for a damaged block. */
+int tally__rec_rolled(tally_store *s, uint64_t rec_off, tally_rollup *out);
 /* Is the block at off, of record rec_off, whole (ring count, rings, heads,
  * check, all inside the arena)? */
 uint64_t tally__block_bytes(const struct tally__block *b);

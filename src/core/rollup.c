@@ -388,13 +388,13 @@ static int busy(tally_counter *c) {
                      c->name);
 }
 
-int tally_counter_rolled(tally_counter *c, tally_rollup *out) {
-  struct tally__block *b;
-  if (!out) return tally__fail(TALLY_EINVAL, "tally_counter_rolled: NULL argument");
-  int rc = block_for_read(c, &b);
-  if (rc) return rc;
+/* The block's latest record, read between two equal even seqs. patient:
+ * wait out a write in progress for about a second (TALLY_EBUSY after);
+ * else give up after 64 looks, for walks that must not stall on one
+ * counter. TALLY_ENOROLLUP (no error text) if nothing was rolled yet. */
+static int block_read(struct tally__block *b, bool patient, tally_rollup *out) {
   double deadline = 0;
-  for (int i = 0; seq_wait(i, &deadline); i++) {
+  for (int i = 0; patient ? seq_wait(i, &deadline) : i < 64; i++) {
     uint64_t s1 = atomic_load_explicit(&b->seq, memory_order_acquire);
     if (s1 & 1) continue;
     tally_rollup r = {.value = atomic_load_explicit(&b->value, memory_order_acquire),
@@ -404,15 +404,32 @@ int tally_counter_rolled(tally_counter *c, tally_rollup *out) {
                           atomic_load_explicit(&b->prev_at_ms, memory_order_acquire),
                       .count = atomic_load_explicit(&b->count, memory_order_acquire)};
     if (atomic_load_explicit(&b->seq, memory_order_relaxed) != s1) continue;
-    if (r.count == 0)
-      return tally__fail(TALLY_ENOROLLUP,
-                         "counter '%s' has not been rolled "
-                         "up yet",
-                         c->name);
+    if (r.count == 0) return TALLY_ENOROLLUP;
     *out = r;
     return 0;
   }
-  return busy(c);
+  return TALLY_EBUSY;
+}
+
+int tally__rec_rolled(tally_store *s, uint64_t rec_off, tally_rollup *out) {
+  struct tally__block *b = NULL;
+  int rc = tally__block_of(s, rec_off, &b);
+  if (rc) return rc;
+  return b ? block_read(b, false, out) : TALLY_ENOROLLUP;
+}
+
+int tally_counter_rolled(tally_counter *c, tally_rollup *out) {
+  struct tally__block *b;
+  if (!out) return tally__fail(TALLY_EINVAL, "tally_counter_rolled: NULL argument");
+  int rc = block_for_read(c, &b);
+  if (rc) return rc;
+  rc = block_read(b, true, out);
+  if (rc == TALLY_ENOROLLUP)
+    return tally__fail(TALLY_ENOROLLUP,
+                       "counter '%s' has not been rolled "
+                       "up yet",
+                       c->name);
+  return rc == TALLY_EBUSY ? busy(c) : rc;
 }
 
 int tally_counter_rings(tally_counter *c, tally_ring *out, uint32_t cap, uint32_t *n) {

@@ -260,6 +260,7 @@ typedef struct tl_values {
     int64_t v;
   } * e;
   size_t n, cap;
+  double *rate; /* tl_top_add only: each entry's rate, NAN if never rolled */
 } tl_values;
 /* A tally_value_fn: adds the pair to the tl_values ud; TALLY_ENOMEM. */
 int tl_values_add(void *ud, const char *name, size_t len, int64_t v);
@@ -272,6 +273,12 @@ int tl_names_add(void *ud, const char *name, size_t len);
 /* Given the walk's rc: push the names, sorted, as a list and return 1, or
  * the failure, or raise for memory. Frees a's memory whatever happens. */
 int tl_names_push(lua_State *L, tl_values *a, int rc);
+/* A tally_top_fn: adds the row (its rollup's rate) to the tl_values ud. */
+int tl_top_add(void *ud, const char *name, size_t len, int64_t v, const tally_rollup *r);
+/* Given the walk's rc: push the rows in their order as a list of
+ * { name =, value =, rate = } (rate nil if never rolled up) and return 1,
+ * or the failure, or raise for memory. Frees a's memory whatever happens. */
+int tl_top_push(lua_State *L, tl_values *a, int rc);
 
 /* ---- classes ---------------------------------------------------------------- */
 

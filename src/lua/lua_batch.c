@@ -82,7 +82,7 @@ static int tl_snapshot(lua_State *L) {
   tl_store *db = tl_checkstore(L, 1);
   size_t plen = 1;
   const char *pattern = lua_isnoneornil(L, 2) ? "*" : tl_checkstring(L, 2, &plen);
-  tl_values a = {NULL, 0, 0, NULL, 0, 0};
+  tl_values a = {NULL, 0, 0, NULL, 0, 0, NULL};
   lua_settop(L, 2);
   return tl_values_push(
       L, &a, tally_store_snapshot(db->store, pattern, plen, tl_values_add, &a));

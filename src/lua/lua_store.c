@@ -744,7 +744,7 @@ static int tl_store_names(lua_State *L) {
   tl_store *d = tl_tostore(L);
   size_t plen;
   const char *pattern = tl_optpattern(L, 2, &plen);
-  tl_values a = {NULL, 0, 0, NULL, 0, 0};
+  tl_values a = {NULL, 0, 0, NULL, 0, 0, NULL};
   return tl_names_push(L, &a,
                        tally_store_each(d->store, pattern, plen, tl_names_add, &a));
 }
@@ -755,9 +755,23 @@ static int tl_store_values(lua_State *L) {
   tl_store *d = tl_tostore(L);
   size_t plen;
   const char *pattern = tl_optpattern(L, 2, &plen);
-  tl_values a = {NULL, 0, 0, NULL, 0, 0};
+  tl_values a = {NULL, 0, 0, NULL, 0, 0, NULL};
   return tl_values_push(L, &a,
                         tally_store_values(d->store, pattern, plen, tl_values_add, &a));
+}
+
+/* db:_top(pattern|nil, k, by) -> the rows of db:top, which checks the
+ * arguments (tally_store_top: one walk, a heap of k). */
+static int tl_store_top(lua_State *L) {
+  tl_store *d = tl_tostore(L);
+  size_t plen;
+  const char *pattern = tl_optpattern(L, 2, &plen);
+  lua_Integer k = tl_checkinteger(L, 3);
+  int by = strcmp(luaL_checkstring(L, 4), "rate") == 0 ? TALLY_TOP_RATE : TALLY_TOP_VALUE;
+  tl_values a = {NULL, 0, 0, NULL, 0, 0, NULL};
+  return tl_top_push(L, &a,
+                     tally_store_top(d->store, pattern, plen, k < 0 ? 0 : (uint64_t)k, by,
+                                     tl_top_add, &a));
 }
 
 static int tl_store_sync(lua_State *L) {
@@ -960,15 +974,23 @@ static int tl_open(lua_State *L) {
   return 1;
 }
 
-static const luaL_Reg tl_store_methods[] = {
-    {"counter", tl_store_counter},   {"incr", tl_store_incr},
-    {"decr", tl_store_decr},         {"value", tl_store_value},
-    {"drop", tl_store_drop},         {"family", tl_store_family},
-    {"sum", tl_store_sum},           {"names", tl_store_names},
-    {"_values", tl_store_values},    {"sync", tl_store_sync},
-    {"check", tl_store_check},       {"stats", tl_store_stats},
-    {"maintain", tl_store_maintain}, {"grace", tl_store_grace},
-    {"close", tl_store_close},       {NULL, NULL}};
+static const luaL_Reg tl_store_methods[] = {{"counter", tl_store_counter},
+                                            {"incr", tl_store_incr},
+                                            {"decr", tl_store_decr},
+                                            {"value", tl_store_value},
+                                            {"drop", tl_store_drop},
+                                            {"family", tl_store_family},
+                                            {"sum", tl_store_sum},
+                                            {"names", tl_store_names},
+                                            {"_values", tl_store_values},
+                                            {"_top", tl_store_top},
+                                            {"sync", tl_store_sync},
+                                            {"check", tl_store_check},
+                                            {"stats", tl_store_stats},
+                                            {"maintain", tl_store_maintain},
+                                            {"grace", tl_store_grace},
+                                            {"close", tl_store_close},
+                                            {NULL, NULL}};
 
 static const luaL_Reg tl_store_meta[] = {{"__gc", tl_store_close},
                                          {"__close", tl_store_close},

@@ -1,5 +1,5 @@
-/* lua_values.c -- tables from a walk of the core: name -> value, or the
- * sorted list of names.
+/* lua_values.c -- tables from a walk of the core: name -> value, the
+ * sorted list of names, or the rows of a top k.
  *
  * tally_store_values, tally_store_snapshot and tally_store_each hand over
  * each counter through a callback, while they own memory (the snapshot's
@@ -9,6 +9,7 @@
  * afterwards, under lua_pcall, so that the collection is freed whatever
  * happens. The names go into one buffer, not one allocation each.
  */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -180,6 +181,7 @@ static int tl_push(lua_State *L, tl_values *a, int rc, lua_CFunction make, int r
   }
   free(a->names);
   free(a->e);
+  free(a->rate);
   memset(a, 0, sizeof *a);
   if (status != LUA_OK) return lua_error(L); /* the message is on top */
   if (rc == TALLY_ENOMEM) return luaL_error(L, "not enough memory");
@@ -198,4 +200,45 @@ int tl_values_push(lua_State *L, tl_values *a, int rc) {
   for (size_t i = 0; rc == 0 && i < a->n; i++)
     if (!tl_canpush(L, a->e[i].v)) rc = 1;      /* checked before the table is made */
   return tl_push(L, a, rc, tl_values_table, 8); /* the call, table, key, box */
+}
+
+/* ---- the top k ------------------------------------------------------------ */
+
+int tl_top_add(void *ud, const char *name, size_t len, int64_t v, const tally_rollup *r) {
+  tl_values *a = (tl_values *)ud;
+  size_t cap = a->cap;
+  int rc = tl_values_add(ud, name, len, v);
+  if (rc) return rc;
+  if (a->cap != cap || a->rate == NULL) { /* the rates grow with the entries */
+    double *rate = (double *)realloc(a->rate, a->cap * sizeof(*rate));
+    if (rate == NULL) return TALLY_ENOMEM;
+    a->rate = rate;
+  }
+  a->rate[a->n - 1] = r ? tally_rollup_rate(r) : NAN;
+  return 0;
+}
+
+static int tl_top_list(lua_State *L) {
+  const tl_values *a = (const tl_values *)lua_touserdata(L, 1);
+  size_t i;
+  lua_createtable(L, a->n > INT32_MAX ? INT32_MAX : (int)a->n, 0);
+  for (i = 0; i < a->n; i++) {
+    lua_createtable(L, 0, 3);
+    lua_pushlstring(L, a->names + a->e[i].at, a->e[i].len);
+    lua_setfield(L, -2, "name");
+    tl_pushint64(L, a->e[i].v);
+    lua_setfield(L, -2, "value");
+    if (!isnan(a->rate[i])) {
+      lua_pushnumber(L, (lua_Number)a->rate[i]);
+      lua_setfield(L, -2, "rate");
+    }
+    lua_rawseti(L, -2, (lua_Integer)i + 1);
+  }
+  return 1;
+}
+
+int tl_top_push(lua_State *L, tl_values *a, int rc) {
+  for (size_t i = 0; rc == 0 && i < a->n; i++)
+    if (!tl_canpush(L, a->e[i].v)) rc = 1;
+  return tl_push(L, a, rc, tl_top_list, 8); /* the call, list, row, name, box */
 }
