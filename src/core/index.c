@@ -299,9 +299,9 @@ static int walk(tally_store *s, tally__rec_fn fn, void *ud, bool cells) {
     if (i + RECORDS_AHEAD < t->cap)
       fetch_record(
           s, atomic_load_explicit(&t->entries[i + RECORDS_AHEAD], memory_order_relaxed));
-    if (cells && i + CELLS_AHEAD < t->cap)
+    if (cells && i + CELLS_AHEAD < t->cap) /* acquire: it reads the record's loc */
       fetch_cells(
-          s, atomic_load_explicit(&t->entries[i + CELLS_AHEAD], memory_order_relaxed));
+          s, atomic_load_explicit(&t->entries[i + CELLS_AHEAD], memory_order_acquire));
     uint64_t e = atomic_load_explicit(&t->entries[i], memory_order_acquire);
     if (e == EMPTY || e == DELETED) continue;
     if (!entry_ok(s, e)) return bad_entry(s, i);
