@@ -710,6 +710,36 @@ TALLY_API int tally_counter_rolled(tally_counter *c, tally_rollup *out);
  * (never rolled up); name is valid during the call only. fn returns 0 to
  * go on, non-zero to stop (that value is then returned). Left out as by
  * tally_store_values: dropped during the walk, or beyond int64. */
+/* One counter as tally_store_rows hands it over. */
+typedef struct tally_row {
+  const char *name; /* valid during the call only */
+  size_t name_len;
+  int64_t value;   /* as tally_counter_value reads it, when value_rc is 0 */
+  int value_rc;    /* 0, or TALLY_ERANGE: the shards' sum does not fit */
+  uint32_t shards; /* now */
+  int32_t policy;
+  int auto_shards; /* created with TALLY_SHARDS_AUTO; then its reshards: */
+  uint32_t grown, shrunk;
+  const tally_rollup *rolled; /* TALLY_ROWS_ROLLED: the latest rollup, or
+                                 NULL (never rolled up, or being written) */
+} tally_row;
+typedef int (*tally_row_fn)(void *ud, const tally_row *row);
+enum {
+  TALLY_ROWS_BY_NAME = 1, /* in the names' order, bytewise (a name before
+                              any longer one it begins); else the index's */
+  TALLY_ROWS_ROLLED = 2,  /* read each one's latest rollup too */
+  TALLY_ROWS_NAMES = 4    /* the names only: nothing else is read (0) */
+};
+/* fn for each live counter matching pattern, read one after the other in
+ * one walk with no handle per counter (what tally ls shows of each). In
+ * the names' order, the walk first collects the matching counters (8
+ * bytes each) and sorts them, then reads each as it hands it over. A
+ * counter dropped during the walk is left out. The walk holds reuse back
+ * until it ends (as every walk does): fn should only read. fn returns 0
+ * to go on, non-zero to stop (that value is then returned). */
+TALLY_API int tally_store_rows(tally_store *s, const char *pattern, size_t plen,
+                               unsigned flags, tally_row_fn fn, void *ud);
+
 enum { TALLY_TOP_VALUE = 0, TALLY_TOP_RATE = 1 };
 typedef int (*tally_top_fn)(void *ud, const char *name, size_t len, int64_t value,
                             const tally_rollup *rolled);

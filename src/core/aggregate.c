@@ -106,6 +106,90 @@ int tally_store_sum(tally_store *s, const char *pattern, size_t plen, int64_t *s
   return 0;
 }
 
+/* ---- rows: what a listing shows of each counter ------------------------- */
+
+struct rows {
+  struct walk w;
+  unsigned flags;
+  tally_row_fn fn;
+  void *ud;
+  struct tally__name_key *recs; /* BY_NAME: the matching records, then sorted */
+  size_t n, cap;
+};
+
+/* Hand rec_off over as a row; 0 also when it was dropped meanwhile. */
+static int row_one(tally_store *s, uint64_t rec_off, struct rows *w) {
+  const struct tally__rec *r = tally__at(s, rec_off);
+  tally_row row = {.name = r->name, .name_len = r->name_len, .policy = r->policy};
+  if (w->flags & TALLY_ROWS_NAMES) return w->fn(w->ud, &row);
+  tally_rollup roll;
+  uint64_t loc;
+  int rc = tally__current(s, rec_off, &loc);
+  if (rc == 0) rc = tally__rec_value(s, rec_off, &row.value);
+  if (rc == TALLY_EDROPPED) return 0;
+  if (rc == TALLY_ERANGE)
+    row.value_rc = rc;
+  else if (rc)
+    return rc;
+  uint32_t fl = atomic_load_explicit(&r->flags, memory_order_relaxed);
+  row.shards = tally__loc_shards(loc);
+  row.auto_shards = (fl & TALLY__REC_AUTO) != 0;
+  row.grown = fl >> TALLY__REC_GROWN_SHIFT & 0x3ff;
+  row.shrunk = fl >> TALLY__REC_SHRUNK_SHIFT & 0x3ff;
+  if (w->flags & TALLY_ROWS_ROLLED) {
+    rc = tally__rec_rolled(s, rec_off, &roll);
+    if (rc == TALLY_ECORRUPT) return rc;
+    if (rc == 0) row.rolled = &roll;
+  }
+  return w->fn(w->ud, &row);
+}
+
+static int row_visit(tally_store *s, uint64_t rec_off, void *ud) {
+  struct rows *w = ud;
+  int m = live_match(s, rec_off, &w->w);
+  return m <= 0 ? m : row_one(s, rec_off, w);
+}
+
+static int row_collect(tally_store *s, uint64_t rec_off, void *ud) {
+  struct rows *w = ud;
+  int m = live_match(s, rec_off, &w->w);
+  if (m <= 0) return m;
+  if (w->n == w->cap) {
+    size_t cap = w->cap ? w->cap * 2 : 1024;
+    struct tally__name_key *v = realloc(w->recs, cap * sizeof *v);
+    if (!v) return tally__fail(TALLY_ENOMEM, "out of memory");
+    w->recs = v;
+    w->cap = cap;
+  }
+  tally__name_key(s, rec_off, &w->recs[w->n++]);
+  return 0;
+}
+
+int tally_store_rows(tally_store *s, const char *pattern, size_t plen, unsigned flags,
+                     tally_row_fn fn, void *ud) {
+  if (!s || !fn) return tally__fail(TALLY_EINVAL, "tally_store_rows: NULL argument");
+  struct rows w = {.flags = flags, .fn = fn, .ud = ud};
+  pattern_or_all(&w.w, pattern, plen);
+  if (!(flags & TALLY_ROWS_BY_NAME))
+    return (flags & TALLY_ROWS_NAMES ? tally__index_each
+                                     : tally__index_each_value)(s, row_visit, &w);
+  tally__hold_begin(s); /* the records stay ours until fn has seen them */
+  int rc = tally__index_each(s, row_collect, &w);
+  if (rc == 0) rc = tally__sort_by_name(s, w.recs, w.n);
+  for (size_t i = 0; rc == 0 && i < w.n; i++) {
+    if (i + 8 < w.n &&
+        !(flags & TALLY_ROWS_NAMES)) { /* a record, the cells of one nearer */
+      __builtin_prefetch(tally__at(s, w.recs[i + 8].rec));
+      const struct tally__rec *ahead = tally__at(s, w.recs[i + 4].rec);
+      tally__fetch_cells(s, atomic_load_explicit(&ahead->loc, memory_order_relaxed));
+    }
+    rc = row_visit(s, w.recs[i].rec, &w); /* dropped since collected: left out */
+  }
+  tally__hold_end(s);
+  free(w.recs);
+  return rc;
+}
+
 /* ---- the top k: a heap whose root is the entry that ranks last --------- */
 
 struct top_item {

@@ -605,6 +605,17 @@ int tally__index_each_value(tally_store *s, tally__rec_fn fn, void *ud);
  * not trusted, only bounded by the arena. */
 void tally__fetch_cells(tally_store *s, uint64_t loc);
 uint64_t tally__index_live(tally_store *s); /* names in the index now (a hint) */
+/* ---- order.c ---- */
+/* A record to sort by name: its offset (the name's length in the top 8
+ * bits until sorted) and its name's first 16 bytes. */
+struct tally__name_key {
+  uint64_t rec, key, next;
+};
+/* Make rec_off's key: while a walk holds the record, and has it in cache. */
+void tally__name_key(tally_store *s, uint64_t rec_off, struct tally__name_key *out);
+/* Sort keys by their records' names, bytewise, a name before any longer
+ * one it begins; then each rec is the record's offset. TALLY_ENOMEM. */
+int tally__sort_by_name(tally_store *s, struct tally__name_key *keys, size_t n);
 /* fn for the live entries among `count` slots from *cursor on (wrapping);
  * *cursor is left where the walk stopped. */
 int tally__index_range(tally_store *s, uint64_t *cursor, uint64_t count, tally__rec_fn fn,

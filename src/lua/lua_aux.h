@@ -268,10 +268,11 @@ int tl_values_add(void *ud, const char *name, size_t len, int64_t v);
  * failure (nil, message, code; a value beyond LuaJIT's numbers is
  * ERANGE), or raise for memory. Frees a's memory whatever happens. */
 int tl_values_push(lua_State *L, tl_values *a, int rc);
-/* A tally_name_fn: adds the name to the tl_values ud (its value 0). */
-int tl_names_add(void *ud, const char *name, size_t len);
-/* Given the walk's rc: push the names, sorted, as a list and return 1, or
- * the failure, or raise for memory. Frees a's memory whatever happens. */
+/* A tally_row_fn: adds the row's name to the tl_values ud. */
+int tl_name_row(void *ud, const tally_row *row);
+/* Given the walk's rc: push the names, in their order, as a list and
+ * return 1, or the failure, or raise for memory. Frees a's memory
+ * whatever happens. */
 int tl_names_push(lua_State *L, tl_values *a, int rc);
 /* A tally_top_fn: adds the row (its rollup's rate) to the tl_values ud. */
 int tl_top_add(void *ud, const char *name, size_t len, int64_t v, const tally_rollup *r);

@@ -746,7 +746,9 @@ static int tl_store_names(lua_State *L) {
   const char *pattern = tl_optpattern(L, 2, &plen);
   tl_values a = {NULL, 0, 0, NULL, 0, 0, NULL};
   return tl_names_push(L, &a,
-                       tally_store_each(d->store, pattern, plen, tl_names_add, &a));
+                       tally_store_rows(d->store, pattern, plen,
+                                        TALLY_ROWS_BY_NAME | TALLY_ROWS_NAMES,
+                                        tl_name_row, &a));
 }
 
 /* db:_values([pattern]) -> { [name] = value } in one pass over the index

@@ -1,11 +1,11 @@
 /* lua_values.c -- tables from a walk of the core: name -> value, the
- * sorted list of names, or the rows of a top k.
+ * list of names (in the order the walk gave them), or the rows of a top k.
  *
  * tally_store_values, tally_store_snapshot and tally_store_each hand over
  * each counter through a callback, while they own memory (the snapshot's
  * arrays). A Lua error raised there (a push that runs out of memory) would
  * unwind through the core and lose that memory, so the pairs are collected
- * in C first (tl_values_add, tl_names_add), and the table is built
+ * in C first (tl_values_add, tl_name_row), and the table is built
  * afterwards, under lua_pcall, so that the collection is freed whatever
  * happens. The names go into one buffer, not one allocation each.
  */
@@ -55,104 +55,8 @@ static int tl_values_table(lua_State *L) {
   return 1;
 }
 
-int tl_names_add(void *ud, const char *name, size_t len) {
-  return tl_values_add(ud, name, len, 0);
-}
-
-/* ---- the names' order ----------------------------------------------------- */
-
-/* The names are sorted as memcmp orders bytes, a shorter name first on a
- * tie, by radix on 8 bytes at a time: a name's next 8 bytes read as one
- * big-endian number (zeros past its end: no name holds a NUL), the runs
- * that tie and go on sorted again by their next 8. A million names that
- * share a prefix ("post:123456:likes") sort in 0.14 s, where qsort_r
- * with memcmp took 0.39 s, fetching two names from all over the buffer
- * for each of its 20 compares per name. */
-struct tl_key {
-  uint64_t k;    /* the 8 bytes from the depth being sorted */
-  uint32_t i;    /* the entry */
-  uint32_t more; /* the name goes on past them */
-};
-#define TL_SMALL_RUN 48 /* shorter runs: insertion sort */
-
-static void tl_key_load(const tl_values *a, struct tl_key *p, size_t depth) {
-  const struct tl_value *v = &a->e[p->i];
-  const unsigned char *s = (const unsigned char *)a->names + v->at + depth;
-  size_t left = v->len > depth ? v->len - depth : 0, take = left < 8 ? left : 8, j;
-  uint64_t k = 0;
-  for (j = 0; j < take; j++) k |= (uint64_t)s[j] << (56 - 8 * j);
-  p->k = k;
-  p->more = left > 8;
-}
-
-/* Sort p[0..n) by their keys at depth, then each tied run by the next
- * 8 bytes. tmp has room for n keys. Stable. */
-static void tl_keys_sort(const tl_values *a, struct tl_key *p, size_t n, size_t depth,
-                         struct tl_key *tmp) {
-  size_t i, j, q;
-  if (n < TL_SMALL_RUN) {
-    for (i = 1; i < n; i++) {
-      struct tl_key t = p[i];
-      for (j = i; j > 0 && p[j - 1].k > t.k; j--) p[j] = p[j - 1];
-      p[j] = t;
-    }
-  } else { /* LSD by bytes; a byte every key shares is skipped */
-    struct tl_key *from = p, *to = tmp, *t;
-    int shift;
-    for (shift = 0; shift < 64; shift += 8) {
-      size_t at[256] = {0}, sum = 0;
-      for (i = 0; i < n; i++) at[(from[i].k >> shift) & 255]++;
-      if (at[(from[0].k >> shift) & 255] == n) continue;
-      for (j = 0; j < 256; j++) {
-        size_t c = at[j];
-        at[j] = sum;
-        sum += c;
-      }
-      for (i = 0; i < n; i++) to[at[(from[i].k >> shift) & 255]++] = from[i];
-      t = from;
-      from = to;
-      to = t;
-    }
-    if (from != p) memcpy(p, from, n * sizeof *p);
-  }
-  for (i = 0; i < n; i = j) {
-    uint32_t more = p[i].more;
-    for (j = i + 1; j < n && p[j].k == p[i].k; j++) more |= p[j].more;
-    if (j - i > 1 && more) {
-      for (q = i; q < j; q++) tl_key_load(a, &p[q], depth + 8);
-      tl_keys_sort(a, p + i, j - i, depth + 8, tmp);
-    }
-  }
-}
-
-/* Put a's entries in their names' order; TALLY_ENOMEM. */
-static int tl_names_sort(tl_values *a) {
-  struct tl_key *keys = NULL, *tmp = NULL;
-  struct tl_value *e = NULL;
-  size_t i;
-  if (a->n < 2) return 0;
-  if (a->n > UINT32_MAX) return TALLY_ENOMEM;
-  keys = (struct tl_key *)malloc(a->n * sizeof *keys);
-  tmp = (struct tl_key *)malloc(a->n * sizeof *tmp);
-  e = (struct tl_value *)malloc(a->n * sizeof *e);
-  if (keys == NULL || tmp == NULL || e == NULL) {
-    free(keys);
-    free(tmp);
-    free(e);
-    return TALLY_ENOMEM;
-  }
-  for (i = 0; i < a->n; i++) {
-    keys[i].i = (uint32_t)i;
-    tl_key_load(a, &keys[i], 0);
-  }
-  tl_keys_sort(a, keys, a->n, 0, tmp);
-  for (i = 0; i < a->n; i++) e[i] = a->e[keys[i].i];
-  free(a->e);
-  a->e = e;
-  a->cap = a->n;
-  free(keys);
-  free(tmp);
-  return 0;
+int tl_name_row(void *ud, const tally_row *row) {
+  return tl_values_add(ud, row->name, row->name_len, 0);
 }
 
 /* The list of the collection at argument 1 (a light userdata), under
@@ -192,7 +96,6 @@ static int tl_push(lua_State *L, tl_values *a, int rc, lua_CFunction make, int r
 }
 
 int tl_names_push(lua_State *L, tl_values *a, int rc) {
-  if (rc == 0) rc = tl_names_sort(a);
   return tl_push(L, a, rc, tl_names_list, 4); /* the call, list, name */
 }
 
