@@ -188,9 +188,12 @@ static int rebuild(tally_store *s, struct tally__index *old, struct tally__index
   }
   cap = cap_for(live);
   /* a rebuild forced by dropped entries keeps the size it has, if that
-   * still leaves the table half empty: churn then swaps two tables of one
-   * size, and the retired one is reused */
-  if ((live + 1) * 2 <= old->cap && cap > old->cap) cap = old->cap;
+   * still leaves the table half empty, and unless the live entries would
+   * fill less than a sixteenth of it: churn then swaps two tables of one
+   * size, and the retired one is reused (a table shrunk while names come
+   * back would grow again, leaving two sizes behind) */
+  if ((live + 1) * 2 <= old->cap && (cap > old->cap || live * 16 >= old->cap))
+    cap = old->cap;
   struct tally__index *t;
   uint64_t off;
   int rc = new_table(s, cap, &t, &off);
@@ -243,6 +246,19 @@ void tally__index_remove(tally_store *s, uint64_t rec_off) {
       atomic_store_explicit(&t->entries[i], DELETED, memory_order_release);
       t->live--;
       t->deleted++;
+      /* A slot followed by an empty one ends every probe that reaches
+       * it: it may be empty too, and so may the deleted ones before it.
+       * Names dropped by the round then leave no deleted entries, and
+       * churn no rebuild (which needs a second table). */
+      for (uint64_t k = 0;
+           k < t->cap &&
+           atomic_load_explicit(&t->entries[(i + 1) & mask], memory_order_relaxed) ==
+               EMPTY &&
+           atomic_load_explicit(&t->entries[i], memory_order_relaxed) == DELETED;
+           k++, i = (i - 1) & mask) {
+        atomic_store_explicit(&t->entries[i], EMPTY, memory_order_release);
+        t->deleted--;
+      }
       atomic_fetch_add_explicit(&s->hdr->generation, 1, memory_order_release);
       return;
     }
