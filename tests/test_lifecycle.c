@@ -1654,8 +1654,8 @@ static void test_carve(void) {
   EXPECT_OK(tally_store_maintain(s, 0, 0, NULL)); /* grace step: reusable */
   EXPECT_OK(tally_store_maintain(s, 0, 0, NULL));
   tally_store_stats a = stats(s);
-  EXPECT(a.reusable_bytes >= 64 * 1024);
-  for (int i = 9000; i < 9500; i++) { /* about 45 KiB of records and cells */
+  EXPECT(a.reusable_bytes >= 48 * 1024); /* more than the next 500 take */
+  for (int i = 9000; i < 9500; i++) {    /* about 45 KiB of records and cells */
     snprintf(name, sizeof name, "cv:%d", i);
     EXPECT_OK(make(s, name, 0, i));
   }

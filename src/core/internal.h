@@ -269,6 +269,9 @@ struct tally_store {
   } passed[TALLY__PASSED + 4];
   uint32_t passed_n;
   uint64_t ripe_epoch; /* limbo retired before it may be reused */
+  /* space.c: fresh allocations to make before the next coalesce of the
+   * free lists (what the last one looked at, over 8: amortised) */
+  uint64_t coalesce_wait;
   /* when this process last found a process table slot's owner alive (a
    * look costs four system calls, and each create's grace step looks at
    * every process behind it): by slot % TALLY__ALIVE_SEEN */

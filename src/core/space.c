@@ -12,28 +12,42 @@
  * s->small: 8 bytes, 16 in stores before format 9),
  * aligned pieces (index tables, rollup blocks; 64-aligned) and columns of
  * cells (a counter's shards inside a chunk). Each has lists by exact size,
- * so reuse rarely splits or searches: churn creates the sizes it frees.
- * The exception is a large piece nothing asks for again, such as the
- * index tables a growing store outgrew: when an allocation finds no piece
- * of its size, one of at least CARVE_MIN bytes becomes the carve region,
- * and allocations of any size are cut from its front before the arena
- * grows (a million counters would otherwise leave 16 MiB of old tables
- * behind for good).
+ * so reuse mostly neither splits nor searches: churn creates the sizes it
+ * frees. When it does not (names of another length, counters of another
+ * shard count), reuse still does not depend on what was freed:
+ *  - a small allocation that finds no piece of its size splits the
+ *    smallest larger one; the rest goes back to its list (8 bytes become a
+ *    free one-shard column: any 8 bytes hold a one-shard counter's cell);
+ *  - a large piece becomes the carve region: allocations of any size are
+ *    cut from its front (what is left of an old region is filed again);
+ *  - before the arena grows, while much is free, a coalesce sorts the free
+ *    pieces and columns by offset and files adjacent ones again as one
+ *    (a chunk whose columns are all free counts as one piece), large runs
+ *    as aligned pieces the carve region takes. It looks at every free
+ *    piece, so it runs again only after fresh allocations numbering an
+ *    eighth of what it looked at: amortised, a few steps per allocation.
  *
  * Everything here runs under the store lock. Each step is one store of a
  * head or tail word, ordered so that a process killed between two steps
  * leaves at worst a leaked piece, never one handed out twice: a node
  * counts the items that reached the free lists, and the next lock holder
- * counts one more if the crash came between a push and that count.
+ * counts one more if the crash came between a push and that count. A
+ * split takes its piece off its list before it files the rest; a coalesce
+ * unlinks one run's pieces before it files the run (a crash between leaks
+ * that run).
  */
 #include "internal.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-#define ALIGNED   64u
-#define BIG_WALK  64u          /* entries looked at in a bucket of large pieces */
-#define CARVE_MIN (64u * 1024) /* the smallest piece worth carving */
+#define ALIGNED      64u
+#define BIG_WALK     64u          /* entries looked at in a bucket of large pieces */
+#define CARVE_MIN    4096u        /* the smallest piece worth carving */
+#define BIG_MIN      4096u        /* a run filed as an aligned piece, at least */
+#define COALESCE_MIN (16u * 1024) /* free bytes worth a coalesce */
+#define COALESCE_MAX (UINT64_C(1) << 20) /* pieces one coalesce looks at */
+#define COALESCE_PAY 4u                  /* fresh bytes that pay for a piece looked at */
 
 /* A list's identity keys the seals of its words: a piece linked into
  * another list is caught. */
@@ -101,6 +115,82 @@ static void take(tally_store *s, uint64_t off, uint64_t bytes) {
   atomic_fetch_add(&s->hdr->reused, bytes);
 }
 
+/* ---- filing free space, splitting, coalescing --------------------------- */
+
+static void column_push(tally_store *s, uint64_t off, uint32_t n);
+static int column_at(tally_store *s, uint64_t word, uint32_t n, uint64_t *off);
+
+/* A piece or free column a coalesce gathered: where it is, the word that
+ * names it (a list head, or the piece before it), what free_bytes counts
+ * for it, and its shard count if it is a column (0: a piece). */
+struct member {
+  uint64_t off, end;
+  _Atomic uint64_t *link;
+  uint64_t bytes;
+  uint32_t shards;
+};
+
+struct gather {
+  struct member *m;
+  size_t n, cap;
+};
+
+static int by_member(const void *a, const void *b) {
+  const struct member *x = a, *y = b;
+  return x->off < y->off ? -1 : x->off > y->off;
+}
+
+static struct member *member_at(struct gather *g, uint64_t off) {
+  struct member key = {.off = off};
+  return g && g->n ? bsearch(&key, g->m, g->n, sizeof key, by_member) : NULL;
+}
+
+/* A piece is about to be pushed at head: the gathered member now on top
+ * will be named by the new piece's word, not by head. */
+static void relink(tally_store *s, struct gather *g, _Atomic uint64_t *head,
+                   uint64_t off) {
+  uint64_t w = atomic_load_explicit(head, memory_order_relaxed);
+  struct member *m = w ? member_at(g, (w >> 32) << 3) : NULL;
+  if (m && m->link == head) m->link = &words(s, off)[0];
+}
+
+/* File [a, b) (free, on no list, 8-aligned) as small pieces of up to
+ * PIECE_CLASSES - 1 units; 8 bytes that make no piece (a piece holds two
+ * words) become a free one-shard column, which any 8 bytes can be. */
+static void file_small(tally_store *s, struct gather *g, uint64_t a, uint64_t b) {
+  uint64_t max = (TALLY__PIECE_CLASSES - 1) * (uint64_t)s->small, id;
+  while (a < b) {
+    uint64_t n = (b - a) / s->small * s->small;
+    if (a % s->small || n < 16) {
+      relink(s, g, &s->classes[0].free, a);
+      column_push(s, a, 1);
+      a += 8;
+      continue;
+    }
+    if (n > max) n = max;
+    _Atomic uint64_t *head = list_of(s, TALLY__ITEM_SMALL, n / s->small, &id);
+    relink(s, g, head, a);
+    push(s, head, id, a, n);
+    a += n;
+  }
+}
+
+/* File [a, b) (free, on no list, 8-aligned): its 64-aligned middle as one
+ * aligned piece if that is BIG_MIN or more (the carve region takes it for
+ * any size), the rest as small pieces. */
+static void file_run(tally_store *s, struct gather *g, uint64_t a, uint64_t b) {
+  uint64_t lo = tally__round(a, ALIGNED), hi = b & ~(uint64_t)(ALIGNED - 1), id;
+  if (hi <= lo || hi - lo < BIG_MIN) {
+    file_small(s, g, a, b);
+    return;
+  }
+  file_small(s, g, a, lo);
+  _Atomic uint64_t *head = list_of(s, TALLY__ITEM_ALIGNED, (hi - lo) / ALIGNED, &id);
+  relink(s, g, head, lo);
+  push(s, head, id, lo, hi - lo);
+  file_small(s, g, hi, b);
+}
+
 /* Pop a piece of exactly `bytes` from the list at head; *off 0 if none. */
 static int pop(tally_store *s, _Atomic uint64_t *head, uint64_t id, uint64_t bytes,
                bool exact_class, uint64_t *off) {
@@ -134,15 +224,18 @@ static int pop(tally_store *s, _Atomic uint64_t *head, uint64_t id, uint64_t byt
   return 0;
 }
 
-/* Take the first piece of at least `min` bytes from the large pieces'
- * buckets (it stays counted in free_bytes: it becomes the carve region).
- * Only pieces smaller than the index table now: outgrown ones. A table of
- * its size is what a rebuild after drops wants again (churn swaps two). */
+/* Take the smallest piece of at least `min` bytes from the large pieces'
+ * buckets (it stays counted in free_bytes: it becomes the carve region),
+ * so the large runs a coalesce made are kept for what needs them (an
+ * index table). Not one of the index table's size: a rebuild after drops
+ * wants that again (churn swaps two). */
 static int pop_large(tally_store *s, uint64_t min, uint64_t *off, uint64_t *bytes) {
   struct tally__header *h = s->hdr;
-  uint64_t below = tally__index_bytes(s);
+  uint64_t table = tally__index_bytes(s);
+  _Atomic uint64_t *best = NULL;
   *off = 0;
-  if (atomic_load(&h->free_bytes) < min || below <= min) return 0;
+  *bytes = 0;
+  if (atomic_load(&h->free_bytes) < min) return 0;
   for (uint64_t b = 0; b < TALLY__PIECE_CLASSES; b++) {
     _Atomic uint64_t *link = &h->free_big[b];
     for (uint32_t i = 0; i < BIG_WALK; i++) {
@@ -151,21 +244,23 @@ static int pop_large(tally_store *s, uint64_t min, uint64_t *off, uint64_t *byte
                         0, &got, &size);
       if (rc) return rc;
       if (!got) break;
-      if (size >= min && size < below) {
-        atomic_store_explicit(link, atomic_load(&words(s, got)[0]), memory_order_release);
+      if (size >= min && size != table && (!best || size < *bytes)) {
+        best = link;
         *off = got;
         *bytes = size;
-        return 0;
       }
       link = &words(s, got)[0];
     }
   }
+  if (best)
+    atomic_store_explicit(best, atomic_load(&words(s, *off)[0]), memory_order_release);
   return 0;
 }
 
 /* Cut `bytes` (aligned to align) from the carve region, taking a new one
  * when it runs short; *off 0 if there is none. Each step is one store, so
- * a crash leaks at worst the region's rest, never hands it out twice. */
+ * a crash leaks at worst the region's rest, never hands it out twice; the
+ * alignment gap and an old region's rest are filed again after it. */
 static int carve(tally_store *s, uint64_t bytes, uint64_t align, uint64_t *off) {
   struct tally__header *h = s->hdr;
   *off = 0;
@@ -173,11 +268,12 @@ static int carve(tally_store *s, uint64_t bytes, uint64_t align, uint64_t *off) 
     uint64_t cur = atomic_load(&h->carve_cur), end = atomic_load(&h->carve_end);
     uint64_t start = tally__round(cur, align);
     if (cur && start + bytes <= end) {
-      atomic_store(&h->carve_cur, start + bytes < end ? start + bytes : 0);
+      uint64_t next = start + bytes < end ? start + bytes : 0;
+      atomic_store(&h->carve_cur, next);
       memset(tally__at(s, start), 0, bytes);
-      uint64_t gone = start + bytes < end ? start + bytes - cur : end - cur;
-      atomic_fetch_sub(&h->free_bytes, gone); /* the alignment gap is lost */
+      atomic_fetch_sub(&h->free_bytes, (next ? next : end) - cur);
       atomic_fetch_add(&h->reused, bytes);
+      file_small(s, NULL, cur, start);
       *off = start;
       return 0;
     }
@@ -185,24 +281,178 @@ static int carve(tally_store *s, uint64_t bytes, uint64_t align, uint64_t *off) 
     uint64_t got = 0, size = 0;
     int rc = pop_large(s, CARVE_MIN > bytes ? CARVE_MIN : bytes + align, &got, &size);
     if (rc || !got) return rc;
-    if (cur) atomic_fetch_sub(&h->free_bytes, end - cur); /* the rest is lost */
-    atomic_store(&h->carve_cur, 0);
+    if (cur) {
+      atomic_store(&h->carve_cur, 0);
+      atomic_fetch_sub(&h->free_bytes, end - cur);
+      file_run(s, NULL, cur, end);
+    }
     atomic_store(&h->carve_end, got + size);
     atomic_store(&h->carve_cur, got);
   }
   return 0;
 }
 
+/* `bytes` cut from the smallest larger small piece; the rest is filed
+ * again (after the piece left its list: a crash leaks the rest). */
+static int split_small(tally_store *s, uint64_t bytes, uint64_t *off) {
+  uint64_t id;
+  *off = 0;
+  for (uint64_t u = bytes / s->small + 1; u < TALLY__PIECE_CLASSES; u++) {
+    _Atomic uint64_t *head = list_of(s, TALLY__ITEM_SMALL, u, &id);
+    if (!atomic_load_explicit(head, memory_order_relaxed)) continue;
+    int rc = pop(s, head, id, u * s->small, true, off);
+    if (rc || !*off) return rc;
+    atomic_fetch_sub(&s->hdr->reused, u * s->small - bytes);
+    file_small(s, NULL, *off + bytes, *off + u * s->small);
+    return 0;
+  }
+  return 0;
+}
+
+/* Gather the list at head (pieces of `want` bytes, any if 0; shards > 0:
+ * free columns of that many shards). */
+static int gather_list(tally_store *s, struct gather *g, _Atomic uint64_t *head,
+                       uint64_t id, uint64_t want, uint32_t shards) {
+  _Atomic uint64_t *link = head;
+  for (uint64_t k = 0; g->n < COALESCE_MAX; k++) {
+    uint64_t off = 0, bytes = 8;
+    int rc = k > TALLY__MAX_BYTES / 16 ? corrupt(s, "free list loop", 0) : 0;
+    if (rc == 0)
+      rc = shards ? column_at(s, atomic_load(link), shards, &off)
+                  : piece_at(s, atomic_load(link), id, want, &off, &bytes);
+    if (rc || !off) return rc;
+    if (g->n == g->cap) {
+      size_t cap = g->cap ? g->cap * 2 : 1024;
+      struct member *m = realloc(g->m, cap * sizeof *m);
+      if (!m) return tally__fail(TALLY_ENOMEM, "out of memory");
+      g->m = m;
+      g->cap = cap;
+    }
+    g->m[g->n++] = (struct member){off, off + bytes, link,
+                                   shards ? (uint64_t)shards * 8 : bytes, shards};
+    link = &words(s, off)[0];
+  }
+  return 0;
+}
+
+/* Take a gathered member off its list: one store; the next one is named
+ * by the word that named it. */
+static void unlink_member(tally_store *s, struct gather *g, struct member *m) {
+  uint64_t w = atomic_load_explicit(&words(s, m->off)[0], memory_order_relaxed);
+  atomic_store_explicit(m->link, w, memory_order_release);
+  struct member *next = w ? member_at(g, (w >> 32) << 3) : NULL;
+  if (next) next->link = m->link;
+  atomic_fetch_sub(&s->hdr->free_bytes, m->bytes);
+}
+
+/* A run of space a coalesce may file as one: members [first, first + n)
+ * of the gather; keep: a column of a chunk not all free (stays listed). */
+struct run {
+  uint64_t off, end;
+  size_t first, n;
+  bool keep;
+};
+
+/* Sort every free piece and column by offset and file each run of
+ * adjacent ones again as one (file_run). A chunk of n > 1 shards whose
+ * ROW_CELLS columns are all free is one run of n rows. Reads and checks
+ * everything before it changes anything: a damaged list gives ECORRUPT
+ * with the lists as they were. *looked: the members gathered. */
+static int coalesce(tally_store *s, uint64_t *looked) {
+  struct tally__header *h = s->hdr;
+  struct gather g = {0};
+  struct run *r = NULL;
+  size_t nr = 0;
+  uint64_t id, table = tally__index_bytes(s);
+  int rc = 0;
+  *looked = 0;
+  uint64_t cur = atomic_load(&h->carve_cur), end = atomic_load(&h->carve_end);
+  if (cur && cur < end && tally__in_arena(s, cur, end - cur)) { /* file it too */
+    atomic_store(&h->carve_cur, 0);
+    atomic_fetch_sub(&h->free_bytes, end - cur);
+    file_run(s, NULL, cur, end);
+  }
+  for (uint64_t u = 1; rc == 0 && u < TALLY__PIECE_CLASSES; u++) {
+    _Atomic uint64_t *head = list_of(s, TALLY__ITEM_SMALL, u, &id);
+    rc = gather_list(s, &g, head, id, u * s->small, 0);
+    head = list_of(s, TALLY__ITEM_ALIGNED, u, &id);
+    if (rc == 0) rc = gather_list(s, &g, head, id, u * ALIGNED, 0);
+  }
+  for (uint64_t b = 0; rc == 0 && b < TALLY__PIECE_CLASSES; b++)
+    rc = gather_list(s, &g, &h->free_big[b], LIST_BIG | b, 0, 0);
+  for (uint32_t n = 1; rc == 0 && n <= TALLY_MAX_SHARDS; n++)
+    rc = gather_list(s, &g, &s->classes[n - 1].free, 0, 0, n);
+  *looked = g.n;
+  if (rc == 0 && g.n > 1) qsort(g.m, g.n, sizeof *g.m, by_member);
+  if (rc == 0 && g.n && !(r = malloc(g.n * sizeof *r)))
+    rc = tally__fail(TALLY_ENOMEM, "out of memory");
+  for (size_t i = 0; rc == 0 && i < g.n;) {
+    struct member *m = &g.m[i];
+    size_t n = 1;
+    if (m->shards > 1) { /* a whole chunk, or a column that stays */
+      while (n < TALLY__ROW_CELLS && i + n < g.n && g.m[i + n].shards == m->shards &&
+             g.m[i + n].off == m->off + n * 8)
+        n++;
+      if (n < TALLY__ROW_CELLS) n = 1;
+    }
+    uint64_t rend = n > 1 ? m->off + (uint64_t)m->shards * TALLY__ROW_BYTES : m->end;
+    bool keep = m->shards > 1 ? n == 1 : !m->shards && m->end - m->off == table;
+    r[nr++] = (struct run){m->off, rend, i, n, keep};
+    if (nr > 1 && r[nr - 1].off < r[nr - 2].end)
+      rc = corrupt(s, "piece free twice", m->off);
+    i += n;
+  }
+  /* each stretch of adjacent runs, one at a time: unlinked, then filed */
+  for (size_t i = 0; rc == 0 && i < nr;) {
+    size_t j = i + 1;
+    if (!r[i].keep)
+      while (j < nr && !r[j].keep && r[j].off == r[j - 1].end) j++;
+    if (!r[i].keep && (j - i > 1 || r[i].n > 1)) {
+      for (size_t k = i; k < j; k++)
+        for (size_t x = 0; x < r[k].n; x++) unlink_member(s, &g, &g.m[r[k].first + x]);
+      file_run(s, &g, r[i].off, r[j - 1].end);
+    }
+    i = j;
+  }
+  free(r);
+  free(g.m);
+  return rc;
+}
+
+/* The arena is about to grow by `bytes`: coalesce first if much is free
+ * and what the last coalesce looked at has been paid for by fresh
+ * allocations since. *ran: look at the lists again. */
+static int coalesce_due(tally_store *s, uint64_t bytes, bool *ran) {
+  uint64_t free_bytes = atomic_load(&s->hdr->free_bytes), looked;
+  *ran = false;
+  if (s->coalesce_wait > bytes) {
+    s->coalesce_wait -= bytes;
+    return 0;
+  }
+  if (free_bytes < COALESCE_MIN || free_bytes < bytes) return 0;
+  int rc = coalesce(s, &looked);
+  s->coalesce_wait = looked * COALESCE_PAY;
+  *ran = rc == 0;
+  return rc;
+}
+
 int tally__alloc_small(tally_store *s, uint64_t bytes, uint64_t *off) {
   bytes = tally__round(bytes ? bytes : 1, s->small);
   uint64_t units = bytes / s->small, id;
-  if (units < TALLY__PIECE_CLASSES) {
-    _Atomic uint64_t *head = list_of(s, TALLY__ITEM_SMALL, units, &id);
-    int rc = pop(s, head, id, bytes, true, off);
-    if (rc || *off) return rc;
+  for (int round = 0;; round++) {
+    int rc = 0;
+    bool ran = false;
+    if (units < TALLY__PIECE_CLASSES) {
+      _Atomic uint64_t *head = list_of(s, TALLY__ITEM_SMALL, units, &id);
+      if ((rc = pop(s, head, id, bytes, true, off)) || *off) return rc;
+      if ((rc = split_small(s, bytes, off)) || *off) return rc;
+    }
+    if ((rc = carve(s, bytes, s->small, off)) || *off) return rc;
+    if (round || (rc = coalesce_due(s, bytes, &ran)) || !ran) {
+      if (rc) return rc;
+      break;
+    }
   }
-  int rc = carve(s, bytes, s->small, off);
-  if (rc || *off) return rc;
   return tally__alloc_fresh(s, bytes, s->small, off);
 }
 
@@ -210,9 +460,17 @@ int tally__alloc(tally_store *s, uint64_t bytes, uint64_t *off) {
   bytes = tally__round(bytes ? bytes : 1, ALIGNED);
   uint64_t units = bytes / ALIGNED, id;
   _Atomic uint64_t *head = list_of(s, TALLY__ITEM_ALIGNED, units, &id);
-  int rc = pop(s, head, id, bytes, units < TALLY__PIECE_CLASSES, off);
-  if (rc || *off) return rc;
-  if ((rc = carve(s, bytes, ALIGNED, off)) || *off) return rc;
+  for (int round = 0;; round++) {
+    int rc;
+    bool ran = false;
+    if ((rc = pop(s, head, id, bytes, units < TALLY__PIECE_CLASSES, off)) || *off)
+      return rc;
+    if ((rc = carve(s, bytes, ALIGNED, off)) || *off) return rc;
+    if (round || (rc = coalesce_due(s, bytes, &ran)) || !ran) {
+      if (rc) return rc;
+      break;
+    }
+  }
   return tally__alloc_fresh(s, bytes, ALIGNED, off);
 }
 
