@@ -13,8 +13,8 @@
 -- are required, the others are written when present. Misuse raises
 -- "bad argument #1 to 'json' (record.value must be an integer, got 1.5)".
 
-local type, error, ipairs, pairs, tonumber =
-      type, error, ipairs, pairs, tonumber
+local type, error, ipairs, pairs =
+      type, error, ipairs, pairs
 local fmt, byte, find, sub, gsub = string.format, string.byte, string.find,
       string.sub, string.gsub
 local concat, sort, tinsert = table.concat, table.sort, table.insert
@@ -43,15 +43,12 @@ local function finite(x)
   return type(x) == "number" and x == x and x ~= huge and x ~= -huge
 end
 
--- The shortest of %.15g, %.16g, %.17g that reads back as x (x finite).
+-- The shortest of %.15g, %.16g, %.17g that reads back as x (x finite),
+-- with '.' whatever the locale (string.format follows LC_NUMERIC).
+local number_text = core.number_text
 local function float_text(x)
   if mtype(x) == "integer" then return int_text(x) end
-  local s = fmt("%.15g", x)
-  if tonumber(s) ~= x then
-    s = fmt("%.16g", x)
-    if tonumber(s) ~= x then s = fmt("%.17g", x) end
-  end
-  return s
+  return number_text(x)
 end
 
 -- The one JSON writer of the Lua side: records (below), exports and the
@@ -75,7 +72,8 @@ local function scaled(at, per)
   return floor(x)
 end
 
--- at as seconds with exactly three decimals: "1700000000.123".
+-- format.at_text(at) -> at as seconds with exactly three decimals,
+-- "1700000000.123", whatever the locale; nil if it is not finite.
 local function at_text(at)
   local ms = scaled(at, 1000)
   if not ms then return nil end
@@ -83,6 +81,7 @@ local function at_text(at)
   if ms < 0 then sign, ms = "-", -ms end
   return fmt("%s%s.%03d", sign, int_text(idiv(ms, 1000)), mod(ms, 1000))
 end
+_M.at_text = at_text
 
 -- ---- JSON --------------------------------------------------------------------
 

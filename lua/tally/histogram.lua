@@ -52,14 +52,12 @@ local EXACT = 2 ^ 53
 -- ---- names ---------------------------------------------------------------------
 
 -- The text of a bound or unit: the shortest %.Ng (N = 15, 16, 17) that
--- reads back as x; "+Inf" for infinity.
+-- reads back as x, with '.' whatever the locale (a member's name must not
+-- depend on it); "+Inf" for infinity.
+local number_text = core.number_text
 local function num_text(x)
   if x == huge then return "+Inf" end
-  for p = 15, 17 do
-    local s = fmt("%." .. p .. "g", x)
-    if tonumber(s) == x then return s end
-  end
-  return fmt("%.17g", x)
+  return number_text(x) or fmt("%.17g", x)   -- (NaN, -inf: refused before)
 end
 _M.num_text = num_text
 

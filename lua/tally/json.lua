@@ -28,6 +28,7 @@ local setmetatable, error = setmetatable, error
 local compat = require "tally.compat"
 local utf8len, utf8_escape, int_text = compat.utf8len, compat.utf8_escape, compat.int_text
 local printable = require("tally.util").printable
+local decimal_point = require("tally.core").decimal_point
 
 local _M = {}
 
@@ -135,10 +136,15 @@ end
 
 -- ---- reading ---------------------------------------------------------------------
 
-local json
+-- lua-cjson reads numbers with the decimal point of the locale it was
+-- made in (its strtod follows LC_NUMERIC), so a host that changes the
+-- locale afterwards (os.setlocale) gets a new one: 0.5 reads as 0.5
+-- whatever the locale.
+local json, point
 local function cjson()
-  if not json then
-    json = require("cjson").new()
+  local now = decimal_point()
+  if not json or now ~= point then
+    json, point = require("cjson").new(), now
     json.decode_invalid_numbers(false)   -- no NaN, Infinity or hex numbers
     json.decode_max_depth(64)
   end

@@ -61,7 +61,14 @@ function M.write(path, data)
 end
 
 -- Run a shell command; returns its stdout+stderr and its exit code.
+-- (LuaJIT's close() gives no code: the shell prints it last.)
 function M.sh(cmd)
+  if _VERSION == "Lua 5.1" then
+    local f = assert(io.popen("{ " .. cmd .. "\n} 2>&1; echo \"exit=$?\"", "r"))
+    local body, code = f:read("*a"):match("^(.-)exit=(%d+)\n?$")
+    f:close()
+    return body, tonumber(code)
+  end
   local f = assert(io.popen(cmd .. " 2>&1", "r"))
   local out = f:read("a")
   local _, _, code = f:close()

@@ -419,7 +419,7 @@ local function jobject(keys, t)
     local text
     if type(v) == "boolean" then text = tostring(v)
     elseif type(v) == "table" then text = v.json
-    elseif k == "at" and type(v) == "number" then text = fmt("%.3f", v)
+    elseif k == "at" and type(v) == "number" then text = tally.format.at_text(v) or "null"
     elseif type(v) == "string" and k ~= "value" then text = jstr(v)
     else text = jnum(v) end
     parts[i] = jstr(k) .. ":" .. text
