@@ -268,6 +268,7 @@ describe("the redis store", function()
     assert.is_true(db:incr(fresh("nometa-z"), 2))
     assert.same({}, db:names(x))
     assert.equal(1, #db:names("nometa-*"))
+    assert.equal(#db:names(), db:stats().counters)
     assert.same({ 0, 0 }, { db:sum(x) })
     for _, nm in ipairs({ x, y }) do
       local ok, msg, code = db:drop(nm)

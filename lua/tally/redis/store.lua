@@ -354,11 +354,13 @@ function Store:family(pattern, opts)
   return true
 end
 
+-- db:stats(): counters is what db:names() lists (names with meta), read
+-- the same way.
 function Store:stats()
-  local n, err, code = cmd(self, "SCARD", NAMES_KEY)
-  if not n then return rfail(err, code) end
+  local names, err, code = self:names()
+  if not names then return nil, err, code end
   local rs = self.r:stats()
-  return { kind = "redis", uri = self.uri, counters = n, cluster = rs.cluster, redis = rs,
+  return { kind = "redis", uri = self.uri, counters = #names, cluster = rs.cluster, redis = rs,
            replicas = self.replicas, replica_timeout = self.replica_timeout }
 end
 
