@@ -99,6 +99,15 @@ TALLY_API const char *tally_errmsg(void);
  * characters and escapes into out (cap bytes, NUL added; none if cap is
  * 0) and returns the length of the whole, as snprintf does. */
 TALLY_API size_t tally_printable(char *out, size_t cap, const char *text, size_t len);
+/* A URI (len bytes) as messages show it, credentials and options hidden:
+ * its userinfo (after "://", up to the last '@' before the first '?') and
+ * its query (from the first '?') are each shown as "***", host, port and
+ * path as they are. With an '@' after the '?' (a password with a '?' in
+ * it, or a query value with an '@') no part of the authority is safe to
+ * show: all of it is "***" too. Text without "://" is itself. Writes what
+ * fits into out (cap bytes, NUL added; none if cap is 0) and returns the
+ * length of the whole, as snprintf does. */
+TALLY_API size_t tally_uri_redact(char *out, size_t cap, const char *uri, size_t len);
 
 /* Shard policies. CUSTOM means the caller picks the shard itself (through
  * tally_counter_incr_shard); the Lua binding uses it for Lua functions. */

@@ -71,6 +71,30 @@ static void test_error_text(void) {
   EXPECT_I64(12, tally_printable(out, 8, "a\0b\xc3\xa9\n", 6));
   EXPECT_STR("a\\x00b", out); /* the two bytes of e-acute would end at 8 */
   EXPECT_I64(12, tally_printable(NULL, 0, "a\0b\xc3\xa9\n", 6));
+
+  /* tally_uri_redact: a URI's userinfo and query are never shown */
+  static const struct {
+    const char *uri, *shown;
+  } uris[] = {
+      {"redis://u:S3CRET@h:1/0?password=S3CRET", "redis://***@h:1/0?***"},
+      {"redis://h:1?password=S3CRET", "redis://h:1?***"},
+      {"redis://:se/cr@t/S3CRET@h:1", "redis://***@h:1"},
+      {"redis://:S3?CRET@h:1", "redis://***?***"}, /* '@' after the '?' */
+      {"redis+cluster://h:1,h:2", "redis+cluster://h:1,h:2"},
+      {"file:/data/a@b?c", "file:/data/a@b?c"}, /* no "://": not a URI */
+  };
+  for (size_t i = 0; i < sizeof uris / sizeof uris[0]; i++) {
+    char shown[64];
+    size_t n = tally_uri_redact(shown, sizeof shown, uris[i].uri, strlen(uris[i].uri));
+    EXPECT_STR(uris[i].shown, shown);
+    EXPECT_I64((int64_t)strlen(uris[i].shown), (int64_t)n);
+  }
+  EXPECT_I64(19, tally_uri_redact(out, 10, "redis://u:pw@h:1?x=y", 20));
+  EXPECT_STR("redis://*", out);
+  EXPECT_RC(TALLY_EINVAL,
+            tally_store_open("rediss://u:S3CRET@h:1?password=S3CRET", NULL, &s));
+  EXPECT_STR("unknown store 'rediss://***@h:1?***' (expected 'memory' or 'file:PATH')",
+             tally_errmsg());
 }
 
 static void test_policies(void) {

@@ -86,6 +86,99 @@ describe("Redis passwords", function()
     mem:close()
   end)
 
+  it("takes the password and user from the URI's query, as redis-py and go-redis do", function()
+    local r = assert(core.redis(srv.uri .. "?password=" .. PW))
+    assert.equal("default", r:command("ACL", "WHOAMI"))
+    r:close()
+    for _, uri in ipairs({ srv.uri .. "/0?user=alice&password=al%21ce%3Apw%40x",
+                           srv.uri .. "?username=alice&db=0&password=al%21ce%3Apw%40x",
+                           "redis://alice@" .. hostport() .. "?password=al%21ce%3Apw%40x",
+                           "redis+cluster://" .. hostport() .. "/?user=alice&password=al%21ce%3Apw%40x" }) do
+      r = assert(core.redis(uri))
+      assert.equal("alice", r:command("ACL", "WHOAMI"))
+      r:close()
+    end
+    -- the redis store and flush_to
+    local db = assert(tally.open(srv.uri .. "?password=" .. PW))
+    local name = redis.fresh("qauth")
+    assert(db:incr(name, 3))
+    assert.equal(3, db:value(name))
+    no_secret(text(tostring(db), db:stats()))
+    db:close()
+    local mem = tally.open("memory")
+    name = redis.fresh("qauth")
+    mem:counter(name):incr(4)
+    local rf = mem:flush_to("redis+cluster://" .. hostport() .. "?user=alice&password=al%21ce%3Apw%40x",
+                            { shards = 2 })
+    assert(rf:flush_now())
+    assert.equal(4, rf:remote_value(name))
+    no_secret(text(tostring(rf), rf:stats()))
+    rf:close()
+    mem:close()
+  end)
+
+  it("never quotes a URI's query: bad URIs, servers down, wrong passwords", function()
+    local S = "S3CRETPW"
+    local function clean(v)
+      v = text(v)
+      assert.is_nil(v:find(S, 1, true), "password leaked: " .. v)
+      assert.is_nil(v:find("wrong-pw", 1, true), "password leaked: " .. v)
+      return v
+    end
+    local mem = tally.open("memory")
+    -- each URI, and the reason its message gives
+    for _, case in ipairs({
+      { "redis://127.0.0.1:0?password=" .. S, "port must be 1 to 65535" },
+      { "redis://127.0.0.1:x?password=" .. S, "bad port" },
+      { "redis://127.0.0.1:1/3?password=" .. S, "only database 0 is supported" },
+      { "redis://127.0.0.1:1?db=2&password=" .. S, "only database 0 is supported" },
+      { "redis://127.0.0.1:1?password=" .. S .. "&passwd=" .. S, "unknown query parameter 'passwd'" },
+      { "redis://127.0.0.1:1?" .. S, "a query parameter without '='" },
+      { "redis://127.0.0.1:1?password=" .. S .. "%zz", "bad %-escape in the query" },
+      { "redis://:" .. S .. "@127.0.0.1:1?password=" .. S, "password given twice" },
+      { "redis://127.0.0.1:1?user=a&username=b&password=" .. S, "user given twice" },
+      { "redis+cluster://127.0.0.1:1,127.0.0.1:0?password=" .. S, "port must be 1 to 65535" },
+      { "redis+cluster://127.0.0.1:1/0?password=" .. S, "bad port" },
+    }) do
+      local uri, why = case[1], case[2]
+      local ok, err = pcall(core.redis, uri)
+      assert.is_false(ok)
+      assert.matches(why, clean(err), 1, true)
+      assert.matches("?***", err, 1, true)
+      local db, msg, code = tally.open(uri)
+      assert.same({ nil, "EINVAL" }, { db, code })
+      assert.matches(why, clean(msg), 1, true)
+      ok, err = pcall(mem.flush_to, mem, uri)
+      assert.is_false(ok)
+      assert.matches(why, clean(err), 1, true)
+    end
+    -- servers that are down, and one that refuses the password
+    for _, uri in ipairs({ "redis://127.0.0.1:1?password=" .. S,
+                           "redis+cluster://127.0.0.1:1,127.0.0.1:2?password=" .. S,
+                           srv.uri .. "?password=wrong-pw",
+                           "redis+cluster://" .. hostport() .. "?user=alice&password=wrong-pw" }) do
+      local r, err = core.redis(uri)
+      assert.is_nil(r)
+      clean(err)
+      local db, msg = tally.open(uri)
+      assert.is_nil(db)
+      clean(msg)
+      local rf = mem:flush_to(uri, { every = 0.001, pattern = redis.fresh("down") })
+      tally.sleep(0.01)
+      clean({ mem:tick(), tostring(rf), rf:stats() })
+      rf:close()
+    end
+    local r, err = core.redis(srv.uri .. "?password=wrong-pw")
+    assert.is_nil(r)
+    assert.matches("AUTH %(password%) refused: WRONGPASS", err)
+    mem:close()
+    -- the command
+    local out, code = helper.tally("ls", "redis://127.0.0.1:1?password=" .. S)
+    assert.equal(1, code)
+    clean(out)
+    assert.truthy(out:find("redis://127.0.0.1:1?***", 1, true), out)
+  end)
+
   it("refuses a wrong password clearly, without echoing it", function()
     local r, err, code = core.redis("redis://:wrong-pw@" .. hostport())
     assert.is_nil(r)
@@ -116,9 +209,12 @@ describe("Redis passwords", function()
 
   it("never shows the password in errors, tostring or stats", function()
     local uri = "redis://alice:" .. PW .. "@" .. hostport()
-    assert.equal("redis://alice:***@" .. hostport(), core.redis_redact(uri))
-    assert.equal("redis+cluster://:***@h:1,h:2", core.redis_redact("redis+cluster://:x@h:1,h:2"))
-    assert.equal(srv.uri, core.redis_redact(srv.uri))
+    assert.equal("redis://***@" .. hostport(), core.uri_redact(uri))
+    assert.equal("redis+cluster://***@h:1,h:2", core.uri_redact("redis+cluster://:x@h:1,h:2"))
+    assert.equal(srv.uri, core.uri_redact(srv.uri))
+    assert.equal(srv.uri .. "/0?***", core.uri_redact(srv.uri .. "/0?user=alice&password=" .. PW))
+    -- an '@' after the '?': a password with a '?' or a query value with an '@'
+    assert.equal("redis://***?***", core.uri_redact("redis://:" .. PW .. "?x@h:1"))
     -- bad URIs
     for _, bad in ipairs({ "redis://:" .. PW .. "@127.0.0.1:0",
                            "redis://:" .. PW .. "@127.0.0.1:1/3",
@@ -127,7 +223,7 @@ describe("Redis passwords", function()
                            "redis://:" .. PW .. "@bad host:1" }) do
       local ok, err = pcall(core.redis, bad)
       assert.is_false(ok)
-      assert.matches(":***@", err, 1, true)
+      assert.matches("://***@", err, 1, true)
       no_secret(err)
       local db, msg = tally.open(bad)
       assert.is_nil(db)
@@ -146,7 +242,7 @@ describe("Redis passwords", function()
     -- the store and the flush schedule show the redacted URI
     local db = assert(tally.open("redis://:" .. PW .. "@" .. hostport()))
     no_secret(text(tostring(db), db:stats(), tostring(db:counter(redis.fresh("t")))))
-    assert.matches(":***@", tostring(db), 1, true)
+    assert.matches("://***@", tostring(db), 1, true)
     db:close()
     local mem = tally.open("memory")
     mem:counter("x"):incr()
@@ -155,7 +251,7 @@ describe("Redis passwords", function()
     tally.sleep(0.01)
     local results = mem:tick()
     no_secret(text(tostring(rf), rf:stats(), tostring(rf2), rf2:stats(), results))
-    assert.matches(":***@", tostring(rf), 1, true)
+    assert.matches("://***@", tostring(rf), 1, true)
     rf:close()
     rf2:close()
     mem:close()

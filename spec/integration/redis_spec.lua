@@ -65,7 +65,8 @@ describe("core.redis", function()
       { "redis://127.0.0.1:x", "bad port" },
       { "redis://a:1,b:2", "several hosts need redis+cluster://" },
       { "redis://127.0.0.1:1/2", "only database 0" },
-      { "redis://user:pw@bad host:1", "bad Redis URI 'redis://user:***@bad host:1': bad character in host" },
+      { "redis://user:pw@bad host:1", "bad Redis URI 'redis://***@bad host:1': bad character in host" },
+      { "redis://127.0.0.1:1?db=0&x=pw", "bad Redis URI 'redis://127.0.0.1:1?***': unknown query parameter 'x'" },
       { "redis+cluster://127.0.0.1:1,", "empty host" },
     }
     for _, c in ipairs(cases) do

@@ -80,6 +80,40 @@ size_t tally_printable(char *out, size_t cap, const char *text, size_t len) {
   return need;
 }
 
+/* Append n bytes of s to out (cap bytes) at *o, as far as they fit. */
+static void put(char *out, size_t cap, size_t *o, const char *s, size_t n) {
+  if (cap && *o < cap - 1) memcpy(out + *o, s, *o + n < cap - 1 ? n : cap - 1 - *o);
+  *o += n;
+}
+
+size_t tally_uri_redact(char *out, size_t cap, const char *uri, size_t len) {
+  const char *end = uri + len, *rest = NULL, *q, *at = NULL, *late = NULL;
+  size_t o = 0;
+  for (const char *p = uri; p + 3 <= end; p++)
+    if (memcmp(p, "://", 3) == 0) {
+      rest = p + 3;
+      break;
+    }
+  if (!rest) {
+    put(out, cap, &o, uri, len);
+  } else {
+    q = memchr(rest, '?', (size_t)(end - rest));
+    for (const char *p = rest; p < end; p++)
+      if (*p == '@') *(q && p > q ? &late : &at) = p;
+    put(out, cap, &o, uri, (size_t)(rest - uri));
+    if (late) { /* a password with a '?' or a query value with an '@' */
+      put(out, cap, &o, "***", 3);
+    } else {
+      if (at) put(out, cap, &o, "***@", 4);
+      const char *h = at ? at + 1 : rest;
+      put(out, cap, &o, h, (size_t)((q ? q : end) - h));
+    }
+    if (q) put(out, cap, &o, "?***", 4);
+  }
+  if (cap) out[o < cap ? o : cap - 1] = 0;
+  return o;
+}
+
 static int set_message(int code, const char *fmt, va_list ap) {
   char raw[sizeof last_message];
   vsnprintf(raw, sizeof raw, fmt, ap);

@@ -248,17 +248,10 @@ static int open_once(const char *spec, const tally_open_options *opt, tally_stor
     kind = TALLY__FILE;
     path = spec + 5;
   } else {
-    /* never echo credentials: the userinfo of a URI (user:secret before
-     * the last '@') is shown as three stars */
-    const char *scheme = strstr(spec, "://"), *at = scheme ? strrchr(scheme, '@') : NULL;
-    if (at)
-      return tally__fail(TALLY_EINVAL,
-                         "unknown store '%.*s***%s' (expected 'memory' or 'file:PATH')",
-                         (int)(scheme + 3 - spec), spec, at);
+    char shown[256]; /* never echo credentials: a URI's userinfo and query */
+    tally_uri_redact(shown, sizeof shown, spec, strlen(spec));
     return tally__fail(TALLY_EINVAL,
-                       "unknown store '%s' (expected 'memory' "
-                       "or 'file:PATH')",
-                       spec);
+                       "unknown store '%s' (expected 'memory' or 'file:PATH')", shown);
   }
   tally__policy_init();
   tally_store *s = calloc(1, sizeof *s);

@@ -27,6 +27,15 @@ const char *tl_pushprintable(lua_State *L, const char *s, size_t len) {
   return lua_tostring(L, -1);
 }
 
+const char *tl_pushredacted(lua_State *L, const char *s, size_t len) {
+  size_t need = tally_uri_redact(NULL, 0, s, len);
+  char *b = lua_newuserdata(L, need + 1);
+  tally_uri_redact(b, need + 1, s, len);
+  lua_pushlstring(L, b, need);
+  lua_remove(L, -2);
+  return lua_tostring(L, -1);
+}
+
 /* The message on top, escaped in its place. */
 static const char *printable_top(lua_State *L) {
   size_t len;

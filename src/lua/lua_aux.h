@@ -198,6 +198,9 @@ enum { TL_BOOL_VALUE = 0, TL_BOOL_TYPE = 1 };
  * strings (tally_printable: control characters and bytes that are not
  * UTF-8 as \xNN). Every message below goes through it. */
 const char *tl_pushprintable(lua_State *L, const char *s, size_t len);
+/* Push s (len bytes) as messages show a URI (tally_uri_redact: its
+ * userinfo and query as ***) and return it. */
+const char *tl_pushredacted(lua_State *L, const char *s, size_t len);
 /* luaL_error, its message through tl_pushprintable; never returns. */
 int tl_error(lua_State *L, const char *fmt, ...);
 /* Push and return a short description of the value at idx for messages:

@@ -4,17 +4,18 @@
  *
  *   core.redis(uri [, { timeout = s, password = p, user = u }])
  *       -> redis handle, or nil, msg, code
- *       uri: "redis://[[user]:password@]host[:port][/0]"  (standalone or
- *                               cluster: detected with CLUSTER SLOTS)
- *            "redis+cluster://[[user]:password@]h1:p1,h2:p2,..."  (seeds;
- *                               the first reachable)
- *            user and password may be %XX-escaped.
+ *       uri: "redis://[[user]:password@]host[:port][/0][?query]"
+ *                               (standalone or cluster: detected with
+ *                               CLUSTER SLOTS)
+ *            "redis+cluster://[[user]:password@]h1:p1,h2:p2,...[?query]"
+ *                               (seeds; the first reachable)
+ *            query: password=, user= (or username=), db=0, as redis-py
+ *            and go-redis take them; all of it may be %XX-escaped.
  *       timeout: seconds each call may take (default 5)
  *       password: used when the URI has none; else $TALLY_REDIS_PASSWORD
  *       user: likewise (else $TALLY_REDIS_USER); AUTH user password (ACL)
- *       No message ever contains the password: URIs in messages are
- *       redacted to redis://user:***@host:port.
- *   core.redis_redact(uri) -> the URI with its password replaced by ***
+ *       No message ever contains the userinfo or the query: URIs in
+ *       messages are shown as core.uri_redact shows them (each as ***).
  *   r:command(arg, ...) -> reply, or nil, message for an error reply or a
  *       failure (then also a code name: ETIMEDOUT, ESYS, ...). Arguments
  *       are strings or numbers. Replies: integer (under LuaJIT a number
@@ -101,10 +102,7 @@ static void tl_seeds(lua_State *L, const char *uri, const char *s, size_t len,
     for (size_t k = i; k < hend; k++)
       if (!(s[k] == '.' || s[k] == '-' || s[k] == '_' || (s[k] >= '0' && s[k] <= '9') ||
             (s[k] >= 'a' && s[k] <= 'z') || (s[k] >= 'A' && s[k] <= 'Z')))
-        tl_argerror(L, 1,
-                    "bad Redis URI '%s': bad character in host (query options are "
-                    "not supported)",
-                    uri);
+        tl_argerror(L, 1, "bad Redis URI '%s': bad character in host", uri);
     if (colon == (size_t)-1) {
       strcpy(port, "6379");
     } else {
@@ -135,45 +133,11 @@ static void tl_seeds(lua_State *L, const char *uri, const char *s, size_t len,
   out[o] = '\0';
 }
 
-/* The userinfo of a URI: the bytes after the scheme up to the last '@'
- * before the host list (redis://) or in the whole rest (redis+cluster://).
- * Sets *at to the '@' or NULL. */
-static const char *tl_userinfo(const char *uri, const char **at) {
-  const char *h = strstr(uri, "://");
-  *at = NULL;
-  if (!h) return NULL;
-  h += 3;
-  /* the last '@' anywhere: a password may hold '/' (and '@' escaped or
-   * not), a host and a database number never hold '@' */
-  for (const char *p = h; *p; p++)
-    if (*p == '@') *at = p;
-  return h;
-}
-
-/* core.redis_redact(uri): the password (after the user's ':') as ***. */
-static const char *tl_redact(lua_State *L, const char *uri) {
-  const char *at, *h = tl_userinfo(uri, &at);
-  const char *colon = h && at ? memchr(h, ':', (size_t)(at - h)) : NULL;
-  if (!colon) { /* no userinfo, or a user alone */
-    lua_pushstring(L, uri);
-    return lua_tostring(L, -1);
-  }
-  lua_pushlstring(L, uri, (size_t)(colon - uri));
-  lua_pushfstring(L, "%s:***%s", lua_tostring(L, -1), at);
-  lua_remove(L, -2);
-  return lua_tostring(L, -1);
-}
-
-static int tl_redis_redact(lua_State *L) {
-  const char *uri = luaL_checkstring(L, 1);
-  tl_redact(L, uri);
-  return 1;
-}
-
-/* %XX-decode s (len bytes) into a new string on the stack; raises (without
- * quoting it) on a bad escape or a NUL. */
+/* %XX-decode s (len bytes) into a new string on the stack, '+' as a space
+ * too in a query (form encoding, as redis-py and go-redis read it); raises
+ * (without quoting it) on a bad escape or a NUL. */
 static const char *tl_unescape(lua_State *L, const char *red, const char *what,
-                               const char *s, size_t len) {
+                               const char *s, size_t len, int plus) {
   luaL_Buffer b;
   luaL_buffinit(L, &b);
   for (size_t i = 0; i < len; i++) {
@@ -192,12 +156,106 @@ static const char *tl_unescape(lua_State *L, const char *red, const char *what,
       }
       c = v;
       i += 2;
+    } else if (c == '+' && plus) {
+      c = ' ';
     }
     if (c == 0) tl_argerror(L, 1, "bad Redis URI '%s': NUL in the %s", red, what);
     luaL_addchar(&b, (char)c);
   }
   luaL_pushresult(&b);
   return lua_tostring(L, -1);
+}
+
+/* Set *slot to v (the query's or the userinfo's), raising if it is set. */
+static void tl_once(lua_State *L, const char *red, const char *what, const char **slot,
+                    const char *v) {
+  if (*slot) tl_argerror(L, 1, "bad Redis URI '%s': %s given twice", red, what);
+  *slot = v;
+}
+
+/* The one parser of Redis URIs:
+ *   redis://[[USER]:PASSWORD@]HOST[:PORT][/0][?QUERY]
+ *   redis+cluster://[[USER]:PASSWORD@]HOST[:PORT],...[/][?QUERY]
+ * QUERY: NAME=VALUE pairs joined by '&', as redis-py and go-redis take
+ * them: password, user (or username), db (0 only). The userinfo ends at
+ * the last '@' before the query, so a password may hold '/' and '@'.
+ * Writes the seeds ("host:port,...") into seeds (cap bytes) and sets
+ * *user and *password (NULL: none; their strings stay on the stack).
+ * Raises with the reason, the URI shown as red (tally_uri_redact): never
+ * a value of the userinfo or the query. */
+static void tl_parse_uri(lua_State *L, const char *uri, size_t len, const char *red,
+                         char *seeds, size_t cap, const char **user,
+                         const char **password) {
+  const char *end = uri + len, *rest, *q, *hend, *hosts, *at = NULL;
+  int cluster;
+  *user = *password = NULL;
+  if (len >= 8 && memcmp(uri, "redis://", 8) == 0) {
+    rest = uri + 8, cluster = 0;
+  } else if (len >= 16 && memcmp(uri, "redis+cluster://", 16) == 0) {
+    rest = uri + 16, cluster = 1;
+  } else {
+    tl_argerror(L, 1,
+                "bad Redis URI '%s' (expected redis://host:port or "
+                "redis+cluster://host:port,host:port,...)",
+                red);
+    return;
+  }
+  luaL_checkstack(L, 8, "Redis URI");
+  q = memchr(rest, '?', (size_t)(end - rest));
+  hend = q ? q : end;
+  for (const char *p = rest; p < hend; p++)
+    if (*p == '@') at = p;
+  if (at) { /* USER:PASSWORD@ or :PASSWORD@ or USER@ */
+    const char *colon = memchr(rest, ':', (size_t)(at - rest));
+    const char *uend = colon ? colon : at;
+    if (uend > rest) *user = tl_unescape(L, red, "user", rest, (size_t)(uend - rest), 0);
+    if (colon)
+      *password = tl_unescape(L, red, "password", colon + 1, (size_t)(at - colon - 1), 0);
+  }
+  hosts = at ? at + 1 : rest;
+  if (!cluster) {
+    const char *slash = memchr(hosts, '/', (size_t)(hend - hosts));
+    if (slash && !(hend - slash == 1 || (hend - slash == 2 && slash[1] == '0')))
+      tl_argerror(L, 1, "bad Redis URI '%s': only database 0 is supported", red);
+    if (slash) hend = slash;
+  } else if (hend > hosts && hend[-1] == '/') {
+    hend--;
+  }
+  tl_seeds(L, red, hosts, (size_t)(hend - hosts), cluster, seeds, cap);
+  for (const char *p = q ? q + 1 : end; p < end;) {
+    const char *amp = memchr(p, '&', (size_t)(end - p)), *pend = amp ? amp : end;
+    const char *eq = memchr(p, '=', (size_t)(pend - p));
+    const char *next = amp ? amp + 1 : end;
+    if (pend == p) { /* an empty pair: "?&password=..." */
+      p = next;
+      continue;
+    }
+    if (!eq)
+      tl_argerror(
+          L, 1, "bad Redis URI '%s': a query parameter without '=' (expected NAME=VALUE)",
+          red);
+    const char *k = tl_unescape(L, red, "query", p, (size_t)(eq - p), 1);
+    const char *v = tl_unescape(L, red, "query", eq + 1, (size_t)(pend - eq - 1), 1);
+    int keep = 1; /* v: a credential, kept on the stack */
+    if (!*v) tl_argerror(L, 1, "bad Redis URI '%s': empty %s in the query", red, k);
+    if (strcmp(k, "password") == 0) {
+      tl_once(L, red, "password", password, v);
+    } else if (strcmp(k, "user") == 0 || strcmp(k, "username") == 0) {
+      tl_once(L, red, "user", user, v);
+    } else if (strcmp(k, "db") == 0) {
+      if (strcmp(v, "0") != 0)
+        tl_argerror(L, 1, "bad Redis URI '%s': only database 0 is supported", red);
+      keep = 0;
+    } else {
+      tl_argerror(L, 1,
+                  "bad Redis URI '%s': unknown query parameter '%s' (expected password, "
+                  "user, username, db)",
+                  red, k);
+    }
+    lua_remove(L, -2); /* the name */
+    if (!keep) lua_pop(L, 1);
+    p = next;
+  }
 }
 
 /* ---- the redis handle --------------------------------------------------------- */
@@ -227,57 +285,23 @@ static tl_redis *tl_checkredis(lua_State *L, int idx) {
 }
 
 static const char NOAUTH_HINT[] =
-    " (the server needs a password: put it in the URI as redis://:PASSWORD@host:port"
-    " or redis://USER:PASSWORD@host:port, pass { password = ... }, or set"
-    " TALLY_REDIS_PASSWORD)";
+    " (the server needs a password: put it in the URI as redis://:PASSWORD@host:port,"
+    " redis://USER:PASSWORD@host:port or redis://host:port?password=PASSWORD, pass"
+    " { password = ... }, or set TALLY_REDIS_PASSWORD)";
 
 static int tl_redis_new(lua_State *L) {
   size_t len;
   const char *uri = luaL_checklstring(L, 1, &len);
   char seeds[TL_SEEDS_MAX];
   tally_rc_opts ro = {5000, NULL, NULL};
-  const char *red, *at, *hstart;
-  const char *user = NULL, *password = NULL;
+  const char *red, *user, *password;
   tl_redis *r;
   int rc;
 
   lua_settop(L, 2);
   if (strlen(uri) != len) luaL_argerror(L, 1, "URI must not contain NUL bytes");
-  red = tl_redact(L, uri); /* index 3: what messages show */
-  hstart = tl_userinfo(uri, &at);
-  if (at) { /* user:password@ or :password@ or user@ */
-    const char *colon = memchr(hstart, ':', (size_t)(at - hstart));
-    const char *uend = colon ? colon : at;
-    if (uend > hstart)
-      user = tl_unescape(L, red, "user", hstart, (size_t)(uend - hstart));
-    else
-      lua_pushnil(L);
-    if (colon)
-      password = tl_unescape(L, red, "password", colon + 1, (size_t)(at - colon - 1));
-    else
-      lua_pushnil(L);
-    /* the rest of the URI, without the userinfo, for the host parser */
-    lua_pushlstring(L, uri, (size_t)(hstart - uri));
-    uri = lua_pushfstring(L, "%s%s", lua_tostring(L, -1), at + 1);
-    len = strlen(uri);
-  }
-  if (len >= 8 && memcmp(uri, "redis://", 8) == 0) {
-    const char *h = uri + 8, *slash = strchr(h, '/');
-    size_t hlen = slash ? (size_t)(slash - h) : strlen(h);
-    if (slash && strcmp(slash, "/") != 0 && strcmp(slash, "/0") != 0)
-      tl_argerror(L, 1, "bad Redis URI '%s': only database 0 is supported", red);
-    tl_seeds(L, red, h, hlen, 0, seeds, sizeof seeds);
-  } else if (len >= 16 && memcmp(uri, "redis+cluster://", 16) == 0) {
-    const char *h = uri + 16;
-    size_t hlen = strlen(h);
-    if (hlen > 0 && h[hlen - 1] == '/') hlen--;
-    tl_seeds(L, red, h, hlen, 1, seeds, sizeof seeds);
-  } else {
-    tl_argerror(L, 1,
-                "bad Redis URI '%s' (expected redis://host:port or "
-                "redis+cluster://host:port,host:port,...)",
-                red);
-  }
+  red = tl_pushredacted(L, uri, len); /* index 3: what messages show */
+  tl_parse_uri(L, uri, len, red, seeds, sizeof seeds, &user, &password);
   if (!lua_isnoneornil(L, 2)) {
     if (lua_type(L, 2) != LUA_TTABLE)
       tl_argerror(L, 2, "options table expected, got %s", luaL_typename(L, 2));
@@ -679,8 +703,6 @@ int tl_open_redis(lua_State *L) {
   lua_pop(L, 2);
   lua_pushcfunction(L, tl_redis_new);
   lua_setfield(L, -2, "redis");
-  lua_pushcfunction(L, tl_redis_redact);
-  lua_setfield(L, -2, "redis_redact");
   lua_pushcfunction(L, tl_flusher_new);
   lua_setfield(L, -2, "flusher");
   lua_pushcfunction(L, tl_unship);

@@ -1,4 +1,5 @@
-/* lua_store.c -- the store handle (metatable "tally.store") and core.open.
+/* lua_store.c -- the store handle (metatable "tally.store"), core.open and
+ * core.uri_redact (a store spec as messages show it).
  *
  * A store handle is a full userdata holding the tally_store pointer and
  * the spec it was opened with; its user values are the cache of counter
@@ -1060,11 +1061,22 @@ static int tl_store_cache_door(lua_State *L) {
   return 1;
 }
 
+/* core.uri_redact(spec): a store spec or URI as messages show it, its
+ * userinfo and query as *** (tally_uri_redact). */
+static int tl_uri_redact(lua_State *L) {
+  size_t len;
+  const char *s = luaL_checklstring(L, 1, &len);
+  tl_pushredacted(L, s, len);
+  return 1;
+}
+
 int tl_open_store(lua_State *L) {
   tl_newclass(L, TL_STORE_MT, tl_store_meta, tl_store_methods);
   lua_setfield(L, -2, "store_methods");
   lua_pushcfunction(L, tl_open);
   lua_setfield(L, -2, "open");
+  lua_pushcfunction(L, tl_uri_redact);
+  lua_setfield(L, -2, "uri_redact");
 #if TL_LUAJIT
   tl_set_classic(L, "store_incr", tl_store_incr); /* what ffi.lua replaces */
   tl_set_classic(L, "store_decr", tl_store_decr);

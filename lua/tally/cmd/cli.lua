@@ -314,11 +314,9 @@ end
 -- even to read: "Permission denied" says so (opts.writes: the caller is
 -- about to write anyway, so less is said; opts.help: the command whose help
 -- tells more).
--- A store spec as messages show it: the userinfo of a URI masked
--- (redis://user:secret@host -> redis://***@host).
-local function shown(spec)
-  return (spec:gsub("^(%a[%w+.-]*://).*@", "%1***@"))
-end
+-- A store spec as messages show it: the userinfo and query of a URI
+-- masked (redis://user:secret@host?password=x -> redis://***@host?***).
+local shown = require("tally.core").uri_redact
 
 -- A refusal of a symlink or another user's store, with the command's way
 -- to trust it.

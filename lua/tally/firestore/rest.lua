@@ -124,14 +124,14 @@ function _M.parse(uri)
   local project, database = match(path, "^([%w%-]+)/([%w%-_()]*)$")
   if not project then project, database = match(path, "^([%w%-]+)$"), "" end
   if not project or project == "" then
-    return nil, "bad Firestore URI '" .. printable(uri)
+    return nil, "bad Firestore URI '" .. printable(core.uri_redact(uri))
                 .. "' (expected firestore://PROJECT[/DATABASE][?emulator=HOST:PORT])"
   end
   if database == "" then database = "(default)" end
   local u = { project = project, database = database, root = "counters" }
   for pair in query:gmatch("[^&]+") do
     local k, v = match(pair, "^([^=]+)=(.*)$")
-    if not k then return nil, "bad Firestore URI option '" .. printable(pair) .. "'" end
+    if not k then return nil, "bad Firestore URI option (expected NAME=VALUE)" end
     v = urldecode(v)
     if k == "emulator" then
       if not match(v, "^[%w%.%-%[%]:]+:%d+$") then
@@ -157,7 +157,7 @@ function _M.parse(uri)
   end
   u.base = u.emulator and ("http://" .. u.emulator) or "https://firestore.googleapis.com"
   u.docs = fmt("projects/%s/databases/%s/documents", project, database)
-  u.redacted = gsub(uri, "token_cmd=[^&]*", "token_cmd=***")
+  u.redacted = core.uri_redact(uri)
   return u
 end
 

@@ -215,7 +215,7 @@ function _M.flush_to(db, uri, opts, list, unlink)
           .. printable(tostring(writer)), 3)
   end
   local self = setmetatable({
-    db = db, uri = core.redis_redact(uri), every = every, pattern = pattern, shards = shards,
+    db = db, uri = core.uri_redact(uri), every = every, pattern = pattern, shards = shards,
     timeout = timeout, verify_every = verify, writer = writer, runs = 0, errors = 0, flushed = 0, commands = 0,
     unlink = unlink,
   }, Remote)

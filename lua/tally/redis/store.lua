@@ -494,7 +494,7 @@ _M.Store, _M.Counter = Store, Counter
 -- tally.open(uri [, { timeout = s, password = p, user = u }]) -> store, or
 -- nil, msg, code. A bad URI or a server that is down gives nil, msg, code
 -- (EINVAL for the URI). The password comes from the URI
--- (redis://user:pass@host:port), else opts.password, else
+-- (redis://user:pass@host:port or ?password=), else opts.password, else
 -- $TALLY_REDIS_PASSWORD; messages and tostring show the URI redacted.
 function _M.open(uri, opts)
   if opts ~= nil and type(opts) ~= "table" then
@@ -542,7 +542,7 @@ function _M.open(uri, opts)
     r:close()
     argerror(2, "open", "replica_timeout needs replicas", 3)
   end
-  return setmetatable({ uri = core.redis_redact(uri), r = r, cache = {},
+  return setmetatable({ uri = core.uri_redact(uri), r = r, cache = {},
                         replicas = sopts.replicas,
                         replica_timeout = sopts.replicas and (sopts.replica_timeout or 1000) },
                       StoreMT)
