@@ -9,6 +9,9 @@
  *   peek.schedules(db) -> { { every=, last_period=, holder= }, ... } or
  *       nil, message, code: the rollup schedule identities the store keeps
  *   peek.fs(path) -> { avail=, size= } of the file system holding path
+ *   peek.rows(db, pattern, fn) -> true or nil, message, code: fn(list)
+ *       for each batch of up to 1,000 matching counters, in their names'
+ *       order, each as peek.counter gives it (value nil beyond int64)
  *
  * `tally ls`, `get`, `info` and `watch` read through these. Counters are
  * opened without TALLY_COUNTER_CREATE, so a counter dropped while a listing
@@ -47,6 +50,34 @@ static void pushbigsum(lua_State *L, const int64_t *v, uint32_t n) {
   lua_pushstring(L, p);
 }
 
+/* Set field rolled of the table on top to the record. */
+static void push_rolled(lua_State *L, const tally_rollup *r) {
+  lua_createtable(L, 0, 5);
+  tl_setint(L, "value", r->value);
+  lua_pushnumber(L, (lua_Number)r->at_ms / 1000.0);
+  lua_setfield(L, -2, "at");
+  tl_setint(L, "delta", r->delta);
+  lua_pushnumber(L, (lua_Number)tally_rollup_rate(r));
+  lua_setfield(L, -2, "rate");
+  tl_setint(L, "count", (int64_t)r->count);
+  lua_setfield(L, -2, "rolled");
+}
+
+/* The fields of a counter's table that peek.counter and peek.rows share. */
+static void push_info(lua_State *L, uint32_t shards, int auto_shards, uint32_t grown,
+                      uint32_t shrunk, int32_t policy) {
+  tl_setint(L, "shards", shards);
+  if (auto_shards) { /* the engine sizes it: how often it did */
+    lua_pushboolean(L, 1);
+    lua_setfield(L, -2, "auto");
+    tl_setint(L, "grown", grown);
+    tl_setint(L, "shrunk", shrunk);
+  }
+  lua_pushstring(L,
+                 policy == TALLY_POLICY_CUSTOM ? "function" : tally_policy_name(policy));
+  lua_setfield(L, -2, "policy");
+}
+
 static int p_counter(lua_State *L) {
   tl_store *d = tl_checkstore(L, 1);
   size_t len;
@@ -75,27 +106,8 @@ static int p_counter(lua_State *L) {
   else
     lua_pushnil(L);
   lua_setfield(L, -2, "value");
-  tl_setint(L, "shards", n);
-  if (info.auto_shards) { /* the engine sizes it: how often it did */
-    lua_pushboolean(L, 1);
-    lua_setfield(L, -2, "auto");
-    tl_setint(L, "grown", info.grown);
-    tl_setint(L, "shrunk", info.shrunk);
-  }
-  lua_pushstring(L, info.policy == TALLY_POLICY_CUSTOM ? "function"
-                                                       : tally_policy_name(info.policy));
-  lua_setfield(L, -2, "policy");
-  if (tally_counter_rolled(c, &r) == 0) {
-    lua_createtable(L, 0, 5);
-    tl_setint(L, "value", r.value);
-    lua_pushnumber(L, (lua_Number)r.at_ms / 1000.0);
-    lua_setfield(L, -2, "at");
-    tl_setint(L, "delta", r.delta);
-    lua_pushnumber(L, (lua_Number)tally_rollup_rate(&r));
-    lua_setfield(L, -2, "rate");
-    tl_setint(L, "count", (int64_t)r.count);
-    lua_setfield(L, -2, "rolled");
-  }
+  push_info(L, n, info.auto_shards, info.grown, info.shrunk, info.policy);
+  if (tally_counter_rolled(c, &r) == 0) push_rolled(L, &r);
   if (cells) {
     lua_createtable(L, (int)n, 0);
     for (i = 0; i < n; i++) {
@@ -192,12 +204,94 @@ static int p_fs(lua_State *L) {
   return 1;
 }
 
+/* ---- peek.rows: a listing that streams ------------------------------------- */
+
+/* The walk hands rows over while it holds the store's records; a Lua
+ * error must not unwind through it. So each row is copied into a batch,
+ * and a full batch is made into tables and given to fn under lua_pcall;
+ * an error stops the walk and is raised once it has ended. */
+#define ROWS_BATCH 1000
+
+struct rows_batch {
+  lua_State *L;
+  int fn;     /* stack index of fn */
+  int failed; /* fn raised: its message is on top of the stack */
+  size_t n;
+  tally_row row[ROWS_BATCH];
+  tally_rollup roll[ROWS_BATCH];
+  char name[ROWS_BATCH][TALLY_NAME_MAX + 1];
+};
+
+static int rows_call(lua_State *L) {
+  struct rows_batch *b = (struct rows_batch *)lua_touserdata(L, 1);
+  lua_pushvalue(L, 2); /* fn */
+  lua_createtable(L, (int)b->n, 0);
+  for (size_t i = 0; i < b->n; i++) {
+    const tally_row *r = &b->row[i];
+    lua_createtable(L, 0, 8);
+    lua_pushlstring(L, b->name[i], r->name_len);
+    lua_setfield(L, -2, "name");
+    if (r->value_rc == 0) {
+      lua_pushinteger(L, (lua_Integer)r->value);
+      lua_setfield(L, -2, "value");
+    }
+    push_info(L, r->shards, r->auto_shards, r->grown, r->shrunk, r->policy);
+    if (r->rolled) push_rolled(L, &b->roll[i]);
+    lua_rawseti(L, -2, (lua_Integer)i + 1);
+  }
+  lua_call(L, 1, 0);
+  return 0;
+}
+
+static int rows_flush(struct rows_batch *b) {
+  lua_State *L = b->L;
+  if (b->n == 0) return 0;
+  lua_pushcfunction(L, rows_call);
+  lua_pushlightuserdata(L, b);
+  lua_pushvalue(L, b->fn); /* an index of peek.rows' frame, where the walk runs */
+  if (lua_pcall(L, 2, 0, 0) != LUA_OK) {
+    b->failed = 1;
+    return 1; /* stops the walk */
+  }
+  b->n = 0;
+  return 0;
+}
+
+static int rows_add(void *ud, const tally_row *r) {
+  struct rows_batch *b = (struct rows_batch *)ud;
+  size_t i = b->n++;
+  b->row[i] = *r;
+  memcpy(b->name[i], r->name, r->name_len);
+  if (r->rolled) b->roll[i] = *r->rolled;
+  return b->n == ROWS_BATCH ? rows_flush(b) : 0;
+}
+
+static int p_rows(lua_State *L) {
+  tl_store *d = tl_checkstore(L, 1);
+  size_t plen = 0;
+  const char *pattern = luaL_optlstring(L, 2, NULL, &plen);
+  luaL_checktype(L, 3, LUA_TFUNCTION);
+  struct rows_batch *b = (struct rows_batch *)malloc(sizeof *b);
+  if (b == NULL) return luaL_error(L, "not enough memory");
+  b->L = L;
+  b->fn = 3;
+  b->failed = 0;
+  b->n = 0;
+  int rc = tally_store_rows(d->store, pattern, plen,
+                            TALLY_ROWS_BY_NAME | TALLY_ROWS_ROLLED, rows_add, b);
+  if (rc == 0) rc = rows_flush(b);
+  int failed = b->failed;
+  free(b);
+  if (failed) return lua_error(L); /* fn's error, on top */
+  if (rc < 0) return tl_fail(L, rc);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
 int cli_open_peek(lua_State *L) {
-  static const luaL_Reg fns[] = {{"counter", p_counter},
-                                 {"history", p_history},
-                                 {"schedules", p_schedules},
-                                 {"fs", p_fs},
-                                 {NULL, NULL}};
+  static const luaL_Reg fns[] = {{"counter", p_counter},     {"history", p_history},
+                                 {"schedules", p_schedules}, {"fs", p_fs},
+                                 {"rows", p_rows},           {NULL, NULL}};
   luaL_newlib(L, fns);
   return 1;
 }

@@ -504,35 +504,63 @@ local function quantile_text(r, q)
   return v == nil and "-" or v == math.huge and "+Inf" or tally.histogram.num_text(v)
 end
 
+-- The histograms among the counters matching pattern (nil: all): their
+-- members' names end with '}', so only those are listed.
+local function histograms_matching(db, pattern)
+  local names = must(db:names("*}"))
+  if pattern then
+    local g, kept = tally.format._glob_compile(pattern), {}
+    for _, n in ipairs(names) do
+      if tally.format._glob_captures(g, n) then kept[#kept + 1] = n end
+    end
+    names = kept
+  end
+  return histograms_of(names)
+end
+
+-- Every matching counter in name order, a batch at a time (peek.rows: one
+-- walk, no handle per counter, memory for one batch), to each(p) with p as
+-- peek.counter gives it; a value beyond int64 is read again by handle for
+-- its exact decimal. Returns how many there were.
+local function each_row(db, pattern, each)
+  local n = 0
+  must(peek.rows(db, pattern, function(list)
+    for _, p in ipairs(list) do
+      if p.value == nil then p = peek_counter(db, p.name) end   -- nil: dropped since
+      if p then
+        n = n + 1
+        each(p)
+      end
+    end
+  end))
+  return n
+end
+
 function cmd.ls(args)
   local o, pos = parse(args, { flags = { json = true }, min = 1, max = 2 })
   if o.help then return "help" end
   local db = open(pos[1])
-  local names = must(db:names(pos[2]))
+  local hs, hnames = histograms_matching(db, pos[2])
   if o.json then
-    local hs, hnames = histograms_of(names)
     local member = {}                             -- member counter -> its histogram
     for _, base in ipairs(hnames) do
       for _, n in ipairs(hs[base].names) do member[n] = base end
     end
     local first = true
     out("[")
-    for _, name in ipairs(names) do
-      local p = peek_counter(db, name)
-      if p then                                   -- else dropped meanwhile
-        local r = p.rolled
-        if r then r.json = jobject({ "value", "at", "delta", "rate", "count" }, r) end
-        local keys = p.auto and { "name", "value", "shards", "auto", "grown", "shrunk", "policy",
-                                  "rolled" }
-                     or { "name", "value", "shards", "policy", "rolled" }
-        if member[name] then keys[#keys + 1] = "histogram" end
-        out(first and "\n" or ",\n",
-            jobject(keys, { name = p.name, value = p.value, shards = p.shards, policy = p.policy,
-                            auto = p.auto, grown = p.grown, shrunk = p.shrunk,
-                            rolled = r or { json = "null" }, histogram = member[name] }))
-        first = false
-      end
-    end
+    each_row(db, pos[2], function(p)
+      local r = p.rolled
+      if r then r.json = jobject({ "value", "at", "delta", "rate", "count" }, r) end
+      local keys = p.auto and { "name", "value", "shards", "auto", "grown", "shrunk", "policy",
+                                "rolled" }
+                   or { "name", "value", "shards", "policy", "rolled" }
+      if member[p.name] then keys[#keys + 1] = "histogram" end
+      out(first and "\n" or ",\n",
+          jobject(keys, { name = p.name, value = p.value, shards = p.shards, policy = p.policy,
+                          auto = p.auto, grown = p.grown, shrunk = p.shrunk,
+                          rolled = r or { json = "null" }, histogram = member[p.name] }))
+      first = false
+    end)
     local read = histogram_reader(db)
     for _, base in ipairs(hnames) do               -- then each histogram, one object
       local r = read(hs[base])
@@ -558,10 +586,10 @@ function cmd.ls(args)
     out(first and "]\n" or "\n]\n")
     return 0
   end
-  -- widths from the names and the first rows (a million counters stream)
+  -- columns as wide as the first CHUNK rows need (a million counters
+  -- stream: a later, wider cell widens only its own row)
   local head = { "NAME", "VALUE", "SHARDS", "POLICY", "ROLLED AT", "RATE/S" }
   local w = { #head[1], #head[2], #head[3], #head[4], 19, #head[6] }
-  for _, name in ipairs(names) do if #printable(name) > w[1] then w[1] = #printable(name) end end
   local rows, i, CHUNK = {}, 0, 5000
   local function cells(p)
     local r = p.rolled
@@ -582,28 +610,24 @@ function cmd.ls(args)
     for _, c in ipairs(rows) do emit(c) end
     rows = {}
   end
-  if #names == 0 then
+  each_row(db, pos[2], function(p)
+    local c = cells(p)
+    i = i + 1
+    if i <= CHUNK then
+      for k = 1, 6 do if #c[k] > w[k] then w[k] = #c[k] end end
+      rows[#rows + 1] = c
+      if i == CHUNK then emit(head); flush_rows() end
+    else
+      emit(c)
+    end
+  end)
+  if i == 0 then
     if pos[2] then io.stderr:write("tally ls: no counter matches '", printable(pos[2]), "'\n")
     else io.stderr:write("tally ls: the store has no counters\n") end
     return 0
   end
-  for _, name in ipairs(names) do
-    local p = peek_counter(db, name)
-    if p then
-      local c = cells(p)
-      i = i + 1
-      if i <= CHUNK then
-        for k = 2, 6 do if #c[k] > w[k] then w[k] = #c[k] end end
-        rows[#rows + 1] = c
-        if i == CHUNK then emit(head); flush_rows() end
-      else
-        emit(c)
-      end
-    end
-  end
   if i < CHUNK then emit(head); flush_rows() end
   -- histograms among them (tally.histogram): one line each, from one snapshot
-  local hs, hnames = histograms_of(names)
   if #hnames > 0 then
     local rows = { { "HISTOGRAM", "COUNT", "SUM", "P50<=", "P90<=", "P99<=", "BUCKETS" } }
     local read = histogram_reader(db)
