@@ -9,10 +9,15 @@
  *    history, rolled and check ECORRUPT and a tick skip the counter without
  *    writing anywhere (the store checks clean once the head is put back);
  *    long rings at real and far-future clocks read back right;
- *  - cells: a cell outside the live range (a flipped top bit) is reported
- *    by check, clamped by the first read after the 2 s wait and repaired in
- *    the file, so the next read is fast; a writer waiting on it meanwhile
- *    is not lost;
+ *  - cells: a cell just past the live range (what a writer killed between
+ *    its add and its undo leaves) is reported by check, clamped by the
+ *    first read after the 2 s wait and repaired in the file, so the next
+ *    read is fast; a writer waiting on it meanwhile is not lost; many such
+ *    cells cost one wait, not one each;
+ *  - damaged cells (issue 35, item 2): a cell farther out (INT64_MIN where
+ *    a value was) is ECORRUPT at once on every path that reads or moves
+ *    it, naming the counter and shard, and is never written; other
+ *    counters read right and a tick rolls them;
  *  - truncation: open and check report a file shorter than its header says;
  *  - limbo: a retired record's item with a size past the free lists is
  *    reported as damage, never used as a list's index;
@@ -241,12 +246,13 @@ static void test_stuck_cell(void) {
   long at = find_word(path, mark, &count);
   EXPECT_I64(1, count);
   if (at < 0 || count != 1) return;
-  put_word(path, at, (int64_t)((uint64_t)mark | UINT64_C(1) << 63)); /* top bit */
+  put_word(path, at, -(INT64_C(1) << 62) - 5); /* a dead writer's add of -5 */
 
   REQUIRE_OK(tally_store_open(spec, NULL, &s));
   REQUIRE_OK(tu_counter(s, "stuck", 0, -1, 0, &c));
   EXPECT_RC(TALLY_ECORRUPT, tally_store_check(s));
   EXPECT(strstr(tally_errmsg(), "'stuck' shard 2") != NULL);
+  EXPECT(strstr(tally_errmsg(), "the next read clamps and repairs it") != NULL);
   struct writer_arg w = {c, -99};
   pthread_t th;
   pthread_create(&th, NULL, stuck_writer, &w);
@@ -273,6 +279,151 @@ static void test_stuck_cell(void) {
   EXPECT_I64(11 - (INT64_C(1) << 62), tu_value(c));
   EXPECT(tu_now() - t < 0.5);
   tally_counter_close(c);
+  tally_store_close(s);
+}
+
+static int at_bound(void *ud, const char *name, size_t len, int64_t v) {
+  (void)name, (void)len;
+  EXPECT_I64((INT64_C(1) << 62) - 1, v); /* clamped */
+  ++*(int *)ud;
+  return 0;
+}
+
+/* Many cells left just past the range (a page of them): the first walk
+ * waits 2 s for the first, then briefly for each other one, and repairs
+ * them all; one wait of 2 s each took minutes. */
+static void test_stuck_page(void) {
+  char spec[1200], path[1200];
+  spec_of(spec, sizeof spec, path, sizeof path, "stuckpage.tly");
+  const int64_t mark = INT64_C(0x123456789ab);
+  enum { N = 40 };
+  tally_store *s;
+  REQUIRE_OK(tally_store_open(spec, NULL, &s));
+  char name[16];
+  for (int i = 0; i < N; i++) {
+    snprintf(name, sizeof name, "p%d", i);
+    EXPECT_OK(tally_store_incr(s, name, strlen(name), mark, TALLY_COUNTER_CREATE));
+  }
+  tally_store_close(s);
+  int count;
+  long at;
+  while ((at = find_word(path, mark, &count)) >= 0)
+    put_word(path, at, (INT64_C(1) << 62) + 3); /* each one a dead add past 2^62 */
+  alarm(30);                                    /* 80 s before */
+  REQUIRE_OK(tally_store_open(spec, NULL, &s));
+  double t = tu_now();
+  int n = 0;
+  EXPECT_OK(tally_store_values(s, "p*", 2, at_bound, &n));
+  double first = tu_now() - t;
+  EXPECT_I64(N, n);
+  if (first > 2.0 + N * 0.05) TU_FAIL("the first sum took %.2f s", first);
+  EXPECT_OK(tally_store_check(s));
+  tally_store_close(s);
+  alarm(0);
+}
+
+/* ---- issue 35, item 2: cells damaged far outside the range ---------------- */
+
+static int count_value(void *ud, const char *name, size_t len, int64_t v) {
+  (void)name, (void)len, (void)v;
+  ++*(int *)ud;
+  return 0;
+}
+
+static void rolled_one(void *ud, const char *name, size_t len, const tally_rollup *r) {
+  (void)r;
+  EXPECT(len == 2 && memcmp(name, "ok", 2) == 0);
+  ++*(int *)ud;
+}
+
+/* c1..c10 hold INT64_MIN where their value was (as a bad copy leaves):
+ * before, the first read of each waited 2 s and stored -2^62 in it. */
+static void test_damaged_cells(void) {
+  char spec[1200], path[1200];
+  spec_of(spec, sizeof spec, path, sizeof path, "damaged.tly");
+  const int64_t mark = INT64_C(0x123456789ab);
+  tally_store *s;
+  tally_counter *c;
+  char name[16];
+  REQUIRE_OK(tally_store_open(spec, NULL, &s));
+  EXPECT_OK(tally_store_incr(s, "ok", 2, 5, TALLY_COUNTER_CREATE));
+  for (int i = 1; i <= 10; i++) {
+    snprintf(name, sizeof name, "c%d", i);
+    EXPECT_OK(tally_store_incr(s, name, strlen(name), mark, TALLY_COUNTER_CREATE));
+  }
+  tally_store_close(s);
+  int count, damaged = 0;
+  long at, spots[16];
+  while ((at = find_word(path, mark, &count)) >= 0 && damaged < 16) {
+    put_word(path, at, INT64_MIN);
+    spots[damaged++] = at;
+  }
+  EXPECT_I64(10, damaged);
+
+  alarm(20); /* 20 s of waits before, and then wrong values */
+  double t = tu_now();
+  REQUIRE_OK(tally_store_open(spec, NULL, &s));
+  EXPECT_RC(TALLY_ECORRUPT, tally_store_check(s));
+  EXPECT(strstr(tally_errmsg(), "farther outside the live range") != NULL);
+  char want[1400];
+  int64_t v = 0, removed = -1;
+  for (int i = 1; i <= 10; i++) {
+    snprintf(name, sizeof name, "c%d", i);
+    snprintf(want, sizeof want,
+             "%s: tally store is corrupt (counter '%s' shard 0 holds "
+             "-9223372036854775808, farther outside the live range than an "
+             "interrupted add leaves: the file was damaged)",
+             path, name);
+    EXPECT_RC(TALLY_ECORRUPT, tally_store_value(s, name, strlen(name), &v));
+    EXPECT_STR(want, tally_errmsg());
+    EXPECT_RC(TALLY_ECORRUPT, tally_store_incr(s, name, strlen(name), 1, 0));
+    EXPECT_STR(want, tally_errmsg());
+    REQUIRE_OK(tu_counter(s, name, 0, -1, 0, &c));
+    EXPECT_RC(TALLY_ECORRUPT, tally_counter_value(c, &v));
+    EXPECT_RC(TALLY_ECORRUPT, tally_counter_incr(c, 1));
+    EXPECT_RC(TALLY_ECORRUPT, tally_counter_incr(c, INT64_C(1) << 40)); /* by CAS */
+    EXPECT_RC(TALLY_ECORRUPT, tally_counter_reset(c, &removed));
+    EXPECT_I64(-1, removed);
+    EXPECT_RC(TALLY_ECORRUPT, tally_counter_reshard(c, 4));
+    EXPECT_STR(want, tally_errmsg());
+    tally_counter_close(c);
+    EXPECT_RC(TALLY_ECORRUPT, tally_store_drop(s, name, strlen(name)));
+  }
+  int64_t sum;
+  uint64_t n;
+  int seen = 0;
+  EXPECT_RC(TALLY_ECORRUPT, tally_store_sum(s, "*", 1, &sum, &n));
+  EXPECT_RC(TALLY_ECORRUPT, tally_store_snapshot(s, "*", 1, count_value, &seen));
+  EXPECT_OK(tally_store_sum(s, "ok", 2, &sum, &n)); /* the others read right */
+  EXPECT_I64(5, sum);
+  EXPECT_OK(tally_store_incr(s, "ok", 2, 1, 0));
+  tally_ring ring = {1, 10};
+  tally_schedule *sch;
+  tally_tick_result res;
+  int rolled = 0;
+  REQUIRE_OK(tally_schedule_new(s, "*", 1, 10000, &ring, 1, &sch));
+  EXPECT_OK(tally_schedule_tick(sch, T0, rolled_one, &rolled, &res));
+  EXPECT_I64(TALLY_TICK_RAN, res.status);
+  EXPECT_I64(1, res.counters); /* ok: the damaged ones skipped, reported */
+  EXPECT_I64(10, res.skipped);
+  EXPECT_I64(1, rolled);
+  tally_schedule_free(sch);
+  EXPECT_RC(TALLY_ECORRUPT, tally_store_check(s));
+  tally_store_close(s);
+  EXPECT_RC(TALLY_ECORRUPT, tally_store_compact(path, 0, NULL, NULL));
+  if (tu_now() - t > 5) TU_FAIL("the damaged store took %.1f s", tu_now() - t);
+  alarm(0);
+  /* nothing was written over the damage, and nothing left behind */
+  int fd = open(path, O_RDONLY);
+  for (int i = 0; i < damaged; i++) {
+    EXPECT(pread(fd, &v, 8, spots[i]) == 8);
+    EXPECT_I64(INT64_MIN, v);
+  }
+  close(fd);
+  REQUIRE_OK(tally_store_open(spec, NULL, &s));
+  EXPECT_OK(tally_store_value(s, "ok", 2, &v));
+  EXPECT_I64(6, v);
+  EXPECT_RC(TALLY_ECORRUPT, tally_store_value(s, "c3", 2, &v));
   tally_store_close(s);
 }
 
@@ -459,6 +610,8 @@ int main(void) {
   test_names();
   test_ring_heads();
   test_stuck_cell();
+  test_stuck_page();
+  test_damaged_cells();
   test_truncated();
   test_limbo_item();
   test_schedule_slot();

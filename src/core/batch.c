@@ -454,8 +454,10 @@ apply(tally_store *s, tally_counter *const *c, const int64_t *d, size_t m) {
       return tally__fail(TALLY_EDROPPED, "counter '%s' was dropped", c[j]->name);
     _Atomic int64_t *cell = tally__cell_at(s, loc, w);
     int64_t before = atomic_load_explicit(cell, memory_order_relaxed);
-    if (!tally__cell_live(before))
-      return tally__fail(TALLY_EDROPPED, "counter '%s' was dropped", c[j]->name);
+    if (!tally__cell_live(before)) /* only this writer adds: never in flight */
+      return tally__cell_retired(before)
+                 ? tally__fail(TALLY_EDROPPED, "counter '%s' was dropped", c[j]->name)
+                 : tally__cell_damage(s, rec_off, w, before);
     if (__builtin_add_overflow(before, d[j], &after[j]) || !tally__cell_live(after[j]))
       return tally__fail(TALLY_ERANGE,
                          "counter '%s': adding %lld would overflow its writer's shard",
@@ -597,13 +599,15 @@ static int read_slot(tally_store *s, struct tally__wslot *sl, uint32_t w, struct
         vals[i] =
             atomic_load_explicit(tally__cell_at(s, g->e[i].loc, w), memory_order_acquire);
     if (atomic_load_explicit(&sl->seq, memory_order_relaxed) == s1) {
-      for (size_t i = 0; i < g->n; i++) {
+      for (size_t i = 0; rc == 0 && i < g->n; i++) {
         struct snap_entry *e = &g->e[i];
         if (!e->slot) continue;
         if (tally__cell_live(vals[i]))
           e->total += vals[i];
-        else
+        else if (tally__cell_retired(vals[i]))
           e->slot = false, e->loc = 0; /* dropped meanwhile: left out */
+        else                           /* its one writer stores only live values */
+          rc = tally__cell_damage(s, e->rec_off, w, vals[i]);
       }
       break;
     }

@@ -115,25 +115,44 @@ int tally__cells_alloc(tally_store *s, uint32_t n, uint64_t *out) {
   return 0;
 }
 
-int64_t tally__cell_wait(_Atomic int64_t *cell, int64_t v) {
-  int64_t t0 = tally_monotonic_ms();
-  while (!tally__cell_live(v) && !tally__cell_retired(v)) {
-    sched_yield(); /* a preempted writer needs the CPU to finish its undo */
-    if (tally_monotonic_ms() - t0 >= 2000) { /* it died between add and undo */
-      /* Repair the cell, so no later reader or writer waits again: swap in
-       * the clamped value, only if the cell still holds what was read (a
-       * live or retired value, or another add, is left alone). An add in
-       * flight at that instant is undone from the clamped value: the clamp
-       * is already inexact by up to 2^32, the bound of one fast add. */
-      int64_t want = tally__cell_clamp(v);
-      if (atomic_compare_exchange_strong_explicit(cell, &v, want, memory_order_acq_rel,
-                                                  memory_order_acquire))
-        return want;
-      continue; /* it changed under us: look at the new value */
+int tally__cell_damage(tally_store *s, uint64_t rec_off, uint32_t shard, int64_t v) {
+  const struct tally__rec *r = tally__at(s, rec_off);
+  return tally__fail(TALLY_ECORRUPT,
+                     "%s: tally store is corrupt (counter '%.*s' shard %u holds "
+                     "%lld, farther outside the live range than an interrupted "
+                     "add leaves: the file was damaged)",
+                     tally__store_name(s), (int)r->name_len, r->name, shard,
+                     (long long)v);
+}
+
+int tally__cell_wait(tally_store *s, _Atomic int64_t *cell, uint64_t rec_off,
+                     uint32_t shard, int64_t *v) {
+  int64_t x = *v, t0 = 0;
+  while (!tally__cell_live(x) && !tally__cell_retired(x)) {
+    if (tally__cell_damaged(x)) return tally__cell_damage(s, rec_off, shard, x);
+    int64_t now = tally_monotonic_ms(), stuck = atomic_load(&s->stuck_ms);
+    if (!t0) t0 = now;
+    /* a preempted writer needs the CPU to finish its undo: 2 s, or 10 ms
+     * while dead writers' cells are being met (each costs it once) */
+    int64_t limit = stuck && now - stuck < 10000 ? 10 : 2000;
+    if (now - t0 < limit) {
+      sched_yield();
+      x = atomic_load_explicit(cell, memory_order_acquire);
+      continue;
     }
-    v = atomic_load_explicit(cell, memory_order_acquire);
+    atomic_store(&s->stuck_ms, now);
+    /* it died between add and undo. Repair the cell, so no later reader
+     * or writer waits again: swap in the clamped value, only if the cell
+     * still holds what was read (a live or retired value, or another add,
+     * is left alone). An add in flight at that instant is undone from the
+     * clamped value: the clamp is already inexact by up to 2^32. */
+    int64_t want = tally__cell_clamp(x);
+    if (atomic_compare_exchange_strong_explicit(cell, &x, want, memory_order_acq_rel,
+                                                memory_order_acquire))
+      x = want;
   }
-  return v;
+  *v = x;
+  return 0;
 }
 
 /* Every cell of the counter at rec_off is live or retired, or ECORRUPT
@@ -144,19 +163,19 @@ int tally__cells_check(tally_store *s, uint64_t rec_off, uint64_t loc) {
   for (uint32_t i = 0, n = tally__loc_shards(loc); i < n; i++) {
     _Atomic int64_t *cell = tally__cell_at(s, loc, i);
     int64_t v = atomic_load_explicit(cell, memory_order_acquire);
-    for (int tries = 0; tries < 100 && !tally__cell_live(v) && !tally__cell_retired(v);
-         tries++) {
+    for (int tries = 0; tries < 100 && tally__cell_inflight(v); tries++) {
       struct timespec ms = {0, 100000};
       nanosleep(&ms, NULL);
       v = atomic_load_explicit(cell, memory_order_acquire);
     }
-    if (!tally__cell_live(v) && !tally__cell_retired(v))
-      return tally__fail(TALLY_ECORRUPT,
-                         "%s: tally store is corrupt (counter "
-                         "'%s' shard %u holds %lld, outside the live range: a "
-                         "writer died mid-increment or the file was damaged; "
-                         "the next read clamps and repairs it)",
-                         tally__store_name(s), r->name, i, (long long)v);
+    if (tally__cell_damaged(v)) return tally__cell_damage(s, rec_off, i, v);
+    if (tally__cell_inflight(v))
+      return tally__fail(
+          TALLY_ECORRUPT,
+          "%s: tally store is corrupt (counter "
+          "'%.*s' shard %u holds %lld, just outside the live range: a "
+          "writer died mid-increment; the next read clamps and repairs it)",
+          tally__store_name(s), (int)r->name_len, r->name, i, (long long)v);
   }
   return 0;
 }

@@ -269,13 +269,13 @@ static int copy_counter(struct job *j, uint64_t rec_off) {
   for (uint32_t i = 0; i < n; i++) {
     _Atomic int64_t *cell = tally__cell_at(from, loc, i);
     int64_t x = atomic_load_explicit(cell, memory_order_acquire);
-    if (!tally__cell_live(x)) x = tally__cell_wait(cell, x); /* a dead writer's add */
+    if ((rc = tally__cell_wait(from, cell, rec_off, i, &x))) return rc; /* damaged */
     if (tally__cell_retired(x)) /* under the lock no move is pending */
       return tally__fail(TALLY_ECORRUPT,
                          "%s: tally store is corrupt (counter '%s' has retired "
                          "cells and no move)",
                          tally__store_name(from), r->name);
-    v[i] = tally__cell_clamp(x);
+    v[i] = x;
   }
   if ((rc = tally__cells_alloc(to, n, &cells))) return rc;
   if ((rc = tally__alloc_small(to, tally__rec_bytes(r->name_len), &off))) return rc;

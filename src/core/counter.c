@@ -415,10 +415,9 @@ static int add(tally_counter *c, enum pick how, const void *key, size_t klen,
     if (rc < 0) return range_error(c, delta);
     if (rc == 1 && cell == &c->s->hdr->tombstone) /* stale adds never count */
       atomic_store_explicit(cell, TALLY__SENTINEL, memory_order_relaxed);
-    if (rc == 2) { /* wait for the other add to be undone; if it never is, */
-      int64_t v = tally__cell_wait(cell, atomic_load(cell)); /* the cell is */
-      if (!tally__cell_live(v) && !tally__cell_retired(v))   /* at the bound */
-        return range_error(c, delta);
+    if (rc == 2) { /* wait for the other add to be undone (or repaired) */
+      int64_t v = atomic_load(cell);
+      if ((rc = tally__cell_wait(c->s, cell, tally__crec(c), i, &v))) return rc;
       continue;
     }
     rc = refresh(c, loc, delta);
@@ -555,8 +554,8 @@ int tally_store_incr(tally_store *s, const char *name, size_t len, int64_t delta
     }
     if (r->policy >= TALLY_POLICY_KEY) /* refused, or a slot counter's batch */
       return incr_by_handle(s, name, len, flags, delta);
-    _Atomic int64_t *cell =
-        tally__cell_at(s, loc, tally__pick_shard(s, s->id, r->policy, n));
+    uint32_t shard = tally__pick_shard(s, s->id, r->policy, n);
+    _Atomic int64_t *cell = tally__cell_at(s, loc, shard);
     int added = cell_add(cell, delta);
     if (__builtin_expect(added == 0, 1)) {
       if ((atomic_load_explicit(&r->flags, memory_order_relaxed) & TALLY__REC_AUTO) &&
@@ -566,9 +565,8 @@ int tally_store_incr(tally_store *s, const char *name, size_t len, int64_t delta
     }
     if (added < 0) return name_range_error(name, len, delta);
     if (added == 2) { /* as add(): wait for the other add to be undone */
-      int64_t v = tally__cell_wait(cell, atomic_load(cell));
-      if (!tally__cell_live(v) && !tally__cell_retired(v))
-        return name_range_error(name, len, delta);
+      int64_t v = atomic_load(cell);
+      if ((rc = tally__cell_wait(s, cell, rec_off, shard, &v))) return rc;
       continue;
     }
     /* retired: the counter moved (or is being dropped); its add does not
@@ -605,11 +603,9 @@ static int read_cells(tally_store *s, uint64_t rec_off, uint64_t *loc, int64_t *
       _Atomic int64_t *cell = tally__cell_at(s, *loc, i);
       int64_t v = atomic_load_explicit(cell, memory_order_relaxed);
       if (__builtin_expect(!tally__cell_live(v), 0)) {
-        v = tally__cell_wait(cell, v);
-        if (tally__cell_retired(v))
-          live = false;
-        else
-          v = tally__cell_clamp(v);
+        int rc = tally__cell_wait(s, cell, rec_off, i, &v);
+        if (rc) return rc;
+        if (tally__cell_retired(v)) live = false;
       }
       sum += v;
       if (i < cap) vals[i] = v;
@@ -763,12 +759,11 @@ int tally_counter_reset(tally_counter *c, int64_t *removed) {
   if (rc) return rc;
   for (uint32_t i = 0; i < tally__loc_shards(loc); i++) {
     _Atomic int64_t *cell = tally__cell_at(c->s, loc, i);
-    int64_t raw =
-        tally__cell_wait(cell, atomic_load_explicit(cell, memory_order_relaxed));
+    int64_t raw = atomic_load_explicit(cell, memory_order_relaxed);
     taken[i] = 0;
-    while (!tally__cell_retired(raw)) {
-      int64_t v = tally__cell_clamp(raw), sum; /* a dead writer's add past the
-                                                  bound is dropped */
+    rc = tally__cell_wait(c->s, cell, tally__crec(c), i, &raw);
+    while (rc == 0 && !tally__cell_retired(raw)) {
+      int64_t v = raw, sum;
       if (__builtin_add_overflow(total, v, &sum)) {
         give_back(c->s, loc, taken, i);
         return tally__fail(TALLY_ERANGE,
@@ -782,7 +777,11 @@ int tally_counter_reset(tally_counter *c, int64_t *removed) {
         total = sum;
         break;
       }
-      raw = tally__cell_wait(cell, raw);
+      rc = tally__cell_wait(c->s, cell, tally__crec(c), i, &raw);
+    }
+    if (rc) { /* damaged: nothing is removed */
+      give_back(c->s, loc, taken, i);
+      return rc;
     }
     if (tally__cell_retired(raw)) {
       /* moved: what was taken is in total and did not move; the rest did */

@@ -63,21 +63,42 @@
 static inline bool tally__cell_live(int64_t v) {
   return (((uint64_t)v ^ ((uint64_t)v << 1)) >> 63) == 0;
 }
-/* Retired: within 2^60 of SENTINEL. A cell that is neither live nor retired
- * holds a live value that a writer's add just pushed out of range; the
- * writer is about to undo it (tally__cell_settle waits for that). */
+/* Retired: within 2^60 of SENTINEL. */
 static inline bool tally__cell_retired(int64_t v) {
   return (uint64_t)v - (uint64_t)TALLY__SENTINEL + (UINT64_C(1) << 60) <
          (UINT64_C(1) << 61);
 }
-/* Wait out an add in flight past the range: re-read the cell (v is what
- * was read) until it is live or retired, for about 2 s at most, and
- * return the last value read. It is neither only if the writer died
- * between its add and its undo; tally__cell_clamp then gives the value to
- * use: that add was never acknowledged, and the value before it was within
- * 2^32 of the bound. Then it also stores that value in the cell (a
- * compare-and-swap: only over the value read), so the wait is paid once. */
-int64_t tally__cell_wait(_Atomic int64_t *cell, int64_t v);
+/* In flight: past the live range by less than TALLY__INFLIGHT. Each add
+ * that can leave the range is a fast one, under 2^32 (larger deltas go
+ * through a compare-and-swap that never leaves it), and each thread has
+ * one add at a time in flight between its fetch-add and its undo. Linux
+ * runs at most 2^22 threads at once (PID_MAX_LIMIT), so live values plus
+ * every add in flight stay within 2^22 * 2^32 = 2^54 of the range: only
+ * such a cell can be a writer's add that is about to be undone (or that a
+ * killed writer left). Anything else that is neither live nor retired was
+ * never written by tally: the file is damaged. */
+#define TALLY__INFLIGHT (INT64_C(1) << 54)
+static inline bool tally__cell_inflight(int64_t v) {
+  return !tally__cell_live(v) && (v < 0 ? v >= -(INT64_C(1) << 62) - TALLY__INFLIGHT
+                                        : v < (INT64_C(1) << 62) + TALLY__INFLIGHT);
+}
+static inline bool tally__cell_damaged(int64_t v) {
+  return !tally__cell_live(v) && !tally__cell_retired(v) && !tally__cell_inflight(v);
+}
+/* A cell read as v that is not live: *v becomes what to use. A retired
+ * cell is left as it is. An add in flight is waited out: the cell is read
+ * again until it is live or retired, for about 2 s at most (10 ms once
+ * a wait of this store handle timed out in the last 10 s, so a walk over
+ * many such cells ends in time proportional to their number). It is still
+ * in flight only if its writer died between its add and its undo; that add
+ * was never acknowledged, and the value before it was within 2^32 of the
+ * bound: the cell is clamped to the bound (tally__cell_clamp), with a
+ * compare-and-swap over the value read, so the wait is paid once. A
+ * damaged cell (tally__cell_damaged) is ECORRUPT at once, naming the
+ * counter at rec_off and its shard, and never written. */
+int tally__cell_wait(tally_store *s, _Atomic int64_t *cell, uint64_t rec_off,
+                     uint32_t shard, int64_t *v);
+int tally__cell_damage(tally_store *s, uint64_t rec_off, uint32_t shard, int64_t v);
 static inline int64_t tally__cell_clamp(int64_t v) {
   if (tally__cell_live(v)) return v;
   return v < 0 ? -(INT64_C(1) << 62) : (INT64_C(1) << 62) - 1;
@@ -285,6 +306,7 @@ struct tally_store {
   _Atomic int holders;    /* walks and opens under way: no newer epoch (grace.c) */
   _Atomic pid_t hold_pid; /* the process holders counts for (a fork's differs) */
   _Atomic uint64_t expire_cursor; /* expire.c: next index slot to scan */
+  _Atomic int64_t stuck_ms;       /* when a cell's wait last timed out (cells.c) */
   /* batch.c: which writer slot each thread of this process holds */
   _Atomic int wkey_state;   /* 1: wkey made */
   pthread_key_t wkey;       /* -> the thread's slot record */

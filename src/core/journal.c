@@ -16,15 +16,15 @@
  * already retired was retired by an earlier, interrupted attempt at this
  * same move, after its value reached the journal; one that is just out of
  * range has a writer's add in flight, which is waited out. */
-static void retire(tally_store *s, _Atomic int64_t *cell, uint32_t i) {
+static int retire(tally_store *s, uint64_t rec_off, _Atomic int64_t *cell, uint32_t i) {
   for (;;) {
-    int64_t raw =
-        tally__cell_wait(cell, atomic_load_explicit(cell, memory_order_acquire));
-    if (tally__cell_retired(raw)) return;
-    atomic_store_explicit(&s->journal[i], tally__cell_clamp(raw), memory_order_release);
+    int64_t raw = atomic_load_explicit(cell, memory_order_acquire);
+    int rc = tally__cell_wait(s, cell, rec_off, i, &raw);
+    if (rc || tally__cell_retired(raw)) return rc;
+    atomic_store_explicit(&s->journal[i], raw, memory_order_release);
     if (atomic_compare_exchange_strong_explicit(
             cell, &raw, TALLY__SENTINEL, memory_order_acq_rel, memory_order_acquire))
-      return;
+      return 0;
   }
 }
 
@@ -109,7 +109,12 @@ static int finish(tally_store *s) {
     if (rc == 0) rc = tally__loc_decode(s, rec_off, to, &to_cells, &to_n, &to_dropped);
     if (rc) return rc;
     for (uint32_t i = (uint32_t)atomic_load(&h->pend_done); i < from_n; i++) {
-      retire(s, tally__cell_at(s, from, i), i);
+      if ((rc = retire(s, rec_off, tally__cell_at(s, from, i), i))) {
+        /* a damaged cell: the move is given up, its cells as they were */
+        for (uint32_t j = 0; j < i; j++) restore(s, tally__cell_at(s, from, j), j);
+        atomic_store_explicit(&h->pend_rec, 0, memory_order_release);
+        return rc;
+      }
       atomic_store_explicit(&h->pend_done, i + 1, memory_order_release);
     }
     __int128 total = 0;
