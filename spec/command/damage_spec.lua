@@ -107,6 +107,94 @@ describe("a store truncated by another program", function()
   end)
 end)
 
+-- ok = 5 and c1..c10 = 0x123456789AB, then every word of that value
+-- overwritten with INT64_MIN (as a bad copy leaves): issue 35, item 2.
+local MARK = 0x123456789AB
+
+local function overwrite_words(path, from, to)
+  local data = assert(helper.slurp(path))
+  local parts, n, last = {}, 0, 1
+  for at = 1, #data - 7, 8 do
+    if string.unpack("<i8", data, at) == from then
+      parts[#parts + 1] = data:sub(last, at - 1) .. string.pack("<i8", to)
+      last, n = at + 8, n + 1
+    end
+  end
+  parts[#parts + 1] = data:sub(last)
+  helper.write(path, table.concat(parts))
+  return n
+end
+
+local function damaged_cells_store()
+  local path = helper.tmpfile("cells.tly")
+  local db = assert(tally.open("file:" .. path))
+  db:incr("ok", 5)
+  for i = 1, 10 do db:incr("c" .. i, MARK) end
+  db:close()
+  assert.equals(10, overwrite_words(path, MARK, math.mininteger))
+  return path
+end
+
+local function corrupt_msg(path, name)
+  return path .. ": tally store is corrupt (counter '" .. name .. "' shard 0 holds "
+    .. "-9223372036854775808, farther outside the live range than an interrupted add "
+    .. "leaves: the file was damaged)"
+end
+
+describe("cells damaged far outside the live range", function()
+  -- before, each first read waited 2 s and then gave -2^62 for good
+  it("are ECORRUPT at once in the Lua module, and the rest reads right", function()
+    local path = damaged_cells_store()
+    local out, code = helper.lua_within(10, ([[
+      local tally = require "tally"
+      local db = assert(tally.open("file:%s"))
+      print(db:value("c3"))
+      print(db:counter("c4"):value())
+      print(db:incr("c5", 1))
+      local v, msg, code = db:sum("*")
+      print(v, msg:find("shard 0 holds -9223372036854775808, farther", 1, true) ~= nil, code)
+      print(db:sum("ok"))
+      print(select(3, db:check()))
+      db:rollup("*", { every = 10, keep = { "10x10s" } })
+      for _, r in ipairs(db:tick(1700000000)) do
+        if r.pattern then print(r.status, r.counters, r.skipped) end
+      end
+      print(db:value("ok"))
+      db:close()]]):format(path))
+    assert.equals(0, code, out)
+    assert.equals(table.concat({
+      "nil\t" .. corrupt_msg(path, "c3") .. "\tECORRUPT",
+      "nil\t" .. corrupt_msg(path, "c4") .. "\tECORRUPT",
+      "nil\t" .. corrupt_msg(path, "c5") .. "\tECORRUPT",
+      "nil\ttrue\tECORRUPT",
+      "5\t1",
+      "ECORRUPT",
+      "ran\t1\t10", -- ok rolled; the damaged ones skipped and counted
+      "5", "" }, "\n"), out)
+  end)
+
+  it("are reported at once by tally ls, get, export and info --check", function()
+    local path = damaged_cells_store()
+    for _, args in ipairs({ { "ls", path }, { "get", path, "c7" }, { "export", path },
+                            { "info", "--check", path } }) do
+      local what = table.concat(args, " ")
+      local t = os.time()
+      local out, err, code = helper.tally_within(10, nil, table.unpack(args))
+      assert.is_true(os.time() - t <= 2, what)
+      assert.equals(1, code, what .. ": " .. out .. err)
+      local said = out .. err -- info prints its check line on stdout
+      assert.truthy(said:find(path .. ": tally store is corrupt (counter 'c", 1, true), what .. ": " .. said)
+      assert.truthy(said:find("farther outside the live range", 1, true), what .. ": " .. said)
+      assert.is_nil(out:find("4611686018427387904", 1, true), what)
+    end
+    local out, err, code = helper.tally_within(10, nil, "get", path, "ok")
+    assert.equals(0, code, err)
+    assert.equals("5\n", out)
+    -- nothing was written over the damage
+    assert.equals(10, overwrite_words(path, math.mininteger, math.mininteger))
+  end)
+end)
+
 describe("tally.open and planted files", function()
   it("refuses a symbolic link unless trusted", function()
     local path = store_with_counters(3)

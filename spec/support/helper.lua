@@ -98,11 +98,11 @@ end
 
 -- Run the tally executable with stdout and stderr apart: out, err, exit
 -- code. stdin: text for its standard input, or nil (/dev/null).
-function M.tally_split(stdin, ...)
+local function split(prefix, stdin, ...)
   local args = {}
   for i = 1, select("#", ...) do args[i] = M.q((select(i, ...))) end
   local errfile = M.tmpfile("stderr")
-  local cmd = M.q(M.bin) .. " " .. table.concat(args, " ") .. " 2>" .. M.q(errfile)
+  local cmd = prefix .. M.q(M.bin) .. " " .. table.concat(args, " ") .. " 2>" .. M.q(errfile)
   if stdin then
     local infile = M.tmpfile("stdin")
     M.write(infile, stdin)
@@ -116,6 +116,27 @@ function M.tally_split(stdin, ...)
   local err = M.slurp(errfile) or ""
   os.remove(errfile)
   return out, err, code
+end
+
+function M.tally_split(stdin, ...)
+  return split("", stdin, ...)
+end
+
+-- tally_split, killed after secs seconds (exit code 137: it ran out).
+function M.tally_within(secs, stdin, ...)
+  return split("timeout -s KILL " .. secs .. " ", stdin, ...)
+end
+
+-- Run a Lua 5.4 script in a child that loads the module from the build
+-- tree, killed after secs seconds: its stdout+stderr and exit code.
+function M.lua_within(secs, script)
+  local file = M.tmpfile("script.lua")
+  M.write(file, script)
+  local out, code = M.sh(("timeout -s KILL %d env LUA_PATH=%s LUA_CPATH=%s lua5.4 %s")
+    :format(secs, M.q(M.build .. "/?.lua;" .. M.build .. "/?/init.lua;;"),
+      M.q(M.build .. "/?.so;;"), M.q(file)))
+  os.remove(file)
+  return out, code
 end
 
 -- Run the tally executable with the given arguments (quoted for the shell).
