@@ -195,6 +195,135 @@ describe("cells damaged far outside the live range", function()
   end)
 end)
 
+-- Pages of a store swapped, copied over another, zeroed or filled, through
+-- the Lua module and the command (tests/test_mutate.c runs many more
+-- through the C API): each ends within its time limit with a value or an
+-- error, never a signal or a traceback, and a counter whose cell's page
+-- was left alone reads its own value or an error.
+describe("a store with pages mutated at random", function()
+  local PAGE = 4096
+  local SEED = tonumber(os.getenv("TALLY_MUTATE_SEED") or "") or 0x35
+  local MUTANTS = tonumber(os.getenv("TALLY_MUTANTS") or "") or 16
+  local base, truth, pages
+
+  -- each counter's value is a word found nowhere else in the file: the
+  -- pages holding it are its cells'
+  local function build()
+    base = helper.tmpfile("mutate-base.tly")
+    local db = assert(tally.open("file:" .. base))
+    truth = {}
+    db:family("f:*", { shards = 4, policy = "random" })
+    db:rollup("*", { every = 10, keep = { "30x10s", "10x1m" } })
+    for k = 1, 12 do
+      local name = (k % 3 == 0 and "f:" or "c:") .. k
+      db:counter(name, k % 3 == 0 and nil or { shards = ({ 1, 2, 8 })[k % 3 + 1] })
+      truth[name] = 0x3500000000 + k * 0x10001
+    end
+    for t = 0, 4 do db:tick(1700000000 + t * 10) end
+    for k = 1, 5 do
+      db:incr("gone:" .. k, k)
+      db:drop("gone:" .. k)
+    end
+    for name, v in pairs(truth) do db:incr(name, v) end -- after the ticks: not in a ring
+    db:close()
+    local data = assert(helper.slurp(base))
+    pages = {}
+    for name in pairs(truth) do pages[name] = {} end
+    local by_value = {}
+    for name, v in pairs(truth) do by_value[v] = name end
+    for at = 1, #data - 7, 8 do
+      local name = by_value[string.unpack("<i8", data, at)]
+      if name then pages[name][(at - 1) // PAGE] = true end
+    end
+    return data
+  end
+
+  local function mutate(data, rng)
+    local n = #data // PAGE
+    local function page(i) return data:sub(i * PAGE + 1, (i + 1) * PAGE) end
+    local function put(d, i, p) return d:sub(1, i * PAGE) .. p .. d:sub((i + 1) * PAGE + 1) end
+    local kind, a, b = rng(4), rng(n) - 1, rng(n) - 1
+    local fills = { string.pack("<i8", math.mininteger), string.pack("<i8", math.maxinteger),
+                    string.pack("<i8", -(3 << 61)), string.pack("<i8", -1) }
+    local what
+    if kind == 1 then
+      local pa, pb = page(a), page(b)
+      data, what = put(put(data, a, pb), b, pa), ("swap pages %d and %d"):format(a, b)
+    elseif kind == 2 then
+      data, what = put(data, b, page(a)), ("copy page %d over %d"):format(a, b)
+    elseif kind == 3 then
+      data, what = put(data, b, ("\0"):rep(PAGE)), ("zero page %d"):format(b)
+    else
+      local f = rng(#fills)
+      data, what = put(data, b, fills[f]:rep(PAGE // 8)), ("fill page %d with pattern %d"):format(b, f)
+    end
+    return data, what, { [a] = kind == 1 or nil, [b] = true }
+  end
+
+  local function wrong(name, got, touched)
+    local v = truth[name]
+    if not v or got == v or math.type(got) ~= "integer" then return false end -- an error code
+    for p in pairs(pages[name]) do
+      if touched[p] then return false end
+    end
+    return true
+  end
+
+  it("ends in time with a value or an error, and reads untouched counters right", function()
+    local data = build()
+    local state = SEED
+    local function rng(n) -- an LCG: the same mutants for the same seed
+      state = (state * 6364136223846793005 + 1442695040888963407) & 0x7fffffffffffffff
+      return (state >> 20) % n + 1
+    end
+    print(("damage_spec: seed %d, %d mutants (again: TALLY_MUTATE_SEED=%d)"):format(SEED, MUTANTS, SEED))
+    local path = helper.tmpfile("mutant.tly")
+    local names = {}
+    for name in pairs(truth) do names[#names + 1] = name end
+    table.sort(names)
+    for m = 1, MUTANTS do
+      local mutant, what, touched = mutate(data, rng)
+      local label = ("mutant %d (%s, seed %d)"):format(m, what, SEED)
+      helper.write(path, mutant)
+      local out, code = helper.lua_within(5, ([[
+        local tally = require "tally"
+        local db = tally.open("file:%s")
+        if not db then return end
+        for _, name in ipairs({ "%s" }) do
+          local v, _, code = db:value(name)
+          print(name, v or code)
+        end
+        db:sum("*")
+        db:names("*")
+        db:export()
+        db:check()
+        db:rollup("*", { every = 10, keep = { "30x10s", "10x1m" } })
+        db:tick(1700001000)
+        db:incr("new:1", 1)
+        db:check()
+        db:close()
+        tally.compact("%s")]]):format(path, table.concat(names, '", "'), path))
+      assert.equals(0, code, label .. ": " .. out)
+      for name, v in out:gmatch("([%w:]+)\t(%S+)\n") do
+        assert.is_false(wrong(name, math.tointeger(v) or v, touched),
+          label .. ": the Lua module read " .. name .. " as " .. v)
+      end
+      helper.write(path, mutant) -- the command's reads, on the mutant as made
+      for _, args in ipairs({ { "ls", path }, { "export", path }, { "info", "--check", path } }) do
+        local cmd = label .. ": tally " .. table.concat(args, " ")
+        local cout, cerr, ccode = helper.tally_within(5, nil, table.unpack(args))
+        assert.is_true(ccode == 0 or ccode == 1, cmd .. " exited " .. tostring(ccode) .. ": " .. cerr)
+        assert.is_nil(cerr:find("traceback", 1, true), cmd .. ": " .. cerr)
+        if args[1] == "ls" then
+          for name, v in cout:gmatch("\n([%w:]+)%s+(%-?%d+)") do
+            assert.is_false(wrong(name, math.tointeger(v), touched), cmd .. " read " .. name .. " as " .. v)
+          end
+        end
+      end
+    end
+  end)
+end)
+
 describe("tally.open and planted files", function()
   it("refuses a symbolic link unless trusted", function()
     local path = store_with_counters(3)
