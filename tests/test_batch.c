@@ -28,6 +28,7 @@
 #include <signal.h>
 #include <stdbool.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -671,6 +672,24 @@ static void *exec_soon(void *arg) {
   _exit(127);
 }
 
+/* Is process pid asleep in sleep(1)'s nanosleep, its exec done? An exec
+ * names the process before it closes its close-on-exec files, and the
+ * store's attach lock goes with the last reference to its file, which the
+ * kernel drops only as the exec returns to user space. */
+static bool asleep_in_sleep(pid_t pid) {
+  char p[64], line[64] = "";
+  snprintf(p, sizeof p, "/proc/%d/syscall", (int)pid);
+  FILE *f = fopen(p, "r");
+  if (!f) return false;
+  if (!fgets(line, sizeof line, f)) line[0] = 0;
+  fclose(f);
+  long nr = strtol(line, NULL, 10);
+#ifdef SYS_nanosleep
+  if (nr == SYS_nanosleep) return true;
+#endif
+  return nr == SYS_clock_nanosleep;
+}
+
 static void test_writer_execs(void) {
   char spec[1200], path[1100];
   tu_spec(spec, sizeof spec, path, sizeof path, g_dir, "exec.tly");
@@ -701,6 +720,8 @@ static void test_writer_execs(void) {
     }
   }
   EXPECT(strncmp(comm, "sleep", 5) == 0);
+  for (double end = tu_now() + 10; !asleep_in_sleep(pid) && tu_now() < end;) usleep(2000);
+  EXPECT(asleep_in_sleep(pid));
   EXPECT_I64(5, tu_value(a)); /* the half batch, its writer gone with the exec */
   EXPECT_OK(tally_store_maintain(s, 0, 0, NULL));
   EXPECT_I64(0, tu_value(a));
