@@ -888,6 +888,9 @@ int tally__space_check(tally_store *s) {
         if (atomic_load(words(s, off + (uint64_t)i * TALLY__ROW_BYTES)))
           rc = corrupt(s, "free column not empty", off);
       if (rc == 0) rc = add_col(&sp, off);
+      /* its first cell is space too: a one-shard column may be any 8
+       * bytes, so one inside a free piece is space free twice */
+      if (rc == 0) rc = add_span(&sp, off, 8);
       sum += (uint64_t)n * 8;
       w = rc ? 0 : atomic_load(words(s, off));
     }
@@ -899,9 +902,10 @@ int tally__space_check(tally_store *s) {
     if (k > TALLY__MAX_BYTES / 64) rc = corrupt(s, "limbo loop", 0);
     for (uint32_t i = l->done; rc == 0 && i < l->n; i++) {
       uint64_t it = l->item[i];
-      if (item_kind(it) == TALLY__ITEM_COLUMN)
+      if (item_kind(it) == TALLY__ITEM_COLUMN) {
         rc = add_col(&sp, item_off(it));
-      else if (item_kind(it) != TALLY__ITEM_REF)
+        if (rc == 0) rc = add_span(&sp, item_off(it), 8);
+      } else if (item_kind(it) != TALLY__ITEM_REF)
         rc = add_span(&sp, item_off(it), item_bytes(s, it));
     }
     w = l->next;
