@@ -249,10 +249,13 @@ int tally__lock(tally_store *s) {
     }
     if (!s->lock_word) taken_over = flock_taken_over(s);
   }
+  /* a holder died in the middle of limbo's updates: set them right before
+   * anything allocates (a finishing move does), or a piece a reclaim
+   * pushed but did not count could be taken, then pushed again */
+  tally__limbo_repair(s);
   if (atomic_load_explicit(&s->hdr->pend_rec, memory_order_acquire))
-    (void)tally__journal_finish(s); /* a holder died mid-move: finish its work
+    (void)tally__journal_finish(s); /* ... or mid-move: finish its work
                                     (a damaged move record is reported at open) */
-  tally__limbo_repair(s);           /* ... or in the middle of limbo's updates */
   /* ... or between a counter's creation or burial and its family's live
    * count, which nothing in the store tells: count them all again (a
    * damaged index is reported at open) */
