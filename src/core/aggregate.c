@@ -200,12 +200,16 @@ struct top_item {
   tally_rollup roll;
 };
 
+#define RATE_AHEAD 8
+
 struct top {
   struct walk w;
   int by;
   uint64_t k;
   struct top_item *heap;
   size_t n, cap;
+  struct top_item pend[RATE_AHEAD]; /* by rate: read, not yet ranked */
+  size_t npend, pend_at;            /* how many; the oldest, once full */
 };
 
 /* a ranks before b: the larger value (or rate; rolled before never
@@ -237,14 +241,10 @@ static void sift_down(tally_store *s, struct top *t, size_t i, size_t n) {
   }
 }
 
-static int top_one(tally_store *s, uint64_t rec_off, void *ud) {
-  struct top *t = ud;
-  struct top_item it = {.rec_off = rec_off};
-  int m = value_of(s, rec_off, &t->w, &it.value);
-  if (m == TALLY_ERANGE) return 0; /* left out, as by tally_store_values */
-  if (m <= 0) return m;
+/* Rank it among the heap's entries, its rollup read first (by rate). */
+static int top_rank(tally_store *s, struct top *t, struct top_item it) {
   if (t->by == TALLY_TOP_RATE) {
-    int rc = tally__rec_rolled(s, rec_off, &it.roll);
+    int rc = tally__rec_rolled(s, it.rec_off, &it.roll);
     if (rc == TALLY_ECORRUPT) return rc;
     if ((it.rated = rc == 0)) it.rate = tally_rollup_rate(&it.roll);
   }
@@ -271,6 +271,30 @@ static int top_one(tally_store *s, uint64_t rec_off, void *ud) {
   return 0;
 }
 
+/* By rate, each counter's rollup block is one more miss: ask for it as
+ * the counter's value is read, and rank the counter RATE_AHEAD later. */
+static int top_one(tally_store *s, uint64_t rec_off, void *ud) {
+  struct top *t = ud;
+  struct top_item it = {.rec_off = rec_off};
+  int m = value_of(s, rec_off, &t->w, &it.value);
+  if (m == TALLY_ERANGE) return 0; /* left out, as by tally_store_values */
+  if (m <= 0) return m;
+  if (t->by != TALLY_TOP_RATE) return top_rank(s, t, it);
+  const struct tally__rec *r = tally__at(s, rec_off);
+  uint64_t off;
+  if (tally__unseal(s, TALLY__SEAL_ROLLUP, atomic_load(&r->rollup), rec_off, &off) == 0 &&
+      off && tally__in_arena(s, off, 64))
+    __builtin_prefetch(tally__at(s, off));
+  if (t->npend < RATE_AHEAD) {
+    t->pend[t->npend++] = it;
+    return 0;
+  }
+  struct top_item due = t->pend[t->pend_at];
+  t->pend[t->pend_at] = it;
+  t->pend_at = (t->pend_at + 1) % RATE_AHEAD;
+  return top_rank(s, t, due);
+}
+
 int tally_store_top(tally_store *s, const char *pattern, size_t plen, uint64_t k, int by,
                     tally_top_fn fn, void *ud) {
   if (!s || !fn) return tally__fail(TALLY_EINVAL, "tally_store_top: NULL argument");
@@ -285,6 +309,8 @@ int tally_store_top(tally_store *s, const char *pattern, size_t plen, uint64_t k
   if (!t.k) return 0;
   tally__hold_begin(s); /* the records stay ours until fn has seen them */
   int rc = tally__index_each_value(s, top_one, &t);
+  for (size_t i = 0; rc == 0 && i < t.npend; i++) /* the last ones read */
+    rc = top_rank(s, &t, t.pend[(t.pend_at + i) % t.npend]);
   /* heapsort: the last-ranked goes to the end, the first ends at 0 */
   for (size_t n = t.n; rc == 0 && n > 1; n--) {
     struct top_item x = t.heap[0];
