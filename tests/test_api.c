@@ -95,6 +95,24 @@ static void test_error_text(void) {
             tally_store_open("rediss://u:S3CRET@h:1?password=S3CRET", NULL, &s));
   EXPECT_STR("unknown store 'rediss://***@h:1?***' (expected 'memory' or 'file:PATH')",
              tally_errmsg());
+  /* a spec with a mistyped or missing scheme is no URI, but is no store
+   * either: its secret is not quoted */
+  static const struct {
+    const char *spec, *shown;
+  } specs[] = {
+      {"redis:/:S3CRET@h:1", "***@h:1"},
+      {"h:1?password=S3CRET", "h:1?***"},
+      {"firestore:p?token_cmd=S3CRET", "firestore:p?***"},
+      {"u:S3?CRET@h:1", "***?***"},
+      {"mem", "mem"},
+  };
+  for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
+    char want[128];
+    snprintf(want, sizeof want, "unknown store '%s' (expected 'memory' or 'file:PATH')",
+             specs[i].shown);
+    EXPECT_RC(TALLY_EINVAL, tally_store_open(specs[i].spec, NULL, &s));
+    EXPECT_STR(want, tally_errmsg());
+  }
 }
 
 static void test_policies(void) {

@@ -86,14 +86,13 @@ static void put(char *out, size_t cap, size_t *o, const char *s, size_t n) {
   *o += n;
 }
 
-size_t tally_uri_redact(char *out, size_t cap, const char *uri, size_t len) {
-  const char *end = uri + len, *rest = NULL, *q, *at = NULL, *late = NULL;
+/* text with its authority from rest on (rest NULL: none, text as it is):
+ * the userinfo as ***@, the query as ?***, all of it as *** with an '@'
+ * after the '?'. */
+static size_t redact_from(char *out, size_t cap, const char *uri, size_t len,
+                          const char *rest) {
+  const char *end = uri + len, *q, *at = NULL, *late = NULL;
   size_t o = 0;
-  for (const char *p = uri; p + 3 <= end; p++)
-    if (memcmp(p, "://", 3) == 0) {
-      rest = p + 3;
-      break;
-    }
   if (!rest) {
     put(out, cap, &o, uri, len);
   } else {
@@ -112,6 +111,22 @@ size_t tally_uri_redact(char *out, size_t cap, const char *uri, size_t len) {
   }
   if (cap) out[o < cap ? o : cap - 1] = 0;
   return o;
+}
+
+/* Where the authority of a URI starts (after its "://"), or NULL. */
+static const char *authority(const char *uri, size_t len) {
+  for (const char *p = uri; p + 3 <= uri + len; p++)
+    if (memcmp(p, "://", 3) == 0) return p + 3;
+  return NULL;
+}
+
+size_t tally_uri_redact(char *out, size_t cap, const char *uri, size_t len) {
+  return redact_from(out, cap, uri, len, authority(uri, len));
+}
+
+size_t tally__spec_redact(char *out, size_t cap, const char *spec, size_t len) {
+  const char *rest = authority(spec, len);
+  return redact_from(out, cap, spec, len, rest ? rest : spec);
 }
 
 static int set_message(int code, const char *fmt, va_list ap) {

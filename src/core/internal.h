@@ -345,6 +345,11 @@ _Static_assert(offsetof(struct tally_counter, fast) + sizeof(int) <= 64,
 /* ---- error.c ---- */
 int tally__fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 int tally__fail_sys(const char *what, const char *path);
+/* A store spec that no kind of store takes, as messages show it: a URI
+ * as tally_uri_redact shows it, other text as if all of it were a URI's
+ * authority (a mistyped scheme, "redis:/:PW@h" or "h:1?password=PW",
+ * still hides its secret). Returns the whole length, as snprintf. */
+size_t tally__spec_redact(char *out, size_t cap, const char *spec, size_t len);
 
 /* ---- hash.c ---- */
 uint64_t tally__hash(const void *data, size_t len, uint64_t seed);

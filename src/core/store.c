@@ -249,7 +249,7 @@ static int open_once(const char *spec, const tally_open_options *opt, tally_stor
     path = spec + 5;
   } else {
     char shown[256]; /* never echo credentials: a URI's userinfo and query */
-    tally_uri_redact(shown, sizeof shown, spec, strlen(spec));
+    tally__spec_redact(shown, sizeof shown, spec, strlen(spec));
     return tally__fail(TALLY_EINVAL,
                        "unknown store '%s' (expected 'memory' or 'file:PATH')", shown);
   }
