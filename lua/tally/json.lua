@@ -29,7 +29,7 @@ local compat = require "tally.compat"
 local utf8len, utf8_escape, int_text = compat.utf8len, compat.utf8_escape, compat.int_text
 local printable = require("tally.util").printable
 local core = require "tally.core"
-local json_twice, decimal_point = core.json_twice, core.decimal_point
+local json_twice, c_numeric = core.json_twice, core.c_numeric
 
 local _M = {}
 
@@ -138,18 +138,20 @@ end
 -- ---- reading ---------------------------------------------------------------------
 
 -- lua-cjson reads numbers with the decimal point of the locale it was
--- made in (its strtod follows LC_NUMERIC), so a host that changes the
--- locale afterwards (os.setlocale) gets a new one: 0.5 reads as 0.5
--- whatever the locale.
-local json, point
-local function cjson()
-  local now = decimal_point()
-  if not json or now ~= point then
-    json, point = require("cjson").new(), now
-    json.decode_invalid_numbers(false)   -- no NaN, Infinity or hex numbers
-    json.decode_max_depth(64)
-  end
-  return json
+-- made in (its strtod follows LC_NUMERIC), and cjson.new() aborts the
+-- process where that point is more than one byte (ps_AF's U+066B): it is
+-- made and reads in the C locale (core.c_numeric, for this thread only),
+-- so 0.5 reads as 0.5 whatever the host's locale.
+local json
+local function new_cjson()
+  local j = require("cjson").new()
+  j.decode_invalid_numbers(false)   -- no NaN, Infinity or hex numbers
+  j.decode_max_depth(64)
+  return j
+end
+local function cjson_decode(text)
+  json = json or c_numeric(new_cjson)
+  return c_numeric(json.decode, text)
 end
 
 -- text with each \udcXX (XX 80 to ff) made \u0000XX, which lua-cjson reads
@@ -251,7 +253,7 @@ function _M.decode(text)
   local nul = find(text, "\0", 1, true)  -- lua-cjson would stop reading there
   if nul then return nil, "Expected value but found a NUL byte at character " .. nul end
   local marked, at = mark(text)
-  local ok, v = pcall(cjson().decode, marked or text)
+  local ok, v = pcall(cjson_decode, marked or text)
   if not ok then
     v = tostring(v)
     if at then                           -- a position in text, not in marked

@@ -22,8 +22,8 @@ static const luaL_Reg tl_parts[] = {
     {"ship", tl_open_ship},             /* core.ship, core.counter_read (lua_ship.c) */
     {"histogram", tl_open_histogram},   /* core.histogram_writer (lua_histogram.c) */
     {"exposition", tl_open_exposition}, /* core._prom_lines (lua_exposition.c) */
-    {"number", tl_open_number}, /* core.number_text, decimal_point (lua_number.c) */
-    {"json", tl_open_json},     /* core.json_twice (lua_json.c) */
+    {"number", tl_open_number},         /* core.number_text, c_numeric (lua_number.c) */
+    {"json", tl_open_json},             /* core.json_twice (lua_json.c) */
     {NULL, NULL}};
 
 /* core._process_mark([n]) -> the mark before (0: none); n sets it. One

@@ -10,8 +10,10 @@
  * snprintf and are read back by strtod in one locale, whichever it is,
  * and the locale's decimal point (any bytes that are not a digit, a sign
  * or the exponent's 'e') is then written as '.'. lua-cjson reads numbers
- * with the decimal point of the locale it was made in (cjson.new() looks
- * again): core.decimal_point tells tally.json when to make a new one.
+ * with the decimal point of the locale it was made in, and cjson.new()
+ * aborts the process where that point is not one byte (ps_AF's U+066B):
+ * core.c_numeric runs tally.json's lua-cjson in the C locale, set for
+ * the calling thread only (uselocale), whatever the host's.
  */
 #include <locale.h>
 #include <math.h>
@@ -54,17 +56,25 @@ static int tl_number_text(lua_State *L) {
   return 1;
 }
 
-/* core.decimal_point() -> the decimal point of the C locale now ("." or
- * "," for most). */
-static int tl_decimal_point(lua_State *L) {
-  lua_pushstring(L, localeconv()->decimal_point);
-  return 1;
+/* core.c_numeric(fn, ...) -> what fn(...) returns, called with the C
+ * locale's LC_NUMERIC for this thread (other threads keep theirs); an
+ * error in fn is raised again once the locale is back. */
+static int tl_c_numeric(lua_State *L) {
+  luaL_checktype(L, 1, LUA_TFUNCTION);
+  locale_t c = newlocale(LC_NUMERIC_MASK, "C", (locale_t)0);
+  if (c == (locale_t)0) return luaL_error(L, "cannot make the C locale");
+  locale_t was = uselocale(c);
+  int status = lua_pcall(L, lua_gettop(L) - 1, LUA_MULTRET, 0);
+  uselocale(was);
+  freelocale(c);
+  if (status != LUA_OK) return lua_error(L);
+  return lua_gettop(L);
 }
 
 int tl_open_number(lua_State *L) {
   lua_pushcfunction(L, tl_number_text);
   lua_setfield(L, -2, "number_text");
-  lua_pushcfunction(L, tl_decimal_point);
-  lua_setfield(L, -2, "decimal_point");
+  lua_pushcfunction(L, tl_c_numeric);
+  lua_setfield(L, -2, "c_numeric");
   return 0;
 }
