@@ -708,17 +708,6 @@ TALLY_API int tally_store_schedules(tally_store *s, tally_schedule_info *out,
 /* The counter's latest rollup record; TALLY_ENOROLLUP if it has none. */
 TALLY_API int tally_counter_rolled(tally_counter *c, tally_rollup *out);
 
-/* The k live counters matching pattern that rank first, best first: by
- * TALLY_TOP_VALUE, the largest values (read as tally_store_values reads
- * them); by TALLY_TOP_RATE, the largest rates of their latest rollup
- * (tally_rollup_rate), counters never rolled up (or whose record is being
- * written at that moment) after every rolled one. Ties go by name, bytewise
- * (a name before any longer name it begins). One walk of the index and a
- * heap of k entries: O(n log k) time, O(k) memory, no handle per counter.
- * Then fn for each of them in that order, with its latest rollup or NULL
- * (never rolled up); name is valid during the call only. fn returns 0 to
- * go on, non-zero to stop (that value is then returned). Left out as by
- * tally_store_values: dropped during the walk, or beyond int64. */
 /* One counter as tally_store_rows hands it over. */
 typedef struct tally_row {
   const char *name; /* valid during the call only */
@@ -741,14 +730,30 @@ enum {
 };
 /* fn for each live counter matching pattern, read one after the other in
  * one walk with no handle per counter (what tally ls shows of each). In
- * the names' order, the walk first collects the matching counters (8
- * bytes each) and sorts them, then reads each as it hands it over. A
- * counter dropped during the walk is left out. The walk holds reuse back
- * until it ends (as every walk does): fn should only read. fn returns 0
- * to go on, non-zero to stop (that value is then returned). */
+ * the names' order, the walk first collects the matching counters (24
+ * bytes each, twice that while they are sorted) and sorts them, then
+ * reads each as it hands it over. A counter dropped during the walk is
+ * left out. The walk holds reuse back until it ends (as every walk does):
+ * fn should only read. fn returns 0 to go on, non-zero to stop (that value
+ * is then returned). TALLY_EINVAL for a NULL s or fn, TALLY_ENOMEM if the
+ * collection does not fit (fn not called), TALLY_ECORRUPT for a damaged
+ * store. */
 TALLY_API int tally_store_rows(tally_store *s, const char *pattern, size_t plen,
                                unsigned flags, tally_row_fn fn, void *ud);
 
+/* The k live counters matching pattern that rank first, best first: by
+ * TALLY_TOP_VALUE, the largest values (read as tally_store_values reads
+ * them); by TALLY_TOP_RATE, the largest rates of their latest rollup
+ * (tally_rollup_rate), counters never rolled up (or whose record is being
+ * written at that moment) after every rolled one. Ties go by name, bytewise
+ * (a name before any longer name it begins). One walk of the index and a
+ * heap of k entries: O(n log k) time, O(k) memory, no handle per counter.
+ * Then fn for each of them in that order, with its latest rollup or NULL
+ * (never rolled up); name is valid during the call only. fn returns 0 to
+ * go on, non-zero to stop (that value is then returned). Left out as by
+ * tally_store_values: dropped during the walk, or beyond int64.
+ * TALLY_EINVAL for a NULL s or fn or another by, TALLY_ENOMEM if the heap
+ * does not fit (fn not called), TALLY_ECORRUPT for a damaged store. */
 enum { TALLY_TOP_VALUE = 0, TALLY_TOP_RATE = 1 };
 typedef int (*tally_top_fn)(void *ud, const char *name, size_t len, int64_t value,
                             const tally_rollup *rolled);
