@@ -132,7 +132,10 @@ describe("Redis passwords", function()
       { "redis://127.0.0.1:x?password=" .. S, "bad port" },
       { "redis://127.0.0.1:1/3?password=" .. S, "only database 0 is supported" },
       { "redis://127.0.0.1:1?db=2&password=" .. S, "only database 0 is supported" },
-      { "redis://127.0.0.1:1?password=" .. S .. "&passwd=" .. S, "unknown query parameter 'passwd'" },
+      { "redis://127.0.0.1:1?password=" .. S .. "&passwd=" .. S, "an unknown query parameter" },
+      -- a password with an unescaped '&': its rest is no parameter's name
+      { "redis://127.0.0.1:1?password=ab&" .. S .. "=1", "an unknown query parameter" },
+      { "redis://127.0.0.1:1?password=ab&" .. S .. "=", "an unknown query parameter" },
       { "redis://127.0.0.1:1?" .. S, "a query parameter without '='" },
       { "redis://127.0.0.1:1?password=" .. S .. "%zz", "bad %-escape in the query" },
       { "redis://:" .. S .. "@127.0.0.1:1?password=" .. S, "password given twice" },

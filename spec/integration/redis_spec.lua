@@ -66,7 +66,7 @@ describe("core.redis", function()
       { "redis://a:1,b:2", "several hosts need redis+cluster://" },
       { "redis://127.0.0.1:1/2", "only database 0" },
       { "redis://user:pw@bad host:1", "bad Redis URI 'redis://***@bad host:1': bad character in host" },
-      { "redis://127.0.0.1:1?db=0&x=pw", "bad Redis URI 'redis://127.0.0.1:1?***': unknown query parameter 'x'" },
+      { "redis://127.0.0.1:1?db=0&x=pw", "bad Redis URI 'redis://127.0.0.1:1?***': an unknown query parameter (expected password, user, username, db; write '&' and '=' in a value as %26 and %3D)" },
       { "redis+cluster://127.0.0.1:1,", "empty host" },
     }
     for _, c in ipairs(cases) do

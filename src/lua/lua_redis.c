@@ -56,6 +56,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <stdbool.h>
 #include <string.h>
 #include <strings.h>
 
@@ -237,20 +238,22 @@ static void tl_parse_uri(lua_State *L, const char *uri, size_t len, const char *
     const char *k = tl_unescape(L, red, "query", p, (size_t)(eq - p), 1);
     const char *v = tl_unescape(L, red, "query", eq + 1, (size_t)(pend - eq - 1), 1);
     int keep = 1; /* v: a credential, kept on the stack */
+    bool known = strcmp(k, "password") == 0 || strcmp(k, "user") == 0 ||
+                 strcmp(k, "username") == 0 || strcmp(k, "db") == 0;
+    if (!known) /* never named: an unescaped '&' in a password makes its rest one */
+      tl_argerror(L, 1,
+                  "bad Redis URI '%s': an unknown query parameter (expected password, "
+                  "user, username, db; write '&' and '=' in a value as %%26 and %%3D)",
+                  red);
     if (!*v) tl_argerror(L, 1, "bad Redis URI '%s': empty %s in the query", red, k);
     if (strcmp(k, "password") == 0) {
       tl_once(L, red, "password", password, v);
     } else if (strcmp(k, "user") == 0 || strcmp(k, "username") == 0) {
       tl_once(L, red, "user", user, v);
-    } else if (strcmp(k, "db") == 0) {
+    } else { /* db */
       if (strcmp(v, "0") != 0)
         tl_argerror(L, 1, "bad Redis URI '%s': only database 0 is supported", red);
       keep = 0;
-    } else {
-      tl_argerror(L, 1,
-                  "bad Redis URI '%s': unknown query parameter '%s' (expected password, "
-                  "user, username, db)",
-                  red, k);
     }
     lua_remove(L, -2); /* the name */
     if (!keep) lua_pop(L, 1);
