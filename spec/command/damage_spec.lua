@@ -206,35 +206,56 @@ describe("a store with pages mutated at random", function()
   local MUTANTS = tonumber(os.getenv("TALLY_MUTANTS") or "") or 16
   local base, truth, pages
 
-  -- each counter's value is a word found nowhere else in the file: the
-  -- pages holding it are its cells'
+  -- each shard of each counter holds a word found nowhere else in the
+  -- file (round robin: one increment a shard): the pages holding a
+  -- counter's words are its cells', all of them (a page of live values
+  -- over a cell is a live value: damage no reader can tell)
   local function build()
     base = helper.tmpfile("mutate-base.tly")
     local db = assert(tally.open("file:" .. base))
     truth = {}
-    db:family("f:*", { shards = 4, policy = "random" })
+    local words = {}
+    db:family("f:*", { shards = 4, policy = "round_robin" })
     db:rollup("*", { every = 10, keep = { "30x10s", "10x1m" } })
     for k = 1, 12 do
       local name = (k % 3 == 0 and "f:" or "c:") .. k
-      db:counter(name, k % 3 == 0 and nil or { shards = ({ 1, 2, 8 })[k % 3 + 1] })
-      truth[name] = 0x3500000000 + k * 0x10001
+      local c = db:counter(name, k % 3 ~= 0 and { shards = ({ 1, 2, 8 })[k % 3 + 1],
+                                                   policy = "round_robin" } or nil)
+      words[name] = {}
+      for i = 1, c:info().shards do words[name][i] = 0x3500000000 + k * 0x10001 + i * 0x1000000 end
     end
     for t = 0, 4 do db:tick(1700000000 + t * 10) end
     for k = 1, 5 do
       db:incr("gone:" .. k, k)
       db:drop("gone:" .. k)
     end
-    for name, v in pairs(truth) do db:incr(name, v) end -- after the ticks: not in a ring
+    for name, ws in pairs(words) do -- after the ticks: not in a ring
+      local c, sum = db:counter(name), 0
+      for _, w in ipairs(ws) do
+        assert(c:incr(w))
+        sum = sum + w
+      end
+      truth[name] = sum
+    end
     db:close()
     local data = assert(helper.slurp(base))
     pages = {}
     for name in pairs(truth) do pages[name] = {} end
     local by_value = {}
-    for name, v in pairs(truth) do by_value[v] = name end
+    for name, ws in pairs(words) do
+      for _, w in ipairs(ws) do by_value[w] = name end
+    end
+    local found = 0
     for at = 1, #data - 7, 8 do
       local name = by_value[string.unpack("<i8", data, at)]
-      if name then pages[name][(at - 1) // PAGE] = true end
+      if name then
+        pages[name][(at - 1) // PAGE] = true
+        found = found + 1
+      end
     end
+    local all = 0
+    for _, ws in pairs(words) do all = all + #ws end
+    assert.equals(all, found) -- every shard's word, once: each counter's cells are known
     return data
   end
 
@@ -309,6 +330,7 @@ describe("a store with pages mutated at random", function()
           label .. ": the Lua module read " .. name .. " as " .. v)
       end
       helper.write(path, mutant) -- the command's reads, on the mutant as made
+      -- (a few hundred more through the Lua module: the next test)
       for _, args in ipairs({ { "ls", path }, { "export", path }, { "info", "--check", path } }) do
         local cmd = label .. ": tally " .. table.concat(args, " ")
         local cout, cerr, ccode = helper.tally_within(5, nil, table.unpack(args))
@@ -320,6 +342,72 @@ describe("a store with pages mutated at random", function()
           end
         end
       end
+    end
+  end)
+
+  -- A few hundred more through the Lua module, in one child process (a
+  -- process each costs more than the reads): each mutant is written,
+  -- opened and read every way, and its time is measured; a hang is the
+  -- child's time limit, a crash its exit, and the child says which
+  -- mutant it was on.
+  it("ends each of 300 mutants read through the Lua module within 5 s", function()
+    local data = build()
+    local n = tonumber(os.getenv("TALLY_LUA_MUTANTS") or "") or 300
+    local src, path = helper.tmpfile("mutants-src.tly"), helper.tmpfile("mutant-lua.tly")
+    helper.write(src, data)
+    local names = {}
+    for name in pairs(truth) do names[#names + 1] = ("%q"):format(name) end
+    table.sort(names)
+    local out, code = helper.lua_within(240, ([[
+      local tally = require "tally"
+      local f = assert(io.open(%q, "rb")); local data = f:read("a"); f:close()
+      local PAGE, state = 4096, %d
+      local function rng(n)
+        state = (state * 6364136223846793005 + 1442695040888963407) & 0x7fffffffffffffff
+        return (state >> 20) %% n + 1
+      end
+      local fills = { string.pack("<i8", math.mininteger), string.pack("<i8", math.maxinteger),
+                      string.pack("<i8", -(3 << 61)), string.pack("<i8", -1) }
+      local names = { %s }
+      for m = 1, %d do
+        local np = #data // PAGE
+        local kind, a, b = rng(4), rng(np) - 1, rng(np) - 1
+        local pa, pb = data:sub(a * PAGE + 1, (a + 1) * PAGE), data:sub(b * PAGE + 1, (b + 1) * PAGE)
+        local pages = { [a] = pa, [b] = pb }
+        if kind == 1 then pages[a], pages[b] = pb, pa
+        elseif kind == 2 then pages[b] = pa
+        elseif kind == 3 then pages[b] = ("\0"):rep(PAGE)
+        else pages[b] = fills[rng(#fills)]:rep(PAGE // 8) end
+        local out = assert(io.open(%q, "wb"))
+        out:write(data)
+        for p, bytes in pairs(pages) do out:seek("set", p * PAGE); out:write(bytes) end
+        out:close()
+        io.stderr:write("mutant ", m, " kind ", kind, " pages ", a, " ", b, "\n")
+        local t0 = os.time()
+        local db = tally.open("file:" .. %q)
+        if db then
+          for _, name in ipairs(names) do
+            local v = db:value(name)
+            if math.type(v) == "integer" then print(m, a, b, kind, name, v) end
+          end
+          db:sum("*"); db:names("*"); db:values("*"); db:top("*", 5); db:snapshot("*")
+          db:export(); db:check(); db:stats()
+          db:rollup("*", { every = 10, keep = { "30x10s", "10x1m" } })
+          db:tick(1700001000)
+          db:incr("new:1", 1)
+          db:check()
+          db:close()
+        end
+        if os.time() - t0 > 5 then error("mutant " .. m .. " took " .. (os.time() - t0) .. " s") end
+      end
+      print("done")]]):format(src, SEED + 1, table.concat(names, ", "), n, path, path))
+    assert.equals(0, code, out:sub(-2000))
+    assert.matches("done\n$", out)
+    -- untouched counters read their own value
+    for m, a, b, kind, name, v in out:gmatch("(%d+)\t(%d+)\t(%d+)\t(%d+)\t([%w:]+)\t(%-?%d+)\n") do
+      local touched = { [tonumber(a)] = kind == "1" or nil, [tonumber(b)] = true }
+      assert.is_false(wrong(name, math.tointeger(v), touched),
+        ("mutant %s (kind %s, pages %s %s): the Lua module read %s as %s"):format(m, kind, a, b, name, v))
     end
   end)
 end)
