@@ -868,6 +868,12 @@ describe("tally ls with histograms", function()
       "big            1  1000000   +Inf   +Inf   +Inf        2",
       "lat            3    0.555      1      1      1        3", "" }, "\n"),
       out:match("\n\n(HISTOGRAM.*)$"))
+    -- with a pattern: only the histograms it matches; '' matches all, as '*'
+    out = run("ls", path, "l*")
+    assert.matches("\n\nHISTOGRAM[^\n]*\nlat ", out)
+    assert.is_nil(out:find("\nbig ", 1, true))
+    local all = run("ls", path, "")
+    assert.equal(run("ls", path), all)
   end)
 
   it("--json: one object per histogram, marked, after its members, which say whose they are", function()

@@ -508,7 +508,7 @@ end
 -- members' names end with '}', so only those are listed.
 local function histograms_matching(db, pattern)
   local names = must(db:names("*}"))
-  if pattern then
+  if pattern and pattern ~= "" then   -- '' is every counter, as for db:names
     local g, kept = tally.format._glob_compile(pattern), {}
     for _, n in ipairs(names) do
       if tally.format._glob_captures(g, n) then kept[#kept + 1] = n end
