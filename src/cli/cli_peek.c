@@ -50,16 +50,9 @@ static void pushbigsum(lua_State *L, const int64_t *v, uint32_t n) {
   lua_pushstring(L, p);
 }
 
-/* Set field rolled of the table on top to the record. */
+/* Set field rolled of the table on top to the record, as c:rolled(). */
 static void push_rolled(lua_State *L, const tally_rollup *r) {
-  lua_createtable(L, 0, 5);
-  tl_setint(L, "value", r->value);
-  lua_pushnumber(L, (lua_Number)r->at_ms / 1000.0);
-  lua_setfield(L, -2, "at");
-  tl_setint(L, "delta", r->delta);
-  lua_pushnumber(L, (lua_Number)tally_rollup_rate(r));
-  lua_setfield(L, -2, "rate");
-  tl_setint(L, "count", (int64_t)r->count);
+  tl_pushrollup(L, r);
   lua_setfield(L, -2, "rolled");
 }
 

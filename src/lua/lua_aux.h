@@ -277,6 +277,9 @@ int tl_name_row(void *ud, const tally_row *row);
  * return 1, or the failure, or raise for memory. Frees a's memory
  * whatever happens. */
 int tl_names_push(lua_State *L, tl_values *a, int rc);
+/* Push a rollup record as { value=, at= (seconds), delta=, rate=, count= }
+ * (lua_rollup.c): what c:rolled() gives. */
+void tl_pushrollup(lua_State *L, const tally_rollup *r);
 /* A tally_top_fn: adds the row (its rollup's rate) to the tl_values ud. */
 int tl_top_add(void *ud, const char *name, size_t len, int64_t v, const tally_rollup *r);
 /* Given the walk's rc: push the rows in their order as a list of

@@ -38,7 +38,7 @@ static int64_t tl_checkms(lua_State *L, int arg, const char *what) {
   return (int64_t)llround(s * 1000.0);
 }
 
-static void tl_pushrecord(lua_State *L, const tally_rollup *r) {
+void tl_pushrollup(lua_State *L, const tally_rollup *r) {
   lua_createtable(L, 0, 5);
   tl_setint(L, "value", r->value);
   lua_pushnumber(L, (lua_Number)r->at_ms / 1000.0);
@@ -181,7 +181,7 @@ static int tl_schedule_tick(lua_State *L) {
   }
   lua_createtable(L, (int)g.n, 0);
   for (i = 0; i < g.n; i++) {
-    tl_pushrecord(L, &g.v[i].r);
+    tl_pushrollup(L, &g.v[i].r);
     lua_pushlstring(L, g.v[i].name, g.v[i].len);
     lua_setfield(L, -2, "name");
     lua_rawseti(L, -2, (lua_Integer)i + 1);
@@ -202,7 +202,7 @@ static int tl_counter_rolled(lua_State *L) {
     return 1;
   }
   if (rc < 0) return tl_fail(L, rc);
-  tl_pushrecord(L, &r);
+  tl_pushrollup(L, &r);
   return 1;
 }
 
