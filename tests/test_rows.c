@@ -160,31 +160,10 @@ static void test_in_order(tally_store *s) {
   got_free(&g);
 }
 
-struct churn {
-  tally_store *s;
-  atomic_int stop;
-  int id;
-};
-
-static void *churner(void *p) {
-  struct churn *c = p;
-  uint64_t seed = 77 + (uint64_t)c->id;
-  char nm[80];
-  while (!atomic_load(&c->stop)) {
-    name_of(nm, sizeof nm, tu_rng(&seed) % (N + N / 2)); /* some new */
-    int rc = tu_rng(&seed) % 4 == 0
-                 ? tally_store_drop(c->s, nm, strlen(nm))
-                 : tally_store_incr(c->s, nm, strlen(nm), 1, TALLY_COUNTER_CREATE);
-    if (rc && rc != TALLY_ENOENT)
-      TU_FAIL("churn -> %s (%s)", tally_err_name(rc), tally_errmsg());
-  }
-  return NULL;
-}
-
 static void test_beside_churn(tally_store *s) {
-  struct churn c[2] = {{s, 0, 0}, {s, 0, 1}};
-  pthread_t t[2];
-  for (int i = 0; i < 2; i++) pthread_create(&t[i], NULL, churner, &c[i]);
+  struct tu_churn c = {
+      .s = s, .name_of = name_of, .names = N + N / 2, .seed = 77, .drop_one_in = 4};
+  tu_churn_start(&c);
   double until = tu_now() + 2.0;
   int rounds = 0;
   while ((tu_now() < until || rounds < 3) && rounds < 100) {
@@ -201,8 +180,7 @@ static void test_beside_churn(tally_store *s) {
     got_free(&g);
     rounds++;
   }
-  for (int i = 0; i < 2; i++) atomic_store(&c[i].stop, 1);
-  for (int i = 0; i < 2; i++) pthread_join(t[i], NULL);
+  tu_churn_stop(&c);
   EXPECT(rounds > 2);
   EXPECT_OK(tally_store_check(s));
 }

@@ -174,36 +174,14 @@ static void test_against_sort(tally_store *s) {
 
 /* ---- beside writers, drops and creates ------------------------------------ */
 
-struct churn {
-  tally_store *s;
-  atomic_int stop;
-  int id;
-};
-
-static void *churner(void *p) {
-  struct churn *c = p;
-  uint64_t seed = 1234 + (uint64_t)c->id;
-  char nm[64];
-  while (!atomic_load(&c->stop)) {
-    uint64_t i = tu_rng(&seed) % N;
-    name_of(nm, sizeof nm, i);
-    uint64_t what = tu_rng(&seed) % 8;
-    if (what == 0) {
-      int rc = tally_store_drop(c->s, nm, strlen(nm));
-      if (rc && rc != TALLY_ENOENT) TU_FAIL("drop -> %s", tally_err_name(rc));
-    } else {
-      int rc = tally_store_incr(c->s, nm, strlen(nm), (int64_t)(tu_rng(&seed) % 100),
-                                TALLY_COUNTER_CREATE);
-      if (rc) TU_FAIL("incr -> %s (%s)", tally_err_name(rc), tally_errmsg());
-    }
-  }
-  return NULL;
-}
-
 static void test_beside_churn(tally_store *s) {
-  struct churn c[2] = {{s, 0, 0}, {s, 0, 1}};
-  pthread_t t[2];
-  for (int i = 0; i < 2; i++) pthread_create(&t[i], NULL, churner, &c[i]);
+  struct tu_churn c = {.s = s,
+                       .name_of = name_of,
+                       .names = N,
+                       .seed = 1234,
+                       .drop_one_in = 8,
+                       .random_delta = true};
+  tu_churn_start(&c);
   double until = tu_now() + 2.0;
   int rounds = 0;
   while ((tu_now() < until || rounds < 3) && rounds < 200) {
@@ -222,8 +200,7 @@ static void test_beside_churn(tally_store *s) {
     free(got.v);
     rounds++;
   }
-  for (int i = 0; i < 2; i++) atomic_store(&c[i].stop, 1);
-  for (int i = 0; i < 2; i++) pthread_join(t[i], NULL);
+  tu_churn_stop(&c);
   EXPECT(rounds > 2);
   EXPECT_OK(tally_store_check(s));
 }

@@ -206,6 +206,50 @@ static inline void tu_write_while_moving(struct tu_mover *m, void *(*fn)(void *)
   pthread_join(mover, NULL);
 }
 
+/* Two threads that churn by name beside a reader, until tu_churn_stop:
+ * each picks a name name_of(i) for a random i below names, drops it one
+ * time in drop_one_in, else adds 1 (or, with random_delta, 0..99) to it,
+ * creating it if absent. */
+struct tu_churn {
+  tally_store *s;
+  void (*name_of)(char *buf, size_t cap, uint64_t i);
+  uint64_t names, seed;
+  unsigned drop_one_in;
+  bool random_delta;
+  atomic_bool stop;
+  atomic_uint started; /* the threads' seeds: seed, seed + 1 */
+  pthread_t th[2];
+};
+
+static inline void *tu_churn_main(void *ud) {
+  struct tu_churn *c = ud;
+  uint64_t seed = c->seed + atomic_fetch_add(&c->started, 1);
+  char nm[300];
+  while (!atomic_load(&c->stop)) {
+    c->name_of(nm, sizeof nm, tu_rng(&seed) % c->names);
+    int rc;
+    if (tu_rng(&seed) % c->drop_one_in == 0) {
+      rc = tally_store_drop(c->s, nm, strlen(nm));
+      if (rc == TALLY_ENOENT) rc = 0;
+    } else {
+      int64_t d = c->random_delta ? (int64_t)(tu_rng(&seed) % 100) : 1;
+      rc = tally_store_incr(c->s, nm, strlen(nm), d, TALLY_COUNTER_CREATE);
+    }
+    if (rc) TU_FAIL("churn '%s' -> %s (%s)", nm, tally_err_name(rc), tally_errmsg());
+  }
+  return NULL;
+}
+
+static inline void tu_churn_start(struct tu_churn *c) {
+  atomic_store(&c->stop, false);
+  for (int t = 0; t < 2; t++) pthread_create(&c->th[t], NULL, tu_churn_main, c);
+}
+
+static inline void tu_churn_stop(struct tu_churn *c) {
+  atomic_store(&c->stop, true);
+  for (int t = 0; t < 2; t++) pthread_join(c->th[t], NULL);
+}
+
 /* Every acknowledged increment counted, and at most one more: a process
  * killed between its add and its acknowledgement. */
 static inline void tu_expect_acked(int64_t total, int64_t acked) {
