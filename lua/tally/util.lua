@@ -25,7 +25,8 @@ local type, getmetatable, error, tostring = type, getmetatable, error, tostring
 local getinfo = debug.getinfo
 local compat = require "tally.compat"
 local int_text, utf8_escape = compat.int_text, compat.utf8_escape
-local byte, fmt, gsub, sub = string.byte, string.format, string.gsub, string.sub
+local byte, find, fmt, gsub, sub = string.byte, string.find, string.format, string.gsub,
+      string.sub
 
 local _M = {}
 
@@ -41,6 +42,7 @@ local UNPRINTABLE = "[%z\1-\31\127-\255]"
 local function hex(c) return fmt("\\x%02x", byte(c)) end
 local function c1(c) return hex(sub(c, 1, 1)) .. hex(sub(c, 2)) end
 local function printable(s)
+  if not find(s, UNPRINTABLE) then return s end   -- most names: nothing to escape
   return (gsub(utf8_escape(s, UNPRINTABLE, "\\x%02x"), "\194[\128-\159]", c1))
 end
 _M.printable = printable

@@ -397,9 +397,12 @@ _M.bytes = bytes
 local rate_text = common.rate_text
 _M.rate_text = rate_text
 
+local last_at, last_text             -- a listing's rows share a few times
 local function time_text(at)
   if not at then return "-" end
-  return os.date("%Y-%m-%d %H:%M:%S", floor(at))
+  at = floor(at)
+  if at ~= last_at then last_at, last_text = at, os.date("%Y-%m-%d %H:%M:%S", at) end
+  return last_text
 end
 
 -- JSON through tally.format, the one writer (a sum beyond int64 comes as
@@ -601,14 +604,19 @@ function cmd.ls(args)
     return { printable(p.name), tostring(p.value), sh, p.policy,
              r and time_text(r.at) or "-", r and rate_text(r.rate) or "-" }
   end
+  -- lines go out a thousand at a time: one write each, not twelve a line
+  local pending, np = {}, 0
   local function emit(c)
-    out(c[1], rep(" ", w[1] - #c[1]), "  ", rep(" ", w[2] - #c[2]), c[2], "  ",
-        rep(" ", w[3] - #c[3]), c[3], "  ", c[4], rep(" ", w[4] - #c[4]), "  ",
-        c[5], rep(" ", w[5] - #c[5]), "  ", rep(" ", w[6] - #c[6]), c[6], "\n")
+    np = np + 1
+    pending[np] = c[1] .. rep(" ", w[1] - #c[1]) .. "  " .. rep(" ", w[2] - #c[2]) .. c[2] .. "  "
+                  .. rep(" ", w[3] - #c[3]) .. c[3] .. "  " .. c[4] .. rep(" ", w[4] - #c[4]) .. "  "
+                  .. c[5] .. rep(" ", w[5] - #c[5]) .. "  " .. rep(" ", w[6] - #c[6]) .. c[6] .. "\n"
+    if np == 1000 then out(concat(pending)); pending, np = {}, 0 end
   end
   local function flush_rows()
     for _, c in ipairs(rows) do emit(c) end
     rows = {}
+    out(concat(pending)); pending, np = {}, 0
   end
   each_row(db, pos[2], function(p)
     local c = cells(p)
@@ -621,6 +629,7 @@ function cmd.ls(args)
       emit(c)
     end
   end)
+  out(concat(pending))
   if i == 0 then
     if pos[2] then io.stderr:write("tally ls: no counter matches '", printable(pos[2]), "'\n")
     else io.stderr:write("tally ls: the store has no counters\n") end
