@@ -347,9 +347,13 @@ int tally__slots_copy(tally_store *from, tally_store *to) {
 
 /* ---- writing ----------------------------------------------------------------- */
 
-/* Tests only: TALLY_TEST_BATCH_STALL=K stops a writer for good after K adds
- * of its next batch, so a test can SIGKILL it in the middle of one. */
+/* A test seam: TALLY_TEST_BATCH_STALL=K stops a writer for good after K
+ * adds of its next batch, so a test can SIGKILL it in the middle of one.
+ * Read only where the tests are built (TALLY_TEST_SEAMS). */
 static int stall_after(void) {
+#ifndef TALLY_TEST_SEAMS
+  return -1;
+#else
   static _Atomic int after;
   static _Atomic pid_t read_by; /* a forked child reads its own environment */
   if (atomic_load_explicit(&read_by, memory_order_relaxed) != tally__pid()) {
@@ -358,6 +362,7 @@ static int stall_after(void) {
     atomic_store_explicit(&read_by, tally__pid(), memory_order_relaxed);
   }
   return atomic_load_explicit(&after, memory_order_relaxed);
+#endif
 }
 
 static void sleep_us(long us) {

@@ -94,8 +94,7 @@ static int create_locked(tally_store *s, const char **name, size_t *len, uint64_
   if (rc == 0 && opt && opt->shards) o.shards = opt->shards;
   if (rc == 0 && opt && opt->policy >= 0) o.policy = opt->policy;
   if (rc == 0) rc = create(s, *name, *len, *hash, &o, fam, rec_off);
-  if (rc == 0 && fam && __builtin_expect(tally__test_hook != NULL, 0))
-    tally__test_hook("indexed", *name, *len);
+  if (rc == 0 && fam) TALLY__TEST_HOOK("indexed", *name, *len);
   /* a holder killed before this leaves the count one short: a takeover
    * recounts (lock.c) */
   if (rc == 0 && fam) atomic_fetch_add(&((struct tally__family *)f)->live, 1);
@@ -158,7 +157,9 @@ static int fast_path(int policy, bool is_auto) {
   return path | (is_auto ? 2 : 0);
 }
 
+#ifdef TALLY_TEST_SEAMS
 void (*tally__test_hook)(const char *where, const char *name, size_t len);
+#endif
 
 /* tally_counter_open once its arguments are checked, under the epoch's
  * hold: from the lookup to the handle's insertion, nothing it found may
@@ -186,7 +187,7 @@ static int open_held(tally_store *s, const char *name, size_t len,
     if ((rc = tally__lock(s))) return rc; /* a drop is finishing: wait for it */
     tally__unlock(s);
   }
-  if (__builtin_expect(tally__test_hook != NULL, 0)) tally__test_hook("open", name, len);
+  TALLY__TEST_HOOK("open", name, len);
   struct tally__rec *r = tally__at(s, rec_off);
   uint32_t n = tally__loc_shards(loc);
   bool is_auto = (atomic_load(&r->flags) & TALLY__REC_AUTO) != 0;
@@ -255,8 +256,7 @@ static int revive(tally_counter *c, bool create) {
     tally__hold_end(s);
     return rc;
   }
-  if (__builtin_expect(tally__test_hook != NULL, 0))
-    tally__test_hook("revive", c->name, c->name_len);
+  TALLY__TEST_HOOK("revive", c->name, c->name_len);
   /* it moves to its new record's chain, in one section: two threads
    * reviving c at once would otherwise both add it */
   pthread_mutex_lock(&s->hlock);

@@ -41,8 +41,7 @@ static int expire_one(tally_store *s, uint64_t rec_off, int64_t v) {
     atomic_fetch_or(&r->flags, TALLY__REC_EXPIRED); /* before handles can see it gone */
     /* (killed here, the counter stays with the mark: harmless, since a drop
      * clears it and an expiry sets it) */
-    if (__builtin_expect(tally__test_hook != NULL, 0))
-      tally__test_hook("expire", r->name, r->name_len);
+    TALLY__TEST_HOOK("expire", r->name, r->name_len);
     rc = tally__journal_drop_if(s, rec_off, tally__loc_make(s, rec_off, cells, n, true),
                                 v);
     if (rc) atomic_fetch_and(&r->flags, ~TALLY__REC_EXPIRED);

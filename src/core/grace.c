@@ -133,7 +133,7 @@ static int64_t take_slot(struct tally__proc *t, uint64_t owner, uint64_t seen) {
         o = atomic_load(&t[i].owner);
       }
       if (o) continue;
-      if (__builtin_expect(tally__test_hook != NULL, 0)) tally__test_hook("claim", "", 0);
+      TALLY__TEST_HOOK("claim", "", 0);
       if (atomic_compare_exchange_strong(&t[i].owner, &o, owner)) {
         atomic_store(&t[i].seen, seen);
         return i;

@@ -77,8 +77,7 @@ static int bury(tally_store *s, uint64_t rec_off, uint64_t ident) {
   int rc = tally__retire(s, ident, items, n);
   if (rc) return rc;
   atomic_fetch_or(&r->flags, TALLY__REC_LIMBO);
-  if (__builtin_expect(tally__test_hook != NULL, 0))
-    tally__test_hook("limbo", r->name, r->name_len);
+  TALLY__TEST_HOOK("limbo", r->name, r->name_len);
   /* a holder killed before this leaves the count one over, and the flag
    * keeps a finish from coming back here: a takeover recounts (lock.c) */
   struct tally__family *f = r->family ? tally__family_by_hash(s, r->family) : NULL;

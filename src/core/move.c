@@ -36,10 +36,8 @@ int tally__reshard(tally_store *s, uint64_t rec_off, uint32_t shards, bool grow_
      * pending, a full disk) leaves none behind */
     if (rc == 0) rc = tally__journal_ready(s);
     if (rc == 0 && (rc = tally__cells_alloc(s, shards, &cells)) == 0) {
-      if (__builtin_expect(tally__test_hook != NULL, 0)) {
-        const struct tally__rec *r = tally__at(s, rec_off);
-        tally__test_hook("reshard", r->name, r->name_len);
-      }
+      const struct tally__rec *r = tally__at(s, rec_off);
+      TALLY__TEST_HOOK("reshard", r->name, r->name_len);
       rc = tally__journal_move(s, rec_off,
                                tally__loc_make(s, rec_off, cells, shards, false));
       /* refused with nothing left recorded (undone: the value no longer

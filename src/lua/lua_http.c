@@ -14,9 +14,11 @@
  *   h:lose_replies(n) -> the previous count. Fault injection for tests: the
  *       next n requests go to the server whole and are answered (the server
  *       applies them), then the reply is thrown away and the request
- *       returns nil, "reply lost (injected)", "ELOST". The environment
- *       variable TALLY_HTTP_LOSE_EVERY=K does the same for every K-th
- *       request of every handle made afterwards (for child processes).
+ *       returns nil, "reply lost (injected)", "ELOST". In a build with
+ *       the test seams (TALLY_TEST_SEAMS: where the tests are built), the
+ *       environment variable TALLY_HTTP_LOSE_EVERY=K does the same for
+ *       every K-th request of every handle made afterwards (for child
+ *       processes).
  *   h:stats() -> { requests, failures, lost, bytes_in, bytes_out }
  *   h:close()  (also __gc, __close); a closed handle raises on use.
  *
@@ -122,7 +124,11 @@ static int tl_http_addheaders(lua_State *L, int arg, int idx, struct curl_slist 
 static int tl_http_new(lua_State *L) {
   size_t blen;
   const char *base = luaL_checklstring(L, 1, &blen);
+#ifdef TALLY_TEST_SEAMS /* read only where the tests are built */
   const char *every = getenv("TALLY_HTTP_LOSE_EVERY");
+#else
+  const char *every = NULL;
+#endif
   tl_http *h;
   double timeout = 10.0;
   if (strlen(base) != blen ||
