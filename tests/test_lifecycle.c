@@ -1883,6 +1883,52 @@ static void test_revive_holds(void) {
   untrack_close(s);
 }
 
+/* Two threads add through one handle of an expired counter that this
+ * process's grace step has not marked yet: both find its cells retired and
+ * its record dropped. The second revives the handle (a new counter of the
+ * name) while the first is paused between that lookup and its check that
+ * the drop was an expiry. The first must add to the new counter, not see
+ * the new record (not expired) and call its counter dropped. */
+static void test_revive_race(void) {
+  tally_store *s = open_file("race.tly", "0");
+  tally_family_options fo = {1, TALLY_POLICY_THREAD, 1, 0}; /* idle 1 s */
+  EXPECT_OK(tally_family_define(s, "rr:*", 4, &fo));
+  struct reviver r = {NULL, 0};
+  REQUIRE_OK(tu_counter(s, "rr:x", 1, TALLY_POLICY_THREAD, TALLY_COUNTER_CREATE, &r.c));
+  EXPECT_OK(tally_counter_incr(r.c, 5));
+  /* expired through another handle of the store: this one's grace step,
+   * which would mark the handle, does not run */
+  tally_store *other = open_file("race.tly", "0");
+  tally_maintain_result mr;
+  uint64_t expired = 0;
+  for (int64_t now = 10000; now <= 20000 && !expired; now += 500) {
+    EXPECT_OK(tally_store_maintain(other, now, 1000, &mr));
+    expired += mr.expired;
+  }
+  EXPECT_I64(1, (int64_t)expired);
+  EXPECT_I64(0, atomic_load(&r.c->gone)); /* not marked: the window */
+  atomic_store(&g_open_stage, 0);
+  g_pause_where = "refresh";
+  g_pause_name = "rr:x";
+  tally__test_hook = open_pause;
+  pthread_t th;
+  pthread_create(&th, NULL, reviver_main, &r); /* adds 1000000, paused */
+  double end = tu_now() + 30;
+  while (atomic_load(&g_open_stage) != 1 && tu_now() < end) usleep(1000);
+  EXPECT_I64(1, atomic_load(&g_open_stage));
+  EXPECT_OK(tally_counter_incr(r.c, 10)); /* revives the handle */
+  atomic_store(&g_open_stage, 2);
+  pthread_join(th, NULL);
+  tally__test_hook = NULL;
+  EXPECT_OK(r.rc);
+  int rc = 0;
+  EXPECT_I64(1000010, value_of(s, "rr:x", &rc));
+  EXPECT_I64(0, tally_store_check(s));
+  tally_counter_close(r.c);
+  untrack_close(other);
+  untrack_close(s);
+}
+
 /* ---- a full disk in the middle of a move ----------------------------------- */
 
 /* Create counters whose records fill the file to its end (their name
@@ -2139,7 +2185,7 @@ int main(int argc, char **argv) {
   RUN("shipped", test_shipped());
   RUN("carve", test_carve());
   RUN("walk", test_walk_holds());
-  RUN("open", (test_open_holds(), test_revive_holds()));
+  RUN("open", (test_open_holds(), test_revive_holds(), test_revive_race()));
   RUN("expiry killed", test_expiry_killed());
   RUN("full", (test_full(), test_pending(), test_reshard_undone()));
   printf("total %.2f s\n", tu_now() - t0);

@@ -342,10 +342,14 @@ static int comeback(tally_counter *c, int64_t delta) {
 }
 
 static int refresh(tally_counter *c, uint64_t seen, int64_t delta) {
-  uint64_t loc;
-  if (atomic_load(&c->gone))
-    return atomic_load(&c->gone) == 2 ? comeback(c, delta) : dropped_error(c);
-  int rc = settle(c->s, tally__crec(c), seen, &loc);
+  uint64_t loc, rec = tally__crec(c);
+  int gone = atomic_load(&c->gone); /* once: a revive may clear it meanwhile */
+  if (gone) return gone == 2 ? comeback(c, delta) : dropped_error(c);
+  int rc = settle(c->s, rec, seen, &loc);
+  TALLY__TEST_HOOK("refresh", c->name, c->name_len);
+  /* another thread revived c meanwhile: what was found is of its old
+   * record, and expired() would look at the new one; go again */
+  if (tally__crec(c) != rec) return 0;
   if (rc == TALLY_EDROPPED && expired(c)) return comeback(c, delta);
   if (rc == 0) tally__handle_set_loc(c, loc);
   return rc;
