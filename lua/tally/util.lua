@@ -15,18 +15,17 @@
 --   util.describe(v)             a value for messages: 'str', 12, nil, table
 --   util.printable(s)            s for a message: control characters (C0,
 --                                DEL, C1) and bytes outside a valid UTF-8
---                                sequence as \xNN, valid UTF-8 as it is.
---                                The C side's rule (src/core/error.c): a
---                                name is any bytes but NUL, and one with a
---                                newline or ESC in a message would forge a
---                                log line or drive the terminal
+--                                sequence as \xNN, valid UTF-8 as it is:
+--                                the C side's rule itself (tally_printable
+--                                in src/core/error.c, as core.printable).
+--                                A name is any bytes but NUL, and one with
+--                                a newline or ESC in a message would forge
+--                                a log line or drive the terminal
 
 local type, getmetatable, error, tostring = type, getmetatable, error, tostring
 local getinfo = debug.getinfo
 local compat = require "tally.compat"
-local int_text, utf8_escape = compat.int_text, compat.utf8_escape
-local byte, find, fmt, gsub, sub = string.byte, string.find, string.format, string.gsub,
-      string.sub
+local int_text = compat.int_text
 
 local _M = {}
 
@@ -34,17 +33,7 @@ function _M.argerror(n, fname, msg, level)
   error("bad argument #" .. n .. " to '" .. fname .. "' (" .. msg .. ")", (level or 2) + 1)
 end
 
--- the bytes to look at: control bytes, DEL, and those of sequences that
--- may be UTF-8 (kept when they are, but C1 controls, U+0080 to U+009F,
--- which terminals obey as they do ESC); a NUL, which ends a C message, is
--- written \x00 here
-local UNPRINTABLE = "[%z\1-\31\127-\255]"
-local function hex(c) return fmt("\\x%02x", byte(c)) end
-local function c1(c) return hex(sub(c, 1, 1)) .. hex(sub(c, 2)) end
-local function printable(s)
-  if not find(s, UNPRINTABLE) then return s end   -- most names: nothing to escape
-  return (gsub(utf8_escape(s, UNPRINTABLE, "\\x%02x"), "\194[\128-\159]", c1))
-end
+local printable = require("tally.core").printable
 _M.printable = printable
 
 -- A short description of a value for messages, like the C side's: 'str', 12.

@@ -64,13 +64,13 @@ describe("the tally prompt", function()
     t:wait("\ntally%.counter 'b\\x0ac' = 1  %(1 auto shards, thread%)\n  shards: 1\n>$")
   end)
 
-  it("shows a string's C1 controls and bytes outside UTF-8 as \\ddd, valid UTF-8 as it is", function()
+  it("shows a string's C1 controls and bytes outside UTF-8 as \\xNN, valid UTF-8 as it is", function()
     -- a value shown is Lua source for the same bytes, and cannot drive the
     -- terminal: CSI (U+009B) acts as ESC [ does
     t = prompt()
     t:line([[db:incr('c\194\155' .. '2J', 1); db:incr('bad\255', 1); db:incr('caf\195\169', 1)]])
     t:line("=db:names()")
-    t:wait('\n{ "bad\\255", "caf\195\169", "c\\194\\1552J" }\n>$')
+    t:wait('\n{ "bad\\xff", "caf\195\169", "c\\xc2\\x9b2J" }\n>$')
   end)
 
   it("prints an error's message and goes on", function()

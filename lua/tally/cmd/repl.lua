@@ -19,7 +19,6 @@
 
 local tally = require "tally"
 local printable = require("tally.cmd.common").printable   -- names: control bytes as \xNN
-local utf8_escape = require("tally.compat").utf8_escape
 
 local type, pairs, ipairs, next, tostring, pcall, select, rawget =
       type, pairs, ipairs, next, tostring, pcall, select, rawget
@@ -69,12 +68,12 @@ end
 
 local ESC = { ["\n"] = "\\n", ["\t"] = "\\t", ["\r"] = "\\r", ['"'] = '\\"', ["\\"] = "\\\\" }
 -- A string as Lua source that reads back as the same bytes, and cannot
--- drive the terminal: C0 and DEL as escapes, then bytes outside valid
--- UTF-8 and UTF-8's C1 controls (U+0080-U+009F: CSI is one) as \ddd.
+-- drive the terminal: the quote, the backslash and the common controls as
+-- Lua writes them, then the rule of every name shown (util.printable):
+-- other controls, bytes outside valid UTF-8 and UTF-8's C1 controls
+-- (U+0080-U+009F: CSI is one) as \xNN, which Lua reads back.
 local function quote(s)
-  s = s:gsub('[%c"\\]', function(c) return ESC[c] or fmt("\\%03d", c:byte()) end)
-  s = utf8_escape(s, "[\128-\255]", "\\%03d")
-  return '"' .. s:gsub("\194([\128-\159])", function(b) return "\\194\\" .. b:byte() end) .. '"'
+  return '"' .. printable((s:gsub('[\n\t\r"\\]', ESC))) .. '"'
 end
 
 local function when(at)
