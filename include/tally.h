@@ -99,6 +99,12 @@ TALLY_API const char *tally_errmsg(void);
  * characters and escapes into out (cap bytes, NUL added; none if cap is
  * 0) and returns the length of the whole, as snprintf does. */
 TALLY_API size_t tally_printable(char *out, size_t cap, const char *text, size_t len);
+/* The number of characters of text (len bytes) if it is valid UTF-8,
+ * strictly (no overlong form, no surrogate, nothing past U+10FFFF; as Lua
+ * 5.4's utf8.len), else -1 and *bad (when not NULL) the offset of the
+ * first byte of the first invalid sequence. tally_printable's rule, and
+ * the one for Prometheus label values and JSON strings. */
+TALLY_API int64_t tally_utf8_len(const char *text, size_t len, size_t *bad);
 /* A URI (len bytes) as messages show it, credentials and options hidden:
  * its userinfo (after "://", up to the last '@' before the first '?') and
  * its query (from the first '?') are each shown as "***", host, port and

@@ -257,42 +257,8 @@ function _M.tofloat(x) return tonumber(x) end
 
 -- utf8.len(s) of Lua 5.4 (strict: no surrogates, nothing beyond
 -- U+10FFFF, no overlong forms): the number of characters, or nil and the
--- position of the first invalid byte.
-function _M.utf8len(s)
-  if not find(s, "[\128-\255]") then return #s end
-  local n, i, len = 0, 1, #s
-  while i <= len do
-    local c = byte(s, i)
-    if c < 0x80 then
-      i = i + 1
-    elseif c < 0xC2 then                 -- a continuation byte, or C0/C1 (overlong)
-      return nil, i
-    elseif c < 0xE0 then
-      local c2 = byte(s, i + 1)
-      if not c2 or c2 < 0x80 or c2 > 0xBF then return nil, i end
-      i = i + 2
-    elseif c < 0xF0 then
-      local c2, c3 = byte(s, i + 1, i + 2)
-      if not c3 or c2 < 0x80 or c2 > 0xBF or c3 < 0x80 or c3 > 0xBF
-         or (c == 0xE0 and c2 < 0xA0)       -- overlong
-         or (c == 0xED and c2 > 0x9F) then  -- a surrogate
-        return nil, i
-      end
-      i = i + 3
-    elseif c < 0xF5 then
-      local c2, c3, c4 = byte(s, i + 1, i + 3)
-      if not c4 or c2 < 0x80 or c2 > 0xBF or c3 < 0x80 or c3 > 0xBF or c4 < 0x80 or c4 > 0xBF
-         or (c == 0xF0 and c2 < 0x90)       -- overlong
-         or (c == 0xF4 and c2 > 0x8F) then  -- beyond U+10FFFF
-        return nil, i
-      end
-      i = i + 4
-    else
-      return nil, i
-    end
-    n = n + 1
-  end
-  return n
-end
+-- position of the first invalid byte. The C core's check (tally_utf8_len),
+-- the one tally_printable and the Prometheus text use.
+_M.utf8len = require("tally.core").utf8len
 
 return _M

@@ -57,6 +57,20 @@ static size_t utf8_seq(const unsigned char *s, size_t n) {
   return len;
 }
 
+int64_t tally_utf8_len(const char *text, size_t len, size_t *bad) {
+  const unsigned char *s = (const unsigned char *)text;
+  int64_t chars = 0;
+  for (size_t i = 0; i < len; chars++) {
+    size_t n = s[i] < 0x80 ? 1 : utf8_seq(s + i, len - i);
+    if (n == 0) {
+      if (bad) *bad = i;
+      return -1;
+    }
+    i += n;
+  }
+  return chars;
+}
+
 size_t tally_printable(char *out, size_t cap, const char *text, size_t len) {
   const unsigned char *s = (const unsigned char *)text;
   size_t o = 0, need = 0;

@@ -321,7 +321,7 @@ int tl_open_ship(lua_State *L);       /* lua_ship.c: core.ship, core.counter_rea
 int tl_open_histogram(lua_State *L);  /* lua_histogram.c: core.histogram_writer */
 int tl_open_exposition(lua_State *L); /* lua_exposition.c: core._prom_lines */
 int tl_open_number(lua_State *L);     /* lua_number.c: core.number_text, .c_numeric */
-int tl_open_text(lua_State *L);       /* lua_text.c: core.printable */
+int tl_open_text(lua_State *L);       /* lua_text.c: core.printable, .utf8len */
 int tl_open_json(lua_State *L);       /* lua_json.c: core.json_twice */
 
 /* Close histogram writer w and unlink it from its store; safe twice. */

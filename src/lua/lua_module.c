@@ -23,7 +23,7 @@ static const luaL_Reg tl_parts[] = {
     {"histogram", tl_open_histogram},   /* core.histogram_writer (lua_histogram.c) */
     {"exposition", tl_open_exposition}, /* core._prom_lines (lua_exposition.c) */
     {"number", tl_open_number},         /* core.number_text, c_numeric (lua_number.c) */
-    {"text", tl_open_text},             /* core.printable (lua_text.c) */
+    {"text", tl_open_text},             /* core.printable, utf8len (lua_text.c) */
     {"json", tl_open_json},             /* core.json_twice (lua_json.c) */
     {NULL, NULL}};
 
