@@ -133,6 +133,11 @@ typedef enum tally_policy {
 TALLY_API const char *tally_policy_name(int policy);
 /* Policy for a name, or TALLY_EPOLICY. */
 TALLY_API int tally_policy_parse(const char *name, size_t len);
+/* The shard, 0 to n - 1 (n >= 1), that the key policy adds key (len
+ * bytes) to among n: what tally_counter_incr_key picks, and the remote
+ * stores too. Fixed by the file format: the same in every process and
+ * every version that opens the store. */
+TALLY_API uint32_t tally_key_shard(const void *key, size_t len, uint32_t n);
 
 /* ---- stores ------------------------------------------------------------ */
 

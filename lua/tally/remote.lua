@@ -145,72 +145,9 @@ local function get_ticket()
 end
 _M.ticket = get_ticket
 
--- ---- the key policy's hash: tally__hash (src/core/hash.c), seed 0x6b6579 -----------
--- shard = ((hash >> 32) * n) >> 32, as src/core/policy.c. Exact under Lua 5.4
--- (wrapping integers); under LuaJIT through uint64_t cdata.
-local key_shard
-if not compat.luajit then
-  key_shard = load([[
-    local sunpack = string.unpack
-    local function mix(x)
-      x = x ~ (x >> 33); x = x * 0xff51afd7ed558ccd
-      x = x ~ (x >> 33); x = x * 0xc4ceb9fe1a85ec53
-      return x ~ (x >> 33)
-    end
-    local G = 0x9e3779b97f4a7c15
-    return function(key, n)
-      local len = #key
-      local h = 0x6b6579 ~ (len * G)
-      local p = 1
-      while len - p + 1 >= 8 do
-        h = (h ~ mix((sunpack("<i8", key, p)))) * G
-        h = h ~ (h >> 29)
-        p = p + 8
-      end
-      local rest = len - p + 1
-      if rest > 0 then
-        local w = sunpack("<I" .. rest, key, p)
-        h = (h ~ mix(w ~ 0xa0761d6478bd642f)) * G
-      end
-      h = mix(h)
-      return (((h >> 32) * n) >> 32) + 1
-    end]])()
-else
-  -- LuaJIT: the ULL literals only parse there, so compiled from text
-  key_shard = load([[
-  local byte, tonumber = string.byte, tonumber
-  local ffi = require "ffi"
-  local bit = require "bit"
-  local bxor, rshift = bit.bxor, bit.rshift
-  local U = ffi.typeof("uint64_t")
-  local function mix(x)
-    x = bxor(x, rshift(x, 33)); x = x * 0xff51afd7ed558ccdULL
-    x = bxor(x, rshift(x, 33)); x = x * 0xc4ceb9fe1a85ec53ULL
-    return bxor(x, rshift(x, 33))
-  end
-  local G = 0x9e3779b97f4a7c15ULL
-  local function word(s, p, k)
-    local w = U(0)
-    for j = k - 1, 0, -1 do w = w * 256ULL + byte(s, p + j) end
-    return w
-  end
-  return function(key, n)
-    local len = #key
-    local h = bxor(U(0x6b6579), U(len) * G)
-    local p = 1
-    while len - p + 1 >= 8 do
-      h = bxor(h, mix(word(key, p, 8))) * G
-      h = bxor(h, rshift(h, 29))
-      p = p + 8
-    end
-    local rest = len - p + 1
-    if rest > 0 then h = bxor(h, mix(bxor(word(key, p, rest), 0xa0761d6478bd642fULL))) * G end
-    h = mix(h)
-    return tonumber(rshift(rshift(h, 32) * U(n), 32)) + 1
-  end
-]])()
-end
-_M.key_shard = key_shard
+-- The key policy's shard (1-based) among n: the C core's own
+-- (tally_key_shard), so a remote store and a file store put a key alike.
+_M.key_shard = core.key_shard
 
 -- c:incr(n) and c:decr(n)'s amount. Level 4 is the frame of the Counter
 -- method that tail-calls the store's incr (which calls this): a tail

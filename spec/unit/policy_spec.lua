@@ -54,6 +54,22 @@ describe("tally policies", function()
       assert.truthy(nonzero(c:shards()) >= 12)
     end)
 
+    it("puts a key where core.key_shard says, the remote stores' shard", function()
+      local key_shard = require("tally.remote").key_shard
+      assert.equal(require("tally.core").key_shard, key_shard)
+      for _, n in ipairs({ 2, 7, 64, 1000 }) do
+        local c = db:counter("ks" .. n, { shards = n, policy = "key" })
+        for i = 1, 300 do
+          local key = "k" .. string.rep("x", i % 19) .. i   -- every tail length
+          c:incr(i, key)
+          local s = c:shards()
+          assert.equal(i, s[key_shard(key, n)], key)
+          c:decr(i, key)
+        end
+      end
+      assert.error_matches(function() key_shard("a", 0) end, "shard count out of range")
+    end)
+
     it("treats a number key as its string", function()
       local c = db:counter("k", { shards = 64, policy = "key" })
       c:incr(1, 12345)

@@ -45,6 +45,10 @@ uint32_t tally__key_shard(const void *key, size_t len, uint32_t n) {
   return (uint32_t)(((tally__hash(key, len, 0x6b6579) >> 32) * n) >> 32);
 }
 
+uint32_t tally_key_shard(const void *key, size_t len, uint32_t n) {
+  return n ? tally__key_shard(key, len, n) : 0;
+}
+
 static const char *const names[TALLY_POLICY_COUNT_] = {"thread", "random", "round_robin",
                                                        "key",    "custom", "slot"};
 

@@ -510,9 +510,22 @@ static const luaL_Reg tl_counter_meta[] = {{"__gc", tl_counter_close},
                                            {"__tostring", tl_counter_tostring},
                                            {NULL, NULL}};
 
+/* core.key_shard(key, n) -> the 1-based shard of key among n, as the key
+ * policy picks it (tally_key_shard): the remote stores' key policy */
+static int tl_key_shard(lua_State *L) {
+  size_t len;
+  const char *key = luaL_checklstring(L, 1, &len);
+  lua_Integer n = luaL_checkinteger(L, 2);
+  luaL_argcheck(L, n >= 1 && n <= TALLY_MAX_SHARDS, 2, "shard count out of range");
+  lua_pushinteger(L, (lua_Integer)tally_key_shard(key, len, (uint32_t)n) + 1);
+  return 1;
+}
+
 int tl_open_counter(lua_State *L) {
   tl_newclass(L, TL_COUNTER_MT, tl_counter_meta, tl_counter_methods);
   lua_setfield(L, -2, "counter_methods");
+  lua_pushcfunction(L, tl_key_shard);
+  lua_setfield(L, -2, "key_shard");
   lua_pushcfunction(L, tl_set_value_opts);
   lua_setfield(L, -2, "set_value_opts");
 #if TL_LUAJIT
