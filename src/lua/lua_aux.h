@@ -321,6 +321,8 @@ int tl_open_ship(lua_State *L);       /* lua_ship.c: core.ship, core.counter_rea
 int tl_open_histogram(lua_State *L);  /* lua_histogram.c: core.histogram_writer */
 int tl_open_exposition(lua_State *L); /* lua_exposition.c: core._prom_lines */
 int tl_open_number(lua_State *L);     /* lua_number.c: core.number_text, .c_numeric */
+int tl_open_handles(lua_State *L);    /* lua_handles.c: core._store_cache, ... */
+int tl_open_open(lua_State *L);       /* lua_open.c: core.open */
 int tl_open_text(lua_State *L);       /* lua_text.c: core.printable, .utf8len */
 int tl_open_json(lua_State *L);       /* lua_json.c: core.json_twice */
 
@@ -343,6 +345,33 @@ int tl_counter_push(lua_State *L, int dbidx, const char *name, size_t len,
                     const tally_counter_options *opt, uint32_t flags, int fnidx);
 /* Close the counter of handle h and unlink it from its store; safe twice. */
 void tl_counter_release(tl_counter *h);
+
+/* ---- the cache of counter handles by name (lua_handles.c) ---------------------- */
+
+#define TL_HANDLE_CACHE     10000     /* handle_cache's default: about 5 MB of handles */
+#define TL_HANDLE_CACHE_MAX INT32_MAX /* what handle_cache accepts */
+
+typedef struct tl_door tl_door; /* handle_admit = "repeat": the names seen once */
+
+/* A new cache of at most cap handles (0: weak) for the store at db;
+ * repeat: handle_admit = "repeat". */
+void tl_cache_init(lua_State *L, int db, lua_Integer cap, int repeat);
+/* Let every cached handle go (db:close): an empty young, no old. */
+void tl_cache_clear(lua_State *L);
+/* Cache the handle at h under the name at arg 2 of the store at arg 1. */
+void tl_cache_put(lua_State *L, int h);
+/* The open handle the old generation has for the name at arg 2, moved
+ * into young and pushed: returns 1; else 0 with nothing pushed. */
+int tl_cache_promote(lua_State *L);
+/* The handle cached for the name at arg 2 (not moved), or NULL. */
+tl_counter *tl_cache_peek(lua_State *L);
+/* Forget the cached handle for the name at arg 2 (it stays usable). */
+void tl_uncache(lua_State *L);
+/* The doorkeeper's word on the name (len bytes) at arg 2 of the store at
+ * arg 1: NULL to open and cache its handle, else the doorkeeper and in
+ * *bit the name's bit, for tl_door_mark once it was used without one. */
+tl_door *tl_door_pass(lua_State *L, const char *name, size_t len, uint32_t *bit);
+void tl_door_mark(tl_door *door, uint32_t bit);
 
 /* ---- name slots (lua_slots.c) ------------------------------------------------- */
 

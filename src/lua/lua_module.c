@@ -11,7 +11,9 @@
 #include <stdatomic.h>
 
 static const luaL_Reg tl_parts[] = {
-    {"store", tl_open_store},           /* core.open, the store handle */
+    {"store", tl_open_store},           /* the store handle */
+    {"open", tl_open_open},             /* core.open (lua_open.c) */
+    {"handles", tl_open_handles},       /* its cache of counter handles (lua_handles.c) */
     {"counter", tl_open_counter},       /* the counter handle */
     {"rollup", tl_open_rollup},         /* schedules, c:rolled(), the clock */
     {"sender", tl_open_sender},         /* core.sender, the spool's helpers */
