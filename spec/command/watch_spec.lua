@@ -222,6 +222,66 @@ describe("tally watch", function()
     t:wait("%[exit 0%]")
   end)
 
+  it("shows the right rows of a large store, holding only those", function()
+    -- 100,000 counters of distinct values: each refresh walks them all but
+    -- keeps only the rows on screen (the whole store once took ~1 KB a
+    -- counter: a Lua table each, the list of names, a row each)
+    local N = 100000
+    local path = helper.tmpfile()
+    local db = assert(tally.open("file:" .. path))
+    local all, total = {}, 0
+    for i = 1, N do
+      local name, v = ("c:%06d"):format(i), (i * 7919) % 100003   -- distinct: 100003 is prime
+      assert(db:incr(name, v))
+      all[i], total = { name = name, v = v }, total + v
+    end
+    db:close()
+    table.sort(all, function(a, b) return a.v > b.v end)
+    local pidfile = helper.tmpfile("pid")
+    t = tty.open("sh -c 'echo $$ > " .. pidfile .. "; exec " .. q(tty.bin()) .. " watch "
+                 .. q(path) .. " --sort value --interval 0.2'")
+    -- the rows of the screen, names in order
+    local function names(screen)
+      local out = {}
+      for name in screen:gmatch("\n(c:%d+)%s") do out[#out + 1] = name end
+      return out
+    end
+    local function want(from, to, key)
+      local out = {}
+      for i = from, to do out[#out + 1] = all[i][key] end
+      return out
+    end
+    local s = frame(t, "\nc:%d+%s")
+    assert.matches("sort: value  every 0%.2s  100000 counters  total " .. total .. "  ", s)
+    assert.same(want(1, 37, "name"), names(s))   -- 40 lines: the header, 37 rows, the footer
+    assert.matches("rows 1%-37 of 100000$", s)
+    -- a few refreshes later (rates between them now): the same rows, and
+    -- memory for the rows on screen, not for every counter
+    s = t:wait(function(x) return x:find("\nc:%d+%s+%d+%s+0 ") and x:find("rows 1%-37") end)
+    assert.same(want(1, 37, "name"), names(s))
+    if not os.getenv("LD_PRELOAD") then        -- (a sanitizer's runtime holds its own)
+      local f = assert(io.open(pidfile))
+      local pid = math.tointeger(f:read("n"))
+      f:close()
+      local status = assert(io.open("/proc/" .. pid .. "/status")):read("a")
+      local kb = tonumber(status:match("RssAnon:%s*(%d+) kB"))
+      assert.truthy(kb < 48 * 1024, "resident (anonymous): " .. kb .. " kB")
+    end
+    -- by name; then the last rows (End), read for that screen only
+    t:keys("n")
+    s = frame(t, "sort: name")
+    for i = 1, N do all[i].name = ("c:%06d"):format(i) end
+    assert.same(want(1, 37, "name"), names(s))
+    t:keys("End")
+    s = frame(t, "rows 99964%-100000 of 100000")
+    assert.same(want(99964, 100000, "name"), names(s))
+    t:keys("PageUp")
+    s = frame(t, "rows 99928%-99964 of 100000")
+    assert.same(want(99928, 99964, "name"), names(s))
+    t:keys("q")
+    t:wait("%[exit 0%]")
+  end)
+
   it("restores the terminal when it quits", function()
     local path = store_with({ x = 1 })
     local before, after = helper.tmpfile("stty1"), helper.tmpfile("stty2")

@@ -22,7 +22,8 @@ int cli_report(lua_State *L, int status);
 void cli_repl(lua_State *L);
 
 /* Modules preloaded by the command only. */
-int cli_open_term(lua_State *L); /* tally.term: raw mode, keys, window size */
-int cli_open_peek(lua_State *L); /* tally.peek: read-only looks at a store */
+int cli_open_term(lua_State *L);   /* tally.term: raw mode, keys, window size */
+int cli_open_peek(lua_State *L);   /* tally.peek: read-only looks at a store */
+void cli_peek_watch(lua_State *L); /* adds watch's reads to the table on top */
 
 #endif

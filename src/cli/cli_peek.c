@@ -12,6 +12,7 @@
  *   peek.rows(db, pattern, fn) -> true or nil, message, code: fn(list)
  *       for each batch of up to 1,000 matching counters, in their names'
  *       order, each as peek.counter gives it (value nil beyond int64)
+ *   peek.watcher(), peek.watch(...): what watch reads (cli_watch.c)
  *
  * `tally ls`, `get`, `info` and `watch` read through these. Counters are
  * opened without TALLY_COUNTER_CREATE, so a counter dropped while a listing
@@ -286,5 +287,6 @@ int cli_open_peek(lua_State *L) {
                                  {"schedules", p_schedules}, {"fs", p_fs},
                                  {"rows", p_rows},           {NULL, NULL}};
   luaL_newlib(L, fns);
+  cli_peek_watch(L); /* peek.watcher, peek.watch (cli_watch.c) */
   return 1;
 }

@@ -216,7 +216,8 @@ A live view of the counters matching pattern, refreshed like top: NAME,
 VALUE (exact), RATE/S (between the last two refreshes; from the last
 rollup until there are two) and HISTORY, a sparkline of the rate: from the
 counter's finest rollup history if it keeps one, else from what watch has
-seen since it started. Histograms get one row each after the counters:
+seen of it on screen. Each refresh reads every matching counter in one walk
+but keeps only the rows on screen. Histograms get one row each after the counters:
 COUNT, RATE/S of the count, SUM, MEAN and the bucket bounds of P50, P90
 and P99, all read from one consistent snapshot per refresh.
 
@@ -987,7 +988,7 @@ function cmd.watch(args)
     usage_error("--sort must be rate, value or name, got '" .. printable(sort) .. "'")
   end
   local db, path = open(pos[1])
-  must(db:names(pos[2]))                 -- a damaged store: said before the screen is taken
+  must(db:top(pos[2], 1))                -- a damaged store: said before the screen is taken
   if not term.isatty(1) then
     fail("needs a terminal (stdout is not one); 'tally ls' lists the counters once")
   end

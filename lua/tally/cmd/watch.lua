@@ -5,14 +5,17 @@
 -- tally.term and tally.peek, preloaded by the command); never loaded by
 -- require "tally", so the LuaJIT build does not need it.
 --
--- Every refresh lists the matching names and reads each counter once
--- through tally.peek (exact value, last rollup record), all lock-free: no
--- writer ever waits for watch. The rate of a counter is the change of its
--- exact value between the last two refreshes, divided by the time between
--- them; before the second refresh it is the rate of the counter's last
--- rollup, if any. The sparkline shows the rate over time: from the
--- counter's finest rollup history ring when it keeps one (so it reaches
--- back before watch started), else from the rates watch has computed.
+-- Every refresh reads each matching counter once in one walk in C
+-- (tally.peek.watch, src/cli/cli_watch.c), lock-free: no writer ever waits
+-- for watch. The walk counts and adds them up and keeps only the rows on
+-- screen (those that rank scroll+1 .. scroll+body by the sort), so a
+-- million counters cost a walk a refresh, not a table each. The rate of a
+-- counter is the change of its exact value between the last two
+-- refreshes, divided by the time between them; before the second refresh
+-- it is the rate of the counter's last rollup, if any. The sparkline shows
+-- the rate over time: from the counter's finest rollup history ring when
+-- it keeps one (so it reaches back before watch started), else from the
+-- rates watch has computed while the row was on screen.
 --
 -- Histograms (tally.histogram) among the matching names are shown grouped,
 -- one row each below the counters, and their member counters are not
@@ -38,7 +41,7 @@ local cli = require "tally.cmd.common"
 
 local type, tostring, ipairs, pairs, next, pcall, error =
       type, tostring, ipairs, pairs, next, pcall, error
-local fmt, rep, find = string.format, string.rep, string.find
+local fmt, rep = string.format, string.rep
 local concat, sort = table.concat, table.sort
 local floor, max, min, huge = math.floor, math.max, math.min, math.huge
 local histogram = tally.histogram
@@ -167,73 +170,93 @@ end
 local function loop(db, o)
   local glyphs = utf8_terminal() and BLOCKS or ASCII
   local sortby, interval, scroll = o.sort, o.interval, 0
-  local seen = {}              -- name -> { t=, v=, rate=, rates = {...}, rolled = }
+  local w = peek.watcher()     -- each counter's value and rate at the last refresh (C)
+  local spark = {}             -- name -> rates seen while on screen, for its sparkline
   local hseen = {}             -- histogram name -> { t=, v= (count), rate= }
-  local rows, total = {}, 0
+  local rows, count, total = {}, 0, 0
+  local row1 = 1               -- the rank of rows[1]
   local hrows = {}             -- { name =, r = (histogram.read), s = hseen[name] }
   local last_sample = nil
 
-  local function sample()
+  -- Read the rows the screen shows: the counters that rank scroll+1 ..
+  -- scroll+body (one walk in C, peek.watch), the histograms on a refresh.
+  -- refresh false: the sort or the scroll changed; the rates stay those of
+  -- the last refresh.
+  local function sample(refresh)
     local now = tally.now()
-    local names, nmsg = db:names(o.pattern)
-    if not names then cli.fail(tostring(nmsg)) end   -- a damaged store
-    -- histograms: complete ones among the names with a brace (cheap test first)
-    local braced, plain = {}, {}
-    for _, name in ipairs(names) do
-      if find(name, "{", 1, true) then braced[#braced + 1] = name else plain[#plain + 1] = name end
-    end
-    local hs, others = histogram.group(braced)
-    for _, name in ipairs(others) do plain[#plain + 1] = name end
-    hrows = {}
-    if next(hs) then
-      -- one snapshot for all of them: each row from one consistent cut
-      local snap, smsg = db:snapshot(o.pattern or "*{*}")
-      if not snap then cli.fail(tostring(smsg)) end
-      local snames, hfresh = {}, {}
-      for n in pairs(snap) do snames[#snames + 1] = n end
-      for base, h in pairs((histogram.group(snames))) do
-        local r = histogram.read(snap, h)
-        local s = hseen[base] or {}
-        if s.t and now > s.t then s.rate = (r.count - s.v) / (now - s.t) end
-        s.t, s.v = now, r.count
-        hfresh[base] = s
-        hrows[#hrows + 1] = { name = base, r = r, s = s }
-      end
-      hseen = hfresh
+    local _, lines = term.size()
+    local k = scroll + max(1, lines - 3)
+    local got, msg = peek.watch(w, db, o.pattern, sortby, scroll + 1, k, refresh and now or nil)
+    if not got then cli.fail(tostring(msg)) end   -- a damaged store
+    -- histograms: complete ones among the names that may be members
+    local mnames, mrow = {}, {}
+    for i, r in ipairs(got.members) do mnames[i] = r.name; mrow[r.name] = r end
+    local hs, others = histogram.group(mnames)
+    if #others > 0 then
+      -- names of a member's form that are not members are counters: they
+      -- take their place among the rows, so rank all of them from the first
+      got = assert(peek.watch(w, db, o.pattern, sortby, 1, k))
+      row1 = 1
     else
-      hseen = {}
+      row1 = scroll + 1
     end
-    local fresh = {}
-    rows, total = {}, 0
-    for _, name in ipairs(plain) do
-      local p, pmsg, pcode = peek.counter(db, name)
-      if not p and pcode ~= "ENOENT" then cli.fail(tostring(pmsg)) end
-      if p then                                  -- else dropped meanwhile
-        local s = seen[name] or { rates = {} }
-        local v = p.value
-        if type(v) == "number" and type(s.v) == "number" and s.t and now > s.t then
-          s.rate = (v - s.v) / (now - s.t)
-          s.rates[#s.rates + 1] = s.rate
-          if #s.rates > KEEP then table.remove(s.rates, 1) end
-        elseif p.rolled and not s.t then
-          s.rate = p.rolled.rate
+    if refresh then
+      hrows = {}
+      if next(hs) then
+        -- one snapshot for all of them: each row from one consistent cut
+        local snap, smsg = db:snapshot(o.pattern or "*{*}")
+        if not snap then cli.fail(tostring(smsg)) end
+        local snames, hfresh = {}, {}
+        for n in pairs(snap) do snames[#snames + 1] = n end
+        for base, h in pairs((histogram.group(snames))) do
+          local r = histogram.read(snap, h)
+          local s = hseen[base] or {}
+          if s.t and now > s.t then s.rate = (r.count - s.v) / (now - s.t) end
+          s.t, s.v = now, r.count
+          hfresh[base] = s
+          hrows[#hrows + 1] = { name = base, r = r, s = s }
         end
-        s.t, s.v, s.rolled = now, v, p.rolled
-        fresh[name] = s
-        rows[#rows + 1] = { name = name, value = v, s = s }
-        -- exact, or false once it leaves int64 (or a value already has)
-        if total and math.type(v) == "integer" then
-          local t = total + v                      -- wraps: same signs in, other out
-          if (v >= 0) == (total >= 0) and (t >= 0) ~= (v >= 0) then t = false end
-          total = t
-        else
-          total = false
-        end
+        hseen = hfresh
+      else
+        hseen = {}
       end
     end
-    seen = fresh
-    last_sample = now
-    order(rows, sortby, counter_value)
+    rows, count, total = got.rows, got.count, got.total
+    for _, r in ipairs(rows) do r.s = { rate = r.rate } end
+    for _, name in ipairs(others) do
+      local r = mrow[name]
+      r.s = { rate = r.rate }
+      rows[#rows + 1] = r
+      count = count + 1
+      -- exact, or false once it leaves int64 (or a value already has)
+      local v = r.value
+      if total and v then
+        local t = total + v                      -- wraps: same signs in, other out
+        if (v >= 0) == (total >= 0) and (t >= 0) ~= (v >= 0) then t = false end
+        total = t
+      else
+        total = false
+      end
+    end
+    if #others > 0 then
+      order(rows, sortby, counter_value)
+      for i = k + 1, #rows do rows[i] = nil end
+    end
+    local fresh = refresh and {} or spark
+    for _, r in ipairs(rows) do
+      if r.value == nil then                     -- beyond int64: its exact decimal
+        local p = peek.counter(db, r.name)
+        r.value = p and p.value or "?"
+      end
+      local xs = spark[r.name] or {}
+      if refresh and r.diff then
+        xs[#xs + 1] = r.rate
+        if #xs > KEEP then table.remove(xs, 1) end
+      end
+      r.s.rates, fresh[r.name] = xs, xs
+    end
+    spark = fresh
+    if refresh then last_sample = now end
     order(hrows, sortby, hist_count)
   end
 
@@ -242,17 +265,30 @@ local function loop(db, o)
     local body = max(1, lines - 3)
     -- what scrolls: the counter rows, then the histograms under their own
     -- header (a blank line before it); with no counter rows the histogram
-    -- header takes the counters' place on line 2
-    local items = {}
-    for i = 1, #rows do items[i] = rows[i] end
+    -- header takes the counters' place on line 2. Of the counters, only
+    -- the rows on screen were read (rows[1] ranks row1).
     local HHEAD = {}
-    if #hrows > 0 and #rows > 0 then items[#items + 1] = ""; items[#items + 1] = HHEAD end
-    for _, h in ipairs(hrows) do items[#items + 1] = h end
-    if scroll > max(0, #items - body) then scroll = max(0, #items - body) end
-    local first, last = scroll + 1, min(#items, scroll + body)
+    local gap = #hrows > 0 and count > 0 and 2 or 0
+    local nitems = count + gap + #hrows
+    local function item(i)
+      if i <= count then return rows[i - row1 + 1] end
+      i = i - count
+      if gap > 0 and i <= 2 then return i == 1 and "" or HHEAD end
+      return hrows[i - gap]
+    end
+    if scroll > max(0, nitems - body) then scroll = max(0, nitems - body) end
+    local first, last = scroll + 1, min(nitems, scroll + body)
+    if first <= min(last, count) and (first < row1 or min(last, count) > row1 + #rows - 1) then
+      sample(false)                              -- scrolled, or a taller screen
+      nitems = count + gap + #hrows
+      if scroll > max(0, nitems - body) then scroll = max(0, nitems - body) end
+      first, last = scroll + 1, min(nitems, scroll + body)
+    end
+    local items = {}
+    for i = first, last do items[i] = item(i) end
     local out = {}
     local head = fmt("tally watch  %s  sort: %s  every %gs  %d counter%s  total %s  %s%s%s",
-                     os.date("%H:%M:%S"), sortby, interval, #rows, #rows == 1 and "" or "s",
+                     os.date("%H:%M:%S"), sortby, interval, count, count == 1 and "" or "s",
                      total and tostring(total) or "beyond int64",
                      #hrows > 0 and fmt("%d histogram%s  ", #hrows, #hrows == 1 and "" or "s") or "",
                      o.store, o.pattern and ("  " .. o.pattern) or "")
@@ -290,7 +326,7 @@ local function loop(db, o)
       return fit(concat(t, "  "), cols)
     end
     local function reverse(text) return "\27[7m" .. fit(text, cols) .. "\27[0m" end
-    if #rows == 0 and #hrows > 0 then
+    if count == 0 and #hrows > 0 then
       out[2] = reverse(hline(HIST_HEAD))
     else
       out[2] = reverse(fit("NAME", nw) .. "  " .. rjust("VALUE", vw) .. "  "
@@ -298,7 +334,7 @@ local function loop(db, o)
     end
     for i = first, last do
       local r = items[i]
-      if r == "" then
+      if r == "" or r == nil then
         out[#out + 1] = ""
       elseif r == HHEAD then
         out[#out + 1] = reverse(hline(HIST_HEAD))
@@ -308,21 +344,19 @@ local function loop(db, o)
         local spark = ""
         if hw > 0 then
           local xs = r.s.rates
-          if r.s.rolled then
-            local _, buckets = peek.history(db, r.name, hw + 1)
-            if buckets and #buckets >= 2 then xs = ring_rates(buckets) end
-          end
+          local _, buckets = peek.history(db, r.name, hw + 1)   -- nil: it keeps no ring
+          if buckets and #buckets >= 2 then xs = ring_rates(buckets) end
           spark = sparkline(xs, hw, glyphs)
         end
         out[#out + 1] = fit(cli.printable(r.name), nw) .. "  " .. rjust(tostring(r.value), vw) .. "  "
                         .. rjust(cli.rate_text(r.s.rate), rw) .. "  " .. spark
       end
     end
-    if #items == 0 then
+    if nitems == 0 then
       out[#out + 1] = o.pattern and ("no counter matches " .. o.pattern) or "the store has no counters"
     end
     while #out < lines - 1 do out[#out + 1] = "" end
-    local more = #items > body and fmt("  rows %d-%d of %d", first, last, #items) or ""
+    local more = nitems > body and fmt("  rows %d-%d of %d", first, last, nitems) or ""
     out[lines] = fit("q quit  s sort (r v n)  +/- interval  arrows scroll" .. more, cols)
     local screen = {}
     for i = 1, lines do screen[i] = out[i] .. "\27[K" end
@@ -346,7 +380,7 @@ local function loop(db, o)
   while true do
     local now = tally.now()
     if now >= next_at then
-      sample()
+      sample(true)
       next_at = now + interval
       draw()
     end
@@ -354,6 +388,7 @@ local function loop(db, o)
     if ev == "key" then
       local _, lines = term.size()
       local page = max(1, lines - 4)
+      local was = sortby
       for _, k in ipairs(keys(data)) do
         if k == "q" or k == "Q" or k == "\4" then return 0 end
         if k == "\3" then return 130 end           -- Ctrl-C: interrupted
@@ -371,11 +406,12 @@ local function loop(db, o)
         elseif k == "\27[5~" then scroll = max(0, scroll - page)
         elseif k == "\27[6~" or k == " " then scroll = scroll + page
         elseif k == "\27[H" or k == "\27[1~" or k == "\27OH" or k == "g" then scroll = 0
-        elseif k == "\27[F" or k == "\27[4~" or k == "\27OF" or k == "G" then scroll = #rows + #hrows + 2
+        elseif k == "\27[F" or k == "\27[4~" or k == "\27OF" or k == "G" then scroll = count + #hrows + 2
         end
       end
-      order(rows, sortby, counter_value) -- what is there now; the next sample comes on time
-      order(hrows, sortby, hist_count)
+      -- the rows of this sort (a scroll reads them in draw); the rates
+      -- stay those of the last refresh, and the next comes on time
+      if sortby ~= was then sample(false) end
       draw()
     elseif ev == "resize" then
       draw()
