@@ -282,6 +282,22 @@ describe("tally watch", function()
     t:wait("%[exit 0%]")
   end)
 
+  it("lists names of a member's form that are in no histogram as counters", function()
+    -- odd{le=1} has no +Inf bucket and no sum: a counter, ranked with the rest
+    local path = store_with({ ["odd{le=1}"] = 5, plain = 7, ["z{sum,unit=0.001}"] = 9 })
+    t = tty.open(q(tty.bin()) .. " watch " .. q(path) .. " --sort value --interval 0.2")
+    local s = frame(t, "\nplain%s+7 ")
+    assert.matches("  3 counters  total 21  file:/", s)
+    assert.same({ "z{sum,unit=0.001}", "plain", "odd{le=1}" },
+                order(s, { "odd{le=1}", "plain", "z{sum,unit=0.001}" }))
+    t:keys("n")
+    s = frame(t, "sort: name")
+    assert.same({ "odd{le=1}", "plain", "z{sum,unit=0.001}" },
+                order(s, { "odd{le=1}", "plain", "z{sum,unit=0.001}" }))
+    t:keys("q")
+    t:wait("%[exit 0%]")
+  end)
+
   it("restores the terminal when it quits", function()
     local path = store_with({ x = 1 })
     local before, after = helper.tmpfile("stty1"), helper.tmpfile("stty2")

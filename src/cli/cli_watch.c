@@ -6,7 +6,8 @@
  *       rows = { row, ... } (those that rank first..k), members = { row,
  *       ... } } or nil, msg, code
  *       row: { name =, value = (nil beyond int64), rate = (or nil),
- *       diff = true (the rate is a change between refreshes) }
+ *       diff = true (the rate is a change between refreshes: this one's,
+ *       or without now the last one's) }
  *
  * One walk of the store (tally_store_rows, in the index's order, no handle
  * per counter) keeps only the k rows that rank first by `by` ("rate",
@@ -43,7 +44,7 @@ struct seen {
   uint64_t h; /* of the name */
   int64_t v;
   double rate;
-  uint8_t has_v, has_rate;
+  uint8_t has_v, has_rate, diff; /* diff: the rate was a change between refreshes */
 };
 
 struct watcher {
@@ -250,9 +251,10 @@ static int watch_row(void *ud, const tally_row *row) {
     if (x->refresh && r.has_v && s->has_v && x->dt > 0) {
       r.rate = (double)(r.v - s->v) / x->dt;
       r.has_rate = r.diff = 1;
-    } else if (s->has_rate) { /* (a value beyond int64 now: the rate stays) */
+    } else if (s->has_rate) { /* the last refresh's (or a value beyond int64 now) */
       r.rate = s->rate;
       r.has_rate = 1;
+      r.diff = !x->refresh && s->diff;
     }
   } else if (row->rolled) {
     r.rate = tally_rollup_rate(row->rolled);
@@ -263,7 +265,7 @@ static int watch_row(void *ud, const tally_row *row) {
   if (x->refresh) {
     struct seen *e = seen_add(w);
     if (e == NULL) goto nomem;
-    *e = (struct seen){h, r.v, r.rate, r.has_v, r.has_rate};
+    *e = (struct seen){h, r.v, r.rate, r.has_v, r.has_rate, r.diff};
     r.cur = w->ncur - 1;
   }
   if (!r.member) {
