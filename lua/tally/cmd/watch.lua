@@ -20,7 +20,7 @@
 -- Histograms (tally.histogram) among the matching names are shown grouped,
 -- one row each below the counters, and their member counters are not
 -- listed as counters. All of them are read from one db:snapshot per
--- refresh (of the pattern, else of the names with a brace, "*{*}"), so a
+-- refresh (of the pattern's names with a brace, braced()), so a
 -- row's count (the sum of its buckets), its sum and its quantiles come
 -- from one consistent cut: an observation is in all of them or in none.
 -- The row shows COUNT, RATE/S (of the count, between the last two
@@ -167,6 +167,16 @@ local function hist_cells(h)
            bound_text(r, 0.5), bound_text(r, 0.9), bound_text(r, 0.99) }
 end
 
+-- A pattern for the names of pattern p that hold a brace (every member of
+-- a histogram does), for the histograms' snapshot: a pattern that ends in
+-- '*' (with no brace before it) takes "{*}" after it, so that the snapshot
+-- of 'post:*' over a million counters holds only the members.
+local function braced(p)
+  if p == nil then return "*{*}" end
+  if p:sub(-1) == "*" and not p:find("{", 1, true) then return p .. "{*}" end
+  return p
+end
+
 local function loop(db, o)
   local glyphs = utf8_terminal() and BLOCKS or ASCII
   local sortby, interval, scroll = o.sort, o.interval, 0
@@ -204,7 +214,7 @@ local function loop(db, o)
       hrows = {}
       if next(hs) then
         -- one snapshot for all of them: each row from one consistent cut
-        local snap, smsg = db:snapshot(o.pattern or "*{*}")
+        local snap, smsg = db:snapshot(braced(o.pattern))
         if not snap then cli.fail(tostring(smsg)) end
         local snames, hfresh = {}, {}
         for n in pairs(snap) do snames[#snames + 1] = n end
