@@ -2,9 +2,10 @@
  *
  *   peek.watcher() -> w: what watch remembers between refreshes (each
  *       counter's value at the last refresh and the rate found then)
- *   peek.watch(w, db, pattern, by, first, k [, now]) -> { count =, total =,
- *       rows = { row, ... } (those that rank first..k), members = { row,
- *       ... } } or nil, msg, code
+ *   peek.watch(w, db, pattern, by, first, k [, now [, reverse]]) -> {
+ *       count =, total =, rows = { row, ... } (those that rank first..k;
+ *       reverse: in the reverse order, last first), members = { row, ...
+ *       } } or nil, msg, code
  *       row: { name =, value = (nil beyond int64), rate = (or nil),
  *       diff = true (the rate is a change between refreshes: this one's,
  *       or without now the last one's) }
@@ -72,6 +73,7 @@ struct walk {
   tally_store *store;
   struct watcher *w;
   int by;           /* 0 rate, 1 value, 2 name */
+  int rev;          /* keep the last k instead, last first */
   int refresh;      /* a `now` was given */
   double dt;        /* now - the last refresh's time; 0: no last refresh */
   size_t k, n, cap; /* heap: k rows at most, n now, room for cap */
@@ -152,12 +154,18 @@ static int ranks_before(int by, const struct wrow *a, const struct wrow *b) {
   return c != 0 ? c < 0 : a->len < b->len;
 }
 
+/* a before b in the order the walk keeps: watch's, or its reverse (the
+ * last rows of a long list are the first k of the reverse). */
+static int better(const struct walk *x, const struct wrow *a, const struct wrow *b) {
+  return x->rev ? ranks_before(x->by, b, a) : ranks_before(x->by, a, b);
+}
+
 /* The heap keeps the k best with the worst at the root. */
 static void sift_down(struct walk *x, size_t i) {
   for (;;) {
     size_t l = 2 * i + 1, r = l + 1, m = i;
-    if (l < x->n && ranks_before(x->by, &x->heap[m], &x->heap[l])) m = l;
-    if (r < x->n && ranks_before(x->by, &x->heap[m], &x->heap[r])) m = r;
+    if (l < x->n && better(x, &x->heap[m], &x->heap[l])) m = l;
+    if (r < x->n && better(x, &x->heap[m], &x->heap[r])) m = r;
     if (m == i) return;
     struct wrow t = x->heap[i];
     x->heap[i] = x->heap[m];
@@ -169,7 +177,7 @@ static void sift_down(struct walk *x, size_t i) {
 static void sift_up(struct walk *x, size_t i) {
   while (i > 0) {
     size_t p = (i - 1) / 2;
-    if (!ranks_before(x->by, &x->heap[p], &x->heap[i])) return;
+    if (!better(x, &x->heap[p], &x->heap[i])) return;
     struct wrow t = x->heap[i];
     x->heap[i] = x->heap[p];
     x->heap[p] = t;
@@ -222,7 +230,7 @@ static int place(struct walk *x, const struct wrow *r) {
   if (x->n < x->k) {
     if (list_add(&x->heap, &x->n, &x->cap, r) < 0) return -1;
     sift_up(x, x->n - 1);
-  } else if (ranks_before(x->by, r, &x->heap[0])) {
+  } else if (better(x, r, &x->heap[0])) {
     char *old = x->heap[0].name;
     x->heap[0] = *r;
     x->heap[0].name = old;
@@ -360,6 +368,7 @@ static int p_watch(lua_State *L) {
   lua_Integer k = luaL_checkinteger(L, 6);
   int refresh = !lua_isnoneornil(L, 7);
   double now = refresh ? (double)luaL_checknumber(L, 7) : 0;
+  int rev = lua_toboolean(L, 8);
   struct walk *x = (struct walk *)lua_newuserdatauv(L, sizeof *x, 0);
   memset(x, 0, sizeof *x);
   lua_createtable(L, 0, 1);
@@ -369,6 +378,7 @@ static int p_watch(lua_State *L) {
   x->store = d->store;
   x->w = w;
   x->by = by;
+  x->rev = rev;
   x->refresh = refresh;
   x->dt = w->gen != 0 && now > w->t ? now - w->t : 0;
   x->k = k < 0 ? 0 : (size_t)k;

@@ -51,6 +51,7 @@ local _M = {}
 local INTERVALS = { 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300, 900, 3600 }
 local SORTS = { "rate", "value", "name" }
 local KEEP = 120   -- rates kept per counter for its sparkline
+local SLACK = 64   -- rows past the screen read when ranking from the end
 
 local function utf8_terminal()
   for _, k in ipairs({ "LC_ALL", "LC_CTYPE", "LANG" }) do
@@ -195,8 +196,19 @@ local function loop(db, o)
   local function sample(refresh)
     local now = tally.now()
     local _, lines = term.size()
-    local k = scroll + max(1, lines - 3)
-    local got, msg = peek.watch(w, db, o.pattern, sortby, scroll + 1, k, refresh and now or nil)
+    local body = max(1, lines - 3)
+    local k = scroll + body
+    -- far down a long list, rank from its end: the walk then holds the
+    -- rows below the screen's top (and some more, as counters come),
+    -- not the ones above it
+    local rev_first, below = max(1, count - scroll - body + 1 - SLACK), count - scroll + SLACK
+    local rev = count > 0 and below < k
+    local got, msg
+    if rev then
+      got, msg = peek.watch(w, db, o.pattern, sortby, rev_first, below, refresh and now or nil, true)
+    else
+      got, msg = peek.watch(w, db, o.pattern, sortby, scroll + 1, k, refresh and now or nil)
+    end
     if not got then cli.fail(tostring(msg)) end   -- a damaged store
     -- histograms: complete ones among the names that may be members
     local mnames, mrow = {}, {}
@@ -207,6 +219,12 @@ local function loop(db, o)
       -- take their place among the rows, so rank all of them from the first
       got = assert(peek.watch(w, db, o.pattern, sortby, 1, k))
       row1 = 1
+    elseif rev then                              -- back in watch's order
+      local r, n = got.rows, #got.rows
+      local fwd = {}
+      for i = 1, n do fwd[i] = r[n - i + 1] end
+      got.rows = fwd
+      row1 = got.count - (rev_first + n - 1) + 1
     else
       row1 = scroll + 1
     end
