@@ -88,13 +88,6 @@ struct walk {
   int failed; /* out of memory */
 };
 
-/* FNV-1a: the command sees the library's API only, not its hash. */
-static uint64_t name_hash(const char *s, size_t len) {
-  uint64_t h = 1469598103934665603ull;
-  for (size_t i = 0; i < len; i++) h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
-  return h;
-}
-
 /* The last refresh's entry for hash h, or NULL. The walk goes in the
  * index's order, the same from one refresh to the next while no counter
  * comes or goes: so the next entry is tried first, and a hash table over
@@ -252,7 +245,7 @@ static int watch_row(void *ud, const tally_row *row) {
                    0,
                    (uint8_t)maybe_member(row->name, row->name_len),
                    SIZE_MAX};
-  uint64_t h = name_hash(row->name, row->name_len);
+  uint64_t h = tl_name_hash(row->name, row->name_len);
   struct seen *s = seen_find(w, h);
   int later = 0;
   if (s != NULL) {

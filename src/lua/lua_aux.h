@@ -353,6 +353,15 @@ void tl_counter_release(tl_counter *h);
 
 typedef struct tl_door tl_door; /* handle_admit = "repeat": the names seen once */
 
+/* FNV-1a of len bytes: a process-local hash of a name for the binding's
+ * and the command's own tables (the doorkeeper, tally watch's last
+ * values), which see the library's API and not its index hash. */
+static inline uint64_t tl_name_hash(const char *s, size_t len) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (size_t i = 0; i < len; i++) h = (h ^ (unsigned char)s[i]) * 0x100000001b3ull;
+  return h;
+}
+
 /* A new cache of at most cap handles (0: weak) for the store at db;
  * repeat: handle_admit = "repeat". */
 void tl_cache_init(lua_State *L, int db, lua_Integer cap, int repeat);

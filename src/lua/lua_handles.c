@@ -66,7 +66,6 @@ struct tl_door {
   uint64_t bits[];
 };
 
-
 static lua_Integer tl_cs_get(lua_State *L, int st, int k) {
   lua_Integer v;
   lua_rawgeti(L, st, k);
@@ -275,10 +274,9 @@ void tl_uncache(lua_State *L) {
   lua_pop(L, 1);
 }
 
-/* FNV-1a: the doorkeeper's bit for a name. */
+/* The doorkeeper's bit for a name. */
 static uint32_t tl_door_bit(const tl_door *door, const char *name, size_t len) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (size_t i = 0; i < len; i++) h = (h ^ (unsigned char)name[i]) * 0x100000001b3ull;
+  uint64_t h = tl_name_hash(name, len);
   return (uint32_t)(h ^ h >> 32) & (door->nbits - 1);
 }
 
