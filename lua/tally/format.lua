@@ -556,6 +556,7 @@ end
 -- the rest: the name escaped, or its bytes in hex where it is not UTF-8).
 local DEFAULT_PREFIX = _M.DEFAULT_METRIC .. "{" .. _M.DEFAULT_LABEL .. '="'
 local DEFAULT_HEX_PREFIX = _M.DEFAULT_METRIC .. "{" .. _M.DEFAULT_HEX_LABEL .. '="'
+_M._DEFAULT_PREFIX, _M._DEFAULT_HEX_PREFIX = DEFAULT_PREFIX, DEFAULT_HEX_PREFIX
 
 -- For a split entry's glob g (compile_mapping): 1 if name matches g in
 -- one way, 2 in more than one, nil if not at all, as glob_captures and
@@ -690,6 +691,7 @@ local function value_text(v)
   if v == -huge then return "-Inf" end
   return float_text(v)
 end
+_M._value_text = value_text
 
 -- The self-metric of a lenient rendering: what it left out, by reason.
 _M.SKIPPED_METRIC = "tally_prometheus_skipped"
@@ -841,25 +843,35 @@ function _M._render_prometheus(samples, mapping, names, lenient, extra, tail, pa
   sort(metrics)
   local out = {}
   for _, metric in ipairs(metrics) do
-    local fam = c.families[metric]
-    if fam.help then out[#out + 1] = "# HELP " .. metric .. " " .. help_text(fam.help) .. "\n" end
-    out[#out + 1] = "# TYPE " .. metric .. " " .. fam.type .. "\n"
+    out[#out + 1] = _M._family_head(metric, c.families[metric])
     out[#out + 1] = concat(lines[metric])
   end
   out[#out + 1] = tail
   if lenient then
     for reason, n in pairs(extra or {}) do counts[reason] = (counts[reason] or 0) + n end
-    local reasons = {}
-    for reason in pairs(counts) do reasons[#reasons + 1] = reason end
-    if #reasons > 0 then
-      sort(reasons)
-      local m = _M.SKIPPED_METRIC
-      out[#out + 1] = "# HELP " .. m .. " " .. SKIPPED_HELP .. "\n# TYPE " .. m .. " gauge\n"
-      for _, reason in ipairs(reasons) do
-        out[#out + 1] = m .. '{reason="' .. reason .. '"} ' .. int_text(counts[reason]) .. "\n"
-      end
-    end
+    out[#out + 1] = _M._skipped_text(counts)
     return concat(out), skipped
+  end
+  return concat(out)
+end
+
+-- A family's # HELP (when it has one) and # TYPE lines.
+function _M._family_head(metric, fam)
+  return (fam.help and "# HELP " .. metric .. " " .. help_text(fam.help) .. "\n" or "")
+         .. "# TYPE " .. metric .. " " .. fam.type .. "\n"
+end
+
+-- The tally_prometheus_skipped gauge of counts ({ [reason] = n }), or ""
+-- when nothing was left out.
+function _M._skipped_text(counts)
+  local reasons = {}
+  for reason in pairs(counts) do reasons[#reasons + 1] = reason end
+  if #reasons == 0 then return "" end
+  sort(reasons)
+  local m = _M.SKIPPED_METRIC
+  local out = { "# HELP " .. m .. " " .. SKIPPED_HELP .. "\n# TYPE " .. m .. " gauge\n" }
+  for _, reason in ipairs(reasons) do
+    out[#out + 1] = m .. '{reason="' .. reason .. '"} ' .. int_text(counts[reason]) .. "\n"
   end
   return concat(out)
 end

@@ -542,23 +542,44 @@ end
 local YIELDS = { content = true, access = true, rewrite = true, timer = true }
 local function yield() ngx.sleep(0.001) end
 
+-- A scrape's piece to the client, flushed (ngx.flush(true) yields while
+-- the client has not taken what was sent): raises if the client is gone.
+local function send(piece)
+  local ok, err = ngx.print(piece)
+  if ok then ok, err = ngx.flush(true) end
+  if not ok then error("sending to the client: " .. tostring(err), 0) end
+end
+
 -- metrics([pattern]): content handler writing the exact values of the
 -- matching counters (default: all) in Prometheus text format 0.0.4, with
--- the families' metric mappings and histograms as Prometheus histograms; 503 if this worker has no store, 500 if
--- rendering fails (both logged). The scrape yields to nginx every 10,000
--- counters (ngx.sleep(0.001)), so that a worker rendering a large store
--- goes on serving its other requests meanwhile.
+-- the families' metric mappings and histograms as Prometheus histograms;
+-- 503 if this worker has no store, 500 if rendering fails before anything
+-- was sent (both logged). The text is sent as it is made (tally.prometheus'
+-- write), and the scrape yields to nginx between chunks of 10,000
+-- counters (ngx.sleep(0.001)) and while the client reads, so that a
+-- worker scraping a large store goes on serving its other requests
+-- meanwhile. A failure once the text has begun is logged and the
+-- connection closed, so the scraper sees a cut response, never a short
+-- one that looks whole.
 function _M.metrics(pattern)
   local db = st.db
   if not db then return fail(503, "tally.openresty: no store in this worker (" .. st.reason .. ")") end
-  local opts = YIELDS[ngx.get_phase()] and { pause = yield } or nil
-  local ok, text, err = pcall(tally.prometheus, db, pattern, opts)
-  if not ok or not text then
-    return fail(500, "tally.openresty: /metrics: " .. tostring(ok and err or text))
+  if not YIELDS[ngx.get_phase()] then   -- no yield here: the whole text at once
+    local ok, text, err = pcall(tally.prometheus, db, pattern)
+    if not ok or not text then
+      return fail(500, "tally.openresty: /metrics: " .. tostring(ok and err or text))
+    end
+    ngx.header["Content-Type"] = PROM_TYPE
+    ngx.print(text)
+    return ngx.exit(200)
   end
   ngx.header["Content-Type"] = PROM_TYPE
-  ngx.print(text)
-  return ngx.exit(200)
+  local ok, done, err = pcall(tally.prometheus, db, pattern, { pause = yield, write = send })
+  if ok and done then return ngx.exit(200) end
+  local msg = "tally.openresty: /metrics: " .. tostring(ok and err or done)
+  if not ngx.headers_sent then return fail(500, msg) end
+  log(ngx.ERR, msg, " (the scrape was cut short)")
+  return ngx.exit(ngx.ERROR)
 end
 
 -- stats() -> this worker's view: { pid =, worker =, store =, tick =,

@@ -20,7 +20,8 @@ local format = require "tally.format"
 
 local type, error, pairs, ipairs, pcall, getmetatable, rawget =
       type, error, pairs, ipairs, pcall, getmetatable, rawget
-local find, gsub, fmt = string.find, string.gsub, string.format
+local byte, find, gsub, fmt, sub = string.byte, string.find, string.gsub, string.format,
+      string.sub
 local compat = require "tally.compat"
 local mtype, pack, unpack, utf8len, tofloat = compat.mtype, compat.pack, compat.unpack,
       compat.utf8len, compat.tofloat
@@ -336,6 +337,15 @@ local function log_once(_, reason, msg)
   pcall(logger, msg)                  -- a failing logger must not fail the scrape
 end
 
+-- The value of a counter whose sum does not fit int64: the float sum of
+-- its shards (0.0 if it was dropped meanwhile).
+local function beyond(db, name)
+  local v = 0.0
+  local c = db:counter(name, { create = false })
+  for _, s in ipairs(c and c:shards() or {}) do v = v + tofloat(s) end
+  return v
+end
+
 -- ---- histograms -------------------------------------------------------------------
 
 -- The exposition of the histograms hs (histogram.group) of db under
@@ -452,43 +462,11 @@ histograms_text = function(db, hs, c)
   return concat(out), counts
 end
 
--- tally.prometheus(db [, pattern [, { pause = fn }]]) -> exposition text
--- of the matching counters' exact values, or nil, msg, code if the store's
--- names cannot be read. A counter that cannot be exposed (its value
--- unreadable, two counters mapping to one series, a name matching its
--- family pattern in more than one way) never fails the scrape: it is left
--- out, counted in the gauge tally_prometheus_skipped{reason=...} and
--- logged once. This process's buffered histograms of db are flushed
--- first. pause: called after every 10,000 counters read and again
--- after every 10,000 rendered, so that a host can yield there
--- (tally.openresty sleeps 1 ms there); what it raises fails the scrape.
-function _M.prometheus(db, pattern, opts)
-  if not is_store(db) then
-    argerror(1, "prometheus", "tally.store expected, got " .. typename(db), 2)
-  end
-  if pattern ~= nil and type(pattern) ~= "string" then
-    argerror(2, "prometheus", "string expected, got " .. typename(pattern), 2)
-  end
-  local pause
-  if opts ~= nil then
-    if type(opts) ~= "table" then
-      argerror(3, "prometheus", "options table expected, got " .. typename(opts), 2)
-    end
-    for k in pairs(opts) do
-      if k ~= "pause" then
-        argerror(3, "prometheus", "unknown option " .. printable(tostring(k)) .. "; expected pause", 2)
-      end
-    end
-    pause = opts.pause
-    if pause ~= nil and type(pause) ~= "function" then
-      argerror(3, "prometheus", "pause must be a function, got " .. typename(pause), 2)
-    end
-  end
-  -- what this process's buffered histograms hold goes in first (a flush
-  -- that fails keeps it for the next: logged, the scrape goes on)
-  local fok, fmsg = core.histograms_flush(db)
-  if not fok then logger("prometheus: buffered histograms not flushed: " .. tostring(fmsg)) end
-  local c = _M.mapping_of(db)
+-- The counters' values one by one, through db:names and db:value: the
+-- way when the store has a damaged counter, which the walk of every
+-- value (core._prom_rows) reports for the whole store, where here it is
+-- left out alone (unreadable). Returns the text (and the skips logged).
+local function by_name(db, pattern, c, pause)
   local values, names, nmsg, ncode = {}, db:names(pattern)
   if not names then return nil, nmsg, ncode end   -- a damaged store
   local hs, htext, skips
@@ -500,9 +478,7 @@ function _M.prometheus(db, pattern, opts)
     if pause and i % chunk == 0 then pause() end
     local v, msg, code = db:value(name)
     if code == "ERANGE" then           -- the sum does not fit int64: as a float
-      v = 0.0
-      local c = db:counter(name, { create = false })
-      for _, s in ipairs(c and c:shards() or {}) do v = v + tofloat(s) end
+      v = beyond(db, name)
     elseif v == nil and code ~= "ENOENT" then   -- ENOENT: dropped meanwhile
       skips.unreadable = (skips.unreadable or 0) + 1
       log_once(name, "unreadable", "counter '" .. printable(name) .. "': " .. tostring(msg))
@@ -513,6 +489,138 @@ function _M.prometheus(db, pattern, opts)
   if not text then error(skipped, 2) end   -- not reached: the values are all numbers
   for _, sk in ipairs(skipped) do log_once(sk.name, sk.reason, sk.msg) end
   return text
+end
+
+-- The text in pieces of at most PIECE bytes, to write: a host sends each
+-- and may yield between them.
+local PIECE = 65536
+local function write_pieces(write, text)
+  for i = 1, #text, PIECE do write(sub(text, i, i + PIECE - 1)) end
+end
+
+-- The exposition from one walk of the matching counters (core._prom_rows:
+-- names and values in name order, no handle per counter). Only the names
+-- that may be histogram members (ending in '}') and the values beyond
+-- int64 come to Lua here. Without counter families (the common case) the
+-- default metric's lines are written by C from the rows, CHUNK counters
+-- at a time, each chunk handed to emit as it is made (whole: all of them
+-- at once, with what comes before and after, in one buffer); with
+-- families, the rows' names and values go to the renderer as before.
+local function from_rows(db, rows, c, pause, emit, whole)
+  local idx, names, range = rows:special()
+  local brace, at = {}, {}
+  for k, name in ipairs(names) do
+    if range[k] then rows:set_text(idx[k], format._value_text(beyond(db, name))) end
+    if byte(name, -1) == 125 then brace[#brace + 1] = name; at[name] = idx[k] end
+  end
+  local hs, htext, skips = histogram.group(brace), nil, nil
+  if next(hs) then
+    for _, h in pairs(hs) do
+      for _, n in ipairs(h.names) do rows:exclude(at[n]) end
+    end
+    htext, skips = histograms_text(db, hs, c)
+  end
+  skips = skips or {}
+  local n, included = rows:count()
+  local CHUNK = format._chunk
+  if #c.entries == 0 then
+    local metric = format.DEFAULT_METRIC
+    if included > 0 and whole then
+      emit((rows:lines(1, n, format._DEFAULT_PREFIX, format._DEFAULT_HEX_PREFIX,
+                       format._family_head(metric, c.families[metric]),
+                       (htext or "") .. format._skipped_text(skips))))
+      return
+    end
+    if included > 0 then
+      emit(format._family_head(metric, c.families[metric]))
+      local i = 1
+      repeat
+        local text
+        text, i = rows:lines(i, CHUNK, format._DEFAULT_PREFIX, format._DEFAULT_HEX_PREFIX)
+        if text ~= "" then emit(text) end
+        if pause and i then pause() end
+      until not i
+    end
+    if htext then emit(htext) end
+    local gauge = format._skipped_text(skips)
+    if gauge ~= "" then emit(gauge) end
+    return
+  end
+  local values, list, k = {}, {}, 0
+  for from = 1, n, CHUNK do
+    local nm, vs, m = rows:names(from, from + CHUNK - 1 <= n and from + CHUNK - 1 or n)
+    for j = 1, m do
+      k = k + 1
+      list[k], values[nm[j]] = nm[j], vs[j]
+    end
+    if pause and from + CHUNK <= n then pause() end
+  end
+  local text, skipped = format._render_prometheus(values, c, list, true, skips, htext, pause)
+  if not text then error(skipped, 2) end   -- not reached: the values are all numbers
+  for _, sk in ipairs(skipped) do log_once(sk.name, sk.reason, sk.msg) end
+  emit(text)
+end
+
+-- tally.prometheus(db [, pattern [, { pause = fn, write = fn }]]) ->
+-- exposition text of the matching counters' exact values (with write:
+-- true, the text given to write(piece) piece by piece as it is made,
+-- the pieces' concatenation being that text), or nil, msg, code if the
+-- store's counters cannot be read. A counter that cannot be exposed (its
+-- value unreadable, two counters mapping to one series, a name matching
+-- its family pattern in more than one way) never fails the scrape: it is
+-- left out, counted in the gauge tally_prometheus_skipped{reason=...}
+-- and logged once. This process's buffered histograms of db are flushed
+-- first. pause: called between chunks of 10,000 counters read or
+-- rendered, so that a host can yield there (tally.openresty sleeps 1 ms
+-- there); what it or write raises fails the scrape.
+function _M.prometheus(db, pattern, opts)
+  if not is_store(db) then
+    argerror(1, "prometheus", "tally.store expected, got " .. typename(db), 2)
+  end
+  if pattern ~= nil and type(pattern) ~= "string" then
+    argerror(2, "prometheus", "string expected, got " .. typename(pattern), 2)
+  end
+  local pause, write
+  if opts ~= nil then
+    if type(opts) ~= "table" then
+      argerror(3, "prometheus", "options table expected, got " .. typename(opts), 2)
+    end
+    for k in pairs(opts) do
+      if k ~= "pause" and k ~= "write" then
+        argerror(3, "prometheus", "unknown option " .. printable(tostring(k))
+                 .. "; expected pause or write", 2)
+      end
+    end
+    pause, write = opts.pause, opts.write
+    if pause ~= nil and type(pause) ~= "function" then
+      argerror(3, "prometheus", "pause must be a function, got " .. typename(pause), 2)
+    end
+    if write ~= nil and type(write) ~= "function" then
+      argerror(3, "prometheus", "write must be a function, got " .. typename(write), 2)
+    end
+  end
+  -- what this process's buffered histograms hold goes in first (a flush
+  -- that fails keeps it for the next: logged, the scrape goes on)
+  local fok, fmsg = core.histograms_flush(db)
+  if not fok then logger("prometheus: buffered histograms not flushed: " .. tostring(fmsg)) end
+  local c = _M.mapping_of(db)
+  local rows, rmsg, rcode = core._prom_rows(db, pattern)
+  if not rows then
+    if rcode ~= "ECORRUPT" then return nil, rmsg, rcode end
+    local text, msg, code = by_name(db, pattern, c, pause)
+    if not text then return nil, msg, code end
+    if not write then return text end
+    write_pieces(write, text)
+    return true
+  end
+  local out, n = {}, 0
+  local emit = write and function(piece) write_pieces(write, piece) end
+               or function(piece) n = n + 1; out[n] = piece end
+  local ok, err = pcall(from_rows, db, rows, c, pause, emit, not write and not pause)
+  rows:close()
+  if not ok then error(err, 0) end
+  if write then return true end
+  return n == 1 and out[1] or concat(out)
 end
 
 return _M

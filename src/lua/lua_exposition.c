@@ -14,40 +14,10 @@
  */
 #include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "lua_aux.h"
-
-/* Is s UTF-8 as utf8.len reads it (strict): no overlong form, no
- * surrogate, nothing past U+10FFFF? */
-static int utf8_valid(const unsigned char *s, size_t len) {
-  size_t i = 0;
-  while (i < len) {
-    unsigned c = s[i], n;
-    uint32_t cp, least;
-    if (c < 0x80) {
-      i++;
-      continue;
-    }
-    if (c >= 0xC2 && c < 0xE0) {
-      n = 1, cp = c & 0x1F, least = 0x80;
-    } else if (c >= 0xE0 && c < 0xF0) {
-      n = 2, cp = c & 0x0F, least = 0x800;
-    } else if (c >= 0xF0 && c < 0xF5) {
-      n = 3, cp = c & 0x07, least = 0x10000;
-    } else {
-      return 0;
-    }
-    if (len - i <= n) return 0;
-    for (unsigned k = 1; k <= n; k++) {
-      if ((s[i + k] & 0xC0) != 0x80) return 0;
-      cp = cp << 6 | (s[i + k] & 0x3F);
-    }
-    if (cp < least || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
-    i += n + 1;
-  }
-  return 1;
-}
 
 /* A label value: \ " and newline escaped, as the exposition format asks,
  * into room for twice its length. Returns the bytes written. */
@@ -132,8 +102,8 @@ static void put_value(lua_State *L, struct out *o, int values, lua_Integer i) {
 }
 
 /* The text, in a userdata at stack slot `at` (the top + 1). */
-static void out_open(lua_State *L, struct out *o, int at) {
-  *o = (struct out){L, at, NULL, 0, 4096};
+static void out_open(lua_State *L, struct out *o, int at, size_t cap) {
+  *o = (struct out){L, at, NULL, 0, cap > 4096 ? cap : 4096};
   o->p = (char *)lua_newuserdata(L, o->cap);
 }
 
@@ -143,38 +113,48 @@ static const char *name_at(lua_State *L, int names, lua_Integer i, size_t *len) 
   return lua_type(L, -1) == LUA_TSTRING ? lua_tolstring(L, -1, len) : NULL;
 }
 
+/* A line's series: prefix .. the label value (the name, escaped) ..
+ * '"} ', or hex_prefix and the name's bytes in hex where it is not UTF-8. */
+struct prefixes {
+  const char *text, *hex;
+  size_t len, hlen;
+};
+
+static void put_series(struct out *o, const struct prefixes *p, const char *name,
+                       size_t len) {
+  int utf8 = tally_utf8_len(name, len, NULL) >= 0;
+  size_t k = utf8 ? p->len : p->hlen;
+  char *w = room(o, k + 2 * len + 3); /* the name escaped is at most twice as long */
+  memcpy(w, utf8 ? p->text : p->hex, k);
+  k += utf8 ? put_label_value(w + k, name, len)
+            : put_hex(w + k, (const unsigned char *)name, len);
+  memcpy(w + k, "\"} ", 3);
+  o->n += k + 3;
+}
+
 /* core._prom_lines(prefix, hex_prefix, names, values, n [, head, tail])
  * -> text: for i = 1..n, prefix .. the label value .. '"} ' .. values[i]
  * .. "\n", the label value being names[i] without its first head and last
  * tail bytes (a family's one wildcard), escaped; or hex_prefix and those
  * bytes in hex where they are not UTF-8. */
 static int tl_prom_lines(lua_State *L) {
-  size_t plen, hlen;
-  const char *prefix = luaL_checklstring(L, 1, &plen);
-  const char *hex_prefix = luaL_checklstring(L, 2, &hlen);
+  struct prefixes p;
+  p.text = luaL_checklstring(L, 1, &p.len);
+  p.hex = luaL_checklstring(L, 2, &p.hlen);
   luaL_checktype(L, 3, LUA_TTABLE);
   luaL_checktype(L, 4, LUA_TTABLE);
   lua_Integer n = luaL_checkinteger(L, 5);
   size_t head = (size_t)luaL_optinteger(L, 6, 0), tail = (size_t)luaL_optinteger(L, 7, 0);
   lua_settop(L, 7);
   struct out o;
-  out_open(L, &o, 8);
+  out_open(L, &o, 8, 0);
   for (lua_Integer i = 1; i <= n; i++) {
     size_t len;
     const char *name = name_at(L, 3, i, &len);
     if (!name || len < head + tail)
       return luaL_error(L, "_prom_lines: names[%d] is not a string of %d bytes or more",
                         (int)i, (int)(head + tail));
-    name += head;
-    len -= head + tail;
-    int utf8 = utf8_valid((const unsigned char *)name, len);
-    size_t k = utf8 ? plen : hlen;
-    char *w = room(&o, k + 2 * len + 3); /* the name escaped is at most twice as long */
-    memcpy(w, utf8 ? prefix : hex_prefix, k);
-    k += utf8 ? put_label_value(w + k, name, len)
-              : put_hex(w + k, (const unsigned char *)name, len);
-    memcpy(w + k, "\"} ", 3);
-    o.n += k + 3;
+    put_series(&o, &p, name + head, len - head - tail);
     lua_pop(L, 1);
     put_value(L, &o, 4, i);
   }
@@ -242,7 +222,7 @@ static int tl_prom_split_lines(lua_State *L) {
   for (int j = 0; j < k - 1; j++) labels += prefix[j].len + 1;
   lua_settop(L, 6);
   struct out o;
-  out_open(L, &o, 7);
+  out_open(L, &o, 7, 0);
   for (lua_Integer i = 1; i <= n; i++) {
     size_t len;
     const char *name = name_at(L, 4, i, &len);
@@ -271,10 +251,250 @@ static int tl_prom_split_lines(lua_State *L) {
   return 1;
 }
 
+/* ---- a scrape's counters: one walk, in name order, no handle -------------- */
+
+/* core._prom_rows(db [, pattern]) reads the matching counters once
+ * (tally_store_rows in name order): each one's name and value, 16 bytes
+ * and its name each, no Lua value per counter. tally.prometheus then
+ * hands the Lua side only what it decides (names ending in '}', which may
+ * be histogram members; values beyond int64) and takes the lines of the
+ * default metric in chunks, each written here, so a scrape of a million
+ * counters makes no million strings and can be sent as it is made. */
+#define TL_PROMROWS_MT "tally.promrows"
+
+enum { ROW_OUT = 1, ROW_TEXT = 2, ROW_RANGE = 4 };
+
+struct prow {
+  uint32_t off;  /* its name in names */
+  uint8_t len;   /* names are 1 to 255 bytes */
+  uint8_t flags; /* ROW_* */
+  int64_t value; /* when neither ROW_TEXT nor ROW_RANGE */
+};
+
+typedef struct tl_promrows {
+  struct prow *row;
+  size_t n, cap;
+  char *names;
+  size_t used, room;
+  int failed; /* out of memory during the walk */
+} tl_promrows;
+
+static int rows_add(void *ud, const tally_row *r) {
+  tl_promrows *t = (tl_promrows *)ud;
+  if (t->n == t->cap || t->used + r->name_len > t->room || t->used > UINT32_MAX) {
+    size_t cap = t->n == t->cap ? (t->cap ? t->cap * 2 : 4096) : t->cap;
+    size_t room =
+        t->used + r->name_len > t->room ? (t->room ? t->room * 2 : 65536) : t->room;
+    struct prow *row = cap != t->cap ? realloc(t->row, cap * sizeof *row) : t->row;
+    if (row) t->row = row, t->cap = cap;
+    char *names = room != t->room ? realloc(t->names, room) : t->names;
+    if (names) t->names = names, t->room = room;
+    if (!row || !names || t->used > UINT32_MAX) {
+      t->failed = 1;
+      return 1; /* stops the walk */
+    }
+  }
+  memcpy(t->names + t->used, r->name, r->name_len);
+  t->row[t->n++] =
+      (struct prow){(uint32_t)t->used, (uint8_t)r->name_len,
+                    (uint8_t)(r->value_rc ? ROW_RANGE : 0), r->value_rc ? 0 : r->value};
+  t->used += r->name_len;
+  return 0;
+}
+
+static tl_promrows *rows_check(lua_State *L) {
+  tl_promrows *t = (tl_promrows *)luaL_checkudata(L, 1, TL_PROMROWS_MT);
+  if (!t->row && t->n) luaL_error(L, "the scrape's rows are closed");
+  return t;
+}
+
+/* A row index argument, 1-based, as a 0-based index. */
+static size_t row_arg(lua_State *L, const tl_promrows *t, int arg) {
+  lua_Integer i = luaL_checkinteger(L, arg);
+  luaL_argcheck(L, i >= 1 && (size_t)i <= t->n, arg, "no such row");
+  return (size_t)i - 1;
+}
+
+/* core._prom_rows(db [, pattern]) -> rows, or nil, message, code */
+static int tl_prom_rows(lua_State *L) {
+  tl_store *d = tl_checkstore(L, 1);
+  size_t plen = 0;
+  const char *pattern = lua_isnoneornil(L, 2) ? NULL : luaL_checklstring(L, 2, &plen);
+  tl_promrows *t = (tl_promrows *)tl_newud(L, sizeof *t, 1);
+  memset(t, 0, sizeof *t);
+  luaL_setmetatable(L, TL_PROMROWS_MT);
+  lua_newtable(L); /* the values the Lua side wrote: by row */
+  tl_setuv(L, -2, 1);
+  int rc = tally_store_rows(d->store, pattern, plen, TALLY_ROWS_BY_NAME, rows_add, t);
+  if (t->failed)
+    return tl_fail_msg(L, TALLY_ENOMEM, "not enough memory for a scrape's rows");
+  if (rc < 0) return tl_fail(L, rc);
+  return 1;
+}
+
+/* rows:count() -> how many, and how many not left out */
+static int rows_count(lua_State *L) {
+  tl_promrows *t = rows_check(L);
+  size_t in = 0;
+  for (size_t i = 0; i < t->n; i++) in += !(t->row[i].flags & ROW_OUT);
+  lua_pushinteger(L, (lua_Integer)t->n);
+  lua_pushinteger(L, (lua_Integer)in);
+  return 2;
+}
+
+/* rows:special() -> { i... }, { name... }, { beyond... }: the rows whose
+ * name ends in '}' (a histogram's member, maybe) or whose value is beyond
+ * int64 (beyond[k] true) */
+static int rows_special(lua_State *L) {
+  tl_promrows *t = rows_check(L);
+  lua_settop(L, 1);
+  lua_newtable(L);
+  lua_newtable(L);
+  lua_newtable(L);
+  lua_Integer k = 0;
+  for (size_t i = 0; i < t->n; i++) {
+    const struct prow *r = &t->row[i];
+    if (!(r->flags & ROW_RANGE) && t->names[r->off + r->len - 1] != '}') continue;
+    k++;
+    lua_pushinteger(L, (lua_Integer)i + 1);
+    lua_rawseti(L, 2, k);
+    lua_pushlstring(L, t->names + r->off, r->len);
+    lua_rawseti(L, 3, k);
+    lua_pushboolean(L, (r->flags & ROW_RANGE) != 0);
+    lua_rawseti(L, 4, k);
+  }
+  return 3;
+}
+
+/* rows:exclude(i): row i is not a counter line (a histogram's member) */
+static int rows_exclude(lua_State *L) {
+  tl_promrows *t = rows_check(L);
+  t->row[row_arg(L, t, 2)].flags |= ROW_OUT;
+  return 0;
+}
+
+/* rows:set_text(i, text): row i's value, as the Lua side writes it (a
+ * sum beyond int64 as a float) */
+static int rows_set_text(lua_State *L) {
+  tl_promrows *t = rows_check(L);
+  size_t i = row_arg(L, t, 2);
+  luaL_checktype(L, 3, LUA_TSTRING);
+  tl_getuv(L, 1, 1);
+  lua_pushvalue(L, 3);
+  lua_rawseti(L, -2, (lua_Integer)i + 1);
+  t->row[i].flags = (uint8_t)((t->row[i].flags & ~ROW_RANGE) | ROW_TEXT);
+  return 0;
+}
+
+/* Push row i's value: an integer, or the text set for it (the table of
+ * texts at `texts`). */
+static void push_row_value(lua_State *L, const tl_promrows *t, size_t i, int texts) {
+  const struct prow *r = &t->row[i];
+  if (r->flags & ROW_RANGE)
+    luaL_error(L, "row %d: a value beyond int64 without its text", (int)i + 1);
+  if (r->flags & ROW_TEXT)
+    lua_rawgeti(L, texts, (lua_Integer)i + 1);
+  else
+    tl_pushint64(L, r->value);
+}
+
+/* rows:names(from, to) -> names, values, n: the rows from..to not left
+ * out, as tally.format's renderer takes them */
+static int rows_names(lua_State *L) {
+  tl_promrows *t = rows_check(L);
+  size_t from = row_arg(L, t, 2), to = row_arg(L, t, 3);
+  lua_settop(L, 3);
+  tl_getuv(L, 1, 1); /* 4 */
+  lua_createtable(L, (int)(to >= from ? to - from + 1 : 0), 0);
+  lua_createtable(L, (int)(to >= from ? to - from + 1 : 0), 0);
+  lua_Integer k = 0;
+  for (size_t i = from; i <= to && from <= to; i++) {
+    const struct prow *r = &t->row[i];
+    if (r->flags & ROW_OUT) continue;
+    k++;
+    lua_pushlstring(L, t->names + r->off, r->len);
+    lua_rawseti(L, 5, k);
+    push_row_value(L, t, i, 4);
+    lua_rawseti(L, 6, k);
+  }
+  lua_pushinteger(L, k);
+  return 3;
+}
+
+/* rows:lines(from, n, prefix, hex_prefix [, head, tail]) -> text, next:
+ * the default metric's lines (_prom_lines') of the rows not left out
+ * among n from `from`, after head and before tail, and the row to go on
+ * from (nil: none left). All of them with head and tail: a whole scrape's
+ * text made in one buffer, copied once. */
+static int rows_lines(lua_State *L) {
+  tl_promrows *t = rows_check(L);
+  size_t from = row_arg(L, t, 2), hlen = 0, tlen = 0;
+  lua_Integer n = luaL_checkinteger(L, 3);
+  struct prefixes p;
+  p.text = luaL_checklstring(L, 4, &p.len);
+  p.hex = luaL_checklstring(L, 5, &p.hlen);
+  const char *head = luaL_optlstring(L, 6, "", &hlen);
+  const char *tail = luaL_optlstring(L, 7, "", &tlen);
+  luaL_argcheck(L, n >= 1, 3, "positive count expected");
+  lua_settop(L, 7);
+  tl_getuv(L, 1, 1); /* 8 */
+  size_t to = t->n - from > (size_t)n ? from + (size_t)n : t->n, guess = hlen + tlen;
+  for (size_t i = from; i < to; i++) guess += p.len + t->row[i].len + 24; /* most lines */
+  struct out o;
+  out_open(L, &o, 9, guess);
+  put(&o, head, hlen);
+  for (size_t i = from; i < to; i++) {
+    const struct prow *r = &t->row[i];
+    if (r->flags & ROW_OUT) continue;
+    put_series(&o, &p, t->names + r->off, r->len);
+    if (r->flags & (ROW_TEXT | ROW_RANGE)) {
+      size_t len;
+      push_row_value(L, t, i, 8);
+      const char *s = lua_tolstring(L, -1, &len);
+      put(&o, s, len); /* may grow, which pushes nothing: s is still on the stack */
+      lua_pop(L, 1);
+      put(&o, "\n", 1);
+    } else {
+      char num[32];
+      int k = snprintf(num, sizeof num, "%" PRId64 "\n", r->value);
+      put(&o, num, (size_t)k);
+    }
+  }
+  put(&o, tail, tlen);
+  lua_pushlstring(L, o.p, o.n);
+  if (to < t->n)
+    lua_pushinteger(L, (lua_Integer)to + 1);
+  else
+    lua_pushnil(L);
+  return 2;
+}
+
+static int rows_close(lua_State *L) {
+  tl_promrows *t = (tl_promrows *)luaL_checkudata(L, 1, TL_PROMROWS_MT);
+  free(t->row);
+  free(t->names);
+  t->row = NULL;
+  t->names = NULL;
+  t->cap = t->room = 0;
+  return 0;
+}
+
+static const luaL_Reg rows_methods[] = {
+    {"count", rows_count},     {"special", rows_special},
+    {"exclude", rows_exclude}, {"set_text", rows_set_text},
+    {"names", rows_names},     {"lines", rows_lines},
+    {"close", rows_close},     {NULL, NULL}};
+static const luaL_Reg rows_meta[] = {
+    {"__gc", rows_close}, {"__close", rows_close}, {NULL, NULL}};
+
 int tl_open_exposition(lua_State *L) {
   lua_pushcfunction(L, tl_prom_lines);
   lua_setfield(L, -2, "_prom_lines");
   lua_pushcfunction(L, tl_prom_split_lines);
   lua_setfield(L, -2, "_prom_split_lines");
+  tl_newclass(L, TL_PROMROWS_MT, rows_meta, rows_methods);
+  lua_pop(L, 1);
+  lua_pushcfunction(L, tl_prom_rows);
+  lua_setfield(L, -2, "_prom_rows");
   return 0;
 }
