@@ -752,6 +752,26 @@ enum {
 TALLY_API int tally_store_rows(tally_store *s, const char *pattern, size_t plen,
                                unsigned flags, tally_row_fn fn, void *ud);
 
+/* The same walk a slice at a time, for a host that must not stop for a
+ * whole store (a scrape in an nginx worker yields between slices). Open
+ * it, then tally_walk_next hands fn the matching counters of the next
+ * `slots` slots of the name index (rows as tally_store_rows gives them,
+ * values read then; in the index's order), until it returns 1: every slot
+ * passed. It returns 0 while slots remain, fn's non-zero value, or a
+ * negative TALLY_E* (ECORRUPT: a damaged store). The walk holds reuse
+ * back from open to close, as every walk does, so close it soon; a
+ * counter created or dropped meanwhile may or may not be handed over,
+ * none twice. One thread at a time per walk. TALLY_EINVAL, TALLY_ENOMEM,
+ * TALLY_ECORRUPT from open. */
+typedef struct tally_walk tally_walk;
+TALLY_API int tally_walk_open(tally_store *s, const char *pattern, size_t plen,
+                              tally_walk **out);
+TALLY_API int tally_walk_next(tally_walk *w, uint64_t slots, tally_row_fn fn, void *ud);
+/* The slots the walk has passed and its index's slots (for progress). */
+TALLY_API void tally_walk_progress(const tally_walk *w, uint64_t *passed,
+                                   uint64_t *slots);
+TALLY_API void tally_walk_close(tally_walk *w);
+
 /* The k live counters matching pattern that rank first, best first: by
  * TALLY_TOP_VALUE, the largest values (read as tally_store_values reads
  * them); by TALLY_TOP_RATE, the largest rates of their latest rollup

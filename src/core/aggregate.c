@@ -190,6 +190,56 @@ int tally_store_rows(tally_store *s, const char *pattern, size_t plen, unsigned 
   return rc;
 }
 
+/* ---- the same walk in slices ---------------------------------------------- */
+
+struct tally_walk {
+  tally_store *s;
+  uint64_t table, slots, next; /* the index table it began with; where it is */
+  size_t plen;
+  char pattern[]; /* a copy */
+};
+
+int tally_walk_open(tally_store *s, const char *pattern, size_t plen, tally_walk **out) {
+  if (!s || !out) return tally__fail(TALLY_EINVAL, "tally_walk_open: NULL argument");
+  if (!pattern || !plen) pattern = "*", plen = 1;
+  tally_walk *w = malloc(sizeof *w + plen);
+  if (!w) return tally__fail(TALLY_ENOMEM, "out of memory");
+  *w = (tally_walk){.s = s, .plen = plen};
+  memcpy(w->pattern, pattern, plen);
+  tally__hold_begin(s); /* the table and the records stay ours to the close */
+  int rc = tally__index_table(s, &w->table, &w->slots);
+  if (rc) {
+    tally__hold_end(s);
+    free(w);
+    return rc;
+  }
+  *out = w;
+  return 0;
+}
+
+int tally_walk_next(tally_walk *w, uint64_t slots, tally_row_fn fn, void *ud) {
+  if (!w || !fn) return tally__fail(TALLY_EINVAL, "tally_walk_next: NULL argument");
+  if (w->next >= w->slots) return 1;
+  struct rows r = {.fn = fn, .ud = ud};
+  pattern_or_all(&r.w, w->pattern, w->plen);
+  uint64_t count = slots < w->slots - w->next ? slots : w->slots - w->next;
+  int rc = tally__index_slots(w->s, w->table, w->next, count ? count : 1, row_visit, &r);
+  if (rc) return rc; /* it stays where it was: fn's stop, or damage */
+  w->next += count ? count : 1;
+  return w->next >= w->slots;
+}
+
+void tally_walk_progress(const tally_walk *w, uint64_t *passed, uint64_t *slots) {
+  if (passed) *passed = w ? w->next : 0;
+  if (slots) *slots = w ? w->slots : 0;
+}
+
+void tally_walk_close(tally_walk *w) {
+  if (!w) return;
+  tally__hold_end(w->s);
+  free(w);
+}
+
 /* ---- the top k: a heap whose root is the entry that ranks last --------- */
 
 struct top_item {

@@ -308,14 +308,14 @@ static void fetch_cells(tally_store *s, uint64_t e) {
   tally__fetch_cells(s, atomic_load_explicit(&r->loc, memory_order_relaxed));
 }
 
-static int walk(tally_store *s, tally__rec_fn fn, void *ud, bool cells) {
-  struct tally__index *t = table(s);
-  if (!t) return TALLY_ECORRUPT;
-  for (uint64_t i = 0; i < t->cap; i++) {
-    if (i + RECORDS_AHEAD < t->cap)
+/* The walk of table t's slots [from, to). */
+static int walk_slots(tally_store *s, struct tally__index *t, uint64_t from, uint64_t to,
+                      tally__rec_fn fn, void *ud, bool cells) {
+  for (uint64_t i = from; i < to; i++) {
+    if (i + RECORDS_AHEAD < to)
       fetch_record(
           s, atomic_load_explicit(&t->entries[i + RECORDS_AHEAD], memory_order_relaxed));
-    if (cells && i + CELLS_AHEAD < t->cap) /* acquire: it reads the record's loc */
+    if (cells && i + CELLS_AHEAD < to) /* acquire: it reads the record's loc */
       fetch_cells(
           s, atomic_load_explicit(&t->entries[i + CELLS_AHEAD], memory_order_acquire));
     uint64_t e = atomic_load_explicit(&t->entries[i], memory_order_acquire);
@@ -329,6 +329,26 @@ static int walk(tally_store *s, tally__rec_fn fn, void *ud, bool cells) {
     if (rc) return rc;
   }
   return 0;
+}
+
+static int walk(tally_store *s, tally__rec_fn fn, void *ud, bool cells) {
+  struct tally__index *t = table(s);
+  return t ? walk_slots(s, t, 0, t->cap, fn, ud, cells) : TALLY_ECORRUPT;
+}
+
+int tally__index_table(tally_store *s, uint64_t *off, uint64_t *cap) {
+  struct tally__index *t = table(s);
+  if (!t) return TALLY_ECORRUPT;
+  *off = (uint64_t)((unsigned char *)t - s->base);
+  *cap = t->cap;
+  return 0;
+}
+
+int tally__index_slots(tally_store *s, uint64_t off, uint64_t from, uint64_t count,
+                       tally__rec_fn fn, void *ud) {
+  struct tally__index *t = tally__at(s, off);
+  uint64_t to = count < t->cap - from ? from + count : t->cap;
+  return walk_slots(s, t, from, to, fn, ud, true);
 }
 
 /* The table a walk began with stays its own to the end (a rebuild

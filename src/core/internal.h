@@ -663,6 +663,13 @@ int tally__sort_by_name(tally_store *s, struct tally__name_key *keys, size_t n);
  * *cursor is left where the walk stopped. */
 int tally__index_range(tally_store *s, uint64_t *cursor, uint64_t count, tally__rec_fn fn,
                        void *ud);
+/* A walk in slices, under a hold from its start to its end (tally_walk):
+ * the table it began with (its offset and slots), which stays as it is
+ * while held (a rebuild retires it); then fn for the live entries of its
+ * slots [from, from + count), cells fetched ahead as every walk does. */
+int tally__index_table(tally_store *s, uint64_t *off, uint64_t *cap);
+int tally__index_slots(tally_store *s, uint64_t off, uint64_t from, uint64_t count,
+                       tally__rec_fn fn, void *ud);
 uint16_t tally__rec_checksum(const struct tally__rec *r);
 
 /* ---- family.c ---- */

@@ -253,13 +253,18 @@ static int tl_prom_split_lines(lua_State *L) {
 
 /* ---- a scrape's counters: one walk, in name order, no handle -------------- */
 
-/* core._prom_rows(db [, pattern]) reads the matching counters once
- * (tally_store_rows in name order): each one's name and value, 16 bytes
- * and its name each, no Lua value per counter. tally.prometheus then
- * hands the Lua side only what it decides (names ending in '}', which may
- * be histogram members; values beyond int64) and takes the lines of the
- * default metric in chunks, each written here, so a scrape of a million
- * counters makes no million strings and can be sent as it is made. */
+/* core._prom_rows(db [, pattern [, sliced]]) reads the matching counters
+ * (names and values: 16 bytes and the name each, no Lua value per
+ * counter). tally.prometheus hands the Lua side only what it decides
+ * (names ending in '}', which may be histogram members; values beyond
+ * int64) and takes the default metric's lines in chunks written here,
+ * so a scrape of a million counters makes no million strings and can be
+ * sent as it is made. Read whole, the rows come sorted from
+ * tally_store_rows. Sliced (a host that yields: tally.openresty), they
+ * come from a tally_walk, rows:collect(slots) at a time, each slice
+ * sorted as a run of its own; the runs are merged as the lines are
+ * written. A name twice (dropped and made again between two slices) is
+ * written once, as read last. */
 #define TL_PROMROWS_MT "tally.promrows"
 
 enum { ROW_OUT = 1, ROW_TEXT = 2, ROW_RANGE = 4 };
@@ -276,12 +281,19 @@ typedef struct tl_promrows {
   size_t n, cap;
   char *names;
   size_t used, room;
-  int failed; /* out of memory during the walk */
+  int failed;       /* out of memory during a walk */
+  tally_walk *walk; /* sliced, while collecting */
+  size_t *run;      /* where each run begins, then n */
+  size_t nrun, runcap;
+  size_t *heap, nheap; /* the merge: the runs' next rows, least first */
+  size_t *at;          /* per run: its next row */
+  int merging;
+  size_t last; /* the row the merge handed out last (SIZE_MAX: none) */
 } tl_promrows;
 
 static int rows_add(void *ud, const tally_row *r) {
   tl_promrows *t = (tl_promrows *)ud;
-  if (t->n == t->cap || t->used + r->name_len > t->room || t->used > UINT32_MAX) {
+  if (t->n == t->cap || t->used + r->name_len > t->room) {
     size_t cap = t->n == t->cap ? (t->cap ? t->cap * 2 : 4096) : t->cap;
     size_t room =
         t->used + r->name_len > t->room ? (t->room ? t->room * 2 : 65536) : t->room;
@@ -289,16 +301,54 @@ static int rows_add(void *ud, const tally_row *r) {
     if (row) t->row = row, t->cap = cap;
     char *names = room != t->room ? realloc(t->names, room) : t->names;
     if (names) t->names = names, t->room = room;
-    if (!row || !names || t->used > UINT32_MAX) {
+    if (!row || !names) {
       t->failed = 1;
       return 1; /* stops the walk */
     }
+  }
+  if (t->used > UINT32_MAX - TALLY_NAME_MAX) {
+    t->failed = 1;
+    return 1;
   }
   memcpy(t->names + t->used, r->name, r->name_len);
   t->row[t->n++] =
       (struct prow){(uint32_t)t->used, (uint8_t)r->name_len,
                     (uint8_t)(r->value_rc ? ROW_RANGE : 0), r->value_rc ? 0 : r->value};
   t->used += r->name_len;
+  return 0;
+}
+
+/* Name order, bytewise, a name before any longer one it begins; rows of
+ * one name by the order they were read. */
+static int row_cmp(const tl_promrows *t, size_t a, size_t b) {
+  const struct prow *x = &t->row[a], *y = &t->row[b];
+  int c = memcmp(t->names + x->off, t->names + y->off, x->len < y->len ? x->len : y->len);
+  if (c) return c;
+  if (x->len != y->len) return x->len < y->len ? -1 : 1;
+  return a < b ? -1 : a > b;
+}
+
+static int prow_cmp(const void *a, const void *b, void *names) {
+  const struct prow *x = a, *y = b;
+  const char *s = names;
+  int c = memcmp(s + x->off, s + y->off, x->len < y->len ? x->len : y->len);
+  if (c) return c;
+  if (x->len != y->len) return x->len < y->len ? -1 : 1;
+  return x->off < y->off ? -1 : x->off > y->off; /* read order: names go in as read */
+}
+
+/* The rows from run's start on are a run: sorted, and recorded. */
+static int run_end(tl_promrows *t, size_t start) {
+  if (t->nrun + 2 > t->runcap) {
+    size_t cap = t->runcap ? t->runcap * 2 : 64;
+    size_t *run = realloc(t->run, cap * sizeof *run);
+    if (!run) return t->failed = 1;
+    t->run = run, t->runcap = cap;
+  }
+  if (t->n == start) return 0;
+  qsort_r(t->row + start, t->n - start, sizeof *t->row, prow_cmp, t->names);
+  t->run[t->nrun++] = start;
+  t->run[t->nrun] = t->n;
   return 0;
 }
 
@@ -315,20 +365,53 @@ static size_t row_arg(lua_State *L, const tl_promrows *t, int arg) {
   return (size_t)i - 1;
 }
 
-/* core._prom_rows(db [, pattern]) -> rows, or nil, message, code */
+/* core._prom_rows(db [, pattern [, sliced]]) -> rows, or nil, message,
+ * code. Sliced: rows:collect reads them. */
 static int tl_prom_rows(lua_State *L) {
   tl_store *d = tl_checkstore(L, 1);
   size_t plen = 0;
   const char *pattern = lua_isnoneornil(L, 2) ? NULL : luaL_checklstring(L, 2, &plen);
+  int sliced = lua_toboolean(L, 3);
   tl_promrows *t = (tl_promrows *)tl_newud(L, sizeof *t, 1);
   memset(t, 0, sizeof *t);
+  t->last = SIZE_MAX;
   luaL_setmetatable(L, TL_PROMROWS_MT);
   lua_newtable(L); /* the values the Lua side wrote: by row */
   tl_setuv(L, -2, 1);
-  int rc = tally_store_rows(d->store, pattern, plen, TALLY_ROWS_BY_NAME, rows_add, t);
+  int rc =
+      sliced ? tally_walk_open(d->store, pattern, plen, &t->walk)
+             : tally_store_rows(d->store, pattern, plen, TALLY_ROWS_BY_NAME, rows_add, t);
+  if (!sliced && !t->failed && rc == 0 && t->n) { /* one run, sorted already */
+    if (run_end(t, t->n) == 0) t->run[0] = 0, t->run[1] = t->n, t->nrun = 1;
+  }
   if (t->failed)
     return tl_fail_msg(L, TALLY_ENOMEM, "not enough memory for a scrape's rows");
   if (rc < 0) return tl_fail(L, rc);
+  return 1;
+}
+
+/* rows:collect(slots) -> true once every counter is read; false while
+ * some remain (a sliced walk: the next `slots` of the index), or nil,
+ * message, code */
+static int rows_collect(lua_State *L) {
+  tl_promrows *t = rows_check(L);
+  lua_Integer slots = luaL_checkinteger(L, 2);
+  luaL_argcheck(L, slots >= 1, 2, "positive count expected");
+  if (!t->walk) {
+    lua_pushboolean(L, 1);
+    return 1;
+  }
+  size_t start = t->n;
+  int rc = tally_walk_next(t->walk, (uint64_t)slots, rows_add, t);
+  if (!t->failed && rc >= 0) run_end(t, start);
+  if (t->failed || rc < 0 || rc == 1) {
+    tally_walk_close(t->walk);
+    t->walk = NULL;
+  }
+  if (t->failed)
+    return tl_fail_msg(L, TALLY_ENOMEM, "not enough memory for a scrape's rows");
+  if (rc < 0) return tl_fail(L, rc);
+  lua_pushboolean(L, rc == 1);
   return 1;
 }
 
@@ -386,6 +469,55 @@ static int rows_set_text(lua_State *L) {
   return 0;
 }
 
+/* ---- the merge of the runs: rows in name order, each name once ---------- */
+
+static void sift(tl_promrows *t, size_t i) {
+  for (;;) {
+    size_t l = 2 * i + 1, r = l + 1, m = i;
+    if (l < t->nheap && row_cmp(t, t->at[t->heap[l]], t->at[t->heap[m]]) < 0) m = l;
+    if (r < t->nheap && row_cmp(t, t->at[t->heap[r]], t->at[t->heap[m]]) < 0) m = r;
+    if (m == i) return;
+    size_t x = t->heap[i];
+    t->heap[i] = t->heap[m];
+    t->heap[m] = x;
+    i = m;
+  }
+}
+
+static int merge_start(tl_promrows *t) {
+  if (t->merging) return 0;
+  t->heap = malloc((t->nrun + 1) * sizeof *t->heap);
+  t->at = malloc((t->nrun + 1) * sizeof *t->at);
+  if (!t->heap || !t->at) return -1;
+  t->nheap = 0;
+  for (size_t k = 0; k < t->nrun; k++) {
+    t->at[k] = t->run[k];
+    t->heap[t->nheap++] = k;
+  }
+  for (size_t i = t->nheap; i-- > 0;) sift(t, i);
+  t->merging = 1;
+  return 0;
+}
+
+/* The next row in name order, not left out, the last read of its name;
+ * SIZE_MAX when none is left. */
+static size_t merge_next(tl_promrows *t) {
+  while (t->nheap) {
+    size_t k = t->heap[0], i = t->at[k]++;
+    if (t->at[k] == t->run[k + 1]) t->heap[0] = t->heap[--t->nheap];
+    sift(t, 0);
+    if (t->nheap) { /* the next row has the same name: this one was read earlier */
+      size_t j = t->at[t->heap[0]];
+      const struct prow *x = &t->row[i], *y = &t->row[j];
+      if (x->len == y->len && memcmp(t->names + x->off, t->names + y->off, x->len) == 0)
+        continue;
+    }
+    if (t->row[i].flags & ROW_OUT) continue;
+    return i;
+  }
+  return SIZE_MAX;
+}
+
 /* Push row i's value: an integer, or the text set for it (the table of
  * texts at `texts`). */
 static void push_row_value(lua_State *L, const tl_promrows *t, size_t i, int texts) {
@@ -398,92 +530,96 @@ static void push_row_value(lua_State *L, const tl_promrows *t, size_t i, int tex
     tl_pushint64(L, r->value);
 }
 
-/* rows:names(from, to) -> names, values, n: the rows from..to not left
- * out, as tally.format's renderer takes them */
-static int rows_names(lua_State *L) {
-  tl_promrows *t = rows_check(L);
-  size_t from = row_arg(L, t, 2), to = row_arg(L, t, 3);
-  lua_settop(L, 3);
-  tl_getuv(L, 1, 1); /* 4 */
-  lua_createtable(L, (int)(to >= from ? to - from + 1 : 0), 0);
-  lua_createtable(L, (int)(to >= from ? to - from + 1 : 0), 0);
-  lua_Integer k = 0;
-  for (size_t i = from; i <= to && from <= to; i++) {
-    const struct prow *r = &t->row[i];
-    if (r->flags & ROW_OUT) continue;
-    k++;
-    lua_pushlstring(L, t->names + r->off, r->len);
-    lua_rawseti(L, 5, k);
-    push_row_value(L, t, i, 4);
-    lua_rawseti(L, 6, k);
-  }
-  lua_pushinteger(L, k);
-  return 3;
+static lua_Integer count_arg(lua_State *L, int arg) {
+  lua_Integer n = luaL_checkinteger(L, arg);
+  luaL_argcheck(L, n >= 1, arg, "positive count expected");
+  return n;
 }
 
-/* rows:lines(from, n, prefix, hex_prefix [, head, tail]) -> text, next:
- * the default metric's lines (_prom_lines') of the rows not left out
- * among n from `from`, after head and before tail, and the row to go on
- * from (nil: none left). All of them with head and tail: a whole scrape's
- * text made in one buffer, copied once. */
+/* rows:names(n) -> names, values, k, more: the next k (<= n) rows in
+ * name order, as tally.format's renderer takes them; more: some left */
+static int rows_names(lua_State *L) {
+  tl_promrows *t = rows_check(L);
+  lua_Integer n = count_arg(L, 2);
+  if (merge_start(t)) return luaL_error(L, "not enough memory");
+  lua_settop(L, 2);
+  tl_getuv(L, 1, 1); /* 3 */
+  lua_newtable(L);   /* 4 */
+  lua_newtable(L);   /* 5 */
+  lua_Integer k = 0;
+  size_t i = 0;
+  while (k < n && (i = merge_next(t)) != SIZE_MAX) {
+    k++;
+    lua_pushlstring(L, t->names + t->row[i].off, t->row[i].len);
+    lua_rawseti(L, 4, k);
+    push_row_value(L, t, i, 3);
+    lua_rawseti(L, 5, k);
+  }
+  lua_pushinteger(L, k);
+  lua_pushboolean(L, t->nheap > 0);
+  return 4;
+}
+
+/* rows:lines(n, prefix, hex_prefix [, head, tail]) -> text, more: the
+ * default metric's lines (_prom_lines') of the next n rows in name order,
+ * after head and before tail; more: some left. All of them with head and
+ * tail: a whole scrape's text made in one buffer, copied once. */
 static int rows_lines(lua_State *L) {
   tl_promrows *t = rows_check(L);
-  size_t from = row_arg(L, t, 2), hlen = 0, tlen = 0;
-  lua_Integer n = luaL_checkinteger(L, 3);
+  lua_Integer n = count_arg(L, 2);
+  size_t hlen = 0, tlen = 0;
   struct prefixes p;
-  p.text = luaL_checklstring(L, 4, &p.len);
-  p.hex = luaL_checklstring(L, 5, &p.hlen);
-  const char *head = luaL_optlstring(L, 6, "", &hlen);
-  const char *tail = luaL_optlstring(L, 7, "", &tlen);
-  luaL_argcheck(L, n >= 1, 3, "positive count expected");
-  lua_settop(L, 7);
-  tl_getuv(L, 1, 1); /* 8 */
-  size_t to = t->n - from > (size_t)n ? from + (size_t)n : t->n, guess = hlen + tlen;
-  for (size_t i = from; i < to; i++) guess += p.len + t->row[i].len + 24; /* most lines */
+  p.text = luaL_checklstring(L, 3, &p.len);
+  p.hex = luaL_checklstring(L, 4, &p.hlen);
+  const char *head = luaL_optlstring(L, 5, "", &hlen);
+  const char *tail = luaL_optlstring(L, 6, "", &tlen);
+  if (merge_start(t)) return luaL_error(L, "not enough memory");
+  lua_settop(L, 6);
+  tl_getuv(L, 1, 1); /* 7 */
+  size_t guess = hlen + tlen, rows = t->n < (size_t)n ? t->n : (size_t)n;
+  guess += rows * (p.len + 40); /* most lines */
   struct out o;
-  out_open(L, &o, 9, guess);
+  out_open(L, &o, 8, guess);
   put(&o, head, hlen);
-  for (size_t i = from; i < to; i++) {
+  size_t i = 0;
+  for (lua_Integer k = 0; k < n && (i = merge_next(t)) != SIZE_MAX; k++) {
     const struct prow *r = &t->row[i];
-    if (r->flags & ROW_OUT) continue;
     put_series(&o, &p, t->names + r->off, r->len);
     if (r->flags & (ROW_TEXT | ROW_RANGE)) {
       size_t len;
-      push_row_value(L, t, i, 8);
+      push_row_value(L, t, i, 7);
       const char *s = lua_tolstring(L, -1, &len);
       put(&o, s, len); /* may grow, which pushes nothing: s is still on the stack */
       lua_pop(L, 1);
       put(&o, "\n", 1);
     } else {
       char num[32];
-      int k = snprintf(num, sizeof num, "%" PRId64 "\n", r->value);
-      put(&o, num, (size_t)k);
+      int len = snprintf(num, sizeof num, "%" PRId64 "\n", r->value);
+      put(&o, num, (size_t)len);
     }
   }
   put(&o, tail, tlen);
   lua_pushlstring(L, o.p, o.n);
-  if (to < t->n)
-    lua_pushinteger(L, (lua_Integer)to + 1);
-  else
-    lua_pushnil(L);
+  lua_pushboolean(L, t->nheap > 0);
   return 2;
 }
 
 static int rows_close(lua_State *L) {
   tl_promrows *t = (tl_promrows *)luaL_checkudata(L, 1, TL_PROMROWS_MT);
+  if (t->walk) tally_walk_close(t->walk);
   free(t->row);
   free(t->names);
-  t->row = NULL;
-  t->names = NULL;
-  t->cap = t->room = 0;
+  free(t->run);
+  free(t->heap);
+  free(t->at);
+  memset(t, 0, sizeof *t);
   return 0;
 }
 
 static const luaL_Reg rows_methods[] = {
-    {"count", rows_count},     {"special", rows_special},
-    {"exclude", rows_exclude}, {"set_text", rows_set_text},
-    {"names", rows_names},     {"lines", rows_lines},
-    {"close", rows_close},     {NULL, NULL}};
+    {"collect", rows_collect}, {"count", rows_count},       {"special", rows_special},
+    {"exclude", rows_exclude}, {"set_text", rows_set_text}, {"names", rows_names},
+    {"lines", rows_lines},     {"close", rows_close},       {NULL, NULL}};
 static const luaL_Reg rows_meta[] = {
     {"__gc", rows_close}, {"__close", rows_close}, {NULL, NULL}};
 
