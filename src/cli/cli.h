@@ -1,5 +1,5 @@
 /* cli.h -- what the tally command's C files share (main.c, cli_run.c,
- * cli_repl.c, cli_term.c, cli_peek.c). They are compiled into the `tally` executable
+ * cli_repl.c, cli_term.c, cli_peek.c, cli_httpd.c). They are compiled into the `tally` executable
  * only, never into libtally or the Lua module. */
 #ifndef TALLY_CLI_H
 #define TALLY_CLI_H
@@ -25,5 +25,6 @@ void cli_repl(lua_State *L);
 int cli_open_term(lua_State *L);   /* tally.term: raw mode, keys, window size */
 int cli_open_peek(lua_State *L);   /* tally.peek: read-only looks at a store */
 void cli_peek_watch(lua_State *L); /* adds watch's reads to the table on top */
+int cli_open_httpd(lua_State *L);  /* tally.httpd: tally serve's HTTP server */
 
 #endif

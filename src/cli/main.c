@@ -3,7 +3,7 @@
  *
  *   tally [options] [script [args...]]     run a script, -e chunks, or the prompt
  *   tally run [options] script [args...]   the same; script may be named like a subcommand
- *   tally SUBCOMMAND [args...]             ls get incr export import info watch help
+ *   tally SUBCOMMAND [args...]             ls get incr export import info watch serve help
  *
  * A subcommand is recognised only as the first argument, and only by its
  * exact name: `tally ls` lists a store, `tally ./ls` and `tally run ls` run
@@ -15,7 +15,7 @@
  * store as `db`: the one --store names, or a memory store.
  *
  * package.preload holds the linked-in binding ("tally.core") and the
- * command's own C modules ("tally.term", "tally.peek"); package.path starts
+ * command's own C modules ("tally.term", "tally.peek", "tally.httpd"); package.path starts
  * with the Lua side next to this executable: the build tree
  * (bin/../tally/init.lua) and the install tree (bin/../share/lua/5.4/...).
  * Errors print "tally: message" on stderr (with a traceback for errors in
@@ -42,8 +42,9 @@ int luaopen_tally_core(lua_State *L);
 
 #define EXIT_USAGE 2
 
-static const char *const subcommands[] = {"ls",   "get",   "incr", "export",  "import",
-                                          "info", "watch", "help", "compact", NULL};
+static const char *const subcommands[] = {"ls",     "get",     "incr",  "export",
+                                          "import", "info",    "watch", "serve",
+                                          "help",   "compact", NULL};
 
 /* package.path = <exe dir>/../?.lua;...;<old>, and the preloaded C modules. */
 static void setpaths(lua_State *L) {
@@ -70,6 +71,8 @@ static void setpaths(lua_State *L) {
   lua_setfield(L, -2, "tally.term");
   lua_pushcfunction(L, cli_open_peek);
   lua_setfield(L, -2, "tally.peek");
+  lua_pushcfunction(L, cli_open_httpd);
+  lua_setfield(L, -2, "tally.httpd");
   lua_pop(L, 2);
 }
 

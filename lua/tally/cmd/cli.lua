@@ -1,5 +1,5 @@
 -- tally.cmd.cli: the subcommands of the tally command (ls, get, incr, export,
--- import, info, compact, watch, help) and its help texts. src/cli/main.c calls
+-- import, info, compact, watch, serve, help) and its help texts. src/cli/main.c calls
 -- main(command, args...) and exits with what it returns: 0, 1 for a failure
 -- (a missing store or counter, a bad file), 2 for a usage error.
 --
@@ -38,6 +38,8 @@ local USAGE = {
   info = "tally info STORE [--json] [--check]",
   compact = "tally compact STORE",
   watch = "tally watch STORE [pattern] [--interval S] [--sort rate|value|name]",
+  serve = "tally serve STORE [--listen ADDR:PORT] [--auth TOKEN|USER:PASS] [--connections N]\n"
+       .. "                  [--timeout S]",
   help = "tally help [command | --man]",
 }
 
@@ -61,6 +63,8 @@ Commands:
   compact STORE                      rewrite the store without its retired space
   watch STORE [pattern] [--interval S] [--sort rate|value|name]
                                      a live view, like top
+  serve STORE [--listen ADDR:PORT] [--auth TOKEN|USER:PASS]
+                                     /metrics, a JSON API and a live dashboard
   help [command]                     this text, or a command's
 
 Options:
@@ -231,12 +235,48 @@ the store lock (after opening the store, as every open does for a moment):
 writers never wait for it. Needs a terminal.
 ]] .. writable("watch")
 
+HELP.serve = [[
+Serve STORE over HTTP until SIGTERM (exit status 0) or Ctrl-C (130):
+
+  GET /metrics     the Prometheus text of the store, as tally.prometheus
+                   gives it (?pattern=GLOB for part of it); gzip when the
+                   client asks for it
+  GET /api/stats   the store's health, as 'tally info --json' has it
+  GET /api/top     ?n=10&by=value|rate&pattern=GLOB&history=N: the top
+                   counters (db:top), with N points of history each
+  GET /api/values  ?pattern=GLOB: { "values": { name: value } } (db:values)
+  GET /api/sum     ?pattern=GLOB: the exact sum and count (db:sum)
+  GET /api/counter ?name=NAME: value, shards, last rollup, history rings
+  GET /api/histograms  ?pattern=GLOB: buckets, count, sum, p50/p90/p99
+  GET /api/rollups the rollup schedules the store keeps
+  GET /            a live dashboard (Chart.js from Debian's libjs-chart.js,
+                   served from here: no other site is asked for anything)
+
+  --listen ADDR:PORT   where to listen (default 127.0.0.1:9145; [::1]:PORT
+                       for IPv6; port 0: any free port, named on stderr)
+  --auth TOKEN         require 'Authorization: Bearer TOKEN'; USER:PASS
+                       requires HTTP Basic auth instead. Needed to listen
+                       beyond loopback. TALLY_SERVE_AUTH in the environment
+                       gives it without showing it in ps.
+  --connections N      connections at once (default 256; 32 per client
+                       address)
+  --timeout S          close a connection idle for S seconds (default 10)
+
+Reads only: the store must exist (serve never creates it), no counter is
+created and nothing is written, and reads take no lock, so writers never
+wait for it. A store that cannot be read (damaged, not a tally store) is
+answered with 503 and its message, and opened again on the next request.
+A bad query is 400 with a message, an unknown path 404; requests are
+bounded (32 KiB of headers per connection). docs/serve.md has more.
+]] .. writable("serve")
+
 HELP.help = [[
 Print the help of the tally command, or of one command. --man prints the
 same texts as a manual page (roff), the one installed as tally(1).
 ]]
 
-local COMMANDS = { "ls", "get", "incr", "export", "import", "info", "compact", "watch", "help" }
+local COMMANDS = { "ls", "get", "incr", "export", "import", "info", "compact", "watch", "serve",
+                   "help" }
 
 local function help_text(name)
   return "usage: " .. USAGE[name] .. "\n\n" .. HELP[name]
@@ -360,7 +400,7 @@ function _M.open_store(uri, opts)
   return db, path
 end
 
-local READS = { ls = true, get = true, info = true, export = true, watch = true }
+local READS = { ls = true, get = true, info = true, export = true, watch = true, serve = true }
 
 local function open(uri, create)
   local db, path = _M.open_store(uri, { create = create, memory = false, trust = trust,
@@ -996,6 +1036,53 @@ function cmd.watch(args)
                                           interval = interval, sort = sort })
 end
 
+function cmd.serve(args)
+  local o, pos = parse(args, { values = { listen = true, auth = true, connections = true,
+                                          timeout = true }, min = 1, max = 1 })
+  if o.help then return "help" end
+  local serve = require "tally.cmd.serve"
+  local host, port = serve.parse_listen(o.listen or "127.0.0.1:9145")
+  if not host then usage_error(port) end
+  local auth_text = o.auth or os.getenv("TALLY_SERVE_AUTH")
+  if auth_text == "" and not o.auth then auth_text = nil end
+  local auth, amsg = serve.parse_auth(auth_text)
+  if amsg then usage_error(amsg) end
+  if not serve.loopback(host) and not auth then
+    usage_error(fmt("listening on %s is beyond loopback: give --auth TOKEN or --auth USER:PASS",
+                    printable(o.listen)))
+  end
+  local function num(k, lo, hi, default)
+    if o[k] == nil then return default end
+    local n = o[k]:find("^%d+$") and tonumber(o[k])
+    if mtype(n) ~= "integer" or n < lo or n > hi then
+      usage_error(fmt("--%s must be an integer from %d to %d, got '%s'", k, lo, hi, printable(o[k])))
+    end
+    return n
+  end
+  local connections = num("connections", 1, 100000, 256)
+  local timeout = num("timeout", 1, 3600, 10)
+  local uri = pos[1]
+  local function open_it()
+    return _M.open_store(uri, { memory = false, trust = trust, help = "serve" })
+  end
+  local db, path = open_it()
+  if not db then
+    -- missing: nothing to serve; there but unreadable: 503 until it reads
+    local p = type(uri) == "string" and (uri:match("^file:(.*)$") or uri) or ""
+    local f = p ~= "" and uri ~= "memory" and io.open(p, "rb")
+    if not f then fail(path) end
+    f:close()
+    io.stderr:write("tally serve: ", printable(path), " (answering 503 until it can be read)\n")
+    path = p
+  end
+  local status, msg = serve.run({ db = db or nil, open = open_it, store = "file:" .. path, auth = auth },
+                                { host = host, port = port, connections = connections,
+                                  per_ip = math.min(32, connections), timeout = timeout,
+                                  memory = 32768 })
+  if not status then fail(msg) end
+  return status
+end
+
 -- The manual page (roff), made from the same USAGE and HELP texts: the
 -- build writes it to tally.1 with `tally help --man`, so the help has one
 -- source.
@@ -1013,7 +1100,7 @@ function _M.man()
     ".SH COMMANDS",
   }
   for _, name in ipairs({ "run", "ls", "get", "incr", "export", "import", "info", "compact", "watch",
-                          "help" }) do
+                          "serve", "help" }) do
     parts[#parts + 1] = ".SS " .. name
     parts[#parts + 1] = ".nf"
     parts[#parts + 1] = roff(USAGE[name])
