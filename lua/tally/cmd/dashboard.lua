@@ -9,6 +9,9 @@
 -- family (/api/sum over the name prefixes of the top counters, or the
 -- patterns in the page's ?totals=a:*,b:*), and the histograms
 -- (/api/histograms): the buckets of each and its p50/p90/p99 over time.
+-- With ?probe in its URL each canvas gets data-ink, its count of painted
+-- pixels after the third refresh, for a headless browser's test to read
+-- from the DOM.
 
 local _M = {}
 
@@ -62,6 +65,7 @@ _M.js = [==[
   const seen = {};          // counter name -> [{t, v}] the values seen
   const quant = {};         // histogram name -> [{t, p50, p90, p99}]
   const hcharts = {};       // histogram name -> { buckets, quantiles }
+  let refreshed = 0;
   const colors = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd"];
   const $ = (id) => document.getElementById(id);
   const text = (s) => document.createTextNode(String(s));
@@ -206,6 +210,16 @@ _M.js = [==[
     }
   }
 
+  // ?probe (for tests): each canvas's count of painted pixels in data-ink
+  function ink() {
+    for (const cv of document.querySelectorAll("canvas")) {
+      const px = cv.getContext("2d").getImageData(0, 0, cv.width, cv.height).data;
+      let n = 0;
+      for (let i = 3; i < px.length; i += 4) if (px[i] !== 0) n++;
+      cv.dataset.ink = n;
+    }
+  }
+
   async function refresh() {
     const now = Date.now() / 1000;
     try {
@@ -219,6 +233,7 @@ _M.js = [==[
       topTable(top, now);
       await totals(top);
       histograms((await get("/api/histograms")).histograms, now);
+      if (params.has("probe") && ++refreshed === 3) ink();   // once: one readback each
       $("status").className = "";
       $("status").textContent = "updated " + new Date().toLocaleTimeString();
     } catch (e) {

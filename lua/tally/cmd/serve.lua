@@ -292,8 +292,7 @@ local function handle(s, req)
   end
   local path = req.path
   local gz = takes_gzip(req.accept_encoding)
-  if path == "/" then
-    params(req, {})
+  if path == "/" then   -- its query is the page's own (?totals=, ?probe)
     return 200, { ["Content-Type"] = "text/html; charset=utf-8" }, dashboard.html, gz
   elseif path == "/dashboard.js" then
     params(req, {})
