@@ -4,7 +4,8 @@
  *   httpd.serve(opts, handler [, ready]) -> signal name ("SIGTERM", "SIGINT")
  *       or nil, message
  *     opts: host (numeric IPv4 or IPv6), port (0: any), connections,
- *       per_ip, timeout (seconds idle), memory (bytes per connection)
+ *       per_ip, timeout (seconds idle), memory (bytes per connection),
+ *       body_timeout (seconds idle while a producer's body is made: 300)
  *     handler(req) -> status, headers, body [, gzip]
  *       req: { method=, path=, query = { k = v }, bad_escape = true|nil,
  *              authorization=, user=, password= (Basic, decoded),
@@ -50,6 +51,8 @@ typedef struct httpd {
   lua_State *L;
   int handler; /* registry refs */
   int busy;    /* a producer said "not yet": poll without waiting */
+  lua_Integer
+      body_timeout; /* idle seconds allowed a connection whose body is being made */
 } httpd;
 
 /* Per TCP connection (MHD's socket context): a bad escape seen while MHD
@@ -342,6 +345,11 @@ static enum MHD_Result respond(httpd *h, struct MHD_Connection *c, const char *u
     r = MHD_create_response_from_buffer(n, (void *)body, MHD_RESPMEM_MUST_COPY);
   } else if (lua_type(L, top + 3) == LUA_TSTRING || lua_isfunction(L, top + 3)) {
     stream *s = new_stream(h, top + 3, gzip);
+    /* a body still being made (a producer that says "not yet") sends
+     * nothing for a while: the idle timeout must not cut it */
+    if (lua_isfunction(L, top + 3))
+      MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT,
+                                (unsigned)h->body_timeout);
     if (s != NULL) {
       r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, read_body, s,
                                             free_body);
@@ -432,6 +440,7 @@ static int h_serve(lua_State *L) {
   }
   h.L = L;
   h.busy = 0;
+  h.body_timeout = optint(L, "body_timeout", 300);
   lua_pushvalue(L, 2);
   h.handler = luaL_ref(L, LUA_REGISTRYINDEX);
 
@@ -481,6 +490,7 @@ static int h_serve(lua_State *L) {
     if (MHD_get_timeout(d, &to) == MHD_YES) ms = to > 60000 ? 60000 : (int)to;
     if (h.busy) ms = 0;
     h.busy = 0;
+    h.body_timeout = optint(L, "body_timeout", 300);
     p[0].fd = epfd;
     p[0].events = POLLIN;
     p[1].fd = sig_pipe[0];
