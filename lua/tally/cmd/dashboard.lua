@@ -78,9 +78,11 @@ _M.js = [==[
                 y: { beginAtZero: true, title: { display: true, text: "rate/s" } } },
       plugins: { title: { display: true, text: "rate of the top counters" } } } });
 
+  let age = 0;              // the oldest answer's Age this refresh
   async function get(path) {
     const r = await fetch(path, { cache: "no-store" });
     if (!r.ok) throw new Error(path + ": " + r.status + " " + (await r.text()).trim());
+    age = Math.max(age, +(r.headers.get("Age") || 0));
     return r.json();
   }
 
@@ -222,6 +224,7 @@ _M.js = [==[
 
   async function refresh() {
     const now = Date.now() / 1000;
+    age = 0;
     try {
       const st = await get("/api/stats");
       $("store").textContent = st.store;
@@ -235,7 +238,8 @@ _M.js = [==[
       histograms((await get("/api/histograms")).histograms, now);
       if (params.has("probe") && ++refreshed === 3) ink();   // once: one readback each
       $("status").className = "";
-      $("status").textContent = "updated " + new Date().toLocaleTimeString();
+      $("status").textContent = "updated " + new Date().toLocaleTimeString() +
+        (age > 1 ? " (the server gave answers up to " + age + " s old: a large store is read less often)" : "");
     } catch (e) {
       $("status").className = "err";
       $("status").textContent = String(e.message || e);

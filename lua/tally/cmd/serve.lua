@@ -26,13 +26,16 @@ local tostring, tonumber, ipairs, pairs, pcall, getmetatable, setmetatable =
       tostring, tonumber, ipairs, pairs, pcall, getmetatable, setmetatable
 local fmt, concat, sort = string.format, table.concat, table.sort
 local yield, wrap = coroutine.yield, coroutine.wrap
-local mtype = math.type
+local mtype, min = math.type, math.min
+local clock = os.clock
 
 local _M = {}
 
 local CHARTJS = "/usr/share/javascript/chart.js/chart.min.js"   -- Debian's libjs-chart.js
 local MAX_TOP = 1000            -- most counters /api/top answers
 local CACHE_S = 0.5             -- an API answer is reused this long (one walk for many pages)
+local SHARE = 0.1               -- of a core, what making API answers may take over time
+local BURST = 1                 -- seconds of CPU the budget holds at most
 
 local JSON_TYPE = { ["Content-Type"] = "application/json; charset=utf-8",
                     ["Cache-Control"] = "no-store" }
@@ -197,27 +200,34 @@ function api.counter(s, req)
   return out
 end
 
--- Histograms matching pattern, each from one snapshot of its members.
+-- Histograms whose names match pattern, each from one snapshot of its
+-- members: the names with a brace (one walk), then, if there are
+-- histograms, one snapshot of them (a second).
 function api.histograms(s, req)
   local q = params(req, { pattern = true })
   local db = s.db
-  local list = must(db:histograms(pattern_param(q)))
+  local groups = tally.histogram.group(must(db:names("*}")))
+  local pattern = pattern_param(q)
+  local g = pattern and tally.format._glob_compile(pattern)
+  local bases = {}
+  for base in pairs(groups) do
+    if not g or tally.format._glob_captures(g, base) then bases[#bases + 1] = base end
+  end
+  sort(bases)
   local out = {}
-  if #list > 0 then
-    local names = must(db:names("*}"))
-    local groups = tally.histogram.group(names)
+  if #bases > 0 then
     local snap = must(db:snapshot("*{*}"))
-    for _, h in ipairs(list) do
-      local g = groups[h.name]
-      local r = g and tally.histogram.read(snap, g)
+    for _, base in ipairs(bases) do
+      local h = groups[base]
+      local r = tally.histogram.read(snap, h)
       if r then
         local buckets = {}
-        for i, b in ipairs(r.buckets) do buckets[i] = { le = g.les[i][2], count = b.count } end
+        for i, b in ipairs(r.buckets) do buckets[i] = { le = h.les[i][2], count = b.count } end
         local function qt(x)
           local v = tally.histogram.quantile(r, x)
           return v == math.huge and "+Inf" or v
         end
-        out[#out + 1] = { name = h.name, count = r.count, sum = r.sum, unit = r.unit,
+        out[#out + 1] = { name = base, count = r.count, sum = r.sum, unit = r.unit,
                           buckets = buckets, p50 = qt(0.5), p90 = qt(0.9), p99 = qt(0.99) }
       end
     end
@@ -321,15 +331,26 @@ local function handle(s, req)
     if not body then return answer(503, tostring(err)) end
     return 200, PROM_TYPE, body, gz
   end
-  -- JSON answers are kept CACHE_S seconds: many pages open cost one walk
+  -- JSON answers are kept CACHE_S seconds, so many pages open cost one
+  -- walk; and making them may take SHARE of a core over time (a budget of
+  -- CPU seconds, refilled as time passes): past it, the last answer is
+  -- given again, with its Age, so a dashboard open over a million
+  -- counters refreshes less often instead of taking a core
   local keys = {}
   for k, v in pairs(req.query) do keys[#keys + 1] = k .. "=" .. v end
   sort(keys)
   local key = path .. "?" .. concat(keys, "&")
   local now = tally.now()
+  s.budget = min(BURST, (s.budget or BURST) + (now - (s.refilled or now)) * SHARE)
+  s.refilled = now
   local hit = s.cache[key]
-  if hit and now - hit.at < CACHE_S then return 200, JSON_TYPE, hit.body, gz end
+  if hit and (now - hit.at < CACHE_S or s.budget < 0) then
+    return 200, { ["Content-Type"] = JSON_TYPE["Content-Type"], ["Cache-Control"] = "no-store",
+                  Age = fmt("%d", math.floor(now - hit.at)) }, hit.body, gz
+  end
+  local cpu = clock()
   local body = assert(json.encode(endpoint(s, req)))
+  s.budget = s.budget - (clock() - cpu)
   if s.cached >= 64 then s.cache, s.cached = {}, 0 end
   if not hit then s.cached = s.cached + 1 end
   s.cache[key] = { at = now, body = body }
