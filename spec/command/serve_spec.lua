@@ -208,7 +208,7 @@ describe("tally serve", function()
       { "/api/top?by=size", 400, "by must be value or rate, got 'size'\n" },
       { "/api/values?colour=red", 400, "unknown query parameter 'colour' (/api/values takes pattern)\n" },
       { "/api/top?pattern=%zz", 400, "bad percent-encoding in the path or query: '%' must be followed by two hex digits\n" },
-      { "/api/counter", 400, "name is needed: /api/counter?name=NAME\n" },
+      { "/api/counter", 400, "name is needed: api/counter?name=NAME\n" },
       { "/nope", 404, nil },
       { "/api/nope", 404, nil },
     }

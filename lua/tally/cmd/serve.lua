@@ -10,29 +10,31 @@
 -- pulls pieces from, so a scrape of many counters is cut into steps with
 -- other requests served between them.
 --
--- Answers: 200 with JSON (tally.json: integers exact, names as bytes), 400
--- for a bad query (its message says which parameter and what it takes),
--- 401 without the credentials --auth names, 404 for another path, 405 for
--- a method other than GET or HEAD, 503 with the store's own message when
--- the store cannot be read (damaged, truncated, not a tally store).
+-- The page and the JSON answers are tally.dashboard's (nginx serves the
+-- same through tally.openresty); this file adds the HTTP side: /metrics,
+-- credentials, a cache and a CPU budget for the answers, and the store
+-- opened again while it cannot be read. Answers: 200 with JSON
+-- (tally.json: integers exact, names as bytes), 400 for a bad query (its
+-- message says which parameter and what it takes), 401 without the
+-- credentials --auth names, 404 for another path, 405 for a method other
+-- than GET or HEAD, 503 with the store's own message when the store cannot
+-- be read (damaged, truncated, not a tally store).
 
 local tally = require "tally"
 local httpd = require "tally.httpd"
 local peek = require "tally.peek"
 local json = require "tally.json"
-local dashboard = require "tally.cmd.dashboard"
+local dashboard = require "tally.dashboard"
 
-local tostring, tonumber, ipairs, pairs, pcall, getmetatable, setmetatable =
-      tostring, tonumber, ipairs, pairs, pcall, getmetatable, setmetatable
+local tostring, tonumber, pairs = tostring, tonumber, pairs
 local fmt, concat, sort = string.format, table.concat, table.sort
 local yield, wrap = coroutine.yield, coroutine.wrap
-local mtype, min = math.type, math.min
+local min = math.min
 local clock = os.clock
 
 local _M = {}
 
-local CHARTJS = "/usr/share/javascript/chart.js/chart.min.js"   -- Debian's libjs-chart.js
-local MAX_TOP = 1000            -- most counters /api/top answers
+local CHARTJS = dashboard.CHARTJS
 local CACHE_S = 0.5             -- an API answer is reused this long (one walk for many pages)
 local SHARE = 0.1               -- of a core, what making API answers may take over time
 local BURST = 1                 -- seconds of CPU the budget holds at most
@@ -79,166 +81,6 @@ local function answer(status, msg, headers)
   local h = { ["Content-Type"] = "text/plain; charset=utf-8" }
   for k, v in pairs(headers or {}) do h[k] = v end
   return status, h, msg .. "\n"
-end
-
-local Bad = {}   -- raised by the checks below: { status=, msg= }
-local function bad(status, msg) error(setmetatable({ status = status, msg = msg }, Bad), 0) end
-
--- The query's parameters, checked against the names an endpoint takes.
-local function params(req, allowed)
-  for k in pairs(req.query) do
-    if not allowed[k] then
-      local names = {}
-      for n in pairs(allowed) do names[#names + 1] = n end
-      sort(names)
-      bad(400, fmt("unknown query parameter '%s' (%s takes %s)", k, req.path,
-                   #names > 0 and concat(names, ", ") or "none"))
-    end
-  end
-  return req.query
-end
-
-local function int_param(q, k, lo, hi, default)
-  local v = q[k]
-  if v == nil then return default end
-  local n = v:find("^%d+$") and tonumber(v)
-  if mtype(n) ~= "integer" or n < lo or n > hi then
-    bad(400, fmt("%s must be an integer from %d to %d, got '%s'", k, lo, hi, v))
-  end
-  return n
-end
-
-local function pattern_param(q)
-  local p = q.pattern
-  if p == "" then return nil end
-  return p
-end
-
--- A store failure: 503 with the store's own message.
-local function must(v, msg, ...)
-  if v == nil then bad(503, tostring(msg)) end
-  return v, msg, ...
-end
-
-local function history_of(db, name, last)
-  local res, ring = peek.history(db, name, last)
-  if not res then return nil end
-  return { res = res, points = #ring > 0 and ring or json.empty_array }
-end
-
--- ---- endpoints -------------------------------------------------------------------
-
-local api = {}
-
-function api.stats(s, req)
-  params(req, {})
-  local db = s.db
-  local st = must(db:stats())
-  local grace = must(db:grace())
-  local schedules = must(peek.schedules(db))
-  return {
-    store = s.store, now = tally.now(), stats = st,
-    -- this server has the store open too (idle: it holds nothing back)
-    processes = grace.processes > 0 and grace.processes - 1 or 0, behind = grace.behind,
-    oldest_pid = grace.oldest_pid ~= 0 and grace.oldest_pid or nil,
-    rollups = #schedules > 0 and schedules or json.empty_array,
-  }
-end
-
-function api.values(s, req)
-  local q = params(req, { pattern = true })
-  return { values = must(s.db:values(pattern_param(q))) }
-end
-
-function api.top(s, req)
-  local q = params(req, { pattern = true, n = true, by = true, history = true })
-  local n = int_param(q, "n", 1, MAX_TOP, 10)
-  local by = q.by or "value"
-  if by ~= "value" and by ~= "rate" then bad(400, "by must be value or rate, got '" .. by .. "'") end
-  local hist = int_param(q, "history", 0, 1000, 0)
-  local top = must(s.db:top(pattern_param(q) or "*", n, by))
-  if hist > 0 then
-    for _, e in ipairs(top) do e.history = history_of(s.db, e.name, hist) end
-  end
-  return { by = by, top = #top > 0 and top or json.empty_array }
-end
-
-function api.sum(s, req)
-  local q = params(req, { pattern = true })
-  local sum, count = s.db:sum(pattern_param(q))
-  must(sum, count)
-  return { pattern = q.pattern or "*", sum = sum, count = count }
-end
-
-function api.counter(s, req)
-  local q = params(req, { name = true })
-  local name = q.name
-  if name == nil or name == "" then bad(400, "name is needed: /api/counter?name=NAME") end
-  local p, msg, code = peek.counter(s.db, name, true)
-  if not p then
-    if code == "ENOENT" then bad(404, fmt("no such counter '%s'", name)) end
-    bad(503, tostring(msg))
-  end
-  local out = { name = p.name, value = p.value, shards = p.cells, policy = p.policy,
-                rolled = p.rolled, auto = p.auto, grown = p.grown, shrunk = p.shrunk }
-  -- every history ring, as c:history gives it (a handle, closed at once:
-  -- a server that holds none never holds the store's reuse back)
-  local c = s.db:counter(name, { create = false })
-  if c then
-    local keeps = c:keeps()
-    if keeps then
-      out.keeps = keeps
-      out.history = {}
-      for _, k in ipairs(keeps) do
-        local res = k:match("x(.*)$")
-        local ring = c:history(res)
-        out.history[res] = ring and #ring > 0 and ring or json.empty_array
-      end
-    end
-    c:close()
-  end
-  return out
-end
-
--- Histograms whose names match pattern, each from one snapshot of its
--- members: the names with a brace (one walk), then, if there are
--- histograms, one snapshot of them (a second).
-function api.histograms(s, req)
-  local q = params(req, { pattern = true })
-  local db = s.db
-  local groups = tally.histogram.group(must(db:names("*}")))
-  local pattern = pattern_param(q)
-  local g = pattern and tally.format._glob_compile(pattern)
-  local bases = {}
-  for base in pairs(groups) do
-    if not g or tally.format._glob_captures(g, base) then bases[#bases + 1] = base end
-  end
-  sort(bases)
-  local out = {}
-  if #bases > 0 then
-    local snap = must(db:snapshot("*{*}"))
-    for _, base in ipairs(bases) do
-      local h = groups[base]
-      local r = tally.histogram.read(snap, h)
-      if r then
-        local buckets = {}
-        for i, b in ipairs(r.buckets) do buckets[i] = { le = h.les[i][2], count = b.count } end
-        local function qt(x)
-          local v = tally.histogram.quantile(r, x)
-          return v == math.huge and "+Inf" or v
-        end
-        out[#out + 1] = { name = base, count = r.count, sum = r.sum, unit = r.unit,
-                          buckets = buckets, p50 = qt(0.5), p90 = qt(0.9), p99 = qt(0.99) }
-      end
-    end
-  end
-  return { histograms = #out > 0 and out or json.empty_array }
-end
-
-function api.rollups(s, req)
-  params(req, {})
-  local schedules = must(peek.schedules(s.db))
-  return { rollups = #schedules > 0 and schedules or json.empty_array }
 end
 
 -- ---- the server -----------------------------------------------------------------
@@ -288,6 +130,16 @@ local function store_of(s)
   return db
 end
 
+-- Only the parameters in allowed, or the 400 answer that says so.
+local function no_other(req, allowed)
+  for k in pairs(req.query) do
+    if k ~= allowed then
+      return answer(400, fmt("unknown query parameter '%s' (%s takes %s)", k, req.path,
+                             allowed or "none"))
+    end
+  end
+end
+
 local function handle(s, req)
   if req.method ~= "GET" and req.method ~= "HEAD" then
     return answer(405, "only GET and HEAD are served", { Allow = "GET, HEAD" })
@@ -304,11 +156,12 @@ local function handle(s, req)
   local gz = takes_gzip(req.accept_encoding)
   if path == "/" then   -- its query is the page's own (?totals=, ?probe)
     return 200, { ["Content-Type"] = "text/html; charset=utf-8" }, dashboard.html, gz
-  elseif path == "/dashboard.js" then
-    params(req, {})
-    return 200, { ["Content-Type"] = "text/javascript; charset=utf-8" }, dashboard.js, gz
-  elseif path == "/chart.js" then
-    params(req, {})
+  elseif path == "/dashboard.js" or path == "/chart.js" then
+    local status, h, msg = no_other(req)
+    if status then return status, h, msg end
+    if path == "/dashboard.js" then
+      return 200, { ["Content-Type"] = "text/javascript; charset=utf-8" }, dashboard.js, gz
+    end
     s.chartjs = s.chartjs or slurp(CHARTJS)
     if not s.chartjs then
       return answer(404, CHARTJS .. " is missing: install Debian's libjs-chart.js")
@@ -317,17 +170,17 @@ local function handle(s, req)
                   ["Cache-Control"] = "max-age=3600" }, s.chartjs, gz
   end
   local name = path:match("^/api/(%a+)$")
-  local endpoint = name and api[name]
-  if path ~= "/metrics" and not endpoint then
-    return answer(404, "no such path: " .. path
-                  .. " (try /, /metrics, /api/stats, /api/top, /api/values, /api/sum, "
-                  .. "/api/counter, /api/histograms, /api/rollups)")
+  if path ~= "/metrics" and not name then
+    return answer(404, "no such path: " .. path .. " (try /, /metrics, /api/"
+                  .. concat(dashboard.ENDPOINTS, ", /api/") .. ")")
   end
   local db, msg = store_of(s)
   if not db then return answer(503, msg) end
   if path == "/metrics" then
-    local q = params(req, { pattern = true })
-    local body, err = metrics_body(db, pattern_param(q))
+    local status, h, m = no_other(req, "pattern")
+    if status then return status, h, m end
+    local p = req.query.pattern
+    local body, err = metrics_body(db, p ~= "" and p or nil)
     if not body then return answer(503, tostring(err)) end
     return 200, PROM_TYPE, body, gz
   end
@@ -349,23 +202,21 @@ local function handle(s, req)
                   Age = fmt("%d", math.floor(now - hit.at)) }, hit.body, gz
   end
   local cpu = clock()
-  local body = assert(json.encode(endpoint(s, req)))
+  local status, res = dashboard.api(db, name, req.query,
+                                    { schedules = peek.schedules, store = s.store })
   s.budget = s.budget - (clock() - cpu)
+  if status ~= 200 then return answer(status, res) end
+  local body = assert(json.encode(res))
   if s.cached >= 64 then s.cache, s.cached = {}, 0 end
   if not hit then s.cached = s.cached + 1 end
   s.cache[key] = { at = now, body = body }
   return 200, JSON_TYPE, body, gz
 end
 
--- A handler for tally.httpd: handle() with Bad raised as its answer.
+-- A handler for tally.httpd.
 function _M.handler(s)
   s.cache, s.cached = s.cache or {}, s.cached or 0
-  return function(req)
-    local ok, status, headers, body, gz = pcall(handle, s, req)
-    if ok then return status, headers, body, gz end
-    if getmetatable(status) == Bad then return answer(status.status, status.msg) end
-    error(status, 0)
-  end
+  return function(req) return handle(s, req) end
 end
 
 -- Whether host (numeric) is a loopback address.

@@ -1,19 +1,43 @@
--- tally.cmd.dashboard: the page `tally serve` answers at / and its script
--- (/dashboard.js). The page polls the JSON API once a second and draws with
--- Chart.js, which the server answers at /chart.js from Debian's
--- libjs-chart.js: nothing is loaded from anywhere else.
+-- tally.dashboard: the live dashboard of a store and the JSON API it
+-- polls, for any HTTP host: `tally serve` (lua/tally/cmd/serve.lua) and
+-- nginx through tally.openresty.dashboard(). Runs under Lua 5.4 and LuaJIT.
 --
--- What it shows: the store's health (/api/stats), the top counters by
--- rolled rate, or by value while none has been rolled up (/api/top), with
--- each one's rate over time (from the values the page saw), totals per
--- family (/api/sum over the name prefixes of the top counters, or the
+--   dashboard.html, dashboard.js   the page and its script
+--   dashboard.api(db, name, query [, opts]) -> status, value or message
+--       the answer of /api/NAME: 200 and a table for tally.json.encode,
+--       or 400, 404 or 503 and a message (503: the store's own, for a
+--       store that cannot be read). query: { param = value }.
+--       opts.schedules(db) -> list or nil, msg: the rollup schedules the
+--       store keeps (tally serve passes tally.peek's; without it /api/stats
+--       and /api/rollups name none); opts.store: the store as shown.
+--
+-- The page uses relative URLs (api/stats, chart.js, dashboard.js), so it
+-- works at / (tally serve) and under a location such as /tally/ (nginx),
+-- and loads nothing from anywhere else: Chart.js comes from Debian's
+-- libjs-chart.js through the same server (CHARTJS is its path).
+--
+-- What the page shows: the store's health (/api/stats), the top counters
+-- by rolled rate, or by value while none has been rolled up (/api/top),
+-- with each one's rate over time (from the values the page saw), totals
+-- per family (/api/sum over the name prefixes of the top counters, or the
 -- patterns in the page's ?totals=a:*,b:*), and the histograms
 -- (/api/histograms): the buckets of each and its p50/p90/p99 over time.
 -- With ?probe in its URL each canvas gets data-ink, its count of painted
 -- pixels after the third refresh, for a headless browser's test to read
 -- from the DOM.
 
+local tally = require "tally"
+local json = require "tally.json"
+
+local type, tostring, tonumber, ipairs, pairs, error, getmetatable, setmetatable, pcall =
+      type, tostring, tonumber, ipairs, pairs, error, getmetatable, setmetatable, pcall
+local fmt, concat, sort = string.format, table.concat, table.sort
+local floor, max, huge = math.floor, math.max, math.huge
+
 local _M = {}
+
+_M.CHARTJS = "/usr/share/javascript/chart.js/chart.min.js"   -- Debian's libjs-chart.js
+local MAX_TOP = 1000            -- most counters /api/top answers
 
 _M.html = [[<!DOCTYPE html>
 <html lang="en">
@@ -50,8 +74,8 @@ td.name, th.name { text-align: left; font-family: monospace; }
 <tbody></tbody></table>
 <h2>Histograms</h2>
 <div id="histograms" class="charts"></div>
-<script src="/chart.js"></script>
-<script src="/dashboard.js"></script>
+<script src="chart.js"></script>
+<script src="dashboard.js"></script>
 </body>
 </html>
 ]]
@@ -161,7 +185,7 @@ _M.js = [==[
       }
       pats = [...set].slice(0, 8);
     }
-    const rows = await Promise.all(pats.map((p) => get("/api/sum?pattern=" + encodeURIComponent(p))));
+    const rows = await Promise.all(pats.map((p) => get("api/sum?pattern=" + encodeURIComponent(p))));
     $("totals").tBodies[0].replaceChildren(...rows.map((r) => {
       const tr = document.createElement("tr");
       for (const [cls, v] of [["name", r.pattern], ["sum", r.sum], ["count", r.count]]) {
@@ -226,16 +250,16 @@ _M.js = [==[
     const now = Date.now() / 1000;
     age = 0;
     try {
-      const st = await get("/api/stats");
+      const st = await get("api/stats");
       $("store").textContent = st.store;
       cards(st);
       // histograms' member counters (NAME{le=..}) have their own charts
       const plain = (t) => t.top.filter((e) => !/\{.*\}$/.test(e.name)).slice(0, TOP);
-      let top = plain(await get("/api/top?by=rate&n=" + 5 * TOP));
-      if (!top.some((e) => e.rate != null)) top = plain(await get("/api/top?by=value&n=" + 5 * TOP));
+      let top = plain(await get("api/top?by=rate&n=" + 5 * TOP));
+      if (!top.some((e) => e.rate != null)) top = plain(await get("api/top?by=value&n=" + 5 * TOP));
       topTable(top, now);
       await totals(top);
-      histograms((await get("/api/histograms")).histograms, now);
+      histograms((await get("api/histograms")).histograms, now);
       if (params.has("probe") && ++refreshed === 3) ink();   // once: one readback each
       $("status").className = "";
       $("status").textContent = "updated " + new Date().toLocaleTimeString() +
@@ -249,5 +273,206 @@ _M.js = [==[
   refresh();
 })();
 ]==]
+
+-- ---- the JSON API ------------------------------------------------------------------
+
+local Bad = {}   -- raised by the checks below: { status=, msg= }
+local function bad(status, msg) error(setmetatable({ status = status, msg = msg }, Bad), 0) end
+
+-- The query's parameters, checked against the names an endpoint takes.
+local function params(name, query, allowed)
+  for k in pairs(query) do
+    if not allowed[k] then
+      local names = {}
+      for n in pairs(allowed) do names[#names + 1] = n end
+      sort(names)
+      bad(400, fmt("unknown query parameter '%s' (/api/%s takes %s)", tostring(k), name,
+                   #names > 0 and concat(names, ", ") or "none"))
+    end
+  end
+  return query
+end
+
+local function int_param(q, k, lo, hi, default)
+  local v = q[k]
+  if v == nil then return default end
+  local n = type(v) == "string" and v:find("^%d+$") and tonumber(v)
+  if not n or n ~= floor(n) or n < lo or n > hi then
+    bad(400, fmt("%s must be an integer from %d to %d, got '%s'", k, lo, hi, tostring(v)))
+  end
+  return n
+end
+
+local function str_param(q, k)
+  local v = q[k]
+  if v ~= nil and type(v) ~= "string" then bad(400, k .. " must be given once, as text") end
+  return v
+end
+
+local function pattern_param(q)
+  local p = str_param(q, "pattern")
+  if p == "" then return nil end
+  return p
+end
+
+-- A store failure: 503 with the store's own message.
+local function must(v, msg, ...)
+  if v == nil then bad(503, tostring(msg)) end
+  return v, msg, ...
+end
+
+local function array(t) return #t > 0 and t or json.empty_array end
+
+-- The counter name's handle, never creating it (nil: no such counter), to
+-- f(c); closed at once: a server holding no handle never holds the
+-- store's reuse back.
+local function with_counter(db, name, f)
+  local c, msg, code = db:counter(name, { create = false })
+  if not c then
+    if code == "ENOENT" then return nil end
+    bad(503, tostring(msg))
+  end
+  local ok, res = pcall(f, c)
+  c:close()
+  if not ok then error(res, 0) end
+  return res
+end
+
+local UNIT = { s = 1, m = 60, h = 3600, d = 86400, w = 604800 }
+
+-- The last n points of c's finest history ring: { res =, points = }, or
+-- nil for a counter that keeps none.
+local function finest_history(c, n)
+  local best, best_s
+  for _, k in ipairs(c:keeps() or {}) do
+    local width, unit = k:match("x(%d+)(%a)$")
+    local secs = width and UNIT[unit] and tonumber(width) * UNIT[unit]
+    if secs and (not best_s or secs < best_s) then best, best_s = k:match("x(.*)$"), secs end
+  end
+  local ring = best and c:history(best)
+  if not ring then return nil end
+  local pts = {}
+  for i = max(1, #ring - n + 1), #ring do pts[#pts + 1] = ring[i] end
+  return { res = best, points = array(pts) }
+end
+
+local api = {}
+
+function api.stats(db, q, opts)
+  params("stats", q, {})
+  local st = must(db:stats())
+  local grace = must(db:grace())
+  local schedules = opts.schedules and must(opts.schedules(db)) or {}
+  return {
+    store = opts.store, now = tally.now(), stats = st,
+    -- the server has the store open too (idle: it holds nothing back)
+    processes = grace.processes > 0 and grace.processes - 1 or 0, behind = grace.behind,
+    oldest_pid = grace.oldest_pid ~= 0 and grace.oldest_pid or nil,
+    rollups = array(schedules),
+  }
+end
+
+function api.values(db, q)
+  params("values", q, { pattern = true })
+  return { values = must(db:values(pattern_param(q))) }
+end
+
+function api.top(db, q)
+  params("top", q, { pattern = true, n = true, by = true, history = true })
+  local n = int_param(q, "n", 1, MAX_TOP, 10)
+  local by = str_param(q, "by") or "value"
+  if by ~= "value" and by ~= "rate" then bad(400, "by must be value or rate, got '" .. by .. "'") end
+  local hist = int_param(q, "history", 0, 1000, 0)
+  local top = must(db:top(pattern_param(q) or "*", n, by))
+  if hist > 0 then
+    for _, e in ipairs(top) do
+      e.history = with_counter(db, e.name, function(c) return finest_history(c, hist) end)
+    end
+  end
+  return { by = by, top = array(top) }
+end
+
+function api.sum(db, q)
+  params("sum", q, { pattern = true })
+  local sum, count = db:sum(pattern_param(q))
+  must(sum, count)
+  return { pattern = str_param(q, "pattern") or "*", sum = sum, count = count }
+end
+
+function api.counter(db, q)
+  params("counter", q, { name = true })
+  local name = str_param(q, "name")
+  if name == nil or name == "" then bad(400, "name is needed: api/counter?name=NAME") end
+  local out = with_counter(db, name, function(c)
+    local info = c:info()
+    local o = { name = name, value = c:value(), shards = c:shards(), policy = info.policy,
+                rolled = c:rolled(), auto = info.auto, grown = info.grown, shrunk = info.shrunk }
+    local keeps = c:keeps()
+    if keeps then       -- every history ring, as c:history gives it
+      o.keeps, o.history = keeps, {}
+      for _, k in ipairs(keeps) do
+        local res = k:match("x(.*)$")
+        o.history[res] = array(c:history(res) or {})
+      end
+    end
+    return o
+  end)
+  if not out then bad(404, fmt("no such counter '%s'", name)) end
+  return out
+end
+
+-- Histograms whose names match pattern, each from one snapshot of its
+-- members: the names with a brace (one walk), then, if there are
+-- histograms, one snapshot of them (a second).
+function api.histograms(db, q)
+  params("histograms", q, { pattern = true })
+  local groups = tally.histogram.group(must(db:names("*}")))
+  local pattern = pattern_param(q)
+  local g = pattern and tally.format._glob_compile(pattern)
+  local bases = {}
+  for base in pairs(groups) do
+    if not g or tally.format._glob_captures(g, base) then bases[#bases + 1] = base end
+  end
+  sort(bases)
+  local out = {}
+  if #bases > 0 then
+    local snap = must(db:snapshot("*{*}"))
+    for _, base in ipairs(bases) do
+      local h = groups[base]
+      local r = tally.histogram.read(snap, h)
+      if r then
+        local buckets = {}
+        for i, b in ipairs(r.buckets) do buckets[i] = { le = h.les[i][2], count = b.count } end
+        local function qt(x)
+          local v = tally.histogram.quantile(r, x)
+          if v == huge then return "+Inf" end
+          return v
+        end
+        out[#out + 1] = { name = base, count = r.count, sum = r.sum, unit = r.unit,
+                          buckets = buckets, p50 = qt(0.5), p90 = qt(0.9), p99 = qt(0.99) }
+      end
+    end
+  end
+  return { histograms = array(out) }
+end
+
+function api.rollups(db, q, opts)
+  params("rollups", q, {})
+  return { rollups = array(opts.schedules and must(opts.schedules(db)) or {}) }
+end
+
+_M.ENDPOINTS = { "stats", "top", "values", "sum", "counter", "histograms", "rollups" }
+
+function _M.api(db, name, query, opts)
+  local f = api[name]
+  if not f then
+    return 404, "no such path: api/" .. tostring(name) .. " (the API: api/"
+                .. concat(_M.ENDPOINTS, ", api/") .. ")"
+  end
+  local ok, res = pcall(f, db, query or {}, opts or {})
+  if ok then return 200, res end
+  if getmetatable(res) == Bad then return res.status, res.msg end
+  error(res, 0)
+end
 
 return _M
