@@ -633,4 +633,69 @@ function _M.status()
   return ngx.exit(ngx.status)
 end
 
+
+-- dashboard(): content handler for a location ending in '/' (say
+-- `location /tally/dashboard/`) that serves tally.dashboard there: the
+-- page at the location itself, its script (dashboard.js), Chart.js
+-- (chart.js, read from Debian's libjs-chart.js) and the JSON API
+-- (api/stats, api/top, ...), read through this worker's store handle, as
+-- `tally serve` answers them. An answer is kept half a second per worker,
+-- so pages open at once cost one walk; each walk (db:top, db:values,
+-- db:stats) runs in the worker, so over a large store `tally serve`, a
+-- process of its own, is the better host. 503 without a store; 404 for
+-- another path; 400 for a bad query, with its message.
+local dash_cache = {}   -- key -> { at =, body = }
+local chartjs            -- Chart.js, read once per worker
+
+function _M.dashboard()
+  local dashboard = require "tally.dashboard"
+  local uri = ngx.var.uri
+  local function send(status, ctype, body)
+    ngx.status = status
+    ngx.header["Content-Type"] = ctype
+    ngx.print(body)
+    return ngx.exit(status)
+  end
+  local function text(status, msg) return send(status, "text/plain; charset=utf-8", msg .. "\n") end
+  if sub(uri, -1) == "/" then
+    return send(200, "text/html; charset=utf-8", dashboard.html)
+  elseif sub(uri, -13) == "/dashboard.js" then
+    return send(200, "text/javascript; charset=utf-8", dashboard.js)
+  elseif sub(uri, -9) == "/chart.js" then
+    if not chartjs then
+      local f = io.open(dashboard.CHARTJS, "rb")
+      if not f then return text(404, dashboard.CHARTJS .. " is missing: install Debian's libjs-chart.js") end
+      chartjs = f:read("*a")
+      f:close()
+    end
+    ngx.header["Cache-Control"] = "max-age=3600"
+    return send(200, "text/javascript; charset=utf-8", chartjs)
+  end
+  local name = uri:match("/api/(%a+)$")
+  if not name then return text(404, "no such path: " .. uri) end
+  local db = st.db
+  if not db then return text(503, "tally.openresty: no store in this worker (" .. st.reason .. ")") end
+  local args = ngx.req.get_uri_args(100)
+  local keys = {}
+  for k, v in pairs(args) do keys[#keys + 1] = tostring(k) .. "=" .. tostring(v) end
+  table.sort(keys)
+  local key = name .. "?" .. table.concat(keys, "&")
+  local now = ngx.now()
+  local hit = dash_cache[key]
+  if hit and now - hit.at < 0.5 then
+    return send(200, "application/json; charset=utf-8", hit.body)
+  end
+  local status, res = dashboard.api(db, name, args, { store = st.store })
+  if status ~= 200 then return text(status, res) end
+  local body, err = require("tally.json").encode(res)
+  if not body then return text(500, "tally.openresty: dashboard: cannot encode: " .. tostring(err)) end
+  if not hit then
+    local n = 0
+    for _ in pairs(dash_cache) do n = n + 1 end
+    if n >= 64 then dash_cache = {} end
+  end
+  dash_cache[key] = { at = now, body = body }
+  return send(200, "application/json; charset=utf-8", body)
+end
+
 return _M
