@@ -180,6 +180,33 @@ describe("tally serve", function()
     db:close()
   end)
 
+  it("does not hold the store's reuse back once its requests are over", function()
+    local path = helper.tmpfile("reuse.tly")
+    local db = assert(tally.open("file:" .. path))
+    for i = 1, 100 do db:incr("c:" .. i, 1) end
+    db:close()
+    local srv = serve(path)
+    for _ = 1, 3 do   -- a name read twice is cached, as a handle
+      assert.equals(200, (get(srv.url .. "/metrics")))
+      assert.equals(200, (get(srv.url .. "/api/counter?name=c:5")))
+    end
+    sleep(1.5)        -- the server settles a second after its last request
+    local out, code = helper.tally("-e", ([[
+      local db = assert(tally.open("file:%s"))
+      assert(db:drop("c:1"))
+      db:tick()]]):format(path))
+    assert.equals(0, code, out)
+    local behind
+    for _ = 1, 30 do  -- its grace step comes within a second
+      sleep(0.1)
+      local text = helper.tally_split(nil, "info", path, "--json")
+      behind = decode(text).behind
+      if behind == 0 then break end
+    end
+    assert.equals(0, behind)
+    assert.equals(0, stop(srv))
+  end)
+
   it("serves /metrics as tally.prometheus gives it, gzipped when asked, and promtool accepts it", function()
     local path, db = store_for_api()
     local srv = serve(path)

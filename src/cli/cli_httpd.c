@@ -16,6 +16,9 @@
  *       or nil at the end; gzip: compress the body (zlib's deflate, gzip
  *       framing, Content-Encoding: gzip)
  *     ready(port) is called once the socket listens.
+ *     opts.after: a function called a second after the last request
+ *       (what a server does when its requests are over), and again a
+ *       second later for as long as it returns true.
  *
  * One thread does everything: MHD runs in external-polling mode on epoll
  * and this loop polls its epoll descriptor and a self-pipe, so every call
@@ -37,6 +40,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <microhttpd.h>
@@ -49,10 +53,11 @@
 /* The server: one per serve() call, on the C stack. */
 typedef struct httpd {
   lua_State *L;
-  int handler; /* registry refs */
-  int busy;    /* a producer said "not yet": poll without waiting */
-  lua_Integer
-      body_timeout; /* idle seconds allowed a connection whose body is being made */
+  int handler;              /* registry refs */
+  int busy;                 /* a producer said "not yet": poll without waiting */
+  int after;                /* registry ref of opts.after, or LUA_NOREF */
+  long long after_at;       /* when to call it (ms, CLOCK_MONOTONIC), 0: not due */
+  lua_Integer body_timeout; /* idle seconds allowed a connection whose body is made */
 } httpd;
 
 /* Per TCP connection (MHD's socket context): a bad escape seen while MHD
@@ -71,6 +76,12 @@ typedef struct stream {
   char *out;
   size_t len, off, cap;
 } stream;
+
+static long long now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
 
 static int sig_pipe[2] = {-1, -1};
 static volatile sig_atomic_t sig_got;
@@ -329,6 +340,7 @@ static enum MHD_Result respond(httpd *h, struct MHD_Connection *c, const char *u
   int top = lua_gettop(L), status, gzip;
   struct MHD_Response *r = NULL;
   enum MHD_Result ret;
+  if (h->after != LUA_NOREF) h->after_at = now_ms() + 1000;
   lua_rawgeti(L, LUA_REGISTRYINDEX, h->handler);
   push_request(L, c, url, method);
   if (lua_pcall(L, 1, 4, 0) != LUA_OK) {
@@ -441,6 +453,13 @@ static int h_serve(lua_State *L) {
   h.L = L;
   h.busy = 0;
   h.body_timeout = optint(L, "body_timeout", 300);
+  h.after = LUA_NOREF;
+  h.after_at = 0;
+  lua_getfield(L, 1, "after");
+  if (lua_isfunction(L, -1))
+    h.after = luaL_ref(L, LUA_REGISTRYINDEX);
+  else
+    lua_pop(L, 1);
   lua_pushvalue(L, 2);
   h.handler = luaL_ref(L, LUA_REGISTRYINDEX);
 
@@ -488,9 +507,13 @@ static int h_serve(lua_State *L) {
     MHD_UNSIGNED_LONG_LONG to;
     int ms = -1;
     if (MHD_get_timeout(d, &to) == MHD_YES) ms = to > 60000 ? 60000 : (int)to;
+    if (h.after_at != 0) {
+      long long wait = h.after_at - now_ms();
+      if (wait < 0) wait = 0;
+      if (ms < 0 || wait < ms) ms = (int)wait;
+    }
     if (h.busy) ms = 0;
     h.busy = 0;
-    h.body_timeout = optint(L, "body_timeout", 300);
     p[0].fd = epfd;
     p[0].events = POLLIN;
     p[1].fd = sig_pipe[0];
@@ -502,11 +525,21 @@ static int h_serve(lua_State *L) {
       if (sig_got != 0) stopped = sig_got;
     }
     if (!stopped) MHD_run(d);
+    if (!stopped && h.after_at != 0 && now_ms() >= h.after_at) {
+      h.after_at = 0;
+      lua_rawgeti(L, LUA_REGISTRYINDEX, h.after);
+      if (lua_pcall(L, 0, 1, 0) != LUA_OK)
+        fprintf(stderr, "%s serve: %s\n", CLI_PROGNAME, lua_tostring(L, -1));
+      else if (lua_toboolean(L, -1))
+        h.after_at = now_ms() + 1000;
+      lua_pop(L, 1);
+    }
   }
   sigaction(SIGTERM, &old_term, NULL);
   sigaction(SIGINT, &old_int, NULL);
   MHD_stop_daemon(d); /* closes connections; their bodies are freed here */
   luaL_unref(L, LUA_REGISTRYINDEX, h.handler);
+  luaL_unref(L, LUA_REGISTRYINDEX, h.after);
   lua_pushstring(L, stopped == SIGINT    ? "SIGINT"
                     : stopped == SIGTERM ? "SIGTERM"
                                          : "error");

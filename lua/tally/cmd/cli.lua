@@ -346,8 +346,8 @@ end
 
 -- ---- stores -------------------------------------------------------------------
 
--- open_store(uri [, { create = bool, memory = bool, writes = bool, help = cmd }])
--- -> db or nil, message.
+-- open_store(uri [, { create = bool, memory = bool, writes = bool, help = cmd,
+-- handle_cache = n }]) -> db or nil, message.
 -- uri: "file:PATH", a bare path, or "memory" (unless opts.memory is false).
 -- Without create, a missing file is an error and nothing is made (the
 -- message suggests --create when opts.create is false rather than nil).
@@ -386,7 +386,8 @@ function _M.open_store(uri, opts)
     end
   end
   local db, msg, code = tally.open("file:" .. path, { create = opts.create and true or false,
-                                                       trust = opts.trust and true or false })
+                                                       trust = opts.trust and true or false,
+                                                       handle_cache = opts.handle_cache })
   if not db then
     msg = trust_hint(msg, code)
     if type(msg) == "string" and msg:find("Permission denied$") then
@@ -1063,7 +1064,8 @@ function cmd.serve(args)
   local timeout = num("timeout", 1, 3600, 10)
   local uri = pos[1]
   local function open_it()
-    return _M.open_store(uri, { memory = false, trust = trust, help = "serve" })
+    -- handles kept weakly: collected, they leave the server idle (serve.lua)
+    return _M.open_store(uri, { memory = false, trust = trust, help = "serve", handle_cache = 0 })
   end
   local db, path = open_it()
   if not db then

@@ -36,8 +36,8 @@ local _M = {}
 
 local CHARTJS = dashboard.CHARTJS
 local CACHE_S = 0.5             -- an API answer is reused this long (one walk for many pages)
-local SHARE = 0.1               -- of a core, what making API answers may take over time
-local BURST = 1                 -- seconds of CPU the budget holds at most
+local SHARE = 0.06              -- of a core, what making API answers may take over time
+local BURST = 0.5               -- seconds of CPU the budget holds at most
 
 local JSON_TYPE = { ["Content-Type"] = "application/json; charset=utf-8",
                     ["Cache-Control"] = "no-store" }
@@ -176,7 +176,9 @@ local function handle(s, req)
   end
   local db, msg = store_of(s)
   if not db then return answer(503, msg) end
+  s.dirty = true
   if path == "/metrics" then
+    s.by_name = true   -- tally.prometheus reads each value by name
     local status, h, m = no_other(req, "pattern")
     if status then return status, h, m end
     local p = req.query.pattern
@@ -252,7 +254,43 @@ end
 
 -- run(s, opts) -> exit status. s: { db= or nil, open = fn, store = text,
 -- auth = }; opts: host, port, connections, per_ip, timeout, memory.
+-- This process's id (the server's own slot in db:grace()).
+local function self_pid()
+  local f = io.open("/proc/self/stat", "r")
+  local pid = f and tonumber(f:read("l"):match("^(%d+)"))
+  if f then f:close() end
+  return pid
+end
+
+-- After the requests, so the server does not hold the store's reuse back
+-- (docs/lifecycle.md): its counter handles (the handle cache is kept
+-- weakly here) are collected, and a lookup of a name no counter has (O(1),
+-- reads only) ends with the process published idle, as one that holds no
+-- handle is. A process that has read values by name (tally.prometheus
+-- does, for now: s.by_name) is never idle again: from then on, once a
+-- second, while it is the one holding reuse back it runs a grace step
+-- (db:maintain with a budget of 0: no expiry), what every writer's
+-- db:tick does. Returns true to be called again a second later.
+local function settle(s)
+  local db = s.db
+  if not db then return false end
+  if s.dirty then
+    s.dirty = false
+    collectgarbage("collect")
+    peek.counter(db, "tally serve: no such counter")
+  end
+  if not s.by_name then return false end
+  local g = db:grace()
+  s.pid = s.pid or self_pid()
+  if g and g.behind > 0 and g.oldest_pid == s.pid then
+    db:maintain(math.floor(tally.now() * 1000), 0)
+  end
+  return true
+end
+_M.settle = settle
+
 function _M.run(s, opts)
+  opts.after = function() return settle(s) end
   local stopped, msg = httpd.serve(opts, _M.handler(s), function(port)
     local shown = opts.host:find(":", 1, true) and "[" .. opts.host .. "]" or opts.host
     io.stderr:write(fmt("tally serve: %s on http://%s:%d/ (metrics /metrics, API /api/...)\n",
