@@ -18,7 +18,8 @@
 --
 -- What the page shows: the store's health (/api/stats), the top counters
 -- by rolled rate, or by value while none has been rolled up (/api/top),
--- with each one's rate over time (from the values the page saw), totals
+-- with each one's rate over time (from its finest rollup history, else
+-- from the values the page saw), totals
 -- per family (/api/sum over the name prefixes of the top counters, or the
 -- patterns in the page's ?totals=a:*,b:*), and the histograms
 -- (/api/histograms): the buckets of each and its p50/p90/p99 over time.
@@ -163,8 +164,11 @@ _M.js = [==[
       }
       return tr;
     }));
+    // each line: the rate between the buckets of the counter's finest
+    // rollup history, else between the values this page has seen
     rateChart.data.datasets = top.slice(0, LINES).map((e, i) => {
-      const s = seen[e.name], pts = [];
+      const ring = e.history && e.history.points.length >= 2 ? e.history.points : null;
+      const s = ring || seen[e.name], pts = [];
       for (let k = 1; k < s.length; k++) {
         const dt = s[k].t - s[k - 1].t;
         if (dt > 0) pts.push({ x: +(s[k].t - now).toFixed(1), y: (s[k].v - s[k - 1].v) / dt });
@@ -255,7 +259,7 @@ _M.js = [==[
       cards(st);
       // histograms' member counters (NAME{le=..}) have their own charts
       const plain = (t) => t.top.filter((e) => !/\{.*\}$/.test(e.name)).slice(0, TOP);
-      let top = plain(await get("api/top?by=rate&n=" + 5 * TOP));
+      let top = plain(await get("api/top?by=rate&history=" + KEEP + "&n=" + 5 * TOP));
       if (!top.some((e) => e.rate != null)) top = plain(await get("api/top?by=value&n=" + 5 * TOP));
       topTable(top, now);
       await totals(top);
