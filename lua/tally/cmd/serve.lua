@@ -51,9 +51,9 @@ local PROM_TYPE = { ["Content-Type"] = "text/plain; version=0.0.4; charset=utf-8
 -- The one place that asks tally.prometheus (its pause yields a step).
 local function metrics_body(db, pattern)
   local next_piece = wrap(function()
-    local text, msg = tally.prometheus(db, pattern, { pause = function() yield("") end })
-    if not text then return false, msg end
-    yield(text)
+    local ok, msg = tally.prometheus(db, pattern, { pause = function() yield("") end,
+                                                     write = yield })
+    if not ok then return false, msg end
     return nil
   end)
   local first, msg = next_piece()
