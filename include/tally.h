@@ -757,11 +757,13 @@ TALLY_API int tally_store_rows(tally_store *s, const char *pattern, size_t plen,
  * it, then tally_walk_next hands fn the matching counters of the next
  * `slots` slots of the name index (rows as tally_store_rows gives them,
  * values read then; in the index's order), until it returns 1: every slot
- * passed. It returns 0 while slots remain, fn's non-zero value, or a
- * negative TALLY_E* (ECORRUPT: a damaged store). The walk holds reuse
+ * passed. It returns 0 while slots remain, fn's non-zero value (the next
+ * call hands that slice again from its start), or a negative TALLY_E*
+ * (ECORRUPT: a damaged store). The walk holds reuse
  * back from open to close, as every walk does, so close it soon; a
- * counter created or dropped meanwhile may or may not be handed over,
- * none twice. One thread at a time per walk. TALLY_EINVAL, TALLY_ENOMEM,
+ * counter created or dropped meanwhile may or may not be handed over, and
+ * a name dropped and made again between slices may come twice (the old
+ * counter and the new). One thread at a time per walk. TALLY_EINVAL, TALLY_ENOMEM,
  * TALLY_ECORRUPT from open. */
 typedef struct tally_walk tally_walk;
 TALLY_API int tally_walk_open(tally_store *s, const char *pattern, size_t plen,

@@ -4,7 +4,8 @@
  * begin others and names past 16 bytes that tie on their first 16, the
  * rows in the names' order must be every counter once, in memcmp's order,
  * each with the value, shards, policy, automatic reshards and rollup its
- * own handle reads; a counter whose shards sum beyond int64 says so. Then
+ * own handle reads; a counter whose shards sum beyond int64 says so. A
+ * tally_walk in slices of 1,000 index slots gives the same rows. Then
  * writers, drops and creates run beside repeated listings: each in order,
  * without a name twice.
  */
@@ -160,6 +161,66 @@ static void test_in_order(tally_store *s) {
   got_free(&g);
 }
 
+/* tally_walk: the same rows a slice of the index at a time. */
+static int by_name(const void *a, const void *b) {
+  const tally_row *x = a, *y = b;
+  size_t m = x->name_len < y->name_len ? x->name_len : y->name_len;
+  int c = memcmp(x->name, y->name, m);
+  return c ? c : (x->name_len > y->name_len) - (x->name_len < y->name_len);
+}
+
+static void test_walk_slices(tally_store *s) {
+  struct got all = {0}, sl = {0};
+  EXPECT_OK(tally_store_rows(s, "post:*", 6, TALLY_ROWS_BY_NAME, collect, &all));
+  tally_walk *w;
+  REQUIRE_OK(tally_walk_open(s, "post:*", 6, &w));
+  uint64_t passed, slots, calls = 0;
+  tally_walk_progress(w, &passed, &slots);
+  EXPECT_I64(0, (int64_t)passed);
+  EXPECT(slots >= N);
+  int rc;
+  while ((rc = tally_walk_next(w, 1000, collect, &sl)) == 0) calls++;
+  EXPECT_I64(1, rc);
+  EXPECT_I64((int64_t)((slots + 999) / 1000 - 1), (int64_t)calls);
+  tally_walk_progress(w, &passed, NULL);
+  EXPECT_I64((int64_t)slots, (int64_t)passed);
+  EXPECT_I64(1, tally_walk_next(w, 1000, collect, &sl)); /* done stays done */
+  /* fn's stop comes back, and its slice is handed again */
+  tally_walk_close(w);
+  REQUIRE_OK(tally_walk_open(s, "post:*", 6, &w));
+  struct got part = {.stop_at = 3};
+  uint64_t before_n;
+  do rc = tally_walk_next(w, 1u << 30, collect, &part);
+  while (rc == 0);
+  EXPECT_I64(9, rc);
+  before_n = part.n;
+  part.stop_at = 0;
+  EXPECT_I64(1, tally_walk_next(w, 1u << 30, collect, &part));
+  EXPECT_I64((int64_t)(before_n + all.n), (int64_t)part.n);
+  tally_walk_close(w);
+  got_free(&part);
+  /* every row once, as tally_store_rows reads it */
+  EXPECT_I64((int64_t)all.n, (int64_t)sl.n);
+  for (size_t i = 0; i < sl.n; i++) sl.row[i].name = sl.name[i];
+  for (size_t i = 0; i < all.n; i++) all.row[i].name = all.name[i];
+  qsort(sl.row, sl.n, sizeof *sl.row, by_name);
+  for (size_t i = 0; i < all.n && i < sl.n; i++) {
+    if (sl.row[i].name_len != all.row[i].name_len ||
+        memcmp(sl.row[i].name, all.row[i].name, all.row[i].name_len) != 0 ||
+        sl.row[i].value != all.row[i].value ||
+        sl.row[i].value_rc != all.row[i].value_rc) {
+      TU_FAIL("row %zu: %s = %lld in slices, %s = %lld whole", i, sl.row[i].name,
+              (long long)sl.row[i].value, all.row[i].name, (long long)all.row[i].value);
+      break;
+    }
+  }
+  EXPECT_I64(TALLY_EINVAL, tally_walk_open(NULL, NULL, 0, &w));
+  EXPECT_I64(TALLY_EINVAL, tally_walk_next(NULL, 1, collect, &sl));
+  tally_walk_close(NULL);
+  got_free(&all);
+  got_free(&sl);
+}
+
 static void test_beside_churn(tally_store *s) {
   struct tu_churn c = {
       .s = s, .name_of = name_of, .names = N + N / 2, .seed = 77, .drop_one_in = 4};
@@ -196,6 +257,7 @@ int main(void) {
   setenv("TALLY_GRACE_MS", "60000", 0);
   REQUIRE_OK(tally_store_open(spec, NULL, &s));
   test_in_order(s);
+  test_walk_slices(s);
   test_beside_churn(s);
   tally_store_close(s);
   tu_rmrf(dir);
