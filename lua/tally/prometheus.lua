@@ -492,8 +492,9 @@ local function by_name(db, pattern, c, pause)
 end
 
 -- The text in pieces of at most PIECE bytes, to write: a host sends each
--- and may yield between them. A host that pauses reads the index SLICE
--- slots at a time (about 4 ms of a 2-core VM's time for 16,384 counters).
+-- and may yield between them. A host that pauses reads the name index
+-- _slice slots at a time (a few ms on the 2-core VM: about 16,000
+-- counters, read and sorted).
 local PIECE = 65536
 _M._slice = 32768                   -- a knob for tests
 local function write_pieces(write, text)
