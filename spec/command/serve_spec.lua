@@ -323,6 +323,7 @@ describe("tally serve", function()
     local script = helper.tmpfile("hostile.pl")
     helper.write(script, [[
 use strict; use IO::Socket::INET; $| = 1;
+$SIG{PIPE} = 'IGNORE';  # the server may close on the big header before it is all sent
 my ($port, $ready, $secs) = @ARGV;
 sub conn { IO::Socket::INET->new(PeerAddr => "127.0.0.1", PeerPort => $port,
   LocalAddr => "127.0.0.2", Proto => "tcp", Timeout => 2) }
@@ -348,7 +349,11 @@ while (time < $end) { for my $c (@slow) { print $c "X-a: b\r\n" } sleep 1 }
     local t0 = now()
     while not helper.slurp(ready) and now() - t0 < 30 do sleep(0.1) end
     assert.truthy(helper.slurp(ready), helper.slurp(out))
-    assert.matches("big: HTTP/1.1 431", helper.slurp(out))
+    -- refused with 431, or (when it closed while the header was still
+    -- coming) reset before the client read the answer
+    local big = helper.slurp(out):match("big: ([^\n]*)")
+    assert.truthy(big, helper.slurp(out))
+    if big ~= "" then assert.matches("^HTTP/1.1 431", big) end
     -- while they hold on, a probe is answered at once, several times
     for _ = 1, 5 do
       local t1 = now()
