@@ -462,6 +462,16 @@ histograms_text = function(db, hs, c)
   return concat(out), counts
 end
 
+-- The text of values ({ [name] = value }) of names under compiled mapping
+-- c, what a scrape leaves out counted in skips and logged once; htext (the
+-- histograms' text) before the tally_prometheus_skipped gauge.
+local function render(values, c, names, skips, htext, pause)
+  local text, skipped = format._render_prometheus(values, c, names, true, skips, htext, pause)
+  if not text then error(skipped, 2) end   -- not reached: the values are all numbers
+  for _, sk in ipairs(skipped) do log_once(sk.name, sk.reason, sk.msg) end
+  return text
+end
+
 -- The counters' values one by one, through db:names and db:value: the
 -- way when the store has a damaged counter, which the walk of every
 -- value (core._prom_rows) reports for the whole store, where here it is
@@ -485,10 +495,7 @@ local function by_name(db, pattern, c, pause)
     end
     values[name] = v
   end
-  local text, skipped = format._render_prometheus(values, c, names, true, skips, htext, pause)
-  if not text then error(skipped, 2) end   -- not reached: the values are all numbers
-  for _, sk in ipairs(skipped) do log_once(sk.name, sk.reason, sk.msg) end
-  return text
+  return render(values, c, names, skips, htext, pause)
 end
 
 -- The text in pieces of at most PIECE bytes, to write: a host sends each
@@ -567,10 +574,7 @@ local function from_rows(db, rows, c, pause, emit, whole)
     end
     if pause and more then pause() end
   end
-  local text, skipped = format._render_prometheus(values, c, list, true, skips, htext, pause)
-  if not text then error(skipped, 2) end   -- not reached: the values are all numbers
-  for _, sk in ipairs(skipped) do log_once(sk.name, sk.reason, sk.msg) end
-  emit(text)
+  emit(render(values, c, list, skips, htext, pause))
   return true
 end
 

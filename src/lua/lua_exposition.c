@@ -320,21 +320,20 @@ static int rows_add(void *ud, const tally_row *r) {
 
 /* Name order, bytewise, a name before any longer one it begins; rows of
  * one name by the order they were read. */
+static int name_cmp(const char *names, const struct prow *x, const struct prow *y) {
+  int c = memcmp(names + x->off, names + y->off, x->len < y->len ? x->len : y->len);
+  return c ? c : (x->len > y->len) - (x->len < y->len);
+}
+
 static int row_cmp(const tl_promrows *t, size_t a, size_t b) {
-  const struct prow *x = &t->row[a], *y = &t->row[b];
-  int c = memcmp(t->names + x->off, t->names + y->off, x->len < y->len ? x->len : y->len);
-  if (c) return c;
-  if (x->len != y->len) return x->len < y->len ? -1 : 1;
-  return a < b ? -1 : a > b;
+  int c = name_cmp(t->names, &t->row[a], &t->row[b]);
+  return c ? c : (a > b) - (a < b);
 }
 
 static int prow_cmp(const void *a, const void *b, void *names) {
   const struct prow *x = a, *y = b;
-  const char *s = names;
-  int c = memcmp(s + x->off, s + y->off, x->len < y->len ? x->len : y->len);
-  if (c) return c;
-  if (x->len != y->len) return x->len < y->len ? -1 : 1;
-  return x->off < y->off ? -1 : x->off > y->off; /* read order: names go in as read */
+  int c = name_cmp(names, x, y);
+  return c ? c : (x->off > y->off) - (x->off < y->off); /* names go in as read */
 }
 
 /* The rows from run's start on are a run: sorted, and recorded. */
@@ -506,12 +505,9 @@ static size_t merge_next(tl_promrows *t) {
     size_t k = t->heap[0], i = t->at[k]++;
     if (t->at[k] == t->run[k + 1]) t->heap[0] = t->heap[--t->nheap];
     sift(t, 0);
-    if (t->nheap) { /* the next row has the same name: this one was read earlier */
-      size_t j = t->at[t->heap[0]];
-      const struct prow *x = &t->row[i], *y = &t->row[j];
-      if (x->len == y->len && memcmp(t->names + x->off, t->names + y->off, x->len) == 0)
-        continue;
-    }
+    /* the next row has the same name: this one was read earlier */
+    if (t->nheap && name_cmp(t->names, &t->row[i], &t->row[t->at[t->heap[0]]]) == 0)
+      continue;
     if (t->row[i].flags & ROW_OUT) continue;
     return i;
   }
