@@ -252,6 +252,24 @@ function store:family(pattern, opts)
   return true
 end
 
+-- map_only(db, pattern, opts): db:family(pattern, opts) with only the
+-- metric options of opts (metric, labels, type, help, histogram): the
+-- mapping is recorded on this handle and the store is left alone (a
+-- reader such as tally serve takes a mapping file written for writers,
+-- whose store options are theirs to set). Raises as db:family does.
+function _M.map_only(db, pattern, opts)
+  if type(opts) ~= "table" then return true end
+  local mopts
+  for k, v in pairs(opts) do
+    if METRIC_KEYS[k] then
+      mopts = mopts or {}
+      mopts[k] = v
+    end
+  end
+  if not mopts then return true end
+  return db:family(pattern, mopts)
+end
+
 -- db:mappings() -> { { pattern=, metric=, labels={...}, type=, help= }, ... }
 -- the metric mappings defined through this store handle, oldest first
 -- (copies), in the shape tally.format.prometheus() takes.

@@ -39,7 +39,7 @@ local USAGE = {
   compact = "tally compact STORE",
   watch = "tally watch STORE [pattern] [--interval S] [--sort rate|value|name]",
   serve = "tally serve STORE [--listen ADDR:PORT] [--auth TOKEN|USER:PASS] [--connections N]\n"
-       .. "                  [--timeout S]",
+       .. "                  [--timeout S] [--families FILE]",
   help = "tally help [command | --man]",
 }
 
@@ -261,6 +261,11 @@ Serve STORE over HTTP until SIGTERM (exit status 0) or Ctrl-C (130):
   --connections N      connections at once (default 256; 32 per client
                        address)
   --timeout S          close a connection idle for S seconds (default 10)
+  --families FILE      a Lua file run with the store as its argument ('...'),
+                       whose db:family(pattern, { metric =, labels = ... })
+                       calls name and label the series of /metrics, as the
+                       same file run by the writers does there; only their
+                       metric options are taken (serve writes nothing)
 
 Reads only: the store must exist (serve never creates it), no counter is
 created and nothing is written, and reads take no lock, so writers never
@@ -1039,7 +1044,7 @@ end
 
 function cmd.serve(args)
   local o, pos = parse(args, { values = { listen = true, auth = true, connections = true,
-                                          timeout = true }, min = 1, max = 1 })
+                                          timeout = true, families = true }, min = 1, max = 1 })
   if o.help then return "help" end
   local serve = require "tally.cmd.serve"
   local host, port = serve.parse_listen(o.listen or "127.0.0.1:9145")
@@ -1063,11 +1068,27 @@ function cmd.serve(args)
   local connections = num("connections", 1, 100000, 256)
   local timeout = num("timeout", 1, 3600, 10)
   local uri = pos[1]
+  local families
+  if o.families then
+    local lerr
+    families, lerr = loadfile(o.families)
+    if not families then fail("--families: " .. printable(lerr)) end
+  end
   local function open_it()
     -- handles kept weakly: collected, they leave the server idle (serve.lua)
-    return _M.open_store(uri, { memory = false, trust = trust, help = "serve", handle_cache = 0 })
+    local db, msg = _M.open_store(uri, { memory = false, trust = trust, help = "serve",
+                                         handle_cache = 0 })
+    if db and families then
+      local ok, ferr = serve.families(db, families, o.families)
+      if not ok then
+        db:close()
+        return nil, ferr, "families"
+      end
+    end
+    return db, msg
   end
-  local db, path = open_it()
+  local db, path, why = open_it()
+  if why == "families" then fail(printable(path)) end
   if not db then
     -- missing: nothing to serve; there but unreadable: 503 until it reads
     local p = type(uri) == "string" and (uri:match("^file:(.*)$") or uri) or ""

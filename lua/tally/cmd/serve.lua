@@ -252,6 +252,26 @@ function _M.parse_auth(v)
   return { token = v }
 end
 
+-- families(db, chunk, file) -> true, or nil, message: run the Lua chunk
+-- of --families FILE with a stand-in for db, whose family(pattern, opts)
+-- records the metric mappings of opts on db (tally.prometheus.map_only):
+-- the file the writers run (`loadfile(FILE)(db)`) names and labels the
+-- series here the same way, while serve still writes nothing. Another
+-- method of db is refused, by name.
+function _M.families(db, chunk, file)
+  local prometheus = require "tally.prometheus"
+  local stand_in = setmetatable({}, { __index = function(_, k)
+    if k == "family" then
+      return function(_, pattern, opts) return prometheus.map_only(db, pattern, opts) end
+    end
+    error(fmt("db:%s is not run by tally serve (a --families file gives db:family only)",
+              tostring(k)), 2)
+  end })
+  local ok, err = pcall(chunk, stand_in)
+  if not ok then return nil, fmt("--families %s: %s", file, tostring(err)) end
+  return true
+end
+
 -- run(s, opts) -> exit status. s: { db= or nil, open = fn, store = text,
 -- auth = }; opts: host, port, connections, per_ip, timeout, memory.
 -- This process's id (the server's own slot in db:grace()).
