@@ -10,7 +10,7 @@
  */
 #include <limits.h>
 
-#include "tally_net.h"
+#include "../src/net/redis_cluster.h" /* the client: commands, pipelines */
 #include "redis_servers.h"
 
 /* ---- helpers on the client ----------------------------------------------- */

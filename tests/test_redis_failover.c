@@ -32,7 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tally_net.h"
+#include "../src/net/redis_cluster.h" /* the client: commands, pipelines */
 #include "redis_servers.h"
 
 #define NNODES       6

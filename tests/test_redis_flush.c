@@ -32,7 +32,7 @@
 #include <pthread.h>
 #include <sys/mman.h>
 
-#include "tally_net.h"
+#include "../src/net/redis_cluster.h" /* the client: commands, pipelines */
 #include "redis_servers.h"
 #include "../src/core/internal.h" /* tally__handles_open */
 

@@ -65,6 +65,21 @@ describe("the installed tree", function()
     assert.equal("5 ECONNECT\n", sh_ok(q(outside .. "/use")))
   end)
 
+  it("keeps hiredis out of tally_net's interface: no hiredis type, no client call exported", function()
+    local header = assert(helper.slurp(prefix .. "/include/tally_net.h"))
+    assert.is_nil(header:find("#include <hiredis", 1, true))
+    assert.is_nil(header:find("redisReply", 1, true))
+    local exported = sh_ok("nm -D --defined-only " .. q(prefix .. "/lib/libtally_net.so"))
+    for _, f in ipairs({ "tally_rc_open", "tally_rc_open_opts", "tally_rc_close", "tally_flusher_new",
+                         "tally_sender_open" }) do
+      assert.truthy(exported:find(" T " .. f .. "\n", 1, true), f .. " is not exported")
+    end
+    for _, f in ipairs({ "tally_rc_command", "tally_rc_command_wait", "tally_rc_pipe_new",
+                         "tally_rc_pipe_reply", "tally_rc_keyslot", "tally_rc_refresh" }) do
+      assert.is_nil(exported:find(" " .. f .. "\n", 1, true), f .. " is exported")
+    end
+  end)
+
   it("builds a C program with find_package(tally)", function()
     helper.write(outside .. "/CMakeLists.txt", [[
 cmake_minimum_required(VERSION 3.18)

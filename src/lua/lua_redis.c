@@ -61,7 +61,7 @@
 #include <strings.h>
 
 #include "lua_aux.h"
-#include "tally_net.h"
+#include "../net/redis_cluster.h" /* the client itself: commands, replies */
 
 #define TL_REDIS_MT   "tally.redis"
 #define TL_FLUSHER_MT "tally.flusher"

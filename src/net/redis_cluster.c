@@ -17,7 +17,7 @@
  * TALLY_RC_MAX_ATTEMPTS times or the deadline has passed.
  */
 
-#include "tally_net.h"
+#include "redis_cluster.h"
 
 #include <errno.h>
 #include <hiredis/sds.h>

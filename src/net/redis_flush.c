@@ -15,7 +15,7 @@
  * every name it ever flushed. See tally_net.h for the protocol.
  */
 
-#include "tally_net.h"
+#include "redis_cluster.h"
 
 #include <errno.h>
 #include <inttypes.h>
