@@ -731,13 +731,17 @@ typedef struct tally_row {
   uint32_t grown, shrunk;
   const tally_rollup *rolled; /* TALLY_ROWS_ROLLED: the latest rollup, or
                                  NULL (never rolled up, or being written) */
+  const int64_t *cells;       /* TALLY_ROWS_CELLS: each shard's value
+                                 (shards of them, read with value); valid
+                                 during the call only */
 } tally_row;
 typedef int (*tally_row_fn)(void *ud, const tally_row *row);
 enum {
   TALLY_ROWS_BY_NAME = 1, /* in the names' order, bytewise (a name before
                               any longer one it begins); else the index's */
   TALLY_ROWS_ROLLED = 2,  /* read each one's latest rollup too */
-  TALLY_ROWS_NAMES = 4    /* the names only: nothing else is read (0) */
+  TALLY_ROWS_NAMES = 4,   /* the names only: nothing else is read (0) */
+  TALLY_ROWS_CELLS = 8    /* each shard's value too (an exact export) */
 };
 /* fn for each live counter matching pattern, read one after the other in
  * one walk with no handle per counter (what tally ls shows of each). In

@@ -4,7 +4,9 @@
  * begin others and names past 16 bytes that tie on their first 16, the
  * rows in the names' order must be every counter once, in memcmp's order,
  * each with the value, shards, policy, automatic reshards and rollup its
- * own handle reads; a counter whose shards sum beyond int64 says so. A
+ * own handle reads; a counter whose shards sum beyond int64 says so. With
+ * TALLY_ROWS_CELLS each row has each shard's value, as tally_counter_shards
+ * reads it, adding up to the row's value (an export's one read). A
  * tally_walk in slices of 1,000 index slots gives the same rows. Then
  * writers, drops and creates run beside repeated listings: each in order,
  * without a name twice.
@@ -44,6 +46,37 @@ static int collect(void *ud, const tally_row *r) {
   if (r->rolled) g->roll[g->n] = *r->rolled;
   g->n++;
   return g->stop_at && (int)g->n == g->stop_at ? 9 : 0;
+}
+
+/* TALLY_ROWS_CELLS: the cells one after the other, and where each row's start */
+struct cells {
+  int64_t *v;
+  size_t *at;
+  size_t n, len, cap, vcap;
+  bool wrong; /* a row without cells, or whose cells do not add up */
+};
+
+static int collect_cells(void *ud, const tally_row *r) {
+  struct cells *c = ud;
+  if (c->n == c->cap) {
+    c->cap = c->cap ? c->cap * 2 : 1024;
+    if (!(c->at = realloc(c->at, c->cap * sizeof *c->at))) abort();
+  }
+  if (c->len + r->shards > c->vcap) {
+    c->vcap = (c->len + r->shards) * 2;
+    if (!(c->v = realloc(c->v, c->vcap * sizeof *c->v))) abort();
+  }
+  if (!r->cells || r->shards < 1) {
+    c->wrong = true;
+    return 0;
+  }
+  __int128 sum = 0;
+  for (uint32_t i = 0; i < r->shards; i++) sum += r->cells[i];
+  if (r->value_rc == 0 ? sum != r->value : sum <= INT64_MAX) c->wrong = true;
+  c->at[c->n++] = c->len;
+  memcpy(c->v + c->len, r->cells, r->shards * sizeof *c->v);
+  c->len += r->shards;
+  return 0;
 }
 
 static void got_free(struct got *g) {
@@ -140,6 +173,34 @@ static void test_in_order(tally_store *s) {
   for (size_t i = 0; i < h.n; i++)
     if (strcmp(h.name[i], g.name[i]) || h.row[i].value || h.row[i].shards) {
       TU_FAIL("row %zu differs with NAMES", i);
+      break;
+    }
+  got_free(&h);
+  /* CELLS: each shard's value, as the handle reads them */
+  struct cells cl = {0};
+  EXPECT_OK(tally_store_rows(s, "post:*", 6, TALLY_ROWS_BY_NAME | TALLY_ROWS_CELLS,
+                             collect_cells, &cl));
+  EXPECT(!cl.wrong);
+  EXPECT_I64((int64_t)g.n, (int64_t)cl.n);
+  for (size_t i = 0; i < g.n && i < cl.n; i++) {
+    int64_t vals[TALLY_MAX_SHARDS];
+    uint32_t n;
+    tally_counter *c;
+    REQUIRE_OK(tally_counter_open(s, g.name[i], g.len[i], NULL, 0, &c));
+    REQUIRE_OK(tally_counter_shards(c, vals, TALLY_MAX_SHARDS, &n));
+    tally_counter_close(c);
+    size_t have = (i + 1 < cl.n ? cl.at[i + 1] : cl.len) - cl.at[i];
+    if (have != n || memcmp(vals, cl.v + cl.at[i], n * sizeof *vals)) {
+      TU_FAIL("row %zu (%s): cells differ from the handle's shards", i, g.name[i]);
+      break;
+    }
+  }
+  free(cl.v);
+  free(cl.at);
+  EXPECT_OK(tally_store_rows(s, "post:*", 6, TALLY_ROWS_BY_NAME, collect, &h));
+  for (size_t i = 0; i < h.n; i++)
+    if (h.row[i].cells) {
+      TU_FAIL("row %zu has cells without CELLS", i);
       break;
     }
   got_free(&h);

@@ -123,16 +123,23 @@ static int row_one(tally_store *s, uint64_t rec_off, struct rows *w) {
   tally_row row = {.name = r->name, .name_len = r->name_len, .policy = r->policy};
   if (w->flags & TALLY_ROWS_NAMES) return w->fn(w->ud, &row);
   tally_rollup roll;
+  int64_t cells[TALLY_MAX_SHARDS];
   uint64_t loc;
   int rc = tally__current(s, rec_off, &loc);
-  if (rc == 0) rc = tally__rec_value(s, rec_off, &row.value);
+  if (rc == 0 && (w->flags & TALLY_ROWS_CELLS)) { /* the cells and their sum, */
+    rc = tally__rec_cells(s, rec_off, cells, TALLY_MAX_SHARDS, &row.shards,
+                          &row.value); /* read together (after a move too) */
+    row.cells = cells;
+  } else if (rc == 0) {
+    rc = tally__rec_value(s, rec_off, &row.value);
+    row.shards = tally__loc_shards(loc);
+  }
   if (rc == TALLY_EDROPPED) return 0;
   if (rc == TALLY_ERANGE)
     row.value_rc = rc;
   else if (rc)
     return rc;
   uint32_t fl = atomic_load_explicit(&r->flags, memory_order_relaxed);
-  row.shards = tally__loc_shards(loc);
   row.auto_shards = (fl & TALLY__REC_AUTO) != 0;
   row.grown = fl >> TALLY__REC_GROWN_SHIFT & 0x3ff;
   row.shrunk = fl >> TALLY__REC_SHRUNK_SHIFT & 0x3ff;

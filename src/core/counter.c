@@ -655,6 +655,17 @@ int tally__rec_value(tally_store *s, uint64_t rec_off, int64_t *out) {
   return to_int64(total, ((struct tally__rec *)tally__at(s, rec_off))->name, out);
 }
 
+int tally__rec_cells(tally_store *s, uint64_t rec_off, int64_t *vals, uint32_t cap,
+                     uint32_t *n, int64_t *value) {
+  uint64_t loc;
+  __int128 total;
+  int rc = tally__current(s, rec_off, &loc);
+  if (rc == 0) rc = read_cells(s, rec_off, &loc, vals, cap, &total);
+  if (rc) return rc;
+  *n = tally__loc_shards(loc);
+  return to_int64(total, ((struct tally__rec *)tally__at(s, rec_off))->name, value);
+}
+
 int tally_counter_value(tally_counter *c, int64_t *out) {
   if (!c || !out) return tally__fail(TALLY_EINVAL, "tally_counter_value: NULL argument");
   if (atomic_load(&c->gone)) {

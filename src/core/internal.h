@@ -826,6 +826,10 @@ bool tally__ship_holds(tally_store *s, const struct tally__rec *r, int64_t v);
 int tally__current(tally_store *s, uint64_t rec_off, uint64_t *loc);
 int tally__check_name(const char *name, size_t len);
 int tally__rec_value(tally_store *s, uint64_t rec_off, int64_t *out);
+/* Each shard's value into vals[0..cap) and the shard count in *n, read
+ * as tally__rec_value reads them; *value as it gives it (or ERANGE). */
+int tally__rec_cells(tally_store *s, uint64_t rec_off, int64_t *vals, uint32_t cap,
+                     uint32_t *n, int64_t *value);
 /* Bytes a record of name length len takes. */
 _Static_assert(sizeof(struct tally__rec) == 64,
                "a counter record's fixed part is 64 bytes");
