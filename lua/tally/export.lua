@@ -72,22 +72,42 @@ for i = 1, core.MAX_SHARDS do
   SHARD_HEAD[i] = fmt('"%d":{"count":', i - 1)
 end
 
--- db:export([pattern]) -> JSON text of the matching counters, exact per
--- shard; nil, msg, code if reading one fails (a damaged store).
+-- db:export([pattern [, write]]) -> JSON text of the matching counters,
+-- exact per shard; with write, write(chunk) gets the text a piece at a
+-- time as the walk goes (one walk in the names' order, no handle per
+-- counter, core.export_write) and export returns true. nil, msg, code if
+-- reading the store fails (a damaged store; write may have had part).
 -- (export_any and import_any: the same, for any store with the methods
 -- they call, such as the Firestore store, tally/firestore/store.lua)
 local export_any, import_any
-function store:export(pattern)
-  check_self(self, "tally.store", "export")
-  return export_any(self, pattern)
-end
-function export_any(self, pattern)
+local function export_args(pattern, write)
   if pattern ~= nil and type(pattern) ~= "string" then
-    argerror(1, "export", "string expected, got " .. typename(pattern), 2)
+    argerror(1, "export", "string expected, got " .. typename(pattern), 3)
   end
-  local out = {}
+  if write ~= nil and type(write) ~= "function" then
+    argerror(2, "export", "function expected, got " .. typename(write), 3)
+  end
+end
+function store:export(pattern, write)
+  check_self(self, "tally.store", "export")
+  export_args(pattern, write)
+  local out, n = {}, 0
+  local ok, msg, code = core.export_write(self, pattern, json_string, write or function(s)
+    n = n + 1
+    out[n] = s
+  end)
+  if not ok then return nil, msg, code end
+  return write and true or concat(out)
+end
+function export_any(self, pattern, write)
+  export_args(pattern, write)
+  local out, n = {}, 0
+  local function put(s)
+    if write then write(s) else n = n + 1; out[n] = s end
+  end
   local names, nmsg, ncode = self:names(pattern)
   if not names then return nil, nmsg, ncode end   -- a damaged store
+  local first = true
   for _, name in ipairs(names) do
     -- create = false: a counter dropped since names() listed it is left out
     local c, msg, code = self:counter(name, { create = false })
@@ -100,14 +120,15 @@ function export_any(self, pattern)
       if shards then                    -- else dropped meanwhile: left out
         local parts = {}
         for i = 1, #shards do parts[i] = SHARD_HEAD[i] .. count_text(shards[i]) .. "}" end
-        out[#out + 1] = fmt('%s:{"num_shards":%d,"policy":%s,"shards":{%s}}',
-                            json_string(name), #shards, json_string(info.policy),
-                            concat(parts, ","))
+        put(fmt('%s%s:{"num_shards":%d,"policy":%s,"shards":{%s}}',
+                first and '{"counters":{\n' or ",\n", json_string(name), #shards,
+                json_string(info.policy), concat(parts, ",")))
+        first = false
       end
     end
   end
-  if #out == 0 then return '{"counters":{}}\n' end
-  return '{"counters":{\n' .. concat(out, ",\n") .. "\n}}\n"
+  put(first and '{"counters":{}}\n' or "\n}}\n")
+  return write and true or concat(out)
 end
 
 -- ---- import -----------------------------------------------------------------

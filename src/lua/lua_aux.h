@@ -158,6 +158,7 @@ typedef struct tl_store {
   size_t nspare, used, cap; /* slots handed out so far; lent's room */
   tl_counter *counters;     /* open counter handles made on this store */
   tl_hist *hists;           /* open histogram writers (lua_histogram.c) */
+  unsigned walking;         /* C walks running Lua code (an export's write) */
   size_t speclen;
   char spec[]; /* "memory" or "file:PATH" */
 } tl_store;
@@ -325,6 +326,7 @@ int tl_open_handles(lua_State *L);    /* lua_handles.c: core._store_cache, ... *
 int tl_open_open(lua_State *L);       /* lua_open.c: core.open */
 int tl_open_text(lua_State *L);       /* lua_text.c: core.printable, .utf8len */
 int tl_open_json(lua_State *L);       /* lua_json.c: core.json_twice */
+int tl_open_export(lua_State *L);     /* lua_export.c: core.export_write */
 
 /* Close histogram writer w and unlink it from its store; safe twice. */
 void tl_hist_release(tl_hist *w);

@@ -575,6 +575,10 @@ static int tl_store_grace(lua_State *L) {
 
 static int tl_store_close(lua_State *L) {
   tl_store *d = (tl_store *)tl_checkudata(L, 1, TL_STORE_MT);
+  /* a walk still reads the store after the Lua code it runs returns */
+  if (d->walking)
+    return luaL_error(L, "tally.store: cannot close the store while a walk of it "
+                         "runs (close it after db:export returns)");
   if (d->store != NULL) {
     tl_store_release(L, d);
     tl_cache_clear(L); /* the closed handles need not stay */

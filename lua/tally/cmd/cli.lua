@@ -762,9 +762,9 @@ function cmd.export(args)
   local o, pos = parse(args, { min = 1, max = 2 })
   if o.help then return "help" end
   local db = open(pos[1])
-  local text, msg = db:export(pos[2])
-  if not text then fail(msg) end
-  out(text)
+  -- streamed as the walk goes; a write that fails is told at exit (main.c)
+  local ok, msg = db:export(pos[2], out)
+  if not ok then fail(msg) end
   return 0
 end
 

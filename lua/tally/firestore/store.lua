@@ -270,7 +270,7 @@ function Store:close()
 end
 
 -- db:export([pattern]) / db:import(json [, opts]): the code of tally/export.lua
-function Store:export(pattern) return require("tally.export").export_any(self, pattern) end
+function Store:export(pattern, write) return require("tally.export").export_any(self, pattern, write) end
 function Store:import(text, opts) return require("tally.export").import_any(self, text, opts) end
 
 -- ---- counters ---------------------------------------------------------------------
