@@ -18,7 +18,8 @@ local core = require "tally.core"
 
 local type, error, pairs, ipairs, next, tostring, pcall =
       type, error, pairs, ipairs, next, tostring, pcall
-local fmt, find, match, gsub = string.format, string.find, string.match, string.gsub
+local fmt, find, match, gsub, ssub, byte = string.format, string.find, string.match, string.gsub,
+      string.sub, string.byte
 local concat, sort = table.concat, table.sort
 local huge = math.huge
 local compat = require "tally.compat"
@@ -79,7 +80,7 @@ end
 -- reading the store fails (a damaged store; write may have had part).
 -- (export_any and import_any: the same, for any store with the methods
 -- they call, such as the Firestore store, tally/firestore/store.lua)
-local export_any, import_any
+local export_any, import_any, whole
 local function export_args(pattern, write)
   if pattern ~= nil and type(pattern) ~= "string" then
     argerror(1, "export", "string expected, got " .. typename(pattern), 3)
@@ -311,16 +312,117 @@ local function undo(db, log, created)
 end
 
 -- db:import(json [, { mode = "replace" | "add", progress = fn }]) -> number
--- of counters. progress(phase, done, total), if given, is called as the work
--- goes: phase "decode", "validate", "create", "apply" (the store changes
--- from "create" on, so it must not raise then).
-function store:import(text, opts)
+-- of counters. json is the text, or an open file read from where it is.
+-- progress(phase, done, total), if given, is called as the work goes: a
+-- document as export writes it streams, phase "read" (bytes checked), then
+-- "apply" (counters); any other is held whole, phases "decode", "validate",
+-- "create", "apply". The store changes from "create" or "apply" on, so
+-- progress must not raise then.
+function store:import(source, opts)
   check_self(self, "tally.store", "import")
-  return import_any(self, text, opts)
+  return import_any(self, source, opts, true)
 end
-function import_any(self, text, opts)
-  if type(text) ~= "string" then
-    argerror(1, "import", "string expected, got " .. typename(text), 2)
+
+local PIECE = 1048576                     -- what the streamed import reads at a time
+local HEAD, TAIL = '{"counters":{\n', "\n}}\n"  -- around export's lines, joined by ",\n"
+local LONGEST = 64 * PIECE                 -- a line longer than this is not export's
+
+-- Where the last ",\n" of s begins (JSON text has a newline only between
+-- values, never inside a string), or nil.
+local function last_sep(s)
+  for i = #s - 1, 1, -1 do
+    if byte(s, i) == 44 and byte(s, i + 1) == 10 then return i end
+  end
+end
+
+-- The streamed import of a local store (core.importer, lua_export.c):
+-- pieces of about 1 MiB, each cut after a line, decoded by lua-cjson and
+-- taken by imp:check only if they are byte for byte what export writes,
+-- their names after the last piece's (so no name is given twice), and the
+-- store can take every counter; checked counters wait in a temporary file.
+-- Once all are checked, imp:apply applies them in order, and imp:undo
+-- takes back what it applied if one fails. Returns false, having changed
+-- nothing, for a document that is not export's or not right: the whole
+-- document's path checks it then, with its messages.
+local function streamed(self, source, mode, progress)
+  local read, total
+  if type(source) == "string" then
+    local at = 1
+    total = #source
+    read = function()
+      if at > total then return nil end
+      at = at + PIECE
+      return ssub(source, at - PIECE, at - 1)
+    end
+  else
+    local here = source:seek("cur")
+    local size = here and source:seek("end")
+    if not size or not source:seek("set", here) then return false end
+    total = size - here
+    read = function() return source:read(PIECE) end
+  end
+  local buf = read()
+  if not buf or ssub(buf, 1, #HEAD) ~= HEAD then return false end
+  local imp = core.importer(self, mode)
+  if not imp then return false end          -- no temporary file: the whole path
+  buf = ssub(buf, #HEAD + 1)
+  local n, got = 0, #HEAD
+  local function take(piece)
+    local v = json.value("{" .. piece .. "}")
+    local k = type(v) == "table" and imp:check(piece, v, json_string)
+    if not k then return false end
+    n, got = n + k, got + #piece + 2
+    if progress then progress("read", got, total) end
+    return true
+  end
+  while true do
+    local more = read()
+    if not more then                        -- the end: export's last line, then TAIL
+      if #buf <= #TAIL or ssub(buf, -#TAIL) ~= TAIL or not take(ssub(buf, 1, -#TAIL - 1)) then
+        imp:close()
+        return false
+      end
+      if progress then progress("read", total, total) end   -- (the tail too)
+      break
+    end
+    local cut = last_sep(buf)
+    if cut then
+      if not take(ssub(buf, 1, cut - 1)) then
+        imp:close()
+        return false
+      end
+      buf = ssub(buf, cut + 2) .. more
+    elseif #buf > LONGEST then
+      imp:close()
+      return false
+    else
+      buf = buf .. more
+    end
+  end
+  if progress then progress("apply", 0, n) end
+  local done = 0
+  while done < n do
+    local k, msg, code = imp:apply(1024)
+    local ok, err = true, nil
+    if k then
+      done = done + k
+      if progress then ok, err = pcall(progress, "apply", done, n) end
+    end
+    if not k or not ok then
+      imp:undo()
+      imp:close()
+      if not ok then error(err, 0) end
+      return nil, msg, code
+    end
+  end
+  imp:close()
+  return n
+end
+
+function import_any(self, source, opts, local_store)
+  local file = io.type(source) == "file"
+  if type(source) ~= "string" and not file then
+    argerror(1, "import", "string expected, got " .. typename(source), 2)
   end
   local mode, progress = "replace", nil
   if opts ~= nil then
@@ -340,12 +442,28 @@ function import_any(self, text, opts)
       end
     end
   end
+  self:stats()                           -- raises now if the store is closed
+  local here = file and source:seek("cur")
+  if local_store then
+    local n, msg, code = streamed(self, source, mode, progress)
+    if n ~= false then return n, msg, code end
+  end
+  local text = source
+  if file then
+    local rerr
+    if here then source:seek("set", here) end
+    text, rerr = source:read("a")
+    if not text then error("import: " .. tostring(rerr), 2) end
+  end
+  return whole(self, text, mode, progress)
+end
+
+-- The whole document's import: decoded at once, checked, then applied.
+function whole(self, text, mode, progress)
   local function raise(msg) error("import: " .. msg, 3) end
   local function step(phase, i, n)
     if progress and (i == n or i % 1024 == 0) then progress(phase, i, n) end
   end
-  self:stats()                           -- raises now if the store is closed
-
   step("decode", 0, 1)
   cjson = cjson or require "cjson"       -- its null, for jdescribe
   local doc, nkeys, path = json.decode(text)

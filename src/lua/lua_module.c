@@ -27,7 +27,7 @@ static const luaL_Reg tl_parts[] = {
     {"number", tl_open_number},         /* core.number_text, c_numeric (lua_number.c) */
     {"text", tl_open_text},             /* core.printable, utf8len (lua_text.c) */
     {"json", tl_open_json},             /* core.json_twice (lua_json.c) */
-    {"export", tl_open_export},         /* core.export_write (lua_export.c) */
+    {"export", tl_open_export},         /* core.export_write, core.importer */
     {NULL, NULL}};
 
 /* core._process_mark([n]) -> the mark before (0: none); n sets it. One

@@ -171,12 +171,14 @@ increments other processes make meanwhile are kept.
 
 FILE must be a JSON object of at most 4 GiB (TALLY_IMPORT_MAX_BYTES in the
 environment sets another limit); export a larger store in parts, by
-pattern.
+pattern. A document as 'tally export' writes it streams: checked a piece
+at a time into a temporary file in $TMPDIR, then applied from it; another
+layout is held whole.
 
 On a terminal, an import of 1 MiB or more shows a progress bar on stderr
-through its phases (read, parse, check, create, apply). Ctrl-C stops it
-while nothing has changed; once the store starts changing, the import runs
-to the end.
+through its phases (check, apply; another layout: parse, check, create,
+apply; from stdin, read first). Ctrl-C stops it while nothing has changed; once
+the store starts changing, the import runs to the end.
 ]]
 
 HELP.info = [[
@@ -769,10 +771,11 @@ function cmd.export(args)
 end
 
 local BIG = 1048576   -- 1 MiB: an import this large gets a progress bar
--- The most an import reads: the whole text is held, then decoded, at a few
--- times its size, and a stream that never ends (/dev/zero) must fail, not
--- fill memory. A million counters export in about 100 MiB. The
--- environment's TALLY_IMPORT_MAX_BYTES sets another limit.
+-- The most an import reads: a document that is not as export writes it is
+-- held whole, then decoded at a few times its size, and a stream that
+-- never ends (/dev/zero) must fail, not fill memory or the disk. A million
+-- counters export in about 90 MiB. The environment's
+-- TALLY_IMPORT_MAX_BYTES sets another limit.
 local MAX_IMPORT = 4 * 1024 * 1024 * 1024
 local function max_import()
   local v = os.getenv("TALLY_IMPORT_MAX_BYTES")
@@ -783,17 +786,22 @@ local function max_import()
   end
   return n, fmt("%d bytes", n)
 end
-local PHASES = { decode = "parse", validate = "check", create = "create", apply = "apply" }
+local PHASES = { read = "check", decode = "parse", validate = "check", create = "create",
+                 apply = "apply" }
 
 function cmd.import(args)
   local o, pos = parse(args, { flags = { add = true, create = true }, min = 2, max = 2,
                                missing = "FILE ('-' for stdin)" })
   if o.help then return "help" end
   local file = pos[2]
+  local shown = file == "-" and "stdin" or printable(file)
   local f, err
   if file == "-" then f = io.stdin else f, err = io.open(file, "rb") end
   if not f then fail("cannot read " .. printable(tostring(err))) end   -- (the path is in err)
   local limit, limit_text = max_import()
+  -- a file is read where it is; stdin (which may be a file read from
+  -- where it stands) is copied to a temporary file first, which the
+  -- import reads as it checks, then again
   local size = file ~= "-" and f:seek("end") or nil
   if size then f:seek("set") end
   local db, path = open(pos[1], o.create or false)
@@ -803,12 +811,13 @@ function cmd.import(args)
   local function check_stop()
     if not changing and term.interrupted() then error({ stop = true }, 0) end
   end
+  local src = f
   ok, err = pcall(function()
-    local chunks, got = {}, 0
+    local got = 0
     while true do
-      local s, rerr = f:read(BIG)
+      local s, rerr = f:read(size and 4096 or BIG)
       if not s then
-        if rerr then fail((file == "-" and "stdin" or printable(file)) .. ": " .. tostring(rerr)) end
+        if rerr then fail(shown .. ": " .. tostring(rerr)) end
         break                                     -- the end of the file
       end
       if got == 0 then   -- an export is a JSON object: say so before reading on
@@ -816,35 +825,42 @@ function cmd.import(args)
         local b = s:byte(first)
         if b and b ~= 123 then
           fail(fmt("%s is not a tally export: it must be a JSON object ('{' first), not %s",
-                   file == "-" and "stdin" or printable(file),
-                   b >= 32 and b < 127 and fmt("'%s'", s:sub(first, first))
+                   shown, b >= 32 and b < 127 and fmt("'%s'", s:sub(first, first))
                      or fmt("byte 0x%02x", b)))
         end
       end
-      chunks[#chunks + 1] = s
       got = got + #s
-      if got > limit then
+      if got > limit or (size and size > limit) then
         fail(fmt("%s is larger than %s, the most tally import reads (TALLY_IMPORT_MAX_BYTES): "
                  .. "export and import the store in parts (tally export STORE PATTERN)",
-                 file == "-" and "stdin" or printable(file), limit_text))
+                 shown, limit_text))
       end
-      if bar and (size or got >= BIG) then bar.update("read", got, size, "bytes") end
+      if size then break end                      -- a file: its first bytes were all to see
+      if src == f then
+        local tmp
+        tmp, rerr = io.tmpfile()
+        if not tmp then fail("cannot make a temporary file: " .. tostring(rerr)) end
+        src = tmp
+      end
+      if not src:write(s) then fail("cannot write a temporary file (a full disk?)") end
+      if bar and got >= BIG then bar.update("read", got, nil, "bytes") end
       check_stop()
     end
+    if src ~= f then src:seek("set") elseif size then f:seek("set") end
     if bar and got < BIG and not size then bar = nil end
-    local text = concat(chunks)
-    chunks = nil
     local opts = { mode = o.add and "add" or "replace" }
     opts.progress = function(phase, done, total)
       if phase == "create" or phase == "apply" then changing = true end
       check_stop()
       if bar then
-        bar.update(PHASES[phase] or phase, done, total, phase ~= "decode" and "counters" or nil,
+        bar.update(PHASES[phase] or phase, done, total,
+                   phase == "read" and "bytes" or phase ~= "decode" and "counters" or nil,
                    done == total)
       end
     end
-    n, msg = db:import(text, opts)
+    n, msg = db:import(src, opts)
   end)
+  if src ~= f then src:close() end
   if f ~= io.stdin then f:close() end
   if bar then bar.done() end
   stopped = term.interrupted()
