@@ -16,6 +16,9 @@
 --   top 10 of a Lua table           a Lua loop over { [name] = value },
 --                                   keeping the 10 largest
 --   tally.prometheus(db)            target 0.75 s
+--   db:export(p, write), db:import  targets 3 s and 6 s (into a new store);
+--                                   baseline: lua-cjson encoding, decoding
+--                                   the { [name] = value } table
 local build, N, REPS = arg[1], tonumber(arg[2]) or 1000000, tonumber(arg[3]) or 5
 if not build then
   io.stderr:write("usage: lua5.4 bench/scale.lua BUILD [N] [REPS]\n")
@@ -96,6 +99,27 @@ row("db:values(p)", function() assert(db:values(P)) end, "a Lua loop builds the 
 row("db:snapshot(p)", function() assert(db:snapshot(P)) end, "a Lua loop builds the table",
     lvalues)
 row("tally.prometheus(db)", function() assert(tally.prometheus(db)) end, nil, nil, "0.75 s")
+-- export, streamed to a write that keeps nothing; import of its text into
+-- a fresh file store (what tally import --create does); beside them,
+-- lua-cjson writing and reading the { [name] = value } table
+do
+  local cjson = require "cjson"
+  local text = assert(db:export(P))
+  local lenc = median(function() assert(cjson.encode(values)) end)
+  row("db:export(p, write)", function() assert(db:export(P, function() end)) end,
+      "cjson.encode of the table", lenc, "3 s")
+  local enc = cjson.encode(values)
+  local ldec = median(function() assert(cjson.decode(enc)) end)
+  local k = 0
+  row("db:import(text) into a new store", function()
+    k = k + 1
+    local copy = path .. ".import" .. k
+    local other = assert(tally.open("file:" .. copy))
+    assert(other:import(text) == N)
+    other:close()
+    os.remove(copy)
+  end, "cjson.decode of the table", ldec, "6 s")
+end
 
 print(fmt("%s, %d counters (file store, default options; created in %.2f s), "
           .. "median CPU seconds of %d", jit and jit.version or _VERSION, N, made, REPS))
