@@ -150,8 +150,15 @@ describe("export and import of " .. N .. " counters, streamed", function()
   describe("refuses, as the whole-document path words it, and changes nothing:", function()
     local target, before, lines
     setup(function()
+      -- the first 30,000 counters (2.6 MB: pieces enough), as export
+      -- writes them
       lines = {}
-      for line in text:gmatch("[^\n]+") do lines[#lines + 1] = line end
+      for line in text:gmatch("[^\n]+") do
+        lines[#lines + 1] = line
+        if #lines > 30000 then break end
+      end
+      lines[#lines] = lines[#lines]:gsub(",$", "")
+      lines[#lines + 1] = "}}"
     end)
     before_each(function()
       target = assert(tally.open())
@@ -384,9 +391,12 @@ describe("tally import STORE -", function()
     local src = assert(tally.open())
     for i = 1, 3000 do src:incr(fmt("c:%06d", i), i) end
     local doc = helper.tmpfile("doc.json")
-    helper.write(doc, "xyz" .. assert(src:export()))
+    helper.write(doc, "xyz\n" .. assert(src:export()))
     local store = helper.tmpfile("stdin.tly")
-    local out, code = helper.sh(fmt("(dd bs=1 count=3 of=/dev/null 2>/dev/null; %s import %s - --create) < %s",
+    -- the shell's read takes the first line a byte at a time: stdin is
+    -- left at the export's first byte (no other program: under the
+    -- sanitizers' preload one might not run)
+    local out, code = helper.sh(fmt("{ read -r skip; %s import %s - --create; } < %s",
                                     q(helper.bin), q(store), q(doc)))
     assert.same({ "imported 3000 counters into " .. store .. " (replaced)\n", 0 }, { out, code })
     local db = assert(tally.open("file:" .. store))
