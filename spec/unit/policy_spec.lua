@@ -70,6 +70,16 @@ describe("tally policies", function()
       assert.error_matches(function() key_shard("a", 0) end, "shard count out of range")
     end)
 
+    it("names a remote shard's Redis key by the flusher's rule, for the Redis store too", function()
+      local shard_key = require("tally.core").redis_shard_key
+      assert.equal("tally:{post:1:likes#0}", shard_key("post:1:likes", 0))
+      assert.equal("tally:{a}b#63}", shard_key("a}b", 63))
+      assert.equal("tally:{" .. string.rep("n", 255) .. "#4294967295}",
+                   shard_key(string.rep("n", 255), 4294967295))
+      assert.error_matches(function() shard_key("", 0) end, "a counter name is 1 to 255 bytes")
+      assert.error_matches(function() shard_key("a", -1) end, "shard index out of range")
+    end)
+
     it("treats a number key as its string", function()
       local c = db:counter("k", { shards = 64, policy = "key" })
       c:incr(1, 12345)

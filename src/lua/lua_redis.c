@@ -700,6 +700,21 @@ static const luaL_Reg tl_flusher_meta[] = {{"__gc", tl_flusher_close},
                                            {"__tostring", tl_flusher_tostring},
                                            {NULL, NULL}};
 
+/* core.redis_shard_key(name, i) -> "tally:{NAME#i}", the Redis key of
+ * shard i (0-based) of counter name: the flusher's own rule
+ * (tally_flusher_shard_key), which the Redis store shares. */
+static int tl_redis_shard_key(lua_State *L) {
+  size_t len;
+  const char *name = luaL_checklstring(L, 1, &len);
+  lua_Integer i = luaL_checkinteger(L, 2);
+  char key[TALLY_NAME_MAX + 32];
+  luaL_argcheck(L, i >= 0 && i <= UINT32_MAX, 2, "shard index out of range");
+  int klen = tally_flusher_shard_key(name, len, (uint32_t)i, key, sizeof key);
+  if (klen < 0) return luaL_argerror(L, 1, "a counter name is 1 to 255 bytes");
+  lua_pushlstring(L, key, (size_t)klen);
+  return 1;
+}
+
 int tl_open_redis(lua_State *L) {
   tl_newclass(L, TL_REDIS_MT, tl_redis_meta, tl_redis_methods);
   tl_newclass(L, TL_FLUSHER_MT, tl_flusher_meta, tl_flusher_methods);
@@ -710,5 +725,7 @@ int tl_open_redis(lua_State *L) {
   lua_setfield(L, -2, "flusher");
   lua_pushcfunction(L, tl_unship);
   lua_setfield(L, -2, "unship");
+  lua_pushcfunction(L, tl_redis_shard_key);
+  lua_setfield(L, -2, "redis_shard_key");
   return 0;
 }

@@ -53,7 +53,7 @@ local _M = {}
 local NAMES_KEY, FAMILIES_KEY = "tally:names", "tally:families"
 local DEFAULT_POLICY = "thread"
 
-local function shard_key(name, i) return "tally:{" .. name .. "#" .. i .. "}" end
+local shard_key = core.redis_shard_key   -- the flusher's rule (redis_flush.c)
 local function meta_key(name) return "tally:meta:{" .. name .. "}" end
 
 -- Atomically: read v of a shard and set it to 0 (the amount removed, as a
