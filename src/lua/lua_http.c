@@ -22,17 +22,17 @@
  *   h:stats() -> { requests, failures, lost, bytes_in, bytes_out }
  *   h:close()  (also __gc, __close); a closed handle raises on use.
  *
- * Each handle owns one CURL easy handle and its reply buffer; nothing is
- * shared between handles, so handles on different Lua states are safe in
- * different threads. Misuse (bad arguments, a closed handle) raises;
- * failures of the network return nil, message, code.
+ * Each handle owns one connection of the library's HTTP client
+ * (src/net/http.c, which the rollup sinks' sender uses too) and its reply
+ * buffer; nothing is shared between handles, so handles on different Lua
+ * states are safe in different threads. Misuse (bad arguments, a closed
+ * handle) raises; failures of the network return nil, message, code.
  */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include <curl/curl.h>
-
+#include "../net/http.h" /* the client itself */
 #include "lua_aux.h"
 
 #define TL_HTTP_MT       "tally.http"
@@ -40,60 +40,31 @@
 #define TL_HTTP_MAXHDRS  64
 
 typedef struct tl_http {
-  CURL *curl;                 /* NULL once closed */
-  struct curl_slist *headers; /* the handle's own headers, every request */
-  char *base;                 /* base URL, malloc'd */
-  char *buf;                  /* the reply being received */
-  size_t len, cap;
-  int overflow; /* the reply passed TL_HTTP_MAXREPLY */
-  long timeout_ms;
+  tally__http *http;   /* NULL once closed */
+  char *base;          /* base URL, malloc'd */
   uint64_t lose;       /* replies still to lose (h:lose_replies) */
   uint64_t lose_every; /* TALLY_HTTP_LOSE_EVERY, 0: never */
   uint64_t requests, failures, lost, bytes_in, bytes_out;
-  char errbuf[CURL_ERROR_SIZE];
 } tl_http;
 
-static size_t tl_http_write(char *data, size_t size, size_t n, void *ud) {
-  tl_http *h = (tl_http *)ud;
-  size_t add = size * n;
-  if (h->overflow || h->len + add > TL_HTTP_MAXREPLY) {
-    h->overflow = 1;
-    return 0; /* libcurl stops: CURLE_WRITE_ERROR */
-  }
-  if (h->len + add + 1 > h->cap) {
-    size_t cap = h->cap ? h->cap : 4096;
-    char *p;
-    while (cap < h->len + add + 1) cap *= 2;
-    p = (char *)realloc(h->buf, cap);
-    if (p == NULL) return 0;
-    h->buf = p;
-    h->cap = cap;
-  }
-  memcpy(h->buf + h->len, data, add);
-  h->len += add;
-  return add;
-}
-
 static void tl_http_free(tl_http *h) {
-  if (h->curl != NULL) curl_easy_cleanup(h->curl);
-  curl_slist_free_all(h->headers);
+  tally__http_close(h->http);
   free(h->base);
-  free(h->buf);
-  h->curl = NULL;
-  h->headers = NULL;
-  h->base = h->buf = NULL;
-  h->len = h->cap = 0;
+  h->http = NULL;
+  h->base = NULL;
 }
 
 static tl_http *tl_checkhttp(lua_State *L) {
   tl_http *h = (tl_http *)tl_checkudata(L, 1, TL_HTTP_MT);
-  if (h->curl == NULL) luaL_error(L, "attempt to use a closed http handle");
+  if (h->http == NULL) luaL_error(L, "attempt to use a closed http handle");
   return h;
 }
 
-/* Append the "Name: value" strings of the list at idx to *list; raises on
- * anything else. Returns 0, or -1 when out of memory. */
-static int tl_http_addheaders(lua_State *L, int arg, int idx, struct curl_slist **list) {
+/* The "Name: value" strings of the list at idx into lines[at..] (at most
+ * TL_HTTP_MAXHDRS, then NULL; the list keeps them alive); raises on
+ * anything else. */
+static void tl_http_headers(lua_State *L, int arg, int idx, const char **lines,
+                            size_t at) {
   size_t n;
   if (lua_type(L, idx) != LUA_TTABLE)
     tl_argerror_got(L, arg, "headers must be a list of \"Name: value\" strings", idx,
@@ -103,7 +74,6 @@ static int tl_http_addheaders(lua_State *L, int arg, int idx, struct curl_slist 
   for (size_t i = 1; i <= n; i++) {
     size_t len;
     const char *s;
-    struct curl_slist *next;
     lua_rawgeti(L, idx, (int)i);
     if (lua_type(L, -1) != LUA_TSTRING)
       tl_argerror_got(L, arg, "headers must be a list of \"Name: value\" strings",
@@ -112,12 +82,10 @@ static int tl_http_addheaders(lua_State *L, int arg, int idx, struct curl_slist 
     if (strlen(s) != len || strchr(s, '\n') != NULL || strchr(s, '\r') != NULL ||
         strchr(s, ':') == NULL)
       tl_argerror(L, arg, "header %d must be one \"Name: value\" line", (int)i);
-    next = curl_slist_append(*list, s);
+    lines[at++] = s;
     lua_pop(L, 1);
-    if (next == NULL) return -1;
-    *list = next;
   }
-  return 0;
+  lines[at] = NULL;
 }
 
 /* core.http(base_url [, opts]) -> handle */
@@ -129,6 +97,7 @@ static int tl_http_new(lua_State *L) {
 #else
   const char *every = NULL;
 #endif
+  const char *headers[TL_HTTP_MAXHDRS + 1] = {NULL}; /* opts keeps them alive */
   tl_http *h;
   double timeout = 10.0;
   if (strlen(base) != blen ||
@@ -151,42 +120,32 @@ static int tl_http_new(lua_State *L) {
                           TL_BOOL_TYPE);
         timeout = (double)lua_tonumber(L, 5);
       } else if (strcmp(k, "headers") == 0) {
-        if (tl_http_addheaders(L, 2, 5, &h->headers) < 0)
-          return luaL_error(L, "not enough memory");
+        tl_http_headers(L, 2, 5, headers, 0);
       } else {
         tl_argerror(L, 2, "unknown option %s", tl_describe(L, 4, TL_BOOL_TYPE));
       }
       lua_settop(L, 4);
     }
   }
-  h->timeout_ms = (long)(timeout * 1000.0);
-  if (h->timeout_ms < 1) h->timeout_ms = 1;
+  double ms = timeout * 1000.0;
   if (every != NULL) h->lose_every = strtoull(every, NULL, 10);
   h->base = (char *)malloc(blen + 1);
-  h->curl = curl_easy_init();
-  if (h->base == NULL || h->curl == NULL) {
-    tl_http_free(h);
+  if (h->base == NULL)
     return luaL_error(L, "cannot create an HTTP handle (out of memory)");
-  }
   memcpy(h->base, base, blen + 1);
-  curl_easy_setopt(h->curl, CURLOPT_NOSIGNAL, 1L);
-  curl_easy_setopt(h->curl, CURLOPT_WRITEFUNCTION, tl_http_write);
-  curl_easy_setopt(h->curl, CURLOPT_WRITEDATA, h);
-  curl_easy_setopt(h->curl, CURLOPT_ERRORBUFFER, h->errbuf);
-  curl_easy_setopt(h->curl, CURLOPT_TIMEOUT_MS, h->timeout_ms);
-  curl_easy_setopt(h->curl, CURLOPT_CONNECTTIMEOUT_MS, h->timeout_ms);
-  curl_easy_setopt(h->curl, CURLOPT_TCP_NODELAY, 1L);
-  curl_easy_setopt(h->curl, CURLOPT_TCP_KEEPALIVE, 1L);
+  if (tally__http_open(ms < 1 ? 1 : (uint32_t)ms, headers, TL_HTTP_MAXREPLY, &h->http) <
+      0) {
+    tl_http_free(h);
+    return luaL_error(L, "cannot create an HTTP handle (%s)", tally_errmsg());
+  }
   return 1;
 }
 
-/* The code name of a libcurl failure. */
-static const char *tl_http_code(CURLcode rc) {
+/* The code name of a failed request. */
+static const char *tl_http_code(int rc) {
   switch (rc) {
-  case CURLE_OPERATION_TIMEDOUT: return "ETIMEDOUT";
-  case CURLE_COULDNT_CONNECT:
-  case CURLE_COULDNT_RESOLVE_HOST:
-  case CURLE_COULDNT_RESOLVE_PROXY: return "ECONNECT";
+  case TALLY_ETIMEDOUT: return "ETIMEDOUT";
+  case TALLY_ECONNECT: return "ECONNECT";
   default: return "EHTTP";
   }
 }
@@ -198,9 +157,8 @@ static int tl_http_request(lua_State *L) {
   const char *method = luaL_checklstring(L, 2, &mlen);
   const char *path = luaL_checklstring(L, 3, &plen);
   const char *body = NULL;
-  struct curl_slist *list = NULL, *extra = NULL;
-  CURLcode rc;
-  long status = 0;
+  const char *extra[TL_HTTP_MAXHDRS + 2] = {NULL}; /* the content type, then these */
+  tally__http_reply r;
   int lose = 0;
   luaL_Buffer url;
   if (mlen == 0 || mlen > 16 || strspn(method, "ABCDEFGHIJKLMNOPQRSTUVWXYZ") != mlen ||
@@ -209,68 +167,27 @@ static int tl_http_request(lua_State *L) {
                            TL_BOOL_TYPE);
   if (strlen(path) != plen) return luaL_argerror(L, 3, "path must not contain NUL bytes");
   if (!lua_isnoneornil(L, 4)) body = luaL_checklstring(L, 4, &blen);
-  if (!lua_isnoneornil(L, 5) && tl_http_addheaders(L, 5, 5, &extra) < 0) {
-    curl_slist_free_all(extra);
-    return luaL_error(L, "not enough memory");
-  }
-  /* the request's headers: the handle's, the content type, then these */
-  for (struct curl_slist *p = h->headers; p != NULL; p = p->next) {
-    struct curl_slist *next = curl_slist_append(list, p->data);
-    if (next == NULL) goto oom;
-    list = next;
-  }
-  if (body != NULL) {
-    struct curl_slist *next = curl_slist_append(list, "Content-Type: application/json");
-    if (next == NULL) goto oom;
-    list = next;
-  }
-  for (struct curl_slist *p = extra; p != NULL; p = p->next) {
-    struct curl_slist *next = curl_slist_append(list, p->data);
-    if (next == NULL) goto oom;
-    list = next;
-  }
-  curl_slist_free_all(extra);
-  extra = NULL;
+  size_t at = 0;
+  if (body != NULL) extra[at++] = "Content-Type: application/json";
+  if (!lua_isnoneornil(L, 5)) tl_http_headers(L, 5, 5, extra, at);
 
   luaL_buffinit(L, &url);
   luaL_addstring(&url, h->base);
   luaL_addlstring(&url, path, plen);
   luaL_pushresult(&url); /* the URL string stays on the stack while in use */
 
-  h->len = 0;
-  h->overflow = 0;
-  h->errbuf[0] = '\0';
-  curl_easy_setopt(h->curl, CURLOPT_URL, lua_tostring(L, -1));
-  curl_easy_setopt(h->curl, CURLOPT_HTTPHEADER, list);
-  if (strcmp(method, "GET") == 0) {
-    curl_easy_setopt(h->curl, CURLOPT_CUSTOMREQUEST, NULL);
-    curl_easy_setopt(h->curl, CURLOPT_HTTPGET, 1L);
-  } else {
-    curl_easy_setopt(h->curl, CURLOPT_CUSTOMREQUEST, method);
-  }
-  if (body != NULL) {
-    curl_easy_setopt(h->curl, CURLOPT_POSTFIELDS, body);
-    curl_easy_setopt(h->curl, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)blen);
-  } else if (strcmp(method, "GET") != 0) {
-    curl_easy_setopt(h->curl, CURLOPT_POSTFIELDS, "");
-    curl_easy_setopt(h->curl, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)0);
-  }
-  rc = curl_easy_perform(h->curl);
-  curl_easy_setopt(h->curl, CURLOPT_HTTPHEADER, NULL);
-  curl_slist_free_all(list);
+  int rc =
+      tally__http_request(h->http, method, lua_tostring(L, -1), body, blen, extra, &r);
   h->requests++;
   h->bytes_out += blen;
-  if (rc != CURLE_OK) {
+  if (rc < 0) {
     h->failures++;
     lua_pushnil(L);
-    if (h->overflow)
-      lua_pushfstring(L, "reply larger than %d MiB", (int)(TL_HTTP_MAXREPLY >> 20));
-    else
-      lua_pushstring(L, h->errbuf[0] != '\0' ? h->errbuf : curl_easy_strerror(rc));
+    lua_pushstring(L, r.error);
     lua_pushstring(L, tl_http_code(rc));
     return 3;
   }
-  h->bytes_in += h->len;
+  h->bytes_in += r.len;
   if (h->lose > 0) {
     h->lose--;
     lose = 1;
@@ -284,15 +201,9 @@ static int tl_http_request(lua_State *L) {
     lua_pushliteral(L, "ELOST");
     return 3;
   }
-  curl_easy_getinfo(h->curl, CURLINFO_RESPONSE_CODE, &status);
-  lua_pushinteger(L, (lua_Integer)status);
-  lua_pushlstring(L, h->buf != NULL ? h->buf : "", h->len);
+  lua_pushinteger(L, (lua_Integer)r.status);
+  lua_pushlstring(L, r.body, r.len);
   return 2;
-
-oom:
-  curl_slist_free_all(list);
-  curl_slist_free_all(extra);
-  return luaL_error(L, "not enough memory");
 }
 
 /* h:lose_replies(n) -> the previous count */
@@ -326,7 +237,7 @@ static int tl_http_close(lua_State *L) {
 
 static int tl_http_tostring(lua_State *L) {
   tl_http *h = (tl_http *)tl_checkudata(L, 1, TL_HTTP_MT);
-  if (h->curl == NULL)
+  if (h->http == NULL)
     lua_pushliteral(L, "tally.http (closed)");
   else
     lua_pushfstring(L, "tally.http (%s)", h->base);
@@ -344,7 +255,6 @@ static const luaL_Reg tl_http_meta[] = {{"__gc", tl_http_close},
                                         {NULL, NULL}};
 
 int tl_open_http(lua_State *L) {
-  curl_global_init(CURL_GLOBAL_DEFAULT); /* counted by libcurl; the sender calls it too */
   tl_newclass(L, TL_HTTP_MT, tl_http_meta, tl_http_methods);
   lua_pop(L, 1);
   lua_pushcfunction(L, tl_http_new);

@@ -5,12 +5,9 @@
  * oldest body off the list, sends it with the mutex released, and on a
  * failure puts it back at the head and sleeps out the backoff before trying
  * it again, so bodies arrive in the order they were posted. Only that
- * thread uses the curl handles, and it keeps them for its whole life, so
- * the connection to the sink stays alive between requests.
- *
- * The easy handle runs inside a multi handle only so that close() can cut a
- * request short at once (curl_multi_wakeup() interrupts curl_multi_poll());
- * a progress callback would only notice about once a second.
+ * thread sends, through the library's HTTP client (http.c), whose handle it
+ * keeps for its whole life, so the connection to the sink stays alive
+ * between requests; close() cuts a request in flight short through it.
  *
  * The queue bound counts records on the list. The body in flight is off the
  * list, so a post never has to drop a body that is being sent; a failed body
@@ -20,17 +17,17 @@
  */
 #include "tally_net.h"
 
-#include <curl/curl.h>
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
-#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <time.h>
+
+#include "http.h"
 
 #define SENDER_TIMEOUT_MS     5000u
 #define SENDER_MAX_QUEUE      100000u
@@ -53,12 +50,9 @@ struct tally_sender {
   uint32_t backoff_ms, max_backoff_ms;
 
   /* the thread's own (set up by open, freed by close after the join) */
-  CURL *easy;
-  CURLM *multi;
-  struct curl_slist *headers;
+  tally__http *http;
   char *url;
-  char curl_error[CURL_ERROR_SIZE];
-  atomic_bool abort_request; /* close() gave up on the request in flight */
+  const char *method; /* "POST" or "PUT" */
 
   /* under mu */
   struct sender_body *head, *tail;
@@ -76,26 +70,12 @@ struct tally_sender {
 
 enum { SEND_OK, SEND_FAILED, SEND_ABORTED };
 
-static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
-static CURLcode curl_init_result;
-
-/* curl_global_init is not thread-safe in every libcurl, and must run once. */
-static void curl_init_once(void) {
-  curl_init_result = curl_global_init(CURL_GLOBAL_DEFAULT);
-}
-
 /* Wait on c until signalled or until deadline_ms (CLOCK_MONOTONIC). */
 static void wait_until(pthread_cond_t *c, pthread_mutex_t *mu, int64_t deadline_ms) {
   struct timespec ts;
   ts.tv_sec = (time_t)(deadline_ms / 1000);
   ts.tv_nsec = (long)(deadline_ms % 1000) * 1000000;
   pthread_cond_timedwait(c, mu, &ts);
-}
-
-static size_t discard_response(char *data, size_t size, size_t n, void *ud) {
-  (void)data;
-  (void)ud;
-  return size * n;
 }
 
 /* ---- the queue (caller holds mu) ---------------------------------------- */
@@ -141,64 +121,23 @@ static struct sender_body *pop_front(tally_sender *s) {
 /* *retry_ms: the answer's Retry-After in ms, or 0 without one. */
 static int send_body(tally_sender *s, const struct sender_body *b, int32_t *status,
                      int64_t *retry_ms, char *err, size_t errcap) {
-  CURLMcode mc;
-  CURLcode cc = CURLE_OK;
-  bool done = false;
-  long code = 0;
-
-  s->curl_error[0] = '\0';
-  *status = 0;
-  *retry_ms = 0;
-  curl_easy_setopt(s->easy, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)b->len);
-  curl_easy_setopt(s->easy, CURLOPT_POSTFIELDS, (const char *)b->data);
-  mc = curl_multi_add_handle(s->multi, s->easy);
-  if (mc != CURLM_OK) {
-    snprintf(err, errcap, "%s", curl_multi_strerror(mc));
+  tally__http_reply r;
+  int rc = tally__http_request(s->http, s->method, s->url, b->data, b->len, NULL, &r);
+  *status = (int32_t)r.status;
+  *retry_ms = r.retry_after_ms;
+  if (rc == TALLY_EBUSY) return SEND_ABORTED;
+  if (rc) {
+    snprintf(err, errcap, "%s", r.error);
     return SEND_FAILED;
   }
-  while (!done && !atomic_load(&s->abort_request)) {
-    int running = 0, left = 0;
-    CURLMsg *msg;
-    mc = curl_multi_perform(s->multi, &running);
-    if (mc != CURLM_OK) break;
-    while ((msg = curl_multi_info_read(s->multi, &left)) != NULL) {
-      if (msg->msg == CURLMSG_DONE) {
-        done = true;
-        cc = msg->data.result;
-      }
-    }
-    if (done || running == 0) break;
-    mc = curl_multi_poll(s->multi, NULL, 0, 1000, NULL);
-    if (mc != CURLM_OK) break;
-  }
-  if (done) curl_easy_getinfo(s->easy, CURLINFO_RESPONSE_CODE, &code);
-  curl_multi_remove_handle(s->multi, s->easy); /* keeps the connection */
-
-  if (!done && atomic_load(&s->abort_request)) return SEND_ABORTED;
-  *status = (int32_t)code;
-  if (!done) {
-    snprintf(err, errcap, "%s",
-             mc != CURLM_OK ? curl_multi_strerror(mc) : "transfer did not finish");
-    return SEND_FAILED;
-  }
-  if (cc != CURLE_OK) {
-    snprintf(err, errcap, "%s",
-             s->curl_error[0] ? s->curl_error : curl_easy_strerror(cc));
-    return SEND_FAILED;
-  }
-  if (code >= 300 && code <= 399) {
-    char *to = NULL;
-    curl_easy_getinfo(s->easy, CURLINFO_REDIRECT_URL, &to);
+  if (r.status >= 300 && r.status <= 399) {
     snprintf(err, errcap,
              "HTTP %ld: redirected to %s (a sink does not follow: give it that url)",
-             code, to ? to : "(no Location)");
+             r.status, r.redirect ? r.redirect : "(no Location)");
     return SEND_FAILED;
   }
-  if (code < 200 || code > 299) {
-    curl_off_t after = 0; /* seconds; a date is read as 0 by curl's older versions */
-    if (curl_easy_getinfo(s->easy, CURLINFO_RETRY_AFTER, &after) == CURLE_OK && after > 0)
-      *retry_ms = after > INT64_MAX / 1000 ? INT64_MAX : (int64_t)after * 1000;
-    snprintf(err, errcap, "HTTP %ld", code);
+  if (r.status < 200 || r.status > 299) {
+    snprintf(err, errcap, "HTTP %ld", r.status);
     return SEND_FAILED;
   }
   return SEND_OK;
@@ -296,46 +235,12 @@ static void sender_free(tally_sender *s) {
     free(b);
     b = next;
   }
-  if (s->multi) curl_multi_cleanup(s->multi);
-  if (s->easy) curl_easy_cleanup(s->easy);
-  curl_slist_free_all(s->headers);
+  tally__http_close(s->http);
   free(s->url);
   pthread_cond_destroy(&s->settled);
   pthread_cond_destroy(&s->wake);
   pthread_mutex_destroy(&s->mu);
   free(s);
-}
-
-/* Set up the curl handles; 0 or a TALLY_E* code. */
-static int sender_curl_setup(tally_sender *s, const tally_sender_options *o, bool put) {
-  CURLcode cc = CURLE_OK;
-  uint32_t timeout_ms = o->timeout_ms ? o->timeout_ms : SENDER_TIMEOUT_MS;
-  if (timeout_ms > INT32_MAX) timeout_ms = INT32_MAX; /* a long may be 32 bits */
-
-  if (o->headers) {
-    for (const char *const *h = o->headers; *h; h++) {
-      struct curl_slist *more = curl_slist_append(s->headers, *h);
-      if (!more) return tally_error_set(TALLY_ENOMEM, "sender: out of memory");
-      s->headers = more;
-    }
-  }
-  s->easy = curl_easy_init();
-  s->multi = curl_multi_init();
-  if (!s->easy || !s->multi)
-    return tally_error_set(TALLY_ENOMEM, "sender: cannot create curl handles");
-
-  cc = curl_easy_setopt(s->easy, CURLOPT_URL, s->url);
-  if (!cc) cc = curl_easy_setopt(s->easy, CURLOPT_NOSIGNAL, 1L);
-  if (!cc) cc = curl_easy_setopt(s->easy, CURLOPT_TIMEOUT_MS, (long)timeout_ms);
-  if (!cc) cc = curl_easy_setopt(s->easy, CURLOPT_ERRORBUFFER, s->curl_error);
-  if (!cc) cc = curl_easy_setopt(s->easy, CURLOPT_WRITEFUNCTION, discard_response);
-  if (!cc && s->headers) cc = curl_easy_setopt(s->easy, CURLOPT_HTTPHEADER, s->headers);
-  if (!cc && put) cc = curl_easy_setopt(s->easy, CURLOPT_CUSTOMREQUEST, "PUT");
-  if (cc == CURLE_OUT_OF_MEMORY)
-    return tally_error_set(TALLY_ENOMEM, "sender: out of memory");
-  if (cc != CURLE_OK)
-    return tally_error_set(TALLY_ESYS, "sender: curl: %s", curl_easy_strerror(cc));
-  return 0;
 }
 
 int tally_sender_open(const tally_sender_options *o, tally_sender **out) {
@@ -367,11 +272,6 @@ int tally_sender_open(const tally_sender_options *o, tally_sender **out) {
             *h);
   }
 
-  pthread_once(&curl_once, curl_init_once);
-  if (curl_init_result != CURLE_OK)
-    return tally_error_set(TALLY_ESYS, "sender: curl_global_init: %s",
-                           curl_easy_strerror(curl_init_result));
-
   s = calloc(1, sizeof *s);
   if (!s) return tally_error_set(TALLY_ENOMEM, "sender: out of memory");
   pthread_mutex_init(&s->mu, NULL);
@@ -385,14 +285,15 @@ int tally_sender_open(const tally_sender_options *o, tally_sender **out) {
   s->backoff_ms = o->backoff_ms ? o->backoff_ms : SENDER_BACKOFF_MS;
   if (s->backoff_ms > s->max_backoff_ms) s->backoff_ms = s->max_backoff_ms;
   s->next_backoff_ms = s->backoff_ms;
-  atomic_init(&s->abort_request, false);
+  s->method = put ? "PUT" : "POST";
 
   s->url = strdup(o->url);
   if (!s->url) {
     sender_free(s);
     return tally_error_set(TALLY_ENOMEM, "sender: out of memory");
   }
-  rc = sender_curl_setup(s, o, put);
+  rc = tally__http_open(o->timeout_ms ? o->timeout_ms : SENDER_TIMEOUT_MS, o->headers, 0,
+                        &s->http);
   if (rc < 0) {
     sender_free(s);
     return rc;
@@ -492,8 +393,7 @@ void tally_sender_close(tally_sender *s, uint32_t drain_ms) {
       continue;
     }
     /* Drain time is over: cut the request in flight short. */
-    atomic_store(&s->abort_request, true);
-    curl_multi_wakeup(s->multi);
+    tally__http_abort(s->http);
     pthread_cond_wait(&s->settled, &s->mu);
   }
   pthread_mutex_unlock(&s->mu);
