@@ -5,7 +5,8 @@
  *       or nil, message
  *     opts: host (numeric IPv4 or IPv6), port (0: any), connections,
  *       per_ip, timeout (seconds idle), memory (bytes per connection),
- *       body_timeout (seconds idle while a producer's body is made: 300)
+ *       body_timeout (seconds idle while a producer's body is made: 300),
+ *       nice (the process's niceness at least this, 0 to 19: 0)
  *     handler(req) -> status, headers, body [, gzip]
  *       req: { method=, path=, query = { k = v }, bad_escape = true|nil,
  *              authorization=, user=, password= (Basic, decoded),
@@ -39,6 +40,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -430,6 +432,7 @@ static int h_serve(lua_State *L) {
   unsigned flags = MHD_USE_EPOLL | MHD_USE_ERROR_LOG;
   int epfd, rc, stopped = 0;
   lua_Integer port = optint(L, "port", 9145);
+  lua_Integer niceness = optint(L, "nice", 0);
   luaL_checktype(L, 1, LUA_TTABLE);
   luaL_checktype(L, 2, LUA_TFUNCTION);
   lua_getfield(L, 1, "host");
@@ -445,6 +448,14 @@ static int h_serve(lua_State *L) {
     return 2;
   }
   if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
+  /* Below the writers: where they keep every CPU busy, the scheduler
+   * gives them what a scrape would take (a process may always lower its
+   * own priority; one already lower is left so) */
+  if (niceness > 0) {
+    errno = 0;
+    int cur = getpriority(PRIO_PROCESS, 0);
+    if (errno == 0 && cur < niceness) setpriority(PRIO_PROCESS, 0, (int)niceness);
+  }
 
   if (sig_pipe[0] < 0 && pipe2(sig_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
     freeaddrinfo(ai);

@@ -39,7 +39,7 @@ local USAGE = {
   compact = "tally compact STORE",
   watch = "tally watch STORE [pattern] [--interval S] [--sort rate|value|name]",
   serve = "tally serve STORE [--listen ADDR:PORT] [--auth TOKEN|USER:PASS] [--connections N]\n"
-       .. "                  [--timeout S] [--families FILE]",
+       .. "                  [--timeout S] [--families FILE] [--nice N]",
   help = "tally help [command | --man]",
 }
 
@@ -263,6 +263,9 @@ Serve STORE over HTTP until SIGTERM (exit status 0) or Ctrl-C (130):
   --connections N      connections at once (default 256; 32 per client
                        address)
   --timeout S          close a connection idle for S seconds (default 10)
+  --nice N             run at niceness N at least (0 to 19, default 10): where
+                       the writers keep every CPU busy, the scheduler gives
+                       them what answering would take
   --families FILE      a Lua file run with the store as its argument ('...'),
                        whose db:family(pattern, { metric =, labels = ... })
                        calls name and label the series of /metrics, as the
@@ -1060,7 +1063,8 @@ end
 
 function cmd.serve(args)
   local o, pos = parse(args, { values = { listen = true, auth = true, connections = true,
-                                          timeout = true, families = true }, min = 1, max = 1 })
+                                          timeout = true, families = true, nice = true },
+                               min = 1, max = 1 })
   if o.help then return "help" end
   local serve = require "tally.cmd.serve"
   local host, port = serve.parse_listen(o.listen or "127.0.0.1:9145")
@@ -1083,6 +1087,7 @@ function cmd.serve(args)
   end
   local connections = num("connections", 1, 100000, 256)
   local timeout = num("timeout", 1, 3600, 10)
+  local niceness = num("nice", 0, 19, 10)
   local uri = pos[1]
   local families
   if o.families then
@@ -1117,7 +1122,7 @@ function cmd.serve(args)
   local status, msg = serve.run({ db = db or nil, open = open_it, store = "file:" .. path, auth = auth },
                                 { host = host, port = port, connections = connections,
                                   per_ip = math.min(32, connections), timeout = timeout,
-                                  memory = 32768 })
+                                  memory = 32768, nice = niceness })
   if not status then fail(msg) end
   return status
 end
