@@ -432,10 +432,11 @@ function api.histograms(db, q)
   params("histograms", q, { pattern = true })
   local groups = tally.histogram.group(must(db:names("*}")))
   local pattern = pattern_param(q)
-  local g = pattern and tally.format._glob_compile(pattern)
+  local glob = require "tally.prometheus"
+  local g = pattern and glob._glob_compile(pattern)
   local bases = {}
   for base in pairs(groups) do
-    if not g or tally.format._glob_captures(g, base) then bases[#bases + 1] = base end
+    if not g or glob._glob_captures(g, base) then bases[#bases + 1] = base end
   end
   sort(bases)
   local out = {}

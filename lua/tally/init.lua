@@ -204,7 +204,7 @@ end
 -- rollups, sinks, reads that choose their cost (tally/rollup.lua)
 require("tally.rollup").install(_M)
 
--- prometheus, export, import (tally/format.lua, tally/prometheus.lua,
+-- prometheus, export, import (tally/prometheus.lua,
 -- tally/export.lua): wraps db:family (metric mappings), adds db:mappings,
 -- db:export, db:import
 _M.format = require "tally.format"

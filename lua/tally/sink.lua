@@ -531,7 +531,8 @@ function Http:encode(part, db)
   if self.format == "influx" then
     return pcall(format.influx, part, { measurement = self.measurement, precision = self.precision })
   end
-  local c = require("tally.prometheus").mapping_of(db)
+  local prometheus = require "tally.prometheus"   -- (it requires this module's format)
+  local c = prometheus.mapping_of(db)
   if self.grouping then
     -- a series with a label of the group's key (a family's label 'job'):
     -- the Pushgateway replaces its value, so two such counters are one
@@ -539,7 +540,7 @@ function Http:encode(part, db)
     local keep, why = {}, nil
     for _, r in ipairs(part) do
       local clash
-      for _, l in ipairs(format._series_labels(c, r.name)) do
+      for _, l in ipairs(prometheus._series_labels(c, r.name)) do
         if self.grouping[l] then clash = l; break end
       end
       if clash then
@@ -556,7 +557,7 @@ function Http:encode(part, db)
   end
   -- lenient: a counter that cannot be exposed (two counters mapping to one
   -- series, an ambiguous name) is left out and counted, not the whole body
-  local text, skipped = format._render_prometheus(part, c, nil, true)
+  local text, skipped = prometheus._render_prometheus(part, c, nil, true)
   if not text then return false, skipped end
   if #skipped > 0 then
     if #skipped == #part then return false, skipped[1].msg end   -- none left, as above

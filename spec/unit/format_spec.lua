@@ -5,6 +5,7 @@ local cjson = require "cjson"
 
 local err = helper.err
 local format = tally.format
+local prom = require "tally.prometheus"
 
 local MAXI, MINI = math.maxinteger, math.mininteger
 local AT = 1700000000.123
@@ -271,7 +272,7 @@ describe("tally.format", function()
 
     it("splits a family of several stars in C exactly as Lua does", function()
       -- a family of two '*' or more, the only one of its metric, has its
-      -- names split and written in C; format._lua_lines_only makes every
+      -- names split and written in C; prom._lua_lines_only makes every
       -- line Lua's, to compare: random mappings over random names,
       -- ambiguous, empty, escaped and non-UTF-8 parts among them
       local bits = { "a", "b", ":", "ab", "é", '"', "\\", "\n", "" }
@@ -286,7 +287,7 @@ describe("tally.format", function()
         return table.concat(t)
       end
       local function render(samples, mapping, lenient)
-        local ok, text, skipped = pcall(format._render_prometheus, samples, mapping, nil, lenient)
+        local ok, text, skipped = pcall(prom._render_prometheus, samples, mapping, nil, lenient)
         local out = { tostring(ok), tostring(text) }
         for _, sk in ipairs(type(skipped) == "table" and skipped or {}) do
           out[#out + 1] = sk.name .. "|" .. sk.reason .. "|" .. sk.msg
@@ -317,13 +318,13 @@ describe("tally.format", function()
         end
         local fast = render(samples, mapping, true)
         local fast_strict = render(samples, mapping, false)
-        local compiled = format.compile_mapping(mapping)
+        local compiled = prom.compile_mapping(mapping)
         for _, e in ipairs(compiled.entries) do if e.split then split = split + 1 end end
-        format._lua_lines_only = true
+        prom._lua_lines_only = true
         local ok, slow, slow_strict = pcall(function()
           return render(samples, mapping, true), render(samples, mapping, false)
         end)
-        format._lua_lines_only = nil
+        prom._lua_lines_only = nil
         assert(ok, slow)
         assert.equal(slow, fast, "case " .. case)
         assert.equal(slow_strict, fast_strict, "case " .. case)
@@ -373,11 +374,11 @@ describe("tally.format", function()
     end)
 
     it("sanitises metric and label names from a mapping", function()
-      assert.equal("_9lives", format.metric_name("9lives"))
-      assert.equal("a_b:c__", format.metric_name("a-b:c\255é"):sub(1, 7))
-      assert.equal("_", format.metric_name(""))
-      assert.equal("a_b_c", format.label_name("a:b.c"))
-      assert.equal("_1", format.label_name("1"))
+      assert.equal("_9lives", prom.metric_name("9lives"))
+      assert.equal("a_b:c__", prom.metric_name("a-b:c\255é"):sub(1, 7))
+      assert.equal("_", prom.metric_name(""))
+      assert.equal("a_b_c", prom.label_name("a:b.c"))
+      assert.equal("_1", prom.label_name("1"))
       assert.equal('# TYPE _1_m_x gauge\n_1_m_x{_1_l="v"} 1\n',
                    format.prometheus({ { name = "p:v", value = 1 } },
                                      { { pattern = "p:*", metric = "1.m-x", labels = { "1-l" } } }))
@@ -419,10 +420,10 @@ describe("tally.format", function()
     end)
 
     it("accepts a compiled mapping", function()
-      local c = format.compile_mapping({ { pattern = "a:*", metric = "m", labels = { "id" } } })
+      local c = prom.compile_mapping({ { pattern = "a:*", metric = "m", labels = { "id" } } })
       assert.equal('# TYPE m gauge\nm{id="1"} 1\n', format.prometheus({ { name = "a:1", value = 1 } }, c))
       assert.equal("bad argument #1 to 'compile_mapping' (mapping[1].metric must be a non-empty string, got nil)",
-                   err(format.compile_mapping, { { pattern = "a" } }))
+                   err(prom.compile_mapping, { { pattern = "a" } }))
     end)
   end)
 end)

@@ -1,7 +1,7 @@
 -- Metric mappings on families, and tally.prometheus(db [, pattern]).
 local helper = require "spec.support.helper"
 local tally = require "tally"
-local format = require "tally.format"
+local prom = require "tally.prometheus"
 
 -- c:info() less its incarnation (random per creation), which must be there.
 local function plain(info)
@@ -217,7 +217,6 @@ describe("tally.prometheus()", function()
 
   it("matches patterns as db:names() does, and captures each wildcard's part", function()
     -- random patterns and names over a small alphabet, checked against the C matcher
-    local format = tally.format
     math.randomseed(7)
     local alpha = { "a", "b", ":", "*", "?" }
     local function rnd(n, chars)
@@ -237,9 +236,9 @@ describe("tally.prometheus()", function()
         local pattern = rnd(math.random(1, 6), alpha)
         local want = {}
         for _, n in ipairs(store:names(pattern)) do want[n] = true end
-        local g = format._glob_compile(pattern)
+        local g = prom._glob_compile(pattern)
         for n in pairs(names) do
-          local caps = format._glob_captures(g, n)
+          local caps = prom._glob_captures(g, n)
           assert.equal(want[n] or false, caps ~= nil, pattern .. " vs " .. n)
           if caps then
             -- putting the parts back into the pattern gives the name
@@ -259,7 +258,7 @@ describe("tally.prometheus()", function()
               if ni > #n or (ch ~= "?" and ch ~= n:sub(ni, ni)) then return 0 end
               return ways(p, pi + 1, ni + 1)
             end
-            assert.equal(ways(pattern, 1, 1) > 1, format._glob_ambiguous(g, n), pattern .. " vs " .. n)
+            assert.equal(ways(pattern, 1, 1) > 1, prom._glob_ambiguous(g, n), pattern .. " vs " .. n)
           end
         end
       end
@@ -387,11 +386,11 @@ describe("tally.prometheus()", function()
     for _, r in ipairs({ "A", "B", "C" }) do db:incr("temp:" .. r, 5) end
     for i = 1, 4 do assert(db:histogram("lat:/" .. i)):observe(i / 10) end
     local whole = tally.prometheus(db)
-    local chunk, pauses = format._chunk, 0
-    format._chunk = 7
+    local chunk, pauses = prom._chunk, 0
+    prom._chunk = 7
     local ok, text = pcall(tally.prometheus, db, nil, { pause = function() pauses = pauses + 1 end })
     local plain_ok, plain = pcall(tally.prometheus, db)
-    format._chunk = chunk
+    prom._chunk = chunk
     assert(ok, text)
     assert(plain_ok, plain)
     assert.equal(whole, text)
@@ -400,9 +399,9 @@ describe("tally.prometheus()", function()
     -- pauses, and rendered: 13 (the index's slots, fewer than a slice: none)
     assert.equal(26, pauses)
     -- what pause raises fails the scrape
-    format._chunk = 7
+    prom._chunk = 7
     local ok2, e = pcall(tally.prometheus, db, nil, { pause = function() error("stop here") end })
-    format._chunk = chunk
+    prom._chunk = chunk
     assert.is_false(ok2)
     assert.matches("stop here", e, 1, true)
   end)
@@ -418,15 +417,14 @@ describe("tally.prometheus()", function()
     end
     db:family("lat:*", { histogram = true, metric = "lat_seconds", labels = { "route" } })
     for i = 1, 3 do assert(db:histogram("lat:/" .. i)):observe(i / 10) end
-    local prom = require "tally.prometheus"
     local function scrape(chunk, pause)
-      local pieces, old, slice = {}, format._chunk, prom._slice
-      format._chunk, prom._slice = chunk or old, 4096        -- a slice of the index: 4,096 slots
+      local pieces, old, slice = {}, prom._chunk, prom._slice
+      prom._chunk, prom._slice = chunk or old, 4096        -- a slice of the index: 4,096 slots
       local pauses = 0
       local ok, r = pcall(tally.prometheus, db, nil, {
         write = function(p) pieces[#pieces + 1] = p end,
         pause = pause and function() pauses = pauses + 1 end })
-      format._chunk, prom._slice = old, slice
+      prom._chunk, prom._slice = old, slice
       assert(ok, r)
       assert.equal(true, r)
       return pieces, pauses

@@ -9,7 +9,7 @@
  * with several '*' (a label each) took 24 s: in Lua each name was also
  * split into a table of parts, and its series made a key against
  * duplicates, which such a family cannot have. The mapping, the checks
- * and the order stay in Lua (lua/tally/format.lua), which hands over the
+ * and the order stay in Lua (lua/tally/prometheus.lua), which hands over the
  * names and values of these lines only.
  */
 #include <inttypes.h>
@@ -199,7 +199,7 @@ static const char *find_in(const char *s, size_t from, size_t to, struct piece p
  * ('{route="', ',status="') .. what it matched, escaped .. '"', then '} '
  * .. values[i] .. "\n". pieces are the pattern's literal pieces around
  * its stars (at least 3: two stars or more), each in the place
- * lua/tally/format.lua's glob_captures gives it (the middle ones
+ * lua/tally/prometheus.lua's glob_captures gives it (the middle ones
  * leftmost); the caller has checked that every name matches in exactly
  * one way and is UTF-8, and that the pieces are. */
 static int tl_prom_split_lines(lua_State *L) {

@@ -564,9 +564,10 @@ end
 local function histograms_matching(db, pattern)
   local names = must(db:names("*}"))
   if pattern and pattern ~= "" then   -- '' is every counter, as for db:names
-    local g, kept = tally.format._glob_compile(pattern), {}
+    local prometheus = require "tally.prometheus"
+    local g, kept = prometheus._glob_compile(pattern), {}
     for _, n in ipairs(names) do
-      if tally.format._glob_captures(g, n) then kept[#kept + 1] = n end
+      if prometheus._glob_captures(g, n) then kept[#kept + 1] = n end
     end
     names = kept
   end
