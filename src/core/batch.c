@@ -38,7 +38,7 @@
  * (at most HOLD_MS, so a reader that dies holding it stalls nobody for
  * long) before its next batch.
  */
-#include "internal.h"
+#include "observe.h" /* tally__journal_entry; and internal.h */
 
 #include <errno.h>
 #include <sched.h>

@@ -23,7 +23,7 @@
  * other), and before the sum would overflow: a flush is always one
  * batch, and a snapshot sees a flushed buffer whole or not at all.
  */
-#include "internal.h"
+#include "observe.h" /* and internal.h */
 
 #include <math.h> /* fabs, isfinite, isnan */
 #include <stdlib.h>

@@ -1,26 +1,7 @@
-/* internal.h -- what the core's files share: the store layout and helpers.
- *
- * A store is one contiguous mapping (a shared file, or anonymous memory for
- * the memory store) addressed by byte offsets, so the same layout works in
- * every process that maps it:
- *
- *   [0, 4096)         header: immutable part (magic, format, layout, salt,
- *                     checksum) then mutable words on their own lines
- *   [4096, 20480)     class table: for each shard count n, the chunk being
- *                     filled and how many of its columns are handed out
- *   [20480, 28672)    move journal: old cell values of the move in progress
- *   [28672, used)     arena: counter records, index tables, family records,
- *                     cell chunks and the process table, allocated under the
- *                     store lock; what is retired goes through limbo (a
- *                     grace period) to free lists and is handed out again
- *                     (space.c, grace.c)
- *
- * Cells use a per-CPU-like layout. A chunk of class n holds ROW_CELLS
- * counters of n shards as n rows; shard s of the counter in column c is
- * at chunk + s * ROW_BYTES + c * 8. Writers on different shards therefore
- * never share a cache line, yet a counter costs exactly 8 bytes a shard.
- * ROW_BYTES is 4096 + 64 so the shards of one counter fall in different
- * L1 sets when value() walks them.
+/* internal.h -- what the core's files share beyond the store's bytes
+ * (layout.h): the store and counter handles of this process, and each
+ * file's functions, by file. A histogram's inline observation is in
+ * observe.h.
  */
 #ifndef TALLY_INTERNAL_H
 #define TALLY_INTERNAL_H
@@ -33,220 +14,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#define TALLY__MAGIC          "\x89TALLY\r\n"
-#define TALLY__FORMAT         9u /* 7 and 8 still open: see the next two */
-#define TALLY__FORMAT_FLOCK   7u /* its store lock is flock() */
-#define TALLY__FORMAT_SMALL16 8u /* up to it, records come in 16-byte units */
-#define TALLY__BYTE_ORDER     0x01020304u
-#define TALLY__HEADER_BYTES   4096u
-#define TALLY__CLASS_OFF      4096u
-#define TALLY__JOURNAL_OFF    (TALLY__CLASS_OFF + TALLY_MAX_SHARDS * 16u)
-#define TALLY__ARENA_OFF      (TALLY__JOURNAL_OFF + TALLY_MAX_SHARDS * 8u)
-#define TALLY__ROW_CELLS      520u
-#define TALLY__ROW_BYTES      (TALLY__ROW_CELLS * 8u)
-#define TALLY__MAX_BYTES      (32ull << 30) /* offsets >> 3 fit in 32 bits */
-#define TALLY__PIECE_CLASSES  64u           /* sizes with a free list each */
-#define TALLY__PROCS          1024u         /* processes with a store open */
-
-/* A live cell holds a value in [-2^62, 2^62): bits 63 and 62 agree. A move
- * (reshard, drop) retires a cell by swapping in SENTINEL, deep inside the
- * other range, after saving its value in the move journal. An increment
- * is one fetch-add. If the old value was retired, the add is not undone:
- * a retired cell's content no longer counts (the journal has its value,
- * and an undone move writes that back), and an undo could land after the
- * cell was restored and journalled again. The writer goes to find the
- * counter's new cells. Stale writers add at most 2^32 each, so a retired
- * cell stays within 2^60 of SENTINEL. If the new value left the range,
- * the add is undone. */
-#define TALLY__SENTINEL   (-(INT64_C(3) << 61))
-#define TALLY__FAST_DELTA (INT64_C(1) << 32)
-static inline bool tally__cell_live(int64_t v) {
-  return (((uint64_t)v ^ ((uint64_t)v << 1)) >> 63) == 0;
-}
-/* Retired: within 2^60 of SENTINEL. */
-static inline bool tally__cell_retired(int64_t v) {
-  return (uint64_t)v - (uint64_t)TALLY__SENTINEL + (UINT64_C(1) << 60) <
-         (UINT64_C(1) << 61);
-}
-/* In flight: past the live range by less than TALLY__INFLIGHT. Each add
- * that can leave the range is a fast one, under 2^32 (larger deltas go
- * through a compare-and-swap that never leaves it), and each thread has
- * one add at a time in flight between its fetch-add and its undo. Linux
- * runs at most 2^22 threads at once (PID_MAX_LIMIT), so live values plus
- * every add in flight stay within 2^22 * 2^32 = 2^54 of the range: only
- * such a cell can be a writer's add that is about to be undone (or that a
- * killed writer left). Anything else that is neither live nor retired was
- * never written by tally: the file is damaged. */
-#define TALLY__INFLIGHT (INT64_C(1) << 54)
-static inline bool tally__cell_inflight(int64_t v) {
-  return !tally__cell_live(v) && (v < 0 ? v >= -(INT64_C(1) << 62) - TALLY__INFLIGHT
-                                        : v < (INT64_C(1) << 62) + TALLY__INFLIGHT);
-}
-static inline bool tally__cell_damaged(int64_t v) {
-  return !tally__cell_live(v) && !tally__cell_retired(v) && !tally__cell_inflight(v);
-}
-/* A cell read as v that is not live: *v becomes what to use. A retired
- * cell is left as it is. An add in flight is waited out: the cell is read
- * again until it is live or retired, for about 2 s at most (10 ms once
- * a wait of this store handle timed out in the last 10 s, so a walk over
- * many such cells ends in time proportional to their number). It is still
- * in flight only if its writer died between its add and its undo; that add
- * was never acknowledged, and the value before it was within 2^32 of the
- * bound: the cell is clamped to the bound (tally__cell_clamp), with a
- * compare-and-swap over the value read, so the wait is paid once. A
- * damaged cell (tally__cell_damaged) is ECORRUPT at once, naming the
- * counter at rec_off and its shard, and never written. */
-int tally__cell_wait(tally_store *s, _Atomic int64_t *cell, uint64_t rec_off,
-                     uint32_t shard, int64_t *v);
-int tally__cell_damage(tally_store *s, uint64_t rec_off, uint32_t shard, int64_t v);
-static inline int64_t tally__cell_clamp(int64_t v) {
-  if (tally__cell_live(v)) return v;
-  return v < 0 ? -(INT64_C(1) << 62) : (INT64_C(1) << 62) - 1;
-}
-
-/* A registration: writer W ships the counters matching pattern from this
- * store, so they expire only once their value has been shipped. Written
- * under the store lock; id is stored last (0: free). */
-#define TALLY__SHIPPERS         8
-#define TALLY__SHIP_PATTERN_MAX 112
-struct tally__shipper {
-  _Atomic uint64_t id; /* hash of (writer, pattern), never 0; 0: free */
-  uint64_t writer;     /* hash of the writer id */
-  uint32_t pattern_len;
-  uint32_t reserved_;
-  char pattern[TALLY__SHIP_PATTERN_MAX];
-};
-
-struct tally__header {
-  char magic[8];
-  uint32_t format;
-  uint32_t header_bytes;
-  uint32_t cell_bytes;
-  uint32_t row_cells;
-  uint32_t max_shards;
-  uint32_t byte_order;
-  uint64_t max_bytes;
-  uint64_t arena_off;
-  uint64_t salt;  /* random per store: seeds location checks */
-  uint64_t check; /* hash of every byte above */
-  char pad0_[64];
-  /* mutable, written under the store lock (readers load them atomically) */
-  _Atomic uint64_t size;       /* bytes backed by the file */
-  _Atomic uint64_t used;       /* arena bump pointer */
-  _Atomic uint64_t index;      /* sealed offset of the current index table */
-  _Atomic uint64_t families;   /* sealed offset of the newest family, or 0 */
-  _Atomic uint64_t retired;    /* bytes in limbo: retired, not yet reusable */
-  _Atomic uint64_t pend_rec;   /* sealed record offset (extra: pend_loc), or 0 */
-  _Atomic uint64_t pend_loc;   /* where it is moving (a loc word) */
-  _Atomic uint64_t pend_done;  /* old cells retired into the journal */
-  _Atomic uint64_t rollups;    /* sealed offset of the rollup table, or 0 */
-  _Atomic uint64_t generation; /* bumped by every create and drop */
-  /* lifecycle (space.c, grace.c, expire.c) */
-  _Atomic uint64_t epoch;      /* grace periods: a step bumps it past what was retired */
-  _Atomic uint64_t limbo_head; /* sealed: oldest limbo node, or 0 */
-  _Atomic uint64_t limbo_tail; /* sealed: newest limbo node, or 0 */
-  _Atomic uint64_t procs;      /* sealed offset of the process table */
-  _Atomic uint64_t free_bytes; /* bytes on the free lists: reusable now */
-  _Atomic uint64_t reused;     /* bytes handed out again, in all */
-  _Atomic uint64_t expired;    /* counters expired for idleness, in all */
-  _Atomic uint64_t capped;     /* new names sent to an overflow counter */
-  _Atomic uint64_t pend_cond;  /* 1: the pending move is a drop that only
-                                   happens if the value is pend_expect */
-  _Atomic int64_t pend_expect;
-  _Atomic int64_t tombstone; /* a cell that stays retired: handles of
-                                   counters gone for good point here */
-  /* free lists (space.c), heads sealed: small pieces by 16-byte units,
-   * aligned ones by 64-byte units ([0] unused), larger aligned ones in
-   * buckets by size */
-  _Atomic uint64_t free_small[TALLY__PIECE_CLASSES];
-  _Atomic uint64_t free_aligned[TALLY__PIECE_CLASSES];
-  _Atomic uint64_t free_big[TALLY__PIECE_CLASSES];
-  /* a large free piece being carved into pieces of other sizes (space.c):
-   * [carve_cur, carve_end) is free; carve_cur 0: none */
-  _Atomic uint64_t carve_cur, carve_end;
-  /* flushers that ship counters of this store (ship.c) */
-  struct tally__shipper shippers[TALLY__SHIPPERS];
-  _Atomic uint64_t ship_all; /* 1: the table overflowed: every counter
-                                 counts as covered by a flusher */
-  _Atomic uint64_t autos;    /* 1: some counter has automatic shards */
-  _Atomic uint64_t wslots;   /* sealed offset of the writer slots (batch.c), or 0 */
-  /* thread tickets: the only word writers touch outside the lock */
-  _Alignas(64) _Atomic uint64_t writers;
-  /* format 8: the store lock (lock.c), on a line of its own; format 7
-   * writes lock_owner beside its flock(), to see a holder that died */
-  _Alignas(64) _Atomic uint64_t lock_owner; /* the holder's owner word, 0: free */
-  _Atomic uint32_t lock_sleepers;           /* futex word: 1 if a waiter may sleep */
-};
-_Static_assert(sizeof(struct tally__header) <= TALLY__HEADER_BYTES, "the header fits");
-
-/* One word, so a chunk and its count of used columns change together and
- * a damaged entry is caught: chunk >> 6 in bits 35..63, used columns in
- * 25..34, a check in 0..24; 0 means no chunk yet. See cells.c. */
-struct tally__class {
-  _Atomic uint64_t word;
-  _Atomic uint64_t free; /* sealed: a free column of this class, or 0 */
-};
-
-/* A counter record. loc packs where the cells are, so a reshard publishes
- * cells and shard count with one atomic store:
- *   bits 0..9 shards-1, bit 10 dropped, bits 11..31 check, 32..63 off>>3. */
-struct tally__rec { /* 64 bytes and the name: keep it so (test_footprint) */
-  _Atomic uint64_t loc;
-  _Atomic uint64_t rollup;     /* sealed offset of its rollup block, or 0 */
-  _Atomic int64_t idle_value;  /* expiry: the value when last seen moving */
-  _Atomic int64_t shipped;     /* the value a flusher has confirmed shipped
-                                   (ship.c); 0 until one does */
-  _Atomic uint64_t contention; /* auto shards (autoshard.c): last sample's
-                                   writer, hits, its time, and when two
-                                   writers were last seen on it */
-  uint64_t incarnation;        /* random at creation: a re-created counter
-                                   of the same name has another */
-  _Atomic uint32_t flags;      /* TALLY__REC_*, and the kind (top byte) */
-  uint32_t family;             /* hash of the pattern of the family it was
-                                   created under (caps), 0: none */
-  _Atomic uint32_t idle_since; /* ... since when: whole seconds of the
-                                   caller's clock, rounded up, + 1; 0: not
-                                   yet (expire.c) */
-  uint16_t check;              /* hash of the fixed fields and name */
-  uint8_t policy;
-  uint8_t name_len; /* TALLY_NAME_MAX is 255 */
-  char name[];      /* name_len bytes and a NUL */
-};
-#define TALLY__KIND_COUNTER     0xC7
-#define TALLY__KIND_FAMILY      0xF4
-#define TALLY__REC_EXPIRED      0x1u /* its drop was an expiry: handles re-create it */
-#define TALLY__REC_LIMBO        0x2u /* its drop put it in limbo (exactly once) */
-#define TALLY__REC_AUTO         0x8u /* TALLY_SHARDS_AUTO (autoshard.c) */
-/* flags bits 4..13: automatic grows, 14..23: shrinks (saturating at
- * 1023); 24..31: the kind, TALLY__KIND_COUNTER, set at creation */
-#define TALLY__REC_GROWN_SHIFT  4
-#define TALLY__REC_SHRUNK_SHIFT 14
-#define TALLY__REC_KIND_SHIFT   24
-
-struct tally__family {
-  uint64_t next; /* older family, or 0 */
-  uint32_t check;
-  uint8_t policy; /* 0xFF: unset */
-  uint8_t kind;   /* TALLY__KIND_FAMILY */
-  uint16_t pattern_len;
-  uint32_t shards;       /* 0: unset */
-  uint32_t idle_s;       /* expire counters idle this long; 0: never */
-  uint64_t max_counters; /* cap on live counters; 0: none */
-  _Atomic uint64_t live; /* live counters created under this pattern
-                            (kept by the newest record of the pattern;
-                            not in check: it changes) */
-  char pattern[];
-};
-
-/* Open-addressed name index; see index.c for the entry format. */
-#define TALLY__INDEX_MAGIC 0x5844494f594c4154ull /* "TALYOIDX" */
-struct tally__index {
-  uint64_t magic;
-  uint64_t cap;
-  uint64_t live;
-  uint64_t deleted;
-  _Atomic uint64_t entries[];
-};
+#include "layout.h"
 
 enum { TALLY__MEMORY = 0, TALLY__FILE = 1 };
 
@@ -687,6 +455,20 @@ bool tally__family_any_idle(tally_store *s);           /* does any family expire
 int tally__family_recount(tally_store *s);
 
 /* ---- cells.c ---- */
+/* A cell read as v that is not live: *v becomes what to use. A retired
+ * cell is left as it is. An add in flight is waited out: the cell is read
+ * again until it is live or retired, for about 2 s at most (10 ms once
+ * a wait of this store handle timed out in the last 10 s, so a walk over
+ * many such cells ends in time proportional to their number). It is still
+ * in flight only if its writer died between its add and its undo; that add
+ * was never acknowledged, and the value before it was within 2^32 of the
+ * bound: the cell is clamped to the bound (tally__cell_clamp), with a
+ * compare-and-swap over the value read, so the wait is paid once. A
+ * damaged cell (tally__cell_damaged) is ECORRUPT at once, naming the
+ * counter at rec_off and its shard, and never written. */
+int tally__cell_wait(tally_store *s, _Atomic int64_t *cell, uint64_t rec_off,
+                     uint32_t shard, int64_t *v);
+int tally__cell_damage(tally_store *s, uint64_t rec_off, uint32_t shard, int64_t v);
 #define TALLY__LOC_SHARDS_MASK 0x3ffull
 #define TALLY__LOC_DROPPED     (1ull << 10)
 #define TALLY__LOC_CHECK_SHIFT 11
@@ -718,74 +500,6 @@ static inline _Atomic int64_t *tally__cell_at(tally_store *s, uint64_t loc,
 static inline uint64_t tally__crec(tally_counter *c) {
   return atomic_load_explicit(&c->rec_off, memory_order_acquire);
 }
-
-/* ---- batch.c, inline: a histogram's observation ---- */
-#define TALLY__UNUSUAL(x) __builtin_expect(!!(x), 0)
-/* One journal entry of a batch (batch.c's apply and the function below). */
-static inline void tally__journal_entry(struct tally__wentry *e, uint64_t rec_off,
-                                        uint64_t loc, uint64_t incarnation,
-                                        uint64_t cell_off, int64_t before,
-                                        int64_t delta) {
-  atomic_store_explicit(&e->rec_off, rec_off, memory_order_relaxed);
-  atomic_store_explicit(&e->loc, loc, memory_order_relaxed);
-  atomic_store_explicit(&e->incarnation, incarnation, memory_order_relaxed);
-  atomic_store_explicit(&e->cell_off, cell_off, memory_order_relaxed);
-  atomic_store_explicit(&e->before, before, memory_order_relaxed);
-  atomic_store_explicit(&e->delta, delta, memory_order_relaxed);
-}
-/* tally__batch_apply2 in its usual case: a and b whose records hold la and
- * lb (their handles' locs: a loc the record still holds was checked when
- * it was first decoded), this thread's slot leased and nobody asking it
- * to wait, both new values in range. The same journal and the same steps
- * as batch.c's apply, in straight lines: the cells' addresses come from la
- * and lb, so their loads need not wait for the records, which are only
- * checked. Inline, because at about 10 ns an observation is mostly
- * instructions, and a call's saved registers are a tenth of them. 0:
- * added; 1: not the usual case, nothing added (tally__batch_apply2 goes
- * the whole way and says what is wrong). */
-static inline int tally__batch_try2(tally_store *s, tally_counter *a, uint64_t la,
-                                    int64_t da, tally_counter *b, uint64_t lb,
-                                    int64_t db) {
-  const uint64_t shape_mask = TALLY__LOC_SHARDS_MASK | TALLY__LOC_DROPPED;
-  const uint64_t shape = TALLY_SLOT_SHARDS - 1; /* 64 shards, not dropped */
-  if (TALLY__UNUSUAL(tally__me.wstore_id != s->id) ||
-      TALLY__UNUSUAL(tally__me.wstall >= 0) ||
-      TALLY__UNUSUAL((la & shape_mask) != shape) ||
-      TALLY__UNUSUAL((lb & shape_mask) != shape))
-    return 1;
-  struct tally__wslot *sl = tally__me.wsl;
-  _Atomic int64_t *ca = tally__cell_at(s, la, tally__me.wslot);
-  _Atomic int64_t *cb = tally__cell_at(s, lb, tally__me.wslot);
-  int64_t ba = atomic_load_explicit(ca, memory_order_relaxed);
-  int64_t bb = atomic_load_explicit(cb, memory_order_relaxed);
-  int64_t xa, xb;
-  if (TALLY__UNUSUAL(__builtin_add_overflow(ba, da, &xa)) ||
-      TALLY__UNUSUAL(__builtin_add_overflow(bb, db, &xb)) ||
-      TALLY__UNUSUAL(!tally__cell_live(ba)) || TALLY__UNUSUAL(!tally__cell_live(bb)) ||
-      TALLY__UNUSUAL(!tally__cell_live(xa)) || TALLY__UNUSUAL(!tally__cell_live(xb)))
-    return 1;
-  uint64_t oa = tally__crec(a), ob = tally__crec(b);
-  const struct tally__rec *ra = tally__at(s, oa), *rb = tally__at(s, ob);
-  if (TALLY__UNUSUAL(atomic_load_explicit(&a->gone, memory_order_relaxed)) ||
-      TALLY__UNUSUAL(atomic_load_explicit(&b->gone, memory_order_relaxed)) ||
-      TALLY__UNUSUAL(atomic_load_explicit(&ra->loc, memory_order_acquire) != la) ||
-      TALLY__UNUSUAL(atomic_load_explicit(&rb->loc, memory_order_acquire) != lb) ||
-      TALLY__UNUSUAL(atomic_load_explicit(&sl->hold_ms, memory_order_relaxed)))
-    return 1;
-  tally__journal_entry(&sl->e[0], oa, la, ra->incarnation,
-                       (uint64_t)((unsigned char *)ca - s->base), ba, da);
-  tally__journal_entry(&sl->e[1], ob, lb, rb->incarnation,
-                       (uint64_t)((unsigned char *)cb - s->base), bb, db);
-  atomic_store_explicit(&sl->n, 2, memory_order_relaxed);
-  /* seq odd, the new values, seq even: release stores, as in apply */
-  uint64_t seq = atomic_load_explicit(&sl->seq, memory_order_relaxed);
-  atomic_store_explicit(&sl->seq, seq + 1, memory_order_release);
-  atomic_store_explicit(ca, xa, memory_order_release);
-  atomic_store_explicit(cb, xb, memory_order_release);
-  atomic_store_explicit(&sl->seq, seq + 2, memory_order_release);
-  return 0;
-}
-#undef TALLY__UNUSUAL
 
 /* vector.c: slot i of v no longer names its handle's cells */
 void tally__vector_forget(tally_vector *v, size_t i);
