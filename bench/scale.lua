@@ -19,6 +19,8 @@
 --   db:export(p, write), db:import  targets 3 s and 6 s (into a new store);
 --                                   baseline: lua-cjson encoding, decoding
 --                                   the { [name] = value } table
+--   db:incr(name), c:incr()         N increments at random; baseline: a Lua
+--                                   table by name, a Lua array by index
 local build, N, REPS = arg[1], tonumber(arg[2]) or 1000000, tonumber(arg[3]) or 5
 if not build then
   io.stderr:write("usage: lua5.4 bench/scale.lua BUILD [N] [REPS]\n")
@@ -119,6 +121,46 @@ do
     other:close()
     os.remove(copy)
   end, "cjson.decode of the table", ldec, "6 s")
+end
+
+-- increments at random over the N counters: by name beside a Lua table
+-- t[name] = t[name] + 1 over the same names (target 1.5x), and through
+-- handles picked from a Lua array beside a[k] = a[k] + 1 (target 3x); N
+-- increments a row, in one pseudo-random order of the names
+do
+  local names, order, x = {}, {}, 12345
+  for i = 1, N do names[i] = "post:" .. i .. ":likes" end
+  for i = 1, N do
+    x = (x * 1103515245 + 12345) % 2147483648
+    order[i] = x % N + 1
+  end
+  local by_name = {}
+  for i = 1, N do by_name[i] = names[order[i]] end
+  local t = {}
+  for i = 1, N do t[names[i]] = 0 end
+  local ltable = median(function()
+    for i = 1, N do
+      local k = by_name[i]
+      t[k] = t[k] + 1
+    end
+  end)
+  row("db:incr(name), " .. N .. " at random", function()
+    for i = 1, N do db:incr(by_name[i]) end
+  end, "a Lua table t[name] = t[name] + 1", ltable, "1.5x")
+  local hs, a = {}, {}
+  for i = 1, N do
+    hs[i] = db:counter(names[i])
+    a[i] = 0
+  end
+  local larray = median(function()
+    for i = 1, N do
+      local k = order[i]
+      a[k] = a[k] + 1
+    end
+  end)
+  row("c:incr(), a handle of " .. N .. " at random", function()
+    for i = 1, N do hs[order[i]]:incr() end
+  end, "a Lua array a[k] = a[k] + 1", larray, "3x")
 end
 
 print(fmt("%s, %d counters (file store, default options; created in %.2f s), "
