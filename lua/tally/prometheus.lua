@@ -164,7 +164,9 @@ local function glob_captures(g, name)
   local last = pieces[k]
   local last_at = n - last.len + 1
   if last_at < pos or not place_left(g, name, placed) then return nil end
-  for i = 2, k - 1 do
+  if last.len > 0 and not find(name, last.pat, last_at) then return nil end
+  placed[k] = last_at                          -- the last piece ends the name
+  for i = 2, k do                              -- each star's run, then the piece's '?'s
     local piece, a = pieces[i], placed[i]
     nc = nc + 1
     caps[nc] = sub(name, pos, a - 1)
@@ -174,14 +176,6 @@ local function glob_captures(g, name)
       caps[nc] = sub(name, a + qs[j], a + qs[j])
     end
     pos = a + piece.len
-  end
-  if last.len > 0 and not find(name, last.pat, last_at) then return nil end
-  nc = nc + 1
-  caps[nc] = sub(name, pos, last_at - 1)
-  qs = last.qs
-  for j = 1, #qs do
-    nc = nc + 1
-    caps[nc] = sub(name, last_at + qs[j], last_at + qs[j])
   end
   return caps
 end
