@@ -367,6 +367,34 @@ TALLY_API int tally_store_ship(tally_store *s, const char *writer, size_t wlen,
 TALLY_API int tally_store_unship(tally_store *s, const char *writer, size_t wlen);
 TALLY_API int tally_counter_ship(tally_counter *c, uint64_t incarnation, int64_t value);
 
+/* The step every flusher takes before it sends counter c out, given the
+ * remote's marker of this writer for it (the value and incarnation the
+ * remote holds from it; 0, 0 for none): mark TALLY_SHIP_UNKNOWN for the
+ * counter's incarnation (upkeep holds it whatever its value: the send may
+ * land with its reply lost, and only a value read back may be marked
+ * again), then read the value to send, with its incarnation, and the
+ * delta from the marker (tally_send_delta). Delta 0: nothing to send.
+ * Returns 0;
+ * TALLY_EBUSY when the counter was made again twice meanwhile (the value
+ * read was never marked: not sent this round); TALLY_ENOENT when it
+ * expired, TALLY_EDROPPED when dropped (nothing to send); TALLY_ERANGE
+ * when the delta overflows. */
+/* What a flusher sends for a local value of incarnation inc, given the
+ * remote's marker: value - marker when the marker is this incarnation's;
+ * a marker of another incarnation holds the final value of one that
+ * expired or was dropped, so this one counts from 0; a marker of
+ * incarnation 0 (written before incarnations) counts as this one's.
+ * TALLY_ERANGE when the delta overflows int64. */
+TALLY_API int tally_send_delta(int64_t value, uint64_t incarnation, int64_t marker_value,
+                               uint64_t marker_incarnation, int64_t *delta);
+typedef struct tally_send {
+  int64_t value;
+  uint64_t incarnation;
+  int64_t delta;
+} tally_send;
+TALLY_API int tally_counter_send_begin(tally_counter *c, int64_t marker_value,
+                                       uint64_t marker_incarnation, tally_send *out);
+
 /* Drop counter `name`: it disappears from the store; handles to it in any
  * process get TALLY_EDROPPED (an expired counter's handles re-create it
  * instead). TALLY_ENOENT if absent. Its space is reused after the grace

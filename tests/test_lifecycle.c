@@ -1641,6 +1641,74 @@ static void test_shipped(void) {
   tally_store_close(s);
 }
 
+/* tally_counter_send_begin, the step before a value goes out: it marks
+ * the value unknown (held whatever it is), sends what was read after the
+ * mark, and takes the delta over the remote's marker by its incarnation. */
+static tally_counter *g_send_moves;
+static int64_t g_send_by;
+static void move_at_send(const char *where, const char *name, size_t len) {
+  (void)name, (void)len;
+  if (strcmp(where, "send") == 0) EXPECT_OK(tally_counter_incr(g_send_moves, g_send_by));
+}
+
+static void test_send_begin(void) {
+  tally_store *s = NULL;
+  tally_counter *a = NULL;
+  tally_maintain_result mr;
+  tally_family_options fo = {0, -1, 1, 0};
+  tally_send out;
+  int64_t v, d;
+  uint64_t inc;
+  REQUIRE_OK(tally_store_open("memory", NULL, &s));
+  REQUIRE_OK(tally_family_define(s, "p:*", 3, &fo));
+  REQUIRE_OK(tally_store_ship(s, "w1", 2, "p:*", 3));
+  REQUIRE_OK(tally_counter_open(s, "p:a", 3, NULL, TALLY_COUNTER_CREATE, &a));
+  EXPECT_OK(tally_counter_incr(a, 7));
+  EXPECT_OK(tally_counter_read(a, &v, &inc));
+  EXPECT_OK(tally_counter_ship(a, inc, 7)); /* the remote holds 7 */
+  /* the marker's rule: this incarnation's, another's, one written before
+   * incarnations, and a delta beyond int64 */
+  EXPECT_OK(tally_send_delta(9, inc, 7, inc, &d));
+  EXPECT_I64(2, d);
+  EXPECT_OK(tally_send_delta(9, inc, 7, inc ^ 1, &d));
+  EXPECT_I64(9, d);
+  EXPECT_OK(tally_send_delta(9, inc, 7, 0, &d));
+  EXPECT_I64(2, d);
+  EXPECT_RC(TALLY_ERANGE, tally_send_delta(INT64_MAX, inc, -1, inc, &d));
+  /* 5 more arrive between the mark and the read: the value after is sent */
+  g_send_moves = a;
+  g_send_by = 5;
+  tally__test_hook = move_at_send;
+  EXPECT_OK(tally_counter_send_begin(a, 7, inc, &out));
+  tally__test_hook = NULL;
+  EXPECT_I64(12, out.value);
+  EXPECT_I64(5, out.delta);
+  EXPECT(out.incarnation == inc);
+  /* marked unknown: held although its value is what was last marked
+   * shipped before (7 + 5 - 5) */
+  EXPECT_OK(tally_counter_incr(a, -5));
+  EXPECT_OK(tally_store_maintain(s, 10000, 1000, &mr));
+  EXPECT_OK(tally_store_maintain(s, 12000, 1000, &mr));
+  EXPECT_I64(0, (int64_t)mr.expired);
+  EXPECT_I64(1, (int64_t)mr.held);
+  /* back at the marker: delta 0, nothing to send */
+  EXPECT_OK(tally_counter_send_begin(a, 7, inc, &out));
+  EXPECT_I64(0, out.delta);
+  EXPECT_OK(tally_counter_ship(a, inc, 7)); /* read back: it may go */
+  EXPECT_OK(tally_store_maintain(s, 14000, 1000, &mr));
+  EXPECT_I64(1, (int64_t)mr.expired);
+  /* expired, not made again: nothing to send */
+  EXPECT_RC(TALLY_ENOENT, tally_counter_send_begin(a, 7, inc, &out));
+  EXPECT_OK(tally_counter_incr(a, 3)); /* made again: counted from 0 */
+  EXPECT_OK(tally_counter_send_begin(a, 7, inc, &out));
+  EXPECT(out.incarnation != inc && out.incarnation != 0);
+  EXPECT_I64(3, out.delta);
+  EXPECT_OK(tally_store_drop(s, "p:a", 3));
+  EXPECT_RC(TALLY_EDROPPED, tally_counter_send_begin(a, 3, out.incarnation, &out));
+  tally_counter_close(a);
+  tally_store_close(s);
+}
+
 /* The index tables a growing store outgrows are large pieces nothing asks
  * for again: once reusable, allocations of other sizes are carved from
  * them before the arena grows. */
@@ -2182,7 +2250,7 @@ int main(int argc, char **argv) {
   RUN("caps", test_caps());
   RUN("check", test_check_damage());
   RUN("close", test_close_order());
-  RUN("shipped", test_shipped());
+  RUN("shipped", (test_shipped(), test_send_begin()));
   RUN("carve", test_carve());
   RUN("walk", test_walk_holds());
   RUN("open", (test_open_holds(), test_revive_holds(), test_revive_race()));

@@ -360,7 +360,8 @@ void tally__hold_end(tally_store *s);
  * flag and its family's count; "expire", under the lock between an
  * expiry's mark and its move; "reshard", under the lock between a
  * reshard's check that the value fits and its move; "refresh", in an
- * increment that found its cells retired, after it looked the record up. */
+ * increment that found its cells retired, after it looked the record up;
+ * "send", in tally_counter_send_begin between the mark and the read. */
 #ifdef TALLY_TEST_SEAMS /* compiled in only where the tests are built */
 extern void (*tally__test_hook)(const char *where, const char *name, size_t len);
 #define TALLY__TEST_HOOK(where, name, len)                                               \

@@ -18,6 +18,7 @@
  */
 #include "internal.h"
 
+#include <inttypes.h>
 #include <string.h>
 
 static uint64_t writer_hash(const char *writer, size_t wlen) {
@@ -100,4 +101,37 @@ int tally_counter_ship(tally_counter *c, uint64_t incarnation, int64_t value) {
   if (r->incarnation != incarnation) return 0; /* an older one's: it is gone */
   atomic_store(&r->shipped, value);
   return 0;
+}
+
+int tally_send_delta(int64_t value, uint64_t incarnation, int64_t marker_value,
+                     uint64_t marker_incarnation, int64_t *delta) {
+  int64_t base =
+      marker_incarnation == incarnation || !marker_incarnation ? marker_value : 0;
+  if (!delta) return tally__fail(TALLY_EINVAL, "tally_send_delta: delta is NULL");
+  if (__builtin_sub_overflow(value, base, delta))
+    return tally__fail(TALLY_ERANGE, "delta %" PRId64 " - %" PRId64 " overflows int64",
+                       value, base);
+  return 0;
+}
+
+int tally_counter_send_begin(tally_counter *c, int64_t marker_value,
+                             uint64_t marker_incarnation, tally_send *out) {
+  if (!c || !out)
+    return tally__fail(TALLY_EINVAL, "tally_counter_send_begin: NULL argument");
+  int64_t v;
+  uint64_t inc;
+  int rc = tally_counter_read(c, &v, &inc);
+  for (int i = 0; !rc && i < 2; i++) { /* made again in between: mark that one */
+    uint64_t marked = inc;
+    if (!inc) return tally__fail(TALLY_ENOENT, "counter expired: nothing to send");
+    if ((rc = tally_counter_ship(c, inc, TALLY_SHIP_UNKNOWN))) break;
+    TALLY__TEST_HOOK("send", c->name, c->name_len);
+    if ((rc = tally_counter_read(c, &v, &inc))) break;
+    if (inc != marked) continue;
+    out->value = v;
+    out->incarnation = inc;
+    return tally_send_delta(v, inc, marker_value, marker_incarnation, &out->delta);
+  }
+  if (rc) return rc;
+  return tally__fail(TALLY_EBUSY, "counter made again twice while being marked");
 }

@@ -15,6 +15,13 @@
  *       value nil marks TALLY_SHIP_UNKNOWN: a value is going out whose
  *       fate may stay unknown, so upkeep holds the counter whatever its
  *       value until a value read back from the remote is marked
+ *   core.counter_send_begin(c, marker_value, marker_incarnation)
+ *       -> delta, value, incarnation   tally_counter_send_begin: the step
+ *       before a value goes out (mark it unknown, read what to send, the
+ *       delta from the remote's marker); nil, msg, code: EBUSY (made
+ *       again twice meanwhile), ENOENT (expired), EDROPPED: not sent
+ *   core.send_delta(value, incarnation, marker_value, marker_incarnation)
+ *       -> delta   tally_send_delta: what to send over the remote's marker
  *
  * Each returns nil, message, code on failure (EDROPPED for a dropped
  * counter); misuse raises. core.unship (lua_redis.c) undoes core.ship.
@@ -37,38 +44,97 @@ static int tl_ship(lua_State *L) {
   return 1;
 }
 
+static void push_incarnation(lua_State *L, uint64_t inc) {
+  char hex[17];
+  snprintf(hex, sizeof hex, "%016llx", (unsigned long long)inc);
+  lua_pushstring(L, hex);
+}
+
+static uint64_t check_incarnation(lua_State *L, int arg) {
+  size_t len;
+  const char *hex = tl_checkstring(L, arg, &len);
+  if (len != 16 || strspn(hex, "0123456789abcdef") != 16)
+    tl_argerror_got(L, arg, "incarnation of 16 hex digits expected", 2, TL_BOOL_TYPE);
+  return (uint64_t)strtoull(hex, NULL, 16);
+}
+
 static int tl_counter_read(lua_State *L) {
   tl_counter *h = tl_checkcounter(L, 1);
   int64_t v = 0;
   uint64_t inc = 0;
-  char hex[17];
   int rc = tally_counter_read(h->c, &v, &inc);
   if (rc < 0) return tl_fail(L, rc);
-  snprintf(hex, sizeof hex, "%016llx", (unsigned long long)inc);
   tl_pushint64(L, v);
-  lua_pushstring(L, hex);
+  push_incarnation(L, inc);
   return 2;
 }
 
 static int tl_counter_ship(lua_State *L) {
   tl_counter *h = tl_checkcounter(L, 1);
-  size_t len;
-  const char *hex = tl_checkstring(L, 2, &len);
-  char *end = NULL;
-  uint64_t inc;
-  int64_t v;
-  int rc;
-  if (len != 16 || strspn(hex, "0123456789abcdef") != 16)
-    return tl_argerror_got(L, 2, "incarnation of 16 hex digits expected", 2,
-                           TL_BOOL_TYPE);
-  inc = (uint64_t)strtoull(hex, &end, 16);
+  uint64_t inc = check_incarnation(L, 2);
   /* nil: a value is going out and may land unseen */
-  v = lua_isnoneornil(L, 3) ? TALLY_SHIP_UNKNOWN : tl_checkdelta(L, 3);
-  rc = tally_counter_ship(h->c, inc, v);
+  int64_t v = lua_isnoneornil(L, 3) ? TALLY_SHIP_UNKNOWN : tl_checkdelta(L, 3);
+  int rc = tally_counter_ship(h->c, inc, v);
   if (rc < 0) return tl_fail(L, rc);
   lua_pushboolean(L, 1);
   return 1;
 }
+
+static int tl_counter_send_begin(lua_State *L) {
+  tl_counter *h = tl_checkcounter(L, 1);
+  int64_t marker = tl_checkdelta(L, 2);
+  uint64_t minc = check_incarnation(L, 3);
+  tally_send send;
+  int rc = tally_counter_send_begin(h->c, marker, minc, &send);
+  if (rc < 0) return tl_fail(L, rc);
+  tl_pushint64(L, send.delta);
+  tl_pushint64(L, send.value);
+  push_incarnation(L, send.incarnation);
+  return 3;
+}
+
+static int tl_send_delta(lua_State *L) {
+  int64_t v = tl_checkdelta(L, 1);
+  uint64_t inc = check_incarnation(L, 2);
+  int64_t marker = tl_checkdelta(L, 3);
+  uint64_t minc = check_incarnation(L, 4);
+  int64_t d;
+  int rc = tally_send_delta(v, inc, marker, minc, &d);
+  if (rc < 0) return tl_fail(L, rc);
+  tl_pushint64(L, d);
+  return 1;
+}
+
+#ifdef TALLY_TEST_SEAMS /* compiled in only where the tests are built */
+#include "../core/internal.h"
+
+/* core._test_hook(fn): fn(where, name) runs where the C core calls its
+ * test hook (internal.h), in the thread and Lua state that set it; nil
+ * takes it out. Specs make a counter move at such a point. */
+static lua_State *hook_L;
+static int hook_ref = LUA_NOREF;
+
+static void run_hook(const char *where, const char *name, size_t len) {
+  lua_State *L = hook_L;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, hook_ref);
+  lua_pushstring(L, where);
+  lua_pushlstring(L, name, len);
+  lua_call(L, 2, 0);
+}
+
+static int tl_test_hook(lua_State *L) {
+  luaL_unref(L, LUA_REGISTRYINDEX, hook_ref);
+  hook_ref = LUA_NOREF;
+  tally__test_hook = NULL;
+  if (lua_isnoneornil(L, 1)) return 0;
+  luaL_checktype(L, 1, LUA_TFUNCTION);
+  lua_settop(L, 1);
+  hook_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  hook_L = L;
+  tally__test_hook = run_hook;
+  return 0;
+}
+#endif
 
 int tl_open_ship(lua_State *L) {
   lua_pushcfunction(L, tl_ship);
@@ -77,5 +143,13 @@ int tl_open_ship(lua_State *L) {
   lua_setfield(L, -2, "counter_read");
   lua_pushcfunction(L, tl_counter_ship);
   lua_setfield(L, -2, "counter_ship");
+  lua_pushcfunction(L, tl_counter_send_begin);
+  lua_setfield(L, -2, "counter_send_begin");
+  lua_pushcfunction(L, tl_send_delta);
+  lua_setfield(L, -2, "send_delta");
+#ifdef TALLY_TEST_SEAMS
+  lua_pushcfunction(L, tl_test_hook);
+  lua_setfield(L, -2, "_test_hook");
+#endif
   return 0;
 }

@@ -451,27 +451,6 @@ static void confirm(tally_flusher *f, tally_flush_stats *st, struct entry *en) {
   }
 }
 
-/* Before a script goes out: mark the counter's shipped value unknown, so
- * upkeep holds it whatever its value (the script may apply, its reply may
- * be lost), then read the value again, the one to send: an expiry before
- * the mark saw a value Redis has, and shows here as incarnation 0. The
- * mark stays until a read of w:W (confirm) replaces it. Returns 0; 1 when
- * the incarnation changed again after its second mark (the one read was
- * never marked: not sent this round); or a failure to note (ENOENT,
- * EDROPPED: gone, the entry is simply not sent). */
-static int mark_sending(struct entry *en) {
-  en->confirmed = false;
-  for (int i = 0; i < 2; i++) { /* a new incarnation in between: mark it too */
-    int code = tally_counter_ship(en->c, en->inc, TALLY_SHIP_UNKNOWN);
-    if (code) return code;
-    uint64_t inc = en->inc;
-    code = tally_counter_read(en->c, &en->cur, &en->inc);
-    if (code) return code;
-    if (en->inc == inc || en->inc == 0) return 0;
-  }
-  return 1;
-}
-
 /* HGET w:W for the pending entries whose prev is not known, or to confirm. */
 static int phase_hget(tally_flusher *f, tally_flush_stats *st) {
   char key[KEY_MAX];
@@ -528,28 +507,29 @@ static int phase_eval(tally_flusher *f, tally_flush_stats *st) {
       st->unchanged++;
       continue;
     }
-    int mcode = mark_sending(en);
-    if (mcode == TALLY_ENOENT || mcode == TALLY_EDROPPED || mcode == 1 ||
-        (!mcode && en->inc == 0)) {
+    /* mark it unknown, then read what to send (tally.h): an expiry before
+     * the mark saw a value Redis has, and shows here as ENOENT */
+    tally_send send;
+    en->confirmed = false; /* until a read of w:W marks it again (confirm) */
+    int mcode = tally_counter_send_begin(en->c, en->prev, en->pinc, &send);
+    if (mcode == TALLY_ENOENT || mcode == TALLY_EDROPPED || mcode == TALLY_EBUSY) {
       en->pending = false; /* gone meanwhile, or made again twice: next round */
       continue;
+    }
+    if (mcode == TALLY_ERANGE) {
+      tally_error_set(TALLY_ERANGE,
+                      "redis flush: %s: delta %" PRId64 " - w:W overflows int64",
+                      en->name, send.value);
     }
     if (mcode) {
       fail_entry(f, st, en, mcode);
       continue;
     }
+    en->cur = send.value;
+    en->inc = send.incarnation;
+    en->delta = send.delta;
     if (en->cur == en->prev && en->pinc == en->inc) { /* moved back: read it back */
       st->unchanged++;
-      continue;
-    }
-    /* w:W of an earlier incarnation holds its final value: that one expired
-     * (once shipped) or was dropped, and this one counts from 0 */
-    int64_t base = en->pinc == en->inc || en->pinc == 0 ? en->prev : 0;
-    if (__builtin_sub_overflow(en->cur, base, &en->delta)) {
-      tally_error_set(TALLY_ERANGE,
-                      "redis flush: %s: delta %" PRId64 " - %" PRId64 " overflows int64",
-                      en->name, en->cur, base);
-      fail_entry(f, st, en, TALLY_ERANGE);
       continue;
     }
     int klen = tally_flusher_shard_key(en->name, en->len, f->shard, key, sizeof key);

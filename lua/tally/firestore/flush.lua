@@ -68,7 +68,7 @@ local fstore = require "tally.firestore.store"
 local type, error, tostring, pcall, setmetatable, pairs, ipairs =
       type, error, tostring, pcall, setmetatable, pairs, ipairs
 local fmt, min, random = string.format, math.min, math.random
-local sub, int_text, tointeger = compat.sub, compat.int_text, compat.tointeger
+local int_text, tointeger = compat.int_text, compat.tointeger
 
 local argerror, printable = require("tally.util").argerror, require("tally.util").printable
 local remote = require "tally.remote"
@@ -147,31 +147,26 @@ function Remote:_read(list)
   return true
 end
 
--- what en still has to send: delta, or nil when nothing
+-- what en still has to send over its marker: delta, or nil when nothing
+-- (or when it cannot be sent: a delta beyond int64)
 local function delta_of(en)
-  local base = (en.minc == en.inc) and en.flushed or 0
-  local d = sub(en.v, base)
+  local d = core.send_delta(en.v, en.inc, en.flushed, en.minc or NO_INC)
   if d == 0 then return nil end
   return d
 end
 
--- Before en's commit goes out: mark it unknown (upkeep holds it whatever
--- its value until a value Firestore holds is marked), then read the value
--- to send again, so what is committed is never a value the counter may
--- have expired at under the old mark. -> the delta to send; or nil and
--- why not: "gone" (expired, dropped or created again meanwhile: the next
--- round sees it afresh), "failed" (the mark failed: still pending), "back"
--- (it moved back to the value Firestore holds: nothing to send).
+-- Before en's commit goes out (core.counter_send_begin): mark it unknown,
+-- then read the value to send again. -> the delta to send; or nil and why
+-- not: "gone" (expired, dropped or made again twice meanwhile: the next
+-- round sees it afresh), "failed" (still pending), "back" (it moved back
+-- to the value Firestore holds: nothing to send).
+local GONE = { ENOENT = true, EDROPPED = true, EBUSY = true }
 local function mark_sending(en)
-  local pok, ok = pcall(core.counter_ship, en.c, en.inc, nil)
-  ok = pok and ok
-  if ok then en.shipv, en.unmarked = nil, true end -- to be marked again once known
-  local got, v, inc = pcall(core.counter_read, en.c)
-  if not got or v == nil or inc ~= en.inc then return nil, "gone" end
-  if not ok then return nil, "failed" end
-  en.v = v
-  local d = delta_of(en)
-  if not d then return nil, "back" end
+  local pok, d, v, inc = pcall(core.counter_send_begin, en.c, en.flushed, en.minc or NO_INC)
+  en.shipv, en.unmarked = nil, true   -- (it may be marked) to be marked again once known
+  if not pok or d == nil then return nil, pok and GONE[inc] and "gone" or "failed" end
+  en.v, en.inc = v, inc
+  if d == 0 then return nil, "back" end
   return d
 end
 
