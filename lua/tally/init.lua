@@ -25,21 +25,16 @@ local printable = require("tally.util").printable
 local _M = { _VERSION = core.version }
 
 _M.version = core.version
--- tally.open: redis:// and redis+cluster:// specs open a Redis-backed store
--- (tally/redis/store.lua); everything else goes to the C open.
+-- tally.open: a URI of a remote (redis://, redis+cluster://, firestore://:
+-- tally.remote's scheme registry) opens that remote's store class;
+-- everything else goes to the C open.
 -- (Not a tail call, and through a local named open: the C function's
 -- argument errors keep naming 'open'.)
-local redis_store
 do
-  local open = core.open
+  local open, backend = core.open, require("tally.remote").backend
   function _M.open(spec, ...)
-    if type(spec) == "string" and (spec:find("^redis://") or spec:find("^redis%+cluster://")) then
-      redis_store = redis_store or require "tally.redis.store"
-      return redis_store.open(spec, ...)
-    end
-    if type(spec) == "string" and spec:find("^firestore://") then
-      return require("tally.firestore.store").open(spec, ...)
-    end
+    local via = backend(spec, "store")
+    if via then return require(via).open(spec, ...) end
     local db, msg, code = open(spec, ...)
     return db, msg, code
   end

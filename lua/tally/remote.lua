@@ -26,6 +26,10 @@
 --   remote.delta(n, sign, fname)    an increment's amount (nil: 1) as an
 --                                   integer, negated when sign < 0; raises
 --                                   as method fname's caller's error
+--   remote.backend(uri, role)       the module that serves uri as a store
+--                                   (role "store": nil for the C open) or
+--                                   a flush backend ("flush"): the scheme
+--                                   registry
 --   remote.default_writer(db)       the writer id a flusher uses when none
 --                                   is given: a file:PATH store keeps a
 --                                   random one in PATH.writer (made on first
@@ -37,7 +41,8 @@ local argerror, printable = require("tally.util").argerror, require("tally.util"
 local compat = require "tally.compat"
 local tointeger, sub = compat.tointeger, compat.sub
 
-local type, error, tostring, setmetatable, pairs = type, error, tostring, setmetatable, pairs
+local type, error, tostring, setmetatable, pairs, ipairs =
+      type, error, tostring, setmetatable, pairs, ipairs
 local fmt, find = string.format, string.find
 
 local _M = {}
@@ -235,6 +240,25 @@ function _M.default_writer(db)
     error("cannot create the writer id file: " .. tostring(rerr), 3)
   end
   return id
+end
+
+-- The scheme registry: each remote's store and flush backend, by URI.
+local SCHEMES = {
+  { "^redis://", store = "tally.redis.store", flush = "tally.redis.flush" },
+  { "^redis%+cluster://", store = "tally.redis.store", flush = "tally.redis.flush" },
+  { "^firestore://", store = "tally.firestore.store", flush = "tally.firestore.flush" },
+}
+
+-- A URI no scheme claims is the C open's to take as a store, and the
+-- Redis backend's to refuse as a flush target (its message says what a
+-- Redis URI is: the default target since flush_to began with Redis).
+function _M.backend(uri, role)
+  if type(uri) == "string" then
+    for _, s in ipairs(SCHEMES) do
+      if find(uri, s[1]) then return s[role] end
+    end
+  end
+  return role == "flush" and "tally.redis.flush" or nil
 end
 
 return _M

@@ -9,7 +9,7 @@
 
 local core = require "tally.core"
 local sink = require "tally.sink"
-local remote = require "tally.redis.flush"
+local flushes = require "tally.flush"
 local check_self = require("tally.util").self
 
 local type, error, ipairs, pairs, tostring, pcall = type, error, ipairs, pairs, tostring, pcall
@@ -24,7 +24,7 @@ local describe, printable = require("tally.util").describe, require("tally.util"
 local _M = {}
 
 -- Per store handle: { schedules = { ... }, flushes = { ... } (db:flush_to,
--- tally.redis.flush), clock = function or nil }.
+-- tally.flush), clock = function or nil }.
 local state = setmetatable({}, { __mode = "k" })
 
 local function state_of(db)
@@ -258,7 +258,7 @@ local function tick(db, now)
       end
     end
   end
-  -- flush schedules (tally.redis.flush): one round per due period; their
+  -- flush schedules (tally.flush): one round per due period; their
   -- failures are counted in their stats and listed here, never raised
   for _, rf in ipairs(st.flushes) do
     local period = floor(now / rf.every)
@@ -346,14 +346,12 @@ local function flush(db, timeout)
   return true
 end
 
--- db:flush_to(uri, opts) -> a flush schedule (see tally.redis.flush)
+-- db:flush_to(uri, opts) -> a flush schedule (see tally.flush)
 local function flush_to(db, uri, opts)
   check_self(db, "tally.store", "flush_to")
   core.store_methods.stats(db)  -- raises on a closed store
   local st = state_of(db)
-  local via = remote
-  if type(uri) == "string" and uri:find("^firestore://") then via = require "tally.firestore.flush" end
-  return via.flush_to(db, uri, opts, st.flushes, function(rf)
+  return flushes.flush_to(db, uri, opts, st.flushes, function(rf)
     for i, other in ipairs(st.flushes) do
       if other == rf then table.remove(st.flushes, i) return end
     end

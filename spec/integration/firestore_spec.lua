@@ -649,3 +649,19 @@ describe("db:flush_to('firestore://...')", function()
     db:close()
   end)
 end)
+
+-- What every flush_to backend keeps, run against Firestore.
+local seq = 0
+require("spec.support.flush_contract")({
+  kind = "Firestore",
+  uri = function() return emu.uri end,
+  name = function(prefix) seq = seq + 1 return prefix .. seq end,
+  lose = function(name, writer)
+    local doc = P .. "counters/" .. name
+    local writes = { { delete = doc .. "/writers/" .. writer } }
+    for i = 0, 63 do writes[#writes + 1] = { delete = doc .. "/shards/" .. i } end
+    local st, _, raw = emu.rest("POST", ":commit", { writes = writes })
+    assert.equal(200, st, raw)
+  end,
+  opts = { doc_interval = 0, backoff = 0.01 },
+}, { describe = describe, it = it, assert = assert })

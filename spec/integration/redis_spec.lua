@@ -416,3 +416,15 @@ describe("several processes flushing to the cluster", function()
     r:close()
   end)
 end)
+
+-- What every flush_to backend keeps, run against Redis.
+require("spec.support.flush_contract")({
+  kind = "Redis",
+  uri = function() return srv.uri end,
+  name = fresh,
+  lose = function(name)
+    local r = assert(core.redis(srv.uri))
+    for i = 0, 7 do assert(r:command("DEL", core.redis_shard_key(name, i))) end
+    r:close()
+  end,
+}, { describe = describe, it = it, assert = assert })

@@ -1,7 +1,7 @@
--- tally.firestore.flush: db:flush_to("firestore://...", opts), a schedule
--- that ships the local counters of a store handle (file or memory) to
--- Cloud Firestore's distributed counters exactly once per writer, driven by
--- db:tick() and db:run() like the rollups and the Redis flusher.
+-- tally.firestore.flush: the Cloud Firestore backend of db:flush_to
+-- (tally/flush.lua: the schedule, its options and methods): it ships the
+-- local counters of a store handle to Firestore's distributed counters
+-- exactly once per writer.
 --
 --   local ff = db:flush_to("firestore://my-project", { every = 1, writer = "web-7" })
 --   db:run(60)
@@ -65,25 +65,21 @@ local compat = require "tally.compat"
 local rest = require "tally.firestore.rest"
 local fstore = require "tally.firestore.store"
 
-local type, error, tostring, pcall, setmetatable, pairs, ipairs =
-      type, error, tostring, pcall, setmetatable, pairs, ipairs
-local fmt, min, random = string.format, math.min, math.random
-local int_text, tointeger = compat.int_text, compat.tointeger
+local flush = require "tally.flush"
 
-local argerror, printable = require("tally.util").argerror, require("tally.util").printable
-local remote = require "tally.remote"
+local pcall, pairs, ipairs = pcall, pairs, ipairs
+local min, random = math.min, math.random
+local int_text = compat.int_text
+
+local argerror = require("tally.util").argerror
 local key_shard = require("tally.remote").key_shard
 local now = core.now
 
-local _M = {}
-
-local Remote = {}
-Remote.__index = Remote
+local Remote = flush.backend({}, {
+  options = { "rate", "ramp", "ramp_every", "doc_interval", "batch", "backoff", "max_backoff" },
+  timeout = 10 })
 
 local NO_INC = "0000000000000000"
-local OPTIONS = { every = true, pattern = true, shards = true, writer = true, timeout = true,
-                  rate = true, ramp = true, ramp_every = true, doc_interval = true, batch = true,
-                  backoff = true, max_backoff = true }
 local RETRY = rest.RETRY
 
 -- ---- the rate limits -------------------------------------------------------------
@@ -105,10 +101,8 @@ function Remote:_take(n, t)
   return true
 end
 
-function Remote:_fail(code, msg)
-  self.errors = self.errors + 1
-  self.last_error = tostring(msg)
-  self.last_code = code
+-- a request failed: the next rounds back off (the frame counts the error)
+function Remote:_fail(code)
   if RETRY[code] or code == "ETIMEDOUT" or code == "ECONNECT" or code == "EHTTP" then
     self.backoffs = self.backoffs + 1
     local b = self.cur_backoff
@@ -282,7 +276,7 @@ function Remote:_round()
     local ok
     ok, msg, code = self:_read(part)
     if not ok then
-      self:_fail(code, msg)
+      self:_fail(code)
       return nil, msg, code
     end
     for _, en in ipairs(part) do due[#due + 1] = en end
@@ -297,7 +291,7 @@ function Remote:_round()
     batch, nw = {}, 0
     if not ok then
       st.errors = st.errors + 1
-      self:_fail(c, m)
+      self:_fail(c)
       return nil, m, c
     end
     self.cur_backoff = self.backoff
@@ -386,152 +380,61 @@ function Remote:_lag(st, t)
   return st
 end
 
--- one round from db:tick(), never raising: a result entry
-function Remote:_run(period)
-  self.runs = self.runs + 1
-  self.last_period = period
-  local pok, st, msg = pcall(self._round, self)
-  if not pok then st, msg = nil, st end
-  if st and st.waiting then   -- backing off after a failure: say so, and which
-    return { flush = self.uri, pattern = self.pattern, every = self.every, status = "backoff",
-             period = period, waiting = st.waiting, error = self.last_error }
-  end
-  if st then
-    self.last_run = st
-    return { flush = self.uri, pattern = self.pattern, every = self.every, status = "flushed",
-             period = period, flushed = st.flushed }
-  end
-  if not pok then self.errors = self.errors + 1; self.last_error = tostring(msg) end
-  return { flush = self.uri, pattern = self.pattern, every = self.every, status = "error",
-           period = period, error = tostring(msg) }
+-- nothing pending, nothing failed, every marker known
+function Remote:_settled(st)
+  if st.pending ~= 0 or st.errors ~= 0 then return false end
+  for _, en in pairs(self.ents) do if en.known == false then return false end end
+  return true
 end
 
--- ff:flush_now() -> stats of one round, or nil, message, code
-function Remote:flush_now()
-  if self.closed then error("attempt to use a closed flush schedule", 2) end
-  local st, msg, code = self:_round()
-  if st then self.last_run = st end
-  return st, msg, code
-end
-
--- ff:sync([timeout]) -> true once nothing is pending (rounds as the limits
--- allow), or nil, msg, code after timeout seconds (default 60)
-function Remote:sync(timeout)
-  local deadline = now() + (timeout or 60)
-  while true do
-    local st, msg, code = self:_round()
-    if st and st.pending == 0 and st.errors == 0 and not st.waiting then
-      local clean = true
-      for _, en in pairs(self.ents) do if en.known == false then clean = false break end end
-      if clean then return true end
-    end
-    if now() >= deadline then   -- the last failure says more than "pending"
-      if not msg and self.last_error and (st == nil or st.waiting) then
-        msg, code = self.last_error, self.last_code
-      end
-      return nil, msg or fmt("%d counters still pending", self.pending or -1), code or "ETIMEDOUT"
-    end
-    core.sleep(0.02)
-  end
-end
-
--- ff:remote_value(name) -> the total in Firestore (every writer's completed
--- flushes and any other increments), or nil, msg, code
-function Remote:remote_value(name)
-  if type(name) ~= "string" then argerror(1, "remote_value", "counter name expected, got " .. type(name), 2) end
+-- the total in Firestore (every writer's completed flushes and any other
+-- increments)
+function Remote:_remote_value(name)
   local c, msg, code = self.remote:counter(name, { create = false })
   if not c then return nil, msg, code end
   return c:value()
 end
 
-function Remote:stats()
-  return { uri = self.uri, every = self.every, pattern = self.pattern, writer = self.writer,
-           runs = self.runs, errors = self.errors, flushed = self.flushed, commits = self.commits,
-           writes = self.writes, reads = self.reads, conflicts = self.conflicts,
-           backoffs = self.backoffs, delta = self.delta, peak_writes_per_s = self.peak, lag = self.lag, pending = self.pending,
-           last_error = self.last_error, last_code = self.last_code, last_run = self.last_run,
-           rate = self:_rate(now()), requests = self.cl and self.cl.requests }
+-- the next round reads every marker (and counter document) again
+function Remote:_verify()
+  for _, en in pairs(self.ents) do en.known = false end
 end
 
--- ff:unship(): the store stops holding this writer's counters for it
-function Remote:unship() return core.unship(self.db, self.writer) end
+function Remote:_stats(t)
+  t.commits, t.writes, t.reads, t.conflicts = self.commits, self.writes, self.reads, self.conflicts
+  t.backoffs, t.delta, t.peak_writes_per_s = self.backoffs, self.delta, self.peak
+  t.lag, t.pending, t.rate = self.lag, self.pending, self:_rate(now())
+  t.requests = self.cl and self.cl.requests
+end
 
 -- ff:http(): the http handle (tests inject lost replies through it)
 function Remote:http() return self.cl.h end
 
-function Remote:close()
-  if self.closed then return end
-  self.closed = true
+function Remote:_close()
   if self.remote then self.remote:close() end
   self.cl = nil
-  self.unlink(self)
 end
 
-function Remote:__tostring()
-  return fmt("tally.flush_to '%s' every %gs", self.uri, self.every)
-end
+local number = flush.number
 
-local function num(opts, k, default, lo, hi)
-  local v = opts[k]
-  if v == nil then return default end
-  if type(v) ~= "number" or v ~= v or v < lo or v > hi then
-    argerror(2, "flush_to", fmt("%s must be a number from %s to %s, got %s", k, tostring(lo),
-              tostring(hi), printable(tostring(v))), 4)
-  end
-  return v
-end
-
--- db:flush_to(uri, opts) -> the flush schedule
-function _M.flush_to(db, uri, opts, list, unlink)
-  opts = opts or {}
-  if type(opts) ~= "table" then argerror(2, "flush_to", "options table expected, got " .. type(opts), 3) end
-  for k in pairs(opts) do
-    if not OPTIONS[k] then
-      argerror(2, "flush_to", "unknown option '" .. printable(tostring(k)) .. "'; expected every, pattern, shards, "
-               .. "writer, timeout, rate, ramp, ramp_every, doc_interval, batch, backoff, max_backoff", 3)
-    end
-  end
+function Remote.new(self, uri, opts)
   local u, err = rest.parse(uri)
-  if not u then argerror(1, "flush_to", err, 3) end
-  local pattern = opts.pattern == nil and "*" or opts.pattern
-  if type(pattern) ~= "string" or pattern == "" then
-    argerror(2, "flush_to", "pattern must be a non-empty string, got " .. tostring(pattern), 3)
-  end
-  local shards = opts.shards and tointeger(opts.shards)
-  if opts.shards ~= nil and (type(shards) ~= "number" or shards < 1 or shards > core.MAX_SHARDS) then
-    argerror(2, "flush_to", fmt("shards must be an integer from 1 to %d, got %s", core.MAX_SHARDS,
-              printable(tostring(opts.shards))), 3)
-  end
-  local writer = opts.writer
-  if writer == nil then
-    writer = remote.default_writer(db)
-  elseif type(writer) ~= "string" or #writer < 1 or #writer > 128 or writer:find("\0", 1, true) then
-    argerror(2, "flush_to", "writer must be a string of 1 to 128 bytes, got " .. printable(tostring(writer)), 3)
-  end
-  for _, other in ipairs(list) do
-    if other.writer == writer and other.pattern == pattern then
-      argerror(2, "flush_to", fmt("this store handle already flushes '%s' as writer '%s'", printable(pattern),
-                                  printable(writer)), 3)
-    end
-  end
-  local self = setmetatable({
-    db = db, uri = u.redacted, root = u.root, pattern = pattern, writer = writer, shards = shards,
-    every = num(opts, "every", 1, 0.001, 366 * 86400),
-    rate = num(opts, "rate", 500, 1, 1e9), ramp = num(opts, "ramp", 1.5, 1, 100),
-    ramp_every = num(opts, "ramp_every", 300, 0.001, 1e9),
-    doc_interval = num(opts, "doc_interval", 1, 0, 86400),
-    batch = math.floor(num(opts, "batch", 100, 1, 10000)),
-    backoff = num(opts, "backoff", 0.25, 0.001, 3600), max_backoff = num(opts, "max_backoff", 30, 0.001, 86400),
-    runs = 0, errors = 0, flushed = 0, commits = 0, writes = 0, reads = 0, conflicts = 0, backoffs = 0,
-    delta = 0, lag = 0, pending = 0, ents = {}, unlink = unlink, peak = 0, sec_writes = 0,
-  }, Remote)
+  if not u then argerror(1, "flush_to", err, 4) end
+  self.uri, self.root = u.redacted, u.root
+  self.rate = number(opts, "rate", 500, 1, 1e9)
+  self.ramp = number(opts, "ramp", 1.5, 1, 100)
+  self.ramp_every = number(opts, "ramp_every", 300, 0.001, 1e9)
+  self.doc_interval = number(opts, "doc_interval", 1, 0, 86400)
+  self.batch = number(opts, "batch", 100, 1, 10000, true)
+  self.backoff = number(opts, "backoff", 0.25, 0.001, 3600)
+  self.max_backoff = number(opts, "max_backoff", 30, 0.001, 86400)
+  self.commits, self.writes, self.reads, self.conflicts, self.backoffs = 0, 0, 0, 0, 0
+  self.delta, self.lag, self.pending, self.ents, self.peak, self.sec_writes = 0, 0, 0, {}, 0, 0
   self.cur_backoff = self.backoff
   self.tokens, self.tlast = self.rate, now()
   -- no request yet: a Firestore that is down is counted by the rounds
-  self.remote = fstore.new(u, num(opts, "timeout", 10, 0.001, 86400))
+  self.remote = fstore.new(u, self.timeout)
   self.cl = self.remote.cl
-  list[#list + 1] = self
-  return self
 end
 
-return _M
+return Remote
