@@ -35,15 +35,47 @@
 --                                   random one in PATH.writer (made on first
 --                                   use, atomically), a memory store one per
 --                                   handle for the life of the process
+--   remote.add_fits(a, b)           a + b for int64 values, or nil when the
+--                                   sum leaves int64
+--   remote.shards_sum(name, vals)   the sum of counter name's shard values,
+--                                   or nil, msg, "ERANGE" (exact or ERANGE,
+--                                   never wrapped, as the file store)
+--   remote.reset_range(name)        c:reset()'s nil, msg, "ERANGE" when the
+--                                   amount to remove leaves int64
+--   remote.check_pattern(pattern, fname)  raises, blaming the caller of
+--                                   the method that calls it, unless
+--                                   pattern is nil or a string
+--   remote.check_family(pattern)    the same for db:family's pattern (a
+--                                   non-empty string)
+--   remote.check_same(name, shards, policy, s, p)  raises, blaming the
+--                                   caller of db:counter, when the options
+--                                   asked for (shards, policy; nil: any)
+--                                   differ from the counter's (s, p)
+--   remote.open_options(kind, opts, takes, extra)  the options table of
+--                                   tally.open(uri, opts): timeout (a
+--                                   positive number) and the keys of extra
+--                                   (extra[k](v, k) -> value or nil, why);
+--                                   raises as tally.open's caller's error
+--   remote.classes(field, Store, Counter, StoreMT, CounterMT, apply)
+--                                   adds what both stores' classes do
+--                                   alike (db:close, db:sum, c:incr,
+--                                   c:decr, c:value, c:info, c:name,
+--                                   c:store, c:close, __close, __tostring),
+--                                   the client being db[field]; c:incr
+--                                   ends in apply(c, db, i, k, fname),
+--                                   adding k to 1-based shard i; returns
+--                                   live(db) and cdb(c), the client and
+--                                   the store of a counter, raising on a
+--                                   closed store
 
 local core = require "tally.core"
 local argerror, printable = require("tally.util").argerror, require("tally.util").printable
 local compat = require "tally.compat"
-local tointeger, sub = compat.tointeger, compat.sub
+local tointeger, sub, add = compat.tointeger, compat.sub, compat.add
 
 local type, error, tostring, setmetatable, pairs, ipairs =
       type, error, tostring, setmetatable, pairs, ipairs
-local fmt, find = string.format, string.find
+local fmt, find, concat, sort = string.format, string.find, table.concat, table.sort
 
 local _M = {}
 
@@ -240,6 +272,153 @@ function _M.default_writer(db)
     error("cannot create the writer id file: " .. tostring(rerr), 3)
   end
   return id
+end
+
+-- a + b for int64 values, or nil when the sum leaves int64 (the file
+-- store's sums and values are exact or ERANGE, never wrapped).
+local function add_fits(a, b)
+  local r = add(a, b)
+  if (a < 0) == (b < 0) and (r < 0) ~= (a < 0) then return nil end
+  return r
+end
+_M.add_fits = add_fits
+
+local function shards_sum(name, vals)
+  local s = 0
+  for _, v in ipairs(vals) do
+    s = add_fits(s, v)
+    if s == nil then
+      return nil, "counter '" .. printable(name) .. "': value does not fit in 64 bits", "ERANGE"
+    end
+  end
+  return s
+end
+_M.shards_sum = shards_sum
+
+function _M.reset_range(name)
+  return nil, "counter '" .. printable(name) .. "': the amount to remove does not fit in 64 bits; "
+              .. "nothing was removed", "ERANGE"
+end
+
+local function check_pattern(pattern, fname)
+  if pattern ~= nil and type(pattern) ~= "string" then
+    argerror(1, fname, "string expected, got " .. type(pattern), 3)
+  end
+end
+_M.check_pattern = check_pattern
+
+function _M.check_family(pattern)
+  if type(pattern) ~= "string" or pattern == "" then
+    argerror(1, "family", "non-empty string expected, got " .. tostring(pattern), 3)
+  end
+end
+
+function _M.check_same(name, shards, policy, s, p)
+  if (shards and shards ~= s) or (policy and policy ~= p) then
+    local asked = {}
+    if shards and shards ~= s then asked[#asked + 1] = shards .. " shards" end
+    if policy and policy ~= p then asked[#asked + 1] = "policy " .. policy end
+    error(fmt("counter '%s' exists with %d shards and policy %s (asked for %s)",
+              printable(name), s, printable(p), concat(asked, " and ")), 3)
+  end
+end
+
+local function check_timeout(v)
+  if type(v) ~= "number" or not (v > 0) then
+    return nil, "timeout must be a positive number of seconds, got " .. printable(tostring(v))
+  end
+  return v
+end
+
+-- Level 4: the caller of the store module's open, which calls this.
+function _M.open_options(kind, opts, takes, extra)
+  if opts ~= nil and type(opts) ~= "table" then
+    argerror(2, "open", "table expected, got " .. type(opts), 4)
+  end
+  local out = {}
+  for k, v in pairs(opts or {}) do
+    local check = k == "timeout" and check_timeout or extra and extra[k]
+    if not check then
+      argerror(2, "open", "unknown option '" .. printable(tostring(k)) .. "'; the " .. kind
+               .. " store takes " .. takes, 4)
+    end
+    local val, why = check(v, k)
+    if val == nil then argerror(2, "open", why, 4) end
+    out[k] = val
+  end
+  return out
+end
+
+function _M.classes(field, Store, Counter, StoreMT, CounterMT, apply)
+  -- errors blame the caller of the method that calls live, or cdb
+  local function live(db)
+    local cl = db[field]
+    if not cl then error("attempt to use a closed store", 3) end
+    return cl
+  end
+  local function cdb(c)
+    live(c.db)
+    return c.db
+  end
+
+  function Store:close()
+    local cl = self[field]
+    if cl then cl:close() end
+    self[field] = nil
+    self.cache = {}
+  end
+
+  -- db:sum([pattern]) -> sum, count of db:values(pattern), in name order
+  -- (an overflow is found alike whatever the listing's order)
+  function Store:sum(pattern)
+    check_pattern(pattern, "sum")
+    local vals, err, code = self:values(pattern)
+    if not vals then return nil, err, code end
+    local names = {}
+    for nm in pairs(vals) do names[#names + 1] = nm end
+    sort(names)
+    local total = 0
+    for _, nm in ipairs(names) do
+      total = add_fits(total, vals[nm])
+      if total == nil then
+        return nil, "sum over '" .. printable(pattern or "*") .. "' does not fit in 64 bits", "ERANGE"
+      end
+    end
+    return total, #names
+  end
+
+  local function incr(self, n, key, sign, fname)
+    local db = cdb(self)
+    local k = _M.delta(n, sign, fname)
+    local i = _M.pick_shard(self, key)
+    return apply(self, db, i, k, fname)
+  end
+  function Counter:incr(n, key) return incr(self, n, key, 1, "incr") end
+  function Counter:decr(n, key) return incr(self, n, key, -1, "decr") end
+
+  -- c:value(): the sum of c:shards()
+  function Counter:value()
+    local vals, err, code = self:shards()
+    if not vals then return nil, err, code end
+    return shards_sum(self.nm, vals)
+  end
+
+  function Counter:info()
+    cdb(self)
+    return { name = self.nm, shards = self.n, policy = self.policy }
+  end
+  function Counter:name() return self.nm end
+  function Counter:store() return self.db end
+  function Counter:close() end
+
+  StoreMT.__close = function(self) self:close() end
+  StoreMT.__tostring = function(self)
+    return fmt("tally.store (%s%s)", self.uri, self[field] and "" or ", closed")
+  end
+  CounterMT.__tostring = function(self)
+    return fmt("tally.counter '%s' (%s)", self.nm, self.db.uri)
+  end
+  return live, cdb
 end
 
 -- The scheme registry: each remote's store and flush backend, by URI.

@@ -156,6 +156,43 @@ describe("tally.open('firestore://...')", function()
     db:close()
   end)
 
+  it("says ERANGE for a value, a sum or a reset beyond int64, as the file store", function()
+    local db = assert(tally.open(emu.uri))
+    local c = assert(db:counter("big", { shards = 2, policy = "round_robin" }))
+    assert(c:incr(math.maxinteger))
+    assert(c:incr(2))
+    local why = "counter 'big': value does not fit in 64 bits"
+    assert.same({ nil, why, "ERANGE" }, { c:value() })
+    assert.same({ nil, why, "ERANGE" }, { db:value("big") })
+    assert.same({ nil, why, "ERANGE" }, { db:values() })
+    assert.same({ nil, why, "ERANGE" }, { db:sum() })
+    assert.same({ nil, "counter 'big': the amount to remove does not fit in 64 bits; "
+                       .. "nothing was removed", "ERANGE" }, { c:reset() })
+    local shards = c:shards()
+    table.sort(shards)
+    assert.same({ 2, math.maxinteger }, shards)   -- nothing removed
+    assert(db:drop("big"))
+    -- counters each in range, their total not
+    assert(db:counter("a", { shards = 1 }):incr(math.maxinteger))
+    assert(db:counter("b", { shards = 1 }):incr(1))
+    assert.same({ nil, "sum over '?' does not fit in 64 bits", "ERANGE" }, { db:sum("?") })
+    db:close()
+  end)
+
+  it("checks and answers as the redis store: sum's pattern, info when closed, shards' errors", function()
+    local db = assert(tally.open(emu.uri))
+    assert.equal("bad argument #1 to 'sum' (string expected, got number)", helper.err(db.sum, db, 42))
+    local c = assert(db:counter("odd", { shards = 1 }))
+    local st, _, raw = emu.rest("POST", ":commit", { writes = { { update = {
+      name = P .. "counters/odd/shards/0", fields = { count = { stringValue = "x" } } } } } })
+    assert.equal(200, st, raw)
+    local ok, msg, code = c:shards()
+    assert.same({ nil, "EPROTO" }, { ok, code })
+    assert.matches("counter 'odd' shard 0", msg, 1, true)
+    db:close()
+    assert.equal("attempt to use a closed store", helper.err(c.info, c))
+  end)
+
   it("resets exactly, and keeps families", function()
     local db = assert(tally.open(emu.uri))
     assert(db:family("user:*", { shards = 3, policy = "round_robin" }))

@@ -32,14 +32,14 @@ local core = require "tally.core"
 local compat = require "tally.compat"
 local rest = require "tally.firestore.rest"
 
-local type, error, tostring, tonumber, setmetatable, pairs, ipairs =
-      type, error, tostring, tonumber, setmetatable, pairs, ipairs
-local fmt, concat, sort = string.format, table.concat, table.sort
+local tonumber, setmetatable, ipairs = tonumber, setmetatable, ipairs
+local fmt, sort = string.format, table.sort
 local add, sub, int_text = compat.add, compat.sub, compat.int_text
 
-local argerror, printable = require("tally.util").argerror, require("tally.util").printable
+local printable = require("tally.util").printable
 local remote = require "tally.remote"
 local check_name, glob_pattern = remote.check_name, remote.glob_pattern
+local check_pattern = remote.check_pattern
 
 local _M = {}
 
@@ -51,10 +51,22 @@ local Store, Counter = {}, {}
 local StoreMT = { __name = "tally.firestore_store", __index = Store }
 local CounterMT = { __name = "tally.firestore_counter", __index = Counter }
 
-local function live(self)
-  if not self.cl then error("attempt to use a closed store", 3) end
-  return self.cl
+local function shard_write(cl, path, i, k)
+  return { transform = { document = cl:name(path .. "/shards/" .. i),
+           fieldTransforms = { { fieldPath = "count", increment = { integerValue = int_text(k) } } } } }
 end
+
+-- k added to shard i (1-based) of counter c of store db: one commit of
+-- one field increment (c:incr's, through remote.classes, and c:add_shard's)
+local function add_to(c, db, i, k)
+  local ok, err, code = db.cl:commit({ shard_write(db.cl, c.path, i - 1, k) })
+  if not ok then return nil, err, code end
+  return true
+end
+
+-- db:close, db:sum, c:incr, c:decr, c:value, c:info, c:name, c:store,
+-- c:close, and tostring; the client is db.cl
+local live, cdb = remote.classes("cl", Store, Counter, StoreMT, CounterMT, add_to)
 
 -- the document paths of counter name
 local function cpath(self, name) return self.root .. "/" .. rest.escape(name) end
@@ -108,13 +120,7 @@ function Store:counter(name, opts)
     if not got then return nil, msg, code end
     local o = doc_options(got[path])
     if o then
-      if (shards and shards ~= o.shards) or (policy and policy ~= o.policy) then
-        local asked = {}
-        if shards and shards ~= o.shards then asked[#asked + 1] = shards .. " shards" end
-        if policy and policy ~= o.policy then asked[#asked + 1] = "policy " .. policy end
-        error(fmt("counter '%s' exists with %d shards and policy %s (asked for %s)",
-                  printable(name), o.shards, o.policy, concat(asked, " and ")), 2)
-      end
+      remote.check_same(name, shards, policy, o.shards, o.policy)
       return new_counter(self, name, o.shards, o.policy)
     end
     if got[path] then return nil, fmt("counters document of '%s' has no num_shards", printable(name)), "EPROTO" end
@@ -163,9 +169,7 @@ end
 
 -- db:names([pattern]) -> sorted names of the counter documents
 function Store:names(pattern)
-  if pattern ~= nil and type(pattern) ~= "string" then
-    argerror(1, "names", "string expected, got " .. type(pattern), 2)
-  end
+  check_pattern(pattern, "names")
   local l, err, code = listed(self, pattern)
   if not l then return nil, err, code end
   local out = {}
@@ -175,10 +179,9 @@ end
 
 -- db:values([pattern]) -> { [name] = value }: one listing, then batchGets
 -- of every shard document (500 a request); not one snapshot across them.
+-- db:sum (remote.classes) adds them.
 function Store:values(pattern)
-  if pattern ~= nil and type(pattern) ~= "string" then
-    argerror(1, "values", "string expected, got " .. type(pattern), 2)
-  end
+  check_pattern(pattern, "values")
   local l, err, code = listed(self, pattern)
   if not l then return nil, err, code end
   local paths, owner = {}, {}
@@ -194,24 +197,23 @@ function Store:values(pattern)
   local got
   got, err, code = self.cl:batch_get(paths)
   if not got then return nil, err, code end
-  local out = {}
-  for _, e in ipairs(l) do if e.shards then out[e.name] = 0 end end
+  local shards = {}
+  for _, e in ipairs(l) do if e.shards then shards[e.name] = {} end end
   for i, p in ipairs(paths) do
     local d = got[p]
     local v, why = rest.toint(d and d.fields and d.fields.count)
     if v == nil then return nil, fmt("counter '%s': %s", printable(owner[i]), why), "EPROTO" end
-    out[owner[i]] = add(out[owner[i]], v)
+    local vs = shards[owner[i]]
+    vs[#vs + 1] = v
+  end
+  local out = {}
+  for _, e in ipairs(l) do   -- in name order: which overflow is told is fixed
+    if e.shards then
+      out[e.name], err, code = remote.shards_sum(e.name, shards[e.name])
+      if out[e.name] == nil then return nil, err, code end
+    end
   end
   return out
-end
-
--- db:sum([pattern]) -> sum, count (as db:values)
-function Store:sum(pattern)
-  local vals, err, code = self:values(pattern)
-  if not vals then return nil, err, code end
-  local total, count = 0, 0
-  for _, v in pairs(vals) do total, count = add(total, v), count + 1 end
-  return total, count
 end
 
 -- db:drop(name): one commit deleting the counter document, its shards and
@@ -243,9 +245,7 @@ end
 
 -- db:family(pattern, { shards =, policy = }): kept in tally_families/{PATTERN}
 function Store:family(pattern, opts)
-  if type(pattern) ~= "string" or pattern == "" then
-    argerror(1, "family", "non-empty string expected, got " .. tostring(pattern), 2)
-  end
+  remote.check_family(pattern)
   local shards, policy = remote.check_counter_opts("firestore", opts, "family", 2)
   local cl = live(self)
   self.fseq = (self.fseq or 0) + 1
@@ -263,37 +263,11 @@ function Store:stats()
   return { kind = "firestore", uri = self.uri, counters = #names, requests = self.cl.requests }
 end
 
-function Store:close()
-  if self.cl then self.cl:close() end
-  self.cl = nil
-  self.cache = {}
-end
-
 -- db:export([pattern]) / db:import(json [, opts]): the code of tally/export.lua
 function Store:export(pattern, write) return require("tally.export").export_any(self, pattern, write) end
 function Store:import(text, opts) return require("tally.export").import_any(self, text, opts) end
 
 -- ---- counters ---------------------------------------------------------------------
-
-local function cdb(self) live(self.db) return self.db end
-
-
-local function shard_write(cl, path, i, k)
-  return { transform = { document = cl:name(path .. "/shards/" .. i),
-           fieldTransforms = { { fieldPath = "count", increment = { integerValue = int_text(k) } } } } }
-end
-
-local function incr(self, n, key, sign, fname)
-  local db = cdb(self)
-  local k = remote.delta(n, sign, fname)
-  local i = remote.pick_shard(self, key)
-  local ok, err, code = db.cl:commit({ shard_write(db.cl, self.path, i - 1, k) })
-  if not ok then return nil, err, code end
-  return true
-end
-
-function Counter:incr(n, key) return incr(self, n, key, 1, "incr") end
-function Counter:decr(n, key) return incr(self, n, key, -1, "decr") end
 
 -- the shard documents: { count, ... } (1-based), { updateTime or false, ... }
 local function read_shards(self)
@@ -312,15 +286,12 @@ local function read_shards(self)
   return vals, times
 end
 
--- c:shards() -> { v1, ..., vn } (shard i is the document shards/{i-1})
-function Counter:shards() return (read_shards(self)) end
-
-function Counter:value()
-  local vals, err, code = read_shards(self)
-  if not vals then return nil, err, code end
-  local s = 0
-  for _, v in ipairs(vals) do s = add(s, v) end
-  return s
+-- c:shards() -> { v1, ..., vn } (shard i is the document shards/{i-1}),
+-- or nil, msg, code
+function Counter:shards()
+  local vals, times, code = read_shards(self)
+  if not vals then return nil, times, code end
+  return vals
 end
 
 function Counter:reset()
@@ -334,7 +305,8 @@ function Counter:reset()
         local w = shard_write(db.cl, self.path, i - 1, sub(0, v))
         w.currentDocument = { updateTime = times[i] }
         writes[#writes + 1] = w
-        removed = add(removed, v)
+        removed = remote.add_fits(removed, v)
+        if removed == nil then return remote.reset_range(self.nm) end  -- nothing sent
       end
     end
     if #writes == 0 then return 0 end
@@ -347,25 +319,7 @@ function Counter:reset()
 end
 
 -- c:add_shard(i, n): add n to shard i (1-based), as db:import does
-function Counter:add_shard(i, n)
-  local db = cdb(self)
-  local ok, err, code = db.cl:commit({ shard_write(db.cl, self.path, i - 1, n) })
-  if not ok then return nil, err, code end
-  return true
-end
-
-function Counter:info() return { name = self.nm, shards = self.n, policy = self.policy } end
-function Counter:name() return self.nm end
-function Counter:store() return self.db end
-function Counter:close() end
-
-StoreMT.__close = function(self) self:close() end
-StoreMT.__tostring = function(self)
-  return fmt("tally.store (%s%s)", self.uri, self.cl and "" or ", closed")
-end
-CounterMT.__tostring = function(self)
-  return fmt("tally.counter '%s' (%s)", self.nm, self.db.uri)
-end
+function Counter:add_shard(i, n) return add_to(self, cdb(self), i, n) end
 
 _M.Store, _M.Counter = Store, Counter
 
@@ -377,23 +331,10 @@ end
 
 -- tally.open(uri [, { timeout = s }]) -> store, or nil, msg, code
 function _M.open(uri, opts)
-  if opts ~= nil and type(opts) ~= "table" then
-    argerror(2, "open", "table expected, got " .. type(opts), 3)
-  end
-  local timeout = 10
-  for k, v in pairs(opts or {}) do
-    if k == "timeout" then
-      if type(v) ~= "number" or not (v > 0) then
-        argerror(2, "open", "timeout must be a positive number of seconds, got " .. printable(tostring(v)), 3)
-      end
-      timeout = v
-    else
-      argerror(2, "open", "unknown option '" .. printable(tostring(k)) .. "'; the firestore store takes timeout", 3)
-    end
-  end
+  local o = remote.open_options("firestore", opts, "timeout")
   local u, err = rest.parse(uri)
   if not u then return nil, err, "EINVAL" end
-  local self = _M.new(u, timeout)
+  local self = _M.new(u, o.timeout or 10)
   local cl = self.cl
   -- one request now, so a server that is down is found here
   local ok, msg, code = cl:batch_get({ u.root .. "/%5F%5Fprobe" })

@@ -33,20 +33,13 @@ local compat = require "tally.compat"
 
 local type, error, tostring, tonumber, setmetatable, pcall, ipairs, pairs =
       type, error, tostring, tonumber, setmetatable, pcall, ipairs, pairs
-local fmt, sort, concat = string.format, table.sort, table.concat
-local tointeger, add, unpack = compat.tointeger, compat.add, compat.unpack
-
--- a + b for int64 values, or nil when the sum leaves int64 (the file
--- store's sums and values are exact or ERANGE, never wrapped).
-local function add_fits(a, b)
-  local r = add(a, b)
-  if (a < 0) == (b < 0) and (r < 0) ~= (a < 0) then return nil end
-  return r
-end
+local fmt, sort = string.format, table.sort
+local tointeger, unpack = compat.tointeger, compat.unpack
 
 local argerror, printable = require("tally.util").argerror, require("tally.util").printable
 local remote = require "tally.remote"
 local check_name, glob_pattern = remote.check_name, remote.glob_pattern
+local check_pattern, add_fits = remote.check_pattern, remote.add_fits
 
 local _M = {}
 
@@ -102,11 +95,30 @@ local Store, Counter = {}, {}
 local StoreMT = { __name = "tally.redis_store" }
 local CounterMT = { __name = "tally.redis_counter" }
 
-local function live(self)
-  local r = self.r
-  if not r then error("attempt to use a closed store", 3) end
-  return r
+-- c:incr's k on shard i (remote.classes): one HINCRBY, then WAIT with
+-- opts.replicas
+local function apply(self, db, i, k, fname)
+  local sk = shard_key(self.nm, i - 1)
+  local nrep = db.replicas
+  if nrep then  -- HINCRBY then WAIT, pipelined on the shard's master
+    local v, acked, code = db.r:command_wait(nrep, db.replica_timeout, "HINCRBY", sk, "v",
+                                             compat.int_text(k))
+    if v == nil then return rfail(acked, code) end
+    if acked < nrep then
+      return nil, fmt("%s on %s: applied on the master but acknowledged by %d of %d replicas"
+                      .. " within %d ms (a failover may lose it)", fname, printable(sk),
+                      acked < 0 and 0 or acked, nrep, db.replica_timeout), "EREPLICAS"
+    end
+    return true
+  end
+  local v, err, code = db.r:command("HINCRBY", sk, "v", compat.int_text(k))
+  if v == nil then return rfail(err, code) end
+  return true
 end
+
+-- db:close, db:sum, c:incr, c:decr, c:value, c:info, c:name, c:store,
+-- c:close, and tostring; the client is db.r
+local live, cdb = remote.classes("r", Store, Counter, StoreMT, CounterMT, apply)
 
 local function cmd(self, ...)
   return live(self):command(...)
@@ -166,13 +178,7 @@ function Store:counter(name, opts)
   local shards, policy, create = remote.check_counter_opts("redis", opts, "counter", 2)
   local s, p, created = find(self, name, shards, policy, create)
   if not s then return nil, p, created end
-  if not created and ((shards and shards ~= s) or (policy and policy ~= p)) then
-    local asked = {}
-    if shards and shards ~= s then asked[#asked + 1] = shards .. " shards" end
-    if policy and policy ~= p then asked[#asked + 1] = "policy " .. policy end
-    error(fmt("counter '%s' exists with %d shards and policy %s (asked for %s)",
-              printable(name), s, printable(p), concat(asked, " and ")), 2)
-  end
+  if not created then remote.check_same(name, shards, policy, s, p) end
   local ok, err, code = cmd(self, "SADD", NAMES_KEY, name)
   if not ok then return rfail(err, code) end
   return new_counter(self, name, s, p)
@@ -191,11 +197,9 @@ end
 
 -- The names in tally:names matching pattern (nil: all), sorted, with or
 -- without a meta hash (a drop racing a db:counter of the name can leave a
--- name without one): what sum, values and top read, skipping ENOENT.
-local function listed(self, pattern, fname)
-  if pattern ~= nil and type(pattern) ~= "string" then
-    argerror(1, fname, "string expected, got " .. type(pattern), 3)
-  end
+-- name without one): what values (and so sum and top) read, skipping
+-- ENOENT.
+local function listed(self, pattern)
   local all, err, code = cmd(self, "SMEMBERS", NAMES_KEY)
   if not all then return rfail(err, code) end
   local out = {}
@@ -219,7 +223,8 @@ local EXISTS_BATCH = 1000
 -- per 1000 names on a standalone server; one EXISTS per name on a cluster
 -- (their meta hashes live in as many slots).
 function Store:names(pattern)
-  local names, err, code = listed(self, pattern, "names")
+  check_pattern(pattern, "names")
+  local names, err, code = listed(self, pattern)
   if not names then return nil, err, code end
   local out = {}
   if live(self):stats().cluster then
@@ -246,28 +251,11 @@ function Store:names(pattern)
   return out
 end
 
--- db:sum([pattern]) -> sum, count (scatter-gather over every matching counter)
-function Store:sum(pattern)
-  local names, err, code = listed(self, pattern, "sum")
-  if not names then return nil, err, code end
-  local total, count = 0, 0
-  for _, nm in ipairs(names) do
-    local v
-    v, err, code = self:value(nm)
-    if v then
-      total, count = add_fits(total, v), count + 1
-      if total == nil then
-        return nil, "sum over '" .. printable(pattern or "*") .. "' does not fit in 64 bits", "ERANGE"
-      end
-    elseif code ~= "ENOENT" then  -- dropped meanwhile: skipped
-      return nil, err, code
-    end
-  end
-  return total, count
-end
-
+-- db:values([pattern]): scatter-gather over every matching counter (one
+-- dropped meanwhile is skipped); db:sum (remote.classes) adds them.
 function Store:values(pattern)
-  local names, err, code = listed(self, pattern, "values")
+  check_pattern(pattern, "values")
+  local names, err, code = listed(self, pattern)
   if not names then return nil, err, code end
   local out = {}
   for _, nm in ipairs(names) do
@@ -343,9 +331,7 @@ function Store:drop(name)
 end
 
 function Store:family(pattern, opts)
-  if type(pattern) ~= "string" or pattern == "" then
-    argerror(1, "family", "non-empty string expected, got " .. tostring(pattern), 2)
-  end
+  remote.check_family(pattern)
   if pattern == "#seq" then argerror(1, "family", "reserved pattern '#seq'", 2) end
   local shards, policy = remote.check_counter_opts("redis", opts, "family", 2)
   local ok, err, code = cmd(self, "EVAL", FAMILY_SCRIPT, 1, FAMILIES_KEY, pattern,
@@ -364,46 +350,7 @@ function Store:stats()
            replicas = self.replicas, replica_timeout = self.replica_timeout }
 end
 
-function Store:close()
-  if self.r then
-    self.r:close()
-    self.r = nil
-  end
-  self.cache = {}
-end
-
 -- ---- counters --------------------------------------------------------------------
-
-local function cdb(self)
-  live(self.db)
-  return self.db
-end
-
-
-local function incr(self, n, key, sign, fname)
-  local db = cdb(self)
-  local k = remote.delta(n, sign, fname)
-  local i = remote.pick_shard(self, key)
-  local sk = shard_key(self.nm, i - 1)
-  local nrep = db.replicas
-  if nrep then  -- HINCRBY then WAIT, pipelined on the shard's master
-    local v, acked, code = db.r:command_wait(nrep, db.replica_timeout, "HINCRBY", sk, "v",
-                                             compat.int_text(k))
-    if v == nil then return rfail(acked, code) end
-    if acked < nrep then
-      return nil, fmt("%s on %s: applied on the master but acknowledged by %d of %d replicas"
-                      .. " within %d ms (a failover may lose it)", fname, printable(sk),
-                      acked < 0 and 0 or acked, nrep, db.replica_timeout), "EREPLICAS"
-    end
-    return true
-  end
-  local v, err, code = db.r:command("HINCRBY", sk, "v", compat.int_text(k))
-  if v == nil then return rfail(err, code) end
-  return true
-end
-
-function Counter:incr(n, key) return incr(self, n, key, 1, "incr") end
-function Counter:decr(n, key) return incr(self, n, key, -1, "decr") end
 
 -- c:shards() -> { v1, ..., vn } (1-based; shard i is the key tally:{NAME#i-1})
 function Counter:shards()
@@ -415,19 +362,6 @@ function Counter:shards()
     out[i + 1] = v and tointeger(v) or 0
   end
   return out
-end
-
-function Counter:value()
-  local vals, err, code = self:shards()
-  if not vals then return nil, err, code end
-  local s = 0
-  for _, v in ipairs(vals) do
-    s = add_fits(s, v)
-    if s == nil then
-      return nil, "counter '" .. printable(self.nm) .. "': value does not fit in 64 bits", "ERANGE"
-    end
-  end
-  return s
 end
 
 -- c:reset() -> the amount removed: per shard, one script that reads v and
@@ -446,22 +380,13 @@ function Counter:reset()
                                              compat.int_text(taken[j]))
         if not ok then return rfail(gerr, gcode) end
       end
-      return nil, "counter '" .. printable(self.nm) .. "': the amount to remove does not fit in 64 bits; "
-                  .. "nothing was removed", "ERANGE"
+      return remote.reset_range(self.nm)
     end
     removed = sum
   end
   return removed
 end
 
-function Counter:info()
-  cdb(self)
-  return { name = self.nm, shards = self.n, policy = self.policy }
-end
-
-function Counter:name() return self.nm end
-function Counter:store() return self.db end
-function Counter:close() end
 Counter.skew = core.counter_methods.skew
 
 -- ---- metatables: anything else the file store offers raises --------------------
@@ -479,14 +404,7 @@ end
 
 StoreMT.__index = index_with(Store, core.store_methods, "store")
 CounterMT.__index = index_with(Counter, core.counter_methods, "counter")
-StoreMT.__close = function(self) self:close() end
 StoreMT.__gc = StoreMT.__close
-StoreMT.__tostring = function(self)
-  return fmt("tally.store (%s%s)", self.uri, self.r and "" or ", closed")
-end
-CounterMT.__tostring = function(self)
-  return fmt("tally.counter '%s' (%s)", self.nm, self.db.uri)
-end
 -- Lua 5.1 / LuaJIT: no __gc on tables; the redis handle has its own.
 
 _M.Store, _M.Counter = Store, Counter
@@ -496,43 +414,35 @@ _M.Store, _M.Counter = Store, Counter
 -- (EINVAL for the URI). The password comes from the URI
 -- (redis://user:pass@host:port or ?password=), else opts.password, else
 -- $TALLY_REDIS_PASSWORD; messages and tostring show the URI redacted.
-function _M.open(uri, opts)
-  if opts ~= nil and type(opts) ~= "table" then
-    argerror(2, "open", "table expected, got " .. type(opts), 3)
-  end
-  local ropts, sopts = { timeout = 5 }, {}
-  for k, v in pairs(opts or {}) do
-    if k == "timeout" then
-      if type(v) ~= "number" or not (v > 0) then
-        argerror(2, "open", "timeout must be a positive number of seconds, got "
-              .. printable(tostring(v)), 3)
-      end
-      ropts.timeout = v
-    elseif k == "replicas" then
-      local n = tointeger(v)
-      if type(n) ~= "number" or n < 1 or n > 1000000 then
-        argerror(2, "open", "replicas must be an integer from 1 to 1000000, got "
-              .. printable(tostring(v)), 3)
-      end
-      sopts.replicas = n
-    elseif k == "replica_timeout" then
-      local n = tointeger(v)
-      if type(n) ~= "number" or n < 1 or n > 3600000 then
-        argerror(2, "open", "replica_timeout must be an integer number of"
-              .. " milliseconds from 1 to 3600000, got " .. printable(tostring(v)), 3)
-      end
-      sopts.replica_timeout = n
-    elseif k == "password" or k == "user" then
-      if type(v) ~= "string" or v == "" then  -- never quote the value
-        argerror(2, "open", "" .. k .. " must be a non-empty string, got "
-              .. type(v), 3)
-      end
-      ropts[k] = v
-    else
-      argerror(2, "open", "unknown option '" .. printable(tostring(k))
-               .. "'; the redis store takes timeout, password, user, replicas, replica_timeout", 3)
+-- an integer option from 1 to hi (what: its name and unit)
+local function int_option(what, hi)
+  return function(v)
+    local n = tointeger(v)
+    if type(n) ~= "number" or n < 1 or n > hi then
+      return nil, fmt("%s from 1 to %d, got %s", what, hi, printable(tostring(v)))
     end
+    return n
   end
+end
+
+local function secret(v, k)
+  if type(v) ~= "string" or v == "" then  -- never quote the value
+    return nil, k .. " must be a non-empty string, got " .. type(v)
+  end
+  return v
+end
+
+local OPEN_OPTIONS = {
+  replicas = int_option("replicas must be an integer", 1000000),
+  replica_timeout = int_option("replica_timeout must be an integer number of milliseconds", 3600000),
+  password = secret, user = secret,
+}
+
+function _M.open(uri, opts)
+  local o = remote.open_options("redis", opts, "timeout, password, user, replicas, replica_timeout",
+                                OPEN_OPTIONS)
+  local sopts = { replicas = o.replicas, replica_timeout = o.replica_timeout }
+  local ropts = { timeout = o.timeout or 5, password = o.password, user = o.user }
   local ok, r, err, code = pcall(core.redis, uri, ropts)
   if not ok then
     return nil, (tostring(r):gsub("^bad argument #1 to '[^']*' %((.*)%)$", "%1")), "EINVAL"
