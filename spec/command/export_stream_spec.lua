@@ -1,4 +1,4 @@
--- db:export and db:import of 100,000 counters, streamed: export writes as
+-- db:export and db:import of 50,000 counters, streamed: export writes as
 -- it walks (write(chunk)), import checks a document as export writes it a
 -- piece at a time and applies it from a temporary file, holding neither
 -- the document nor a table per counter. The text is the same bytes as the
@@ -11,7 +11,7 @@ local core = require "tally.core"
 local export = require "tally.export"
 
 local q, fmt = helper.q, string.format
-local N = 100000
+local N = 50000
 local TOP, BOTTOM, SAFE = (1 << 62) - 1, -(1 << 62), (1 << 53) - 1
 
 -- Counter i of N: several shard counts and policies; names with bytes
@@ -233,13 +233,13 @@ describe("export and import of " .. N .. " counters, streamed", function()
 
     it("a counter the store has with another policy, or shard count", function()
       target:counter("post:5:likes", { shards = 1, policy = "round_robin" })
-      target:counter("post:99999:likes", { shards = 3, policy = select(3, spec_of(99999)) })
+      target:counter("post:9:likes", { shards = 3, policy = select(3, spec_of(9)) })
       before = target:export()
       refuses("import: counter 'post:5:likes': policy is random but the counter exists "
               .. "with policy round_robin", text)
       target:drop("post:5:likes")
       before = target:export()
-      refuses("import: counter 'post:99999:likes': num_shards is 1 but the counter exists "
+      refuses("import: counter 'post:9:likes': num_shards is 1 but the counter exists "
               .. "with 3 shards", text)
     end)
 
@@ -267,7 +267,7 @@ describe("export and import of " .. N .. " counters, streamed", function()
 
   it("undoes what it applied when a counter changes under it, and what progress raises", function()
     local target = assert(tally.open())
-    local late                                      -- applied after the first 50,000
+    local late                                      -- applied after the first 25,000
     for i = 1, N, 7 do
       local name, shards, policy = spec_of(i)
       target:counter(name, { shards = shards, policy = policy }):add_shard(1, i)
@@ -275,7 +275,7 @@ describe("export and import of " .. N .. " counters, streamed", function()
     end
     local before = target:export()
     local n, msg, code = target:import(text, { progress = function(phase, done)
-      if phase == "apply" and done >= 50000 and target:counter(late):info().shards == 1 then
+      if phase == "apply" and done >= 25000 and target:counter(late):info().shards == 1 then
         target:counter(late):reshard(2)
       end
     end })
@@ -284,7 +284,7 @@ describe("export and import of " .. N .. " counters, streamed", function()
     target:counter(late):reshard(1)
     assert.equal(before, target:export())
     local ok, err = pcall(target.import, target, text, { progress = function(phase, done)
-      if phase == "apply" and done >= 50000 then error("stop", 0) end
+      if phase == "apply" and done >= 25000 then error("stop", 0) end
     end })
     assert.same({ false, "stop" }, { ok, err })
     assert.equal(before, target:export())
@@ -294,7 +294,7 @@ end)
 
 describe("an import killed midway", function()
   -- A child imports a document of N counters into a store that holds
-  -- other values for them; once it has applied 40,000 it says so and
+  -- other values for them; once it has applied 20,000 it says so and
   -- waits, and is killed (SIGKILL). The counters it applied keep the
   -- document's counts, the others their own; a replace run again makes the
   -- store the document; an --add run again adds the applied ones twice.
@@ -319,7 +319,7 @@ describe("an import killed midway", function()
       local db = assert(tally.open(%q))
       local f = assert(io.open(%q, "rb"))
       db:import(f, { mode = %q, progress = function(phase, done)
-        if phase == "apply" and done >= 40000 then
+        if phase == "apply" and done >= 20000 then
           local m = assert(io.open(%q, "w"))
           m:write(done)
           m:close()
