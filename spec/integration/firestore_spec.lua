@@ -688,6 +688,50 @@ describe("db:flush_to('firestore://...')", function()
   end)
 end)
 
+describe("db:flush_to('firestore://...'), a counter it cannot send", function()
+  it("holds a delta beyond int64 and says so, never marking it shipped", function()
+    local db = assert(tally.open("file:" .. helper.tmpfile()))
+    db:family("k:*", { idle = 10 })
+    local ff = db:flush_to(emu.uri, { writer = "w1", doc_interval = 0, backoff = 0.01 })
+    local c = assert(db:counter("k:1", { shards = 2, policy = "key" }))
+    assert(c:incr(-200, "a"))
+    assert(ff:sync(10))                                  -- the marker: -200
+    assert(c:incr((1 << 62) - 1 + 200, "a"))             -- that shard at 2^62-1
+    local filled = false
+    for i = 1, 64 do                                     -- the other near it too
+      if c:incr((1 << 62) - 1 - 50, "k" .. i) then filled = true break end
+    end
+    assert(filled)
+    local v = c:value()                                  -- 2^63-52: - -200 leaves int64
+    local st, msg, code = ff:flush_now()
+    assert.same({ nil, "ERANGE" }, { st, code })
+    assert.matches("overflows int64", msg, 1, true)
+    assert.equal(1, ff:stats().errors)
+    assert.is_nil(ff:sync(0.1))
+    db:maintain(1700000000 * 1000)
+    db:maintain(1700000020 * 1000)                       -- idle 20 s: held, not expired
+    assert.equal(v, c:value())                           -- on the code before: 0, expired
+    db:close()
+  end)
+
+  it("takes a marker with an incarnation tally never writes as another's", function()
+    local st, _, raw = emu.rest("POST", ":commit", { writes = {
+      { update = { name = P .. "counters/a:1", fields = { num_shards = int(1) } } },
+      { update = { name = P .. "counters/a:1/writers/w1", fields = {
+          flushed = int(3), inc = { stringValue = "ABCDEF0123456789" },
+          writer = { stringValue = "w1" } } } } } })
+    assert.equal(200, st, raw)
+    local db = assert(tally.open("file:" .. helper.tmpfile()))
+    local ff = db:flush_to(emu.uri, { writer = "w1", doc_interval = 0, backoff = 0.01 })
+    assert(db:counter("a:1", { shards = 1 })):incr(5)
+    assert(db:counter("b:1", { shards = 1 })):incr(7)
+    assert(ff:sync(10))                                  -- on the code before: raised
+    assert.equal(7, ff:remote_value("b:1"))
+    assert.equal(5, ff:remote_value("a:1"))              -- counted from 0: all of it
+    db:close()
+  end)
+end)
+
 -- What every flush_to backend keeps, run against Firestore.
 local seq = 0
 require("spec.support.flush_contract")({

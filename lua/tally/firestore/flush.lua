@@ -131,7 +131,11 @@ function Remote:_read(list)
     if mdoc then
       local f = mdoc.fields or {}
       en.flushed = rest.toint(f.flushed) or 0
-      en.minc = f.inc and f.inc.stringValue or NO_INC
+      local inc = f.inc and f.inc.stringValue
+      if inc ~= nil and (#inc ~= 16 or inc:find("[^0-9a-f]")) then
+        en.flushed, inc = 0, nil  -- not an incarnation tally writes: another's, counted from 0
+      end
+      en.minc = inc or NO_INC     -- none: written before incarnations, this one's
       en.utime = mdoc.updateTime
     else
       en.flushed, en.minc, en.utime = 0, nil, nil
@@ -141,24 +145,26 @@ function Remote:_read(list)
   return true
 end
 
--- what en still has to send over its marker: delta, or nil when nothing
--- (or when it cannot be sent: a delta beyond int64)
+-- what en still has to send over its marker: the delta; false when
+-- nothing; nil, msg, code when it cannot be sent (beyond int64)
 local function delta_of(en)
-  local d = core.send_delta(en.v, en.inc, en.flushed, en.minc or NO_INC)
-  if d == 0 then return nil end
-  return d
+  local d, msg, code = core.send_delta(en.v, en.inc, en.flushed, en.minc or NO_INC)
+  if d == nil then return nil, msg, code end
+  return d ~= 0 and d
 end
 
 -- Before en's commit goes out (core.counter_send_begin): mark it unknown,
 -- then read the value to send again. -> the delta to send; or nil and why
 -- not: "gone" (expired, dropped or made again twice meanwhile: the next
--- round sees it afresh), "failed" (still pending), "back" (it moved back
--- to the value Firestore holds: nothing to send).
+-- round sees it afresh), "failed" (still pending; and the message and
+-- code), "back" (it moved back to the value Firestore holds: nothing to
+-- send).
 local GONE = { ENOENT = true, EDROPPED = true, EBUSY = true }
 local function mark_sending(en)
   local pok, d, v, inc = pcall(core.counter_send_begin, en.c, en.flushed, en.minc or NO_INC)
   en.shipv, en.unmarked = nil, true   -- (it may be marked) to be marked again once known
-  if not pok or d == nil then return nil, pok and GONE[inc] and "gone" or "failed" end
+  if not pok then return nil, "failed", d end
+  if d == nil then return nil, GONE[inc] and "gone" or "failed", v, inc end
   en.v, en.inc = v, inc
   if d == 0 then return nil, "back" end
   return d
@@ -282,7 +288,7 @@ function Remote:_round()
     for _, en in ipairs(part) do due[#due + 1] = en end
   end
   -- choose what to send now
-  local batch, nw = {}, 0
+  local batch, nw, failure = {}, 0, nil
   local function send()
     if #batch == 0 then return true end
     local ok, m, c = self:_commit(batch)
@@ -329,8 +335,12 @@ function Remote:_round()
       local ok, m, c = send()                          -- the known ones' last commit
       if not ok then return nil, m, c end
     end
-    local d = delta_of(en)
-    if not d then
+    local d, dmsg, dcode = delta_of(en)
+    if d == nil then                                   -- never marked shipped: held
+      en.since = en.since or t
+      st.pending, st.errors = st.pending + 1, st.errors + 1
+      failure = failure or { dmsg, dcode }
+    elseif not d then
       settled(en)
     else
       en.since = en.since or t
@@ -341,11 +351,13 @@ function Remote:_round()
         st.pending = st.pending + 1                    -- over the ramp-up budget
         st.limited = true
       else
-        local why
-        d, why = mark_sending(en)
+        local why, fmsg, fcode
+        d, why, fmsg, fcode = mark_sending(en)
         if not d then
           self.tokens = self.tokens + w                -- not sent: its writes are not spent
-          if why == "failed" then st.pending = st.pending + 1
+          if why == "failed" then
+            st.pending, st.errors = st.pending + 1, st.errors + 1
+            failure = failure or { fmsg, fcode }
           elseif why == "back" then settled(en)
           else en.since = nil end                      -- gone: the next round sees it afresh
         else
@@ -363,7 +375,10 @@ function Remote:_round()
   end
   local ok, m, c = send()
   if not ok then return nil, m, c end
-  return self:_lag(st, t)
+  self:_lag(st, t)
+  -- a counter that could not be sent fails the round once the others went
+  if failure then return nil, tostring(failure[1]), failure[2] end
+  return st
 end
 
 function Remote:_lag(st, t)
