@@ -27,6 +27,7 @@
 -- stats. A backend is a class made by flush.backend(B, spec) with
 --   B.new(self, uri, opts)     check the URI (raising as flush_to's error),
 --                              take its own options, make no round yet
+--   self:_start()              (optional) what needs the writer, once known
 --   self:_round()              one round: a stats table (flushed; waiting:
 --                              seconds of backoff left), or nil, msg, code
 --   self:_settled(st)          true when the round st left nothing to send
@@ -68,8 +69,8 @@ _M.number = number
 
 -- The options of every backend, checked once; spec.options lists the
 -- backend's own (checked by B.new), spec.shards and spec.timeout its
--- defaults.
-local function common(db, opts, spec, list)
+-- defaults. The writer is settled once the URI is known good (writer()).
+local function common(db, opts, spec)
   opts = opts or {}
   if type(opts) ~= "table" then
     argerror(2, "flush_to", "options table expected, got " .. type(opts), 4)
@@ -95,17 +96,10 @@ local function common(db, opts, spec, list)
              .. printable(tostring(pattern)), 4)
   end
   local writer = opts.writer
-  if writer == nil then
-    writer = remote.default_writer(db)
-  elseif type(writer) ~= "string" or #writer < 1 or #writer > 128 or writer:find("\0", 1, true) then
+  if writer ~= nil and (type(writer) ~= "string" or #writer < 1 or #writer > 128
+                        or writer:find("\0", 1, true)) then
     argerror(2, "flush_to", "writer must be a string of 1 to 128 bytes, got "
              .. printable(tostring(writer)), 4)
-  end
-  for _, other in ipairs(list) do
-    if other.writer == writer and other.pattern == pattern then
-      argerror(2, "flush_to", fmt("this store handle already flushes '%s' as writer '%s'",
-                                  printable(pattern), printable(writer)), 4)
-    end
   end
   return {
     db = db, every = every, pattern = pattern, writer = writer,
@@ -113,6 +107,20 @@ local function common(db, opts, spec, list)
     timeout = number(opts, "timeout", spec.timeout, 0.001, 86400),
     runs = 0, errors = 0, flushed = 0,
   }
+end
+
+-- The writer, once the backend took the URI: the default one (a file
+-- store's is made on first use), and none that this handle already
+-- flushes the same pattern as.
+local function writer(self, list)
+  self.writer = self.writer or remote.default_writer(self.db)
+  for _, other in ipairs(list) do
+    if other.writer == self.writer and other.pattern == self.pattern then
+      self:_close()
+      argerror(2, "flush_to", fmt("this store handle already flushes '%s' as writer '%s'",
+                                  printable(self.pattern), printable(self.writer)), 4)
+    end
+  end
 end
 
 -- ---- the schedule ----------------------------------------------------------------
@@ -127,7 +135,7 @@ end
 local function round(self)
   local st, msg, code = self:_round()
   if not st then return failed(self, msg, code) end
-  self.last_run = st
+  if not st.waiting then self.last_run = st end  -- a backoff ran nothing
   return st
 end
 
@@ -236,9 +244,11 @@ end
 -- out again (rollup.lua keeps the list per store handle)
 function _M.flush_to(db, uri, opts, list, unlink)
   local B = require(remote.backend(uri, "flush"))
-  local self = setmetatable(common(db, opts, B.spec, list), B)
+  local self = setmetatable(common(db, opts, B.spec), B)
   self.unlink = unlink
   B.new(self, uri, opts or {})
+  writer(self, list)
+  if self._start then self:_start() end
   list[#list + 1] = self
   return self
 end

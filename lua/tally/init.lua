@@ -34,7 +34,10 @@ do
   local open, backend = core.open, require("tally.remote").backend
   function _M.open(spec, ...)
     local via = backend(spec, "store")
-    if via then return require(via).open(spec, ...) end
+    if via then
+      local db, msg, code = require(via).open(spec, ...)  -- not a tail call: its
+      return db, msg, code                               -- messages blame our caller
+    end
     local db, msg, code = open(spec, ...)
     return db, msg, code
   end

@@ -351,11 +351,12 @@ local function flush_to(db, uri, opts)
   check_self(db, "tally.store", "flush_to")
   core.store_methods.stats(db)  -- raises on a closed store
   local st = state_of(db)
-  return flushes.flush_to(db, uri, opts, st.flushes, function(rf)
+  local rf = flushes.flush_to(db, uri, opts, st.flushes, function(s)
     for i, other in ipairs(st.flushes) do
-      if other == rf then table.remove(st.flushes, i) return end
+      if other == s then table.remove(st.flushes, i) return end
     end
   end)
+  return rf  -- not a tail call: flush_to's messages blame this one's caller
 end
 
 -- db:schedules() -> the schedules defined through this handle.

@@ -356,6 +356,11 @@ describe("db:flush_to", function()
     assert.matches("bad argument #1 to 'flush_to' (bad Redis URI 'x:1'",
       helper.err(db.flush_to, db, "x:1"), 1, true)
     assert.matches("Redis URI expected", helper.err(db.flush_to, db, 42), 1, true)
+    local path = helper.tmpfile()                -- no writer id made for a bad URI
+    local fdb = assert(tally.open("file:" .. path))
+    assert.matches("bad Redis URI", helper.err(fdb.flush_to, fdb, "x:1"), 1, true)
+    assert.is_nil(io.open(path .. ".writer"))
+    fdb:close()
     assert.matches("every must be from 0.001 s",
       helper.err(db.flush_to, db, srv.uri, { every = 0 }), 1, true)
     assert.matches("unknown option 'keep'",

@@ -110,6 +110,11 @@ return function(remote, bt)
       assert.matches("timeout must be a number from 0.001 to 86400", err({ timeout = 0 }), 1, true)
       assert.matches("writer must be a string of 1 to 128 bytes", err({ writer = "" }), 1, true)
       assert.matches("pattern must be a non-empty string", err({ pattern = "" }), 1, true)
+      -- the caller's line is the one blamed
+      local line = debug.getinfo(1, "l").currentline + 1
+      local function call() local s = db:flush_to(remote.uri(), { every = 0 }) return s end
+      local _, e = pcall(call)
+      assert.matches("flush_contract.lua:" .. line .. ": bad argument #2 to 'flush_to'", e, 1, true)
       local rf = flush_to(db, { writer = "dup" })
       assert.matches("already flushes '*' as writer 'dup'", err({ writer = "dup" }), 1, true)
       assert.equal("tally.flush_to", tostring(rf):match("^tally%.flush_to"))

@@ -49,13 +49,18 @@ local function attach(self, rh)
   return true
 end
 
--- Open the redis handle and the flusher if not open yet: true, or nil, msg.
+-- Open the redis handle and the flusher if not open yet: true, or nil,
+-- msg, code.
 local function connect(self)
   if self.flusher then return true end
-  local sec = secrets[self]
-  local rh, err = core.redis(sec.uri, { timeout = self.timeout, password = sec.password,
-                                        user = sec.user })
-  if not rh then return nil, err end
+  local rh = self.redis
+  if not rh then
+    local sec, err, code = secrets[self], nil, nil
+    rh, err, code = core.redis(sec.uri, { timeout = self.timeout, password = sec.password,
+                                          user = sec.user })
+    if not rh then return nil, err, code end
+  end
+  self.redis = nil
   return attach(self, rh)
 end
 
@@ -78,19 +83,24 @@ function Redis.new(self, uri, opts)
   if not ok then
     error((tostring(rh):gsub("^bad argument #1 to '[^']*'", "bad argument #1 to 'flush_to'")), 4)
   end
-  if not rh then
-    self.last_error = err
-  else
-    local fok, msg = attach(self, rh)
-    if not fok then error(msg, 4) end
-  end
+  if rh then self.redis = rh else self.last_error = err end
+end
+
+-- the flusher over the connection made by new, now that the writer is
+-- known (raising: a refused flusher is a bad option)
+function Redis:_start()
+  if not self.redis then return end
+  local rh = self.redis
+  self.redis = nil
+  local ok, msg = attach(self, rh)
+  if not ok then error(msg, 4) end
 end
 
 function Redis:_round()
-  local ok, err = connect(self)
-  if not ok then return nil, err end
-  local st, msg, code = self.flusher:run(self.pattern)
-  if not st then return nil, msg, code end
+  local ok, err, code = connect(self)
+  if not ok then return nil, err, code end
+  local st, msg, rcode = self.flusher:run(self.pattern)
+  if not st then return nil, msg, rcode end
   self.flushed = self.flushed + st.flushed
   self.commands = self.commands + st.commands
   return st
@@ -100,8 +110,8 @@ end
 function Redis:_settled(st) return st.commands == 0 end
 
 function Redis:_remote_value(name)
-  local ok, err = connect(self)
-  if not ok then return nil, err end
+  local ok, err, code = connect(self)
+  if not ok then return nil, err, code end
   return self.flusher:remote_value(name)
 end
 
