@@ -54,7 +54,7 @@ static uint64_t check_incarnation(lua_State *L, int arg) {
   size_t len;
   const char *hex = tl_checkstring(L, arg, &len);
   if (len != 16 || strspn(hex, "0123456789abcdef") != 16)
-    tl_argerror_got(L, arg, "incarnation of 16 hex digits expected", 2, TL_BOOL_TYPE);
+    tl_argerror_got(L, arg, "incarnation of 16 hex digits expected", arg, TL_BOOL_TYPE);
   return (uint64_t)strtoull(hex, NULL, 16);
 }
 
@@ -109,8 +109,10 @@ static int tl_send_delta(lua_State *L) {
 #include "../core/internal.h"
 
 /* core._test_hook(fn): fn(where, name) runs where the C core calls its
- * test hook (internal.h), in the thread and Lua state that set it; nil
- * takes it out. Specs make a counter move at such a point. */
+ * test hook (internal.h), on the Lua state's main thread; nil takes it
+ * out. Specs make a counter move at such a point. Some points hold the
+ * store lock, so an error in fn cannot unwind through the core: it ends
+ * the process with its message. */
 static lua_State *hook_L;
 static int hook_ref = LUA_NOREF;
 
@@ -119,7 +121,10 @@ static void run_hook(const char *where, const char *name, size_t len) {
   lua_rawgeti(L, LUA_REGISTRYINDEX, hook_ref);
   lua_pushstring(L, where);
   lua_pushlstring(L, name, len);
-  lua_call(L, 2, 0);
+  if (lua_pcall(L, 2, 0, 0) != LUA_OK) {
+    fprintf(stderr, "core._test_hook at %s: %s\n", where, lua_tostring(L, -1));
+    abort();
+  }
 }
 
 static int tl_test_hook(lua_State *L) {
@@ -130,7 +135,13 @@ static int tl_test_hook(lua_State *L) {
   luaL_checktype(L, 1, LUA_TFUNCTION);
   lua_settop(L, 1);
   hook_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+#ifdef LUA_RIDX_MAINTHREAD
+  lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
+  hook_L = lua_tothread(L, -1); /* the registry keeps it */
+  lua_pop(L, 1);
+#else /* Lua 5.1, LuaJIT: the caller's thread */
   hook_L = L;
+#endif
   tally__test_hook = run_hook;
   return 0;
 }
