@@ -125,11 +125,13 @@ typedef enum tally_policy {
   TALLY_POLICY_CUSTOM = 4,      /* caller supplies the shard index */
   TALLY_POLICY_SLOT = 5,        /* batched: each writer thread owns one shard
                                    (TALLY_SLOT_SHARDS); see tally_batch_incr */
-  TALLY_POLICY_COUNT_ = 6
+  TALLY_POLICY_CPU = 6,         /* one shard per CPU, added to without a locked
+                                   instruction (restartable sequences) */
+  TALLY_POLICY_COUNT_ = 7
 } tally_policy;
 
-/* "thread", "random", "round_robin", "key", "custom", "slot"; NULL if out
- * of range. */
+/* "thread", "random", "round_robin", "key", "custom", "slot", "cpu"; NULL
+ * if out of range. */
 TALLY_API const char *tally_policy_name(int policy);
 /* Policy for a name, or TALLY_EPOLICY. */
 TALLY_API int tally_policy_parse(const char *name, size_t len);
@@ -138,6 +140,11 @@ TALLY_API int tally_policy_parse(const char *name, size_t len);
  * stores too. Fixed by the file format: the same in every process and
  * every version that opens the store. */
 TALLY_API uint32_t tally_key_shard(const void *key, size_t len, uint32_t n);
+/* Shards of a TALLY_POLICY_CPU counter created here: 2P + 1 for the P
+ * possible CPUs (P at most 511): shard 0 takes what resets remove from
+ * the per-CPU shards, shards 1..P are the thread policy's (where a
+ * thread has no restartable sequence), shards P+1..2P one per CPU. */
+TALLY_API uint32_t tally_cpu_shards(void);
 
 /* ---- stores ------------------------------------------------------------ */
 
@@ -341,6 +348,9 @@ typedef struct tally_counter_info {
                            expired and created again has another */
   int auto_shards;        /* created with TALLY_SHARDS_AUTO */
   uint32_t grown, shrunk; /* automatic reshards so far (saturate at 1023) */
+  int rseq;               /* cpu policy: 1 if the calling thread's increments
+                             run as restartable sequences, 0 if they take the
+                             thread policy's path (see docs/design.md) */
 } tally_counter_info;
 
 TALLY_API int tally_counter_info_get(tally_counter *c, tally_counter_info *out);

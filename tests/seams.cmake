@@ -1,10 +1,11 @@
 # ctest unit/seams: the test seams (tally__test_hook, TALLY_TEST_BATCH_STALL,
-# TALLY_HTTP_LOSE_EVERY) are compiled in only with TALLY_TEST_SEAMS.
+# TALLY_HTTP_LOSE_EVERY, tally__test_rseq_spin) are compiled in only with
+# TALLY_TEST_SEAMS.
 #   cmake -DNM=nm -DSRC=dir -DSOURCES=a.c;b.c -DWITHOUT=o|o -DWITH=o|o -P seams.cmake
 # WITHOUT: SOURCES compiled without TALLY_TEST_SEAMS; WITH: the library's
 # objects, compiled with it.
 cmake_minimum_required(VERSION 3.18) # IN_LIST
-set(seam_pattern "tally__test_hook|TALLY_TEST_BATCH_STALL|TALLY_HTTP_LOSE_EVERY")
+set(seam_pattern "tally__test_hook|TALLY_TEST_BATCH_STALL|TALLY_HTTP_LOSE_EVERY|tally__test_rseq_spin")
 
 # what one object holds of the seams: its symbols and its strings
 function(seams_in obj out)

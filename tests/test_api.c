@@ -116,8 +116,8 @@ static void test_error_text(void) {
 }
 
 static void test_policies(void) {
-  static const char *names[] = {"thread", "random", "round_robin",
-                                "key",    "custom", "slot"};
+  static const char *names[] = {"thread", "random", "round_robin", "key",
+                                "custom", "slot",   "cpu"};
   for (int p = 0; p < TALLY_POLICY_COUNT_; p++) {
     EXPECT_STR(names[p], tally_policy_name(p));
     EXPECT_I64(p, tally_policy_parse(names[p], strlen(names[p])));

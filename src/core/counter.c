@@ -13,6 +13,7 @@
  * if its process died (settle()).
  */
 #include "internal.h"
+#include "percpu.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -33,6 +34,7 @@ static int create(tally_store *s, const char *name, size_t len, uint64_t hash,
   /* auto from a family, with a key or shard policy from elsewhere: fixed */
   bool is_auto = o->shards == TALLY_SHARDS_AUTO && o->policy < TALLY_POLICY_KEY;
   uint32_t shards = o->policy == TALLY_POLICY_SLOT   ? TALLY_SLOT_SHARDS
+                    : o->policy == TALLY_POLICY_CPU  ? tally_cpu_shards()
                     : is_auto                        ? 1
                     : o->shards == TALLY_SHARDS_AUTO ? TALLY_DEFAULT_SHARDS
                                                      : o->shards;
@@ -133,7 +135,7 @@ int tally__check_name(const char *name, size_t len) {
 static int check_options(const tally_counter_options *o) {
   if (!o) return 0;
   if (o->shards == TALLY_SHARDS_AUTO && o->policy >= TALLY_POLICY_KEY &&
-      o->policy != TALLY_POLICY_SLOT)
+      o->policy != TALLY_POLICY_SLOT && o->policy != TALLY_POLICY_CPU)
     return tally__fail(TALLY_EPOLICY,
                        "automatic shards need a policy that picks "
                        "the shard itself (not %s)",
@@ -148,11 +150,16 @@ static int check_options(const tally_counter_options *o) {
     return tally__fail(TALLY_ESHARDS,
                        "the slot policy has one shard per writer slot: %d shards, not %u",
                        TALLY_SLOT_SHARDS, o->shards);
+  if (o->policy == TALLY_POLICY_CPU && o->shards && o->shards != TALLY_SHARDS_AUTO &&
+      o->shards != tally_cpu_shards())
+    return tally__fail(TALLY_ESHARDS, "the cpu policy has %u shards here, not %u",
+                       tally_cpu_shards(), o->shards);
   return 0;
 }
 
 /* The increment's path for a policy (struct tally_counter.fast). */
 static int fast_path(int policy, bool is_auto) {
+  if (policy == TALLY_POLICY_CPU) return TALLY__FAST_CPU;
   int path = policy == TALLY_POLICY_THREAD ? 0 : policy == TALLY_POLICY_RANDOM ? 1 : 4;
   return path | (is_auto ? 2 : 0);
 }
@@ -191,7 +198,7 @@ static int open_held(tally_store *s, const char *name, size_t len,
   struct tally__rec *r = tally__at(s, rec_off);
   uint32_t n = tally__loc_shards(loc);
   bool is_auto = (atomic_load(&r->flags) & TALLY__REC_AUTO) != 0;
-  if (opt && ((r->policy == TALLY_POLICY_SLOT
+  if (opt && ((r->policy == TALLY_POLICY_SLOT || r->policy == TALLY_POLICY_CPU
                    ? opt->shards && opt->shards != TALLY_SHARDS_AUTO && opt->shards != n
                : opt->shards == TALLY_SHARDS_AUTO ? !is_auto
                                                   : opt->shards && opt->shards != n) ||
@@ -387,7 +394,9 @@ static int add(tally_counter *c, enum pick how, const void *key, size_t klen,
   for (;;) {
     uint64_t loc = atomic_load_explicit(&c->loc, memory_order_acquire);
     uint32_t n = tally__loc_shards(loc), i;
-    if (how == PICK_POLICY)
+    if (how == PICK_POLICY && c->policy == TALLY_POLICY_CPU)
+      i = tally__cpu_fallback_shard(c->s, c->store_id, n);
+    else if (how == PICK_POLICY)
       i = tally__pick_shard(c->s, c->store_id, c->policy, n);
     else if (how == PICK_KEY)
       i = tally__key_shard(key, klen, n);
@@ -434,12 +443,19 @@ static int add(tally_counter *c, enum pick how, const void *key, size_t klen,
 __attribute__((noinline)) static int incr_slow(tally_counter *c, int64_t delta) {
   if (!c) return tally__fail(TALLY_EINVAL, "tally_counter_incr: counter is NULL");
   if (c->policy == TALLY_POLICY_SLOT) return tally__slot_incr(c, delta);
+  if (c->policy == TALLY_POLICY_CPU) return add(c, PICK_POLICY, NULL, 0, 0, delta);
   if (c->policy >= TALLY_POLICY_KEY)
     return tally__fail(TALLY_EPOLICY, "counter '%s' has the %s policy: use %s", c->name,
                        tally_policy_name(c->policy),
                        c->policy == TALLY_POLICY_KEY ? "tally_counter_incr_key"
                                                      : "tally_counter_incr_shard");
   return add(c, PICK_POLICY, NULL, 0, 0, delta);
+}
+
+/* The cpu policy: its sequence (percpu.h), else the thread policy's path. */
+__attribute__((noinline)) static int cpu_incr(tally_counter *c, int64_t delta) {
+  if (__builtin_expect(tally__cpu_try(c, delta) == 0, 1)) return 0;
+  return incr_slow(c, delta);
 }
 
 int tally_counter_incr(tally_counter *c, int64_t delta) {
@@ -466,12 +482,19 @@ int tally_counter_incr(tally_counter *c, int64_t delta) {
     }
     if (!tally__cell_retired(old)) /* out of range: undo; retired: see internal.h */
       atomic_fetch_sub_explicit(cell, delta, memory_order_relaxed);
+  } else if (c && c->fast == TALLY__FAST_CPU) {
+    return cpu_incr(c, delta); /* a tail call: the path above saves no registers */
   }
   return incr_slow(c, delta);
 }
 
 /* A slot counter's shard is its writer's: nobody else may pick it. */
 static int slot_refused(const tally_counter *c) {
+  if (c->policy == TALLY_POLICY_CPU) /* nor a CPU's, nor shard 0 (resets') */
+    return tally__fail(TALLY_EPOLICY,
+                       "counter '%s' has the cpu policy: each CPU adds to its own "
+                       "shard (tally_counter_incr)",
+                       c->name);
   return tally__fail(TALLY_EPOLICY,
                      "counter '%s' has the slot policy: each writer adds to its "
                      "own shard (tally_counter_incr, tally_batch_incr)",
@@ -481,13 +504,15 @@ static int slot_refused(const tally_counter *c) {
 int tally_counter_incr_key(tally_counter *c, const void *key, size_t len, int64_t delta) {
   if (!c || (!key && len))
     return tally__fail(TALLY_EINVAL, "tally_counter_incr_key: NULL argument");
-  if (c->policy == TALLY_POLICY_SLOT) return slot_refused(c);
+  if (c->policy == TALLY_POLICY_SLOT || c->policy == TALLY_POLICY_CPU)
+    return slot_refused(c);
   return add(c, PICK_KEY, key, len, 0, delta);
 }
 
 int tally_counter_incr_shard(tally_counter *c, uint32_t shard, int64_t delta) {
   if (!c) return tally__fail(TALLY_EINVAL, "tally_counter_incr_shard: counter is NULL");
-  if (c->policy == TALLY_POLICY_SLOT) return slot_refused(c);
+  if (c->policy == TALLY_POLICY_SLOT || c->policy == TALLY_POLICY_CPU)
+    return slot_refused(c);
   return add(c, PICK_SHARD, NULL, 0, shard, delta);
 }
 
@@ -605,7 +630,9 @@ static int read_cells(tally_store *s, uint64_t rec_off, uint64_t *loc, int64_t *
     bool live = true;
     for (uint32_t i = 0, n = tally__loc_shards(*loc); i < n; i++) {
       _Atomic int64_t *cell = tally__cell_at(s, *loc, i);
-      int64_t v = atomic_load_explicit(cell, memory_order_relaxed);
+      /* acquire: a cpu counter's shard 0, set by a reset, before its
+       * per-CPU cells (percpu.c) */
+      int64_t v = atomic_load_explicit(cell, memory_order_acquire);
       if (__builtin_expect(!tally__cell_live(v), 0)) {
         int rc = tally__cell_wait(s, cell, rec_off, i, &v);
         if (rc) return rc;
@@ -717,6 +744,8 @@ int tally_counter_info_get(tally_counter *c, tally_counter_info *out) {
   out->auto_shards = (fl & TALLY__REC_AUTO) != 0;
   out->grown = fl >> TALLY__REC_GROWN_SHIFT & 0x3ff;
   out->shrunk = fl >> TALLY__REC_SHRUNK_SHIFT & 0x3ff;
+  out->rseq = c->policy == TALLY_POLICY_CPU && TALLY__RSEQ && out->shards >= 3 &&
+              tally__cpu_rseq_here();
   return 0;
 }
 
@@ -772,6 +801,7 @@ int tally_counter_reset(tally_counter *c, int64_t *removed) {
     return 0;
   }
   if (rc) return rc;
+  if (c->policy == TALLY_POLICY_CPU) return tally__cpu_reset(c, removed);
   for (uint32_t i = 0; i < tally__loc_shards(loc); i++) {
     _Atomic int64_t *cell = tally__cell_at(c->s, loc, i);
     int64_t raw = atomic_load_explicit(cell, memory_order_relaxed);

@@ -229,7 +229,7 @@ int tally_family_define(tally_store *s, const char *pattern, size_t plen,
     return tally__fail(TALLY_EPOLICY, "invalid shard policy %d", opt->policy);
   /* as a counter's options (counter.c): a slot counter has its own shards */
   if (opt->shards == TALLY_SHARDS_AUTO && opt->policy >= TALLY_POLICY_KEY &&
-      opt->policy != TALLY_POLICY_SLOT)
+      opt->policy != TALLY_POLICY_SLOT && opt->policy != TALLY_POLICY_CPU)
     return tally__fail(TALLY_EPOLICY,
                        "automatic shards need a policy that picks the shard "
                        "itself (not %s)",
@@ -239,6 +239,10 @@ int tally_family_define(tally_store *s, const char *pattern, size_t plen,
     return tally__fail(TALLY_ESHARDS,
                        "the slot policy has one shard per writer slot: %d shards, not %u",
                        TALLY_SLOT_SHARDS, opt->shards);
+  if (opt->policy == TALLY_POLICY_CPU && opt->shards &&
+      opt->shards != TALLY_SHARDS_AUTO && opt->shards != tally_cpu_shards())
+    return tally__fail(TALLY_ESHARDS, "the cpu policy has %u shards here, not %u",
+                       tally_cpu_shards(), opt->shards);
   char over[TALLY_NAME_MAX + 1];
   if (opt->max_counters && tally_family_overflow(pattern, plen, over, sizeof over) < 0)
     return tally__fail(TALLY_ENAME,

@@ -92,7 +92,8 @@ struct tally_counter {
    * threads increment through the handle or its vector slot */
   _Atomic int policy;
   _Atomic int fast; /* the increment's path: 0 thread, 1 random, 4 the slow
-                       path (other policies); | 2: automatic shards (autoshard.c) */
+                       path (other policies), 8 (TALLY__FAST_CPU) the cpu
+                       policy's sequence; | 2: automatic shards (autoshard.c) */
   /* Set by this process's grace step (grace.c) when the record is gone
    * for good: loc then points at the tombstone cell, and rec must not be
    * read (it may belong to another counter now). 1: dropped, 2: expired. */
@@ -204,6 +205,25 @@ static inline uint32_t tally__pick_shard(tally_store *s, uint64_t store_id, int 
   if (policy == TALLY_POLICY_ROUND_ROBIN) return tally__reduce(tally__me.rr++, n);
   return tally__reduce(tally__me.ticket, n); /* thread */
 }
+
+/* ---- percpu.c (the increment itself is inline in percpu.h) ---- */
+/* The thread policy's shard of a cpu counter of n shards (1..P), where
+ * its per-CPU sequence gave up; 0 for a loc of fewer than 3 (the
+ * tombstone). */
+static inline uint32_t tally__cpu_fallback_shard(tally_store *s, uint64_t store_id,
+                                                 uint32_t n) {
+  if (n < 3) return 0;
+  return 1 + tally__pick_shard(s, store_id, TALLY_POLICY_THREAD, (n - 1) / 2);
+}
+/* Raise the store's cpu fence and wait until no per-CPU sequence that
+ * began before it can still commit (each CPU passed); caller holds the
+ * lock. TALLY_EBUSY (the fence down again) if a CPU with a per-CPU shard
+ * is online and this thread may not run there (a cpuset). */
+int tally__cpu_fence(tally_store *s, uint32_t nshards);
+void tally__cpu_unfence(tally_store *s);
+int tally__cpu_reset(tally_counter *c, int64_t *removed); /* under the lock */
+bool tally__cpu_rseq_here(void); /* this thread's sequences can run */
+void tally__cpu_init(void);      /* once per process (policy.c) */
 
 /* ---- arena.c ---- */
 /* A sealed word: an arena offset with a 32-bit check keyed by the store's

@@ -94,7 +94,10 @@ static int finish(tally_store *s) {
   uint64_t word = atomic_load_explicit(&h->pend_rec, memory_order_acquire);
   uint64_t to = atomic_load_explicit(&h->pend_loc, memory_order_acquire);
   uint64_t rec_off;
-  if (!word) return 0;
+  if (!word) { /* a fence a dead mover left up after its cells were retired */
+    tally__cpu_unfence(s);
+    return 0;
+  }
   int rc = tally__unseal(s, TALLY__SEAL_MOVE, word, to, &rec_off);
   if (rc == 0) rc = tally__rec_verify(s, rec_off);
   if (rc) return rc;
@@ -107,15 +110,28 @@ static int finish(tally_store *s) {
     rc = tally__loc_decode(s, rec_off, from, &from_cells, &from_n, &from_dropped);
     if (rc == 0) rc = tally__loc_decode(s, rec_off, to, &to_cells, &to_n, &to_dropped);
     if (rc) return rc;
+    /* per-CPU cells take plain stores: no sequence may be under way when
+     * they are retired (percpu.c). A holder before us that retired some
+     * fenced every CPU, and the fence stayed up since. */
+    if (r->policy == TALLY_POLICY_CPU) {
+      if (atomic_load(&h->pend_done) == 0 && (rc = tally__cpu_fence(s, from_n))) {
+        atomic_store_explicit(&h->pend_rec, 0, memory_order_release);
+        return rc;
+      }
+      atomic_store(&h->cpu_fence, 1);
+    }
     for (uint32_t i = (uint32_t)atomic_load(&h->pend_done); i < from_n; i++) {
       if ((rc = retire(s, rec_off, tally__cell_at(s, from, i), i))) {
         /* a damaged cell: the move is given up, its cells as they were */
         for (uint32_t j = 0; j < i; j++) restore(s, tally__cell_at(s, from, j), j);
+        tally__cpu_unfence(s);
         atomic_store_explicit(&h->pend_rec, 0, memory_order_release);
         return rc;
       }
       atomic_store_explicit(&h->pend_done, i + 1, memory_order_release);
     }
+    /* every old cell is retired: a sequence that loads one gives up */
+    tally__cpu_unfence(s);
     __int128 total = 0;
     for (uint32_t i = 0; i < from_n; i++) total += atomic_load(&s->journal[i]);
     if (to_dropped && atomic_load(&h->pend_cond) &&

@@ -60,6 +60,7 @@
  * the add is undone. */
 #define TALLY__SENTINEL   (-(INT64_C(3) << 61))
 #define TALLY__FAST_DELTA (INT64_C(1) << 32)
+#define TALLY__FAST_CPU   8 /* struct tally_counter.fast of a cpu counter */
 static inline bool tally__cell_live(int64_t v) {
   return (((uint64_t)v ^ ((uint64_t)v << 1)) >> 63) == 0;
 }
@@ -162,6 +163,10 @@ struct tally__header {
    * writes lock_owner beside its flock(), to see a holder that died */
   _Alignas(64) _Atomic uint64_t lock_owner; /* the holder's owner word, 0: free */
   _Atomic uint32_t lock_sleepers;           /* futex word: 1 if a waiter may sleep */
+  /* cpu policy (percpu.c): non-zero while a move of a cpu counter retires
+   * cells; every per-CPU sequence reads it, so it has a line of its own
+   * that only moves write (0 in files made before the policy) */
+  _Alignas(64) _Atomic uint64_t cpu_fence;
 };
 _Static_assert(sizeof(struct tally__header) <= TALLY__HEADER_BYTES, "the header fits");
 

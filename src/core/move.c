@@ -62,6 +62,9 @@ int tally_counter_reshard(tally_counter *c, uint32_t shards) {
   if (c->policy == TALLY_POLICY_SLOT)
     return tally__fail(TALLY_EPOLICY,
                        "counter '%s' has the slot policy: one shard per writer", c->name);
+  if (c->policy == TALLY_POLICY_CPU)
+    return tally__fail(TALLY_EPOLICY,
+                       "counter '%s' has the cpu policy: one shard per CPU", c->name);
   int rc = tally__counter_live(c);
   if (rc == 0) rc = tally__reshard(c->s, tally__crec(c), shards, false, &loc);
   if (rc == 0) tally__handle_set_loc(c, loc);

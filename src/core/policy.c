@@ -8,6 +8,7 @@
  * round_robin: a per-thread position that advances on every increment,
  *              starting at the thread's ticket so threads start apart.
  * key:         hash of the key, so the same key lands on the same shard.
+ * cpu:         the CPU's own shard, by a restartable sequence (percpu.c).
  *
  * The per-thread state is forgotten in a forked child (pthread_atfork), so
  * pre-forked workers (nginx) do not inherit their parent's shard.
@@ -25,6 +26,7 @@ static void forget_in_child(void) {
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 static void init(void) {
   pthread_atfork(NULL, NULL, forget_in_child);
+  tally__cpu_init();
 }
 void tally__policy_init(void) {
   pthread_once(&init_once, init);
@@ -49,8 +51,8 @@ uint32_t tally_key_shard(const void *key, size_t len, uint32_t n) {
   return n ? tally__key_shard(key, len, n) : 0;
 }
 
-static const char *const names[TALLY_POLICY_COUNT_] = {"thread", "random", "round_robin",
-                                                       "key",    "custom", "slot"};
+static const char *const names[TALLY_POLICY_COUNT_] = {
+    "thread", "random", "round_robin", "key", "custom", "slot", "cpu"};
 
 const char *tally_policy_name(int policy) {
   return policy >= 0 && policy < TALLY_POLICY_COUNT_ ? names[policy] : NULL;
