@@ -42,7 +42,7 @@ local SAFE = 2^53 - 1                    -- the largest count a double holds exa
 local SHARD_MIN = tointeger("-4611686018427387904")   -- -2^62
 local SHARD_MAX = tointeger("4611686018427387903")    -- 2^62 - 1
 local POLICIES = { thread = true, random = true, round_robin = true, key = true, slot = true,
-                   ["function"] = true }
+                   cpu = true, ["function"] = true }
 
 -- a[1] + ... + a[n] (minus b[1] + ... + b[n] when b is given), exactly,
 -- or nil when it is beyond a shard's range. The terms are within +-2^62,
@@ -227,7 +227,7 @@ local function check_counter(name, doc)
   end
   local policy = doc.policy
   if policy ~= nil and (type(policy) ~= "string" or not POLICIES[policy]) then
-    bad("policy must be thread, random, round_robin, key, slot or function, got "
+    bad("policy must be thread, random, round_robin, key, slot, cpu or function, got "
         .. jdescribe(policy))
   end
   local shards = doc.shards
@@ -286,6 +286,11 @@ local function check_counter(name, doc)
       bad("the counts of a slot counter add up beyond a shard's range (-2^62 to 2^62-1), "
           .. "and an import adds them all in its own shard")
     end
+  end
+  if policy == "cpu" and not shard_sum(counts, n) then
+    -- each shard is a CPU's (or resets'): an import adds them all at once
+    bad("the counts of a cpu counter add up beyond a shard's range (-2^62 to 2^62-1), "
+        .. "and an import adds them all at once")
   end
   return { name = name, shards = n, policy = policy, counts = counts }
 end
@@ -590,6 +595,8 @@ function whole(self, text, mode, progress)
     end
     local info = c:info()
     local slot = p.policy == "slot" or (info and info.policy == "slot")
+    -- a cpu counter's shards are its CPUs' and its resets': added as one
+    slot = slot or p.policy == "cpu" or (info and info.policy == "cpu")
     if slot then
       -- each shard of a slot counter is one writer's, journalled by it
       -- (src/core/batch.c): the importer adds the difference in its own

@@ -60,7 +60,7 @@ if not pcall(ffi.typeof, "struct tally_ffi_counter") then
       uintptr_t key;
       tally_counter *c;        /* NULL once closed */
       void *db, *prev, *next;
-      int32_t policy;          /* < 3: thread, random, round_robin */
+      int32_t policy;          /* < 3: thread, random, round_robin; 6: cpu */
       int hasfn;
       size_t slot1;            /* 1 + its name slot, 0: none */
     };
@@ -72,6 +72,7 @@ local int64_t, uint64_t = ffi.typeof("int64_t"), ffi.typeof("uint64_t")
 local EXACT = 2^53
 local INT64_LIMIT = uint64_t(2^63)
 local POLICY_KEY = 3
+local POLICY_CPU = 6                  -- tally_counter_incr runs its sequence
 
 -- Why the FFI path cannot be used here, or nil.
 local function unusable()
@@ -165,7 +166,7 @@ end
 local function plain(c)
   local h = cast(CPTR, c)
   local p = h.c
-  if p ~= nil and h.policy < POLICY_KEY then return p end
+  if p ~= nil and (h.policy < POLICY_KEY or h.policy == POLICY_CPU) then return p end
   return nil
 end
 

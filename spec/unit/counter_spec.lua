@@ -103,7 +103,7 @@ describe("tally.counter", function()
     end)
 
     it("raises on a bad policy", function()
-      local msg = "bad argument #2 to 'counter' (policy must be one of thread, random, round_robin, key, slot or a function, got %s)"
+      local msg = "bad argument #2 to 'counter' (policy must be one of thread, random, round_robin, key, slot, cpu or a function, got %s)"
       for _, case in ipairs({ { "x", "'x'" }, { "custom", "'custom'" }, { "Thread", "'Thread'" },
                               { 5, "5" }, { false, "false" }, { {}, "table" } }) do
         assert.equal(msg:format(case[2]), err(function() db:counter("a", { policy = case[1] }) end))

@@ -489,9 +489,9 @@ describe("tally.store", function()
       end)
 
       it("an unknown or mismatched policy", function()
-        refuses("import: counter 'b': policy must be thread, random, round_robin, key, slot or function, got 'fast'",
+        refuses("import: counter 'b': policy must be thread, random, round_robin, key, slot, cpu or function, got 'fast'",
                 with("b", '{"num_shards":1,"policy":"fast","shards":{"0":{"count":1}}}'))
-        refuses("import: counter 'b': policy must be thread, random, round_robin, key, slot or function, got 3",
+        refuses("import: counter 'b': policy must be thread, random, round_robin, key, slot, cpu or function, got 3",
                 with("b", '{"num_shards":1,"policy":3,"shards":{"0":{"count":1}}}'))
         refuses("import: counter 'z': policy is thread but the counter exists with policy random",
                 with("z", '{"num_shards":1,"policy":"thread","shards":{"0":{"count":1}}}'))

@@ -146,7 +146,7 @@ describe("tally.store", function()
     it("raises on bad options", function()
       assert.equal("bad argument #2 to 'family' (shards must be an integer from 1 to 1024 or \"auto\", got 0)",
                    err(function() db:family("a:*", { shards = 0 }) end))
-      assert.equal("bad argument #2 to 'family' (policy must be one of thread, random, round_robin, key, slot or a function, got 'x')",
+      assert.equal("bad argument #2 to 'family' (policy must be one of thread, random, round_robin, key, slot, cpu or a function, got 'x')",
                    err(function() db:family("a:*", { policy = "x" }) end))
       assert.equal("bad argument #2 to 'family' (unknown option 'every')",
                    err(function() db:family("a:*", { every = 10 }) end))

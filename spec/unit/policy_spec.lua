@@ -127,6 +127,66 @@ describe("tally policies", function()
     end)
   end)
 
+  describe("cpu", function()
+    -- shards: 1 for resets, P for the thread policy's path, P one per CPU
+    local function parts(s)
+      local p = (#s - 1) // 2
+      local fallback, percpu = 0, 0
+      for i = 2, p + 1 do fallback = fallback + s[i] end
+      for i = p + 2, #s do percpu = percpu + s[i] end
+      return fallback, percpu
+    end
+
+    it("says in info() whether its adds run as restartable sequences", function()
+      local c = db:counter("cpu", { policy = "cpu" })
+      local info = c:info()
+      assert.equal("cpu", info.policy)
+      assert.is_boolean(info.rseq)
+      local tunables = os.getenv("GLIBC_TUNABLES") or ""
+      if tunables:find("glibc.pthread.rseq=0", 1, true) then assert.is_false(info.rseq) end
+      assert.equal(1, info.shards % 2)
+      assert.is_true(info.shards >= 3)
+      assert.is_nil(info.auto)
+      for _ = 1, 1000 do c:incr() end
+      c:decr(10)
+      assert.equal(990, c:value())
+      local fallback, percpu = parts(c:shards())
+      -- the path info() names is the one the adds took
+      assert.same(info.rseq and { 0, 990 } or { 990, 0 }, { fallback, percpu })
+    end)
+
+    it("resets exactly and keeps counting", function()
+      local c = db:counter("cpu", { policy = "cpu" })
+      for _ = 1, 100 do c:incr(3) end
+      assert.equal(300, c:reset())
+      assert.equal(0, c:value())
+      c:incr(7)
+      db:incr("cpu", 2)
+      assert.equal(9, c:value())
+      assert.equal(9, c:reset())
+    end)
+
+    it("has the shard count of the machine, and no other", function()
+      local n = db:counter("cpu", { policy = "cpu" }):info().shards
+      assert.equal(n, db:counter("cpu2", { policy = "cpu", shards = "auto" }):info().shards)
+      assert.same({ nil, "the cpu policy has " .. n .. " shards here, not 16", "ESHARDS" },
+                  { db:counter("cpu3", { policy = "cpu", shards = 16 }) })
+    end)
+
+    it("refuses a reshard and keys", function()
+      local c = db:counter("cpu", { policy = "cpu" })
+      assert.same({ nil, "counter 'cpu' has the cpu policy: one shard per CPU", "EPOLICY" },
+                  { c:reshard(4) })
+    end)
+
+    it("applies to a family's counters", function()
+      db:family("pc:*", { policy = "cpu" })
+      db:incr("pc:1", 5)
+      assert.equal("cpu", db:counter("pc:1"):info().policy)
+      assert.equal(5, db:value("pc:1"))
+    end)
+  end)
+
   describe("function", function()
     it("is called with the shard count and the key, and picks the shard", function()
       local calls = {}

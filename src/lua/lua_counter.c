@@ -33,6 +33,7 @@ static const char *const tl_policy_names[] = {"thread", "random", "round_robin",
 const char *tl_policy_label(int32_t policy) {
   if (policy >= 0 && policy < TALLY_POLICY_CUSTOM) return tl_policy_names[policy];
   if (policy == TALLY_POLICY_SLOT) return "slot";
+  if (policy == TALLY_POLICY_CPU) return "cpu";
   return policy == TALLY_POLICY_CUSTOM ? "function" : "?";
 }
 
@@ -57,10 +58,11 @@ static int32_t tl_checkpolicy(lua_State *L, int vidx, int arg) {
     for (i = 0; tl_policy_names[i] != NULL; i++)
       if (strcmp(s, tl_policy_names[i]) == 0) return i;
     if (strcmp(s, "slot") == 0) return TALLY_POLICY_SLOT;
+    if (strcmp(s, "cpu") == 0) return TALLY_POLICY_CPU;
   }
   tl_argerror(
       L, arg,
-      "policy must be one of thread, random, round_robin, key, slot or a function, "
+      "policy must be one of thread, random, round_robin, key, slot, cpu or a function, "
       "got %s",
       tl_describe(L, vidx, TL_BOOL_VALUE));
   return -1;
@@ -97,7 +99,7 @@ void tl_checkcounteropts(lua_State *L, int arg, tally_counter_options *o, int *c
   lua_getfield(L, arg, "policy");
   if (!lua_isnil(L, -1)) o->policy = tl_checkpolicy(L, lua_gettop(L), arg);
   if (o->shards == TALLY_SHARDS_AUTO && o->policy >= TALLY_POLICY_KEY &&
-      o->policy != TALLY_POLICY_SLOT)
+      o->policy != TALLY_POLICY_SLOT && o->policy != TALLY_POLICY_CPU)
     luaL_argerror(L, arg,
                   "shards = \"auto\" needs a policy that picks the shard itself "
                   "(thread, random or round_robin)");
@@ -377,6 +379,10 @@ static int tl_counter_info(lua_State *L) {
   lua_setfield(L, -2, "shards");
   lua_pushstring(L, tl_policy_label(info.policy));
   lua_setfield(L, -2, "policy");
+  if (info.policy == TALLY_POLICY_CPU) { /* which path this thread's adds take */
+    lua_pushboolean(L, info.rseq);
+    lua_setfield(L, -2, "rseq");
+  }
   /* all 64 bits, which no Lua number holds under LuaJIT: as hex text */
   snprintf(inc, sizeof inc, "%016llx", (unsigned long long)info.incarnation);
   lua_pushstring(L, inc);
