@@ -7,6 +7,7 @@
 -- "RESULT key ns_per_op" lines, each the median of REPS runs. PATH is "ffi"
 -- or "classic" (run it again with TALLY_NO_FFI=1 for the classic rows):
 --   lj.PATH.incr      c:incr()           16-shard thread-policy counter
+--   lj.PATH.incr_cpu  c:incr()           a cpu-policy counter
 --   lj.PATH.db_incr   db:incr(name, 1)   lookup by name each time
 --   lj.PATH.value     c:value()          the sum of 16 shards
 --   lj.PATH.db_value  db:value(name)
@@ -43,6 +44,7 @@ end
 
 local db = assert(tally.open())
 local c = db:counter("bench", { shards = 16, policy = "thread" })
+local ccpu = db:counter("bench_cpu", { policy = "cpu" })
 local name = "bench"
 
 -- f(n) runs the operation n times. Calibrate n to ~secs, then time reps runs.
@@ -78,6 +80,7 @@ local ops = {
   { "lj." .. path .. ".observe", function(n)
       local h_, vs = h, vals for i = 1, n do h_:observe(vs[band(i, 1023) + 1]) end end },
   { "lj." .. path .. ".incr", function(n) local c_ = c for _ = 1, n do c_:incr() end end },
+  { "lj." .. path .. ".incr_cpu", function(n) local c_ = ccpu for _ = 1, n do c_:incr() end end },
   { "lj." .. path .. ".db_incr", function(n) local db_, nm = db, name for _ = 1, n do db_:incr(nm, 1) end end },
   { "lj." .. path .. ".value", function(n)
       local c_, s = c, 0 for _ = 1, n do s = s + c_:value() end sink = sink + s end },

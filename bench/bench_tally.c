@@ -128,10 +128,12 @@ enum {
   IMPL_MUTEX,
   IMPL_IDEAL,
   IMPL_IDEAL_CALL,
+  IMPL_CPU,        /* tally incr, `cpu` policy */
+  IMPL_PLAIN_CALL, /* a plain (not atomic) add to a private cell, behind a call */
   IMPL_N
 };
-static const char *impl_names[] = {"thread", "random", "atomic",
-                                   "mutex",  "ideal",  "ideal_call"};
+static const char *impl_names[] = {"thread", "random",     "atomic", "mutex",
+                                   "ideal",  "ideal_call", "cpu",    "plain_call"};
 
 typedef struct {
   _Alignas(64) _Atomic int64_t v;
@@ -144,6 +146,9 @@ static struct {
   _Alignas(64) pthread_mutex_t mu;
   int64_t mu_val;
   padded cells[MAX_THREADS];
+  struct {
+    _Alignas(64) int64_t v;
+  } plain[MAX_THREADS];
   _Alignas(64) atomic_int go;
   _Alignas(64) atomic_int stop;
 } B;
@@ -163,6 +168,15 @@ __attribute__((noinline)) static int ideal_incr(padded *cells, int64_t delta) {
   return 0;
 }
 
+/* The floor for the cpu policy: a plain add to the thread's own cell,
+ * behind the same call shape (a function the compiler cannot inline,
+ * which cannot keep the cell in a register across calls). */
+__attribute__((noinline)) static int plain_incr(int64_t delta) {
+  B.plain[ideal_slot].v += delta;
+  __asm__ volatile("" ::: "memory");
+  return 0;
+}
+
 #define LOOP(body)                                                                       \
   while (!atomic_load_explicit(&B.stop, memory_order_relaxed)) {                         \
     for (int k_ = 0; k_ < 256; k_++) {                                                   \
@@ -177,7 +191,12 @@ static void *worker_main(void *arg) {
   while (!atomic_load_explicit(&B.go, memory_order_acquire)) {}
   switch (w->impl) {
   case IMPL_THREAD:
+  case IMPL_CPU:
   case IMPL_RANDOM: LOOP(if (tally_counter_incr(B.c, 1) != 0) abort()); break;
+  case IMPL_PLAIN_CALL:
+    ideal_slot = w->id;
+    LOOP(if (plain_incr(1) != 0) abort());
+    break;
   case IMPL_ATOMIC:
     LOOP(atomic_fetch_add_explicit(&B.shared, 1, memory_order_relaxed));
     break;
@@ -230,9 +249,11 @@ static double timed_run(void *(*fn)(void *), int impl, int nthreads, double secs
 static double run_incr(tally_store *s, int impl, int nthreads, double secs) {
   int rc;
   B.c = NULL;
-  if (impl == IMPL_THREAD || impl == IMPL_RANDOM) {
-    tally_counter_options o = {16, impl == IMPL_THREAD ? TALLY_POLICY_THREAD
-                                                       : TALLY_POLICY_RANDOM};
+  if (impl == IMPL_THREAD || impl == IMPL_RANDOM || impl == IMPL_CPU) {
+    tally_counter_options o = {impl == IMPL_CPU ? 0 : 16,
+                               impl == IMPL_THREAD   ? TALLY_POLICY_THREAD
+                               : impl == IMPL_RANDOM ? TALLY_POLICY_RANDOM
+                                                     : TALLY_POLICY_CPU};
     const char *name = impl_names[impl];
     if ((rc = tally_counter_open(s, name, strlen(name), &o, TALLY_COUNTER_CREATE, &B.c)))
       die("counter", rc);
@@ -262,6 +283,13 @@ static int cmd_incr(double secs, int reps, int nthreads) {
       printf("RESULT incr.%s.%dt %.0f\n", impl_names[impl], t, median(v, reps));
       fflush(stdout);
     }
+  tally_counter *c = NULL; /* did the cpu rows run their sequence? */
+  tally_counter_info info = {0};
+  tally_counter_options o = {0, TALLY_POLICY_CPU};
+  if (tally_counter_open(s, "cpu", 3, &o, TALLY_COUNTER_CREATE, &c) == 0 &&
+      tally_counter_info_get(c, &info) == 0)
+    printf("RESULT incr.cpu.rseq %d\n", info.rseq);
+  tally_counter_close(c);
   tally_store_close(s);
   return 0;
 }
