@@ -10,6 +10,7 @@
  * policy's path) and under taskset -c 0; the test asks glibc whether rseq
  * is registered, and checks that c:info says the same.
  */
+#include <dlfcn.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -412,6 +413,53 @@ static void test_drop_race(tally_store *s, int rounds) {
   EXPECT_OK(tally_store_check(s));
 }
 
+/* ---- 6: the library unloaded after a sequence ran ------------------------ */
+
+/* A child dlopens the shared library, increments a cpu counter through
+ * it, closes everything and dlcloses it, then sleeps so that it is
+ * preempted: its rseq area still names the sequence's descriptor, which
+ * the kernel reads then. The library is NODELETE, so that is no SIGSEGV. */
+static void test_unload(void) {
+#ifdef TALLY_SHARED_LIB
+  pid_t pid = fork();
+  if (pid == 0) {
+    void *h = dlopen(TALLY_SHARED_LIB, RTLD_NOW | RTLD_LOCAL);
+    if (!h) _exit(10);
+    int (*so)(const char *, const tally_open_options *, tally_store **) =
+        (int (*)(const char *, const tally_open_options *, tally_store **))dlsym(
+            h, "tally_store_open");
+    int (*co)(tally_store *, const char *, size_t, const tally_counter_options *,
+              uint32_t, tally_counter **) =
+        (int (*)(tally_store *, const char *, size_t, const tally_counter_options *,
+                 uint32_t, tally_counter **))dlsym(h, "tally_counter_open");
+    int (*inc)(tally_counter *, int64_t) =
+        (int (*)(tally_counter *, int64_t))dlsym(h, "tally_counter_incr");
+    void (*cc)(tally_counter *) =
+        (void (*)(tally_counter *))dlsym(h, "tally_counter_close");
+    void (*sc)(tally_store *) = (void (*)(tally_store *))dlsym(h, "tally_store_close");
+    if (!so || !co || !inc || !cc || !sc) _exit(11);
+    tally_store *us = NULL;
+    tally_counter *c = NULL;
+    tally_counter_options o = {0, TALLY_POLICY_CPU};
+    if (so(g_spec, NULL, &us) || co(us, "unload", 6, &o, TALLY_COUNTER_CREATE, &c))
+      _exit(12);
+    for (int i = 0; i < 1000; i++)
+      if (inc(c, 1)) _exit(13);
+    cc(c);
+    sc(us);
+    dlclose(h);
+    for (int i = 0; i < 200; i++) usleep(1000); /* switched out, many times */
+    _exit(0);
+  }
+  int st = 0;
+  waitpid(pid, &st, 0);
+  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+    TU_FAIL("a process that dlclosed the library after a cpu increment: %s %d",
+            WIFSIGNALED(st) ? "signal" : "exit",
+            WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
+#endif
+}
+
 int main(void) {
   tally_store *s = NULL;
   char dir[1024];
@@ -437,6 +485,7 @@ int main(void) {
   test_procs_exact(s);
   test_procs_kill(s);
   test_drop_race(s, 100);
+  test_unload();
   EXPECT_OK(tally_store_check(s));
   tally_store_close(s);
   tu_rmrf(dir);
