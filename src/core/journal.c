@@ -115,6 +115,10 @@ static int finish(tally_store *s) {
      * fenced every CPU, and the fence stayed up since. */
     if (r->policy == TALLY_POLICY_CPU) {
       if (atomic_load(&h->pend_done) == 0 && (rc = tally__cpu_fence(s, from_n))) {
+        /* a mover that died here may have retired cell 0 before it
+         * recorded pend_done = 1: give it back (shard 0 takes only what
+         * resets move, under the lock, so no sequence writes it) */
+        restore(s, tally__cell_at(s, from, 0), 0);
         atomic_store_explicit(&h->pend_rec, 0, memory_order_release);
         return rc;
       }
