@@ -216,11 +216,16 @@ static inline uint32_t tally__cpu_fallback_shard(tally_store *s, uint64_t store_
   return 1 + tally__pick_shard(s, store_id, TALLY_POLICY_THREAD, (n - 1) / 2);
 }
 /* Raise the store's cpu fence and wait until no per-CPU sequence that
- * began before it can still commit (each CPU passed); caller holds the
- * lock. TALLY_EBUSY (the fence down again) if a CPU with a per-CPU shard
- * is online and this thread may not run there (a cpuset). */
+ * began before it can still commit (each CPU a sequence ran on passed);
+ * caller holds the lock. A CPU this thread may not run on (a cpuset) is
+ * passed over when it is offline, or when no other process has the store
+ * open (no thread of this process runs there either); else TALLY_EBUSY,
+ * the fence down again. */
 int tally__cpu_fence(tally_store *s, uint32_t nshards);
 void tally__cpu_unfence(tally_store *s);
+/* The slow path's note that this thread's CPU runs sequences for s (its
+ * bit in cpu_seen), so that the next increment on it may take one. */
+void tally__cpu_seen(tally_store *s, uint32_t p);
 int tally__cpu_reset(tally_counter *c, int64_t *removed); /* under the lock */
 bool tally__cpu_rseq_here(void); /* this thread's sequences can run */
 void tally__cpu_init(void);      /* once per process (policy.c) */

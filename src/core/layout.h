@@ -39,6 +39,7 @@
 #define TALLY__FORMAT_SMALL16 8u /* up to it, records come in 16-byte units */
 #define TALLY__BYTE_ORDER     0x01020304u
 #define TALLY__HEADER_BYTES   4096u
+#define TALLY__CPU_WORDS      ((TALLY_MAX_SHARDS / 2 + 63) / 64) /* cpu_seen */
 #define TALLY__CLASS_OFF      4096u
 #define TALLY__JOURNAL_OFF    (TALLY__CLASS_OFF + TALLY_MAX_SHARDS * 16u)
 #define TALLY__ARENA_OFF      (TALLY__JOURNAL_OFF + TALLY_MAX_SHARDS * 8u)
@@ -167,6 +168,11 @@ struct tally__header {
    * cells; every per-CPU sequence reads it, so it has a line of its own
    * that only moves write (0 in files made before the policy) */
   _Alignas(64) _Atomic uint64_t cpu_fence;
+  /* ... and the CPUs sequences have run on, a bit each (set by the first
+   * increment on a CPU, which gives up; never by a sequence): a move
+   * fences these CPUs only, so a store used within a cpuset moves its
+   * counters (0 in files made before: a move then sets nothing to pass) */
+  _Atomic uint64_t cpu_seen[TALLY__CPU_WORDS];
 };
 _Static_assert(sizeof(struct tally__header) <= TALLY__HEADER_BYTES, "the header fits");
 

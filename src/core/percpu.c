@@ -45,15 +45,31 @@ uint32_t tally_cpu_shards(void) {
   return 2 * (uint32_t)p + 1;
 }
 
-bool tally__cpu_rseq_here(void) {
+/* This thread's CPU as its rseq area says, or a value >= 2^32 - 2 where
+ * it has none (-1: not registered, -2: registration failed). */
+static uint32_t rseq_cpu(void) {
 #if TALLY__RSEQ
   uint32_t cpu;
-  if (!tally__rseq_on) return false;
+  if (!tally__rseq_on) return UINT32_MAX;
   __asm__ volatile("movl %%fs:4(%1), %0" : "=r"(cpu) : "r"(__rseq_offset));
-  return cpu < (uint32_t)RSEQ_CPU_ID_REGISTRATION_FAILED - 1; /* -1, -2: none */
+  return cpu;
 #else
-  return false;
+  return UINT32_MAX;
 #endif
+}
+
+bool tally__cpu_rseq_here(void) {
+  return rseq_cpu() < UINT32_MAX - 1;
+}
+
+void tally__cpu_seen(tally_store *s, uint32_t p) {
+  uint32_t cpu = rseq_cpu();
+  if (cpu >= p) return;
+  _Atomic uint64_t *w = &s->hdr->cpu_seen[cpu / 64];
+  uint64_t bit = UINT64_C(1) << (cpu % 64);
+  /* seq_cst, a full barrier: a mover that raised the fence before this
+   * and read the bits without it, is seen up by the next sequence here */
+  if (!(atomic_load_explicit(w, memory_order_relaxed) & bit)) atomic_fetch_or(w, bit);
 }
 
 /* ---- the fence ---------------------------------------------------------- */
@@ -76,10 +92,14 @@ static bool online(uint32_t cpu) {
   return false;
 }
 
-/* Run on each of CPUs 0..p-1 once. A CPU this thread may not run on is
- * skipped if it is offline (no sequence runs there; one that did was
- * migrated, hence aborted), else TALLY_EBUSY. The affinity is restored. */
-static int pass(uint32_t p) {
+/* Run once on each of CPUs 0..p-1 that sequences ran on (cpu_seen, read
+ * after the fence went up). A CPU this thread may not run on is passed
+ * over if it is offline (no sequence runs there; one that did was
+ * migrated, hence aborted) or if no other process has the store open
+ * (this process's threads cannot run there either: the cpuset is the
+ * process's; its bit is cleared, and a sequence there would set it
+ * again first), else TALLY_EBUSY. The affinity is restored. */
+static int pass(tally_store *s, uint32_t p) {
   int n = get_nprocs_conf();
   size_t cpus = (size_t)(n > (int)p ? n : (int)p) + 1024; /* room for any mask */
   size_t size = CPU_ALLOC_SIZE(cpus);
@@ -94,14 +114,23 @@ static int pass(uint32_t p) {
     goto out;
   }
   for (uint32_t cpu = 0; cpu < p && rc == 0; cpu++) {
+    _Atomic uint64_t *w = &s->hdr->cpu_seen[cpu / 64];
+    uint64_t bit = UINT64_C(1) << (cpu % 64);
+    int64_t other = 0;
+    if (!(atomic_load(w) & bit)) continue; /* no sequence ran there */
     CPU_ZERO_S(size, one);
     CPU_SET_S(cpu, size, one);
     if (sched_setaffinity(0, size, one) != 0) {
       if (errno == EINVAL && !online(cpu)) continue;
+      if (errno == EINVAL && tally__grace_others(s, &other) == 0) {
+        atomic_fetch_and(w, ~bit);
+        continue;
+      }
       rc = tally__fail(TALLY_EBUSY,
-                       "cannot run on CPU %u to fence the cpu policy's cells "
-                       "(a cpuset?): the move is refused",
-                       cpu);
+                       "cannot run on CPU %u to fence the cpu policy's cells, "
+                       "and process %lld has the store open (another cpuset?): "
+                       "the move is refused",
+                       cpu, (long long)other);
       break;
     }
     /* the kernel migrates the caller before sched_setaffinity returns;
@@ -124,7 +153,7 @@ out:
 int tally__cpu_fence(tally_store *s, uint32_t nshards) {
   /* seq_cst: the store is visible before this thread leaves its CPU */
   atomic_store(&s->hdr->cpu_fence, 1);
-  int rc = pass((nshards - 1) / 2);
+  int rc = pass(s, (nshards - 1) / 2);
   if (rc) tally__cpu_unfence(s);
   return rc;
 }

@@ -8,10 +8,12 @@
  * migrated or signalled before the store, so no other writer (of any
  * process: one thread runs on a CPU at a time) can come between the load
  * and the store. The sequence gives up (the thread policy's path, shards
- * 1..P, then does the add) where the CPU has no shard, the store's
- * cpu_fence is up (a mover is at work, journal.c), or the cell or its new
- * value is out of the live range (retired by a move, or about to leave
- * it). The argument is in docs/design.md.
+ * 1..P, then does the add) where the CPU has no shard or its bit in the
+ * store's cpu_seen is clear (the first increment on a CPU sets it, so
+ * that a mover knows to pass that CPU), the store's cpu_fence is up (a
+ * mover is at work, journal.c), or the cell or its new value is out of
+ * the live range (retired by a move, or about to leave it). The argument
+ * is in docs/design.md.
  *
  * Only x86-64 Linux with glibc's <sys/rseq.h> has the sequence; elsewhere,
  * and under ThreadSanitizer (which cannot see into the asm), the cpu
@@ -74,8 +76,9 @@ static inline int tally__cpu_try(tally_counter *c, int64_t delta) {
   uint64_t loc = atomic_load_explicit(&c->loc, memory_order_acquire);
   uint32_t p = (tally__loc_shards(loc) - 1) / 2; /* 0 for the tombstone: gives up */
   unsigned char *row = (unsigned char *)tally__cell_in(c->base, loc, 1 + p);
-  const uint64_t *fence =
-      (const uint64_t *)&((struct tally__header *)(void *)c->base)->cpu_fence;
+  struct tally__header *h = (struct tally__header *)(void *)c->base;
+  const uint64_t *fence = (const uint64_t *)&h->cpu_fence;
+  const uint64_t *seen = (const uint64_t *)h->cpu_seen;
   /* The descriptor (struct rseq_cs: version, flags, start, length of the
    * section up to the commit, abort address) and the abort handler, after
    * the signature the kernel checks, are in sections of their own. The
@@ -100,6 +103,11 @@ static inline int tally__cpu_try(tally_counter *c, int64_t delta) {
                     "movl %%fs:4(%[abi]), %%eax\n\t" /* rseq->cpu_id */
                     "cmpl %[p], %%eax\n\t"           /* no shard, or not registered */
                     "jae %l[give_up]\n\t"
+                    "movl %%eax, %%edx\n\t" /* cpu_seen's bit of this CPU */
+                    "shrl $6, %%edx\n\t"
+                    "movq (%[seen], %%rdx, 8), %%rdx\n\t"
+                    "btq %%rax, %%rdx\n\t"
+                    "jnc %l[give_up]\n\t"
                     "cmpq $0, %[fence]\n\t"
                     "jne %l[give_up]\n\t"
                     "imulq $" TALLY__STR(
@@ -115,12 +123,13 @@ static inline int tally__cpu_try(tally_counter *c, int64_t delta) {
                                               "movq %%rcx, (%[row], %%rax)\n\t" /* the commit */
                                               "2:\n\t"
       :
-      : [abi] "r"(__rseq_offset), [p] "r"(p), [fence] "m"(*fence), [row] "r"(row),
-        [delta] "r"(delta)TALLY__RSEQ_SPIN_ARG
+      : [abi] "r"(__rseq_offset), [p] "r"(p), [fence] "m"(*fence), [seen] "r"(seen),
+        [row] "r"(row), [delta] "r"(delta)TALLY__RSEQ_SPIN_ARG
       : "rax", "rcx", "rdx", "memory", "cc"
       : give_up);
   return 0;
 give_up:
+  tally__cpu_seen(c->s, p); /* a first sequence on this CPU gives up */
   return 1;
 #else
   (void)c, (void)delta;
