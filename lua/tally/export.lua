@@ -44,7 +44,7 @@ local SHARD_MAX = tointeger("4611686018427387903")    -- 2^62 - 1
 local POLICIES = { thread = true, random = true, round_robin = true, key = true, slot = true,
                    cpu = true, ["function"] = true }
 
--- a[1] + ... + a[n] (minus b[1] + ... + b[n] when b is given), exactly,
+-- a[1] + ... + a[n] (minus b[1] + ... + b[#b] when b is given), exactly,
 -- or nil when it is beyond a shard's range. The terms are within +-2^62,
 -- so a sum in doubles is within 2^16 of the true one: past the range by
 -- more, it is; else the true sum fits int64, and adding with wrap-around
@@ -52,9 +52,12 @@ local POLICIES = { thread = true, random = true, round_robin = true, key = true,
 local function shard_sum(a, n, b)
   local approx, exact = 0, 0
   for i = 1, n do
-    approx = approx + compat.tofloat(a[i]) - (b and compat.tofloat(b[i]) or 0)
+    approx = approx + compat.tofloat(a[i])
     exact = add(exact, a[i])
-    if b then exact = sub(exact, b[i]) end
+  end
+  for i = 1, b and #b or 0 do
+    approx = approx - compat.tofloat(b[i])
+    exact = sub(exact, b[i])
   end
   if approx > 2^62 + 2^20 or approx < -2^62 - 2^20 then return nil end
   if exact < SHARD_MIN or exact > SHARD_MAX then return nil end
@@ -520,7 +523,10 @@ function whole(self, text, mode, progress)
       local info, imsg, icode = c:info()
       if not info then return nil, imsg, icode end
       if info.overflow then return nil, capped(name), "EFULL" end   -- a handle db:counter cached
-      if info.shards ~= p.shards then
+      -- a cpu counter has a shard per CPU of the machine that made it:
+      -- another machine's is taken whole, whatever its CPUs (below)
+      local cpu = p.policy == "cpu" and info.policy == "cpu"
+      if info.shards ~= p.shards and not cpu then
         raise(fmt("counter '%s': num_shards is %d but the counter exists with %d shards",
                   printable(name), p.shards, info.shards))
       end
@@ -528,7 +534,7 @@ function whole(self, text, mode, progress)
         raise(fmt("counter '%s': policy is %s but the counter exists with policy %s",
                   printable(name), p.policy, info.policy))
       end
-      if mode == "add" then
+      if mode == "add" and not cpu then
         local now, smsg, scode = c:shards()
         if not now then return nil, smsg, scode end
         for s = 1, p.shards do
@@ -540,7 +546,7 @@ function whole(self, text, mode, progress)
           end
         end
       end
-      p.c = c
+      p.c, p.here = c, info.shards
     elseif p.policy == "function" then
       raise(fmt("counter '%s': policy function cannot be created by an import: create the "
                 .. "counter first with db:counter(name, { shards = %d, policy = fn })",
@@ -557,8 +563,8 @@ function whole(self, text, mode, progress)
   for i, p in ipairs(plan) do
     step("create", i, #plan)
     if not p.c then
-      local cok, c, msg, code = pcall(self.counter, self, p.name,
-                                      { shards = p.shards, policy = p.policy })
+      local cok, c, msg, code = pcall(self.counter, self, p.name, {
+        shards = p.policy ~= "cpu" and p.shards or nil, policy = p.policy })  -- cpu: this machine's
       if not cok or not c then
         undo(self, { {}, {}, {} }, created)
         if not cok then error(c, 0) end
@@ -570,7 +576,7 @@ function whole(self, text, mode, progress)
         return nil, capped(p.name), "EFULL"
       end
       created[#created + 1] = p.name
-      p.c = c
+      p.c, p.here = c, info and info.shards
     end
   end
 
@@ -585,7 +591,7 @@ function whole(self, text, mode, progress)
     step("apply", i, #plan)
     local c = p.c
     local now, msg, code = c:shards()
-    if now and #now ~= p.shards then
+    if now and #now ~= (p.here or p.shards) then
       now, msg, code = nil, fmt("counter '%s' was resharded to %d shards during the import",
                                 printable(p.name), #now), "EMISMATCH"
     end

@@ -185,6 +185,33 @@ describe("tally policies", function()
                   { c:reshard(4) })
     end)
 
+    -- an export from a machine of 1 CPU (3 shards) or 4 (9 shards)
+    local function doc(name, counts)
+      local shards = {}
+      for i, v in ipairs(counts) do shards[i] = ('"%d":{"count":%d}'):format(i - 1, v) end
+      return ('{"counters":{"%s":{"num_shards":%d,"policy":"cpu","shards":{%s}}}}\n')
+             :format(name, #counts, table.concat(shards, ","))
+    end
+
+    it("imports another machine's counters whole, whatever its CPUs", function()
+      local n = db:counter("cpu", { policy = "cpu" }):info().shards
+      for _, counts in ipairs({ { -5, 2, 10 }, { 0, 1, 2, 3, 4, 5, 6, 7, 8 } }) do
+        local want = 0
+        for _, v in ipairs(counts) do want = want + v end
+        local text = doc("m" .. #counts, counts)
+        assert.equal(1, db:import(text))                       -- created with n shards
+        local c = db:counter("m" .. #counts)
+        assert.same({ n, "cpu", want }, { c:info().shards, c:info().policy, c:value() })
+        c:incr(4)
+        assert.equal(1, db:import(text))                       -- replace: the value again
+        assert.equal(want, c:value())
+        assert.equal(1, db:import(text, { mode = "add" }))
+        assert.equal(2 * want, c:value())
+        local back = db:export("m" .. #counts)                 -- and out again, with n
+        assert.matches('"num_shards":' .. n .. ',"policy":"cpu"', back, 1, true)
+      end
+    end)
+
     it("applies to a family's counters", function()
       db:family("pc:*", { policy = "cpu" })
       db:incr("pc:1", 5)
