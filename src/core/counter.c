@@ -452,10 +452,17 @@ __attribute__((noinline)) static int incr_slow(tally_counter *c, int64_t delta) 
   return add(c, PICK_POLICY, NULL, 0, 0, delta);
 }
 
-/* The cpu policy: its sequence (percpu.h), else the thread policy's path. */
+/* The cpu policy: its sequence (percpu.h), else the thread policy's path,
+ * where a CPU new to the store is noted first (out of line: no call on
+ * the sequence's path, which would save registers before it). */
+__attribute__((noinline)) static int cpu_slow(tally_counter *c, int64_t delta) {
+  tally__cpu_seen(c);
+  return incr_slow(c, delta);
+}
+
 __attribute__((noinline)) static int cpu_incr(tally_counter *c, int64_t delta) {
   if (__builtin_expect(tally__cpu_try(c, delta) == 0, 1)) return 0;
-  return incr_slow(c, delta);
+  return cpu_slow(c, delta);
 }
 
 int tally_counter_incr(tally_counter *c, int64_t delta) {

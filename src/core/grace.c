@@ -516,6 +516,27 @@ int tally__grace_others(tally_store *s, int64_t *pid) {
   return 0;
 }
 
+int tally__grace_pids(tally_store *s, int64_t *pids, int cap) {
+  struct tally__proc *t = procs(s);
+  if (!t)
+    return tally__fail(TALLY_ECORRUPT, "%s: tally store is corrupt (process table)",
+                       tally__store_name(s));
+  int64_t now_ms = tally_monotonic_ms();
+  int n = 0;
+  for (uint32_t i = 0; i < TALLY__PROCS; i++) {
+    uint64_t o = atomic_load(&t[i].owner);
+    if (!o || !slot_alive(o, now_ms)) continue;
+    if (!(o & 1)) return cap + 1; /* a child about to take its slot: unknown */
+    int64_t pid = (int64_t)(o >> 32);
+    int seen = 0;
+    for (int j = 0; j < n && !seen; j++) seen = pids[j] == pid;
+    if (seen) continue;
+    if (n == cap) return cap + 1;
+    pids[n++] = pid;
+  }
+  return n;
+}
+
 /* Processes holding reuse back, for tally info. */
 int tally_store_grace(tally_store *s, tally_grace_info *out) {
   if (!s || !out) return tally__fail(TALLY_EINVAL, "tally_store_grace: NULL argument");

@@ -218,14 +218,13 @@ static inline uint32_t tally__cpu_fallback_shard(tally_store *s, uint64_t store_
 /* Raise the store's cpu fence and wait until no per-CPU sequence that
  * began before it can still commit (each CPU a sequence ran on passed);
  * caller holds the lock. A CPU this thread may not run on (a cpuset) is
- * passed over when it is offline, or when no other process has the store
- * open (no thread of this process runs there either); else TALLY_EBUSY,
- * the fence down again. */
+ * passed over when it is offline, or when no thread of a process that has
+ * the store open may run there; else TALLY_EBUSY, the fence down again. */
 int tally__cpu_fence(tally_store *s, uint32_t nshards);
 void tally__cpu_unfence(tally_store *s);
-/* The slow path's note that this thread's CPU runs sequences for s (its
- * bit in cpu_seen), so that the next increment on it may take one. */
-void tally__cpu_seen(tally_store *s, uint32_t p);
+/* The slow path's note that this thread's CPU runs sequences of c's store
+ * (its bit in cpu_seen), so that the next increment on it may take one. */
+void tally__cpu_seen(tally_counter *c);
 int tally__cpu_reset(tally_counter *c, int64_t *removed); /* under the lock */
 bool tally__cpu_rseq_here(void); /* this thread's sequences can run */
 void tally__cpu_init(void);      /* once per process (policy.c) */
@@ -410,6 +409,10 @@ uint64_t tally__tombstone_loc(void); /* a one-shard loc at hdr->tombstone */
  * (another handle of this process too) has the store open, else 0; the
  * slots of dead (and zombie) processes are freed on the way. */
 int tally__grace_others(tally_store *s, int64_t *pid);
+/* The pids of the live processes in the table (this one too), each once,
+ * up to cap: their count; cap + 1 when there are more, or a forked child
+ * has not taken its slot yet (its pid unknown); or a negative code. */
+int tally__grace_pids(tally_store *s, int64_t *pids, int cap);
 
 /* ---- journal.c ---- */
 /* Record and make the move of rec_off's counter to location `to` (new

@@ -165,8 +165,9 @@ struct tally__header {
   _Alignas(64) _Atomic uint64_t lock_owner; /* the holder's owner word, 0: free */
   _Atomic uint32_t lock_sleepers;           /* futex word: 1 if a waiter may sleep */
   /* cpu policy (percpu.c): non-zero while a move of a cpu counter retires
-   * cells; every per-CPU sequence reads it, so it has a line of its own
-   * that only moves write (0 in files made before the policy) */
+   * cells; every per-CPU sequence reads it, so it has a line of its own,
+   * shared with cpu_seen (set once per CPU), that moves write (0 in files
+   * made before the policy) */
   _Alignas(64) _Atomic uint64_t cpu_fence;
   /* ... and the CPUs sequences have run on, a bit each (set by the first
    * increment on a CPU, which gives up; never by a sequence): a move

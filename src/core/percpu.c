@@ -21,6 +21,7 @@
  */
 #include "percpu.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <sched.h>
 #include <stdio.h>
@@ -62,10 +63,11 @@ bool tally__cpu_rseq_here(void) {
   return rseq_cpu() < UINT32_MAX - 1;
 }
 
-void tally__cpu_seen(tally_store *s, uint32_t p) {
+void tally__cpu_seen(tally_counter *c) {
   uint32_t cpu = rseq_cpu();
-  if (cpu >= p) return;
-  _Atomic uint64_t *w = &s->hdr->cpu_seen[cpu / 64];
+  uint64_t loc = atomic_load_explicit(&c->loc, memory_order_acquire);
+  if (cpu >= (tally__loc_shards(loc) - 1) / 2) return; /* no shard, or no rseq */
+  _Atomic uint64_t *w = &c->s->hdr->cpu_seen[cpu / 64];
   uint64_t bit = UINT64_C(1) << (cpu % 64);
   /* seq_cst, a full barrier: a mover that raised the fence before this
    * and read the bits without it, is seen up by the next sequence here */
@@ -92,13 +94,52 @@ static bool online(uint32_t cpu) {
   return false;
 }
 
+/* May a thread of a process that has the store open (this one too) run
+ * on cpu? Each thread's affinity (/proc/PID/task, sched_getaffinity; a
+ * cpuset bounds it), read after the fence went up: a thread that had a
+ * sequence under way on cpu had cpu in its mask, and one that gets cpu
+ * into its mask later starts its sequences after the fence. Yes when
+ * something cannot be read (a forked child without its slot yet, a
+ * hidden /proc): the caller then refuses. Processes share one pid
+ * namespace, as the process table assumes (grace.c). */
+static bool reachable(tally_store *s, uint32_t cpu, size_t size, cpu_set_t *mask,
+                      int64_t *who) {
+  int64_t pids[64];
+  int n = tally__grace_pids(s, pids, 64);
+  if (n < 0 || n > 64) return true;
+  for (int i = 0; i < n; i++) {
+    char dir[64];
+    snprintf(dir, sizeof dir, "/proc/%lld/task", (long long)pids[i]);
+    DIR *d = opendir(dir);
+    if (!d) {
+      if (errno == ENOENT) continue; /* gone since */
+      *who = pids[i];
+      return true;
+    }
+    bool yes = false;
+    for (struct dirent *e; !yes && (e = readdir(d)) != NULL;) {
+      if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+      pid_t tid = (pid_t)strtol(e->d_name, NULL, 10);
+      if (sched_getaffinity(tid, size, mask) != 0)
+        yes = errno != ESRCH; /* a thread gone since: nothing to fear */
+      else
+        yes = CPU_ISSET_S(cpu, size, mask);
+    }
+    closedir(d);
+    if (yes) {
+      *who = pids[i];
+      return true;
+    }
+  }
+  return false;
+}
+
 /* Run once on each of CPUs 0..p-1 that sequences ran on (cpu_seen, read
  * after the fence went up). A CPU this thread may not run on is passed
  * over if it is offline (no sequence runs there; one that did was
- * migrated, hence aborted) or if no other process has the store open
- * (this process's threads cannot run there either: the cpuset is the
- * process's; its bit is cleared, and a sequence there would set it
- * again first), else TALLY_EBUSY. The affinity is restored. */
+ * migrated, hence aborted) or unreachable to every process that has the
+ * store open (its bit is cleared: a sequence there would set it again
+ * first), else TALLY_EBUSY. The affinity is restored. */
 static int pass(tally_store *s, uint32_t p) {
   int n = get_nprocs_conf();
   size_t cpus = (size_t)(n > (int)p ? n : (int)p) + 1024; /* room for any mask */
@@ -116,21 +157,20 @@ static int pass(tally_store *s, uint32_t p) {
   for (uint32_t cpu = 0; cpu < p && rc == 0; cpu++) {
     _Atomic uint64_t *w = &s->hdr->cpu_seen[cpu / 64];
     uint64_t bit = UINT64_C(1) << (cpu % 64);
-    int64_t other = 0;
+    int64_t who = 0;
     if (!(atomic_load(w) & bit)) continue; /* no sequence ran there */
     CPU_ZERO_S(size, one);
     CPU_SET_S(cpu, size, one);
     if (sched_setaffinity(0, size, one) != 0) {
       if (errno == EINVAL && !online(cpu)) continue;
-      if (errno == EINVAL && tally__grace_others(s, &other) == 0) {
+      if (errno == EINVAL && !reachable(s, cpu, size, one, &who)) {
         atomic_fetch_and(w, ~bit);
         continue;
       }
       rc = tally__fail(TALLY_EBUSY,
-                       "cannot run on CPU %u to fence the cpu policy's cells, "
-                       "and process %lld has the store open (another cpuset?): "
-                       "the move is refused",
-                       cpu, (long long)other);
+                       "cannot run on CPU %u to fence the cpu policy's cells, where "
+                       "process %lld may run (another cpuset?): the move is refused",
+                       cpu, (long long)who);
       break;
     }
     /* the kernel migrates the caller before sched_setaffinity returns;

@@ -128,8 +128,7 @@ static inline int tally__cpu_try(tally_counter *c, int64_t delta) {
       : "rax", "rcx", "rdx", "memory", "cc"
       : give_up);
   return 0;
-give_up:
-  tally__cpu_seen(c->s, p); /* a first sequence on this CPU gives up */
+give_up: /* the caller's slow path notes a CPU new to the store */
   return 1;
 #else
   (void)c, (void)delta;
