@@ -26,6 +26,11 @@
 --   remote.delta(n, sign, fname)    an increment's amount (nil: 1) as an
 --                                   integer, negated when sign < 0; raises
 --                                   as method fname's caller's error
+--   remote.index_with(methods, native, kind)  a store class's __index:
+--                                   its methods, and for each other method
+--                                   of the file store's (native) one that
+--                                   raises "NAME is not supported by the
+--                                   KIND store"
 --   remote.backend(uri, role)       the module that serves uri as a store
 --                                   (role "store": nil for the C open) or
 --                                   a flush backend ("flush"): the scheme
@@ -419,6 +424,17 @@ function _M.classes(field, Store, Counter, StoreMT, CounterMT, apply)
     return fmt("tally.counter '%s' (%s)", self.nm, self.db.uri)
   end
   return live, cdb
+end
+
+function _M.index_with(methods, native, kind)
+  return function(_, k)
+    local m = methods[k]
+    if m then return m end
+    if type(k) == "string" and native[k] ~= nil and k:sub(1, 1) ~= "_" then
+      return function() error(k .. " is not supported by the " .. kind .. " store", 2) end
+    end
+    return nil
+  end
 end
 
 -- The scheme registry: each remote's store and flush backend, by URI.

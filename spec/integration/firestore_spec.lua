@@ -688,6 +688,18 @@ describe("db:flush_to('firestore://...')", function()
   end)
 end)
 
+describe("tally.open('firestore://...'), what it does not do", function()
+  it("raises a clear error for a method of the file store it lacks", function()
+    local db = assert(tally.open(emu.uri))
+    local c = assert(db:counter("u"))
+    for _, m in ipairs({ "top", "reshard", "rollup", "tick", "history", "snapshot", "flush_to" }) do
+      local obj = (m == "reshard" or m == "history") and c or db
+      assert.equal(m .. " is not supported by the firestore store", helper.err(obj[m], obj, 1))
+    end
+    db:close()
+  end)
+end)
+
 describe("db:flush_to('firestore://...'), a counter it cannot send", function()
   it("holds a delta beyond int64 and says so, never marking it shipped", function()
     local db = assert(tally.open("file:" .. helper.tmpfile()))

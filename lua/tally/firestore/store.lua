@@ -48,8 +48,8 @@ local DEFAULT_POLICY = "random"          -- the seeds' policy
 local FAMILIES = "tally_families"
 
 local Store, Counter = {}, {}
-local StoreMT = { __name = "tally.firestore_store", __index = Store }
-local CounterMT = { __name = "tally.firestore_counter", __index = Counter }
+local StoreMT = { __name = "tally.firestore_store" }
+local CounterMT = { __name = "tally.firestore_counter" }
 
 local function shard_write(cl, path, i, k)
   return { transform = { document = cl:name(path .. "/shards/" .. i),
@@ -320,6 +320,10 @@ end
 
 -- c:add_shard(i, n): add n to shard i (1-based), as db:import does
 function Counter:add_shard(i, n) return add_to(self, cdb(self), i, n) end
+
+-- anything else the file store offers raises
+StoreMT.__index = remote.index_with(Store, core.store_methods, "firestore")
+CounterMT.__index = remote.index_with(Counter, core.counter_methods, "firestore")
 
 _M.Store, _M.Counter = Store, Counter
 

@@ -75,10 +75,6 @@ _M.key_shard = remote.key_shard -- kept here too: it lived here first
 
 local get_ticket = remote.ticket -- for the thread and round_robin policies
 
-local function unsupported(what)
-  return function() error(what .. " is not supported by the redis store", 2) end
-end
-
 -- glob (`*` any run of bytes, `?` one byte) -> anchored Lua pattern
 -- A Redis failure as nil, msg, code: overflow is ERANGE, other error
 -- replies EREDIS, transport failures keep the binding's code.
@@ -391,19 +387,8 @@ Counter.skew = core.counter_methods.skew
 
 -- ---- metatables: anything else the file store offers raises --------------------
 
-local function index_with(methods, native)
-  return function(_, k)
-    local m = methods[k]
-    if m then return m end
-    if type(k) == "string" and native[k] ~= nil and k:sub(1, 1) ~= "_" then
-      return unsupported(k)
-    end
-    return nil
-  end
-end
-
-StoreMT.__index = index_with(Store, core.store_methods, "store")
-CounterMT.__index = index_with(Counter, core.counter_methods, "counter")
+StoreMT.__index = remote.index_with(Store, core.store_methods, "redis")
+CounterMT.__index = remote.index_with(Counter, core.counter_methods, "redis")
 StoreMT.__gc = StoreMT.__close
 -- Lua 5.1 / LuaJIT: no __gc on tables; the redis handle has its own.
 
