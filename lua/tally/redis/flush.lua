@@ -53,14 +53,10 @@ end
 -- msg, code.
 local function connect(self)
   if self.flusher then return true end
-  local rh = self.redis
-  if not rh then
-    local sec, err, code = secrets[self], nil, nil
-    rh, err, code = core.redis(sec.uri, { timeout = self.timeout, password = sec.password,
-                                          user = sec.user })
-    if not rh then return nil, err, code end
-  end
-  self.redis = nil
+  local sec = secrets[self]
+  local rh, err, code = core.redis(sec.uri, { timeout = self.timeout, password = sec.password,
+                                              user = sec.user })
+  if not rh then return nil, err, code end
   return attach(self, rh)
 end
 
