@@ -184,11 +184,12 @@ int tally_store_rows(tally_store *s, const char *pattern, size_t plen, unsigned 
   int rc = tally__index_each(s, row_collect, &w);
   if (rc == 0) rc = tally__sort_by_name(s, w.recs, w.n);
   for (size_t i = 0; rc == 0 && i < w.n; i++) {
-    if (i + 8 < w.n &&
-        !(flags & TALLY_ROWS_NAMES)) { /* a record, the cells of one nearer */
+    if (i + 8 < w.n) { /* a record (names only too), the cells of one nearer */
       __builtin_prefetch(tally__at(s, w.recs[i + 8].rec));
-      const struct tally__rec *ahead = tally__at(s, w.recs[i + 4].rec);
-      tally__fetch_cells(s, atomic_load_explicit(&ahead->loc, memory_order_relaxed));
+      if (!(flags & TALLY_ROWS_NAMES)) {
+        const struct tally__rec *ahead = tally__at(s, w.recs[i + 4].rec);
+        tally__fetch_cells(s, atomic_load_explicit(&ahead->loc, memory_order_relaxed));
+      }
     }
     rc = row_visit(s, w.recs[i].rec, &w); /* dropped since collected: left out */
   }
