@@ -16,7 +16,7 @@ local TOP, BOTTOM, SAFE = (1 << 62) - 1, -(1 << 62), (1 << 53) - 1
 
 -- Counter i of N: several shard counts and policies; names with bytes
 -- that are not UTF-8, quotes, UTF-8; counts over the whole range (strings
--- past +-(2^53-1)); and two slot counters.
+-- past +-(2^53-1)); two slot counters and two cpu counters.
 local POLICIES = { "thread", "random", "round_robin", "key" }
 local function spec_of(i)
   local name = i % 97 == 0 and fmt("x\255%d", i) or i % 89 == 0 and fmt('q"\\%d', i)
@@ -33,7 +33,10 @@ local function fill(db, n, seed, small)
                      or r == 3 and -SAFE - 2 or (i * 31 + s * seed) % 100003 - 500)
     end
   end
-  for i = 1, 2 do db:counter("slot:" .. i, { policy = "slot" }):incr(i * seed) end
+  for i = 1, 2 do
+    db:counter("slot:" .. i, { policy = "slot" }):incr(i * seed)
+    db:counter("cpu:" .. i, { policy = "cpu" }):incr(i * seed)
+  end
 end
 
 -- The most Lua memory held (KiB: in use after a full collection) seen by
@@ -103,7 +106,7 @@ describe("export and import of " .. N .. " counters, streamed", function()
         phases[phase] = (phases[phase] or 0) + 1
       end })
     end)
-    assert.equal(N + 2, n)
+    assert.equal(N + 4, n)
     assert.is_nil(phases.decode)            -- not the whole-document path
     assert.is_true(phases.read > 1 and phases.apply > 1)
     -- the whole path held the decoded document, a table per counter:
@@ -115,36 +118,80 @@ describe("export and import of " .. N .. " counters, streamed", function()
       assert.same(db:counter(name):info().policy, fresh:counter(name):info().policy)
     end
     assert.same({ db:sum("slot:*") }, { fresh:sum("slot:*") })
+    assert.same({ db:sum("cpu:*") }, { fresh:sum("cpu:*") })
+    assert.equal("cpu", fresh:counter("cpu:1"):info().policy)
     -- from a file too, where it is
     local path = helper.tmpfile("doc.json")
     helper.write(path, "xyz" .. text)
     local other = assert(tally.open())
     local f = assert(io.open(path, "rb"))
     f:seek("set", 3)
-    assert.equal(N + 2, other:import(f))
+    assert.equal(N + 4, other:import(f))
     f:close()
     assert.equal(text, other:export())
     -- replace again: nothing changes
-    assert.equal(N + 2, other:import(text))
+    assert.equal(N + 4, other:import(text))
     assert.equal(text, other:export())
     -- add (counts that double within a shard's range): every shard doubles
     local src = assert(tally.open())
     fill(src, N, 5, true)
     local small = assert(src:export())
     local twice = assert(tally.open())
-    assert.equal(N + 2, twice:import(small))
-    assert.equal(N + 2, twice:import(small, { mode = "add" }))
+    assert.equal(N + 4, twice:import(small))
+    assert.equal(N + 4, twice:import(small, { mode = "add" }))
     for _, name in ipairs({ "post:2:likes", "post:10010:likes", "x\255194", "é✓83" }) do
       local a, b = src:counter(name):shards(), twice:counter(name):shards()
       assert.is_true(#a > 0 and #a == #b)
       for i = 1, #a do assert.equal(2 * a[i], b[i]) end
     end
     assert.equal(2 * src:value("slot:2"), twice:value("slot:2"))
+    assert.equal(2 * src:value("cpu:2"), twice:value("cpu:2"))
     src:close()
     twice:close()
     os.remove(path)
     fresh:close()
     other:close()
+  end)
+
+  -- A cpu counter has a shard per CPU of the machine that made it
+  -- (2P + 1): a document from a machine of 1 CPU (3 shards) or 4 (9)
+  -- imports streamed, each taken whole into this machine's shard count.
+  it("takes another machine's cpu counters whole, streamed", function()
+    local here = db:counter("cpu:1"):info().shards
+    for _, shards in ipairs({ 3, 9 }) do
+      local parts = {}
+      for i = 1, shards do parts[i] = fmt('"%d":{"count":%d}', i - 1, i * 1000) end
+      local doc = fmt('{"counters":{\n"cpu:1":{"num_shards":%d,"policy":"cpu","shards":{%s}},\n'
+                      .. '"post:1":{"num_shards":1,"policy":"thread","shards":{"0":{"count":7}}}'
+                      .. '\n}}\n', shards, table.concat(parts, ","))
+      local sum = shards * (shards + 1) // 2 * 1000
+      local into = assert(tally.open())
+      into:counter("cpu:1", { policy = "cpu" }):incr(5)      -- replaced
+      local phases = {}
+      assert.equal(2, into:import(doc, { progress = function(phase) phases[phase] = true end }))
+      assert.is_nil(phases.decode)                            -- streamed
+      assert.is_true(phases.apply)
+      assert.equal(sum, into:value("cpu:1"))
+      assert.equal(here, into:counter("cpu:1"):info().shards)
+      assert.equal(7, into:value("post:1"))
+      assert.equal(2, into:import(doc, { mode = "add" }))
+      assert.equal(2 * sum, into:value("cpu:1"))
+      assert.equal(14, into:value("post:1"))
+      -- made by the import
+      local fresh = assert(tally.open())
+      assert.equal(2, fresh:import(doc))
+      assert.same({ sum, "cpu", here }, { fresh:value("cpu:1"), fresh:counter("cpu:1"):info().policy,
+                                          fresh:counter("cpu:1"):info().shards })
+      fresh:close()
+      -- into a counter of another policy: refused as the whole path says
+      local thread = assert(tally.open())
+      thread:counter("cpu:1", { shards = shards })
+      assert.equal("import: counter 'cpu:1': policy is cpu but the counter exists with "
+                   .. "policy thread", helper.err(thread.import, thread, doc))
+      assert.equal(0, thread:value("cpu:1"))
+      thread:close()
+      into:close()
+    end
   end)
 
   describe("refuses, as the whole-document path words it, and changes nothing:", function()

@@ -213,9 +213,9 @@ struct spooled {
   uint32_t shards;
 };
 
-/* An entry of the undo log: n added to shard (0-based; SLOT: by incr) of
- * the counter of that incarnation, or (shard CREATED) a counter the
- * import made. The name follows. */
+/* An entry of the undo log: n added to shard (0-based; SLOT: by one incr,
+ * to a slot or cpu counter) of the counter of that incarnation, or (shard
+ * CREATED) a counter the import made. The name follows. */
 struct undone {
   uint8_t len;
   uint8_t pad[3];
@@ -360,11 +360,19 @@ static int count_at(lua_State *L, int64_t *out) {
   return 1;
 }
 
-static const char *const policies[] = {"thread", "random", "round_robin",
-                                       "key",    "slot",   "function"};
-static const int32_t policy_ids[] = {TALLY_POLICY_THREAD,      TALLY_POLICY_RANDOM,
-                                     TALLY_POLICY_ROUND_ROBIN, TALLY_POLICY_KEY,
-                                     TALLY_POLICY_SLOT,        TALLY_POLICY_CUSTOM};
+static const char *const policies[] = {"thread", "random", "round_robin", "key",
+                                       "slot",   "cpu",    "function"};
+static const int32_t policy_ids[] = {
+    TALLY_POLICY_THREAD, TALLY_POLICY_RANDOM, TALLY_POLICY_ROUND_ROBIN, TALLY_POLICY_KEY,
+    TALLY_POLICY_SLOT,   TALLY_POLICY_CPU,    TALLY_POLICY_CUSTOM};
+
+/* A slot or cpu counter's shards are its writers' or its CPUs' (those of
+ * the machine that made it, for cpu): an import takes them whole, adding
+ * the difference of their sums through one increment, as export.lua's
+ * whole-document path does. */
+static int taken_whole(int32_t policy) {
+  return policy == TALLY_POLICY_SLOT || policy == TALLY_POLICY_CPU;
+}
 
 /* The counter table at the top of the stack, as export writes one: its
  * shard count, policy and counts into m->counts; 0 if it is not one. */
@@ -398,8 +406,9 @@ static int counter_at(lua_State *L, importer *m, uint32_t *n, int32_t *policy) {
       }
       lua_pop(L, 1);
     }
-    if (ok && *policy == TALLY_POLICY_SLOT) /* as export.lua's check_counter */
-      ok = *n == TALLY_SLOT_SHARDS && sum >= SHARD_MIN && sum <= SHARD_MAX;
+    if (ok && taken_whole(*policy)) /* as export.lua's check_counter */
+      ok = (*n == TALLY_SLOT_SHARDS || *policy == TALLY_POLICY_CPU) && sum >= SHARD_MIN &&
+           sum <= SHARD_MAX;
   }
   lua_settop(L, t);
   return ok;
@@ -425,8 +434,8 @@ static int store_takes(importer *m, const char *name, size_t len, uint32_t n,
   if (tally_counter_open(s, name, len, NULL, 0, &c)) return 0;
   int ok = tally_counter_info_get(c, &info) == 0 && info.name_len == len &&
            memcmp(info.name, name, len) == 0 && /* not a capped family's overflow */
-           info.shards == n && info.policy == policy;
-  if (ok && m->add) {
+           info.policy == policy && (info.shards == n || policy == TALLY_POLICY_CPU);
+  if (ok && m->add && policy != TALLY_POLICY_CPU) {
     ok = tally_counter_shards(c, m->now, TALLY_MAX_SHARDS, &have) == 0 && have == n;
     for (uint32_t i = 0; ok && i < n; i++) {
       int64_t sum = m->now[i] + m->counts[i]; /* both within +-2^62 */
@@ -591,7 +600,8 @@ static int fail_on(lua_State *L, int rc, const char *name, size_t len) {
 static int apply_one(lua_State *L, importer *m, const char *name, size_t len,
                      const struct spooled *h) {
   tally_store *s = m->db->store;
-  tally_counter_options o = {h->shards, h->policy};
+  /* a cpu counter is made with this machine's shard count */
+  tally_counter_options o = {h->policy == TALLY_POLICY_CPU ? 0 : h->shards, h->policy};
   tally_counter *c;
   tally_counter_info info;
   uint32_t n = h->shards, have;
@@ -621,7 +631,8 @@ static int apply_one(lua_State *L, importer *m, const char *name, size_t len,
     tally_counter_close(c);
     return fail_on(L, rc, name, len);
   }
-  if (have != n) {
+  int whole = taken_whole(h->policy) || taken_whole(info.policy);
+  if (have != n && !whole) {
     tally_counter_close(c);
     tl_pushprintable(L, name, len);
     return tl_fail_msg(L, TALLY_EMISMATCH,
@@ -630,10 +641,10 @@ static int apply_one(lua_State *L, importer *m, const char *name, size_t len,
                                        "the import",
                                        lua_tostring(L, -1), (int)have));
   }
-  if (h->policy == TALLY_POLICY_SLOT || info.policy == TALLY_POLICY_SLOT) {
-    /* each shard is one writer's: the difference goes in the importer's own */
+  if (whole) { /* the difference, through one increment */
     __int128 sum = 0;
-    for (uint32_t i = 0; i < n; i++) sum += m->counts[i] - (m->add ? 0 : m->now[i]);
+    for (uint32_t i = 0; i < n; i++) sum += m->counts[i];
+    for (uint32_t i = 0; !m->add && i < have; i++) sum -= m->now[i];
     if (sum < SHARD_MIN || sum > SHARD_MAX) {
       tally_counter_close(c);
       tl_pushprintable(L, name, len);
