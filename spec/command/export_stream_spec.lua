@@ -183,6 +183,22 @@ describe("export and import of " .. N .. " counters, streamed", function()
       assert.same({ sum, "cpu", here }, { fresh:value("cpu:1"), fresh:counter("cpu:1"):info().policy,
                                           fresh:counter("cpu:1"):info().shards })
       fresh:close()
+      -- dropped and made again (another policy, or the same shards and
+      -- another policy) after its piece was checked: refused, unchanged
+      for _, remade in ipairs({ { shards = 4, policy = "thread" }, { policy = "slot" } }) do
+        local moved = assert(tally.open())
+        moved:counter("cpu:1", { policy = "cpu" }):incr(5)
+        local n, msg, code = moved:import(doc, { progress = function(phase, done, total)
+          if phase == "read" and done == total then
+            moved:drop("cpu:1")
+            moved:counter("cpu:1", remade):incr(1)
+          end
+        end })
+        assert.same({ nil, "counter 'cpu:1' was dropped", "EDROPPED" }, { n, msg, code })
+        assert.equal(1, moved:value("cpu:1"))
+        assert.is_nil(moved:value("post:1"))
+        moved:close()
+      end
       -- into a counter of another policy: refused as the whole path says
       local thread = assert(tally.open())
       thread:counter("cpu:1", { shards = shards })
@@ -310,6 +326,23 @@ describe("export and import of " .. N .. " counters, streamed", function()
               .. "policy = fn })", assert(src:export()))
       src:close()
     end)
+  end)
+
+  it("refuses a counter dropped and made again between its check and its apply", function()
+    local target = assert(tally.open())
+    local _, shards, policy = spec_of(3)
+    assert.equal("key", policy)
+    target:counter("post:3:likes", { shards = shards, policy = policy }):add_shard(1, 2)
+    local n, msg, code = target:import(text, { progress = function(phase, done, total)
+      if phase == "read" and done == total then
+        target:drop("post:3:likes")
+        target:counter("post:3:likes", { shards = shards, policy = "random" }):incr(1)
+      end
+    end })
+    assert.same({ nil, "counter 'post:3:likes' was dropped", "EDROPPED" }, { n, msg, code })
+    assert.equal(1, target:value("post:3:likes"))
+    assert.is_nil(target:value("post:1:likes"))
+    target:close()
   end)
 
   it("undoes what it applied when a counter changes under it, and what progress raises", function()

@@ -211,6 +211,7 @@ struct spooled {
   int8_t policy;
   uint8_t pad;
   uint32_t shards;
+  uint64_t incarnation; /* the existing counter's, when checked */
 };
 
 /* An entry of the undo log: n added to shard (0-based; SLOT: by one incr,
@@ -414,11 +415,11 @@ static int counter_at(lua_State *L, importer *m, uint32_t *n, int32_t *policy) {
   return ok;
 }
 
-/* What the store says to the counter: 1 and whether it exists, if the
- * import can take it as export.lua's check would; 0 if not (or the store
- * fails: the whole document's check says how). */
+/* What the store says to the counter: 1 and whether it exists (and its
+ * incarnation), if the import can take it as export.lua's check would; 0
+ * if not (or the store fails: the whole document's check says how). */
 static int store_takes(importer *m, const char *name, size_t len, uint32_t n,
-                       int32_t policy, int *existed) {
+                       int32_t policy, int *existed, uint64_t *incarnation) {
   tally_store *s = m->db->store;
   int64_t v;
   int rc = tally_store_value(s, name, len, &v);
@@ -435,6 +436,7 @@ static int store_takes(importer *m, const char *name, size_t len, uint32_t n,
   int ok = tally_counter_info_get(c, &info) == 0 && info.name_len == len &&
            memcmp(info.name, name, len) == 0 && /* not a capped family's overflow */
            info.policy == policy && (info.shards == n || policy == TALLY_POLICY_CPU);
+  *incarnation = info.incarnation;
   if (ok && m->add && policy != TALLY_POLICY_CPU) {
     ok = tally_counter_shards(c, m->now, TALLY_MAX_SHARDS, &have) == 0 && have == n;
     for (uint32_t i = 0; ok && i < n; i++) {
@@ -447,8 +449,8 @@ static int store_takes(importer *m, const char *name, size_t len, uint32_t n,
 }
 
 static int spool(importer *m, const char *name, size_t len, uint32_t n, int32_t policy,
-                 int existed) {
-  struct spooled h = {(uint8_t)len, (uint8_t)existed, (int8_t)policy, 0, n};
+                 int existed, uint64_t incarnation) {
+  struct spooled h = {(uint8_t)len, (uint8_t)existed, (int8_t)policy, 0, n, incarnation};
   return fwrite(&h, sizeof h, 1, m->spool) == 1 &&
          fwrite(name, 1, len, m->spool) == len &&
          fwrite(m->counts, sizeof *m->counts, n, m->spool) == n;
@@ -529,8 +531,9 @@ static int tl_importer_check(lua_State *L) {
       break;
     }
     int existed;
-    ok = store_takes(m, e->name, e->len, n, policy, &existed);
-    if (ok && !spool(m, e->name, e->len, n, policy, existed)) {
+    uint64_t incarnation = 0;
+    ok = store_takes(m, e->name, e->len, n, policy, &existed, &incarnation);
+    if (ok && !spool(m, e->name, e->len, n, policy, existed, incarnation)) {
       int err = errno;
       lua_pushnil(L);
       lua_pushfstring(L, "cannot write the import's temporary file: %s", strerror(err));
@@ -626,6 +629,9 @@ static int apply_one(lua_State *L, importer *m, const char *name, size_t len,
                         "would be counted in the family's overflow counter",
                         lua_tostring(L, -1)));
   }
+  /* dropped and made again since the check (maybe with another policy
+   * or shard count): refused as the handle the check held would be */
+  if (rc == 0 && h->existed && info.incarnation != h->incarnation) rc = TALLY_EDROPPED;
   if (rc == 0) rc = tally_counter_shards(c, m->now, TALLY_MAX_SHARDS, &have);
   if (rc) {
     tally_counter_close(c);
