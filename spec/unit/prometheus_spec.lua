@@ -464,6 +464,24 @@ describe("tally.prometheus()", function()
     end
   end)
 
+  it("keeps each chunk it handed out while it writes the next, and refuses closed rows", function()
+    local core = require "tally.core"
+    for i = 1, 3000 do db:incr(("n%05d"):format(i), i) end
+    local rows = assert(core._prom_rows(db))
+    assert.is_true(rows:collect(1))
+    local a = rows:lines(1000, 'v{c="', 'v{h="')         -- written in memory the rows keep
+    local b, more = rows:lines(1000, 'v{c="', 'v{h="')
+    assert.is_true(more)
+    assert.equal(1000, select(2, a:gsub("\n", "")))
+    assert.matches('^v{c="n00001"} 1\n', a)
+    assert.matches('\nv{c="n01000"} 1000\n$', a)
+    assert.matches('^v{c="n01001"} 1001\n', b)
+    rows:close()
+    assert.equal("the scrape's rows are closed", err(rows.lines, rows, 1, "a", "b"))
+    assert.equal("the scrape's rows are closed", err(rows.count, rows))
+    rows:close()                                           -- again: nothing
+  end)
+
   it("gives text that promtool check metrics accepts", function()
     db:family("post:*:likes", LIKES)
     db:family("api:*:*:calls", { metric = "api_calls_total", labels = { "key", "method" },

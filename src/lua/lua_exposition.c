@@ -311,6 +311,7 @@ typedef struct tl_promrows {
   size_t *heap, nheap; /* the merge: the runs' next rows, least first */
   size_t *at;          /* per run: its next row */
   int merging;
+  int closed; /* rows:close() ran */
   struct keep keep;
   size_t last; /* the row the merge handed out last (SIZE_MAX: none) */
 } tl_promrows;
@@ -377,7 +378,7 @@ static int run_end(tl_promrows *t, size_t start) {
 
 static tl_promrows *rows_check(lua_State *L) {
   tl_promrows *t = (tl_promrows *)luaL_checkudata(L, 1, TL_PROMROWS_MT);
-  if (!t->row && t->n) luaL_error(L, "the scrape's rows are closed");
+  if (t->closed) luaL_error(L, "the scrape's rows are closed");
   return t;
 }
 
@@ -634,6 +635,7 @@ static int rows_close(lua_State *L) {
   free(t->at);
   free(t->keep.p);
   memset(t, 0, sizeof *t);
+  t->closed = 1;
   return 0;
 }
 
