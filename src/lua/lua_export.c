@@ -436,7 +436,7 @@ static int store_takes(importer *m, const char *name, size_t len, uint32_t n,
   int ok = tally_counter_info_get(c, &info) == 0 && info.name_len == len &&
            memcmp(info.name, name, len) == 0 && /* not a capped family's overflow */
            info.policy == policy && (info.shards == n || policy == TALLY_POLICY_CPU);
-  *incarnation = info.incarnation;
+  if (ok) *incarnation = info.incarnation;
   if (ok && m->add && policy != TALLY_POLICY_CPU) {
     ok = tally_counter_shards(c, m->now, TALLY_MAX_SHARDS, &have) == 0 && have == n;
     for (uint32_t i = 0; ok && i < n; i++) {
