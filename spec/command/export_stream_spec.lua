@@ -50,6 +50,17 @@ local function cpu_summed(text)
   end))
 end
 
+-- db:import(doc) while name is dropped and made again with opts once
+-- every piece is checked, before any is applied.
+local function import_remaking(db, doc, name, opts)
+  return db:import(doc, { progress = function(phase, done, total)
+    if phase == "read" and done == total then
+      db:drop(name)
+      db:counter(name, opts):incr(1)
+    end
+  end })
+end
+
 -- The most Lua memory held (KiB: in use after a full collection) seen by
 -- probe() while fn runs, above what was held before it.
 local function peak(fn)
@@ -200,12 +211,7 @@ describe("export and import of " .. N .. " counters, streamed", function()
       for _, remade in ipairs({ { shards = 4, policy = "thread" }, { policy = "slot" } }) do
         local moved = assert(tally.open())
         moved:counter("cpu:1", { policy = "cpu" }):incr(5)
-        local n, msg, code = moved:import(doc, { progress = function(phase, done, total)
-          if phase == "read" and done == total then
-            moved:drop("cpu:1")
-            moved:counter("cpu:1", remade):incr(1)
-          end
-        end })
+        local n, msg, code = import_remaking(moved, doc, "cpu:1", remade)
         assert.same({ nil, "counter 'cpu:1' was dropped", "EDROPPED" }, { n, msg, code })
         assert.equal(1, moved:value("cpu:1"))
         assert.is_nil(moved:value("post:1"))
@@ -345,12 +351,8 @@ describe("export and import of " .. N .. " counters, streamed", function()
     local _, shards, policy = spec_of(3)
     assert.equal("key", policy)
     target:counter("post:3:likes", { shards = shards, policy = policy }):add_shard(1, 2)
-    local n, msg, code = target:import(text, { progress = function(phase, done, total)
-      if phase == "read" and done == total then
-        target:drop("post:3:likes")
-        target:counter("post:3:likes", { shards = shards, policy = "random" }):incr(1)
-      end
-    end })
+    local n, msg, code = import_remaking(target, text, "post:3:likes",
+                                         { shards = shards, policy = "random" })
     assert.same({ nil, "counter 'post:3:likes' was dropped", "EDROPPED" }, { n, msg, code })
     assert.equal(1, target:value("post:3:likes"))
     assert.is_nil(target:value("post:1:likes"))
