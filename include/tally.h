@@ -797,9 +797,10 @@ TALLY_API int tally_store_rows(tally_store *s, const char *pattern, size_t plen,
 /* The same walk a slice at a time, for a host that must not stop for a
  * whole store (a scrape in an nginx worker yields between slices). Open
  * it, then tally_walk_next hands fn the matching counters of the next
- * `slots` slots of the name index (rows as tally_store_rows gives them,
- * values read then; in the index's order), until it returns 1: every slot
- * passed. It returns 0 while slots remain, fn's non-zero value (the next
+ * `slots` slots of the name index (rows as tally_store_rows gives them
+ * with flags, values read then; in the index's order, or each slice in
+ * the names' order with TALLY_ROWS_BY_NAME: sorted runs for a host to
+ * merge), until it returns 1: every slot passed. It returns 0 while slots remain, fn's non-zero value (the next
  * call hands that slice again from its start), or a negative TALLY_E*
  * (ECORRUPT: a damaged store). The walk holds reuse
  * back from open to close, as every walk does, so close it soon; a
@@ -809,7 +810,7 @@ TALLY_API int tally_store_rows(tally_store *s, const char *pattern, size_t plen,
  * TALLY_ECORRUPT from open. */
 typedef struct tally_walk tally_walk;
 TALLY_API int tally_walk_open(tally_store *s, const char *pattern, size_t plen,
-                              tally_walk **out);
+                              unsigned flags, tally_walk **out);
 TALLY_API int tally_walk_next(tally_walk *w, uint64_t slots, tally_row_fn fn, void *ud);
 /* The slots the walk has passed and its index's slots (for progress). */
 TALLY_API void tally_walk_progress(const tally_walk *w, uint64_t *passed,

@@ -234,7 +234,7 @@ static void test_walk_slices(tally_store *s) {
   struct got all = {0}, sl = {0};
   EXPECT_OK(tally_store_rows(s, "post:*", 6, TALLY_ROWS_BY_NAME, collect, &all));
   tally_walk *w;
-  REQUIRE_OK(tally_walk_open(s, "post:*", 6, &w));
+  REQUIRE_OK(tally_walk_open(s, "post:*", 6, 0, &w));
   uint64_t passed, slots, calls = 0;
   tally_walk_progress(w, &passed, &slots);
   EXPECT_I64(0, (int64_t)passed);
@@ -248,7 +248,7 @@ static void test_walk_slices(tally_store *s) {
   EXPECT_I64(1, tally_walk_next(w, 1000, collect, &sl)); /* done stays done */
   /* fn's stop comes back, and its slice is handed again */
   tally_walk_close(w);
-  REQUIRE_OK(tally_walk_open(s, "post:*", 6, &w));
+  REQUIRE_OK(tally_walk_open(s, "post:*", 6, 0, &w));
   struct got part = {.stop_at = 3};
   uint64_t before_n;
   do rc = tally_walk_next(w, 1u << 30, collect, &part);
@@ -275,7 +275,39 @@ static void test_walk_slices(tally_store *s) {
       break;
     }
   }
-  EXPECT_I64(TALLY_EINVAL, tally_walk_open(NULL, NULL, 0, &w));
+  /* by name: each slice a sorted run, the runs every row once */
+  struct got run = {0};
+  REQUIRE_OK(tally_walk_open(s, "post:*", 6, TALLY_ROWS_BY_NAME, &w));
+  size_t runs = 0;
+  do {
+    size_t from = run.n;
+    rc = tally_walk_next(w, 1000, collect, &run);
+    runs += run.n > from + 1;
+    for (size_t i = from + 1; i < run.n; i++) {
+      tally_row a = run.row[i - 1], b = run.row[i];
+      a.name = run.name[i - 1], b.name = run.name[i];
+      if (by_name(&a, &b) >= 0) {
+        TU_FAIL("slice from row %zu: %s before %s", from, a.name, b.name);
+        break;
+      }
+    }
+  } while (rc == 0);
+  EXPECT_I64(1, rc);
+  EXPECT(runs > 1);
+  tally_walk_close(w);
+  EXPECT_I64((int64_t)all.n, (int64_t)run.n);
+  for (size_t i = 0; i < run.n; i++) run.row[i].name = run.name[i];
+  qsort(run.row, run.n, sizeof *run.row, by_name);
+  for (size_t i = 0; i < all.n && i < run.n; i++)
+    if (run.row[i].name_len != all.row[i].name_len ||
+        memcmp(run.row[i].name, all.row[i].name, all.row[i].name_len) != 0 ||
+        run.row[i].value != all.row[i].value) {
+      TU_FAIL("row %zu: %s = %lld by slices, %s = %lld whole", i, run.row[i].name,
+              (long long)run.row[i].value, all.row[i].name, (long long)all.row[i].value);
+      break;
+    }
+  got_free(&run);
+  EXPECT_I64(TALLY_EINVAL, tally_walk_open(NULL, NULL, 0, 0, &w));
   EXPECT_I64(TALLY_EINVAL, tally_walk_next(NULL, 1, collect, &sl));
   tally_walk_close(NULL);
   got_free(&all);

@@ -172,6 +172,23 @@ static int row_collect(tally_store *s, uint64_t rec_off, void *ud) {
   return 0;
 }
 
+/* The rows collected in w, sorted by name, handed over one by one, each
+ * read as it goes (one dropped since it was collected is left out). */
+static int rows_sorted(tally_store *s, struct rows *w) {
+  int rc = tally__sort_by_name(s, w->recs, w->n);
+  for (size_t i = 0; rc == 0 && i < w->n; i++) {
+    if (i + 8 < w->n) { /* a record (names only too), the cells of one nearer */
+      __builtin_prefetch(tally__at(s, w->recs[i + 8].rec));
+      if (!(w->flags & TALLY_ROWS_NAMES)) {
+        const struct tally__rec *ahead = tally__at(s, w->recs[i + 4].rec);
+        tally__fetch_cells(s, atomic_load_explicit(&ahead->loc, memory_order_relaxed));
+      }
+    }
+    rc = row_visit(s, w->recs[i].rec, w);
+  }
+  return rc;
+}
+
 int tally_store_rows(tally_store *s, const char *pattern, size_t plen, unsigned flags,
                      tally_row_fn fn, void *ud) {
   if (!s || !fn) return tally__fail(TALLY_EINVAL, "tally_store_rows: NULL argument");
@@ -182,17 +199,7 @@ int tally_store_rows(tally_store *s, const char *pattern, size_t plen, unsigned 
                                      : tally__index_each_value)(s, row_visit, &w);
   tally__hold_begin(s); /* the records stay ours until fn has seen them */
   int rc = tally__index_each(s, row_collect, &w);
-  if (rc == 0) rc = tally__sort_by_name(s, w.recs, w.n);
-  for (size_t i = 0; rc == 0 && i < w.n; i++) {
-    if (i + 8 < w.n) { /* a record (names only too), the cells of one nearer */
-      __builtin_prefetch(tally__at(s, w.recs[i + 8].rec));
-      if (!(flags & TALLY_ROWS_NAMES)) {
-        const struct tally__rec *ahead = tally__at(s, w.recs[i + 4].rec);
-        tally__fetch_cells(s, atomic_load_explicit(&ahead->loc, memory_order_relaxed));
-      }
-    }
-    rc = row_visit(s, w.recs[i].rec, &w); /* dropped since collected: left out */
-  }
+  if (rc == 0) rc = rows_sorted(s, &w);
   tally__hold_end(s);
   free(w.recs);
   return rc;
@@ -203,16 +210,20 @@ int tally_store_rows(tally_store *s, const char *pattern, size_t plen, unsigned 
 struct tally_walk {
   tally_store *s;
   uint64_t table, slots, next; /* the index table it began with; where it is */
+  unsigned flags;
+  struct tally__name_key *recs; /* BY_NAME: a slice's records, kept for the next */
+  size_t cap;
   size_t plen;
   char pattern[]; /* a copy */
 };
 
-int tally_walk_open(tally_store *s, const char *pattern, size_t plen, tally_walk **out) {
+int tally_walk_open(tally_store *s, const char *pattern, size_t plen, unsigned flags,
+                    tally_walk **out) {
   if (!s || !out) return tally__fail(TALLY_EINVAL, "tally_walk_open: NULL argument");
   if (!pattern || !plen) pattern = "*", plen = 1;
   tally_walk *w = malloc(sizeof *w + plen);
   if (!w) return tally__fail(TALLY_ENOMEM, "out of memory");
-  *w = (tally_walk){.s = s, .plen = plen};
+  *w = (tally_walk){.s = s, .flags = flags, .plen = plen};
   memcpy(w->pattern, pattern, plen);
   tally__hold_begin(s); /* the table and the records stay ours to the close */
   int rc = tally__index_table(s, &w->table, &w->slots);
@@ -228,10 +239,14 @@ int tally_walk_open(tally_store *s, const char *pattern, size_t plen, tally_walk
 int tally_walk_next(tally_walk *w, uint64_t slots, tally_row_fn fn, void *ud) {
   if (!w || !fn) return tally__fail(TALLY_EINVAL, "tally_walk_next: NULL argument");
   if (w->next >= w->slots) return 1;
-  struct rows r = {.fn = fn, .ud = ud};
+  struct rows r = {.flags = w->flags, .fn = fn, .ud = ud, .recs = w->recs, .cap = w->cap};
   pattern_or_all(&r.w, w->pattern, w->plen);
   uint64_t count = slots < w->slots - w->next ? slots : w->slots - w->next;
-  int rc = tally__index_slots(w->s, w->table, w->next, count ? count : 1, row_visit, &r);
+  int by_name = (w->flags & TALLY_ROWS_BY_NAME) != 0;
+  int rc = tally__index_slots(w->s, w->table, w->next, count ? count : 1,
+                              by_name ? row_collect : row_visit, &r);
+  if (rc == 0 && by_name) rc = rows_sorted(w->s, &r);
+  w->recs = r.recs, w->cap = r.cap;
   if (rc) return rc; /* it stays where it was: fn's stop, or damage */
   w->next += count ? count : 1;
   return w->next >= w->slots;
@@ -245,6 +260,7 @@ void tally_walk_progress(const tally_walk *w, uint64_t *passed, uint64_t *slots)
 void tally_walk_close(tally_walk *w) {
   if (!w) return;
   tally__hold_end(w->s);
+  free(w->recs);
   free(w);
 }
 

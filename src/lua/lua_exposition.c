@@ -403,7 +403,7 @@ static int tl_prom_rows(lua_State *L) {
   lua_newtable(L); /* the values the Lua side wrote: by row */
   tl_setuv(L, -2, 1);
   int rc =
-      sliced ? tally_walk_open(d->store, pattern, plen, &t->walk)
+      sliced ? tally_walk_open(d->store, pattern, plen, 0, &t->walk)
              : tally_store_rows(d->store, pattern, plen, TALLY_ROWS_BY_NAME, rows_add, t);
   if (!sliced && !t->failed && rc == 0 && t->n) { /* one run, sorted already */
     if (run_end(t, t->n) == 0) t->run[0] = 0, t->run[1] = t->n, t->nrun = 1;
