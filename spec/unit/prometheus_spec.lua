@@ -464,6 +464,46 @@ describe("tally.prometheus()", function()
     end
   end)
 
+  it("merges runs of names that tie on the bytes after what they share", function()
+    -- the merge compares 8 bytes after the prefix every name shares, and
+    -- the rest of a name only on a tie: names that tie there, end there,
+    -- or begin one another, in many small runs
+    local rng, names, seen = 7, {}, {}
+    local function rand(k) rng = (rng * 69069 + 1) % 4294967296; return math.floor(rng / 65536) % k end
+    for _ = 1, 3000 do
+      local tail = {}
+      for j = 1, rand(14) do tail[j] = rand(2) == 0 and "a" or "b" end
+      local name = "k:" .. ("ab"):sub(1 + rand(2), 1 + rand(2)) .. "aaaaaaa" .. table.concat(tail)
+      if not seen[name] then seen[name] = true; names[#names + 1] = name end
+    end
+    for _, name in ipairs({ "z", "k:", "k:a", "k:aaaaaaaa", "k:aaaaaaaaa" }) do
+      if not seen[name] then seen[name] = true; names[#names + 1] = name end
+    end
+    for i, name in ipairs(names) do db:incr(name, i) end
+    table.sort(names)
+    local index = {}
+    for i, name in ipairs(names) do index[name] = i end
+    for _, pattern in ipairs({ "*", "k:a*" }) do    -- nothing shared; "k:a" shared
+      local slice = prom._slice
+      prom._slice = 64
+      local ok, text = pcall(tally.prometheus, db, pattern, { pause = function() end })
+      prom._slice = slice
+      assert(ok, text)
+      local got = {}
+      for name, v in text:gmatch('tally_value{counter="([^"]*)"} (%d+)') do
+        got[#got + 1] = name
+        assert.equal(db:value(name), tonumber(v))
+      end
+      local want = {}
+      for _, name in ipairs(names) do
+        if pattern == "*" or name:sub(1, 3) == "k:a" then want[#want + 1] = name end
+      end
+      assert.is_true(#want > 1000)
+      assert.same(want, got)
+    end
+    assert.is_not_nil(index["k:"])
+  end)
+
   it("keeps each chunk it handed out while it writes the next, and refuses closed rows", function()
     local core = require "tally.core"
     for i = 1, 3000 do db:incr(("n%05d"):format(i), i) end

@@ -278,14 +278,14 @@ static int tl_prom_split_lines(lua_State *L) {
 
 /* core._prom_rows(db [, pattern [, sliced]]) reads the matching counters
  * (names and values: 16 bytes and the name each, no Lua value per
- * counter). tally.prometheus hands the Lua side only what it decides
+ * counter, and its merge key: 24 bytes). tally.prometheus hands the Lua side only what it decides
  * (names ending in '}', which may be histogram members; values beyond
  * int64) and takes the default metric's lines in chunks written here,
  * so a scrape of a million counters makes no million strings and can be
  * sent as it is made. Read whole, the rows come sorted from
  * tally_store_rows. Sliced (a host that yields: tally.openresty), they
- * come from a tally_walk, rows:collect(slots) at a time, each slice
- * sorted as a run of its own; the runs are merged as the lines are
+ * come from a tally_walk by name, rows:collect(slots) at a time, each
+ * slice a sorted run of its own; the runs are merged as the lines are
  * written. A name twice (dropped and made again between two slices) is
  * written once, as read last. */
 #define TL_PROMROWS_MT "tally.promrows"
@@ -297,6 +297,7 @@ struct prow {
   uint8_t len;   /* names are 1 to 255 bytes */
   uint8_t flags; /* ROW_* */
   int64_t value; /* when neither ROW_TEXT nor ROW_RANGE */
+  uint64_t key;  /* the merge: the name's 8 bytes after what all share */
 };
 
 typedef struct tl_promrows {
@@ -310,11 +311,23 @@ typedef struct tl_promrows {
   size_t nrun, runcap;
   size_t *heap, nheap; /* the merge: the runs' next rows, least first */
   size_t *at;          /* per run: its next row */
+  size_t shared;       /* the bytes every name begins with: compared by key */
   int merging;
   int closed; /* rows:close() ran */
   struct keep keep;
   size_t last; /* the row the merge handed out last (SIZE_MAX: none) */
 } tl_promrows;
+
+/* Room for cap rows and room bytes of names, at least; 0, or -1 (failed). */
+static int rows_reserve(tl_promrows *t, size_t cap, size_t room) {
+  struct prow *row = cap > t->cap ? realloc(t->row, cap * sizeof *row) : t->row;
+  if (row && cap > t->cap) t->row = row, t->cap = cap;
+  char *names = room > t->room ? realloc(t->names, room) : t->names;
+  if (names && room > t->room) t->names = names, t->room = room;
+  if (row && names) return 0;
+  t->failed = 1;
+  return -1;
+}
 
 static int rows_add(void *ud, const tally_row *r) {
   tl_promrows *t = (tl_promrows *)ud;
@@ -322,46 +335,40 @@ static int rows_add(void *ud, const tally_row *r) {
     size_t cap = t->n == t->cap ? (t->cap ? t->cap * 2 : 4096) : t->cap;
     size_t room =
         t->used + r->name_len > t->room ? (t->room ? t->room * 2 : 65536) : t->room;
-    struct prow *row = cap != t->cap ? realloc(t->row, cap * sizeof *row) : t->row;
-    if (row) t->row = row, t->cap = cap;
-    char *names = room != t->room ? realloc(t->names, room) : t->names;
-    if (names) t->names = names, t->room = room;
-    if (!row || !names) {
-      t->failed = 1;
-      return 1; /* stops the walk */
-    }
+    if (rows_reserve(t, cap, room)) return 1; /* stops the walk */
   }
   if (t->used > UINT32_MAX - TALLY_NAME_MAX) {
     t->failed = 1;
     return 1;
   }
   memcpy(t->names + t->used, r->name, r->name_len);
-  t->row[t->n++] =
-      (struct prow){(uint32_t)t->used, (uint8_t)r->name_len,
-                    (uint8_t)(r->value_rc ? ROW_RANGE : 0), r->value_rc ? 0 : r->value};
+  t->row[t->n++] = (struct prow){(uint32_t)t->used, (uint8_t)r->name_len,
+                                 (uint8_t)(r->value_rc ? ROW_RANGE : 0),
+                                 r->value_rc ? 0 : r->value, 0};
   t->used += r->name_len;
   return 0;
 }
 
-/* Name order, bytewise, a name before any longer one it begins; rows of
- * one name by the order they were read. */
-static int name_cmp(const char *names, const struct prow *x, const struct prow *y) {
-  int c = memcmp(names + x->off, names + y->off, x->len < y->len ? x->len : y->len);
-  return c ? c : (x->len > y->len) - (x->len < y->len);
+/* Name order, bytewise, a name before any longer one it begins (names
+ * hold no NUL: the keys, zeros past a name's end, keep that order); rows
+ * of one name by the order they were read. The merge compares the keys
+ * (the 8 bytes after the prefix every name shares) and only names that tie
+ * on them: each comparison of names was a cache miss in a run elsewhere. */
+static int name_cmp(const tl_promrows *t, const struct prow *x, const struct prow *y) {
+  if (x->key != y->key) return x->key < y->key ? -1 : 1;
+  size_t from = t->shared + 8;
+  if (x->len <= from || y->len <= from) return (x->len > y->len) - (x->len < y->len);
+  size_t xl = x->len - from, yl = y->len - from;
+  int c = memcmp(t->names + x->off + from, t->names + y->off + from, xl < yl ? xl : yl);
+  return c ? c : (xl > yl) - (xl < yl);
 }
 
 static int row_cmp(const tl_promrows *t, size_t a, size_t b) {
-  int c = name_cmp(t->names, &t->row[a], &t->row[b]);
+  int c = name_cmp(t, &t->row[a], &t->row[b]);
   return c ? c : (a > b) - (a < b);
 }
 
-static int prow_cmp(const void *a, const void *b, void *names) {
-  const struct prow *x = a, *y = b;
-  int c = name_cmp(names, x, y);
-  return c ? c : (x->off > y->off) - (x->off < y->off); /* names go in as read */
-}
-
-/* The rows from run's start on are a run: sorted, and recorded. */
+/* The rows from run's start on are a run (sorted by the walk): recorded. */
 static int run_end(tl_promrows *t, size_t start) {
   if (t->nrun + 2 > t->runcap) {
     size_t cap = t->runcap ? t->runcap * 2 : 64;
@@ -370,7 +377,6 @@ static int run_end(tl_promrows *t, size_t start) {
     t->run = run, t->runcap = cap;
   }
   if (t->n == start) return 0;
-  qsort_r(t->row + start, t->n - start, sizeof *t->row, prow_cmp, t->names);
   t->run[t->nrun++] = start;
   t->run[t->nrun] = t->n;
   return 0;
@@ -403,7 +409,7 @@ static int tl_prom_rows(lua_State *L) {
   lua_newtable(L); /* the values the Lua side wrote: by row */
   tl_setuv(L, -2, 1);
   int rc =
-      sliced ? tally_walk_open(d->store, pattern, plen, 0, &t->walk)
+      sliced ? tally_walk_open(d->store, pattern, plen, TALLY_ROWS_BY_NAME, &t->walk)
              : tally_store_rows(d->store, pattern, plen, TALLY_ROWS_BY_NAME, rows_add, t);
   if (!sliced && !t->failed && rc == 0 && t->n) { /* one run, sorted already */
     if (run_end(t, t->n) == 0) t->run[0] = 0, t->run[1] = t->n, t->nrun = 1;
@@ -428,6 +434,18 @@ static int rows_collect(lua_State *L) {
   size_t start = t->n;
   int rc = tally_walk_next(t->walk, (uint64_t)slots, rows_add, t);
   if (!t->failed && rc >= 0) run_end(t, start);
+  if (!t->failed && rc == 0 && start == 0 && t->n) {
+    /* room for what the first slice says the whole holds, and an eighth:
+     * grown by doubling, the rows were copied again and again, into new
+     * pages each time (a fifth of a scrape of a million on the VM) */
+    uint64_t passed, all;
+    tally_walk_progress(t->walk, &passed, &all);
+    double whole = (double)all / (double)passed * 1.125;
+    if (whole * (double)t->n < (double)(SIZE_MAX / 2 / sizeof *t->row) &&
+        whole * (double)t->used < (double)UINT32_MAX)
+      rows_reserve(t, (size_t)(whole * (double)t->n), (size_t)(whole * (double)t->used));
+    t->failed = 0; /* the rows so far stay: growth goes on as it must */
+  }
   if (t->failed || rc < 0 || rc == 1) {
     tally_walk_close(t->walk);
     t->walk = NULL;
@@ -508,11 +526,39 @@ static void sift(tl_promrows *t, size_t i) {
   }
 }
 
+static size_t common(const tl_promrows *t, size_t a, size_t b, size_t upto) {
+  const char *x = t->names + t->row[a].off, *y = t->names + t->row[b].off;
+  size_t i = 0, m = t->row[a].len < t->row[b].len ? t->row[a].len : t->row[b].len;
+  if (upto < m) m = upto;
+  while (i < m && x[i] == y[i]) i++;
+  return i;
+}
+
+/* Every name's key: the prefix all share is that of the runs' first and
+ * last rows (each run sorted), and the key the 8 bytes after it. */
+static void keys_fill(tl_promrows *t) {
+  size_t shared = TALLY_NAME_MAX;
+  for (size_t k = 0; k < t->nrun; k++) {
+    shared = common(t, t->run[0], t->run[k], shared);
+    shared = common(t, t->run[0], t->run[k + 1] - 1, shared);
+  }
+  t->shared = t->n ? shared : 0;
+  for (size_t i = 0; i < t->n; i++) {
+    const unsigned char *b = (const unsigned char *)t->names + t->row[i].off;
+    size_t len = t->row[i].len, take = len > t->shared ? len - t->shared : 0;
+    uint64_t key = 0;
+    if (take > 8) take = 8;
+    for (size_t j = 0; j < take; j++) key |= (uint64_t)b[t->shared + j] << (56 - 8 * j);
+    t->row[i].key = key;
+  }
+}
+
 static int merge_start(tl_promrows *t) {
   if (t->merging) return 0;
   t->heap = malloc((t->nrun + 1) * sizeof *t->heap);
   t->at = malloc((t->nrun + 1) * sizeof *t->at);
   if (!t->heap || !t->at) return -1;
+  keys_fill(t);
   t->nheap = 0;
   for (size_t k = 0; k < t->nrun; k++) {
     t->at[k] = t->run[k];
@@ -531,8 +577,7 @@ static size_t merge_next(tl_promrows *t) {
     if (t->at[k] == t->run[k + 1]) t->heap[0] = t->heap[--t->nheap];
     sift(t, 0);
     /* the next row has the same name: this one was read earlier */
-    if (t->nheap && name_cmp(t->names, &t->row[i], &t->row[t->at[t->heap[0]]]) == 0)
-      continue;
+    if (t->nheap && name_cmp(t, &t->row[i], &t->row[t->at[t->heap[0]]]) == 0) continue;
     if (t->row[i].flags & ROW_OUT) continue;
     return i;
   }
