@@ -1170,9 +1170,9 @@ local function by_name(db, pattern, c, pause)
 end
 
 -- The text in pieces of at most PIECE bytes, to write: a host sends each
--- and may yield between them. A host that pauses reads the name index
--- _slice slots at a time (a few ms on the 2-core VM: about 16,000
--- counters, read and sorted).
+-- and may yield between them. A scrape reads the name index _slice slots
+-- at a time (a few ms on the 2-core VM: about 16,000 counters, read and
+-- sorted), and a host that pauses pauses between them.
 local PIECE = 65536
 _M._slice = 32768                   -- a knob for tests
 local function write_pieces(write, text)
@@ -1188,13 +1188,13 @@ end
 -- at once, with what comes before and after, in one buffer); with
 -- families, the rows' names and values go to the renderer as before.
 local function from_rows(db, rows, c, pause, emit, whole)
-  -- a host that yields (pause) reads the counters a slice of the index at
-  -- a time, pausing between slices; nothing is emitted before they are read
+  -- the counters are read a slice of the index at a time (a host that
+  -- yields pauses between slices); nothing is emitted before they are read
   while true do
     local done, msg, code = rows:collect(_M._slice)
     if done then break end
     if done == nil then return nil, msg, code end
-    pause()
+    if pause then pause() end
   end
   local idx, names, range = rows:special()
   local brace, at = {}, {}
@@ -1296,7 +1296,7 @@ function _M.prometheus(db, pattern, opts)
   local emit = write and function(piece) write_pieces(write, piece) end
                or function(piece) n = n + 1; out[n] = piece end
   local rows, ok, done, rmsg, rcode
-  rows, rmsg, rcode = core._prom_rows(db, pattern, pause ~= nil)
+  rows, rmsg, rcode = core._prom_rows(db, pattern)
   if rows then
     ok, done, rmsg, rcode = pcall(from_rows, db, rows, c, pause, emit, not write and not pause)
     rows:close()

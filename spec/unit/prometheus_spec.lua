@@ -508,7 +508,13 @@ describe("tally.prometheus()", function()
     local core = require "tally.core"
     for i = 1, 3000 do db:incr(("n%05d"):format(i), i) end
     local rows = assert(core._prom_rows(db))
-    assert.is_true(rows:collect(1))
+    local slices, done = 0, false
+    repeat
+      done = rows:collect(64)
+      assert.is_not_nil(done)
+      slices = slices + 1
+    until done
+    assert.is_true(slices > 1)                       -- runs, merged as they are written
     local a = rows:lines(1000, 'v{c="', 'v{h="')         -- written in memory the rows keep
     local b, more = rows:lines(1000, 'v{c="', 'v{h="')
     assert.is_true(more)

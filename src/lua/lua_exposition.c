@@ -276,17 +276,19 @@ static int tl_prom_split_lines(lua_State *L) {
 
 /* ---- a scrape's counters: one walk, in name order, no handle -------------- */
 
-/* core._prom_rows(db [, pattern [, sliced]]) reads the matching counters
+/* core._prom_rows(db [, pattern]) reads the matching counters
  * (names and values: 16 bytes and the name each, no Lua value per
  * counter, and its merge key: 24 bytes). tally.prometheus hands the Lua side only what it decides
  * (names ending in '}', which may be histogram members; values beyond
  * int64) and takes the default metric's lines in chunks written here,
  * so a scrape of a million counters makes no million strings and can be
- * sent as it is made. Read whole, the rows come sorted from
- * tally_store_rows. Sliced (a host that yields: tally.openresty), they
- * come from a tally_walk by name, rows:collect(slots) at a time, each
- * slice a sorted run of its own; the runs are merged as the lines are
- * written. A name twice (dropped and made again between two slices) is
+ * sent as it is made. They come from a tally_walk by name,
+ * rows:collect(slots) at a time (a host that yields, as tally.openresty
+ * does, yields between slices), each slice a sorted run of its own; the
+ * runs are merged as the lines are written. One walk of the whole store
+ * sorted at once took longer: its values were read in the names' order,
+ * all over the store, where a slice reads them in the index's, and sorts
+ * what it read while it is in cache. A name twice (dropped and made again between two slices) is
  * written once, as read last. */
 #define TL_PROMROWS_MT "tally.promrows"
 
@@ -306,7 +308,7 @@ typedef struct tl_promrows {
   char *names;
   size_t used, room;
   int failed;       /* out of memory during a walk */
-  tally_walk *walk; /* sliced, while collecting */
+  tally_walk *walk; /* while collecting */
   size_t *run;      /* where each run begins, then n */
   size_t nrun, runcap;
   size_t *heap, nheap; /* the merge: the runs' next rows, least first */
@@ -395,33 +397,25 @@ static size_t row_arg(lua_State *L, const tl_promrows *t, int arg) {
   return (size_t)i - 1;
 }
 
-/* core._prom_rows(db [, pattern [, sliced]]) -> rows, or nil, message,
- * code. Sliced: rows:collect reads them. */
+/* core._prom_rows(db [, pattern]) -> rows, or nil, message, code;
+ * rows:collect reads them. */
 static int tl_prom_rows(lua_State *L) {
   tl_store *d = tl_checkstore(L, 1);
   size_t plen = 0;
   const char *pattern = lua_isnoneornil(L, 2) ? NULL : luaL_checklstring(L, 2, &plen);
-  int sliced = lua_toboolean(L, 3);
   tl_promrows *t = (tl_promrows *)tl_newud(L, sizeof *t, 1);
   memset(t, 0, sizeof *t);
   t->last = SIZE_MAX;
   luaL_setmetatable(L, TL_PROMROWS_MT);
   lua_newtable(L); /* the values the Lua side wrote: by row */
   tl_setuv(L, -2, 1);
-  int rc =
-      sliced ? tally_walk_open(d->store, pattern, plen, TALLY_ROWS_BY_NAME, &t->walk)
-             : tally_store_rows(d->store, pattern, plen, TALLY_ROWS_BY_NAME, rows_add, t);
-  if (!sliced && !t->failed && rc == 0 && t->n) { /* one run, sorted already */
-    if (run_end(t, t->n) == 0) t->run[0] = 0, t->run[1] = t->n, t->nrun = 1;
-  }
-  if (t->failed)
-    return tl_fail_msg(L, TALLY_ENOMEM, "not enough memory for a scrape's rows");
+  int rc = tally_walk_open(d->store, pattern, plen, TALLY_ROWS_BY_NAME, &t->walk);
   if (rc < 0) return tl_fail(L, rc);
   return 1;
 }
 
 /* rows:collect(slots) -> true once every counter is read; false while
- * some remain (a sliced walk: the next `slots` of the index), or nil,
+ * some remain (the next `slots` slots of the index read), or nil,
  * message, code */
 static int rows_collect(lua_State *L) {
   tl_promrows *t = rows_check(L);
