@@ -314,6 +314,10 @@ typedef struct tl_promrows {
   size_t *heap, nheap; /* the merge: the runs' next rows, least first */
   size_t *at;          /* per run: its next row */
   size_t shared;       /* the bytes every name begins with: compared by key */
+  size_t keyed;        /* rows from here on have their key at shared */
+  size_t *special;     /* rows whose name ends in '}' or whose value is beyond int64 */
+  size_t nspecial, specialcap;
+  size_t excluded; /* rows marked ROW_OUT */
   int merging;
   int closed; /* rows:close() ran */
   struct keep keep;
@@ -331,6 +335,21 @@ static int rows_reserve(tl_promrows *t, size_t cap, size_t room) {
   return -1;
 }
 
+/* The 8 bytes of name after its first `shared`, big-endian, zeros past
+ * its end. */
+static uint64_t key_at(const char *name, size_t len, size_t shared) {
+  const unsigned char *b = (const unsigned char *)name + shared;
+  size_t take = len > shared ? len - shared : 0;
+  uint64_t key = 0;
+  if (take > 8) take = 8;
+  for (size_t j = 0; j < take; j++) key |= (uint64_t)b[j] << (56 - 8 * j);
+  return key;
+}
+
+/* What the Lua side decides for a row (a histogram's member, maybe; a
+ * value beyond int64) is listed as the row is read, and the merge's key
+ * made then: no pass over every row stands between the last slice and
+ * the first lines, a step that a host that yields could not cut. */
 static int rows_add(void *ud, const tally_row *r) {
   tl_promrows *t = (tl_promrows *)ud;
   if (t->n == t->cap || t->used + r->name_len > t->room) {
@@ -343,10 +362,29 @@ static int rows_add(void *ud, const tally_row *r) {
     t->failed = 1;
     return 1;
   }
+  if (r->value_rc || r->name[r->name_len - 1] == '}') {
+    if (t->nspecial == t->specialcap) {
+      size_t cap = t->specialcap ? t->specialcap * 2 : 64;
+      size_t *sp = realloc(t->special, cap * sizeof *sp);
+      if (!sp) {
+        t->failed = 1;
+        return 1;
+      }
+      t->special = sp, t->specialcap = cap;
+    }
+    t->special[t->nspecial++] = t->n;
+  }
+  /* the prefix all names share: the first name's, as far as each agrees */
+  size_t k = 0;
+  if (t->n == 0)
+    t->shared = k = r->name_len;
+  else
+    while (k < t->shared && k < r->name_len && t->names[k] == r->name[k]) k++;
+  if (k < t->shared) t->shared = k, t->keyed = t->n; /* the keys before: too deep */
   memcpy(t->names + t->used, r->name, r->name_len);
-  t->row[t->n++] = (struct prow){(uint32_t)t->used, (uint8_t)r->name_len,
-                                 (uint8_t)(r->value_rc ? ROW_RANGE : 0),
-                                 r->value_rc ? 0 : r->value, 0};
+  t->row[t->n++] = (struct prow){
+      (uint32_t)t->used, (uint8_t)r->name_len, (uint8_t)(r->value_rc ? ROW_RANGE : 0),
+      r->value_rc ? 0 : r->value, key_at(r->name, r->name_len, t->shared)};
   t->used += r->name_len;
   return 0;
 }
@@ -454,10 +492,8 @@ static int rows_collect(lua_State *L) {
 /* rows:count() -> how many, and how many not left out */
 static int rows_count(lua_State *L) {
   tl_promrows *t = rows_check(L);
-  size_t in = 0;
-  for (size_t i = 0; i < t->n; i++) in += !(t->row[i].flags & ROW_OUT);
   lua_pushinteger(L, (lua_Integer)t->n);
-  lua_pushinteger(L, (lua_Integer)in);
+  lua_pushinteger(L, (lua_Integer)(t->n - t->excluded));
   return 2;
 }
 
@@ -471,9 +507,9 @@ static int rows_special(lua_State *L) {
   lua_newtable(L);
   lua_newtable(L);
   lua_Integer k = 0;
-  for (size_t i = 0; i < t->n; i++) {
+  for (size_t j = 0; j < t->nspecial; j++) {
+    size_t i = t->special[j];
     const struct prow *r = &t->row[i];
-    if (!(r->flags & ROW_RANGE) && t->names[r->off + r->len - 1] != '}') continue;
     k++;
     lua_pushinteger(L, (lua_Integer)i + 1);
     lua_rawseti(L, 2, k);
@@ -488,7 +524,9 @@ static int rows_special(lua_State *L) {
 /* rows:exclude(i): row i is not a counter line (a histogram's member) */
 static int rows_exclude(lua_State *L) {
   tl_promrows *t = rows_check(L);
-  t->row[row_arg(L, t, 2)].flags |= ROW_OUT;
+  struct prow *r = &t->row[row_arg(L, t, 2)];
+  t->excluded += !(r->flags & ROW_OUT);
+  r->flags |= ROW_OUT;
   return 0;
 }
 
@@ -520,31 +558,12 @@ static void sift(tl_promrows *t, size_t i) {
   }
 }
 
-static size_t common(const tl_promrows *t, size_t a, size_t b, size_t upto) {
-  const char *x = t->names + t->row[a].off, *y = t->names + t->row[b].off;
-  size_t i = 0, m = t->row[a].len < t->row[b].len ? t->row[a].len : t->row[b].len;
-  if (upto < m) m = upto;
-  while (i < m && x[i] == y[i]) i++;
-  return i;
-}
-
-/* Every name's key: the prefix all share is that of the runs' first and
- * last rows (each run sorted), and the key the 8 bytes after it. */
+/* The keys made before the shared prefix last shrank, made again (the
+ * first few rows, unless a name far from the others came late). */
 static void keys_fill(tl_promrows *t) {
-  size_t shared = TALLY_NAME_MAX;
-  for (size_t k = 0; k < t->nrun; k++) {
-    shared = common(t, t->run[0], t->run[k], shared);
-    shared = common(t, t->run[0], t->run[k + 1] - 1, shared);
-  }
-  t->shared = t->n ? shared : 0;
-  for (size_t i = 0; i < t->n; i++) {
-    const unsigned char *b = (const unsigned char *)t->names + t->row[i].off;
-    size_t len = t->row[i].len, take = len > t->shared ? len - t->shared : 0;
-    uint64_t key = 0;
-    if (take > 8) take = 8;
-    for (size_t j = 0; j < take; j++) key |= (uint64_t)b[t->shared + j] << (56 - 8 * j);
-    t->row[i].key = key;
-  }
+  for (size_t i = 0; i < t->keyed; i++)
+    t->row[i].key = key_at(t->names + t->row[i].off, t->row[i].len, t->shared);
+  t->keyed = 0;
 }
 
 static int merge_start(tl_promrows *t) {
@@ -672,6 +691,7 @@ static int rows_close(lua_State *L) {
   free(t->run);
   free(t->heap);
   free(t->at);
+  free(t->special);
   free(t->keep.p);
   memset(t, 0, sizeof *t);
   t->closed = 1;
