@@ -1177,8 +1177,27 @@ end
 -- _chunk lines; tally.openresty yields once a few of them have passed.
 local PIECE = 65536
 _M._slice = 2048                    -- a knob for tests
-local function write_pieces(write, text)
-  for i = 1, #text, PIECE do write(sub(text, i, i + PIECE - 1)) end
+
+-- put(text), flush(): the texts put joined and handed to write in pieces
+-- of PIECE bytes, the last one shorter at the flush; so a host sends few
+-- large pieces however short the chunks between two pauses (serve's
+-- client woke for each one, and took the writers' CPU).
+local function piece_writer(write)
+  local held, n, size = {}, 0, 0
+  local function put(text)
+    n, size = n + 1, size + #text
+    held[n] = text
+    if size < PIECE then return end
+    local all = concat(held, "", 1, n)
+    local full = #all - #all % PIECE
+    for i = 1, full, PIECE do write(sub(all, i, i + PIECE - 1)) end
+    held, n, size = { sub(all, full + 1) }, 1, #all - full
+  end
+  local function flush()
+    if size > 0 then write(concat(held, "", 1, n)) end
+    held, n, size = {}, 0, 0
+  end
+  return put, flush
 end
 
 -- The exposition from one walk of the matching counters (core._prom_rows:
@@ -1297,9 +1316,9 @@ function _M.prometheus(db, pattern, opts)
   local fok, fmsg = core.histograms_flush(db)
   if not fok then logger("prometheus: buffered histograms not flushed: " .. tostring(fmsg)) end
   local c = _M.mapping_of(db)
-  local out, n = {}, 0
-  local emit = write and function(piece) write_pieces(write, piece) end
-               or function(piece) n = n + 1; out[n] = piece end
+  local out, n, flush = {}, 0, nil
+  local emit = function(piece) n = n + 1; out[n] = piece end
+  if write then emit, flush = piece_writer(write) end
   local rows, ok, done, rmsg, rcode
   rows, rmsg, rcode = core._prom_rows(db, pattern)
   if rows then
@@ -1313,7 +1332,10 @@ function _M.prometheus(db, pattern, opts)
     if not text then return nil, msg, code end
     emit(text)
   end
-  if write then return true end
+  if write then
+    flush()
+    return true
+  end
   return n == 1 and out[1] or concat(out)
 end
 
