@@ -570,7 +570,11 @@ static int merge_start(tl_promrows *t) {
   if (t->merging) return 0;
   t->heap = malloc((t->nrun + 1) * sizeof *t->heap);
   t->at = malloc((t->nrun + 1) * sizeof *t->at);
-  if (!t->heap || !t->at) return -1;
+  if (!t->heap || !t->at) {
+    free(t->heap), free(t->at);
+    t->heap = NULL, t->at = NULL;
+    return -1;
+  }
   keys_fill(t);
   t->nheap = 0;
   for (size_t k = 0; k < t->nrun; k++) {
