@@ -1223,7 +1223,10 @@ local function from_rows(db, rows, c, pause, emit, whole)
   local brace, at = {}, {}
   for k, name in ipairs(names) do
     if range[k] then rows:set_text(idx[k], _M._value_text(beyond(db, name))) end
-    if byte(name, -1) == 125 then brace[#brace + 1] = name; at[name] = idx[k] end
+    if byte(name, -1) == 125 then        -- a name read twice (made again meanwhile): once
+      if not at[name] then brace[#brace + 1] = name end
+      at[name] = idx[k]
+    end
   end
   local hs, htext, skips = histogram.group(brace), nil, nil
   if next(hs) then

@@ -25,7 +25,7 @@
  * and this loop polls its epoll descriptor and a self-pipe, so every call
  * into Lua happens here, on the one Lua state, between two MHD_run calls.
  * A producer that answers "" makes the loop poll with no wait, so a long
- * scrape (tally.prometheus pausing every 10,000 counters) is cut into
+ * scrape (tally.prometheus pausing every 500 counters) is cut into
  * steps and other connections are served between them. SIGTERM and SIGINT
  * write to the self-pipe: the loop stops, MHD closes every connection and
  * serve returns the signal's name. Bad percent-encoding in the path or
