@@ -543,11 +543,12 @@ local YIELDS = { content = true, access = true, rewrite = true, timer = true }
 
 -- A scrape's pause: it yields once STEP seconds of work (the process's
 -- CPU time: a clock that never steps back, and leaves out the time spent
--- waiting for the client in ngx.flush) have passed since it last did. tally.prometheus pauses after every slice of the index and
--- chunk of lines it makes (about 0.1 ms each on the 2-core VM); a sleep
--- at each would make a scrape of a million counters last ten times its
--- work, and a step much longer than a small request's time shows in
--- their latency while the scrape runs (its p99, bench-openresty).
+-- waiting for the client in ngx.flush) have passed since it last did.
+-- tally.prometheus pauses after every slice of the index and chunk of
+-- lines it makes (about 0.1 ms each on the 2-core VM); a sleep at each
+-- would make a scrape of a million counters last ten times its work, and
+-- a step much longer than a small request's time shows in their latency
+-- while the scrape runs (its p99, bench-openresty).
 local STEP = 0.0003
 local cpu = os.clock
 local function yielder()
@@ -559,6 +560,7 @@ local function yielder()
     end
   end
 end
+_M._yielder = yielder -- for spec/unit/openresty_pause_spec.lua
 
 -- A scrape's piece to the client, flushed (ngx.flush(true) yields while
 -- the client has not taken what was sent): raises if the client is gone.
