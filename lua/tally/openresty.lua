@@ -577,9 +577,9 @@ end
 -- was sent (both logged). The text is sent as it is made (tally.prometheus'
 -- write), and the scrape yields to nginx (ngx.sleep(0.001)) after every
 -- 0.3 ms of its work and while the client reads, so that a worker
--- scraping a large store goes on serving its other requests meanwhile. A failure once the text has begun is logged and the
--- connection closed, so the scraper sees a cut response, never a short
--- one that looks whole.
+-- scraping a large store goes on serving its other requests meanwhile.
+-- A failure once the text has begun is logged and the connection closed,
+-- so the scraper sees a cut response, never a short one that looks whole.
 function _M.metrics(pattern)
   local db = st.db
   if not db then return fail(503, "tally.openresty: no store in this worker (" .. st.reason .. ")") end

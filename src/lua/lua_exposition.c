@@ -276,9 +276,9 @@ static int tl_prom_split_lines(lua_State *L) {
 
 /* ---- a scrape's counters: one walk, in name order, no handle -------------- */
 
-/* core._prom_rows(db [, pattern]) reads the matching counters
- * (names and values: 16 bytes and the name each, no Lua value per
- * counter, and its merge key: 24 bytes). tally.prometheus hands the Lua side only what it decides
+/* core._prom_rows(db [, pattern]) reads the matching counters (24 bytes
+ * each, value and merge key among them, and the name; no Lua value per
+ * counter). tally.prometheus hands the Lua side only what it decides
  * (names ending in '}', which may be histogram members; values beyond
  * int64) and takes the default metric's lines in chunks written here,
  * so a scrape of a million counters makes no million strings and can be
@@ -288,8 +288,8 @@ static int tl_prom_split_lines(lua_State *L) {
  * runs are merged as the lines are written. One walk of the whole store
  * sorted at once took longer: its values were read in the names' order,
  * all over the store, where a slice reads them in the index's, and sorts
- * what it read while it is in cache. A name twice (dropped and made again between two slices) is
- * written once, as read last. */
+ * what it read while it is in cache. A name twice (dropped and made
+ * again between two slices) is written once, as read last. */
 #define TL_PROMROWS_MT "tally.promrows"
 
 enum { ROW_OUT = 1, ROW_TEXT = 2, ROW_RANGE = 4 };
@@ -321,18 +321,16 @@ typedef struct tl_promrows {
   int merging;
   int closed; /* rows:close() ran */
   struct keep keep;
-  size_t last; /* the row the merge handed out last (SIZE_MAX: none) */
 } tl_promrows;
 
-/* Room for cap rows and room bytes of names, at least; 0, or -1 (failed). */
+/* Room for cap rows and room bytes of names, at least; 0, or -1 (what
+ * was there stays). */
 static int rows_reserve(tl_promrows *t, size_t cap, size_t room) {
   struct prow *row = cap > t->cap ? realloc(t->row, cap * sizeof *row) : t->row;
   if (row && cap > t->cap) t->row = row, t->cap = cap;
   char *names = room > t->room ? realloc(t->names, room) : t->names;
   if (names && room > t->room) t->names = names, t->room = room;
-  if (row && names) return 0;
-  t->failed = 1;
-  return -1;
+  return row && names ? 0 : -1;
 }
 
 /* The 8 bytes of name after its first `shared`, big-endian, zeros past
@@ -356,7 +354,10 @@ static int rows_add(void *ud, const tally_row *r) {
     size_t cap = t->n == t->cap ? (t->cap ? t->cap * 2 : 4096) : t->cap;
     size_t room =
         t->used + r->name_len > t->room ? (t->room ? t->room * 2 : 65536) : t->room;
-    if (rows_reserve(t, cap, room)) return 1; /* stops the walk */
+    if (rows_reserve(t, cap, room)) {
+      t->failed = 1;
+      return 1; /* stops the walk */
+    }
   }
   if (t->used > UINT32_MAX - TALLY_NAME_MAX) {
     t->failed = 1;
@@ -443,7 +444,6 @@ static int tl_prom_rows(lua_State *L) {
   const char *pattern = lua_isnoneornil(L, 2) ? NULL : luaL_checklstring(L, 2, &plen);
   tl_promrows *t = (tl_promrows *)tl_newud(L, sizeof *t, 1);
   memset(t, 0, sizeof *t);
-  t->last = SIZE_MAX;
   luaL_setmetatable(L, TL_PROMROWS_MT);
   lua_newtable(L); /* the values the Lua side wrote: by row */
   tl_setuv(L, -2, 1);
@@ -475,8 +475,8 @@ static int rows_collect(lua_State *L) {
     double whole = (double)all / (double)passed * 1.125;
     if (whole * (double)t->n < (double)(SIZE_MAX / 2 / sizeof *t->row) &&
         whole * (double)t->used < (double)UINT32_MAX)
-      rows_reserve(t, (size_t)(whole * (double)t->n), (size_t)(whole * (double)t->used));
-    t->failed = 0; /* the rows so far stay: growth goes on as it must */
+      rows_reserve(t, (size_t)(whole * (double)t->n),
+                   (size_t)(whole * (double)t->used)); /* or grow as they come */
   }
   if (t->failed || rc < 0 || rc == 1) {
     tally_walk_close(t->walk);
