@@ -230,6 +230,24 @@ static int by_name(const void *a, const void *b) {
   return c ? c : (x->name_len > y->name_len) - (x->name_len < y->name_len);
 }
 
+/* The rows got hold every row of all (read whole, by name) once: sorted,
+ * each name and value the same. */
+static void expect_same_rows(struct got *all, struct got *got, const char *how) {
+  EXPECT_I64((int64_t)all->n, (int64_t)got->n);
+  for (size_t i = 0; i < got->n; i++) got->row[i].name = got->name[i];
+  for (size_t i = 0; i < all->n; i++) all->row[i].name = all->name[i];
+  qsort(got->row, got->n, sizeof *got->row, by_name);
+  for (size_t i = 0; i < all->n && i < got->n; i++) {
+    const tally_row *g = &got->row[i], *a = &all->row[i];
+    if (g->name_len != a->name_len || memcmp(g->name, a->name, a->name_len) != 0 ||
+        g->value != a->value || g->value_rc != a->value_rc) {
+      TU_FAIL("row %zu: %s = %lld %s, %s = %lld whole", i, g->name, (long long)g->value,
+              how, a->name, (long long)a->value);
+      break;
+    }
+  }
+}
+
 static void test_walk_slices(tally_store *s) {
   struct got all = {0}, sl = {0};
   EXPECT_OK(tally_store_rows(s, "post:*", 6, TALLY_ROWS_BY_NAME, collect, &all));
@@ -261,20 +279,7 @@ static void test_walk_slices(tally_store *s) {
   tally_walk_close(w);
   got_free(&part);
   /* every row once, as tally_store_rows reads it */
-  EXPECT_I64((int64_t)all.n, (int64_t)sl.n);
-  for (size_t i = 0; i < sl.n; i++) sl.row[i].name = sl.name[i];
-  for (size_t i = 0; i < all.n; i++) all.row[i].name = all.name[i];
-  qsort(sl.row, sl.n, sizeof *sl.row, by_name);
-  for (size_t i = 0; i < all.n && i < sl.n; i++) {
-    if (sl.row[i].name_len != all.row[i].name_len ||
-        memcmp(sl.row[i].name, all.row[i].name, all.row[i].name_len) != 0 ||
-        sl.row[i].value != all.row[i].value ||
-        sl.row[i].value_rc != all.row[i].value_rc) {
-      TU_FAIL("row %zu: %s = %lld in slices, %s = %lld whole", i, sl.row[i].name,
-              (long long)sl.row[i].value, all.row[i].name, (long long)all.row[i].value);
-      break;
-    }
-  }
+  expect_same_rows(&all, &sl, "in slices");
   /* by name: each slice a sorted run, the runs every row once */
   struct got run = {0};
   REQUIRE_OK(tally_walk_open(s, "post:*", 6, TALLY_ROWS_BY_NAME, &w));
@@ -295,17 +300,7 @@ static void test_walk_slices(tally_store *s) {
   EXPECT_I64(1, rc);
   EXPECT(runs > 1);
   tally_walk_close(w);
-  EXPECT_I64((int64_t)all.n, (int64_t)run.n);
-  for (size_t i = 0; i < run.n; i++) run.row[i].name = run.name[i];
-  qsort(run.row, run.n, sizeof *run.row, by_name);
-  for (size_t i = 0; i < all.n && i < run.n; i++)
-    if (run.row[i].name_len != all.row[i].name_len ||
-        memcmp(run.row[i].name, all.row[i].name, all.row[i].name_len) != 0 ||
-        run.row[i].value != all.row[i].value) {
-      TU_FAIL("row %zu: %s = %lld by slices, %s = %lld whole", i, run.row[i].name,
-              (long long)run.row[i].value, all.row[i].name, (long long)all.row[i].value);
-      break;
-    }
+  expect_same_rows(&all, &run, "in sorted slices");
   got_free(&run);
   EXPECT_I64(TALLY_EINVAL, tally_walk_open(NULL, NULL, 0, 0, &w));
   EXPECT_I64(TALLY_EINVAL, tally_walk_next(NULL, 1, collect, &sl));
