@@ -10,6 +10,7 @@
  * two names from all over the arena for each of its 20 compares a name).
  */
 #include "internal.h"
+#include "namekey.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -17,11 +18,7 @@
 #define SMALL_RUN 48 /* shorter runs: insertion sort */
 
 static uint64_t bytes_at(const struct tally__rec *r, size_t depth) {
-  const unsigned char *b = (const unsigned char *)r->name + depth;
-  size_t left = r->name_len > depth ? r->name_len - depth : 0, take = left < 8 ? left : 8;
-  uint64_t k = 0;
-  for (size_t j = 0; j < take; j++) k |= (uint64_t)b[j] << (56 - 8 * j);
-  return k;
+  return tally__name_bytes(r->name, r->name_len, depth);
 }
 
 void tally__name_key(tally_store *s, uint64_t rec_off, struct tally__name_key *out) {

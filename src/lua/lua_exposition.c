@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../core/namekey.h"
 #include "lua_aux.h"
 
 /* A label value: \ " and newline escaped, as the exposition format asks,
@@ -333,17 +334,6 @@ static int rows_reserve(tl_promrows *t, size_t cap, size_t room) {
   return row && names ? 0 : -1;
 }
 
-/* The 8 bytes of name after its first `shared`, big-endian, zeros past
- * its end. */
-static uint64_t key_at(const char *name, size_t len, size_t shared) {
-  const unsigned char *b = (const unsigned char *)name + shared;
-  size_t take = len > shared ? len - shared : 0;
-  uint64_t key = 0;
-  if (take > 8) take = 8;
-  for (size_t j = 0; j < take; j++) key |= (uint64_t)b[j] << (56 - 8 * j);
-  return key;
-}
-
 /* What the Lua side decides for a row (a histogram's member, maybe; a
  * value beyond int64) is listed as the row is read, and the merge's key
  * made then: no pass over every row stands between the last slice and
@@ -385,7 +375,7 @@ static int rows_add(void *ud, const tally_row *r) {
   memcpy(t->names + t->used, r->name, r->name_len);
   t->row[t->n++] = (struct prow){
       (uint32_t)t->used, (uint8_t)r->name_len, (uint8_t)(r->value_rc ? ROW_RANGE : 0),
-      r->value_rc ? 0 : r->value, key_at(r->name, r->name_len, t->shared)};
+      r->value_rc ? 0 : r->value, tally__name_bytes(r->name, r->name_len, t->shared)};
   t->used += r->name_len;
   return 0;
 }
@@ -562,7 +552,7 @@ static void sift(tl_promrows *t, size_t i) {
  * first few rows, unless a name far from the others came late). */
 static void keys_fill(tl_promrows *t) {
   for (size_t i = 0; i < t->keyed; i++)
-    t->row[i].key = key_at(t->names + t->row[i].off, t->row[i].len, t->shared);
+    t->row[i].key = tally__name_bytes(t->names + t->row[i].off, t->row[i].len, t->shared);
   t->keyed = 0;
 }
 
