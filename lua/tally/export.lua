@@ -324,8 +324,9 @@ end
 -- progress(phase, done, total), if given, is called as the work goes: a
 -- document as export writes it streams, phase "read" (bytes checked), then
 -- "apply" (counters); any other is held whole, phases "decode", "validate",
--- "create", "apply". The store changes from "create" or "apply" on, so
--- progress must not raise then.
+-- "create", "apply". An error progress raises once the store changes
+-- (from "create" or "apply" on) is raised again after the import's changes
+-- are undone.
 function store:import(source, opts)
   check_self(self, "tally.store", "import")
   return import_any(self, source, opts, true)
@@ -558,10 +559,20 @@ function whole(self, text, mode, progress)
 
   if keys ~= nkeys then raise(or_twice("a key is given twice")) end
 
+  -- progress may raise once the store changes: what the import did is
+  -- undone first, then that error raised again (as streamed does)
+  local function step_or_undo(phase, i, n, log, created)
+    local ok, err = pcall(step, phase, i, n)
+    if not ok then
+      undo(self, log, created)
+      error(err, 0)
+    end
+  end
+
   -- 2. create the counters that do not exist
   local created = {}
   for i, p in ipairs(plan) do
-    step("create", i, #plan)
+    step_or_undo("create", i, #plan, { {}, {}, {} }, created)
     if not p.c then
       local cok, c, msg, code = pcall(self.counter, self, p.name, {
         shards = p.policy ~= "cpu" and p.shards or nil, policy = p.policy })  -- cpu: this machine's
@@ -588,7 +599,7 @@ function whole(self, text, mode, progress)
   local log = { {}, {}, {} }
   local hs, ss, ns, k = log[1], log[2], log[3], 0
   for i, p in ipairs(plan) do
-    step("apply", i, #plan)
+    step_or_undo("apply", i, #plan, log, created)
     local c = p.c
     local now, msg, code = c:shards()
     if now and #now ~= (p.here or p.shards) then

@@ -329,6 +329,23 @@ describe("tally.store", function()
       assert.equal(4, db:import(text))
     end)
 
+    it("undoes what it applied or made before raising what progress raises", function()
+      db:counter("b", { shards = 1 }):add_shard(1, 5)
+      local before = db:export()   -- "a" is made, then "b" changed
+      -- spaces: not export's text, so the whole document's path
+      local text = doc({ { name = "a", shards = { 1 } }, { name = "b", shards = { 2 } } })
+        :gsub(",", ", ")
+      for _, phase in ipairs({ "create", "apply" }) do
+        local ok, e = pcall(db.import, db, text, { progress = function(p, done, total)
+          if p == phase and done == total then error("stop in " .. phase, 0) end
+        end })
+        assert.same({ false, "stop in " .. phase }, { ok, e })
+        assert.equal(before, db:export())
+      end
+      assert.equal(2, db:import(text))
+      assert.same({ 1, 2 }, { db:value("a"), db:value("b") })
+    end)
+
     describe("refuses, naming the counter and field, and changes nothing:", function()
       local before
       before_each(function()
