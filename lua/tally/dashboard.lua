@@ -407,6 +407,11 @@ function api.counter(db, q)
   params("counter", q, { name = true })
   local name = str_param(q, "name")
   if name == nil or name == "" then bad(400, "name is needed: api/counter?name=NAME") end
+  -- no counter has such a name (db:counter would raise on it)
+  if #name > tally.NAME_MAX then
+    bad(400, fmt("name must be 1 to %d bytes, got %d", tally.NAME_MAX, #name))
+  end
+  if name:find("\0", 1, true) then bad(400, "name must not contain a NUL byte") end
   local out = with_counter(db, name, function(c)
     local info = c:info()
     local o = { name = name, value = c:value(), shards = c:shards(), policy = info.policy,

@@ -316,6 +316,7 @@ db:family("post:*:likes", { shards = 4, metric = "post_likes", labels = { "post"
       { "/api/values?colour=red", 400, "unknown query parameter 'colour' (/api/values takes pattern)\n" },
       { "/api/top?pattern=%zz", 400, "bad percent-encoding in the path or query: '%' must be followed by two hex digits\n" },
       { "/api/counter", 400, "name is needed: api/counter?name=NAME\n" },
+      { "/api/counter?name=" .. ("x"):rep(256), 400, "name must be 1 to 255 bytes, got 256\n" },
       { "/nope", 404, nil },
       { "/api/nope", 404, nil },
     }
