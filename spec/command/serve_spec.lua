@@ -317,6 +317,10 @@ db:family("post:*:likes", { shards = 4, metric = "post_likes", labels = { "post"
       { "/api/top?pattern=%zz", 400, "bad percent-encoding in the path or query: '%' must be followed by two hex digits\n" },
       { "/api/counter", 400, "name is needed: api/counter?name=NAME\n" },
       { "/api/counter?name=" .. ("x"):rep(256), 400, "name must be 1 to 255 bytes, got 256\n" },
+      -- a %00 is a byte of the name, not its end (signups exists)
+      { "/api/counter?name=signups%00x", 400, "name must not contain a NUL byte\n" },
+      { "/api/top?n=5&n=1", 400, "query parameter 'n' must be given once\n" },
+      { "/metrics?pattern=a&pattern=b", 400, "query parameter 'pattern' must be given once\n" },
       { "/nope", 404, nil },
       { "/api/nope", 404, nil },
     }

@@ -8,7 +8,8 @@
  *       body_timeout (seconds idle while a producer's body is made: 300),
  *       nice (the process's niceness at least this, 0 to 19: 0)
  *     handler(req) -> status, headers, body [, gzip]
- *       req: { method=, path=, query = { k = v }, bad_escape = true|nil,
+ *       req: { method=, path=, query = { k = v, or k = { v1, v2, ... } for
+ *              a parameter given more than once }, bad_escape = true|nil,
  *              authorization=, user=, password= (Basic, decoded),
  *              accept_encoding=, remote= }
  *       headers: { ["Content-Type"] = ..., ... }
@@ -130,12 +131,30 @@ static size_t unescape(void *cls, struct MHD_Connection *c, char *s) {
   return MHD_http_unescape(s);
 }
 
+/* One query parameter into the table on top, with all its bytes (a %00
+ * kept, not cut there); one given more than once becomes the list of its
+ * values, which the handler refuses rather than pick one. */
 static enum MHD_Result add_arg(void *cls, enum MHD_ValueKind kind, const char *key,
-                               const char *value) {
+                               size_t key_size, const char *value, size_t value_size) {
   lua_State *L = (lua_State *)cls;
   (void)kind;
-  lua_pushstring(L, value != NULL ? value : "");
-  lua_setfield(L, -2, key);
+  lua_pushlstring(L, key, key_size);
+  lua_pushvalue(L, -1);
+  switch (lua_rawget(L, -3)) {
+  case LUA_TNIL:
+    lua_pop(L, 1);
+    lua_pushlstring(L, value != NULL ? value : "", value != NULL ? value_size : 0);
+    break;
+  case LUA_TSTRING: /* the second: the list of both */
+    lua_createtable(L, 2, 0);
+    lua_insert(L, -2);
+    lua_rawseti(L, -2, 1);
+    /* fall through */
+  default:
+    lua_pushlstring(L, value != NULL ? value : "", value != NULL ? value_size : 0);
+    lua_rawseti(L, -2, (lua_Integer)lua_rawlen(L, -2) + 1);
+  }
+  lua_rawset(L, -3);
   return MHD_YES;
 }
 
@@ -162,7 +181,7 @@ static void push_request(lua_State *L, struct MHD_Connection *c, const char *url
   lua_pushstring(L, url);
   lua_setfield(L, -2, "path");
   lua_newtable(L);
-  MHD_get_connection_values(c, MHD_GET_ARGUMENT_KIND, add_arg, L);
+  MHD_get_connection_values_n(c, MHD_GET_ARGUMENT_KIND, add_arg, L);
   lua_setfield(L, -2, "query");
   if (cs != NULL && cs->bad_escape) {
     cs->bad_escape = 0; /* the next request on this connection starts clean */

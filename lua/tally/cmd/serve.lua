@@ -174,6 +174,9 @@ local function handle(s, req)
     return answer(404, "no such path: " .. path .. " (try /, /metrics, /api/"
                   .. concat(dashboard.ENDPOINTS, ", /api/") .. ")")
   end
+  for k, v in pairs(req.query) do   -- given twice: which one was meant is not ours to guess
+    if type(v) ~= "string" then return answer(400, fmt("query parameter '%s' must be given once", k)) end
+  end
   local db, msg = store_of(s)
   if not db then return answer(503, msg) end
   s.dirty = true
