@@ -297,20 +297,20 @@ local function params(name, query, allowed)
   return query
 end
 
-local function int_param(q, k, lo, hi, default)
-  local v = q[k]
-  if v == nil then return default end
-  local n = type(v) == "string" and v:find("^%d+$") and tonumber(v)
-  if not n or n ~= floor(n) or n < lo or n > hi then
-    bad(400, fmt("%s must be an integer from %d to %d, got '%s'", k, lo, hi, tostring(v)))
-  end
-  return n
-end
-
 local function str_param(q, k)
   local v = q[k]
   if v ~= nil and type(v) ~= "string" then bad(400, k .. " must be given once, as text") end
   return v
+end
+
+local function int_param(q, k, lo, hi, default)
+  local v = str_param(q, k)
+  if v == nil then return default end
+  local n = v:find("^%d+$") and tonumber(v)
+  if not n or n ~= floor(n) or n < lo or n > hi then
+    bad(400, fmt("%s must be an integer from %d to %d, got '%s'", k, lo, hi, tostring(v)))
+  end
+  return n
 end
 
 local function pattern_param(q)
