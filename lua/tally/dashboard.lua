@@ -29,6 +29,7 @@
 
 local tally = require "tally"
 local json = require "tally.json"
+local printable = require("tally.util").printable
 
 local type, tostring, tonumber, ipairs, pairs, error, getmetatable, setmetatable, pcall =
       type, tostring, tonumber, ipairs, pairs, error, getmetatable, setmetatable, pcall
@@ -290,7 +291,7 @@ local function params(name, query, allowed)
       local names = {}
       for n in pairs(allowed) do names[#names + 1] = n end
       sort(names)
-      bad(400, fmt("unknown query parameter '%s' (/api/%s takes %s)", tostring(k), name,
+      bad(400, fmt("unknown query parameter '%s' (/api/%s takes %s)", printable(tostring(k)), name,
                    #names > 0 and concat(names, ", ") or "none"))
     end
   end
@@ -299,7 +300,7 @@ end
 
 local function str_param(q, k)
   local v = q[k]
-  if v ~= nil and type(v) ~= "string" then bad(400, k .. " must be given once, as text") end
+  if v ~= nil and type(v) ~= "string" then bad(400, printable(k) .. " must be given once, as text") end
   return v
 end
 
@@ -308,7 +309,7 @@ local function int_param(q, k, lo, hi, default)
   if v == nil then return default end
   local n = v:find("^%d+$") and tonumber(v)
   if not n or n ~= floor(n) or n < lo or n > hi then
-    bad(400, fmt("%s must be an integer from %d to %d, got '%s'", k, lo, hi, tostring(v)))
+    bad(400, fmt("%s must be an integer from %d to %d, got '%s'", k, lo, hi, printable(v)))
   end
   return n
 end
@@ -385,7 +386,7 @@ function api.top(db, q)
   params("top", q, { pattern = true, n = true, by = true, history = true })
   local n = int_param(q, "n", 1, MAX_TOP, 10)
   local by = str_param(q, "by") or "value"
-  if by ~= "value" and by ~= "rate" then bad(400, "by must be value or rate, got '" .. by .. "'") end
+  if by ~= "value" and by ~= "rate" then bad(400, "by must be value or rate, got '" .. printable(by) .. "'") end
   local hist = int_param(q, "history", 0, 1000, 0)
   local top = must(db:top(pattern_param(q) or "*", n, by))
   if hist > 0 then
@@ -426,7 +427,7 @@ function api.counter(db, q)
     end
     return o
   end)
-  if not out then bad(404, fmt("no such counter '%s'", name)) end
+  if not out then bad(404, fmt("no such counter '%s'", printable(name))) end
   return out
 end
 

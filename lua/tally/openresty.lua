@@ -691,7 +691,7 @@ function _M.dashboard()
     return send(200, "text/javascript; charset=utf-8", chartjs)
   end
   local name = uri:match("/api/(%a+)$")
-  if not name then return text(404, "no such path: " .. uri) end
+  if not name then return text(404, "no such path: " .. printable(uri)) end
   local db = st.db
   if not db then return text(503, "tally.openresty: no store in this worker (" .. st.reason .. ")") end
   local args = ngx.req.get_uri_args(100)

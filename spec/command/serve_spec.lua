@@ -320,6 +320,10 @@ db:family("post:*:likes", { shards = 4, metric = "post_likes", labels = { "post"
       -- a %00 is a byte of the name, not its end (signups exists)
       { "/api/counter?name=signups%00x", 400, "name must not contain a NUL byte\n" },
       { "/api/top?n=5&n=1", 400, "query parameter 'n' must be given once\n" },
+      -- what the client sent, escaped as tally's messages write names
+      { "/api/counter?name=%1b%5b2J%ff", 404, "no such counter '\\x1b[2J\\xff'\n" },
+      { "/api/values?%0d%0a=1", 400, "unknown query parameter '\\x0d\\x0a' (/api/values takes pattern)\n" },
+      { "/api/top?by=%1b", 400, "by must be value or rate, got '\\x1b'\n" },
       { "/metrics?pattern=a&pattern=b", 400, "query parameter 'pattern' must be given once\n" },
       { "/nope", 404, nil },
       { "/api/nope", 404, nil },

@@ -25,6 +25,7 @@ local httpd = require "tally.httpd"
 local peek = require "tally.peek"
 local json = require "tally.json"
 local dashboard = require "tally.dashboard"
+local printable = require("tally.util").printable
 
 local tostring, tonumber, pairs = tostring, tonumber, pairs
 local fmt, concat, sort = string.format, table.concat, table.sort
@@ -134,7 +135,7 @@ end
 local function no_other(req, allowed)
   for k in pairs(req.query) do
     if k ~= allowed then
-      return answer(400, fmt("unknown query parameter '%s' (%s takes %s)", k, req.path,
+      return answer(400, fmt("unknown query parameter '%s' (%s takes %s)", printable(k), req.path,
                              allowed or "none"))
     end
   end
@@ -171,11 +172,11 @@ local function handle(s, req)
   end
   local name = path:match("^/api/(%a+)$")
   if path ~= "/metrics" and not name then
-    return answer(404, "no such path: " .. path .. " (try /, /metrics, /api/"
+    return answer(404, "no such path: " .. printable(path) .. " (try /, /metrics, /api/"
                   .. concat(dashboard.ENDPOINTS, ", /api/") .. ")")
   end
   for k, v in pairs(req.query) do   -- given twice: which one was meant is not ours to guess
-    if type(v) ~= "string" then return answer(400, fmt("query parameter '%s' must be given once", k)) end
+    if type(v) ~= "string" then return answer(400, fmt("query parameter '%s' must be given once", printable(k))) end
   end
   local db, msg = store_of(s)
   if not db then return answer(503, msg) end
