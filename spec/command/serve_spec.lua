@@ -394,6 +394,8 @@ db:family("post:*:likes", { shards = 4, metric = "post_likes", labels = { "post"
     assert.equals('Bearer realm="tally"', h["www-authenticate"])
     assert.equals(401, (get(srv.url .. "/metrics", { headers = { Authorization = "Bearer wrong" } })))
     assert.equals(200, (get(srv.url .. "/metrics", { headers = { Authorization = "Bearer s3cret" } })))
+    assert.equals(200, (get(srv.url .. "/metrics", { headers = { Authorization = "BEARER s3cret" } })))
+    assert.equals(401, (get(srv.url .. "/metrics", { headers = { Authorization = "Basic s3cret" } })))
     assert.equals(0, stop(srv))
     srv = serve(path, "--auth", "ops:pa:ss")
     assert.equals(401, (get(srv.url .. "/api/stats")))

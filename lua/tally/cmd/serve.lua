@@ -114,8 +114,9 @@ local function authorized(s, req)
   local a = s.auth
   if not a then return true end
   if a.user then return req.user == a.user and req.password == a.password end
-  local token = req.authorization and req.authorization:match("^%s*[Bb]earer%s+(%S+)%s*$")
-  return token == a.token
+  -- the scheme's name in any case (RFC 7235)
+  local scheme, token = (req.authorization or ""):match("^%s*(%a+)%s+(%S+)%s*$")
+  return scheme ~= nil and scheme:lower() == "bearer" and token == a.token
 end
 
 -- (Re)open the store if it could not be read at the start: nil, message
