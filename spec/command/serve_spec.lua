@@ -324,6 +324,9 @@ db:family("post:*:likes", { shards = 4, metric = "post_likes", labels = { "post"
       { "/api/counter?name=%1b%5b2J%ff", 404, "no such counter '\\x1b[2J\\xff'\n" },
       { "/api/values?%0d%0a=1", 400, "unknown query parameter '\\x0d\\x0a' (/api/values takes pattern)\n" },
       { "/api/top?by=%1b", 400, "by must be value or rate, got '\\x1b'\n" },
+      -- the answer kept for a pattern with "&zzz=1" in it is not this query's
+      { "/api/values?pattern=x%26zzz%3D1", 200, '{"values":{}}' },
+      { "/api/values?pattern=x&zzz=1", 400, "unknown query parameter 'zzz' (/api/values takes pattern)\n" },
       { "/metrics?pattern=a&pattern=b", 400, "query parameter 'pattern' must be given once\n" },
       { "/nope", 404, nil },
       { "/api/nope", 404, nil },

@@ -196,8 +196,8 @@ local function handle(s, req)
   -- CPU seconds, refilled as time passes): past it, the last answer is
   -- given again, with its Age, so a dashboard open over a million
   -- counters refreshes less often instead of taking a core
-  local keys = {}
-  for k, v in pairs(req.query) do keys[#keys + 1] = k .. "=" .. v end
+  local keys = {}   -- each part with its length: no value can read as other parameters
+  for k, v in pairs(req.query) do keys[#keys + 1] = fmt("%d:%s%d:%s", #k, k, #v, v) end
   sort(keys)
   local key = path .. "?" .. concat(keys, "&")
   local now = tally.now()
