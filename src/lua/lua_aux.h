@@ -327,6 +327,7 @@ int tl_open_open(lua_State *L);       /* lua_open.c: core.open */
 int tl_open_text(lua_State *L);       /* lua_text.c: core.printable, .utf8len */
 int tl_open_json(lua_State *L);       /* lua_json.c: core.json_twice */
 int tl_open_export(lua_State *L);     /* lua_export.c: core.export_write, .importer */
+int tl_open_parcel(lua_State *L);     /* lua_parcel.c: core.parcel, core.parcel_add */
 
 /* Close histogram writer w and unlink it from its store; safe twice. */
 void tl_hist_release(tl_hist *w);

@@ -28,6 +28,7 @@ static const luaL_Reg tl_parts[] = {
     {"text", tl_open_text},             /* core.printable, utf8len (lua_text.c) */
     {"json", tl_open_json},             /* core.json_twice (lua_json.c) */
     {"export", tl_open_export},         /* core.export_write, core.importer */
+    {"parcel", tl_open_parcel},         /* core.parcel (lua_parcel.c) */
     {NULL, NULL}};
 
 /* core._process_mark([n]) -> the mark before (0: none); n sets it. One
