@@ -56,6 +56,8 @@ local st = {
   flush_on_exit = 0.2,
   exited = false,       -- the timer saw the worker exiting
   flush_timer = false,  -- the timer that flushes buffered histograms runs
+  thread_pool = nil,    -- where /metrics makes its text (init_worker's thread_pool)
+  trust = nil,          -- open.trust, for the thread's own handle
 }
 
 -- lua_code_cache off: every request runs in a Lua VM of its own, which
@@ -149,12 +151,18 @@ local function check_opts(opts)
     argerror(1, "init_worker", "options table expected, got " .. type(opts), 3)
   end
   local known = { store = true, open = true, families = true, rollups = true, tick = true,
-                  on_tick = true, flush_on_exit = true }
+                  on_tick = true, flush_on_exit = true, thread_pool = true }
   for k in pairs(opts) do
     if not known[k] then
       argerror(1, "init_worker", "unknown option '" .. printable(tostring(k))
-               .. "'; expected store, open, families, rollups, tick, on_tick, flush_on_exit", 3)
+               .. "'; expected store, open, families, rollups, tick, on_tick, flush_on_exit,"
+               .. " thread_pool", 3)
     end
+  end
+  local pool = opts.thread_pool
+  if pool ~= nil and (type(pool) ~= "string" or pool == "") then
+    argerror(1, "init_worker", "thread_pool must be the name of a thread_pool (nginx.conf),"
+             .. " got " .. (type(pool) == "string" and "''" or type(pool)), 3)
   end
   local spec = opts.store
   if type(spec) ~= "string" or sub(spec, 1, 5) ~= "file:" or #spec == 5 then
@@ -416,6 +424,7 @@ function _M.init_worker(opts)
   st.db, st.reason = db, nil
   core._process_mark(ngx.worker.pid())
   st.on_tick = opts.on_tick
+  st.thread_pool, st.trust = opts.thread_pool, opts.open and opts.open.trust and true or nil
   st.flush_on_exit = opts.flush_on_exit or 0.2
   local every = opts.tick
   if every == nil then every = default_tick(rollups) end
@@ -570,6 +579,36 @@ local function send(piece)
   if not ok then error("sending to the client: " .. tostring(err), 0) end
 end
 
+-- A scrape made on the thread pool st.thread_pool (tally.openresty_thread,
+-- in a Lua VM of its own, with this worker's mappings) into a parcel this
+-- request owns (freed however the request ends), then sent a piece at a
+-- time, yielding as a scrape made here does: the worker's event loop
+-- spends on it only the copies. Returns as pcall(tally.prometheus) does.
+local function threaded(db, pattern)
+  local parcel = core.parcel()
+  local tok, ok, err = ngx.run_worker_thread(st.thread_pool, "tally.openresty_thread", "scrape",
+                                             st.store, st.trust, db:mappings(), pattern,
+                                             parcel:id())
+  if not tok or not ok then
+    parcel:free()
+    return true, nil, (tok and "" or "thread pool '" .. st.thread_pool .. "': ")
+                      .. tostring(tok and err or ok)
+  end
+  ngx.header["Content-Type"] = PROM_TYPE
+  local pause = yielder()
+  local sok, serr = pcall(function()
+    local piece = parcel:take()
+    while piece do
+      send(piece)
+      pause()
+      piece = parcel:take()
+    end
+  end)
+  parcel:free()
+  if sok then return true, true end
+  return false, serr
+end
+
 -- metrics([pattern]): content handler writing the exact values of the
 -- matching counters (default: all) in Prometheus text format 0.0.4, with
 -- the families' metric mappings and histograms as Prometheus histograms;
@@ -592,8 +631,13 @@ function _M.metrics(pattern)
     ngx.print(text)
     return ngx.exit(200)
   end
-  ngx.header["Content-Type"] = PROM_TYPE
-  local ok, done, err = pcall(tally.prometheus, db, pattern, { pause = yielder(), write = send })
+  local ok, done, err
+  if st.thread_pool and ngx.get_phase() ~= "timer" then
+    ok, done, err = threaded(db, pattern)
+  else
+    ngx.header["Content-Type"] = PROM_TYPE
+    ok, done, err = pcall(tally.prometheus, db, pattern, { pause = yielder(), write = send })
+  end
   if ok and done then return ngx.exit(200) end
   local msg = "tally.openresty: /metrics: " .. tostring(ok and err or done)
   if not ngx.headers_sent then return fail(500, msg) end

@@ -57,8 +57,12 @@ describe("tally.openresty outside nginx", function()
     assert.equal("bad argument #1 to 'init_worker' (store must be \"file:PATH\", got 'memory';"
                  .. " a memory store would be private to each worker)", helper.err(iw, { store = "memory" }))
     assert.equal("bad argument #1 to 'init_worker' (unknown option 'ticks'; expected store, open,"
-                 .. " families, rollups, tick, on_tick, flush_on_exit)",
+                 .. " families, rollups, tick, on_tick, flush_on_exit, thread_pool)",
                  helper.err(iw, { store = "file:x.tly", ticks = 1 }))
+    assert.equal("bad argument #1 to 'init_worker' (thread_pool must be the name of a thread_pool"
+                 .. " (nginx.conf), got '')", helper.err(iw, { store = "file:x.tly", thread_pool = "" }))
+    assert.equal("bad argument #1 to 'init_worker' (thread_pool must be the name of a thread_pool"
+                 .. " (nginx.conf), got number)", helper.err(iw, { store = "file:x.tly", thread_pool = 1 }))
     assert.equal("bad argument #1 to 'init_worker' (tick must be seconds from 0.001 to 3600, or false, got 0)",
                  helper.err(iw, { store = "file:x.tly", tick = 0 }))
     assert.equal("bad argument #1 to 'init_worker' (families must be a table, got string)",
@@ -448,8 +452,28 @@ describe("tally.openresty in nginx, 2 workers", function()
     assert.same({}, srv.errors())
   end)
 
-  it("serves other requests while one worker renders a large /metrics", function()
-    srv = nginx.start { conf = nginx.example { every = 1 }, workers = 1 }
+-- The example with /metrics made on a thread pool of its own (init_worker's
+-- thread_pool) and, at /metrics_http, the http:* counters only.
+local function pooled(pool)
+  local conf, n = nginx.example { every = 1 }
+  conf, n = conf:gsub("\nevents {", "\nthread_pool tally threads=1;\n%0", 1)
+  assert.equal(1, n)
+  conf, n = conf:gsub('store = "file:data/tally.tly",', '%0 thread_pool = "' .. pool .. '",', 1)
+  assert.equal(1, n)
+  conf, n = conf:gsub("\n        location = /metrics {", [[
+
+        location = /metrics_http {
+            content_by_lua_block { require("tally.openresty").metrics("http:*") }
+        }
+%0]], 1)
+  assert.equal(1, n)
+  return conf
+end
+
+for _, mode in ipairs({ "the worker", "a thread pool" }) do
+  it("serves other requests while a large /metrics is made in " .. mode, function()
+    local conf = mode == "the worker" and nginx.example { every = 1 } or pooled("tally")
+    srv = nginx.start { conf = conf, workers = 1 }
     local db, n = store_of(srv), 300000
     for i = 1, n do db:incr("bulk:" .. i, i) end
     -- the scrape in the background; meanwhile new requests, one after the
@@ -478,9 +502,9 @@ describe("tally.openresty in nginx, 2 workers", function()
       total = total + 1
       if tonumber(a) > ms and tonumber(b) < me then within = within + 1 end
     end
-    -- without the scrape's yields the worker answers none of them until
-    -- it has rendered the whole text (at most one or two end before its
-    -- transfer does)
+    -- without the scrape's yields (or its thread) the worker answers none
+    -- of them until it has the whole text (at most one or two end before
+    -- its transfer does)
     assert.is_true(within >= 5, ("%d of %d requests answered during a scrape of %.2f s")
                                 :format(within, total, me - ms))
     local text = nginx.slurp(dir .. "/metrics.txt")
@@ -492,6 +516,42 @@ describe("tally.openresty in nginx, 2 workers", function()
     assert.equal(n * (n + 1) / 2, sum)
     db:close()
     assert.same({}, srv.errors())
+  end)
+end
+
+  it("makes /metrics on a thread pool exactly as in the worker, with its mappings", function()
+    srv = nginx.start { conf = pooled("tally") }
+    local b = nginx.burst(srv.url .. "/page/[1-40]", { parallel = 8 })
+    assert.equal(40, b.wait().ok)
+    local db = store_of(srv)
+    -- the example's family of http:*, as the workers have it
+    assert(db:family("http:*", { metric = "http_requests_total", labels = { "path" },
+                                 type = "counter", help = "Requests by path" }))
+    db:incr("http:/odd \"name\"\n", 7)     -- a label value to escape
+    local want = assert(tally.prometheus(db, "http:*"))
+    for _ = 1, 4 do                           -- either worker; the thread's handle kept
+      local status, text, headers = nginx.get(srv.url .. "/metrics_http", { close = true })
+      assert.equal(200, status, text)
+      assert.equal(want, text)
+      assert.matches("text/plain; version=0.0.4", headers["content-type"], 1, true)
+    end
+    -- the whole store: every family, the latency histogram among them
+    local status, text = nginx.get(srv.url .. "/metrics")
+    assert.equal(200, status, text)
+    local paths = 0
+    for _ in pairs(series(text, "http_requests_total")) do paths = paths + 1 end
+    assert.equal(41, paths)
+    assert.matches("\nhttp_request_duration_seconds_count ", text, 1, true)
+    db:close()
+    assert.same({}, srv.errors())
+  end)
+
+  it("says which thread pool it cannot use, and sends nothing else", function()
+    srv = nginx.start { conf = pooled("no_such_pool") }
+    local status, body = nginx.get(srv.url .. "/metrics")
+    assert.equal(500, status)
+    assert.matches("thread pool 'no_such_pool'", body, 1, true)
+    assert.is_true(#srv.errors() > 0)
   end)
 
   it("serves /tally/status as JSON when a pattern is not UTF-8 (its bytes as \\udcXX)", function()
