@@ -802,8 +802,9 @@ TALLY_API int tally_store_rows(tally_store *s, const char *pattern, size_t plen,
  * the names' order with TALLY_ROWS_BY_NAME: sorted runs for a host to
  * merge), until it returns 1: every slot passed. It returns 0 while
  * slots remain, fn's non-zero value (the next call hands that slice
- * again from its start), or a negative TALLY_E* (ECORRUPT: a damaged
- * store). The walk holds reuse
+ * again from its start; so stop fn with a value other than 1, which would
+ * read as the end, or tell them apart by tally_walk_progress), or a
+ * negative TALLY_E* (ECORRUPT: a damaged store). The walk holds reuse
  * back from open to close, as every walk does, so close it soon; a
  * counter created or dropped meanwhile may or may not be handed over, and
  * a name dropped and made again between slices may come twice (the old
