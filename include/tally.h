@@ -64,7 +64,8 @@ extern "C" {
   XX(EUNTRUSTED, -18, "store file is a symlink or another user's")         \
   XX(ECONNECT, -19, "cannot reach the server, or the connection was lost") \
   XX(EREMOTE,  -20, "the server answered with an error")                    \
-  XX(EREPLICAS, -21, "fewer replicas acknowledged than asked for")
+  XX(EREPLICAS, -21, "fewer replicas acknowledged than asked for")         \
+  XX(EEXIST,   -22, "counter exists")
 
 enum {
 #define TALLY_XX_(name, code, msg) TALLY_##name = code,
@@ -280,12 +281,17 @@ typedef struct tally_counter_options {
 } tally_counter_options;
 
 #define TALLY_COUNTER_CREATE 0x1u /* create the counter if it is absent */
+#define TALLY_COUNTER_EXCL   0x2u /* with CREATE: a new one only (tally_counter_open) */
 
 /* Open counter `name` (len bytes). With TALLY_COUNTER_CREATE it is created
  * if absent, with the options given, else its family's (most recently
  * defined matching family), else 16 shards and the thread policy. Options
  * that differ from an existing counter's give TALLY_EMISMATCH. Without
- * CREATE an absent counter gives TALLY_ENOENT. opt may be NULL. */
+ * CREATE an absent counter gives TALLY_ENOENT. With CREATE and
+ * TALLY_COUNTER_EXCL, a counter of that name that exists (made by anyone,
+ * a moment before) gives TALLY_EEXIST: so a caller knows the counter it
+ * opens is its own to drop again (an import undone). A family at its cap
+ * still gives its overflow counter, as CREATE does. opt may be NULL. */
 TALLY_API int tally_counter_open(tally_store *s, const char *name, size_t len,
                                  const tally_counter_options *opt, uint32_t flags,
                                  tally_counter **out);

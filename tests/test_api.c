@@ -573,6 +573,35 @@ static void test_counter_ops(tally_store *s) {
   EXPECT(c2 == NULL);
   EXPECT(strstr(tally_errmsg(), "post:1:likes") != NULL);
 
+  /* CREATE | EXCL: a new counter only (an import's undo drops only its
+   * own); EXCL alone creates nothing; a capped family gives its overflow */
+  const uint32_t excl = TALLY_COUNTER_CREATE | TALLY_COUNTER_EXCL;
+  EXPECT_RC(TALLY_EEXIST, tally_counter_open(s, "post:1:likes", 12, NULL, excl, &c2));
+  EXPECT(c2 == NULL);
+  EXPECT(strstr(tally_errmsg(), "'post:1:likes' exists") != NULL);
+  EXPECT_RC(TALLY_ENOENT,
+            tally_counter_open(s, "excl:a", 6, NULL, TALLY_COUNTER_EXCL, &c2));
+  REQUIRE_OK(tally_counter_open(s, "excl:a", 6, NULL, excl, &c2));
+  tally_counter_close(c2);
+  c2 = NULL;
+  EXPECT_RC(TALLY_EEXIST, tally_counter_open(s, "excl:a", 6, NULL, excl, &c2));
+  EXPECT_OK(tally_store_drop(s, "excl:a", 6)); /* dropped: new again */
+  REQUIRE_OK(tally_counter_open(s, "excl:a", 6, NULL, excl, &c2));
+  tally_counter_close(c2);
+  c2 = NULL;
+  tally_family_options capped = {1, TALLY_POLICY_THREAD, 0, 1};
+  EXPECT_OK(tally_family_define(s, "excl:cap:*", 10, &capped));
+  REQUIRE_OK(tally_counter_open(s, "excl:cap:1", 10, NULL, excl, &c2));
+  tally_counter_close(c2);
+  c2 = NULL;
+  tally_counter_info ci;
+  REQUIRE_OK(tally_counter_open(s, "excl:cap:2", 10, NULL, excl, &c2)); /* the overflow */
+  EXPECT_OK(tally_counter_info_get(c2, &ci));
+  EXPECT(ci.name_len != 10 || memcmp(ci.name, "excl:cap:2", 10) != 0);
+  tally_counter_close(c2);
+  c2 = NULL;
+  EXPECT_OK(tally_store_drop(s, "excl:a", 6));
+
   EXPECT_OK(tally_counter_incr(c, 5));
   EXPECT_OK(tally_counter_incr(c, -2));
   EXPECT_OK(tally_counter_value(c, &v));

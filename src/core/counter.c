@@ -107,15 +107,20 @@ static int create_locked(tally_store *s, const char **name, size_t *len, uint64_
 
 /* Find name in the index or, with TALLY_COUNTER_CREATE, create it under
  * the lock; a capped family may give its overflow counter instead (*name,
- * *len and *hash then name it; over holds it). */
+ * *len and *hash then name it; over holds it). *made: the name asked for
+ * was absent under the lock (created, or its family's overflow given). */
 static int find_or_create(tally_store *s, const char **name, size_t *len, uint64_t *hash,
                           const tally_counter_options *opt, uint32_t flags, char *over,
-                          uint64_t *rec_off) {
+                          uint64_t *rec_off, bool *made) {
   int rc = tally__index_find(s, *name, *len, *hash, rec_off);
+  *made = false;
   if (rc == TALLY_ENOENT && (flags & TALLY_COUNTER_CREATE)) {
     if ((rc = tally__lock(s))) return rc;
     rc = tally__index_find(s, *name, *len, *hash, rec_off);
-    if (rc == TALLY_ENOENT) rc = create_locked(s, name, len, hash, opt, over, rec_off);
+    if (rc == TALLY_ENOENT) {
+      rc = create_locked(s, name, len, hash, opt, over, rec_off);
+      *made = rc == 0;
+    }
     tally__unlock(s);
   }
   if (rc == TALLY_ENOENT)
@@ -176,9 +181,10 @@ static int open_held(tally_store *s, const char *name, size_t len,
                      tally_counter **out) {
   uint64_t hash = tally__hash(name, len, 0), rec_off = 0, loc = 0;
   char over[TALLY_NAME_MAX + 1];
+  bool made;
   int rc;
   for (int attempt = 0;; attempt++) {
-    rc = find_or_create(s, &name, &len, &hash, opt, flags, over, &rec_off);
+    rc = find_or_create(s, &name, &len, &hash, opt, flags, over, &rec_off, &made);
     if (rc == 0) rc = tally__rec_verify(s, rec_off);
     if (rc) return rc;
     struct tally__rec *r = tally__at(s, rec_off);
@@ -194,6 +200,10 @@ static int open_held(tally_store *s, const char *name, size_t len,
     if ((rc = tally__lock(s))) return rc; /* a drop is finishing: wait for it */
     tally__unlock(s);
   }
+  if ((flags & (TALLY_COUNTER_CREATE | TALLY_COUNTER_EXCL)) ==
+          (TALLY_COUNTER_CREATE | TALLY_COUNTER_EXCL) &&
+      !made)
+    return tally__fail(TALLY_EEXIST, "counter '%.*s' exists", (int)len, name);
   TALLY__TEST_HOOK("open", name, len);
   struct tally__rec *r = tally__at(s, rec_off);
   uint32_t n = tally__loc_shards(loc);
@@ -568,10 +578,12 @@ int tally_store_incr(tally_store *s, const char *name, size_t len, int64_t delta
   if (rc) return rc;
   char over[TALLY_NAME_MAX + 1];
   uint64_t hash = tally__hash(name, len, 0), rec_off = 0, loc;
+  bool made;
   for (int drops = 0;;) {
     /* no counter is left behind by an add that cannot succeed on it */
     bool fits = delta >= -(INT64_C(1) << 62) && delta < INT64_C(1) << 62;
-    rc = find_or_create(s, &name, &len, &hash, NULL, fits ? flags : 0, over, &rec_off);
+    rc = find_or_create(s, &name, &len, &hash, NULL, fits ? flags : 0, over, &rec_off,
+                        &made);
     if (rc == TALLY_ENOENT && !fits && (flags & TALLY_COUNTER_CREATE))
       return name_range_error(name, len, delta);
     if (rc) return rc;
@@ -617,8 +629,9 @@ int tally_store_value(tally_store *s, const char *name, size_t len, int64_t *out
   if (rc) return rc;
   char over[TALLY_NAME_MAX + 1];
   uint64_t hash = tally__hash(name, len, 0), rec_off = 0;
+  bool made;
   for (int drops = 0;; drops++) {
-    rc = find_or_create(s, &name, &len, &hash, NULL, 0, over, &rec_off);
+    rc = find_or_create(s, &name, &len, &hash, NULL, 0, over, &rec_off, &made);
     if (rc == 0) rc = tally__rec_value(s, rec_off, out);
     if (rc != TALLY_EDROPPED) return rc;
     if (drops == 8) /* dropped (or expired) under us: gone, unless made again */

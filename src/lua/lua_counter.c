@@ -88,9 +88,12 @@ void tl_checkcounteropts(lua_State *L, int arg, tally_counter_options *o, int *c
   while (lua_next(L, arg) != 0) {
     const char *k = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : NULL;
     if (k != NULL && create != NULL && strcmp(k, "create") == 0) {
-      if (lua_type(L, -1) != LUA_TBOOLEAN)
-        luaL_argerror(L, arg, "create must be a boolean");
-      *create = lua_toboolean(L, -1);
+      if (lua_type(L, -1) == LUA_TSTRING && strcmp(lua_tostring(L, -1), "new") == 0)
+        *create = 2; /* a new counter only */
+      else if (lua_type(L, -1) != LUA_TBOOLEAN)
+        luaL_argerror(L, arg, "create must be a boolean or \"new\"");
+      else
+        *create = lua_toboolean(L, -1);
     } else if (k == NULL || (strcmp(k, "shards") != 0 && strcmp(k, "policy") != 0)) {
       tl_argerror(L, arg, "unknown option %s", tl_describe(L, -2, TL_BOOL_VALUE));
     }

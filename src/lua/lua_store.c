@@ -312,7 +312,12 @@ static int tl_store_counter(lua_State *L) {
   lua_settop(L, 3);
   tl_checkcounteropts(L, 3, &o, &create); /* 4: policy function or nil */
   fnidx = lua_isnil(L, 4) ? 0 : 4;
-  rc = tl_counter_push(L, 1, name, len, &o, create ? TALLY_COUNTER_CREATE : 0, fnidx);
+  rc = tl_counter_push(L, 1, name, len, &o,
+                       create == 2 ? TALLY_COUNTER_CREATE | TALLY_COUNTER_EXCL
+                       : create    ? TALLY_COUNTER_CREATE
+                                   : 0,
+                       fnidx);
+  if (rc == TALLY_EEXIST) return tl_fail(L, rc);
   if (rc == TALLY_EMISMATCH) return tl_mismatch(L, d, name, len, &o);
   if (rc == TALLY_ENOENT) return tl_no_such(L, rc);
   if (rc < 0) return tl_fail(L, rc);
