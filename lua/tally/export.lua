@@ -575,7 +575,13 @@ function whole(self, text, mode, progress)
     step_or_undo("create", i, #plan, { {}, {}, {} }, created)
     if not p.c then
       local cok, c, msg, code = pcall(self.counter, self, p.name, {
-        shards = p.policy ~= "cpu" and p.shards or nil, policy = p.policy })  -- cpu: this machine's
+        shards = p.policy ~= "cpu" and p.shards or nil, policy = p.policy,  -- cpu: this machine's
+        create = "new" })
+      local mine = true
+      if cok and not c and code == "EEXIST" then   -- made by another since the check: its own,
+        mine = false                               -- never to be dropped by an undo
+        cok, c, msg, code = pcall(self.counter, self, p.name, { create = false })
+      end
       if not cok or not c then
         undo(self, { {}, {}, {} }, created)
         if not cok then error(c, 0) end
@@ -586,7 +592,7 @@ function whole(self, text, mode, progress)
         undo(self, { {}, {}, {} }, created)
         return nil, capped(p.name), "EFULL"
       end
-      created[#created + 1] = p.name
+      if mine then created[#created + 1] = p.name end
       p.c, p.here = c, info and info.shards
     end
   end

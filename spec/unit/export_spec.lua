@@ -346,6 +346,28 @@ describe("tally.store", function()
       assert.same({ 1, 2 }, { db:value("a"), db:value("b") })
     end)
 
+    it("never drops on undo a counter another writer made during the import", function()
+      local src = tally.open()
+      for name, v in pairs({ a = 1, b = 7, z = 3 }) do src:counter(name, { shards = 1 }):add_shard(1, v) end
+      local streamed = src:export()                      -- export's own text: streamed
+      local whole = streamed:gsub(",", ", ")             -- any other: the whole document's path
+      for _, case in ipairs({ { streamed, "apply" }, { whole, "validate" } }) do
+        db = assert(tally.open())
+        db:counter("z", { shards = 1 }):add_shard(1, 3)
+        -- once the import has checked which counters exist: another writer
+        -- makes "b", and "z" is dropped, which fails the import
+        local r = { db:import(case[1], { progress = function(phase, done, total)
+          if phase == case[2] and done == (phase == "apply" and 0 or total) then
+            assert(db:incr("b", 100))
+            assert(db:drop("z"))
+          end
+        end }) }
+        assert.same({ nil, "counter 'z' was dropped", "EDROPPED" }, r)
+        assert.same({ "b" }, db:names())                 -- "a" undone, "b" the writer's
+        assert.equal(100, db:value("b"))
+      end
+    end)
+
     describe("refuses, naming the counter and field, and changes nothing:", function()
       local before
       before_each(function()

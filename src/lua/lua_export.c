@@ -613,11 +613,24 @@ static int apply_one(lua_State *L, importer *m, const char *name, size_t len,
    * since fails, as it would through the handle the check held) */
   if (!h->existed && !log_undo(m, name, len, CREATED, 0, 0))
     return tl_fail_msg(L, TALLY_ESYS, "cannot write the import's temporary file");
+  /* a new one only: a counter another process made since the check is
+   * that process's, never to be dropped by an undo; the import goes into
+   * it as into one that was there, its adds logged one by one */
+  int made_since = 0;
   rc = h->existed ? tally_counter_open(s, name, len, NULL, 0, &c)
-                  : tally_counter_open(s, name, len, &o, TALLY_COUNTER_CREATE, &c);
+                  : tally_counter_open(s, name, len, &o,
+                                       TALLY_COUNTER_CREATE | TALLY_COUNTER_EXCL, &c);
+  if (rc == TALLY_EEXIST) {
+    ulog_pop(m); /* not made here */
+    made_since = 1;
+    rc = tally_counter_open(s, name, len, NULL, 0, &c);
+    if (rc == TALLY_ENOENT) rc = TALLY_EDROPPED;
+  } else if (rc && !h->existed) {
+    ulog_pop(m); /* not made */
+  }
   if (rc == TALLY_ENOENT && h->existed) rc = TALLY_EDROPPED;
-  if (rc && !h->existed) ulog_pop(m); /* not made */
   if (rc) return fail_on(L, rc, name, len);
+  int logged = h->existed || made_since; /* its adds are undone one by one */
   rc = tally_counter_info_get(c, &info);
   if (rc == 0 && (info.name_len != len || memcmp(info.name, name, len) != 0)) {
     tally_counter_close(c);
@@ -661,9 +674,9 @@ static int apply_one(lua_State *L, importer *m, const char *name, size_t len,
                                          lua_tostring(L, -1)));
     }
     if (sum != 0) {
-      if (h->existed && !log_undo(m, name, len, SLOT, info.incarnation, (int64_t)sum))
+      if (logged && !log_undo(m, name, len, SLOT, info.incarnation, (int64_t)sum))
         rc = TALLY_ESYS;
-      else if ((rc = tally_counter_incr(c, (int64_t)sum)) != 0 && h->existed)
+      else if ((rc = tally_counter_incr(c, (int64_t)sum)) != 0 && logged)
         ulog_pop(m);
     }
   } else {
@@ -671,12 +684,12 @@ static int apply_one(lua_State *L, importer *m, const char *name, size_t len,
       int64_t d = m->counts[i] - (m->add ? 0 : m->now[i]); /* within +-2^63 */
       if (d == 0) continue;
       /* a counter the import made is dropped on undo: no need to log it */
-      if (h->existed && !log_undo(m, name, len, i, info.incarnation, d)) {
+      if (logged && !log_undo(m, name, len, i, info.incarnation, d)) {
         rc = TALLY_ESYS;
         break;
       }
       rc = tally_counter_incr_shard(c, i, d);
-      if (rc && h->existed) ulog_pop(m);
+      if (rc && logged) ulog_pop(m);
       if (rc == TALLY_ESHARDS) {
         tally_counter_close(c);
         tl_pushprintable(L, name, len);
