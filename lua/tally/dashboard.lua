@@ -474,6 +474,20 @@ end
 
 _M.ENDPOINTS = { "stats", "top", "values", "sum", "counter", "histograms", "rollups" }
 
+-- answer_key(what, query) -> the key an answer to what?query is kept
+-- under (tally serve, tally.openresty): each parameter and value with its
+-- length, so that no value can read as other parameters ("x&y=1" as a
+-- pattern is not "x" and y = "1").
+function _M.answer_key(what, query)
+  local keys = {}
+  for k, v in pairs(query) do
+    k, v = tostring(k), tostring(v)
+    keys[#keys + 1] = fmt("%d:%s%d:%s", #k, k, #v, v)
+  end
+  sort(keys)
+  return what .. "?" .. concat(keys, "&")
+end
+
 function _M.api(db, name, query, opts)
   local f = api[name]
   if not f then

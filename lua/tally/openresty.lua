@@ -739,10 +739,7 @@ function _M.dashboard()
   local db = st.db
   if not db then return text(503, "tally.openresty: no store in this worker (" .. st.reason .. ")") end
   local args = ngx.req.get_uri_args(100)
-  local keys = {}
-  for k, v in pairs(args) do keys[#keys + 1] = tostring(k) .. "=" .. tostring(v) end
-  table.sort(keys)
-  local key = name .. "?" .. table.concat(keys, "&")
+  local key = dashboard.answer_key(name, args)
   local now = ngx.now()
   local hit = dash_cache[key]
   if hit and now - hit.at < 0.5 then

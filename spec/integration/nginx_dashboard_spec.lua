@@ -47,6 +47,12 @@ describe("tally.openresty.dashboard()", function()
     status, body = nginx.get(base .. "api/counter?name=http:/page/2%00x")
     assert.equals(400, status, body)
     assert.equals("name must not contain a NUL byte\n", body)
+    -- on one connection (one worker's kept answers): the answer kept for
+    -- a pattern with "&zzz=1" in it is not the answer to a query with zzz
+    local out = helper.sh(("env -u LD_PRELOAD curl -s -w '%%{http_code}\\n' -o /dev/null %s -o /dev/null %s")
+                          :format(q(base .. "api/values?pattern=x%26zzz%3D1"),
+                                  q(base .. "api/values?pattern=x&zzz=1")))
+    assert.equals("200\n400\n", out)
     status, body = nginx.get(base .. "api/nope")
     assert.equals(404, status, body)
     status, body = nginx.get(base .. "api/counter?name=http:/nope")

@@ -28,7 +28,7 @@ local dashboard = require "tally.dashboard"
 local printable = require("tally.util").printable
 
 local tostring, tonumber, pairs = tostring, tonumber, pairs
-local fmt, concat, sort = string.format, table.concat, table.sort
+local fmt, concat = string.format, table.concat
 local yield, wrap = coroutine.yield, coroutine.wrap
 local min = math.min
 local clock = os.clock
@@ -196,10 +196,7 @@ local function handle(s, req)
   -- CPU seconds, refilled as time passes): past it, the last answer is
   -- given again, with its Age, so a dashboard open over a million
   -- counters refreshes less often instead of taking a core
-  local keys = {}   -- each part with its length: no value can read as other parameters
-  for k, v in pairs(req.query) do keys[#keys + 1] = fmt("%d:%s%d:%s", #k, k, #v, v) end
-  sort(keys)
-  local key = path .. "?" .. concat(keys, "&")
+  local key = dashboard.answer_key(path, req.query)
   local now = tally.now()
   s.budget = min(BURST, (s.budget or BURST) + (now - (s.refilled or now)) * SHARE)
   s.refilled = now
