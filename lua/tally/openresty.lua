@@ -584,7 +584,11 @@ end
 -- request owns (freed however the request ends), then sent a piece at a
 -- time, yielding as a scrape made here does: the worker's event loop
 -- spends on it only the copies. Returns as pcall(tally.prometheus) does.
+-- The thread's handle has none of this worker's histogram writers, so
+-- what they buffer goes in here first, as tally.prometheus does with db.
 local function threaded(db, pattern)
+  local fok, fmsg = core.histograms_flush(db)
+  if not fok then log(ngx.WARN, "prometheus: buffered histograms not flushed: ", tostring(fmsg)) end
   local parcel = core.parcel()
   local tok, ok, err = ngx.run_worker_thread(st.thread_pool, "tally.openresty_thread", "scrape",
                                              st.store, st.trust, db:mappings(), pattern,

@@ -546,6 +546,30 @@ end
     assert.same({}, srv.errors())
   end)
 
+  it("has this worker's buffered histograms in a scrape made on the pool", function()
+    -- observed, held in the worker's buffer, and scraped in one request:
+    -- no timer can flush them in between, so only the scrape can
+    local conf, n = pooled("tally"):gsub("\n        location = /metrics {", [[
+
+        location = /observe_then_metrics {
+            content_by_lua_block {
+                local openresty = require "tally.openresty"
+                for _ = 1, 3 do
+                    assert(openresty.observe("held:h", 0.5, { buffer = 1024 }))
+                end
+                openresty.metrics("held:*")
+            }
+        }
+%0]], 1)
+    assert.equal(1, n)
+    srv = nginx.start { conf = conf, workers = 1 }
+    local status, text = nginx.get(srv.url .. "/observe_then_metrics")
+    assert.equal(200, status, text)
+    assert.matches("\nheld:h_count 3\n", text, 1, true)
+    assert.matches('\nheld:h_bucket{le="0.5"} 3\n', text, 1, true)
+    assert.same({}, srv.errors())
+  end)
+
   it("says which thread pool it cannot use, and sends nothing else", function()
     srv = nginx.start { conf = pooled("no_such_pool") }
     local status, body = nginx.get(srv.url .. "/metrics")
