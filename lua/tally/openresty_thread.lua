@@ -25,8 +25,11 @@ local _M = {}
 -- kernel with lazy preemption makes a woken worker wait for the next tick
 -- (4 ms) while this thread computes in user space, whatever its priority
 -- (on the 2-core VM, small requests' p99 during scrapes: 2.0 ms niced,
--- 3.7 ms at SCHED_IDLE, 1.2 ms with the yields).
+-- 3.7 ms at SCHED_IDLE, 1.2 ms with the yields). This VM runs on any of
+-- the pool's threads (threads=N), so the niceness is set at each scrape,
+-- on the thread that makes it.
 local pause = nil
+local nice = function() end
 local ready = false
 local function below_worker()
   ready = true
@@ -34,8 +37,10 @@ local function below_worker()
   if not ok then return end
   pcall(ffi.cdef, "int setpriority(int which, unsigned who, int prio); int gettid(void);"
                   .. " int sched_yield(void);")
-  pcall(function() ffi.C.setpriority(0, ffi.C.gettid(), 10) end)
   local C = ffi.C
+  if pcall(function() return C.setpriority, C.gettid end) then
+    nice = function() pcall(C.setpriority, 0, C.gettid(), 10) end
+  end
   if pcall(function() return C.sched_yield end) then pause = function() C.sched_yield() end end
 end
 
@@ -87,6 +92,7 @@ end
 -- numbered parcel.
 function _M.scrape(spec, trust, mappings, pattern, parcel)
   if not ready then below_worker() end
+  nice()
   local db, msg = store_of(spec, trust, mappings)
   if not db then return nil, msg end
   local add = core.parcel_add

@@ -570,6 +570,35 @@ end
     assert.same({}, srv.errors())
   end)
 
+  it("makes each scrape at niceness 10, on whichever of the pool's threads", function()
+    local conf, n = pooled("tally"):gsub("threads=1", "threads=2", 1)
+    assert.equal(1, n)
+    srv = nginx.start { conf = conf, workers = 1 }
+    local db = store_of(srv)
+    for i = 1, 20000 do db:incr("bulk:" .. i, i) end
+    db:close()
+    for _ = 1, 20 do          -- one VM, taken by either thread in turn
+      local status, body = nginx.get(srv.url .. "/metrics", { close = true })
+      assert.equal(200, status, body)
+    end
+    -- the worker's threads but its first: the pool's; each that worked
+    -- (CPU ticks: utime + stime) must be at niceness 10
+    local pid, worked = srv.workers()[1], 0
+    for stat in helper.sh("cat /proc/" .. pid .. "/task/*/stat"):gmatch("[^\n]+") do
+      local tid, rest = stat:match("^(%d+) %b() (.*)$")
+      local f = {}
+      for x in rest:gmatch("%S+") do f[#f + 1] = x end
+      -- fields 14, 15 (utime, stime) and 19 (nice); f[1] is field 3
+      local ticks, nice = tonumber(f[12]) + tonumber(f[13]), tonumber(f[17])
+      if tonumber(tid) ~= pid and ticks > 0 then
+        worked = worked + 1
+        assert.equal(10, nice, "thread " .. tid .. " worked " .. ticks .. " ticks at niceness " .. nice)
+      end
+    end
+    assert.is_true(worked >= 1)
+    assert.same({}, srv.errors())
+  end)
+
   it("says which thread pool it cannot use, and sends nothing else", function()
     srv = nginx.start { conf = pooled("no_such_pool") }
     local status, body = nginx.get(srv.url .. "/metrics")
