@@ -13,8 +13,8 @@ local tally = require "tally"
 local core = require "tally.core"
 local prometheus = require "tally.prometheus"
 
-local type, pairs, ipairs, pcall, tostring, concat, sort =
-      type, pairs, ipairs, pcall, tostring, table.concat, table.sort
+local type, pairs, ipairs, pcall, tostring, concat, sort, fmt =
+      type, pairs, ipairs, pcall, tostring, table.concat, table.sort, string.format
 
 local _M = {}
 
@@ -44,12 +44,15 @@ local function below_worker()
   if pcall(function() return C.sched_yield end) then pause = function() C.sched_yield() end end
 end
 
--- One text for a list of mappings: equal lists, equal texts.
+-- One text for a list of mappings: equal lists, equal texts, and unequal
+-- ones unequal (each value with its type and length; numbers to 17
+-- digits, which tell every double apart).
 local function key_of(mappings)
   local parts = {}
   local function put(v)
     if type(v) ~= "table" then
-      parts[#parts + 1] = type(v) .. ":" .. tostring(v) .. ";"
+      local t = type(v) == "number" and fmt("%.17g", v) or tostring(v)
+      parts[#parts + 1] = type(v) .. #t .. ":" .. t
       return
     end
     local keys = {}
@@ -65,6 +68,8 @@ local function key_of(mappings)
   put(mappings)
   return concat(parts)
 end
+
+_M._key_of = key_of   -- for spec/unit/openresty_thread_spec.lua
 
 local open = {}   -- store spec -> { db =, key = its mappings' key }
 
