@@ -581,7 +581,8 @@ end
 
 -- A scrape made on the thread pool st.thread_pool (tally.openresty_thread,
 -- in a Lua VM of its own, with this worker's mappings) into a parcel this
--- request owns (freed however the request ends), then sent a piece at a
+-- request owns (freed here, or when collected if nginx drops the request
+-- while the thread works), then sent a piece at a
 -- time, yielding as a scrape made here does: the worker's event loop
 -- spends on it only the copies. Returns as pcall(tally.prometheus) does.
 -- The thread's handle has none of this worker's histogram writers, so
@@ -595,7 +596,7 @@ local function threaded(db, pattern)
                                              parcel:id())
   if not tok or not ok then
     parcel:free()
-    return true, nil, (tok and "" or "thread pool '" .. st.thread_pool .. "': ")
+    return true, nil, (tok and "" or "on thread pool '" .. st.thread_pool .. "': ")
                       .. tostring(tok and err or ok)
   end
   ngx.header["Content-Type"] = PROM_TYPE
