@@ -306,6 +306,17 @@ local function capped(name)
              .. "counted in the family's overflow counter", printable(name))
 end
 
+-- A counter another writer made since the check, unlike the document's
+-- (its policy, or its shard count unless both are cpu): refused, as the
+-- check refuses one that was there.
+local function made_unlike(p, info)
+  if (p.policy and p.policy ~= info.policy)
+     or (info.shards ~= p.shards and not (p.policy == "cpu" and info.policy == "cpu")) then
+    return fmt("counter '%s' was made during the import with %d shards and policy %s",
+               printable(p.name), info.shards, info.policy)
+  end
+end
+
 -- Undo what an import applied: the log holds the adds (counter handle,
 -- shard, amount in three arrays), undone newest first; then the counters
 -- it created are dropped. Only runs when another process changed or
@@ -591,6 +602,11 @@ function whole(self, text, mode, progress)
       if info and info.overflow then
         undo(self, { {}, {}, {} }, created)
         return nil, capped(p.name), "EFULL"
+      end
+      local unlike = not mine and info and made_unlike(p, info)
+      if unlike then
+        undo(self, { {}, {}, {} }, created)
+        return nil, unlike, "EMISMATCH"
       end
       if mine then created[#created + 1] = p.name end
       p.c, p.here = c, info and info.shards

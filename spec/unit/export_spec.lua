@@ -368,6 +368,27 @@ describe("tally.store", function()
       end
     end)
 
+    it("refuses a counter another writer made during the import unlike the document", function()
+      local src = tally.open()
+      for name, v in pairs({ a = 1, b = 7, z = 3 }) do src:counter(name, { shards = 4 }):add_shard(2, v) end
+      local streamed = src:export()
+      local whole = streamed:gsub(",", ", ")
+      for _, case in ipairs({ { streamed, "apply" }, { whole, "validate" } }) do
+        for _, opts in ipairs({ { shards = 1 }, { shards = 4, policy = "random" } }) do
+          db = assert(tally.open())
+          local r = { db:import(case[1], { progress = function(phase, done, total)
+            if phase == case[2] and done == (phase == "apply" and 0 or total) then
+              assert(db:counter("b", opts)):incr(100)   -- made since the check, unlike "b"
+            end
+          end }) }
+          assert.same({ nil, ("counter 'b' was made during the import with %d shards and policy %s")
+                             :format(opts.shards, opts.policy or "thread"), "EMISMATCH" }, r)
+          assert.same({ "b" }, db:names())               -- "a" undone, "b" the writer's
+          assert.equal(100, db:value("b"))
+        end
+      end
+    end)
+
     describe("refuses, naming the counter and field, and changes nothing:", function()
       local before
       before_each(function()

@@ -645,6 +645,19 @@ static int apply_one(lua_State *L, importer *m, const char *name, size_t len,
   /* dropped and made again since the check (maybe with another policy
    * or shard count): refused as the handle the check held would be */
   if (rc == 0 && h->existed && info.incarnation != h->incarnation) rc = TALLY_EDROPPED;
+  /* made by another writer since the check, unlike the document: refused,
+   * as the check refuses one that was there (export.lua's made_unlike) */
+  if (rc == 0 && made_since &&
+      (info.policy != h->policy || (info.shards != n && h->policy != TALLY_POLICY_CPU))) {
+    tally_counter_close(c);
+    tl_pushprintable(L, name, len);
+    return tl_fail_msg(L, TALLY_EMISMATCH,
+                       lua_pushfstring(L,
+                                       "counter '%s' was made during the import with %d "
+                                       "shards and policy %s",
+                                       lua_tostring(L, -1), (int)info.shards,
+                                       tl_policy_label(info.policy)));
+  }
   if (rc == 0) rc = tally_counter_shards(c, m->now, TALLY_MAX_SHARDS, &have);
   if (rc) {
     tally_counter_close(c);
