@@ -477,12 +477,15 @@ _M.ENDPOINTS = { "stats", "top", "values", "sum", "counter", "histograms", "roll
 -- answer_key(what, query) -> the key an answer to what?query is kept
 -- under (tally serve, tally.openresty): each parameter and value with its
 -- length, so that no value can read as other parameters ("x&y=1" as a
--- pattern is not "x" and y = "1").
+-- pattern is not "x" and y = "1"). A value that is not text (nginx gives
+-- true for a bare key, a table for a key given twice) is "-" and what
+-- tostring makes of it, so "?pattern" is not "?pattern=true".
 function _M.answer_key(what, query)
   local keys = {}
   for k, v in pairs(query) do
-    k, v = tostring(k), tostring(v)
-    keys[#keys + 1] = fmt("%d:%s%d:%s", #k, k, #v, v)
+    k = tostring(k)
+    v = type(v) == "string" and fmt("%d:%s", #v, v) or "-" .. tostring(v)
+    keys[#keys + 1] = fmt("%d:%s%s", #k, k, v)
   end
   sort(keys)
   return what .. "?" .. concat(keys, "&")

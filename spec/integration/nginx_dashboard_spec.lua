@@ -53,6 +53,11 @@ describe("tally.openresty.dashboard()", function()
                           :format(q(base .. "api/values?pattern=x%26zzz%3D1"),
                                   q(base .. "api/values?pattern=x&zzz=1")))
     assert.equals("200\n400\n", out)
+    -- nor is the answer kept for pattern "true" that to a bare "pattern"
+    -- (nginx: the value true), which is refused
+    out = helper.sh(("env -u LD_PRELOAD curl -s -w '%%{http_code}\\n' -o /dev/null %s -o /dev/null %s")
+                    :format(q(base .. "api/values?pattern=true"), q(base .. "api/values?pattern")))
+    assert.equals("200\n400\n", out)
     status, body = nginx.get(base .. "api/nope")
     assert.equals(404, status, body)
     status, body = nginx.get(base .. "api/counter?name=http:/nope")
