@@ -24,6 +24,7 @@
  * (each call into Lua from it is under lua_pcall).
  */
 #include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -592,11 +593,25 @@ static void ulog_pop(importer *m) {
 
 /* nil, msg, code for rc on counter name, as its handle's methods say it
  * (a counter dropped under the import: "counter 'x' was dropped"). */
+/* Close c (if any) and fail with code and "counter 'NAME'" followed by
+ * what fmt makes (lua_pushfstring's formats), NAME made printable. */
+static int refuse(lua_State *L, tally_counter *c, int code, const char *name, size_t len,
+                  const char *fmt, ...) {
+  va_list ap;
+  if (c) tally_counter_close(c);
+  lua_pushliteral(L, "counter '");
+  tl_pushprintable(L, name, len);
+  lua_pushliteral(L, "'");
+  va_start(ap, fmt);
+  lua_pushvfstring(L, fmt, ap);
+  va_end(ap);
+  lua_concat(L, 4);
+  return tl_fail_msg(L, code, lua_tostring(L, -1));
+}
+
 static int fail_on(lua_State *L, int rc, const char *name, size_t len) {
   if (rc != TALLY_EDROPPED) return tl_fail(L, rc);
-  tl_pushprintable(L, name, len);
-  return tl_fail_msg(L, rc,
-                     lua_pushfstring(L, "counter '%s' was dropped", lua_tostring(L, -1)));
+  return refuse(L, NULL, rc, name, len, " was dropped");
 }
 
 /* Apply one spooled counter; 0, or a failure pushed (nil, msg, code: 3). */
@@ -633,14 +648,9 @@ static int apply_one(lua_State *L, importer *m, const char *name, size_t len,
   int logged = h->existed || made_since; /* its adds are undone one by one */
   rc = tally_counter_info_get(c, &info);
   if (rc == 0 && (info.name_len != len || memcmp(info.name, name, len) != 0)) {
-    tally_counter_close(c);
-    tl_pushprintable(L, name, len);
-    return tl_fail_msg(
-        L, TALLY_EFULL,
-        lua_pushfstring(L,
-                        "counter '%s' falls under a family at its cap (max_counters): it "
-                        "would be counted in the family's overflow counter",
-                        lua_tostring(L, -1)));
+    return refuse(L, c, TALLY_EFULL, name, len,
+                  " falls under a family at its cap (max_counters): it would be "
+                  "counted in the family's overflow counter");
   }
   /* dropped and made again since the check (maybe with another policy
    * or shard count): refused as the handle the check held would be */
@@ -649,14 +659,9 @@ static int apply_one(lua_State *L, importer *m, const char *name, size_t len,
    * as the check refuses one that was there (export.lua's made_unlike) */
   if (rc == 0 && made_since &&
       (info.policy != h->policy || (info.shards != n && h->policy != TALLY_POLICY_CPU))) {
-    tally_counter_close(c);
-    tl_pushprintable(L, name, len);
-    return tl_fail_msg(L, TALLY_EMISMATCH,
-                       lua_pushfstring(L,
-                                       "counter '%s' was made during the import with %d "
-                                       "shards and policy %s",
-                                       lua_tostring(L, -1), (int)info.shards,
-                                       tl_policy_label(info.policy)));
+    return refuse(L, c, TALLY_EMISMATCH, name, len,
+                  " was made during the import with %d shards and policy %s",
+                  (int)info.shards, tl_policy_label(info.policy));
   }
   if (rc == 0) rc = tally_counter_shards(c, m->now, TALLY_MAX_SHARDS, &have);
   if (rc) {
@@ -665,26 +670,17 @@ static int apply_one(lua_State *L, importer *m, const char *name, size_t len,
   }
   int whole = taken_whole(h->policy) || taken_whole(info.policy);
   if (have != n && !whole) {
-    tally_counter_close(c);
-    tl_pushprintable(L, name, len);
-    return tl_fail_msg(L, TALLY_EMISMATCH,
-                       lua_pushfstring(L,
-                                       "counter '%s' was resharded to %d shards during "
-                                       "the import",
-                                       lua_tostring(L, -1), (int)have));
+    return refuse(L, c, TALLY_EMISMATCH, name, len,
+                  " was resharded to %d shards during the import", (int)have);
   }
   if (whole) { /* the difference, through one increment */
     __int128 sum = 0;
     for (uint32_t i = 0; i < n; i++) sum += m->counts[i];
     for (uint32_t i = 0; !m->add && i < have; i++) sum -= m->now[i];
     if (sum < SHARD_MIN || sum > SHARD_MAX) {
-      tally_counter_close(c);
-      tl_pushprintable(L, name, len);
-      return tl_fail_msg(L, TALLY_ERANGE,
-                         lua_pushfstring(L,
-                                         "counter '%s': what the import adds to it is "
-                                         "beyond a shard's range (-2^62 to 2^62-1)",
-                                         lua_tostring(L, -1)));
+      return refuse(L, c, TALLY_ERANGE, name, len,
+                    ": what the import adds to it is beyond a shard's range "
+                    "(-2^62 to 2^62-1)");
     }
     if (sum != 0) {
       if (logged && !log_undo(m, name, len, SLOT, info.incarnation, (int64_t)sum))
@@ -704,12 +700,8 @@ static int apply_one(lua_State *L, importer *m, const char *name, size_t len,
       rc = tally_counter_incr_shard(c, i, d);
       if (rc && logged) ulog_pop(m);
       if (rc == TALLY_ESHARDS) {
-        tally_counter_close(c);
-        tl_pushprintable(L, name, len);
-        return tl_fail_msg(L, TALLY_EMISMATCH,
-                           lua_pushfstring(L,
-                                           "counter '%s' was resharded during the import",
-                                           lua_tostring(L, -1)));
+        return refuse(L, c, TALLY_EMISMATCH, name, len,
+                      " was resharded during the import");
       }
     }
   }
