@@ -582,11 +582,11 @@ end
 -- A scrape made on the thread pool st.thread_pool (tally.openresty_thread,
 -- in a Lua VM of its own, with this worker's mappings) into a parcel this
 -- request owns (freed here, or when collected if nginx drops the request
--- while the thread works), then sent a piece at a
--- time, yielding as a scrape made here does: the worker's event loop
--- spends on it only the copies. Returns as pcall(tally.prometheus) does.
--- The thread's handle has none of this worker's histogram writers, so
--- what they buffer goes in here first, as tally.prometheus does with db.
+-- while the thread works), then sent a piece at a time, yielding as a
+-- scrape made here does: the worker's event loop spends on it only the
+-- copies. Returns as pcall(tally.prometheus) does. The thread's handle
+-- has none of this worker's histogram writers, so what they buffer goes
+-- in here first, as tally.prometheus does with db.
 local function threaded(db, pattern)
   local fok, fmsg = core.histograms_flush(db)
   if not fok then log(ngx.WARN, "prometheus: buffered histograms not flushed: ", tostring(fmsg)) end
@@ -621,7 +621,8 @@ end
 -- was sent (both logged). The text is sent as it is made (tally.prometheus'
 -- write), and the scrape yields to nginx (ngx.sleep(0.001)) after every
 -- 0.3 ms of its work and while the client reads, so that a worker
--- scraping a large store goes on serving its other requests meanwhile.
+-- scraping a large store goes on serving its other requests meanwhile;
+-- with init_worker's thread_pool the text is made on that pool instead.
 -- A failure once the text has begun is logged and the connection closed,
 -- so the scraper sees a cut response, never a short one that looks whole.
 function _M.metrics(pattern)

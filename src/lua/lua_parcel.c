@@ -5,9 +5,10 @@
  * ngx.run_worker_thread copies what its function returns into the
  * worker's VM in one step, and a step of 40 MB is what the thread pool is
  * there to avoid. So the worker owns a parcel (a userdata: the process's
- * copy of the text, freed with it, however the request ends), passes its
- * number to the thread, which appends its pieces to it by number, and
- * takes the text back a piece at a time, yielding between pieces. The
+ * copy of the text, freed with it: by its owner, or by the garbage
+ * collector when a request is dropped), passes its number to the thread,
+ * which appends its pieces to it by number, and takes the text back a
+ * piece at a time, yielding between pieces. The
  * parcels are the process's: one list under a mutex, shared by every Lua
  * state that loads this module. A number is never used twice, so a
  * thread still appending to a parcel its request has freed gets an error,
