@@ -51,6 +51,7 @@
 
 #include "lua.h"
 #include "lauxlib.h"
+#include "tally.h"
 #include "cli.h"
 
 /* The server: one per serve() call, on the C stack. */
@@ -365,8 +366,13 @@ static enum MHD_Result respond(httpd *h, struct MHD_Connection *c, const char *u
   lua_rawgeti(L, LUA_REGISTRYINDEX, h->handler);
   push_request(L, c, url, method);
   if (lua_pcall(L, 1, 4, 0) != LUA_OK) {
-    fprintf(stderr, "%s serve: %s %s: %s\n", CLI_PROGNAME, method, url,
-            lua_tostring(L, -1) ? lua_tostring(L, -1) : "(no message)");
+    /* the path and the message may hold the request's bytes: escaped, so
+     * that a client cannot forge a log line or drive a terminal */
+    char shown_url[512], shown_msg[1024];
+    const char *msg = lua_tostring(L, -1) ? lua_tostring(L, -1) : "(no message)";
+    tally_printable(shown_url, sizeof shown_url, url, strlen(url));
+    tally_printable(shown_msg, sizeof shown_msg, msg, strlen(msg));
+    fprintf(stderr, "%s serve: %s %s: %s\n", CLI_PROGNAME, method, shown_url, shown_msg);
     lua_settop(L, top);
     return fail_500(c);
   }
