@@ -317,7 +317,8 @@ TALLY_API int tally_counter_incr_shard(tally_counter *c, uint32_t shard, int64_t
  * TALLY_COUNTER_CREATE), tally_counter_incr and closing it would do, with
  * their results, at the cost of one lookup in the store's index (no
  * allocation). For many names used at random, where holding a handle per
- * name costs more memory than it saves time. */
+ * name costs more memory than it saves time. TALLY_EINVAL with
+ * TALLY_COUNTER_EXCL. */
 TALLY_API int tally_store_incr(tally_store *s, const char *name, size_t len,
                                int64_t delta, uint32_t flags);
 /* The exact value of counter `name` without a handle (one index lookup,

@@ -601,6 +601,9 @@ static void test_counter_ops(tally_store *s) {
   tally_counter_close(c2);
   c2 = NULL;
   EXPECT_OK(tally_store_drop(s, "excl:a", 6));
+  /* by name, an add cannot say its counter is new: refused, nothing made */
+  EXPECT_RC(TALLY_EINVAL, tally_store_incr(s, "excl:b", 6, 1, excl));
+  EXPECT_RC(TALLY_ENOENT, tally_store_incr(s, "excl:b", 6, 1, 0));
 
   EXPECT_OK(tally_counter_incr(c, 5));
   EXPECT_OK(tally_counter_incr(c, -2));

@@ -574,6 +574,9 @@ static int by_name_begin(tally_store *s, const char *name, size_t len) {
 int tally_store_incr(tally_store *s, const char *name, size_t len, int64_t delta,
                      uint32_t flags) {
   if (!s) return tally__fail(TALLY_EINVAL, "tally_store_incr: store is NULL");
+  if (flags & TALLY_COUNTER_EXCL) /* an add by name cannot tell its counter new */
+    return tally__fail(TALLY_EINVAL, "tally_store_incr: TALLY_COUNTER_EXCL is for "
+                                     "tally_counter_open");
   int rc = by_name_begin(s, name, len);
   if (rc) return rc;
   char over[TALLY_NAME_MAX + 1];
