@@ -107,19 +107,20 @@ static int create_locked(tally_store *s, const char **name, size_t *len, uint64_
 
 /* Find name in the index or, with TALLY_COUNTER_CREATE, create it under
  * the lock; a capped family may give its overflow counter instead (*name,
- * *len and *hash then name it; over holds it). *made: the name asked for
- * was absent under the lock (created, or its family's overflow given). */
+ * *len and *hash then name it; over holds it). *made (made may be NULL):
+ * the name asked for was absent under the lock (created, or its family's
+ * overflow given). */
 static int find_or_create(tally_store *s, const char **name, size_t *len, uint64_t *hash,
                           const tally_counter_options *opt, uint32_t flags, char *over,
                           uint64_t *rec_off, bool *made) {
   int rc = tally__index_find(s, *name, *len, *hash, rec_off);
-  *made = false;
+  if (made) *made = false;
   if (rc == TALLY_ENOENT && (flags & TALLY_COUNTER_CREATE)) {
     if ((rc = tally__lock(s))) return rc;
     rc = tally__index_find(s, *name, *len, *hash, rec_off);
     if (rc == TALLY_ENOENT) {
       rc = create_locked(s, name, len, hash, opt, over, rec_off);
-      *made = rc == 0;
+      if (made) *made = rc == 0;
     }
     tally__unlock(s);
   }
@@ -581,12 +582,11 @@ int tally_store_incr(tally_store *s, const char *name, size_t len, int64_t delta
   if (rc) return rc;
   char over[TALLY_NAME_MAX + 1];
   uint64_t hash = tally__hash(name, len, 0), rec_off = 0, loc;
-  bool made;
   for (int drops = 0;;) {
     /* no counter is left behind by an add that cannot succeed on it */
     bool fits = delta >= -(INT64_C(1) << 62) && delta < INT64_C(1) << 62;
     rc = find_or_create(s, &name, &len, &hash, NULL, fits ? flags : 0, over, &rec_off,
-                        &made);
+                        NULL);
     if (rc == TALLY_ENOENT && !fits && (flags & TALLY_COUNTER_CREATE))
       return name_range_error(name, len, delta);
     if (rc) return rc;
@@ -632,9 +632,8 @@ int tally_store_value(tally_store *s, const char *name, size_t len, int64_t *out
   if (rc) return rc;
   char over[TALLY_NAME_MAX + 1];
   uint64_t hash = tally__hash(name, len, 0), rec_off = 0;
-  bool made;
   for (int drops = 0;; drops++) {
-    rc = find_or_create(s, &name, &len, &hash, NULL, 0, over, &rec_off, &made);
+    rc = find_or_create(s, &name, &len, &hash, NULL, 0, over, &rec_off, NULL);
     if (rc == 0) rc = tally__rec_value(s, rec_off, out);
     if (rc != TALLY_EDROPPED) return rc;
     if (drops == 8) /* dropped (or expired) under us: gone, unless made again */
