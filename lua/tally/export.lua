@@ -306,12 +306,19 @@ local function capped(name)
              .. "counted in the family's overflow counter", printable(name))
 end
 
--- A counter another writer made since the check, unlike the document's
--- (its policy, or its shard count unless both are cpu): refused, as the
--- check refuses one that was there.
+-- Can the counter (its info) take document entry p? Its shard count,
+-- unless both are cpu counters (a shard per CPU of the machine that made
+-- each: taken whole), and its policy where p names one. lua_export.c's
+-- fits_document is the streamed import's.
+local function shards_fit(p, info)
+  return info.shards == p.shards or (p.policy == "cpu" and info.policy == "cpu")
+end
+local function policy_fits(p, info) return not p.policy or p.policy == info.policy end
+
+-- A counter another writer made since the check, unlike the document's:
+-- refused, as the check refuses one that was there.
 local function made_unlike(p, info)
-  if (p.policy and p.policy ~= info.policy)
-     or (info.shards ~= p.shards and not (p.policy == "cpu" and info.policy == "cpu")) then
+  if not (shards_fit(p, info) and policy_fits(p, info)) then
     return fmt("counter '%s' was made during the import with %d shards and policy %s",
                printable(p.name), info.shards, info.policy)
   end
@@ -538,11 +545,11 @@ function whole(self, text, mode, progress)
       -- a cpu counter has a shard per CPU of the machine that made it:
       -- another machine's is taken whole, whatever its CPUs (below)
       local cpu = p.policy == "cpu" and info.policy == "cpu"
-      if info.shards ~= p.shards and not cpu then
+      if not shards_fit(p, info) then
         raise(fmt("counter '%s': num_shards is %d but the counter exists with %d shards",
                   printable(name), p.shards, info.shards))
       end
-      if p.policy and p.policy ~= info.policy then
+      if not policy_fits(p, info) then
         raise(fmt("counter '%s': policy is %s but the counter exists with policy %s",
                   printable(name), p.policy, info.policy))
       end

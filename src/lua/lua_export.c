@@ -416,6 +416,13 @@ static int counter_at(lua_State *L, importer *m, uint32_t *n, int32_t *policy) {
   return ok;
 }
 
+/* Can counter info take the document's n shards of policy? The same
+ * policy, and the same shard count unless a cpu counter's (a shard per
+ * CPU of the machine that made it: taken whole). export.lua's check. */
+static int fits_document(const tally_counter_info *info, int32_t policy, uint32_t n) {
+  return info->policy == policy && (info->shards == n || policy == TALLY_POLICY_CPU);
+}
+
 /* What the store says to the counter: 1 and whether it exists (and its
  * incarnation), if the import can take it as export.lua's check would; 0
  * if not (or the store fails: the whole document's check says how). */
@@ -436,7 +443,7 @@ static int store_takes(importer *m, const char *name, size_t len, uint32_t n,
   if (tally_counter_open(s, name, len, NULL, 0, &c)) return 0;
   int ok = tally_counter_info_get(c, &info) == 0 && info.name_len == len &&
            memcmp(info.name, name, len) == 0 && /* not a capped family's overflow */
-           info.policy == policy && (info.shards == n || policy == TALLY_POLICY_CPU);
+           fits_document(&info, policy, n);
   if (ok) *incarnation = info.incarnation;
   if (ok && m->add && policy != TALLY_POLICY_CPU) {
     ok = tally_counter_shards(c, m->now, TALLY_MAX_SHARDS, &have) == 0 && have == n;
@@ -591,8 +598,6 @@ static void ulog_pop(importer *m) {
   m->ulast = 0;
 }
 
-/* nil, msg, code for rc on counter name, as its handle's methods say it
- * (a counter dropped under the import: "counter 'x' was dropped"). */
 /* Close c (if any) and fail with code and "counter 'NAME'" followed by
  * what fmt makes (lua_pushfstring's formats), NAME made printable. */
 static int refuse(lua_State *L, tally_counter *c, int code, const char *name, size_t len,
@@ -609,6 +614,8 @@ static int refuse(lua_State *L, tally_counter *c, int code, const char *name, si
   return tl_fail_msg(L, code, lua_tostring(L, -1));
 }
 
+/* nil, msg, code for rc on counter name, as its handle's methods say it
+ * (a counter dropped under the import: "counter 'x' was dropped"). */
 static int fail_on(lua_State *L, int rc, const char *name, size_t len) {
   if (rc != TALLY_EDROPPED) return tl_fail(L, rc);
   return refuse(L, NULL, rc, name, len, " was dropped");
@@ -657,8 +664,7 @@ static int apply_one(lua_State *L, importer *m, const char *name, size_t len,
   if (rc == 0 && h->existed && info.incarnation != h->incarnation) rc = TALLY_EDROPPED;
   /* made by another writer since the check, unlike the document: refused,
    * as the check refuses one that was there (export.lua's made_unlike) */
-  if (rc == 0 && made_since &&
-      (info.policy != h->policy || (info.shards != n && h->policy != TALLY_POLICY_CPU))) {
+  if (rc == 0 && made_since && !fits_document(&info, h->policy, n)) {
     return refuse(L, c, TALLY_EMISMATCH, name, len,
                   " was made during the import with %d shards and policy %s",
                   (int)info.shards, tl_policy_label(info.policy));
