@@ -8,13 +8,13 @@
  * copy of the text, freed with it: by its owner, or by the garbage
  * collector when a request is dropped), passes its number to the thread,
  * which appends its pieces to it by number, and takes the text back a
- * piece at a time, yielding between pieces. The
- * parcels are the process's: one list under a mutex, shared by every Lua
- * state that loads this module. A number is never used twice, so a
- * thread still appending to a parcel its request has freed gets an error,
- * not another request's parcel; once the owner begins to take it, the
- * parcel is sealed (an append is an error), so the text it reads from
- * outside the lock never moves.
+ * piece at a time, yielding between pieces. The parcels are the
+ * process's: one list under a mutex, shared by every Lua state that loads
+ * this module. A number is never used twice, so a thread still appending
+ * to a parcel its request has freed gets an error, not another request's
+ * parcel; once the owner begins to take it, the parcel is sealed (an
+ * append is an error), so the text it reads from outside the lock never
+ * moves.
  */
 #include "lua_aux.h"
 
