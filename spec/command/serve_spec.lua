@@ -396,6 +396,10 @@ db:family("post:*:likes", { shards = 4, metric = "post_likes", labels = { "post"
     assert.equals(401, status)
     assert.equals('Bearer realm="tally"', h["www-authenticate"])
     assert.equals(401, (get(srv.url .. "/metrics", { headers = { Authorization = "Bearer wrong" } })))
+    -- compared byte by byte: the same length, or a prefix, is not enough
+    assert.equals(401, (get(srv.url .. "/metrics", { headers = { Authorization = "Bearer s3creT" } })))
+    assert.equals(401, (get(srv.url .. "/metrics", { headers = { Authorization = "Bearer s3cre" } })))
+    assert.equals(401, (get(srv.url .. "/metrics", { headers = { Authorization = "Bearer s3cret2" } })))
     assert.equals(200, (get(srv.url .. "/metrics", { headers = { Authorization = "Bearer s3cret" } })))
     assert.equals(200, (get(srv.url .. "/metrics", { headers = { Authorization = "BEARER s3cret" } })))
     assert.equals(401, (get(srv.url .. "/metrics", { headers = { Authorization = "Basic s3cret" } })))
@@ -404,6 +408,8 @@ db:family("post:*:likes", { shards = 4, metric = "post_likes", labels = { "post"
     assert.equals(401, (get(srv.url .. "/api/stats")))
     assert.equals(200, (get(srv.url:gsub("//", "//ops:pa:ss@") .. "/api/stats")))
     assert.equals(401, (get(srv.url:gsub("//", "//ops:nope@") .. "/api/stats")))
+    assert.equals(401, (get(srv.url:gsub("//", "//opz:pa:ss@") .. "/api/stats")))
+    assert.equals(401, (get(srv.url:gsub("//", "//ops:pa:sS@") .. "/api/stats")))
     assert.equals(0, stop(srv))
   end)
 

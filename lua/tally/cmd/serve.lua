@@ -108,15 +108,31 @@ local function takes_gzip(ae)
 end
 _M.takes_gzip = takes_gzip
 
+-- Whether the string given equals the secret, in a time that depends on
+-- their lengths only: == stops at the first byte that differs, which a
+-- client that times many answers could use to find the secret a byte at
+-- a time.
+local function same_secret(given, secret)
+  if type(given) ~= "string" or #given ~= #secret then return false end
+  local diff = 0
+  for i = 1, #secret do diff = diff | (given:byte(i) ~ secret:byte(i)) end
+  return diff == 0
+end
+_M.same_secret = same_secret
+
 -- Whether req carries the credentials --auth names (bearer token or
 -- user:password, compared whole).
 local function authorized(s, req)
   local a = s.auth
   if not a then return true end
-  if a.user then return req.user == a.user and req.password == a.password end
+  if a.user then
+    -- both compared, whichever is wrong
+    local user_ok = same_secret(req.user, a.user)
+    return same_secret(req.password, a.password) and user_ok
+  end
   -- the scheme's name in any case (RFC 7235)
   local scheme, token = (req.authorization or ""):match("^%s*(%a+)%s+(%S+)%s*$")
-  return scheme ~= nil and scheme:lower() == "bearer" and token == a.token
+  return scheme ~= nil and scheme:lower() == "bearer" and same_secret(token, a.token)
 end
 
 -- (Re)open the store if it could not be read at the start: nil, message
