@@ -553,6 +553,17 @@ describe("tally inspection commands", function()
     assert.equal(1, code)
     assert.equal("tally import: " .. bad .. " is not a tally export: it must be a JSON object ('{' "
                  .. "first), not '['\n", err)
+    -- --create makes no store for a file that is not an export, from a
+    -- path or from stdin
+    local fresh = helper.tmpfile("fresh.tly")
+    out, err, code = run("import", fresh, bad, "--create")
+    assert.equal(1, code)
+    assert.matches("is not a tally export", err)
+    assert.is_nil(io.open(fresh))
+    out, code = helper.sh(q(helper.bin) .. " import --create " .. q(fresh) .. " - < /dev/zero")
+    assert.equal(1, code)
+    assert.matches("stdin is not a tally export", out)
+    assert.is_nil(io.open(fresh))
     -- one that looks like one ends at the limit (4 GiB; here 100,000 bytes)
     local cmd = "yes '{' | TALLY_IMPORT_MAX_BYTES=100000 timeout 60 " .. q(helper.bin)
                 .. " import " .. q(path) .. " -"

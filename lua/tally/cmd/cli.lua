@@ -808,7 +808,12 @@ function cmd.import(args)
   -- import reads as it checks, then again
   local size = file ~= "-" and f:seek("end") or nil
   if size then f:seek("set") end
-  local db, path = open(pos[1], o.create or false)
+  -- a store --create is to make is made once the file has been read and
+  -- looks like an export, so a wrong file leaves no empty store behind
+  local db, path
+  local there = o.create and pos[1] ~= "memory" and io.open(pos[1]:match("^file:(.*)$") or pos[1], "rb")
+  if there then there:close() end
+  if not o.create or there or pos[1] == "memory" then db, path = open(pos[1], o.create or false) end
   local bar = (size == nil or size >= BIG) and progress("import") or nil
   term.catch_interrupt(true)
   local ok, n, msg, changing, stopped = true, nil, nil, false, false
@@ -852,6 +857,7 @@ function cmd.import(args)
     end
     if src ~= f then src:seek("set") elseif size then f:seek("set") end
     if bar and got < BIG and not size then bar = nil end
+    if not db then db, path = open(pos[1], true) end
     local opts = { mode = o.add and "add" or "replace" }
     opts.progress = function(phase, done, total)
       if phase == "create" or phase == "apply" then changing = true end
