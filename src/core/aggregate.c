@@ -173,18 +173,29 @@ static int row_collect(tally_store *s, uint64_t rec_off, void *ud) {
 }
 
 /* The rows collected in w, sorted by name, handed over one by one, each
- * read as it goes (one dropped since it was collected is left out). */
-static int rows_sorted(tally_store *s, struct rows *w) {
+ * read as it goes (one dropped since it was collected is left out). With
+ * shrink, the memory the sort needed and the reading does not is given
+ * back first: the reading maps the store's pages in. */
+static int rows_sorted(tally_store *s, struct rows *w, int shrink) {
   int rc = tally__sort_by_name(s, w->recs, w->n);
+  if (rc) return rc;
+  /* from here only the offsets: packed in place (off[i] lies at or
+   * before recs[i], which has been read), a third of the keys' size */
+  uint64_t *off = (uint64_t *)w->recs;
+  for (size_t i = 0; i < w->n; i++) off[i] = w->recs[i].rec;
+  if (shrink && w->n) {
+    uint64_t *less = realloc(off, w->n * sizeof *off);
+    if (less) off = less, w->recs = (struct tally__name_key *)less;
+  }
   for (size_t i = 0; rc == 0 && i < w->n; i++) {
     if (i + 8 < w->n) { /* a record (names only too), the cells of one nearer */
-      __builtin_prefetch(tally__at(s, w->recs[i + 8].rec));
+      __builtin_prefetch(tally__at(s, off[i + 8]));
       if (!(w->flags & TALLY_ROWS_NAMES)) {
-        const struct tally__rec *ahead = tally__at(s, w->recs[i + 4].rec);
+        const struct tally__rec *ahead = tally__at(s, off[i + 4]);
         tally__fetch_cells(s, atomic_load_explicit(&ahead->loc, memory_order_relaxed));
       }
     }
-    rc = row_visit(s, w->recs[i].rec, w);
+    rc = row_visit(s, off[i], w);
   }
   return rc;
 }
@@ -199,7 +210,7 @@ int tally_store_rows(tally_store *s, const char *pattern, size_t plen, unsigned 
                                      : tally__index_each_value)(s, row_visit, &w);
   tally__hold_begin(s); /* the records stay ours until fn has seen them */
   int rc = tally__index_each(s, row_collect, &w);
-  if (rc == 0) rc = rows_sorted(s, &w);
+  if (rc == 0) rc = rows_sorted(s, &w, 1);
   tally__hold_end(s);
   free(w.recs);
   return rc;
@@ -245,7 +256,7 @@ int tally_walk_next(tally_walk *w, uint64_t slots, tally_row_fn fn, void *ud) {
   int by_name = (w->flags & TALLY_ROWS_BY_NAME) != 0;
   int rc = tally__index_slots(w->s, w->table, w->next, count ? count : 1,
                               by_name ? row_collect : row_visit, &r);
-  if (rc == 0 && by_name) rc = rows_sorted(w->s, &r);
+  if (rc == 0 && by_name) rc = rows_sorted(w->s, &r, 0);
   w->recs = r.recs, w->cap = r.cap;
   if (rc) return rc; /* it stays where it was: fn's stop, or damage */
   w->next += count ? count : 1;
