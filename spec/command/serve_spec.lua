@@ -262,7 +262,7 @@ db:family("post:*:likes", { shards = 4, metric = "post_likes", labels = { "post"
     db:close()
   end)
 
-  it("runs below the writers' priority: nice 10, or --nice N, never less than it had", function()
+  it("runs below the writers' priority: nice 12, or --nice N, never less than it had", function()
     local path, db = store_for_api()
     local function nice_of(pid)
       local stat = assert(helper.slurp("/proc/" .. pid .. "/stat"))
@@ -270,7 +270,7 @@ db:family("post:*:likes", { shards = 4, metric = "post_likes", labels = { "post"
     end
     local own = nice_of("self")
     local srv = serve(path)
-    assert.equals(math.max(own, 10), nice_of(srv.pid))
+    assert.equals(math.max(own, 12), nice_of(srv.pid))
     assert.equals(0, stop(srv))
     srv = serve(path, "--nice", "17")
     assert.equals(math.max(own, 17), nice_of(srv.pid))

@@ -263,7 +263,7 @@ Serve STORE over HTTP until SIGTERM (exit status 0) or Ctrl-C (130):
   --connections N      connections at once (default 256; 32 per client
                        address)
   --timeout S          close a connection idle for S seconds (default 10)
-  --nice N             run at niceness N at least (0 to 19, default 10): where
+  --nice N             run at niceness N at least (0 to 19, default 12): where
                        the writers keep every CPU busy, the scheduler gives
                        them what answering would take
   --families FILE      a Lua file run with the store as its argument ('...'),
@@ -1094,7 +1094,7 @@ function cmd.serve(args)
   end
   local connections = num("connections", 1, 100000, 256)
   local timeout = num("timeout", 1, 3600, 10)
-  local niceness = num("nice", 0, 19, 10)
+  local niceness = num("nice", 0, 19, 12)
   local uri = pos[1]
   local families
   if o.families then
