@@ -315,6 +315,9 @@ db:family("post:*:likes", { shards = 4, metric = "post_likes", labels = { "post"
       { "/api/top?by=size", 400, "by must be value or rate, got 'size'\n" },
       { "/api/values?colour=red", 400, "unknown query parameter 'colour' (/api/values takes pattern)\n" },
       { "/api/top?pattern=%zz", 400, "bad percent-encoding in the path or query: '%' must be followed by two hex digits\n" },
+      -- the path a NUL would end is not served as its first part
+      { "/metrics%00junk", 400, "a path cannot hold a NUL byte (%00)\n" },
+      { "/api/stats%00?x=1", 400, "a path cannot hold a NUL byte (%00)\n" },
       { "/api/counter", 400, "name is needed: api/counter?name=NAME\n" },
       { "/api/counter?name=" .. ("x"):rep(256), 400, "name must be 1 to 255 bytes, got 256\n" },
       -- a %00 is a byte of the name, not its end (signups exists)

@@ -10,6 +10,7 @@
  *     handler(req) -> status, headers, body [, gzip]
  *       req: { method=, path=, query = { k = v, or k = { v1, v2, ... } for
  *              a parameter given more than once }, bad_escape = true|nil,
+ *              nul_in_path = true|nil (path is then cut at the %00),
  *              authorization=, user=, password= (Basic, decoded),
  *              accept_encoding=, remote= }
  *       headers: { ["Content-Type"] = ..., ... }
@@ -64,10 +65,12 @@ typedef struct httpd {
   lua_Integer body_timeout; /* idle seconds allowed a connection whose body is made */
 } httpd;
 
-/* Per TCP connection (MHD's socket context): a bad escape seen while MHD
- * unescaped the current request's path or query. */
+/* Per TCP connection (MHD's socket context): what the current request's
+ * URI held that its unescaped form cannot show: a bad escape seen while
+ * MHD unescaped the path or query, a %00 in the path. */
 typedef struct conn_state {
   int bad_escape;
+  int nul_in_path;
 } conn_state;
 
 /* A streamed body: pieces from a Lua producer, gzipped or not, queued in
@@ -168,6 +171,24 @@ static void setheader(lua_State *L, struct MHD_Connection *c, const char *h,
   }
 }
 
+/* The raw URI, before MHD unescapes anything (MHD_OPTION_URI_LOG_CALLBACK,
+ * called first for each request): the handler gets the path as a C
+ * string, which a %00 would end, so /metrics%00junk would be served as
+ * /metrics. A query keeps its %00 (add_arg has each value's length). */
+static void *raw_uri(void *cls, const char *uri, struct MHD_Connection *c) {
+  const union MHD_ConnectionInfo *ci =
+      MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+  conn_state *cs = ci != NULL ? (conn_state *)ci->socket_context : NULL;
+  (void)cls;
+  if (cs != NULL) {
+    size_t n = strcspn(uri, "?");
+    *cs = (conn_state){0}; /* a request begins: nothing seen yet */
+    for (const char *p = uri; p + 3 <= uri + n; p++)
+      if (p[0] == '%' && p[1] == '0' && p[2] == '0') cs->nul_in_path = 1;
+  }
+  return NULL; /* on_request's *req: the request's first call */
+}
+
 /* The request as the handler's table, on top of the stack. */
 static void push_request(lua_State *L, struct MHD_Connection *c, const char *url,
                          const char *method) {
@@ -185,9 +206,12 @@ static void push_request(lua_State *L, struct MHD_Connection *c, const char *url
   MHD_get_connection_values_n(c, MHD_GET_ARGUMENT_KIND, add_arg, L);
   lua_setfield(L, -2, "query");
   if (cs != NULL && cs->bad_escape) {
-    cs->bad_escape = 0; /* the next request on this connection starts clean */
     lua_pushboolean(L, 1);
     lua_setfield(L, -2, "bad_escape");
+  }
+  if (cs != NULL && cs->nul_in_path) {
+    lua_pushboolean(L, 1);
+    lua_setfield(L, -2, "nul_in_path");
   }
   setheader(L, c, MHD_HTTP_HEADER_AUTHORIZATION, "authorization");
   { /* Basic credentials, decoded by MHD */
@@ -507,7 +531,7 @@ static int h_serve(lua_State *L) {
       (unsigned)optint(L, "timeout", 10), MHD_OPTION_CONNECTION_MEMORY_LIMIT,
       (size_t)optint(L, "memory", 32768), MHD_OPTION_LISTEN_BACKLOG_SIZE, 128u,
       MHD_OPTION_NOTIFY_CONNECTION, on_connection, NULL, MHD_OPTION_UNESCAPE_CALLBACK,
-      unescape, NULL, MHD_OPTION_END);
+      unescape, NULL, MHD_OPTION_URI_LOG_CALLBACK, raw_uri, NULL, MHD_OPTION_END);
   freeaddrinfo(ai);
   if (d == NULL) {
     int e = errno;

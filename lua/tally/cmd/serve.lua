@@ -170,6 +170,9 @@ local function handle(s, req)
   if req.bad_escape then
     return answer(400, "bad percent-encoding in the path or query: '%' must be followed by two hex digits")
   end
+  if req.nul_in_path then   -- req.path ends at the %00
+    return answer(400, "a path cannot hold a NUL byte (%00)")
+  end
   local path = req.path
   local gz = takes_gzip(req.accept_encoding)
   if path == "/" then   -- its query is the page's own (?totals=, ?probe)
