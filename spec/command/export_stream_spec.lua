@@ -297,6 +297,28 @@ describe("export and import of " .. N .. " counters, streamed", function()
       assert.equal(before, target:export())
     end)
 
+    it("a name a family's cap sends to its overflow, made by a writer before the undo", function()
+      -- the refused counter was never made: the undo must not drop the
+      -- one another writer makes under that name afterwards
+      local json, quote = require "tally.json", require("tally.format").json_string
+      local db = assert(tally.open())
+      db:family("g:*", { max_counters = 1 })
+      assert(db:incr("g:a", 1))
+      local piece = fmt('%s:{"num_shards":1,"policy":"thread","shards":{"0":{"count":5}}}',
+                        quote("g:b"))
+      local imp = assert(core.importer(db, "replace"))
+      assert.equal(1, imp:check(piece, assert(json.value("{" .. piece .. "}")), quote))
+      local k, _, code = imp:apply(10)
+      assert.is_nil(k)
+      assert.equal("EFULL", code)
+      assert(db:drop("g:a"))                          -- room under the cap, then the writer
+      assert(db:incr("g:b", 9))
+      imp:undo()
+      imp:close()
+      assert.equal(9, db:value("g:b"))
+      db:close()
+    end)
+
     it("a key given twice inside a counter", function()
       local t = { table.unpack(lines) }
       local i, name = post_at(5000)

@@ -655,6 +655,7 @@ static int apply_one(lua_State *L, importer *m, const char *name, size_t len,
   int logged = h->existed || made_since; /* its adds are undone one by one */
   rc = tally_counter_info_get(c, &info);
   if (rc == 0 && (info.name_len != len || memcmp(info.name, name, len) != 0)) {
+    if (!logged) ulog_pop(m); /* nothing made: the cap's overflow answered */
     return refuse(L, c, TALLY_EFULL, name, len,
                   " falls under a family at its cap (max_counters): it would be "
                   "counted in the family's overflow counter");
