@@ -822,14 +822,14 @@ function cmd.import(args)
   end
   local src = f
   ok, err = pcall(function()
-    local got = 0
+    local got, seen = 0, false                  -- seen: a byte that is not white space
     while true do
       local s, rerr = f:read(size and 4096 or BIG)
       if not s then
         if rerr then fail(shown .. ": " .. tostring(rerr)) end
         break                                     -- the end of the file
       end
-      if got == 0 then   -- an export is a JSON object: say so before reading on
+      if not seen then   -- an export is a JSON object: say so before reading on
         local first = s:match("^[ \t\r\n]*()")
         local b = s:byte(first)
         if b and b ~= 123 then
@@ -837,6 +837,7 @@ function cmd.import(args)
                    shown, b >= 32 and b < 127 and fmt("'%s'", s:sub(first, first))
                      or fmt("byte 0x%02x", b)))
         end
+        seen = b ~= nil
       end
       got = got + #s
       if got > limit or (size and size > limit) then
@@ -844,16 +845,23 @@ function cmd.import(args)
                  .. "export and import the store in parts (tally export STORE PATTERN)",
                  shown, limit_text))
       end
-      if size then break end                      -- a file: its first bytes were all to see
-      if src == f then
-        local tmp
-        tmp, rerr = io.tmpfile()
-        if not tmp then fail("cannot make a temporary file: " .. tostring(rerr)) end
-        src = tmp
+      if size then                                -- a file: its first bytes were all to see
+        if seen then break end
+      else
+        if src == f then
+          local tmp
+          tmp, rerr = io.tmpfile()
+          if not tmp then fail("cannot make a temporary file: " .. tostring(rerr)) end
+          src = tmp
+        end
+        if not src:write(s) then fail("cannot write a temporary file (a full disk?)") end
+        if bar and got >= BIG then bar.update("read", got, nil, "bytes") end
       end
-      if not src:write(s) then fail("cannot write a temporary file (a full disk?)") end
-      if bar and got >= BIG then bar.update("read", got, nil, "bytes") end
       check_stop()
+    end
+    if not seen then   -- nothing to decode: said before a --create makes the store
+      fail(fmt("%s is not a tally export: it is empty%s", shown,
+               got > 0 and " but for white space" or ""))
     end
     if src ~= f then src:seek("set") elseif size then f:seek("set") end
     if bar and got < BIG and not size then bar = nil end
