@@ -171,6 +171,24 @@ static void setheader(lua_State *L, struct MHD_Connection *c, const char *h,
   }
 }
 
+/* Whether MHD's decoded Basic user and password (C strings) are all the
+ * credentials hold: the length the header's base64 decodes to must be
+ * theirs and the ':', or a NUL cut them short ("user:pass<NUL>x"). */
+static int basic_whole(struct MHD_Connection *c, const char *user, const char *pass) {
+  static const char basic[] = "Basic ";
+  const char *v;
+  size_t len, n;
+  if (MHD_lookup_connection_value_n(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION,
+                                    strlen(MHD_HTTP_HEADER_AUTHORIZATION), &v,
+                                    &len) != MHD_YES ||
+      v == NULL || len < sizeof basic - 1 || memcmp(v, basic, sizeof basic - 1) != 0)
+    return 0;
+  v += sizeof basic - 1, n = len - (sizeof basic - 1);
+  size_t pad = n > 0 && v[n - 1] == '=' ? 1 + (n > 1 && v[n - 2] == '=') : 0;
+  return n % 4 == 0 &&
+         n / 4 * 3 - pad == strlen(user) + (pass != NULL ? 1 + strlen(pass) : 0);
+}
+
 /* The raw URI, before MHD unescapes anything (MHD_OPTION_URI_LOG_CALLBACK,
  * called first for each request): the handler gets the path as a C
  * string, which a %00 would end, so /metrics%00junk would be served as
@@ -216,7 +234,7 @@ static void push_request(lua_State *L, struct MHD_Connection *c, const char *url
   setheader(L, c, MHD_HTTP_HEADER_AUTHORIZATION, "authorization");
   { /* Basic credentials, decoded by MHD */
     char *pass = NULL, *user = MHD_basic_auth_get_username_password(c, &pass);
-    if (user != NULL) {
+    if (user != NULL && basic_whole(c, user, pass)) {
       lua_pushstring(L, user);
       lua_setfield(L, -2, "user");
       lua_pushstring(L, pass != NULL ? pass : "");
