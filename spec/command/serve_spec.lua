@@ -341,6 +341,14 @@ db:family("post:*:likes", { shards = 4, metric = "post_likes", labels = { "post"
     end
     local out = helper.sh(NOPRELOAD .. "curl -s -o /dev/null -w '%{http_code}' -X POST -d x=1 " .. srv.url .. "/metrics")
     assert.equals("405", out)
+    -- one connection kept for the next request (HTTP keep-alive), which
+    -- starts clean: a bad request's notes are not the next one's
+    out = helper.sh(NOPRELOAD .. "curl -sv -o /dev/null -o /dev/null -o /dev/null -w '%{http_code} ' "
+                    .. srv.url .. "/api/top?pattern=%zz " .. srv.url .. "/metrics%00x "
+                    .. srv.url .. "/api/stats 2>&1")
+    assert.matches("400 400 200 $", out)
+    local _, reused = out:gsub("Re%-using existing connection", "")
+    assert.equals(2, reused, out)
     -- still serving
     assert.equals(200, (get(srv.url .. "/api/stats")))
     assert.equals(0, stop(srv))

@@ -458,14 +458,35 @@ static enum MHD_Result respond(httpd *h, struct MHD_Connection *c, const char *u
   return ret;
 }
 
+/* Whether the request says a body follows its headers. */
+static int has_body(struct MHD_Connection *c) {
+  const char *len =
+      MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+  return (len != NULL && strspn(len, "0") != strlen(len)) ||
+         MHD_lookup_connection_value(c, MHD_HEADER_KIND,
+                                     MHD_HTTP_HEADER_TRANSFER_ENCODING) != NULL;
+}
+
+/* MHD calls this once the headers are in, then once the body is (empty:
+ * at once). A request without a body is answered at the second call, so
+ * that the connection can stay open for the next (HTTP keep-alive: MHD
+ * closes one whose answer came before the request's end). One with a
+ * body, which nothing here reads, is answered at the first and the
+ * connection closed after it. */
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
                                   const char *method, const char *version,
                                   const char *upload, size_t *upload_size, void **req) {
   (void)version;
   (void)upload;
-  if (*req == NULL) { /* headers are in; a body, if any, is not read */
+  if (*req == NULL) { /* the headers are in */
     *req = (void *)1;
+    if (!has_body(c)) return MHD_YES;
+    *req = (void *)2;
     *upload_size = 0;
+    return respond((httpd *)cls, c, url, method);
+  }
+  if (*req == (void *)1 && *upload_size == 0) { /* the request's end */
+    *req = (void *)2;
     return respond((httpd *)cls, c, url, method);
   }
   *upload_size = 0; /* a body after the answer: dropped */
