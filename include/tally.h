@@ -792,7 +792,7 @@ enum {
  * one walk with no handle per counter (what tally ls shows of each). In
  * the names' order, the walk first collects the matching counters (24
  * bytes each, twice that while they are sorted) and sorts them, then
- * reads each as it hands it over. A counter dropped during the walk is
+ * reads each as it hands it over (8 bytes each kept meanwhile). A counter dropped during the walk is
  * left out. The walk holds reuse back until it ends (as every walk does):
  * fn should only read. fn returns 0 to go on, non-zero to stop (that value
  * is then returned). TALLY_EINVAL for a NULL s or fn, TALLY_ENOMEM if the
