@@ -81,7 +81,13 @@ local function store_of(spec, trust, mappings)
   local db, msg = tally.open(spec, { create = false, trust = trust or nil })
   if not db then return nil, msg end
   for _, m in ipairs(mappings) do
-    local ok, err = pcall(prometheus.map_only, db, m.pattern, m)
+    -- a histogram family without a metric comes with labels = {}, which
+    -- db:family refuses without a metric
+    local opts = m
+    if m.metric == nil then
+      opts = { type = m.type, histogram = m.histogram }
+    end
+    local ok, err = pcall(prometheus.map_only, db, m.pattern, opts)
     if not ok then
       db:close()
       return nil, "the mapping of '" .. tostring(m.pattern) .. "': " .. tostring(err)
