@@ -779,6 +779,9 @@ typedef struct tally_row {
   const int64_t *cells;       /* TALLY_ROWS_CELLS: each shard's value
                                  (shards of them, read with value); valid
                                  during the call only */
+  uint64_t incarnation;       /* as tally_counter_info's: random per
+                                 creation, so a row of a counter dropped
+                                 and made again is told from the old */
 } tally_row;
 typedef int (*tally_row_fn)(void *ud, const tally_row *row);
 enum {

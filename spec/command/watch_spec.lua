@@ -73,6 +73,23 @@ describe("tally watch", function()
     t:wait("%[exit 0%]")
   end)
 
+  it("takes a counter dropped and made again for a new one, not a fall of its value", function()
+    local path = store_with({ a = 1000, b = 1 })
+    t = tty.open(q(tty.bin()) .. " watch " .. q(path) .. " --interval 2 --sort name")
+    frame(t, "\na%s+1000 ")
+    local db = assert(tally.open("file:" .. path))
+    assert(db:drop("a"))
+    assert(db:incr("a", 5))
+    db:close()
+    -- the refresh that first sees the new one: no rate yet (it has no
+    -- rollup), where a fall from 1000 to 5 would be -497.5 a second
+    local s = t:wait(function(x) return row(x, "a") == "5" and x:find("\nq quit[^\n]*$") end)
+    local _, rate = row(s, "a")
+    assert.equal("-", rate, s)
+    t:keys("q")
+    t:wait("%[exit 0%]")
+  end)
+
   it("writes a name's control bytes as \\xNN: a name cannot drive the terminal", function()
     local path = store_with({ ["evil\27[2J\27]0;owned\7"] = 4, ["two\nrows"] = 5 })
     t = tty.open(q(tty.bin()) .. " watch " .. q(path) .. " --interval 0.2 --sort name")

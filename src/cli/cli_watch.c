@@ -25,10 +25,13 @@
  * rates stay those of the last refresh, and nothing is remembered.
  *
  * The values of the last refresh are kept in the walk's order (32 bytes a
- * counter, found by position while no counter comes or goes) under a
- * 64-bit hash of the name, not the name: two names of a million share a
- * hash with odds of about 1 in 30 million, and the cost is one wrong rate
- * for one refresh. A refresh of a million counters holds ~64 MB.
+ * counter, found by position while no counter comes or goes) under the
+ * counter's incarnation, not its name: random per creation, read with
+ * the row, nothing to hash, and a counter dropped and made again between
+ * two refreshes is a new one, not a fall of its value. Two live counters
+ * of a million share one with odds of about 1 in 30 million, and the cost
+ * is one wrong rate for one refresh. A refresh of a million counters
+ * holds ~64 MB.
  */
 #include <math.h>
 #include <stdint.h>
@@ -42,7 +45,7 @@
 
 /* A counter as a refresh saw it, in the walk's order. */
 struct seen {
-  uint64_t h; /* of the name */
+  uint64_t h; /* its incarnation (tally_row) */
   int64_t v;
   double rate;
   uint8_t has_v, has_rate, diff; /* diff: the rate was a change between refreshes */
@@ -51,7 +54,7 @@ struct seen {
 struct watcher {
   struct seen *prev, *cur; /* the last refresh's, this one's */
   size_t nprev, capprev, ncur, capcur;
-  uint32_t *idx; /* prev's positions + 1 by hash, made once the order differs */
+  uint32_t *idx; /* prev's positions + 1 by incarnation, made once the order differs */
   size_t capidx;
   int have_idx;
   size_t at;    /* where in prev the walk should be now */
@@ -88,7 +91,7 @@ struct walk {
   int failed; /* out of memory */
 };
 
-/* The last refresh's entry for hash h, or NULL. The walk goes in the
+/* The last refresh's entry for incarnation h, or NULL. The walk goes in the
  * index's order, the same from one refresh to the next while no counter
  * comes or goes: so the next entry is tried first, and a hash table over
  * the entries is made only once the orders part. */
@@ -245,7 +248,7 @@ static int watch_row(void *ud, const tally_row *row) {
                    0,
                    (uint8_t)maybe_member(row->name, row->name_len),
                    SIZE_MAX};
-  uint64_t h = tl_name_hash(row->name, row->name_len);
+  uint64_t h = row->incarnation;
   struct seen *s = seen_find(w, h);
   int later = 0;
   if (s != NULL) {

@@ -120,7 +120,10 @@ struct rows {
 /* Hand rec_off over as a row; 0 also when it was dropped meanwhile. */
 static int row_one(tally_store *s, uint64_t rec_off, struct rows *w) {
   const struct tally__rec *r = tally__at(s, rec_off);
-  tally_row row = {.name = r->name, .name_len = r->name_len, .policy = r->policy};
+  tally_row row = {.name = r->name,
+                   .name_len = r->name_len,
+                   .policy = r->policy,
+                   .incarnation = r->incarnation};
   if (w->flags & TALLY_ROWS_NAMES) return w->fn(w->ud, &row);
   tally_rollup roll;
   int64_t cells[TALLY_MAX_SHARDS];
