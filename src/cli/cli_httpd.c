@@ -478,16 +478,16 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
                                   const char *upload, size_t *upload_size, void **req) {
   (void)version;
   (void)upload;
-  if (*req == NULL) { /* the headers are in */
-    *req = (void *)1;
-    if (!has_body(c)) return MHD_YES;
-    *req = (void *)2;
+  static char headers_in, answered; /* what *req points at */
+  int first = *req == NULL;
+  if ((first && has_body(c)) || (*req == &headers_in && *upload_size == 0)) {
+    *req = &answered;
     *upload_size = 0;
     return respond((httpd *)cls, c, url, method);
   }
-  if (*req == (void *)1 && *upload_size == 0) { /* the request's end */
-    *req = (void *)2;
-    return respond((httpd *)cls, c, url, method);
+  if (first) { /* the headers are in: answered at the request's end */
+    *req = &headers_in;
+    return MHD_YES;
   }
   *upload_size = 0; /* a body after the answer: dropped */
   return MHD_YES;
