@@ -4,6 +4,7 @@
 -- Loads the tally module from BUILD_DIR (tally/init.lua, tally/core.so) and
 -- prints "RESULT key ns_per_op" lines, each the median of REPS runs:
 --   lua.incr      c:incr()                 on a 16-shard thread-policy counter
+--   lua.incr_cpu  c:incr()                 on a cpu-policy counter
 --   lua.db_incr   db:incr(name, 1)         lookup by name each time
 --   lua.observe   h:observe(v)             a histogram of 11 bounds, the next
 --                                          of 1,024 log-spaced values
@@ -28,6 +29,7 @@ end
 
 local db = assert(tally.open())
 local c = db:counter("bench", { shards = 16, policy = "thread" })
+local ccpu = db:counter("bench_cpu", { policy = "cpu" })
 local name = "bench"
 
 -- f(n) runs the operation n times. Calibrate n to ~secs, then time reps runs.
@@ -59,6 +61,7 @@ for i = 1, 1024 do vals[i] = 0.0005 * 40000 ^ ((i - 1) / 1023) end
 
 local ops = {
   { "lua.incr", function(n) local c_ = c for _ = 1, n do c_:incr() end end },
+  { "lua.incr_cpu", function(n) local c_ = ccpu for _ = 1, n do c_:incr() end end },
   { "lua.observe", function(n)
       local h_, vs = h, vals for i = 1, n do h_:observe(vs[(i & 1023) + 1]) end end },
   { "lua.db_incr", function(n) local db_, nm = db, name for _ = 1, n do db_:incr(nm, 1) end end },

@@ -420,6 +420,11 @@ void tl_slots_release(lua_State *L, int db);
 void tl_open_slots(lua_State *L); /* core._store_slots, _store_slots_stats */
 /* The key at kidx for the key policy, a string or number, or raise. */
 void tl_checkkey(lua_State *L, int kidx);
+/* Whether an increment of a counter of this policy needs no key and no
+ * function: tally_counter_incr picks the cell (cpu and slot too). */
+static inline int tl_policy_plain(int policy) {
+  return policy != TALLY_POLICY_KEY && policy != TALLY_POLICY_CUSTOM;
+}
 /* Add n to the counter of handle h (at hidx) with the key or function
  * policy (callers add for the others with tally_counter_incr, inline);
  * the key is at kidx. Returns 0 or a TALLY_E* code; raises on misuse. */

@@ -278,7 +278,7 @@ static int tl_counter_incr_(lua_State *L, int sign) {
     if (TL_UNLIKELY(n == (lua_Integer)INT64_MIN)) return tl_fail_negate(L, h->name);
     n = tl_negate(n);
   }
-  if (TL_LIKELY(h->policy < TALLY_POLICY_KEY))
+  if (TL_LIKELY(tl_policy_plain(h->policy)))
     rc = tally_counter_incr(h->c, (int64_t)n);
   else
     rc = tl_counter_incr_policy(L, h, 1, 3, n);

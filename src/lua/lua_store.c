@@ -181,7 +181,7 @@ static int tl_store_incr_(lua_State *L, int sign) {
       lua_pushnil(L); /* keep the handle at 6 */
       lua_insert(L, 5);
     }
-    if (TL_LIKELY(h->policy < TALLY_POLICY_KEY))
+    if (TL_LIKELY(tl_policy_plain(h->policy)))
       rc = tally_counter_incr(h->c, (int64_t)n);
     else
       rc = tl_counter_incr_policy(L, h, 6, 4, n);
