@@ -20,6 +20,9 @@
  *                                     bytes per counter of a file store of K
  *                                     counters at PATH, file size and live
  *                                     arena bytes ("memory": skipped)
+ *   bench_tally moves PATH N T        the time of a drop (a move) of a 2-shard
+ *                                     thread counter and of a cpu counter, with
+ *                                     the CPUs idle and with T writers busy
  *   bench_tally value REPS            value() cost for 1/16/256/1024 shards
  *   bench_tally create PATH N         N counters x 16 shards into a new file
  *   bench_tally open PATH             open it (run in a fresh process), then
@@ -331,6 +334,79 @@ static int cmd_autohot(double secs, int reps, int nthreads) {
     fflush(stdout);
   }
   tally_store_close(s);
+  return 0;
+}
+
+/* ---- what a move costs, by policy ----------------------------------------- */
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+/* A move (a drop, an expiry, an automatic counter's grow or shrink)
+ * retires a counter's cells; before it retires a cpu counter's, the mover
+ * passes every CPU that sequences ran on (docs/design.md). n counters of
+ * 2 thread shards (what an automatic counter grows to on 2 CPUs), then n
+ * cpu counters, dropped one by one in a file store: with the CPUs idle,
+ * then with nthreads writers adding to another cpu counter. Prints each
+ * drop's median and 99th percentile in microseconds. */
+static int cmd_moves(const char *path, long n, int nthreads) {
+  if (bad_threads(nthreads) || n < 100) return 2;
+  char spec[4096];
+  snprintf(spec, sizeof spec, "file:%s", path);
+  unlink(path);
+  tally_store *s = NULL;
+  int rc = tally_store_open(spec, NULL, &s);
+  if (rc) die("open", rc);
+  tally_counter_options busy = {0, TALLY_POLICY_CPU};
+  if ((rc = tally_counter_open(s, "busy", 4, &busy, TALLY_COUNTER_CREATE, &B.c)))
+    die("counter", rc);
+  timed_run(worker_main, IMPL_CPU, nthreads, 0.1); /* sequences on every CPU */
+  double *t = malloc((size_t)n * sizeof *t);
+  if (!t) die("malloc", TALLY_ENOMEM);
+  for (int loaded = 0; loaded < 2; loaded++)
+    for (int cpu = 0; cpu < 2; cpu++) {
+      tally_counter_options o = {cpu ? 0 : 2,
+                                 cpu ? TALLY_POLICY_CPU : TALLY_POLICY_THREAD};
+      char name[32];
+      for (long i = 0; i < n; i++) {
+        tally_counter *c;
+        snprintf(name, sizeof name, "m:%ld", i);
+        if ((rc = tally_counter_open(s, name, strlen(name), &o, TALLY_COUNTER_CREATE,
+                                     &c)) ||
+            (rc = tally_counter_incr(c, 1)))
+          die("counter", rc);
+        tally_counter_close(c);
+      }
+      pthread_t th[MAX_THREADS];
+      worker w[MAX_THREADS];
+      atomic_store(&B.go, 0);
+      atomic_store(&B.stop, 0);
+      for (int i = 0; loaded && i < nthreads; i++) {
+        w[i] = (worker){IMPL_CPU, i, 0, 1};
+        if (pthread_create(&th[i], NULL, worker_main, &w[i])) die("thread", TALLY_ENOMEM);
+      }
+      atomic_store_explicit(&B.go, 1, memory_order_release);
+      usleep(20000);
+      for (long i = 0; i < n; i++) {
+        snprintf(name, sizeof name, "m:%ld", i);
+        double t0 = now();
+        if ((rc = tally_store_drop(s, name, strlen(name)))) die("drop", rc);
+        t[i] = (now() - t0) * 1e6;
+      }
+      atomic_store(&B.stop, 1);
+      for (int i = 0; loaded && i < nthreads; i++) pthread_join(th[i], NULL);
+      qsort(t, (size_t)n, sizeof *t, cmp_double);
+      const char *kind = cpu ? "cpu" : "thread2", *load = loaded ? "busy" : "idle";
+      printf("RESULT moves.%s.%s.median_us %.2f\n", load, kind, t[n / 2]);
+      printf("RESULT moves.%s.%s.p99_us %.2f\n", load, kind, t[n - n / 100]);
+      fflush(stdout);
+    }
+  free(t);
+  tally_counter_close(B.c);
+  tally_store_close(s);
+  unlink(path);
   return 0;
 }
 
@@ -1402,11 +1478,14 @@ int main(int argc, char **argv) {
     return cmd_batch(argv[2], atof(argv[3]), atoi(argv[4]), atol(argv[5]));
   if (argc >= 5 && strcmp(argv[1], "procs") == 0)
     return cmd_procs(argv[2], atof(argv[3]), atoi(argv[4]));
+  if (argc >= 5 && strcmp(argv[1], "moves") == 0)
+    return cmd_moves(argv[2], atol(argv[3]), atoi(argv[4]));
   if (argc >= 6 && strcmp(argv[1], "rollup") == 0)
     return cmd_rollup(argv[2], atol(argv[3]), atof(argv[4]), atoi(argv[5]));
   fprintf(stderr, "usage: bench_tally incr SECS REPS [THREADS] | value REPS | "
                   "create PATH N [default] | open PATH | procs PATH SECS REPS | "
                   "rollup PATH N SECS REPS | churn PATH N ROUNDS drop|expire | "
-                  "many PATH|memory K SECS REPS THREADS | autohot SECS REPS THREADS\n");
+                  "many PATH|memory K SECS REPS THREADS | autohot SECS REPS THREADS | "
+                  "moves PATH N THREADS\n");
   return 2;
 }
