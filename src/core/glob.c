@@ -13,6 +13,7 @@ int tally_glob_match(const char *pattern, size_t plen, const char *name, size_t 
     if (p < plen && pattern[p] == '*') { /* first: a '*' in the name is a byte */
       star = p++;
       resume = n;
+      if (p == plen) return 1; /* a '*' that ends the pattern takes the rest */
     } else if (p < plen && (pattern[p] == '?' || pattern[p] == name[n])) {
       p++;
       n++;
