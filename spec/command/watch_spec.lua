@@ -136,6 +136,22 @@ describe("tally watch", function()
     t:wait("every 0%.5s")
   end)
 
+  it("ranks counters of equal value by name, bytewise, past their first 8 bytes", function()
+    -- watch compares the names' first 8 bytes as one number, then the rest
+    local want = { "a:long:name", "post:1", "post:100", "post:1000", "post:10000:likes",
+                   "post:1000:like", "post:1000:likes", "post:1000:likes2", "post:1001",
+                   "post:99" }
+    local values = {}
+    for _, n in ipairs(want) do values[n] = 7 end
+    local path = store_with(values)
+    t = tty.open(q(tty.bin()) .. " watch " .. q(path) .. " --sort value")
+    local s = frame(t, "\npost:99%s+7 ")
+    assert.same(want, order(s, want))
+    t:keys("r")                                  -- by rate: none has one, all tie
+    s = frame(t, "sort: rate")
+    assert.same(want, order(s, want))
+  end)
+
   it("shows the rollup history as a sparkline", function()
     local path = helper.tmpfile()
     local db = assert(tally.open("file:" .. path))

@@ -38,6 +38,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../core/namekey.h"
 #include "lua_aux.h"
 #include "cli.h"
 
@@ -66,6 +67,7 @@ struct watcher {
 struct wrow {
   char *name;
   size_t len;
+  uint64_t key; /* the name's first 8 bytes (namekey.h): most ties end there */
   int64_t v;
   double rate;
   uint8_t has_v, has_rate, diff, member;
@@ -145,6 +147,7 @@ static int ranks_before(int by, const struct wrow *a, const struct wrow *b) {
   if (by == 0 && a->has_rate != b->has_rate) return a->has_rate;
   if (by == 0 && a->has_rate && a->rate != b->rate) return a->rate > b->rate;
   if (by == 1 && a->has_v && b->has_v && a->v != b->v) return a->v > b->v;
+  if (a->key != b->key) return a->key < b->key; /* the names' order, without a call */
   size_t n = a->len < b->len ? a->len : b->len;
   int c = memcmp(a->name, b->name, n);
   return c != 0 ? c < 0 : a->len < b->len;
@@ -241,6 +244,7 @@ static int watch_row(void *ud, const tally_row *row) {
   struct watcher *w = x->w;
   struct wrow r = {(char *)row->name,
                    row->name_len,
+                   tally__name_bytes(row->name, row->name_len, 0),
                    row->value,
                    0,
                    row->value_rc == 0,
