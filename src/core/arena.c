@@ -57,11 +57,6 @@ int tally__unseal(const tally_store *s, int field, uint64_t word, uint64_t extra
   return 0;
 }
 
-bool tally__in_arena(const tally_store *s, uint64_t off, uint64_t len) {
-  uint64_t used = atomic_load_explicit(&s->hdr->used, memory_order_acquire);
-  return off >= TALLY__ARENA_OFF && len <= used && off <= used - len;
-}
-
 static int grow(tally_store *s, uint64_t need) {
   struct tally__header *h = s->hdr;
   uint64_t size = atomic_load_explicit(&h->size, memory_order_relaxed);

@@ -91,8 +91,8 @@ int64_t tally__cells_column(tally_store *s, uint32_t n, uint64_t off) {
 }
 
 int tally__cells_alloc(tally_store *s, uint32_t n, uint64_t *out) {
-  uint64_t chunk;
-  uint32_t cols;
+  uint64_t chunk = 0;
+  uint32_t cols = 0; /* class_get sets both; GCC 12 cannot always tell */
   int rc = tally__column_pop(s, n, out);
   if (rc || *out) return rc;
   rc = class_get(s, n, &chunk, &cols);

@@ -264,8 +264,12 @@ static inline uint64_t tally__round(uint64_t bytes, uint64_t to) {
 static inline void *tally__at(const tally_store *s, uint64_t off) {
   return s->base + off;
 }
-/* Is [off, off + len) inside the allocated arena? */
-bool tally__in_arena(const tally_store *s, uint64_t off, uint64_t len);
+/* Is [off, off + len) inside the allocated arena? Inline: a walk asks it
+ * several times a counter. */
+static inline bool tally__in_arena(const tally_store *s, uint64_t off, uint64_t len) {
+  uint64_t used = atomic_load_explicit(&s->hdr->used, memory_order_acquire);
+  return off >= TALLY__ARENA_OFF && len <= used && off <= used - len;
+}
 
 /* ---- lock.c ---- */
 int tally__lock(tally_store *s); /* also finishes a pending move */
