@@ -9,15 +9,6 @@
 
 #include <string.h>
 
-uint64_t tally__mix(uint64_t x) {
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdull;
-  x ^= x >> 33;
-  x *= 0xc4ceb9fe1a85ec53ull;
-  x ^= x >> 33;
-  return x;
-}
-
 uint64_t tally__hash(const void *data, size_t len, uint64_t seed) {
   const unsigned char *p = data;
   uint64_t h = seed ^ (len * 0x9e3779b97f4a7c15ull);

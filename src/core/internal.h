@@ -122,7 +122,16 @@ size_t tally__spec_redact(char *out, size_t cap, const char *spec, size_t len);
 
 /* ---- hash.c ---- */
 uint64_t tally__hash(const void *data, size_t len, uint64_t seed);
-uint64_t tally__mix(uint64_t x);
+/* The 64-bit finalizer (MurmurHash3's fmix64): every input bit reaches
+ * every output bit. Inline: a hash calls it for every 8 bytes. */
+static inline uint64_t tally__mix(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ull;
+  x ^= x >> 33;
+  return x;
+}
 
 /* ---- batch.c ---- */
 /* One entry of a writer slot's journal: enough to undo the add exactly
