@@ -1339,6 +1339,8 @@ static void test_file_reopen_and_many(void) {
  * record: it is part of the file format. These are its values at format 7;
  * a change of the hash must fail here, not in a user's old store. */
 uint64_t tally__hash(const void *data, size_t len, uint64_t seed); /* hash.c */
+void tally__hash2(const void *data, size_t len, uint64_t seed0, uint64_t seed1,
+                  uint64_t out[2]);
 
 static void test_hash_is_format(void) {
   static const struct {
@@ -1363,6 +1365,18 @@ static void test_hash_is_format(void) {
     EXPECT(tally__hash(golden[i].in, len, 0x5eed) == golden[i].want);
     memcpy(buf + 3, golden[i].in, len); /* unaligned: the same */
     EXPECT(tally__hash(buf + 3, len, 0x5eed) == golden[i].want);
+    uint64_t two[2]; /* two seeds in one pass: each as tally__hash */
+    tally__hash2(golden[i].in, len, 0x5eed, 0, two);
+    EXPECT(two[0] == golden[i].want);
+    EXPECT(two[1] == tally__hash(golden[i].in, len, 0));
+  }
+  unsigned char bytes[300];
+  for (size_t i = 0; i < sizeof bytes; i++) bytes[i] = (unsigned char)(i * 131 + 7);
+  for (size_t len = 0; len <= 256; len++) {
+    uint64_t two[2];
+    tally__hash2(bytes + len % 5, len, len * 77, ~len, two);
+    EXPECT(two[0] == tally__hash(bytes + len % 5, len, len * 77));
+    EXPECT(two[1] == tally__hash(bytes + len % 5, len, ~len));
   }
 }
 

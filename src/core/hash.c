@@ -9,14 +9,25 @@
 
 #include <string.h>
 
-uint64_t tally__hash(const void *data, size_t len, uint64_t seed) {
+#define GOLDEN 0x9e3779b97f4a7c15ull
+
+/* data's hash under each of n seeds (1 or 2: a constant once inlined).
+ * A word's mix does not depend on the seed, so two hashes of one name
+ * cost little more than one: a walk checks each record's checksum and
+ * its name's index hash. */
+static inline void hash_seeds(const void *data, size_t len, const uint64_t *seed,
+                              uint64_t *out, int n) {
   const unsigned char *p = data;
-  uint64_t h = seed ^ (len * 0x9e3779b97f4a7c15ull);
+  uint64_t h[2];
+  for (int i = 0; i < n; i++) h[i] = seed[i] ^ (len * GOLDEN);
   while (len >= 8) {
     uint64_t w;
     memcpy(&w, p, 8);
-    h = (h ^ tally__mix(w)) * 0x9e3779b97f4a7c15ull;
-    h ^= h >> 29;
+    uint64_t m = tally__mix(w);
+    for (int i = 0; i < n; i++) {
+      h[i] = (h[i] ^ m) * GOLDEN;
+      h[i] ^= h[i] >> 29;
+    }
     p += 8;
     len -= 8;
   }
@@ -32,7 +43,20 @@ uint64_t tally__hash(const void *data, size_t len, uint64_t seed) {
       w = p[0] | (uint64_t)p[len / 2] << (8 * (len / 2)) |
           (uint64_t)p[len - 1] << (8 * (len - 1));
     }
-    h = (h ^ tally__mix(w ^ 0xa0761d6478bd642full)) * 0x9e3779b97f4a7c15ull;
+    uint64_t m = tally__mix(w ^ 0xa0761d6478bd642full);
+    for (int i = 0; i < n; i++) h[i] = (h[i] ^ m) * GOLDEN;
   }
-  return tally__mix(h);
+  for (int i = 0; i < n; i++) out[i] = tally__mix(h[i]);
+}
+
+uint64_t tally__hash(const void *data, size_t len, uint64_t seed) {
+  uint64_t h;
+  hash_seeds(data, len, &seed, &h, 1);
+  return h;
+}
+
+void tally__hash2(const void *data, size_t len, uint64_t seed0, uint64_t seed1,
+                  uint64_t out[2]) {
+  const uint64_t seed[2] = {seed0, seed1};
+  hash_seeds(data, len, seed, out, 2);
 }

@@ -48,29 +48,49 @@ static int bad_entry(const tally_store *s, uint64_t slot) {
                      tally__store_name(s), (unsigned long long)slot);
 }
 
-uint16_t tally__rec_checksum(const struct tally__rec *r) {
+/* The checksum's seed: the record's fixed fields. */
+static uint64_t check_seed(const struct tally__rec *r) {
   uint32_t kind = atomic_load(&r->flags) >> TALLY__REC_KIND_SHIFT;
-  uint64_t h =
-      tally__hash(r->name, r->name_len,
-                  ((uint64_t)r->policy << 24 | (uint64_t)kind << 16 | r->name_len) ^
-                      r->incarnation ^ (uint64_t)r->family << 32);
+  return ((uint64_t)r->policy << 24 | (uint64_t)kind << 16 | r->name_len) ^
+         r->incarnation ^ (uint64_t)r->family << 32;
+}
+
+static uint16_t fold16(uint64_t h) {
   h ^= h >> 32;
   return (uint16_t)(h ^ (h >> 16));
 }
 
-int tally__rec_verify(tally_store *s, uint64_t rec_off) {
+uint16_t tally__rec_checksum(const struct tally__rec *r) {
+  return fold16(tally__hash(r->name, r->name_len, check_seed(r)));
+}
+
+/* tally__rec_verify; with name_h, also the name's index hash (name_hash),
+ * from the same pass over the name: a walk needs both of every record. */
+static int rec_check(tally_store *s, uint64_t rec_off, uint64_t *name_h) {
   const struct tally__rec *r = tally__at(s, rec_off);
-  if (rec_off % 8 || !tally__in_arena(s, rec_off, sizeof *r) ||
-      atomic_load(&r->flags) >> TALLY__REC_KIND_SHIFT != TALLY__KIND_COUNTER ||
-      r->name_len == 0 || /* a byte: never over TALLY_NAME_MAX (255) */
-      !tally__in_arena(s, rec_off, sizeof *r + r->name_len + 1u) ||
-      r->name[r->name_len] != '\0' || r->policy >= TALLY_POLICY_COUNT_ ||
-      r->check != tally__rec_checksum(r))
+  int ok = rec_off % 8 == 0 && tally__in_arena(s, rec_off, sizeof *r) &&
+           atomic_load(&r->flags) >> TALLY__REC_KIND_SHIFT == TALLY__KIND_COUNTER &&
+           r->name_len != 0 && /* a byte: never over TALLY_NAME_MAX (255) */
+           tally__in_arena(s, rec_off, sizeof *r + r->name_len + 1u) &&
+           r->name[r->name_len] == '\0' && r->policy < TALLY_POLICY_COUNT_;
+  if (ok && name_h) {
+    uint64_t h[2];
+    tally__hash2(r->name, r->name_len, check_seed(r), 0, h);
+    ok = r->check == fold16(h[0]);
+    *name_h = h[1];
+  } else if (ok) {
+    ok = r->check == tally__rec_checksum(r);
+  }
+  if (!ok)
     return tally__fail(TALLY_ECORRUPT,
                        "%s: tally store is corrupt (counter "
                        "record at offset %llu)",
                        tally__store_name(s), (unsigned long long)rec_off);
   return 0;
+}
+
+int tally__rec_verify(tally_store *s, uint64_t rec_off) {
+  return rec_check(s, rec_off, NULL);
 }
 
 /* The current table, validated; NULL (with the error set) if damaged. */
@@ -155,9 +175,10 @@ int tally__index_find(tally_store *s, const char *name, size_t len, uint64_t has
     }
     /* same 8-bit tag, other name: 1 probe in 256, or a damaged record or
      * entry, which must not pass for "no such counter" */
-    int rc = tally__rec_verify(s, off);
+    uint64_t h;
+    int rc = rec_check(s, off, &h);
     if (rc) return rc;
-    if ((name_hash(r) >> 56) != tag) return bad_entry(s, i);
+    if ((h >> 56) != tag) return bad_entry(s, i);
   }
   return TALLY_ENOENT;
 }
@@ -202,8 +223,9 @@ static int rebuild(tally_store *s, struct tally__index *old, struct tally__index
     uint64_t e = atomic_load_explicit(&old->entries[i], memory_order_relaxed);
     if (e == EMPTY || e == DELETED) continue;
     if (!entry_ok(s, e)) return bad_entry(s, i);
-    if ((rc = tally__rec_verify(s, entry_off(e)))) return rc;
-    place(t, name_hash(tally__at(s, entry_off(e))), e); /* 2x room: never full */
+    uint64_t hash;
+    if ((rc = rec_check(s, entry_off(e), &hash))) return rc;
+    place(t, hash, e); /* 2x room: never full */
   }
   atomic_store_explicit(&s->hdr->index, tally__seal(s, TALLY__SEAL_INDEX, off, 0),
                         memory_order_release);
@@ -322,8 +344,9 @@ static int walk_slots(tally_store *s, struct tally__index *t, uint64_t from, uin
     if (e == EMPTY || e == DELETED) continue;
     if (!entry_ok(s, e)) return bad_entry(s, i);
     uint64_t off = entry_off(e);
-    int rc = tally__rec_verify(s, off);
-    if (rc == 0 && (name_hash(tally__at(s, off)) >> 56) != (e >> 56))
+    uint64_t hash;
+    int rc = rec_check(s, off, &hash);
+    if (rc == 0 && (hash >> 56) != (e >> 56))
       rc = bad_entry(s, i); /* points at some other counter's record */
     if (rc == 0) rc = fn(s, off, ud);
     if (rc) return rc;

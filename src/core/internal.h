@@ -122,6 +122,9 @@ size_t tally__spec_redact(char *out, size_t cap, const char *spec, size_t len);
 
 /* ---- hash.c ---- */
 uint64_t tally__hash(const void *data, size_t len, uint64_t seed);
+/* out[0], out[1]: tally__hash(data, len, seed0), and with seed1. */
+void tally__hash2(const void *data, size_t len, uint64_t seed0, uint64_t seed1,
+                  uint64_t out[2]);
 /* The 64-bit finalizer (MurmurHash3's fmix64): every input bit reaches
  * every output bit. Inline: a hash calls it for every 8 bytes. */
 static inline uint64_t tally__mix(uint64_t x) {
