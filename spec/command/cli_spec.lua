@@ -340,6 +340,27 @@ describe("tally inspection commands", function()
     end
   end)
 
+  it("ls: a sum beyond int64 exactly, a function policy by that name, a rate's decimals", function()
+    local p = helper.tmpfile()
+    local db = assert(tally.open("file:" .. p))
+    local big = db:counter("big", { shards = 4, policy = "thread" })
+    for i = 1, 3 do assert(big:add_shard(i, (1 << 62) - 1)) end   -- 3 * (2^62 - 1)
+    db:counter("fn", { shards = 2, policy = function() return 2 end }):incr(5)
+    db:rollup("slow", { every = 10 })
+    db:incr("slow", 1)
+    db:tick(1700000000)
+    db:incr("slow", 3)
+    db:tick(1700000010)
+    db:close()
+    local out, err, code = run("ls", p)
+    assert.equal(0, code, err)
+    local when = os.date("%Y-%m-%d %H:%M:%S", 1700000010)
+    assert.equal("NAME                 VALUE  SHARDS  POLICY    ROLLED AT            RATE/S\n"
+                 .. "big   13835058055282163709       4  thread    -                         -\n"
+                 .. "fn                       5       2  function  -                         -\n"
+                 .. "slow                     4  1 auto  thread    " .. when .. "    0.30\n", out)
+  end)
+
   it("ls: the last rollup's time and rate", function()
     local db = assert(tally.open("file:" .. path))
     db:rollup("views", { every = 10 })

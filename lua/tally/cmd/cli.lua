@@ -446,16 +446,7 @@ local function bytes(n)
 end
 _M.bytes = bytes
 
-local rate_text = common.rate_text
-_M.rate_text = rate_text
-
-local last_at, last_text             -- a listing's rows share a few times
-local function time_text(at)
-  if not at then return "-" end
-  at = floor(at)
-  if at ~= last_at then last_at, last_text = at, os.date("%Y-%m-%d %H:%M:%S", at) end
-  return last_text
-end
+_M.rate_text = common.rate_text
 
 -- JSON through tally.format, the one writer (a sum beyond int64 comes as
 -- its decimal string and is written as a JSON string).
@@ -642,53 +633,15 @@ function cmd.ls(args)
     out(first and "]\n" or "\n]\n")
     return 0
   end
-  -- columns as wide as the first CHUNK rows need (a million counters
-  -- stream: a later, wider cell widens only its own row)
-  local head = { "NAME", "VALUE", "SHARDS", "POLICY", "ROLLED AT", "RATE/S" }
-  local w = { #head[1], #head[2], #head[3], #head[4], 19, #head[6] }
-  local rows, i, CHUNK = {}, 0, 5000
-  local function cells(p)
-    local r = p.rolled
-    local sh = tostring(p.shards)
-    if p.auto then  -- the engine's reshards: grown and shrunk so far
-      sh = (p.grown + p.shrunk > 0) and fmt("%d auto +%d -%d", p.shards, p.grown, p.shrunk)
-           or sh .. " auto"
-    end
-    return { printable(p.name), tostring(p.value), sh, p.policy,
-             r and time_text(r.at) or "-", r and rate_text(r.rate) or "-" }
-  end
-  -- lines go out a thousand at a time: one write each, not twelve a line
-  local pending, np = {}, 0
-  local function emit(c)
-    np = np + 1
-    pending[np] = c[1] .. rep(" ", w[1] - #c[1]) .. "  " .. rep(" ", w[2] - #c[2]) .. c[2] .. "  "
-                  .. rep(" ", w[3] - #c[3]) .. c[3] .. "  " .. c[4] .. rep(" ", w[4] - #c[4]) .. "  "
-                  .. c[5] .. rep(" ", w[5] - #c[5]) .. "  " .. rep(" ", w[6] - #c[6]) .. c[6] .. "\n"
-    if np == 1000 then out(concat(pending)); pending, np = {}, 0 end
-  end
-  local function flush_rows()
-    for _, c in ipairs(rows) do emit(c) end
-    rows = {}
-    out(concat(pending)); pending, np = {}, 0
-  end
-  each_row(db, pos[2], function(p)
-    local c = cells(p)
-    i = i + 1
-    if i <= CHUNK then
-      for k = 1, 6 do if #c[k] > w[k] then w[k] = #c[k] end end
-      rows[#rows + 1] = c
-      if i == CHUNK then emit(head); flush_rows() end
-    else
-      emit(c)
-    end
-  end)
-  out(concat(pending))
+  -- the table, written by C as the walk reads (peek.ls: columns as wide
+  -- as the first 5,000 rows need; a million counters stream)
+  io.stdout:flush()
+  local i = must(peek.ls(db, pos[2]))
   if i == 0 then
     if pos[2] then io.stderr:write("tally ls: no counter matches '", printable(pos[2]), "'\n")
     else io.stderr:write("tally ls: the store has no counters\n") end
     return 0
   end
-  if i < CHUNK then emit(head); flush_rows() end
   -- histograms among them (tally.histogram): one line each, from one snapshot
   if #hnames > 0 then
     local rows = { { "HISTOGRAM", "COUNT", "SUM", "P50<=", "P90<=", "P99<=", "BUCKETS" } }

@@ -13,7 +13,7 @@
 --                                and bytes that are not UTF-8 as \xNN
 
 local error, setmetatable, tonumber = error, setmetatable, tonumber
-local fmt, floor, huge = string.format, math.floor, math.huge
+local fmt = string.format
 local gsub = string.gsub
 local printable = require("tally.util").printable
 
@@ -26,12 +26,8 @@ function _M.fail(msg, status)
   error(setmetatable({ msg = msg, status = status or 1 }, Fail), 0)
 end
 
-function _M.rate_text(r)
-  if r == nil or r ~= r or r == huge or r == -huge then return "-" end
-  if r == floor(r) and r > -1e15 and r < 1e15 then return fmt("%d", r) end
-  local a = r < 0 and -r or r
-  return fmt(a < 10 and "%.2f" or "%.1f", r)
-end
+-- the rule is C's (tally ls writes its table in C: cli_peek.c)
+_M.rate_text = require("tally.peek").rate_text
 
 -- Decimal places of a unit that is a power of ten (1e-6: 6), else nil.
 local function unit_places(unit)
