@@ -308,9 +308,11 @@ static int rate_text(char *out, size_t cap, double r) {
   return snprintf(out, cap, fabs(r) < 10 ? "%.2f" : "%.1f", r);
 }
 
+#define RATE_TEXT 320 /* "%.1f" of the largest double, and its sign */
+
 static int p_rate_text(lua_State *L) {
-  char buf[64];
-  if (lua_isnil(L, 1)) {
+  char buf[RATE_TEXT];
+  if (lua_isnoneornil(L, 1)) {
     lua_pushliteral(L, "-");
     return 1;
   }
@@ -341,14 +343,24 @@ struct ls {
   int64_t last_sec; /* the last rollup time written, and its text */
   char last_text[32];
   char line[LS_NAME + 256];
+  size_t nout; /* lines not yet written: stdout is line-buffered on a terminal */
+  char out[1 << 16];
 };
 
-/* One line, written at once: name, value, shards, policy, time, rate,
- * two spaces apart, padded to the widths (left-aligned: name, policy,
- * time). A cell is at most 4 * 255 bytes, so are the widths. */
-static void ls_line(const struct ls *t, const struct ls_cell *c) {
+#define LS_LINE (6 * (LS_NAME + RATE_TEXT) + 16) /* a line's most: cells, pads, spaces */
+
+static void ls_flush(struct ls *t) {
+  fwrite(t->out, 1, t->nout, stdout);
+  t->nout = 0;
+}
+
+/* One line into t->out: name, value, shards, policy, time, rate, two
+ * spaces apart, padded to the widths (left-aligned: name, policy, time).
+ * Written a buffer at a time, not a line. */
+static void ls_line(struct ls *t, const struct ls_cell *c) {
   static const int left[6] = {1, 0, 0, 1, 1, 0};
-  char buf[6 * (LS_NAME + 2) + 1], *o = buf;
+  if (sizeof t->out - t->nout < LS_LINE) ls_flush(t);
+  char *o = t->out + t->nout;
   for (int k = 0; k < 6; k++) {
     size_t pad = t->w[k] > c[k].len ? t->w[k] - c[k].len : 0;
     if (k) *o++ = ' ', *o++ = ' ';
@@ -357,7 +369,7 @@ static void ls_line(const struct ls *t, const struct ls_cell *c) {
     if (!left[k]) memcpy(o, c[k].s, c[k].len), o += c[k].len;
   }
   *o++ = '\n';
-  fwrite(buf, 1, (size_t)(o - buf), stdout);
+  t->nout = (size_t)(o - t->out);
 }
 
 static int ls_hold(struct ls *t, const struct ls_cell *c) {
@@ -401,7 +413,7 @@ static void ls_release(struct ls *t) {
 
 static int ls_row(void *ud, const tally_row *r) {
   struct ls *t = (struct ls *)ud;
-  char value[48], shards[48], rate[64], *name = t->line;
+  char value[48], shards[48], rate[RATE_TEXT], *name = t->line;
   struct ls_cell c[6];
   c[0].s = name;
   c[0].len = tally_printable(name, LS_NAME, r->name, r->name_len);
@@ -465,6 +477,7 @@ static int p_ls(lua_State *L) {
                             TALLY_ROWS_BY_NAME | TALLY_ROWS_ROLLED | TALLY_ROWS_CELLS,
                             ls_row, t);
   if (rc == 0 && !t->failed && t->rows > 0 && t->rows < LS_HELD) ls_release(t);
+  ls_flush(t);
   fflush(stdout);
   size_t rows = t->rows;
   int failed = t->failed;
