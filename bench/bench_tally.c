@@ -220,12 +220,11 @@ static void *worker_main(void *arg) {
   return NULL;
 }
 
-/* Operations per second of nthreads threads running fn(worker) for secs:
- * they start together on B.go and stop on B.stop. Thread i's RNG starts
- * from the same seed in every run, so two loops see the same indexes. */
-static double timed_run(void *(*fn)(void *), int impl, int nthreads, double secs) {
-  pthread_t th[MAX_THREADS];
-  worker w[MAX_THREADS];
+/* nthreads threads running fn(worker), waiting for B.go. Thread i's RNG
+ * starts from the same seed in every run, so two loops see the same
+ * indexes. */
+static void writers_start(void *(*fn)(void *), int impl, int nthreads, pthread_t *th,
+                          worker *w) {
   atomic_store(&B.go, 0);
   atomic_store(&B.stop, 0);
   for (int i = 0; i < nthreads; i++) {
@@ -235,16 +234,30 @@ static double timed_run(void *(*fn)(void *), int impl, int nthreads, double secs
       exit(1);
     }
   }
-  usleep(20000);
-  double t0 = now();
-  atomic_store_explicit(&B.go, 1, memory_order_release);
-  usleep((useconds_t)(secs * 1e6));
+}
+
+/* Raise B.stop and join them; the operations they made. */
+static uint64_t writers_stop(int nthreads, pthread_t *th, const worker *w) {
   atomic_store(&B.stop, 1);
   uint64_t total = 0;
   for (int i = 0; i < nthreads; i++) {
     pthread_join(th[i], NULL);
     total += w[i].ops;
   }
+  return total;
+}
+
+/* Operations per second of nthreads threads running fn(worker) for secs:
+ * they start together on B.go and stop on B.stop. */
+static double timed_run(void *(*fn)(void *), int impl, int nthreads, double secs) {
+  pthread_t th[MAX_THREADS];
+  worker w[MAX_THREADS];
+  writers_start(fn, impl, nthreads, th, w);
+  usleep(20000);
+  double t0 = now();
+  atomic_store_explicit(&B.go, 1, memory_order_release);
+  usleep((useconds_t)(secs * 1e6));
+  uint64_t total = writers_stop(nthreads, th, w);
   double t1 = now();
   return (double)total / (t1 - t0);
 }
@@ -339,11 +352,6 @@ static int cmd_autohot(double secs, int reps, int nthreads) {
 
 /* ---- what a move costs, by policy ----------------------------------------- */
 
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
 /* A move (a drop, an expiry, an automatic counter's grow or shrink)
  * retires a counter's cells; before it retires a cpu counter's, the mover
  * passes every CPU that sequences ran on (docs/design.md). n counters of
@@ -386,12 +394,8 @@ static int cmd_moves(const char *path, long n, int nthreads) {
       }
       pthread_t th[MAX_THREADS];
       worker w[MAX_THREADS];
-      atomic_store(&B.go, 0);
-      atomic_store(&B.stop, 0);
-      for (int i = 0; loaded && i < nthreads; i++) {
-        w[i] = (worker){IMPL_CPU, i, 0, 1};
-        if (pthread_create(&th[i], NULL, worker_main, &w[i])) die("thread", TALLY_ENOMEM);
-      }
+      int writers = loaded ? nthreads : 0;
+      writers_start(worker_main, IMPL_CPU, writers, th, w);
       atomic_store_explicit(&B.go, 1, memory_order_release);
       usleep(20000);
       for (long i = 0; i < n; i++) {
@@ -400,9 +404,8 @@ static int cmd_moves(const char *path, long n, int nthreads) {
         if ((rc = tally_store_drop(s, name, strlen(name)))) die("drop", rc);
         t[i] = (now() - t0) * 1e6;
       }
-      atomic_store(&B.stop, 1);
-      for (int i = 0; loaded && i < nthreads; i++) pthread_join(th[i], NULL);
-      qsort(t, (size_t)n, sizeof *t, cmp_double);
+      writers_stop(writers, th, w);
+      qsort(t, (size_t)n, sizeof *t, cmp_d);
       const char *kind = cpu ? "cpu" : "thread2", *load = loaded ? "busy" : "idle";
       printf("RESULT moves.%s.%s.median_us %.2f\n", load, kind, t[n / 2]);
       printf("RESULT moves.%s.%s.p99_us %.2f\n", load, kind, t[n - n / 100]);
