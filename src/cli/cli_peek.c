@@ -342,7 +342,6 @@ struct ls {
   int failed;       /* out of memory */
   int64_t last_sec; /* the last rollup time written, and its text */
   char last_text[32];
-  char line[LS_NAME + 256];
   size_t nout; /* lines not yet written: stdout is line-buffered on a terminal */
   char out[1 << 16];
 };
@@ -413,7 +412,7 @@ static void ls_release(struct ls *t) {
 
 static int ls_row(void *ud, const tally_row *r) {
   struct ls *t = (struct ls *)ud;
-  char value[48], shards[48], rate[RATE_TEXT], *name = t->line;
+  char name[LS_NAME], value[48], shards[48], rate[RATE_TEXT];
   struct ls_cell c[6];
   c[0].s = name;
   c[0].len = tally_printable(name, LS_NAME, r->name, r->name_len);

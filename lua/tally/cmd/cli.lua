@@ -634,8 +634,8 @@ function cmd.ls(args)
     return 0
   end
   -- the table, written by C as the walk reads (peek.ls: columns as wide
-  -- as the first 5,000 rows need; a million counters stream)
-  io.stdout:flush()
+  -- as the first 5,000 rows need; a million counters stream; io.stdout
+  -- is the same FILE, so what Lua writes after follows it)
   local i = must(peek.ls(db, pos[2]))
   if i == 0 then
     if pos[2] then io.stderr:write("tally ls: no counter matches '", printable(pos[2]), "'\n")
