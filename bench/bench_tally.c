@@ -24,6 +24,10 @@
  *                                     thread counter and of a cpu counter, with
  *                                     the CPUs idle and with T writers busy
  *   bench_tally value REPS            value() cost for 1/16/256/1024 shards
+ *   bench_tally expose PATH REPS      the Prometheus text of the file store
+ *                                     at PATH (tally_prometheus to a writer
+ *                                     that only counts), against the walk
+ *                                     in name order alone (tally_store_rows)
  *   bench_tally create PATH N         N counters x 16 shards into a new file
  *   bench_tally open PATH             open it (run in a fresh process), then
  *                                     read every value; time and memory
@@ -1467,6 +1471,46 @@ static int cmd_batch(const char *path, double secs, int reps, long nsnap) {
   return 0;
 }
 
+/* ---- expose ---------------------------------------------------------------- */
+
+static int count_bytes(void *ud, const char *text, size_t len) {
+  (void)text;
+  *(uint64_t *)ud += len;
+  return 0;
+}
+
+static int count_row(void *ud, const tally_row *r) {
+  (void)r;
+  ++*(uint64_t *)ud;
+  return 0;
+}
+
+static int cmd_expose(const char *path, int reps) {
+  char spec[4200];
+  tally_store *s = NULL;
+  snprintf(spec, sizeof spec, "file:%s", path);
+  int rc = tally_store_open(spec, NULL, &s);
+  if (rc) die("open", rc);
+  double text[64], walk[64];
+  uint64_t bytes = 0, rows = 0;
+  if (reps > 64) reps = 64;
+  for (int r = 0; r < reps; r++) { /* interleaved: the machine's noise on both */
+    bytes = rows = 0;
+    double t0 = now();
+    if ((rc = tally_prometheus(s, NULL, 0, count_bytes, &bytes))) die("prometheus", rc);
+    double t1 = now();
+    if ((rc = tally_store_rows(s, NULL, 0, TALLY_ROWS_BY_NAME, count_row, &rows)))
+      die("rows", rc);
+    text[r] = t1 - t0, walk[r] = now() - t1;
+  }
+  printf("RESULT expose.s %.4f\n", median(text, reps));
+  printf("RESULT expose.walk_s %.4f\n", median(walk, reps));
+  printf("RESULT expose.bytes %llu\n", (unsigned long long)bytes);
+  printf("RESULT expose.rows %llu\n", (unsigned long long)rows);
+  tally_store_close(s);
+  return 0;
+}
+
 int main(int argc, char **argv) {
   if (argc >= 6 && strcmp(argv[1], "churn") == 0)
     return cmd_churn(argv[2], atol(argv[3]), atoi(argv[4]), argv[5]);
@@ -1476,6 +1520,8 @@ int main(int argc, char **argv) {
     return cmd_many(argv[2], strtoull(argv[3], NULL, 10), atof(argv[4]), atoi(argv[5]),
                     atoi(argv[6]));
   if (argc >= 3 && strcmp(argv[1], "value") == 0) return cmd_value(atoi(argv[2]));
+  if (argc >= 4 && strcmp(argv[1], "expose") == 0)
+    return cmd_expose(argv[2], atoi(argv[3]));
   if (argc >= 5 && strcmp(argv[1], "autohot") == 0)
     return cmd_autohot(atof(argv[2]), atoi(argv[3]), atoi(argv[4]));
   if (argc >= 4 && strcmp(argv[1], "create") == 0)
@@ -1491,7 +1537,8 @@ int main(int argc, char **argv) {
   if (argc >= 6 && strcmp(argv[1], "rollup") == 0)
     return cmd_rollup(argv[2], atol(argv[3]), atof(argv[4]), atoi(argv[5]));
   fprintf(stderr, "usage: bench_tally incr SECS REPS [THREADS] | value REPS | "
-                  "create PATH N [default] | open PATH | procs PATH SECS REPS | "
+                  "create PATH N [default] | open PATH | expose PATH REPS | "
+                  "procs PATH SECS REPS | "
                   "rollup PATH N SECS REPS | churn PATH N ROUNDS drop|expire | "
                   "many PATH|memory K SECS REPS THREADS | autohot SECS REPS THREADS | "
                   "moves PATH N THREADS\n");

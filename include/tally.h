@@ -848,6 +848,76 @@ typedef int (*tally_top_fn)(void *ud, const char *name, size_t len, int64_t valu
 TALLY_API int tally_store_top(tally_store *s, const char *pattern, size_t plen,
                               uint64_t k, int by, tally_top_fn fn, void *ud);
 
+/* ---- the Prometheus text exposition ------------------------------------- */
+
+/* Every counter as a series of one gauge (text exposition format 0.0.4),
+ * labelled with its name: a label value carries any bytes exactly, so no
+ * two names collide (a name that is not UTF-8 goes, as the hex of its
+ * bytes, into the label TALLY_PROM_HEX_LABEL). The Lua side's
+ * tally.prometheus writes its unmapped counters' lines through this, and
+ * maps families and histograms itself (docs/lua-api.md#prometheus). */
+#define TALLY_PROM_METRIC    "tally_value"
+#define TALLY_PROM_LABEL     "counter"
+#define TALLY_PROM_HEX_LABEL "counter_hex"
+#define TALLY_PROM_HELP                                                                  \
+  "Exact value of a tally counter (the sum of its shards), by counter name."
+
+/* A host's writer: len bytes of text (no NUL after them). Returns 0 to go
+ * on, non-zero to stop. */
+typedef int (*tally_write_fn)(void *ud, const char *text, size_t len);
+
+/* The exposition of the live counters matching pattern (NULL: all): the
+ * # HELP and # TYPE lines of TALLY_PROM_METRIC, then a line per counter
+ * in name order, bytewise, TALLY_PROM_METRIC{counter="NAME"} VALUE, the
+ * value exact (a sum beyond int64: the float sum of its shards); nothing
+ * when no counter matches. Read in one walk with no handle per counter
+ * and handed to write about a thousand lines at a time as they are made,
+ * the pieces' concatenation being the text. 0, write's non-zero value,
+ * or TALLY_EINVAL, TALLY_ENOMEM, TALLY_ECORRUPT (a damaged store). */
+TALLY_API int tally_prometheus(tally_store *s, const char *pattern, size_t plen,
+                               tally_write_fn write, void *ud);
+
+/* The same in steps, for a host that must not stop for a whole store (a
+ * scrape in an nginx worker yields between them). tally_exposition_read
+ * reads the matching counters of the next `slots` slots of the name
+ * index: 1 once every slot is read, 0 while some remain, or < 0.
+ * tally_exposition_write then hands the next `lines` lines (the # HELP
+ * and # TYPE lines before the first) to one call of write, the text
+ * being x's and valid until the next call on x: 1 once no line is left,
+ * 0 while some remain, < 0, or write's non-zero value (stop write with a
+ * value other than 1, which would read as the end). Reading ends at the
+ * first write. A name dropped and made again between two reads is
+ * written once, as read last. x holds reuse back (as every walk does)
+ * until its reading ends: read it soon after open. One thread at a time
+ * per x. TALLY_EINVAL, TALLY_ENOMEM, TALLY_ECORRUPT from open and read. */
+typedef struct tally_exposition tally_exposition;
+TALLY_API int tally_exposition_open(tally_store *s, const char *pattern, size_t plen,
+                                    tally_exposition **out);
+TALLY_API int tally_exposition_read(tally_exposition *x, uint64_t slots);
+TALLY_API int tally_exposition_write(tally_exposition *x, uint64_t lines,
+                                     tally_write_fn write, void *ud);
+TALLY_API void tally_exposition_close(tally_exposition *x);
+
+/* For a host that maps some counters itself (the Lua side's families and
+ * histograms), between the last read and the first write.
+ * tally_exposition_braced: fn for each row read whose name ends in '}'
+ * (tally.histogram names its members so), with the row's number, until
+ * fn returns non-zero (then returned). tally_exposition_leave_out: that
+ * row gets no line. tally_exposition_count: the rows read, and those not
+ * left out (a name read twice counts twice). tally_exposition_rows:
+ * instead of lines, fn for each of the next n rows (name order, each name
+ * once): its value, or its text (a sum beyond int64 as a float; NULL
+ * otherwise); returns as tally_exposition_write does. */
+typedef int (*tally_exposed_fn)(void *ud, uint64_t row, const char *name, size_t len);
+typedef int (*tally_sample_fn)(void *ud, const char *name, size_t len, int64_t value,
+                               const char *text, size_t text_len);
+TALLY_API int tally_exposition_braced(tally_exposition *x, tally_exposed_fn fn, void *ud);
+TALLY_API int tally_exposition_leave_out(tally_exposition *x, uint64_t row);
+TALLY_API void tally_exposition_count(const tally_exposition *x, uint64_t *read,
+                                      uint64_t *kept);
+TALLY_API int tally_exposition_rows(tally_exposition *x, uint64_t n, tally_sample_fn fn,
+                                    void *ud);
+
 typedef struct tally_bucket {
   int64_t t;     /* bucket start, seconds since the epoch */
   int64_t value; /* value at the last rollup inside the bucket */

@@ -2,9 +2,11 @@
 -- the text exposition format 0.0.4 (metric and label names, escapes, the
 -- default metric, HELP and TYPE, the skipped-series gauge), metric
 -- mappings for families, and the exposition of a store's counters. The C
--- side's is src/lua/lua_exposition.c, which writes the default metric's
--- lines from the walk; tally.format.prometheus and the sinks' Pushgateway
--- format call the encoder here.
+-- side's is the core's src/core/exposition.c (a store's unmapped counters,
+-- tally_prometheus in tally.h: the walk, the default metric's lines) and
+-- src/lua/lua_exposition.c (the lines of lists of names, a family's);
+-- tally.format.prometheus and the sinks' Pushgateway format call the
+-- encoder here.
 --
 -- db:family(pattern, opts) is wrapped here: the C method takes the store's
 -- options (shards, policy, idle, max_counters), and this layer takes
@@ -85,10 +87,12 @@ end
 -- reset), and a Prometheus counter that goes down reads as a restart to
 -- rate(). Label values must be UTF-8: a name that is not is written as the
 -- hex of its bytes in a label of another name, so it cannot collide either.
-_M.DEFAULT_METRIC = "tally_value"
-_M.DEFAULT_LABEL = "counter"
-_M.DEFAULT_HEX_LABEL = "counter_hex"
-_M.DEFAULT_HELP = "Exact value of a tally counter (the sum of its shards), by counter name."
+-- (The C core writes this metric's lines of a store's counters, and these
+-- names are its: tally.h's TALLY_PROM_*.)
+_M.DEFAULT_METRIC = core.PROM_METRIC
+_M.DEFAULT_LABEL = core.PROM_LABEL
+_M.DEFAULT_HEX_LABEL = core.PROM_HEX_LABEL
+_M.DEFAULT_HELP = core.PROM_HELP
 
 local TYPES = { counter = true, gauge = true, untyped = true }
 _M.TYPES = TYPES
@@ -1201,13 +1205,13 @@ local function piece_writer(write)
 end
 
 -- The exposition from one walk of the matching counters (core._prom_rows:
--- names and values in name order, no handle per counter). Only the names
--- that may be histogram members (ending in '}') and the values beyond
--- int64 come to Lua here. Without counter families (the common case) the
--- default metric's lines are written by C from the rows, CHUNK counters
--- at a time, each chunk handed to emit as it is made (whole: all of them
--- at once, with what comes before and after, in one buffer); with
--- families, the rows' names and values go to the renderer as before.
+-- the C core's tally_exposition, names and values in name order, no
+-- handle per counter). Only the names that may be histogram members
+-- (ending in '}') come to Lua here. Without counter families (the common
+-- case) the default metric's lines are the core's, CHUNK counters at a
+-- time, each chunk handed to emit as it is made (whole: all of them at
+-- once, in one buffer); with families, the rows' names and values go to
+-- the renderer (a value beyond int64 as the core's text of it).
 local function from_rows(db, rows, c, pause, emit, whole)
   -- the counters are read a slice of the index at a time (a host that
   -- yields pauses between slices; without one, slices 16 times as large
@@ -1219,14 +1223,11 @@ local function from_rows(db, rows, c, pause, emit, whole)
     if done == nil then return nil, msg, code end
     if pause then pause() end
   end
-  local idx, names, range = rows:special()
+  local idx, names = rows:braced()
   local brace, at = {}, {}
-  for k, name in ipairs(names) do
-    if range[k] then rows:set_text(idx[k], _M._value_text(beyond(db, name))) end
-    if byte(name, -1) == 125 then        -- a name read twice (made again meanwhile): once
-      if not at[name] then brace[#brace + 1] = name end
-      at[name] = idx[k]
-    end
+  for k, name in ipairs(names) do       -- a name read twice (made again meanwhile): once
+    if not at[name] then brace[#brace + 1] = name end
+    at[name] = idx[k]
   end
   local hs, htext, skips = histogram.group(brace), nil, nil
   if next(hs) then
@@ -1239,22 +1240,18 @@ local function from_rows(db, rows, c, pause, emit, whole)
   local n, included = rows:count()
   local CHUNK = _M._chunk
   if #c.entries == 0 then
-    local metric = _M.DEFAULT_METRIC
-    if included > 0 and whole then
-      emit((rows:lines(n, _M._DEFAULT_PREFIX, _M._DEFAULT_HEX_PREFIX,
-                       _M._family_head(metric, c.families[metric]),
-                       (htext or "") .. _M._skipped_text(skips))))
+    if included > 0 and whole then       -- one buffer: the text copied once
+      emit((rows:lines(n)))
+      local tail = (htext or "") .. _M._skipped_text(skips)
+      if tail ~= "" then emit(tail) end
       return true
     end
-    if included > 0 then
-      emit(_M._family_head(metric, c.families[metric]))
-      local more
-      repeat
-        local text
-        text, more = rows:lines(CHUNK, _M._DEFAULT_PREFIX, _M._DEFAULT_HEX_PREFIX)
-        if text ~= "" then emit(text) end
-        if pause and more then pause() end
-      until not more
+    local more = included > 0
+    while more do
+      local text
+      text, more = rows:lines(CHUNK)
+      if text ~= "" then emit(text) end
+      if pause and more then pause() end
     end
     if htext then emit(htext) end
     local gauge = _M._skipped_text(skips)

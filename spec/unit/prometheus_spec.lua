@@ -515,15 +515,19 @@ describe("tally.prometheus()", function()
       slices = slices + 1
     until done
     assert.is_true(slices > 1)                       -- runs, merged as they are written
-    local a = rows:lines(1000, 'v{c="', 'v{h="')         -- written in memory the rows keep
-    local b, more = rows:lines(1000, 'v{c="', 'v{h="')
+    local a = rows:lines(1000)             -- written in memory the rows keep
+    local b, more = rows:lines(1000)
     assert.is_true(more)
-    assert.equal(1000, select(2, a:gsub("\n", "")))
-    assert.matches('^v{c="n00001"} 1\n', a)
-    assert.matches('\nv{c="n01000"} 1000\n$', a)
-    assert.matches('^v{c="n01001"} 1001\n', b)
+    assert.equal(1002, select(2, a:gsub("\n", "")))      -- the HELP and TYPE lines first
+    assert.matches('^# HELP tally_value [^\n]*\n# TYPE tally_value gauge\ntally_value{counter="n00001"} 1\n', a)
+    assert.matches('\ntally_value{counter="n01000"} 1000\n$', a)
+    assert.matches('^tally_value{counter="n01001"} 1001\n', b)
+    local c, last = rows:lines(5000)
+    assert.is_false(last)
+    assert.matches('\ntally_value{counter="n03000"} 3000\n$', c)
+    assert.same({ "", false }, { rows:lines(1) })       -- done: nothing more
     rows:close()
-    assert.equal("the scrape's rows are closed", err(rows.lines, rows, 1, "a", "b"))
+    assert.equal("the scrape's rows are closed", err(rows.lines, rows, 1))
     assert.equal("the scrape's rows are closed", err(rows.count, rows))
     rows:close()                                           -- again: nothing
   end)

@@ -1,57 +1,33 @@
 /* lua_number.c -- a float as text that machines read, whatever the locale.
  *
- * Every float that tally writes for a machine (JSON, line protocol, the
- * Prometheus text, histogram member names) is the shortest of %.15g,
- * %.16g, %.17g that reads back as the same double, with '.' as its
- * decimal point. printf and strtod follow LC_NUMERIC, which a host may
- * have set (setlocale(LC_NUMERIC, "") in nginx modules and readline
- * hosts; Lua's os.setlocale), and Lua 5.4's string.format and tostring
- * are printf: under de_DE.UTF-8 they write 0,1. Here the digits come from
- * snprintf and are read back by strtod in one locale, whichever it is,
- * and the locale's decimal point (any bytes that are not a digit, a sign
- * or the exponent's 'e') is then written as '.'. lua-cjson reads numbers
- * with the decimal point of the locale it was made in, and cjson.new()
- * aborts the process where that point is not one byte (ps_AF's U+066B):
- * core.c_numeric runs tally.json's lua-cjson in the C locale, set for
- * the calling thread only (uselocale), whatever the host's.
+ * core.number_text writes by the rule of src/core/text.h (the shortest of
+ * %.15g, %.16g, %.17g that reads back as the same double, '.' as its
+ * decimal point whatever LC_NUMERIC says), where Lua 5.4's string.format
+ * and tostring are printf: under de_DE.UTF-8 they write 0,1. lua-cjson
+ * reads numbers with the decimal point of the locale it was made in, and
+ * cjson.new() aborts the process where that point is not one byte
+ * (ps_AF's U+066B): core.c_numeric runs tally.json's lua-cjson in the C
+ * locale, set for the calling thread only (uselocale), whatever the
+ * host's.
  */
 #include <locale.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "../core/text.h"
 #include "lua_aux.h"
-
-/* x (finite) as text into buf (room for 40 bytes); returns its length. */
-static size_t number_text(double x, char *buf, size_t cap) {
-  int n = 0;
-  for (int digits = 15; digits <= 17; digits++) {
-    n = snprintf(buf, cap, "%.*g", digits, x);
-    if (digits == 17 || strtod(buf, NULL) == x) break;
-  }
-  size_t w = 0, len = n > 0 && (size_t)n < cap ? (size_t)n : 0;
-  for (size_t r = 0; r < len;) {
-    char c = buf[r];
-    if ((c >= '0' && c <= '9') || c == '-' || c == '+' || c == 'e') {
-      buf[w++] = buf[r++];
-      continue;
-    }
-    buf[w++] = '.'; /* the decimal point, one or more bytes */
-    while (r < len && !((buf[r] >= '0' && buf[r] <= '9') || buf[r] == 'e')) r++;
-  }
-  return w;
-}
 
 /* core.number_text(x) -> x's text as above, or nil for NaN and the
  * infinities, which none of tally's formats writes as a number. */
 static int tl_number_text(lua_State *L) {
   double x = (double)luaL_checknumber(L, 1);
-  char buf[40];
+  char buf[TALLY__NUMBER_ROOM];
   if (!isfinite(x)) {
     lua_pushnil(L);
     return 1;
   }
-  size_t n = number_text(x, buf, sizeof buf);
+  size_t n = tally__number_text(x, buf, sizeof buf);
   lua_pushlstring(L, buf, n);
   return 1;
 }
