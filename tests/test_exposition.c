@@ -3,12 +3,13 @@
  *
  * A few names that need escapes, hex or a float must come out exactly as
  * the exposition format writes them. Over 100,000 counters the text,
- * made in small steps while other threads create, drop and increment
- * counters outside the pattern and drop and make again some inside it,
- * must be the one tally_prometheus writes at once, in name order, each
- * name once, with the values tally_store_values reads; a writer that
- * stops ends it with its value; rows a host maps itself are listed,
- * left out and handed over as samples.
+ * made in small steps while another thread creates, drops and increments
+ * counters outside the pattern and a name inside it is dropped and made
+ * again between two slices, must be the one tally_prometheus writes at
+ * once, in name order, each name once, with the values tally_store_values
+ * reads; a writer that stops ends it with its value; a realloc that fails
+ * fails that call and every later one; rows a host maps itself are
+ * listed, left out and handed over as samples.
  */
 #include "testutil.h"
 
@@ -17,6 +18,15 @@
 #include <string.h>
 
 #define N 100000
+
+/* The library's realloc (linked with --wrap=realloc): the fail_in-th call
+ * from now fails (0: none). */
+void *__real_realloc(void *p, size_t n);
+static atomic_int fail_in;
+void *__wrap_realloc(void *p, size_t n) {
+  if (atomic_load(&fail_in) > 0 && atomic_fetch_sub(&fail_in, 1) == 1) return NULL;
+  return __real_realloc(p, n);
+}
 
 struct text {
   char *p;
@@ -138,6 +148,9 @@ static void *churn_main(void *ud) {
   return NULL;
 }
 
+static int sample_add(void *ud, const char *name, size_t len, int64_t value,
+                      const char *text, size_t text_len);
+
 static void test_many(tally_store *s) {
   char name[32];
   for (int i = 0; i < N; i++) {
@@ -175,7 +188,7 @@ static void test_many(tally_store *s) {
     REQUIRE_OK(tally_exposition_open(s, "n:*", 3, &x));
     int rc, slices = 0;
     while ((rc = tally_exposition_read(x, 97 + (uint64_t)round * 1000)) == 0) {
-      /* n:5 dropped and made again with its value: read twice, or not */
+      /* n:5 dropped and made again with its value: not lost */
       if (++slices == 5) {
         EXPECT_OK(tally_store_drop(s, "n:5", 3));
         EXPECT_OK(tally_store_incr(s, "n:5", 3, 5, TALLY_COUNTER_CREATE));
@@ -209,6 +222,27 @@ static void test_many(tally_store *s) {
   stopped.calls = 0, stopped.stop_at = 1;
   EXPECT_RC(7, tally_exposition_write(x, 10, text_write, &stopped));
   tally_exposition_close(x);
+
+  /* out of memory: that call fails, and every later one but close */
+  for (int at = 0; at < 2; at++) {
+    REQUIRE_OK(tally_exposition_open(s, "n:*", 3, &x));
+    int rc = 0;
+    if (at == 0) {
+      atomic_store(&fail_in, 3); /* in the reading, which grows its rows */
+      while ((rc = tally_exposition_read(x, 5000)) == 0) continue;
+    } else {
+      EXPECT_RC(1, tally_exposition_read(x, UINT64_MAX));
+      atomic_store(&fail_in, 1); /* the text's memory */
+      rc = tally_exposition_write(x, N, text_write, &stopped);
+    }
+    atomic_store(&fail_in, 0);
+    EXPECT_RC(TALLY_ENOMEM, rc);
+    EXPECT_RC(TALLY_ENOMEM, tally_exposition_read(x, 5000));
+    EXPECT(strstr(tally_errmsg(), "failed before") != NULL);
+    EXPECT_RC(TALLY_ENOMEM, tally_exposition_write(x, 10, text_write, &stopped));
+    EXPECT_RC(TALLY_ENOMEM, tally_exposition_rows(x, 10, sample_add, &stopped));
+    tally_exposition_close(x);
+  }
 
   free(stopped.p);
   free(want.p);

@@ -27,8 +27,19 @@ struct row {
   uint32_t off;  /* its name in names */
   uint8_t len;   /* names are 1 to 255 bytes */
   uint8_t flags; /* ROW_* */
-  int64_t value; /* unless ROW_RANGE */
+  int64_t value; /* ROW_RANGE: its text's number in range_text */
   uint64_t key;  /* the merge: the name's 8 bytes after what all share */
+};
+
+/* Row numbers listed as they are read. */
+struct listed {
+  size_t *at;
+  size_t n, cap;
+};
+
+struct number {
+  char text[TALLY__NUMBER_ROOM];
+  size_t len;
 };
 
 struct tally_exposition {
@@ -44,13 +55,15 @@ struct tally_exposition {
   size_t *heap, nheap; /* the merge: the runs' next rows, least first */
   size_t *at;          /* per run: its next row */
   int merging;
-  int headed;     /* the HELP and TYPE lines are written */
-  size_t shared;  /* the bytes every name begins with: compared by key */
-  size_t keyed;   /* rows from here on have their key at shared */
-  size_t *braced; /* rows whose name ends in '}' */
-  size_t nbraced, bracedcap;
-  size_t left_out; /* rows marked ROW_OUT */
-  char *text;      /* what write hands over */
+  int headed;                /* the HELP and TYPE lines are written */
+  size_t shared;             /* the bytes every name begins with: compared by key */
+  size_t keyed;              /* rows from here on have their key at shared */
+  struct listed braced;      /* rows whose name ends in '}' */
+  struct listed range;       /* rows whose sum is beyond int64 */
+  struct number *range_text; /* their texts, made as reading ends */
+  size_t left_out;           /* rows marked ROW_OUT */
+  int error;                 /* what failed it: returned from then on */
+  char *text;                /* what write hands over */
   size_t tlen, tcap;
 };
 
@@ -64,9 +77,21 @@ static int rows_reserve(tally_exposition *x, size_t cap, size_t room) {
   return row && names ? 0 : -1;
 }
 
-/* A row whose name ends in '}' is listed as it is read, and the merge's
- * key made then: no pass over every row stands between the last slice
- * and the first lines, a step that a host that yields could not cut. */
+static int list_add(struct listed *l, size_t row) {
+  if (l->n == l->cap) {
+    size_t cap = l->cap ? l->cap * 2 : 64;
+    size_t *at = realloc(l->at, cap * sizeof *at);
+    if (!at) return -1;
+    l->at = at, l->cap = cap;
+  }
+  l->at[l->n++] = row;
+  return 0;
+}
+
+/* A row whose name ends in '}', or whose sum is beyond int64, is listed
+ * as it is read, and the merge's key made then: no pass over every row
+ * stands between the last slice and the first lines, a step that a host
+ * that yields could not cut. */
 static int row_add(void *ud, const tally_row *r) {
   tally_exposition *x = (tally_exposition *)ud;
   if (x->n == x->cap || x->used + r->name_len > x->room) {
@@ -76,15 +101,8 @@ static int row_add(void *ud, const tally_row *r) {
     if (rows_reserve(x, cap, room)) return x->failed = 1; /* stops the walk */
   }
   if (x->used > UINT32_MAX - TALLY_NAME_MAX) return x->failed = 1;
-  if (r->name[r->name_len - 1] == '}') {
-    if (x->nbraced == x->bracedcap) {
-      size_t cap = x->bracedcap ? x->bracedcap * 2 : 64;
-      size_t *b = realloc(x->braced, cap * sizeof *b);
-      if (!b) return x->failed = 1;
-      x->braced = b, x->bracedcap = cap;
-    }
-    x->braced[x->nbraced++] = x->n;
-  }
+  if (r->name[r->name_len - 1] == '}' && list_add(&x->braced, x->n)) return x->failed = 1;
+  if (r->value_rc && list_add(&x->range, x->n)) return x->failed = 1;
   /* the prefix all names share: the first name's, as far as each agrees */
   size_t k = 0;
   if (x->n == 0)
@@ -93,9 +111,10 @@ static int row_add(void *ud, const tally_row *r) {
     while (k < x->shared && k < r->name_len && x->names[k] == r->name[k]) k++;
   if (k < x->shared) x->shared = k, x->keyed = x->n; /* the keys before: too deep */
   memcpy(x->names + x->used, r->name, r->name_len);
-  x->row[x->n++] = (struct row){
-      (uint32_t)x->used, (uint8_t)r->name_len, (uint8_t)(r->value_rc ? ROW_RANGE : 0),
-      r->value_rc ? 0 : r->value, tally__name_bytes(r->name, r->name_len, x->shared)};
+  x->row[x->n++] = (struct row){(uint32_t)x->used, (uint8_t)r->name_len,
+                                (uint8_t)(r->value_rc ? ROW_RANGE : 0),
+                                r->value_rc ? (int64_t)x->range.n - 1 : r->value,
+                                tally__name_bytes(r->name, r->name_len, x->shared)};
   x->used += r->name_len;
   return 0;
 }
@@ -150,10 +169,53 @@ int tally_exposition_open(tally_store *s, const char *pattern, size_t plen,
   return 0;
 }
 
+/* x failed with rc (< 0): so it stays. */
+static int failed(tally_exposition *x, int rc) {
+  if (rc < 0 && !x->error) x->error = rc;
+  return rc;
+}
+
+static int failed_before(const tally_exposition *x) {
+  return tally__fail(x->error, "this exposition failed before (%s)",
+                     tally_err_name(x->error));
+}
+
+/* A sum beyond int64 as text: the float sum of its shards (0 if it was
+ * dropped since it was read). */
+static void beyond_text(tally_exposition *x, const struct row *r, struct number *out) {
+  double v = 0.0;
+  tally_counter *c = NULL;
+  int64_t *vals = malloc(TALLY_MAX_SHARDS * sizeof *vals);
+  uint32_t n = 0;
+  if (vals && tally_counter_open(x->store, x->names + r->off, r->len, NULL, 0, &c) == 0 &&
+      tally_counter_shards(c, vals, TALLY_MAX_SHARDS, &n) == 0)
+    for (uint32_t i = 0; i < n && i < TALLY_MAX_SHARDS; i++) v += (double)vals[i];
+  tally_counter_close(c);
+  free(vals);
+  out->len = tally__number_text(v, out->text, sizeof out->text);
+}
+
+/* Reading ends: the walk closed (reuse may go on), and the sums beyond
+ * int64 read then, as the values were, not while lines are written. */
+static int read_end(tally_exposition *x) {
+  if (x->walk) {
+    tally_walk_close(x->walk);
+    x->walk = NULL;
+  }
+  if (x->range_text || !x->range.n) return 0;
+  x->range_text = malloc(x->range.n * sizeof *x->range_text);
+  if (!x->range_text)
+    return failed(x, tally__fail(TALLY_ENOMEM, "not enough memory for a scrape's rows"));
+  for (size_t k = 0; k < x->range.n; k++)
+    beyond_text(x, &x->row[x->range.at[k]], &x->range_text[k]);
+  return 0;
+}
+
 int tally_exposition_read(tally_exposition *x, uint64_t slots) {
   if (!x || !slots)
     return tally__fail(TALLY_EINVAL, "tally_exposition_read: no x or slots");
-  if (!x->walk) return 1;
+  if (x->error) return failed_before(x);
+  if (!x->walk) return x->merging ? 1 : read_end(x) ? x->error : 1;
   size_t start = x->n;
   int rc = tally_walk_next(x->walk, slots, row_add, x);
   if (!x->failed && rc >= 0) run_end(x, start);
@@ -169,21 +231,23 @@ int tally_exposition_read(tally_exposition *x, uint64_t slots) {
       rows_reserve(x, (size_t)(whole * (double)x->n),
                    (size_t)(whole * (double)x->used)); /* or grow as they come */
   }
-  if (x->failed || rc < 0 || rc == 1) {
+  if (x->failed || rc < 0) {
     tally_walk_close(x->walk);
     x->walk = NULL;
+    if (x->failed)
+      rc = tally__fail(TALLY_ENOMEM, "not enough memory for a scrape's rows");
+    return failed(x, rc);
   }
-  if (x->failed)
-    return tally__fail(TALLY_ENOMEM, "not enough memory for a scrape's rows");
-  return rc < 0 ? rc : rc == 1;
+  if (rc == 1 && read_end(x)) return x->error;
+  return rc == 1;
 }
 
 int tally_exposition_braced(tally_exposition *x, tally_exposed_fn fn, void *ud) {
   if (!x || !fn)
     return tally__fail(TALLY_EINVAL, "tally_exposition_braced: NULL argument");
-  for (size_t j = 0; j < x->nbraced; j++) {
-    const struct row *r = &x->row[x->braced[j]];
-    int rc = fn(ud, x->braced[j], x->names + r->off, r->len);
+  for (size_t j = 0; j < x->braced.n; j++) {
+    const struct row *r = &x->row[x->braced.at[j]];
+    int rc = fn(ud, x->braced.at[j], x->names + r->off, r->len);
     if (rc) return rc;
   }
   return 0;
@@ -227,17 +291,15 @@ static void keys_fill(tally_exposition *x) {
 
 /* The merge begins at the first write (or rows) call; reading ends then. */
 static int merge_start(tally_exposition *x) {
+  if (x->error) return failed_before(x);
   if (x->merging) return 0;
-  if (x->walk) {
-    tally_walk_close(x->walk);
-    x->walk = NULL;
-  }
+  if (read_end(x)) return x->error;
   x->heap = malloc((x->nrun + 1) * sizeof *x->heap);
   x->at = malloc((x->nrun + 1) * sizeof *x->at);
   if (!x->heap || !x->at) {
     free(x->heap), free(x->at);
     x->heap = NULL, x->at = NULL;
-    return tally__fail(TALLY_ENOMEM, "not enough memory for a scrape's merge");
+    return failed(x, tally__fail(TALLY_ENOMEM, "not enough memory for a scrape's merge"));
   }
   keys_fill(x);
   x->nheap = 0;
@@ -265,21 +327,6 @@ static size_t merge_next(tally_exposition *x) {
   return SIZE_MAX;
 }
 
-/* A sum beyond int64 as text: the float sum of its shards, as they are
- * now (0 if it was dropped meanwhile). Into buf (TALLY__NUMBER_ROOM). */
-static size_t beyond_text(tally_exposition *x, const struct row *r, char *buf) {
-  double v = 0.0;
-  tally_counter *c = NULL;
-  int64_t *vals = malloc(TALLY_MAX_SHARDS * sizeof *vals);
-  uint32_t n = 0;
-  if (vals && tally_counter_open(x->store, x->names + r->off, r->len, NULL, 0, &c) == 0 &&
-      tally_counter_shards(c, vals, TALLY_MAX_SHARDS, &n) == 0)
-    for (uint32_t i = 0; i < n && i < TALLY_MAX_SHARDS; i++) v += (double)vals[i];
-  tally_counter_close(c);
-  free(vals);
-  return tally__number_text(v, buf, TALLY__NUMBER_ROOM);
-}
-
 /* Room for k more bytes of text; where they go, or NULL. */
 static char *text_room(tally_exposition *x, size_t k) {
   if (x->tcap - x->tlen < k) {
@@ -301,24 +348,19 @@ static int text_put(tally_exposition *x, const char *s, size_t len) {
 
 static const char head[] = "# HELP " TALLY_PROM_METRIC " " TALLY_PROM_HELP "\n"
                            "# TYPE " TALLY_PROM_METRIC " gauge\n";
-static const char prefix[] = TALLY_PROM_METRIC "{" TALLY_PROM_LABEL "=\"";
-static const char hex_prefix[] = TALLY_PROM_METRIC "{" TALLY_PROM_HEX_LABEL "=\"";
+static const char prefix[] = TALLY__PROM_PREFIX;
+static const char hex_prefix[] = TALLY__PROM_HEX_PREFIX;
 
 /* Row r's line: its series, its value. */
 static int line_put(tally_exposition *x, const struct row *r) {
   const char *name = x->names + r->off;
   /* the series (the name escaped is at most twice as long), the value */
-  char *w =
-      text_room(x, sizeof hex_prefix + 2 * (size_t)r->len + 3 + TALLY__NUMBER_ROOM + 1);
+  char *w = text_room(x, sizeof hex_prefix + 2 * (size_t)r->len + 3 + TALLY__VALUE_ROOM);
   if (!w) return -1;
   size_t k = tally__series(w, prefix, sizeof prefix - 1, hex_prefix,
                            sizeof hex_prefix - 1, name, r->len);
-  if (r->flags & ROW_RANGE)
-    k += beyond_text(x, r, w + k);
-  else
-    k += (size_t)snprintf(w + k, 21, "%" PRId64, r->value);
-  w[k++] = '\n';
-  x->tlen += k;
+  const struct number *t = r->flags & ROW_RANGE ? &x->range_text[r->value] : NULL;
+  x->tlen += k + tally__line_end(w + k, r->value, t ? t->text : NULL, t ? t->len : 0);
   return 0;
 }
 
@@ -332,7 +374,8 @@ int tally_exposition_write(tally_exposition *x, uint64_t lines, tally_write_fn w
   size_t i;
   for (uint64_t k = 0; k < lines && (i = merge_next(x)) != SIZE_MAX; k++) {
     if ((!x->headed && text_put(x, head, sizeof head - 1)) || line_put(x, &x->row[i]))
-      return tally__fail(TALLY_ENOMEM, "not enough memory for a scrape's text");
+      return failed(x,
+                    tally__fail(TALLY_ENOMEM, "not enough memory for a scrape's text"));
     x->headed = 1;
   }
   if (x->tlen && (rc = write(ud, x->text, x->tlen)) != 0) return rc;
@@ -346,9 +389,9 @@ int tally_exposition_rows(tally_exposition *x, uint64_t n, tally_sample_fn fn, v
   size_t i;
   for (uint64_t k = 0; k < n && (i = merge_next(x)) != SIZE_MAX; k++) {
     const struct row *r = &x->row[i];
-    char buf[TALLY__NUMBER_ROOM];
-    size_t tlen = r->flags & ROW_RANGE ? beyond_text(x, r, buf) : 0;
-    if ((rc = fn(ud, x->names + r->off, r->len, r->value, tlen ? buf : NULL, tlen)) != 0)
+    const struct number *t = r->flags & ROW_RANGE ? &x->range_text[r->value] : NULL;
+    if ((rc = fn(ud, x->names + r->off, r->len, r->value, t ? t->text : NULL,
+                 t ? t->len : 0)))
       return rc;
   }
   return x->nheap == 0;
@@ -362,7 +405,9 @@ void tally_exposition_close(tally_exposition *x) {
   free(x->run);
   free(x->heap);
   free(x->at);
-  free(x->braced);
+  free(x->braced.at);
+  free(x->range.at);
+  free(x->range_text);
   free(x->text);
   free(x);
 }

@@ -16,6 +16,7 @@
 #ifndef TALLY_TEXT_H
 #define TALLY_TEXT_H
 
+#include <inttypes.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -84,6 +85,28 @@ static inline size_t tally__series(char *out, const char *prefix, size_t plen,
             : tally__hex(out + k, (const unsigned char *)name, len);
   memcpy(out + k, "\"} ", 3);
   return k + 3;
+}
+
+/* The default metric's series up to the name (tally.h's TALLY_PROM_*). */
+#define TALLY__PROM_PREFIX     TALLY_PROM_METRIC "{" TALLY_PROM_LABEL "=\""
+#define TALLY__PROM_HEX_PREFIX TALLY_PROM_METRIC "{" TALLY_PROM_HEX_LABEL "=\""
+/* A line's room past its series: the value (text of at most
+ * TALLY__NUMBER_ROOM bytes, or an int64) and the newline. */
+#define TALLY__VALUE_ROOM      (TALLY__NUMBER_ROOM + 1)
+
+/* A line's end into out: text (a value the caller wrote: a float) or
+ * else value, and the newline. Returns the bytes written. */
+static inline size_t tally__line_end(char *out, int64_t value, const char *text,
+                                     size_t text_len) {
+  size_t k;
+  if (text) {
+    memcpy(out, text, text_len);
+    k = text_len;
+  } else {
+    k = (size_t)snprintf(out, 21, "%" PRId64, value);
+  }
+  out[k] = '\n';
+  return k + 1;
 }
 
 #endif

@@ -341,7 +341,7 @@ static int rows_names(lua_State *L) {
   lua_newtable(L); /* 3 */
   lua_newtable(L); /* 4 */
   int rc = tally_exposition_rows(t->x, (uint64_t)n, push_sample, L);
-  if (rc < 0) return tl_fail(L, rc);
+  if (rc < 0) return luaL_error(L, "%s", tally_errmsg()); /* not a partial scrape */
   lua_pushinteger(L, (lua_Integer)lua_rawlen(L, 3));
   lua_pushboolean(L, rc == 0);
   return 4;
@@ -366,7 +366,7 @@ static int rows_lines(lua_State *L) {
   lua_Integer n = count_arg(L, 2);
   struct piece_at p = {"", 0};
   int rc = tally_exposition_write(t->x, (uint64_t)n, piece_take, &p);
-  if (rc < 0) return tl_fail(L, rc);
+  if (rc < 0) return luaL_error(L, "%s", tally_errmsg()); /* not a partial scrape */
   lua_pushlstring(L, p.text, p.len);
   lua_pushboolean(L, rc == 0);
   return 2;
