@@ -332,11 +332,27 @@ local function compile_mapping(mapping)
       local lit2 = sub(e.pattern, #e.pattern - last.len + 1)
       if utf8len(lit1) and utf8len(lit2) then
         e.simple = { head = first.len, tail = last.len, first = first.pat, last = last.pat,
-                     prefix = e.metric .. e.prefixes[1] }
+                     prefix = e.metric .. e.prefixes[1], lit1 = lit1, lit2 = lit2 }
       end
     end
   end
-  return { [COMPILED] = true, entries = entries, hists = hists, families = families }
+  -- the entries as a scrape's rows map them in C (core rows:mapping):
+  -- simple and split ones written there, general ones handed back
+  local cmap = {}
+  for i, e in ipairs(entries) do
+    local q = e.simple
+    if q then
+      cmap[i] = { kind = "simple", head = q.lit1, tail = q.lit2, prefix = q.prefix,
+                  metric = e.metric }
+    elseif e.split then
+      cmap[i] = { kind = "split", pieces = e.split.pieces, prefixes = e.split.prefixes,
+                  metric = e.metric }
+    else
+      cmap[i] = { kind = "general", pattern = e.pattern }
+    end
+  end
+  return { [COMPILED] = true, entries = entries, hists = hists, families = families,
+           cmap = cmap }
 end
 
 -- _M.compile_mapping(mapping) -> the mapping compiled, to pass to
@@ -1204,6 +1220,74 @@ local function piece_writer(write)
   return put, flush
 end
 
+-- The exposition of the n rows read (from_rows) under the families of
+-- compiled mapping c, mapped in C (rows:map): the default metric's lines
+-- and those of each simple or split entry are written there; the rows of
+-- general entries, and names a split entry matches in more than one way,
+-- come back here one by one (decide) and are rendered as
+-- _render_prometheus renders them, which the randomized spec compares.
+-- What the scrape leaves out is counted in skips and logged.
+local function mapped(rows, c, n, skips, htext, pause, emit)
+  local entries, owner, bad = c.entries, {}, {}
+  local rmetric, rseries, rkey, rvalue, nrows = {}, {}, {}, {}, 0
+  local function skip(name, reason, msg)
+    skips[reason] = (skips[reason] or 0) + 1
+    log_once(name, reason, msg)
+  end
+  local function decide(name, v)             -- true: the default metric's line
+    local e, caps = first_entry(entries, name)
+    local metric, series, key = entry_series(e, name, caps)
+    if metric == false then return true end
+    if not metric then
+      skip(name, series, key)
+      return false
+    end
+    local other = owner[key]
+    if other then
+      local msg = fmt("counters '%s' and '%s' both map to the series %s", printable(other),
+                      printable(name), printable(series))
+      if not bad[key] then bad[key] = true; skip(other, "duplicate", msg) end
+      skip(name, "duplicate", msg)
+    else
+      owner[key] = name
+    end
+    nrows = nrows + 1
+    rmetric[nrows], rseries[nrows], rkey[nrows], rvalue[nrows] = metric, series, key, v
+    return false
+  end
+  rows:mapping(c.cmap)
+  local more, CHUNK = n > 0, _M._chunk
+  while more do
+    more = rows:map(CHUNK, decide)
+    if pause and more then pause() end
+  end
+  local texts, lines = rows:mapped(), {}
+  for i = 1, nrows do
+    if not bad[rkey[i]] then
+      local metric = rmetric[i]
+      local l = lines[metric]
+      if not l then l = {}; lines[metric] = l end
+      local k = #l
+      l[k + 1], l[k + 2], l[k + 3], l[k + 4] = rseries[i], " ", value_text(rvalue[i]), "\n"
+    end
+  end
+  local metrics = {}
+  for metric in pairs(texts) do metrics[#metrics + 1] = metric end
+  for metric in pairs(lines) do
+    if not texts[metric] then metrics[#metrics + 1] = metric end
+  end
+  sort(metrics)
+  for _, metric in ipairs(metrics) do
+    emit(_M._family_head(metric, c.families[metric]))
+    if texts[metric] then emit(texts[metric]) end
+    if lines[metric] then emit(concat(lines[metric])) end
+  end
+  if htext then emit(htext) end
+  local gauge = _M._skipped_text(skips)
+  if gauge ~= "" then emit(gauge) end
+  return true
+end
+
 -- The exposition from one walk of the matching counters (core._prom_rows:
 -- the C core's tally_exposition, names and values in name order, no
 -- handle per counter). Only the names that may be histogram members
@@ -1258,6 +1342,7 @@ local function from_rows(db, rows, c, pause, emit, whole)
     if gauge ~= "" then emit(gauge) end
     return true
   end
+  if not _M._lua_lines_only then return mapped(rows, c, n, skips, htext, pause, emit) end
   local values, list, k, more = {}, {}, 0, n > 0
   while more do
     local nm, vs, m

@@ -167,17 +167,79 @@ static const char *find_in(const char *s, size_t from, size_t to, struct piece p
 
 #define SPLIT_MAX 64 /* pieces of a pattern: a name is at most 255 bytes */
 
+/* A family of '*'s only (no '?'), its literal pieces around them: where
+ * each piece lies in name (at[j], from its start), the first at the
+ * start, the last at the end, the middle ones leftmost (where
+ * lua/tally/prometheus.lua's glob_captures places them); 0 if name does
+ * not match. */
+static int split_place(const struct piece *piece, int k, const char *name, size_t len,
+                       size_t *at) {
+  size_t first = piece[0].len, last = piece[k - 1].len;
+  if (len < first + last || memcmp(name, piece[0].s, first) != 0 ||
+      memcmp(name + len - last, piece[k - 1].s, last) != 0)
+    return 0;
+  size_t last_at = len - last, pos = first;
+  at[0] = 0;
+  for (int j = 1; j < k - 1; j++) {
+    const char *a = find_in(name, pos, last_at, piece[j]);
+    if (!a) return 0;
+    at[j] = (size_t)(a - name);
+    pos = at[j] + piece[j].len;
+  }
+  at[k - 1] = last_at;
+  return 1;
+}
+
+/* Whether name, placed by split_place, matches in more than one way:
+ * the middle pieces placed rightmost, from the end, move (prometheus.lua's
+ * moves_right). */
+static int split_ambiguous(const struct piece *piece, int k, const char *name,
+                           const size_t *at) {
+  size_t limit = at[k - 1];
+  for (int j = k - 2; j >= 1; j--) {
+    size_t a = limit - piece[j].len;
+    if (piece[j].len > 0)
+      while (a > at[j] && memcmp(name + a, piece[j].s, piece[j].len) != 0) a--;
+    if (a != at[j]) return 1;
+    limit = a;
+  }
+  return 0;
+}
+
+/* The series of name, placed by split_place, into w: metric, then for
+ * each '*' its prefix ('{route="', ',status="') .. what it matched,
+ * escaped .. '"', then '} '. Room: split_room's. */
+static size_t split_series(char *w, struct piece metric, const struct piece *prefix,
+                           const struct piece *piece, int k, const char *name,
+                           const size_t *at) {
+  memcpy(w, metric.s, metric.len);
+  size_t n = metric.len, pos = piece[0].len;
+  for (int j = 1; j < k; j++) {
+    memcpy(w + n, prefix[j - 1].s, prefix[j - 1].len);
+    n += prefix[j - 1].len;
+    n += tally__label_value(w + n, name + pos, at[j] - pos);
+    w[n++] = '"';
+    pos = at[j] + piece[j].len;
+  }
+  memcpy(w + n, "} ", 2);
+  return n + 2;
+}
+
+static size_t split_room(struct piece metric, const struct piece *prefix, int k,
+                         size_t len) {
+  size_t room = metric.len + 2 * len + 2;
+  for (int j = 0; j < k - 1; j++) room += prefix[j].len + 1;
+  return room;
+}
+
 /* core._prom_split_lines(metric, prefixes, pieces, names, values, n)
- * -> text: for i = 1..n, metric, then for each '*' its prefix
- * ('{route="', ',status="') .. what it matched, escaped .. '"', then '} '
- * .. values[i] .. "\n". pieces are the pattern's literal pieces around
- * its stars (at least 3: two stars or more), each in the place
- * lua/tally/prometheus.lua's glob_captures gives it (the middle ones
- * leftmost); the caller has checked that every name matches in exactly
- * one way and is UTF-8, and that the pieces are. */
+ * -> text: for i = 1..n, names[i]'s series (split_series) .. values[i]
+ * .. "\n". pieces are the pattern's literal pieces around its stars (at
+ * least 3: two stars or more); the caller has checked that every name
+ * matches in exactly one way and is UTF-8, and that the pieces are. */
 static int tl_prom_split_lines(lua_State *L) {
-  size_t mlen;
-  const char *metric = luaL_checklstring(L, 1, &mlen);
+  struct piece metric;
+  metric.s = luaL_checklstring(L, 1, &metric.len);
   luaL_checktype(L, 2, LUA_TTABLE);
   luaL_checktype(L, 3, LUA_TTABLE);
   luaL_checktype(L, 4, LUA_TTABLE);
@@ -190,33 +252,16 @@ static int tl_prom_split_lines(lua_State *L) {
   struct piece piece[SPLIT_MAX], prefix[SPLIT_MAX];
   strings_of(L, 3, piece, k, "pieces");
   strings_of(L, 2, prefix, k - 1, "prefixes");
-  size_t fixed = 0, labels = 0;
-  for (int j = 0; j < k; j++) fixed += piece[j].len;
-  for (int j = 0; j < k - 1; j++) labels += prefix[j].len + 1;
   lua_settop(L, 6);
   struct out o;
   out_open(L, &o, 7, 0);
   for (lua_Integer i = 1; i <= n; i++) {
-    size_t len;
+    size_t len, at[SPLIT_MAX];
     const char *name = name_at(L, 4, i, &len);
-    if (!name || len < fixed || memcmp(name, piece[0].s, piece[0].len) != 0 ||
-        memcmp(name + len - piece[k - 1].len, piece[k - 1].s, piece[k - 1].len) != 0)
+    if (!name || !split_place(piece, k, name, len, at))
       return luaL_error(L, "_prom_split_lines: names[%d] does not match", (int)i);
-    size_t last_at = len - piece[k - 1].len;
-    char *w = room(&o, mlen + labels + 2 * len + 2);
-    memcpy(w, metric, mlen);
-    size_t at = mlen, pos = piece[0].len;
-    for (int j = 1; j < k; j++) {
-      const char *a = j < k - 1 ? find_in(name, pos, last_at, piece[j]) : name + last_at;
-      if (!a) return luaL_error(L, "_prom_split_lines: names[%d] does not match", (int)i);
-      memcpy(w + at, prefix[j - 1].s, prefix[j - 1].len);
-      at += prefix[j - 1].len;
-      at += tally__label_value(w + at, name + pos, (size_t)(a - name) - pos);
-      w[at++] = '"';
-      pos = (size_t)(a - name) + piece[j].len;
-    }
-    memcpy(w + at, "} ", 2);
-    o.n += at + 2;
+    char *w = room(&o, split_room(metric, prefix, k, len));
+    o.n += split_series(w, metric, prefix, piece, k, name, at);
     lua_pop(L, 1);
     put_value(L, &o, 5, i);
   }
@@ -235,9 +280,30 @@ static int tl_prom_split_lines(lua_State *L) {
  * that yields, as tally.openresty does, yields between slices). */
 #define TL_PROMROWS_MT "tally.promrows"
 
+/* A family the rows are mapped by in C (rows:mapping): its pieces point
+ * into the mapping's Lua strings, which the rows' user value keeps. */
+enum { MAP_SIMPLE, MAP_SPLIT, MAP_GENERAL };
+
+struct buf {
+  char *p;
+  size_t n, cap;
+};
+
+struct map_entry {
+  int kind;
+  int k;                /* pieces: SIMPLE 2 (its ends), SPLIT 3 or more */
+  struct piece *piece;  /* GENERAL: its pattern */
+  struct piece *prefix; /* SIMPLE: 1 (metric{label="), SPLIT: k - 1 */
+  struct piece metric;
+  struct buf text; /* its lines (SIMPLE, SPLIT: the only entry of its metric) */
+};
+
 typedef struct tl_promrows {
   tally_exposition *x;
   int closed; /* rows:close() ran */
+  struct map_entry *map;
+  int nmap;
+  struct buf text; /* the default metric's lines, mapping */
 } tl_promrows;
 
 static tl_promrows *rows_check(lua_State *L) {
@@ -250,7 +316,7 @@ static int tl_prom_rows(lua_State *L) {
   tl_store *d = tl_checkstore(L, 1);
   size_t plen = 0;
   const char *pattern = lua_isnoneornil(L, 2) ? NULL : luaL_checklstring(L, 2, &plen);
-  tl_promrows *t = (tl_promrows *)lua_newuserdata(L, sizeof *t);
+  tl_promrows *t = (tl_promrows *)tl_newud(L, sizeof *t, 1);
   memset(t, 0, sizeof *t);
   luaL_setmetatable(L, TL_PROMROWS_MT);
   int rc = tally_exposition_open(d->store, pattern, plen, &t->x);
@@ -372,9 +438,217 @@ static int rows_lines(lua_State *L) {
   return 2;
 }
 
+/* ---- families mapped in C ---------------------------------------------- */
+
+static void map_free(tl_promrows *t) {
+  for (int i = 0; i < t->nmap; i++) {
+    free(t->map[i].piece);
+    free(t->map[i].prefix);
+    free(t->map[i].text.p);
+  }
+  free(t->map);
+  free(t->text.p);
+  t->map = NULL, t->nmap = 0;
+  t->text = (struct buf){NULL, 0, 0};
+}
+
+static struct piece field_string(lua_State *L, int t, const char *key) {
+  struct piece p;
+  lua_getfield(L, t, key);
+  if (lua_type(L, -1) != LUA_TSTRING)
+    luaL_error(L, "rows:mapping: %s is not a string", key);
+  p.s = lua_tolstring(L, -1, &p.len);
+  lua_pop(L, 1); /* kept by the mapping, which the rows keep */
+  return p;
+}
+
+/* A field holding an array of n strings, into new memory. */
+static struct piece *field_strings(lua_State *L, int t, const char *key, int n) {
+  lua_getfield(L, t, key);
+  if (lua_type(L, -1) != LUA_TTABLE || (int)lua_rawlen(L, -1) != n)
+    luaL_error(L, "rows:mapping: %s is not an array of %d strings", key, n);
+  struct piece *p = malloc((size_t)(n > 0 ? n : 1) * sizeof *p);
+  if (!p) luaL_error(L, "not enough memory");
+  strings_of(L, lua_gettop(L), p, n, key);
+  lua_pop(L, 1);
+  return p;
+}
+
+/* rows:mapping(entries): the families to map rows by in C, newest
+ * first, as prometheus.lua compiles them: { kind = "simple", head =,
+ * tail = (the literal ends of a pattern with one '*'), prefix =
+ * ('likes{post="') , metric = }, { kind = "split", pieces =, prefixes =,
+ * metric = }, { kind = "general", pattern = } (one the Lua side maps). */
+static int rows_mapping(lua_State *L) {
+  tl_promrows *t = rows_check(L);
+  luaL_checktype(L, 2, LUA_TTABLE);
+  lua_settop(L, 2);
+  lua_pushvalue(L, 2);
+  tl_setuv(L, 1, 1); /* keeps the strings the entries point into */
+  map_free(t);
+  int n = (int)lua_rawlen(L, 2);
+  t->map = calloc((size_t)(n > 0 ? n : 1), sizeof *t->map);
+  if (!t->map) return luaL_error(L, "not enough memory");
+  for (int i = 0; i < n; i++) {
+    struct map_entry *e = &t->map[i];
+    lua_rawgeti(L, 2, i + 1);
+    int at = lua_gettop(L);
+    luaL_argcheck(L, lua_type(L, at) == LUA_TTABLE, 2, "entries must be tables");
+    t->nmap = i + 1; /* what map_free frees, should one fail */
+    struct piece kind = field_string(L, at, "kind");
+    if (kind.len == 6 && memcmp(kind.s, "simple", 6) == 0) {
+      e->kind = MAP_SIMPLE, e->k = 2;
+      e->piece = malloc(2 * sizeof *e->piece);
+      e->prefix = malloc(sizeof *e->prefix);
+      if (!e->piece || !e->prefix) return luaL_error(L, "not enough memory");
+      e->piece[0] = field_string(L, at, "head");
+      e->piece[1] = field_string(L, at, "tail");
+      e->prefix[0] = field_string(L, at, "prefix");
+      e->metric = field_string(L, at, "metric");
+    } else if (kind.len == 5 && memcmp(kind.s, "split", 5) == 0) {
+      e->kind = MAP_SPLIT;
+      lua_getfield(L, at, "pieces");
+      e->k = lua_type(L, -1) == LUA_TTABLE ? (int)lua_rawlen(L, -1) : 0;
+      lua_pop(L, 1);
+      if (e->k < 3 || e->k > SPLIT_MAX)
+        return luaL_error(L, "rows:mapping: %d pieces in a split entry", e->k);
+      e->piece = field_strings(L, at, "pieces", e->k);
+      e->prefix = field_strings(L, at, "prefixes", e->k - 1);
+      e->metric = field_string(L, at, "metric");
+    } else if (kind.len == 7 && memcmp(kind.s, "general", 7) == 0) {
+      e->kind = MAP_GENERAL, e->k = 1;
+      e->piece = malloc(sizeof *e->piece);
+      if (!e->piece) return luaL_error(L, "not enough memory");
+      e->piece[0] = field_string(L, at, "pattern");
+    } else {
+      return luaL_error(L, "rows:mapping: unknown kind '%s'", kind.s);
+    }
+    lua_pop(L, 1);
+  }
+  return 0;
+}
+
+static char *buf_room(lua_State *L, struct buf *b, size_t k) {
+  if (b->cap - b->n < k) {
+    size_t cap = b->cap * 2 > b->n + k ? b->cap * 2 : b->n + k;
+    if (cap < 65536) cap = 65536;
+    char *p = realloc(b->p, cap);
+    if (!p) luaL_error(L, "not enough memory");
+    b->p = p, b->cap = cap;
+  }
+  return b->p + b->n;
+}
+
+struct map_walk {
+  lua_State *L;
+  tl_promrows *t;
+};
+
+static const char prom_prefix[] = TALLY__PROM_PREFIX;
+static const char prom_hex_prefix[] = TALLY__PROM_HEX_PREFIX;
+
+/* A row: the line of the first (newest) entry that matches it, written
+ * here, or the default metric's (no entry matches, or its name is not
+ * UTF-8, which its parts then are not either); a general entry's row, or
+ * one a split entry matches in more than one way, goes to decide (the
+ * function at stack slot 3), whose true means the default metric's. */
+static int map_row(void *ud, const char *name, size_t len, int64_t value,
+                   const char *text, size_t text_len) {
+  struct map_walk *mw = (struct map_walk *)ud;
+  lua_State *L = mw->L;
+  tl_promrows *t = mw->t;
+  struct buf *out = &t->text;
+  size_t at[SPLIT_MAX];
+  for (int i = 0; i < t->nmap; i++) {
+    struct map_entry *e = &t->map[i];
+    int defer = 0;
+    if (e->kind == MAP_SIMPLE) {
+      size_t head = e->piece[0].len, tail = e->piece[1].len;
+      if (len < head + tail || memcmp(name, e->piece[0].s, head) != 0 ||
+          memcmp(name + len - tail, e->piece[1].s, tail) != 0)
+        continue;
+    } else if (e->kind == MAP_SPLIT) {
+      if (!split_place(e->piece, e->k, name, len, at)) continue;
+      defer = split_ambiguous(e->piece, e->k, name, at);
+    } else {
+      if (!tally_glob_match(e->piece[0].s, e->piece[0].len, name, len)) continue;
+      defer = 1;
+    }
+    if (defer) {
+      lua_pushvalue(L, 3);
+      lua_pushlstring(L, name, len);
+      if (text)
+        lua_pushlstring(L, text, text_len);
+      else
+        tl_pushint64(L, value);
+      lua_call(L, 2, 1);
+      int as_default = lua_toboolean(L, -1);
+      lua_pop(L, 1);
+      if (!as_default) return 0;
+    } else if (tally_utf8_len(name, len, NULL) >= 0) {
+      out = &e->text;
+      if (e->kind == MAP_SIMPLE) {
+        size_t head = e->piece[0].len, tail = e->piece[1].len;
+        size_t room = e->prefix[0].len + sizeof prom_hex_prefix + 2 * len + 3;
+        char *w = buf_room(L, out, room + TALLY__VALUE_ROOM);
+        size_t k =
+            tally__series(w, e->prefix[0].s, e->prefix[0].len, prom_hex_prefix,
+                          sizeof prom_hex_prefix - 1, name + head, len - head - tail);
+        out->n += k + tally__line_end(w + k, value, text, text_len);
+      } else {
+        char *w = buf_room(
+            L, out, split_room(e->metric, e->prefix, e->k, len) + TALLY__VALUE_ROOM);
+        size_t k = split_series(w, e->metric, e->prefix, e->piece, e->k, name, at);
+        out->n += k + tally__line_end(w + k, value, text, text_len);
+      }
+      return 0;
+    }
+    break; /* the default metric's line */
+  }
+  char *w = buf_room(L, out, sizeof prom_hex_prefix + 2 * len + 3 + TALLY__VALUE_ROOM);
+  size_t k = tally__series(w, prom_prefix, sizeof prom_prefix - 1, prom_hex_prefix,
+                           sizeof prom_hex_prefix - 1, name, len);
+  out->n += k + tally__line_end(w + k, value, text, text_len);
+  return 0;
+}
+
+/* rows:map(n, decide) -> more: the next n rows in name order mapped by
+ * rows:mapping's entries (map_row); more: some left */
+static int rows_map(lua_State *L) {
+  tl_promrows *t = rows_check(L);
+  lua_Integer n = count_arg(L, 2);
+  luaL_checktype(L, 3, LUA_TFUNCTION);
+  lua_settop(L, 3);
+  struct map_walk mw = {L, t};
+  int rc = tally_exposition_rows(t->x, (uint64_t)n, map_row, &mw);
+  if (rc < 0) return luaL_error(L, "%s", tally_errmsg()); /* not a partial scrape */
+  lua_pushboolean(L, rc == 0);
+  return 1;
+}
+
+/* rows:mapped() -> { [metric] = its lines }: what rows:map wrote, the
+ * default metric's under its name; metrics without lines left out */
+static int rows_mapped(lua_State *L) {
+  tl_promrows *t = rows_check(L);
+  lua_newtable(L);
+  if (t->text.n) {
+    lua_pushlstring(L, t->text.p, t->text.n);
+    lua_setfield(L, -2, TALLY_PROM_METRIC);
+  }
+  for (int i = 0; i < t->nmap; i++) {
+    struct map_entry *e = &t->map[i];
+    if (!e->text.n) continue;
+    lua_pushlstring(L, e->metric.s, e->metric.len);
+    lua_pushlstring(L, e->text.p, e->text.n);
+    lua_rawset(L, -3);
+  }
+  return 1;
+}
+
 static int rows_close(lua_State *L) {
   tl_promrows *t = (tl_promrows *)luaL_checkudata(L, 1, TL_PROMROWS_MT);
   tally_exposition_close(t->x);
+  map_free(t);
   t->x = NULL;
   t->closed = 1;
   return 0;
@@ -383,6 +657,7 @@ static int rows_close(lua_State *L) {
 static const luaL_Reg rows_methods[] = {
     {"collect", rows_collect}, {"count", rows_count}, {"braced", rows_braced},
     {"exclude", rows_exclude}, {"names", rows_names}, {"lines", rows_lines},
+    {"mapping", rows_mapping}, {"map", rows_map},     {"mapped", rows_mapped},
     {"close", rows_close},     {NULL, NULL}};
 static const luaL_Reg rows_meta[] = {
     {"__gc", rows_close}, {"__close", rows_close}, {NULL, NULL}};
