@@ -1226,13 +1226,16 @@ end
 -- general entries, and names a split entry matches in more than one way,
 -- come back here one by one (decide) and are rendered as
 -- _render_prometheus renders them, which the randomized spec compares.
--- What the scrape leaves out is counted in skips and logged.
+-- What the scrape leaves out is counted in skips, and logged once each
+-- chunk is mapped: decide runs inside C, where a logger could not yield.
 local function mapped(rows, c, n, skips, htext, pause, emit)
   local entries, owner, bad = c.entries, {}, {}
   local rmetric, rseries, rkey, rvalue, nrows = {}, {}, {}, {}, 0
+  local held, nheld = {}, 0                  -- skips to log: name, reason, msg
   local function skip(name, reason, msg)
     skips[reason] = (skips[reason] or 0) + 1
-    log_once(name, reason, msg)
+    held[nheld + 1], held[nheld + 2], held[nheld + 3] = name, reason, msg
+    nheld = nheld + 3
   end
   local function decide(name, v)             -- true: the default metric's line
     local e, caps = first_entry(entries, name)
@@ -1259,6 +1262,8 @@ local function mapped(rows, c, n, skips, htext, pause, emit)
   local more, CHUNK = n > 0, _M._chunk
   while more do
     more = rows:map(CHUNK, decide)
+    for i = 1, nheld, 3 do log_once(held[i], held[i + 1], held[i + 2]) end
+    held, nheld = {}, 0
     if pause and more then pause() end
   end
   local texts, lines = rows:mapped(), {}
@@ -1324,7 +1329,7 @@ local function from_rows(db, rows, c, pause, emit, whole)
   local n, included = rows:count()
   local CHUNK = _M._chunk
   if #c.entries == 0 then
-    if included > 0 and whole then       -- one buffer: the text copied once
+    if included > 0 and whole then       -- one buffer (and a copy with a tail)
       emit((rows:lines(n)))
       local tail = (htext or "") .. _M._skipped_text(skips)
       if tail ~= "" then emit(tail) end

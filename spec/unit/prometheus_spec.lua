@@ -246,6 +246,38 @@ describe("tally.prometheus()", function()
     assert.is_true(kinds.simple > 20 and kinds.split > 20 and kinds.general > 20)
   end)
 
+  it("logs what a mapped scrape leaves out outside C, so a logger may yield", function()
+    db:family("r**", { metric = "m3", labels = { "x", "y" } })   -- 'rab': two ways
+    db:incr("rab", 1)
+    local got = {}
+    local saved = prom.logger(function(m) coroutine.yield("log"); got[#got + 1] = m end)
+    local co = coroutine.wrap(function() return "done", tally.prometheus(db) end)
+    local r, text = co()
+    while r == "log" do r, text = co() end
+    prom.logger(saved)
+    assert.equal("done", r)
+    assert.matches('tally_prometheus_skipped{reason="ambiguous"} 1', text, 1, true)
+    assert.equal(1, #got)
+    assert.matches("counter 'rab' matches 'r**' in more than one way", got[1], 1, true)
+  end)
+
+  it("refuses rows mapped by a mapping that failed", function()
+    local core = require "tally.core"
+    db:incr("a", 1)
+    local rows = assert(core._prom_rows(db))
+    repeat until rows:collect(100000)
+    assert.matches("unknown kind 'bogus'", err(rows.mapping, rows, { { kind = "bogus" } }))
+    assert.matches("pieces%[2%] is not a string",
+                   err(rows.mapping, rows, { { kind = "split", pieces = { "a", 1, "b" },
+                                               prefixes = { '{x="', ',y="' }, metric = "m" } }))
+    assert.matches("before a rows:mapping that succeeded",
+                   err(rows.map, rows, 10, function() return true end))
+    rows:mapping({ { kind = "general", pattern = "b*" } })
+    assert.is_false(rows:map(10, function() return true end))
+    assert.same({ tally_value = 'tally_value{counter="a"} 1\n' }, rows:mapped())
+    rows:close()
+  end)
+
   it("takes only the counters matching the pattern", function()
     db:family("post:*:likes", LIKES)
     db:incr("post:1:likes", 1)

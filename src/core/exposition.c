@@ -2,7 +2,7 @@
  * the walk reads them, a piece at a time.
  *
  * A store of a million cold counters is a million lines, one gauge's
- * series each. Nothing here is per counter but its row (16 bytes and its
+ * series each. Nothing here is per counter but its row (24 bytes and its
  * name): no handle, no string, no allocation. The walk hands each slice of
  * the index sorted by name (TALLY_ROWS_BY_NAME), so the rows read are
  * sorted runs, and the lines come from merging them: each slice is read

@@ -141,11 +141,12 @@ struct piece {
   size_t len;
 };
 
-static int strings_of(lua_State *L, int t, struct piece *out, int n, const char *what) {
+static int strings_of(lua_State *L, int t, struct piece *out, int n, const char *who,
+                      const char *what) {
   for (int i = 0; i < n; i++) {
     lua_rawgeti(L, t, i + 1);
     if (lua_type(L, -1) != LUA_TSTRING)
-      return luaL_error(L, "_prom_split_lines: %s[%d] is not a string", what, i + 1);
+      return luaL_error(L, "%s: %s[%d] is not a string", who, what, i + 1);
     out[i].s = lua_tolstring(L, -1, &out[i].len);
     lua_pop(L, 1); /* still referenced by the table, which stays on the stack */
   }
@@ -250,8 +251,8 @@ static int tl_prom_split_lines(lua_State *L) {
     return luaL_error(L, "_prom_split_lines: %d pieces and %d prefixes", k,
                       (int)lua_rawlen(L, 2));
   struct piece piece[SPLIT_MAX], prefix[SPLIT_MAX];
-  strings_of(L, 3, piece, k, "pieces");
-  strings_of(L, 2, prefix, k - 1, "prefixes");
+  strings_of(L, 3, piece, k, "_prom_split_lines", "pieces");
+  strings_of(L, 2, prefix, k - 1, "_prom_split_lines", "prefixes");
   lua_settop(L, 6);
   struct out o;
   out_open(L, &o, 7, 0);
@@ -302,7 +303,8 @@ typedef struct tl_promrows {
   tally_exposition *x;
   int closed; /* rows:close() ran */
   struct map_entry *map;
-  int nmap;
+  int nmap;        /* entries map holds (freed at close) */
+  int ready;       /* rows:mapping made them all */
   struct buf text; /* the default metric's lines, mapping */
 } tl_promrows;
 
@@ -448,37 +450,46 @@ static void map_free(tl_promrows *t) {
   }
   free(t->map);
   free(t->text.p);
-  t->map = NULL, t->nmap = 0;
+  t->map = NULL, t->nmap = 0, t->ready = 0;
   t->text = (struct buf){NULL, 0, 0};
 }
 
+/* A field of the entry at stack slot t that is a string. The string
+ * stays where it is: the entry (a plain table) is the mapping's, which
+ * the rows keep. */
 static struct piece field_string(lua_State *L, int t, const char *key) {
   struct piece p;
   lua_getfield(L, t, key);
   if (lua_type(L, -1) != LUA_TSTRING)
     luaL_error(L, "rows:mapping: %s is not a string", key);
   p.s = lua_tolstring(L, -1, &p.len);
-  lua_pop(L, 1); /* kept by the mapping, which the rows keep */
+  lua_pop(L, 1);
   return p;
 }
 
-/* A field holding an array of n strings, into new memory. */
-static struct piece *field_strings(lua_State *L, int t, const char *key, int n) {
+/* n pieces for an entry, zeroed: the entry owns them from now on. */
+static struct piece *pieces_new(lua_State *L, struct piece **owner, int n) {
+  *owner = calloc((size_t)(n > 0 ? n : 1), sizeof **owner);
+  if (!*owner) luaL_error(L, "not enough memory");
+  return *owner;
+}
+
+/* A field holding an array of n strings, into the entry's pieces *owner. */
+static void field_strings(lua_State *L, int t, const char *key, int n,
+                          struct piece **owner) {
   lua_getfield(L, t, key);
   if (lua_type(L, -1) != LUA_TTABLE || (int)lua_rawlen(L, -1) != n)
     luaL_error(L, "rows:mapping: %s is not an array of %d strings", key, n);
-  struct piece *p = malloc((size_t)(n > 0 ? n : 1) * sizeof *p);
-  if (!p) luaL_error(L, "not enough memory");
-  strings_of(L, lua_gettop(L), p, n, key);
+  strings_of(L, lua_gettop(L), pieces_new(L, owner, n), n, "rows:mapping", key);
   lua_pop(L, 1);
-  return p;
 }
 
 /* rows:mapping(entries): the families to map rows by in C, newest
  * first, as prometheus.lua compiles them: { kind = "simple", head =,
  * tail = (the literal ends of a pattern with one '*'), prefix =
  * ('likes{post="') , metric = }, { kind = "split", pieces =, prefixes =,
- * metric = }, { kind = "general", pattern = } (one the Lua side maps). */
+ * metric = }, { kind = "general", pattern = } (one the Lua side maps).
+ * rows:map refuses the rows until a call has succeeded. */
 static int rows_mapping(lua_State *L) {
   tl_promrows *t = rows_check(L);
   luaL_checktype(L, 2, LUA_TTABLE);
@@ -491,19 +502,17 @@ static int rows_mapping(lua_State *L) {
   if (!t->map) return luaL_error(L, "not enough memory");
   for (int i = 0; i < n; i++) {
     struct map_entry *e = &t->map[i];
+    t->nmap = i + 1; /* what map_free frees, should this one fail */
     lua_rawgeti(L, 2, i + 1);
     int at = lua_gettop(L);
     luaL_argcheck(L, lua_type(L, at) == LUA_TTABLE, 2, "entries must be tables");
-    t->nmap = i + 1; /* what map_free frees, should one fail */
     struct piece kind = field_string(L, at, "kind");
     if (kind.len == 6 && memcmp(kind.s, "simple", 6) == 0) {
       e->kind = MAP_SIMPLE, e->k = 2;
-      e->piece = malloc(2 * sizeof *e->piece);
-      e->prefix = malloc(sizeof *e->prefix);
-      if (!e->piece || !e->prefix) return luaL_error(L, "not enough memory");
-      e->piece[0] = field_string(L, at, "head");
-      e->piece[1] = field_string(L, at, "tail");
-      e->prefix[0] = field_string(L, at, "prefix");
+      struct piece *piece = pieces_new(L, &e->piece, 2);
+      piece[0] = field_string(L, at, "head");
+      piece[1] = field_string(L, at, "tail");
+      pieces_new(L, &e->prefix, 1)[0] = field_string(L, at, "prefix");
       e->metric = field_string(L, at, "metric");
     } else if (kind.len == 5 && memcmp(kind.s, "split", 5) == 0) {
       e->kind = MAP_SPLIT;
@@ -512,26 +521,25 @@ static int rows_mapping(lua_State *L) {
       lua_pop(L, 1);
       if (e->k < 3 || e->k > SPLIT_MAX)
         return luaL_error(L, "rows:mapping: %d pieces in a split entry", e->k);
-      e->piece = field_strings(L, at, "pieces", e->k);
-      e->prefix = field_strings(L, at, "prefixes", e->k - 1);
+      field_strings(L, at, "pieces", e->k, &e->piece);
+      field_strings(L, at, "prefixes", e->k - 1, &e->prefix);
       e->metric = field_string(L, at, "metric");
     } else if (kind.len == 7 && memcmp(kind.s, "general", 7) == 0) {
       e->kind = MAP_GENERAL, e->k = 1;
-      e->piece = malloc(sizeof *e->piece);
-      if (!e->piece) return luaL_error(L, "not enough memory");
-      e->piece[0] = field_string(L, at, "pattern");
+      pieces_new(L, &e->piece, 1)[0] = field_string(L, at, "pattern");
     } else {
       return luaL_error(L, "rows:mapping: unknown kind '%s'", kind.s);
     }
     lua_pop(L, 1);
   }
+  t->ready = 1;
   return 0;
 }
 
 static char *buf_room(lua_State *L, struct buf *b, size_t k) {
   if (b->cap - b->n < k) {
     size_t cap = b->cap * 2 > b->n + k ? b->cap * 2 : b->n + k;
-    if (cap < 65536) cap = 65536;
+    if (cap < 4096) cap = 4096;
     char *p = realloc(b->p, cap);
     if (!p) luaL_error(L, "not enough memory");
     b->p = p, b->cap = cap;
@@ -618,6 +626,7 @@ static int rows_map(lua_State *L) {
   tl_promrows *t = rows_check(L);
   lua_Integer n = count_arg(L, 2);
   luaL_checktype(L, 3, LUA_TFUNCTION);
+  if (!t->ready) return luaL_error(L, "rows:map before a rows:mapping that succeeded");
   lua_settop(L, 3);
   struct map_walk mw = {L, t};
   int rc = tally_exposition_rows(t->x, (uint64_t)n, map_row, &mw);
@@ -627,7 +636,8 @@ static int rows_map(lua_State *L) {
 }
 
 /* rows:mapped() -> { [metric] = its lines }: what rows:map wrote, the
- * default metric's under its name; metrics without lines left out */
+ * default metric's under its name (which no family's metric is:
+ * db:family refuses it); metrics without lines left out */
 static int rows_mapped(lua_State *L) {
   tl_promrows *t = rows_check(L);
   lua_newtable(L);
