@@ -886,12 +886,13 @@ TALLY_API int tally_prometheus(tally_store *s, const char *pattern, size_t plen,
  * being x's and valid until the next call on x: 1 once no line is left,
  * 0 while some remain, < 0, or write's non-zero value (stop write with a
  * positive value other than 1, which would read as the end). Reading
- * ends at the first write, and sums beyond int64 are read then. A name
- * dropped and made again between two reads is written once, as read
- * last. x holds reuse back (as every walk does) until its reading ends:
- * read it soon after open. One thread at a time per x. TALLY_EINVAL,
- * TALLY_ENOMEM, TALLY_ECORRUPT from open and read, TALLY_ENOMEM from
- * write; after such an error every call but close returns it again. */
+ * ends when read returns 1, or at the first write; sums beyond int64 are
+ * read then. A name dropped and made again between two reads is written
+ * once, as read last. x holds reuse back (as every walk does) until its
+ * reading ends: read it soon after open. One thread at a time per x.
+ * TALLY_EINVAL, TALLY_ENOMEM, TALLY_ECORRUPT from open and read,
+ * TALLY_ENOMEM from write; after such an error every call but close
+ * returns it again. */
 typedef struct tally_exposition tally_exposition;
 TALLY_API int tally_exposition_open(tally_store *s, const char *pattern, size_t plen,
                                     tally_exposition **out);
