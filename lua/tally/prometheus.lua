@@ -510,6 +510,57 @@ local SKIPPED_HELP = "Counters left out of this exposition, by reason: ambiguous
   .. "matches its family pattern in more than one way), duplicate (two or more counters map "
   .. "to one series), unreadable (its value could not be read)."
 
+-- The series of names that general entries map (entry_series), which two
+-- names may share: kept in parallel arrays (not a table per row) until
+-- every name is seen. Two names of one series are both left out, through
+-- skip(name, "duplicate", msg); with no skip, add refuses the second and
+-- returns the message. lines_into(lines) appends the others' lines to
+-- lines[metric].
+local function series_keeper(skip)
+  local owner, bad = {}, {}
+  local rmetric, rseries, rkey, rvalue, nrows = {}, {}, {}, {}, 0
+  local keeper = {}
+  function keeper.add(name, metric, series, key, v)
+    local other = owner[key]
+    if other then
+      local msg = fmt("counters '%s' and '%s' both map to the series %s", printable(other),
+                      printable(name), printable(series))
+      if not skip then return msg end
+      if not bad[key] then bad[key] = true; skip(other, "duplicate", msg) end
+      skip(name, "duplicate", msg)
+    else
+      owner[key] = name
+    end
+    nrows = nrows + 1
+    rmetric[nrows], rseries[nrows], rkey[nrows], rvalue[nrows] = metric, series, key, v
+  end
+  function keeper.lines_into(lines)
+    for i = 1, nrows do
+      if not bad[rkey[i]] then
+        local metric = rmetric[i]
+        local l = lines[metric]
+        if not l then l = {}; lines[metric] = l end
+        local n = #l
+        l[n + 1], l[n + 2], l[n + 3], l[n + 4] = rseries[i], " ", value_text(rvalue[i]), "\n"
+      end
+    end
+  end
+  return keeper
+end
+
+-- Each metric of lines ({ [metric] = { text... } }) in name order, its
+-- # HELP and # TYPE (families[metric]) before its lines, handed to emit.
+local function families_out(lines, families, emit)
+  local metrics = {}
+  for metric in pairs(lines) do metrics[#metrics + 1] = metric end
+  sort(metrics)
+  for _, metric in ipairs(metrics) do
+    local l = lines[metric]
+    emit(_M._family_head(metric, families[metric]))
+    emit(#l == 1 and l[1] or concat(l))
+  end
+end
+
 -- The exposition text of samples (an array of { name=, value= }, or a
 -- table { [name] = value } with names, the sorted array of its names)
 -- under mapping; or nil, what is wrong, and 1 or 2 (the argument at
@@ -558,20 +609,19 @@ function _M._render_prometheus(samples, mapping, names, lenient, extra, tail, pa
     sort(names)
     samples = values
   end
-  local lines, owner = {}, {}            -- metric -> lines; series key -> name
-  local skipped, counts, bad = {}, {}, {}
+  local lines = {}                       -- metric -> lines
+  local skipped, counts = {}, {}
   local function skip(name, reason, msg)
     skipped[#skipped + 1] = { name = name, reason = reason, msg = msg }
     counts[reason] = (counts[reason] or 0) + 1
   end
+  local keeper = series_keeper(lenient and skip or nil)
   -- Lines written in C, from a list of names and values each (a million
   -- counters took 8 s in Lua, three new strings a line): the default
   -- metric's (the names themselves, escaped or in hex) and each simple or
   -- split entry's (compile_mapping); no two of their names share a series. Other
-  -- mapped names may, so they wait for every name to be seen, in parallel
-  -- arrays (not a table per row).
+  -- mapped names may, so they wait for every name to be seen (series_keeper).
   local default, inc, entries = _M.DEFAULT_METRIC, {}, c.entries
-  local rmetric, rseries, rkey, rvalue, nrows = {}, {}, {}, {}, 0
   local mapped, CHUNK = #entries > 0, _M._chunk
   -- A list's lines are written CHUNK names at a time, and pause (if any)
   -- is called after each CHUNK names: a host that yields there
@@ -624,39 +674,15 @@ function _M._render_prometheus(samples, mapping, names, lenient, extra, tail, pa
         if not lenient then return nil, key, 0 end
         skip(name, series, key)
       else
-        local other = owner[key]
-        if other then
-          local msg = fmt("counters '%s' and '%s' both map to the series %s", printable(other),
-                          printable(name), printable(series))
-          if not lenient then return nil, msg, 0 end
-          if not bad[key] then bad[key] = true; skip(other, "duplicate", msg) end
-          skip(name, "duplicate", msg)
-        else
-          owner[key] = name
-        end
-        nrows = nrows + 1
-        rmetric[nrows], rseries[nrows], rkey[nrows], rvalue[nrows] = metric, series, key, v
+        local dup = keeper.add(name, metric, series, key, v)
+        if dup then return nil, dup, 0 end
       end
     end
   end
   for list, l in pairs(inc) do flush(list, l) end
-  for i = 1, nrows do
-    if not bad[rkey[i]] then
-      local metric = rmetric[i]
-      local l = lines[metric]
-      if not l then l = {}; lines[metric] = l end
-      local n = #l
-      l[n + 1], l[n + 2], l[n + 3], l[n + 4] = rseries[i], " ", value_text(rvalue[i]), "\n"
-    end
-  end
-  local metrics = {}
-  for metric in pairs(lines) do metrics[#metrics + 1] = metric end
-  sort(metrics)
+  keeper.lines_into(lines)
   local out = {}
-  for _, metric in ipairs(metrics) do
-    out[#out + 1] = _M._family_head(metric, c.families[metric])
-    out[#out + 1] = concat(lines[metric])
-  end
+  families_out(lines, c.families, function(piece) out[#out + 1] = piece end)
   out[#out + 1] = tail
   if lenient then
     for reason, n in pairs(extra or {}) do counts[reason] = (counts[reason] or 0) + n end
@@ -1228,34 +1254,24 @@ end
 -- _render_prometheus renders them, which the randomized spec compares.
 -- What the scrape leaves out is counted in skips, and logged once each
 -- chunk is mapped: decide runs inside C, where a logger could not yield.
-local function mapped(rows, c, n, skips, htext, pause, emit)
-  local entries, owner, bad = c.entries, {}, {}
-  local rmetric, rseries, rkey, rvalue, nrows = {}, {}, {}, {}, 0
+local function map_rows(rows, c, n, skips, htext, pause, emit)
+  local entries = c.entries
   local held, nheld = {}, 0                  -- skips to log: name, reason, msg
   local function skip(name, reason, msg)
     skips[reason] = (skips[reason] or 0) + 1
     held[nheld + 1], held[nheld + 2], held[nheld + 3] = name, reason, msg
     nheld = nheld + 3
   end
+  local keeper = series_keeper(skip)
   local function decide(name, v)             -- true: the default metric's line
     local e, caps = first_entry(entries, name)
     local metric, series, key = entry_series(e, name, caps)
     if metric == false then return true end
     if not metric then
       skip(name, series, key)
-      return false
-    end
-    local other = owner[key]
-    if other then
-      local msg = fmt("counters '%s' and '%s' both map to the series %s", printable(other),
-                      printable(name), printable(series))
-      if not bad[key] then bad[key] = true; skip(other, "duplicate", msg) end
-      skip(name, "duplicate", msg)
     else
-      owner[key] = name
+      keeper.add(name, metric, series, key, v)
     end
-    nrows = nrows + 1
-    rmetric[nrows], rseries[nrows], rkey[nrows], rvalue[nrows] = metric, series, key, v
     return false
   end
   rows:mapping(c.cmap)
@@ -1266,27 +1282,10 @@ local function mapped(rows, c, n, skips, htext, pause, emit)
     held, nheld = {}, 0
     if pause and more then pause() end
   end
-  local texts, lines = rows:mapped(), {}
-  for i = 1, nrows do
-    if not bad[rkey[i]] then
-      local metric = rmetric[i]
-      local l = lines[metric]
-      if not l then l = {}; lines[metric] = l end
-      local k = #l
-      l[k + 1], l[k + 2], l[k + 3], l[k + 4] = rseries[i], " ", value_text(rvalue[i]), "\n"
-    end
-  end
-  local metrics = {}
-  for metric in pairs(texts) do metrics[#metrics + 1] = metric end
-  for metric in pairs(lines) do
-    if not texts[metric] then metrics[#metrics + 1] = metric end
-  end
-  sort(metrics)
-  for _, metric in ipairs(metrics) do
-    emit(_M._family_head(metric, c.families[metric]))
-    if texts[metric] then emit(texts[metric]) end
-    if lines[metric] then emit(concat(lines[metric])) end
-  end
+  local lines = {}            -- C's metrics and the general entries' are apart
+  for metric, text in pairs(rows:mapped()) do lines[metric] = { text } end
+  keeper.lines_into(lines)
+  families_out(lines, c.families, emit)
   if htext then emit(htext) end
   local gauge = _M._skipped_text(skips)
   if gauge ~= "" then emit(gauge) end
@@ -1347,7 +1346,7 @@ local function from_rows(db, rows, c, pause, emit, whole)
     if gauge ~= "" then emit(gauge) end
     return true
   end
-  if not _M._lua_lines_only then return mapped(rows, c, n, skips, htext, pause, emit) end
+  if not _M._lua_lines_only then return map_rows(rows, c, n, skips, htext, pause, emit) end
   local values, list, k, more = {}, {}, 0, n > 0
   while more do
     local nm, vs, m
