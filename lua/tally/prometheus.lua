@@ -4,7 +4,8 @@
 -- mappings for families, and the exposition of a store's counters. The C
 -- side's is the core's src/core/exposition.c (a store's unmapped counters,
 -- tally_prometheus in tally.h: the walk, the default metric's lines) and
--- src/lua/lua_exposition.c (the lines of lists of names, a family's);
+-- src/lua/lua_exposition.c (the lines of lists of names, a family's, and
+-- a scrape's rows mapped by the families as the walk's runs are merged);
 -- tally.format.prometheus and the sinks' Pushgateway format call the
 -- encoder here.
 --

@@ -8,10 +8,13 @@
  * exposition took 7 to 9 s; here the lines go into one buffer. A family
  * with several '*' (a label each) took 24 s: in Lua each name was also
  * split into a table of parts, and its series made a key against
- * duplicates, which such a family cannot have. The mapping, the checks
- * and the order stay in Lua (lua/tally/prometheus.lua), which hands over the
- * names and values of these lines only. A scrape of a store's unmapped
- * counters is the core's (exposition.c), which this hands to Lua.
+ * duplicates, which such a family cannot have. Lists of samples
+ * (tally.format.prometheus, the sinks) are mapped in Lua
+ * (lua/tally/prometheus.lua), which hands over the names and values of
+ * these lines only. A store's scrape is the core's walk (exposition.c),
+ * whose rows are mapped here as they are merged (rows:map): the lines of
+ * such families and of the default metric are written here, and only the
+ * rows of other families come to Lua.
  */
 #include <inttypes.h>
 #include <stdio.h>
