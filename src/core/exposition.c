@@ -215,7 +215,7 @@ int tally_exposition_read(tally_exposition *x, uint64_t slots) {
   if (!x || !slots)
     return tally__fail(TALLY_EINVAL, "tally_exposition_read: no x or slots");
   if (x->error) return failed_before(x);
-  if (!x->walk) return x->merging ? 1 : read_end(x) ? x->error : 1;
+  if (!x->walk) return read_end(x) ? x->error : 1; /* done already, or now */
   size_t start = x->n;
   int rc = tally_walk_next(x->walk, slots, row_add, x);
   if (!x->failed && rc >= 0) run_end(x, start);
@@ -348,19 +348,13 @@ static int text_put(tally_exposition *x, const char *s, size_t len) {
 
 static const char head[] = "# HELP " TALLY_PROM_METRIC " " TALLY_PROM_HELP "\n"
                            "# TYPE " TALLY_PROM_METRIC " gauge\n";
-static const char prefix[] = TALLY__PROM_PREFIX;
-static const char hex_prefix[] = TALLY__PROM_HEX_PREFIX;
-
-/* Row r's line: its series, its value. */
+/* Row r's line. */
 static int line_put(tally_exposition *x, const struct row *r) {
-  const char *name = x->names + r->off;
-  /* the series (the name escaped is at most twice as long), the value */
-  char *w = text_room(x, sizeof hex_prefix + 2 * (size_t)r->len + 3 + TALLY__VALUE_ROOM);
+  char *w = text_room(x, TALLY__DEFAULT_LINE_ROOM(r->len));
   if (!w) return -1;
-  size_t k = tally__series(w, prefix, sizeof prefix - 1, hex_prefix,
-                           sizeof hex_prefix - 1, name, r->len);
   const struct number *t = r->flags & ROW_RANGE ? &x->range_text[r->value] : NULL;
-  x->tlen += k + tally__line_end(w + k, r->value, t ? t->text : NULL, t ? t->len : 0);
+  x->tlen += tally__default_line(w, x->names + r->off, r->len, r->value,
+                                 t ? t->text : NULL, t ? t->len : 0);
   return 0;
 }
 

@@ -94,6 +94,10 @@ static inline size_t tally__series(char *out, const char *prefix, size_t plen,
  * TALLY__NUMBER_ROOM bytes, or an int64) and the newline. */
 #define TALLY__VALUE_ROOM      (TALLY__NUMBER_ROOM + 1)
 
+/* The room the default metric's line of a name of len bytes needs. */
+#define TALLY__DEFAULT_LINE_ROOM(len)                                                    \
+  (sizeof(TALLY__PROM_HEX_PREFIX) + 2 * (size_t)(len) + 3 + TALLY__VALUE_ROOM)
+
 /* A line's end into out: text (a value the caller wrote: a float) or
  * else value, and the newline. Returns the bytes written. */
 static inline size_t tally__line_end(char *out, int64_t value, const char *text,
@@ -107,6 +111,17 @@ static inline size_t tally__line_end(char *out, int64_t value, const char *text,
   }
   out[k] = '\n';
   return k + 1;
+}
+
+/* The default metric's line of name into out (TALLY__DEFAULT_LINE_ROOM):
+ * its series and its end. Returns the bytes written. */
+static inline size_t tally__default_line(char *out, const char *name, size_t len,
+                                         int64_t value, const char *text,
+                                         size_t text_len) {
+  static const char prefix[] = TALLY__PROM_PREFIX, hex[] = TALLY__PROM_HEX_PREFIX;
+  size_t k =
+      tally__series(out, prefix, sizeof prefix - 1, hex, sizeof hex - 1, name, len);
+  return k + tally__line_end(out + k, value, text, text_len);
 }
 
 #endif

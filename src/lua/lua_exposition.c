@@ -555,7 +555,6 @@ struct map_walk {
   tl_promrows *t;
 };
 
-static const char prom_prefix[] = TALLY__PROM_PREFIX;
 static const char prom_hex_prefix[] = TALLY__PROM_HEX_PREFIX;
 
 /* A row: the line of the first (newest) entry that matches it, written
@@ -616,10 +615,8 @@ static int map_row(void *ud, const char *name, size_t len, int64_t value,
     }
     break; /* the default metric's line */
   }
-  char *w = buf_room(L, out, sizeof prom_hex_prefix + 2 * len + 3 + TALLY__VALUE_ROOM);
-  size_t k = tally__series(w, prom_prefix, sizeof prom_prefix - 1, prom_hex_prefix,
-                           sizeof prom_hex_prefix - 1, name, len);
-  out->n += k + tally__line_end(w + k, value, text, text_len);
+  char *w = buf_room(L, out, TALLY__DEFAULT_LINE_ROOM(len));
+  out->n += tally__default_line(w, name, len, value, text, text_len);
   return 0;
 }
 
