@@ -188,5 +188,21 @@ function M.nonzero(t)
   return n
 end
 
+-- The randomized specs' draws, from seed (Park-Miller: exact in doubles,
+-- so Lua 5.4 and LuaJIT draw the same): r(n) -> 1..n, and word(max) ->
+-- up to max of pieces (an array of strings) joined.
+function M.random_words(seed, pieces)
+  local function r(n)
+    seed = (seed * 16807) % 2147483647
+    return seed % n + 1
+  end
+  local function word(max)
+    local t = {}
+    for i = 1, r(max + 1) - 1 do t[i] = pieces[r(#pieces)] end
+    return table.concat(t)
+  end
+  return r, word
+end
+
 package.loaded["spec.support.helper"] = M
 return M

@@ -276,16 +276,7 @@ describe("tally.format", function()
       -- line Lua's, to compare: random mappings over random names,
       -- ambiguous, empty, escaped and non-UTF-8 parts among them
       local bits = { "a", "b", ":", "ab", "é", '"', "\\", "\n", "" }
-      local rnd = 42
-      local function r(n)               -- 1..n, exact in doubles too (Park-Miller)
-        rnd = (rnd * 16807) % 2147483647
-        return rnd % n + 1
-      end
-      local function word(max)
-        local t = {}
-        for i = 1, r(max + 1) - 1 do t[i] = bits[r(#bits)] end
-        return table.concat(t)
-      end
+      local r, word = helper.random_words(42, bits)
       local function render(samples, mapping, lenient)
         local ok, text, skipped = pcall(prom._render_prometheus, samples, mapping, nil, lenient)
         local out = { tostring(ok), tostring(text) }

@@ -177,16 +177,7 @@ describe("tally.prometheus()", function()
     -- sums beyond int64): the scrape mapped in C (rows:map), whole and in
     -- chunks, against the names handed to the renderer (_lua_lines_only)
     local bits = { "a", "b", ":", "ab", "\u{e9}", '"', "\\", "\n", "" }
-    local rnd = 7
-    local function r(n)
-      rnd = (rnd * 16807) % 2147483647
-      return rnd % n + 1
-    end
-    local function word(max)
-      local t = {}
-      for i = 1, r(max + 1) - 1 do t[i] = bits[r(#bits)] end
-      return table.concat(t)
-    end
+    local r, word = helper.random_words(7, bits)
     local saved, chunk = prom.logger(function() end), prom._chunk
     local kinds = {}
     for case = 1, 120 do
